@@ -1,0 +1,1 @@
+"""The ``eqquant`` command line."""

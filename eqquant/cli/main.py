@@ -1,0 +1,162 @@
+"""``eqquant``: the command line.
+
+Every command reports a user's mistake as ``file:line:col: kind: message`` with the line and a
+caret, exits with status 2 and never shows a Python traceback (``EQQUANT_DEBUG=1`` shows one
+for internal errors). Nothing is written unless the command succeeds, and files are replaced
+atomically.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import click
+import numpy as np
+
+from ..errors import EqquantError
+
+
+def _fail(message: str, code: int = 2) -> None:
+    click.echo(message, err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="eqquant")
+def cli() -> None:
+    """eqquant: fp32 inference graphs to fast int8 programs by equality saturation."""
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--check", is_flag=True, help="Exit 1 if FILE is not in canonical form.")
+@click.option("--in-place", "-i", is_flag=True, help="Rewrite FILE in canonical form.")
+@click.option("--types", is_flag=True, help="Annotate every value with its type.")
+def fmt(file: Path, check: bool, in_place: bool, types: bool) -> None:
+    """Print FILE in canonical form."""
+    from ..ir.loader import read_source
+    from ..ir.params import atomic_write
+    from ..ir.parser import parse
+    from ..ir.printer import print_module
+    text = read_source(file)
+    mod = parse(text, str(file))
+    out = print_module(mod, show_types=types)
+    if check:
+        if out != text:
+            _fail(f"{file}: not in canonical form (run: eqquant fmt -i {file})", 1)
+        return
+    if in_place:
+        if out != text:
+            atomic_write(file, lambda tmp: Path(tmp).write_text(out, encoding="utf-8"))
+        return
+    click.echo(out, nl=False)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--params", "-p", type=click.Path(dir_okay=False, path_type=Path),
+              help="Weights (.npz); default: the .npz beside FILE, if any.")
+def check(file: Path, params: Path | None) -> None:
+    """Type-check FILE (and its /* ty=... */ annotations)."""
+    from ..ir.loader import load_program
+    from ..ir.params import bind_params
+    from ..ir.typecheck import check_module
+    mod, values = load_program(file, params)
+    types = check_module(mod)
+    if values:
+        check_module(bind_params(mod, values))  # the params fit the declared types
+    for name, fn in mod.functions.items():
+        ins = ", ".join(f"%{p.name}: {p.type}" for p in fn.params if p.name not in values)
+        click.echo(f"{file}: @{name}({ins}) -> {types[id(fn.body)]}: ok")
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--params", "-p", type=click.Path(dir_okay=False, path_type=Path),
+              help="Weights (.npz); default: the .npz beside FILE, if any.")
+@click.option("--input", "-x", "input_path", required=True,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="The input: .npy (one input) or .npz keyed by input name.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the output here (.npy); default: print a summary.")
+@click.option("--engine", type=click.Choice(["reference"]), default="reference",
+              show_default=True, help="reference: the numpy reference interpreter.")
+def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
+        engine: str) -> None:
+    """Run FILE on an input."""
+    from ..ir.interp import run as interpret
+    from ..ir.loader import load_inputs, load_program
+    from ..ir.params import atomic_write
+    from ..ir.typecheck import check_module
+    mod, values = load_program(file, params)
+    check_module(mod)
+    inputs = load_inputs(input_path, mod, values)
+    out = interpret(mod, inputs, values)
+    arr = np.asarray(out)
+    if output is not None:
+        atomic_write(output, lambda tmp: np.save(open(tmp, "wb"), arr))
+        click.echo(f"wrote {output}: {arr.dtype}{list(arr.shape)}")
+    else:
+        flat = arr.reshape(-1)
+        click.echo(f"output {arr.dtype}{list(arr.shape)}: mean {flat.mean():.6g}, "
+                   f"std {flat.std():.6g}, first {np.array2string(flat[:5], precision=5)}")
+
+
+@cli.command()
+@click.argument("name", required=False)
+@click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("."), show_default=True, help="Directory to write into.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--image-size", default=224, show_default=True)
+@click.option("--list", "list_", is_flag=True, help="List the models.")
+def zoo(name: str | None, out_dir: Path, seed: int, image_size: int, list_: bool) -> None:
+    """Write zoo model NAME (text IR, weights, a sample input) into a directory."""
+    from ..zoo import MODELS, build, write
+    if list_ or name is None:
+        for key, fn in MODELS.items():
+            click.echo(f"{key:14s} {(fn.__doc__ or '').strip().splitlines()[0]}"
+                       if fn.__doc__ else key)
+        return
+    paths = write(build(name, seed=seed, image_size=image_size), out_dir)
+    for kind, path in paths.items():
+        click.echo(f"{kind:6s} {path}")
+
+
+@cli.command()
+@click.option("--model", default="seed004", show_default=True, help="Zoo model to use.")
+@click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("eqquant-demo"), show_default=True)
+def demo(model: str, out_dir: Path) -> None:
+    """The main job on a bundled model: every pipeline stage that exists, with a report."""
+    from ..pipeline import demo as run_demo
+    run_demo(model, out_dir, echo=click.echo)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="eqquant", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(2 if e.exit_code in (1, 2) else e.exit_code)
+    except click.Abort:
+        _fail("aborted", 130)
+    except EqquantError as e:
+        _fail(e.format())
+    except RecursionError:
+        _fail("eqquant: error: the program is nested too deeply", 2)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except Exception as e:  # noqa: BLE001 - the CLI never shows a raw traceback
+        if os.environ.get("EQQUANT_DEBUG"):
+            traceback.print_exc()
+        _fail(f"eqquant: internal error: {type(e).__name__}: {e}\n"
+              "(this is a bug; EQQUANT_DEBUG=1 shows the traceback)", 3)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

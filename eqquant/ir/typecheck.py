@@ -1,0 +1,118 @@
+"""Type and shape inference for every value, driven by the registry's type relations.
+
+    types = check_module(mod)        # {id(node): Type}; raises TypeCheckError
+    types[id(mod.main.body)]         # Tensor[(1, 64, 56, 56), float32]
+
+Errors name the op and the argument and point at the call: ``model.ir:4:8: type error:
+nn.conv2d: argument 2 ('weight') must have rank 4, got Tensor[(3, 3), float32]``. The
+``/* ty=... */`` annotations a program was written with are checked against what is inferred.
+"""
+from __future__ import annotations
+
+from ..errors import TypeCheckError
+from ..ops.registry import OpTypeError
+from .nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
+                    TupleGetItem, Var, post_order)
+from .types import FuncType, TupleType, Type
+
+
+class Inferer:
+    def __init__(self, mod: Module | None):
+        self.mod = mod
+        self.types: dict[int, Type] = {}
+        self.global_types: dict[str, FuncType] = {}
+        self.in_progress: set[str] = set()
+
+    def global_type(self, gv: GlobalVar) -> FuncType:
+        if gv.name in self.global_types:
+            return self.global_types[gv.name]
+        if self.mod is None or gv.name not in self.mod.functions:
+            raise TypeCheckError(f"@{gv.name} is not defined", gv.loc)
+        if gv.name in self.in_progress:
+            raise TypeCheckError(f"@{gv.name} is recursive, which is not supported", gv.loc)
+        self.in_progress.add(gv.name)
+        t = self.function(self.mod.functions[gv.name])
+        self.in_progress.discard(gv.name)
+        self.global_types[gv.name] = t
+        return t
+
+    def function(self, fn: Function) -> FuncType:
+        body = self.expr(fn.body)
+        if fn.ret_type is not None and fn.ret_type != body:
+            raise TypeCheckError(f"the function is declared to return {fn.ret_type} but its "
+                                 f"body has type {body}", fn.loc)
+        t = FuncType(tuple(p.type for p in fn.params), body)
+        self.types[id(fn)] = t
+        return t
+
+    def expr(self, root: Expr) -> Type:
+        for node in post_order(root):
+            if id(node) not in self.types:
+                self.types[id(node)] = self.node(node)
+        return self.types[id(root)]
+
+    def node(self, node: Expr) -> Type:
+        if isinstance(node, (Var, Constant)):
+            return node.type
+        if isinstance(node, Scalar):
+            return node.type
+        if isinstance(node, GlobalVar):
+            return self.global_type(node)
+        if isinstance(node, Function):
+            return self.function(node)
+        if isinstance(node, Tuple):
+            return TupleType(tuple(self.types[id(f)] for f in node.fields))
+        if isinstance(node, TupleGetItem):
+            t = self.types[id(node.tuple)]
+            if not isinstance(t, TupleType):
+                raise TypeCheckError(f"projection .{node.index} of a value of type {t}, which "
+                                     f"is not a tuple", node.loc)
+            if not 0 <= node.index < len(t.fields):
+                raise TypeCheckError(f"projection .{node.index} out of range for {t}", node.loc)
+            return t.fields[node.index]
+        if isinstance(node, Call):
+            return self.call(node)
+        raise TypeCheckError(f"cannot type {type(node).__name__}", getattr(node, "loc", None))
+
+    def call(self, node: Call) -> Type:
+        arg_types = [self.types[id(a)] for a in node.args]
+        if isinstance(node.op, Expr):
+            ft = self.types[id(node.op)]
+            if not isinstance(ft, FuncType):
+                raise TypeCheckError(f"calling a value of type {ft}, which is not a function",
+                                     node.loc)
+            if len(ft.params) != len(arg_types):
+                raise TypeCheckError(f"the function takes {len(ft.params)} arguments, got "
+                                     f"{len(arg_types)}", node.loc)
+            for i, (want, got) in enumerate(zip(ft.params, arg_types)):
+                if want != got:
+                    raise TypeCheckError(f"argument {i + 1} has type {got}, the function "
+                                         f"expects {want}", node.loc)
+            return ft.ret
+        op = node.op
+        try:
+            return op.type_rel(arg_types, node.attrs)
+        except OpTypeError as e:
+            raise TypeCheckError(f"{op.name}: {e.message}", node.loc) from None
+
+
+def infer_types(mod: Module) -> dict[int, Type]:
+    """Types of every node of every function, keyed by ``id(node)``."""
+    inf = Inferer(mod)
+    for name in mod.functions:
+        inf.global_type(GlobalVar(name=name))
+    return inf.types
+
+
+def infer_expr(expr: Expr) -> Type:
+    return Inferer(None).expr(expr)
+
+
+def check_module(mod: Module) -> dict[int, Type]:
+    """Infer every type and check the program's ``/* ty=... */`` annotations against them."""
+    types = infer_types(mod)
+    for node, ty, loc in mod.annotations:
+        got = types.get(id(node))
+        if got is not None and got != ty:
+            raise TypeCheckError(f"the annotation says {ty} but the value has type {got}", loc)
+    return types

@@ -1,0 +1,193 @@
+"""Neural-network ops: convolution, batch norm, pools, dense, bias_add, pad."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.types import TensorType
+from . import numerics
+from .attrs import (BOOL, DTYPE, FLOAT, INT, OPT_INT, OPT_PAIR, PAD_WIDTH, PADDING2D, PAIR, Attr,
+                    StrKind)
+from .registry import COMPUTE, POOL, OpDef, OpTypeError, register
+from .typerel import compute_dtypes, norm_axis, tensor, tuple_of
+
+NCHW = StrKind("layout", choices=("NCHW",))
+OIHW = StrKind("layout", choices=("OIHW",))
+OUT_LAYOUT = StrKind("layout", choices=("", "NCHW"))
+
+
+def _conv2d_rel(types, attrs):
+    x = tensor(types, 0, "data", rank=4)
+    w = tensor(types, 1, "weight", rank=4)
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    g = attrs["groups"]
+    if g < 1 or c % g or o % g:
+        raise OpTypeError(f"groups={g} must divide the {c} input and {o} output channels", 1)
+    if cg * g != c:
+        raise OpTypeError(f"weight {w} expects {cg * g} input channels (groups={g}), "
+                          f"data has {c}", arg=1)
+    if attrs["channels"] is not None and attrs["channels"] != o:
+        raise OpTypeError(f"channels={attrs['channels']} but the weight has {o} outputs", 1)
+    if attrs["kernel_size"] is not None and list(attrs["kernel_size"]) != [kh, kw]:
+        raise OpTypeError(f"kernel_size={attrs['kernel_size']} but the weight is {kh}x{kw}", 1)
+    (sh, sw), (dh, dw) = attrs["strides"], attrs["dilation"]
+    if min(sh, sw, dh, dw) < 1:
+        raise OpTypeError("strides and dilation must be >= 1")
+    pt, pl, pb, pr = attrs["padding"]
+    oh = numerics.out_size(h, kh, sh, dh, pt, pb)
+    ow = numerics.out_size(wd, kw, sw, dw, pl, pr)
+    if oh < 1 or ow < 1:
+        raise OpTypeError(f"the {kh}x{kw} kernel does not fit the {h}x{wd} input", arg=1)
+    return TensorType((n, o, oh, ow), compute_dtypes(types, attrs, x, w))
+
+
+register(OpDef(
+    "nn.conv2d", inputs=("data", "weight"), props=frozenset({COMPUTE}),
+    attrs=(Attr("strides", PAIR, [1, 1]), Attr("padding", PADDING2D, [0, 0, 0, 0]),
+           Attr("dilation", PAIR, [1, 1]), Attr("groups", INT, 1),
+           Attr("channels", OPT_INT, None), Attr("kernel_size", OPT_PAIR, None),
+           Attr("data_layout", NCHW, "NCHW"), Attr("kernel_layout", OIHW, "OIHW"),
+           Attr("out_layout", OUT_LAYOUT, ""), Attr("out_dtype", DTYPE, "")),
+    type_rel=_conv2d_rel, semantics=numerics.conv2d,
+    doc="2-D convolution, NCHW data and OIHW weight; groups=C is depthwise"))
+
+
+def _batch_norm_rel(types, attrs):
+    x = tensor(types, 0, "data")
+    axis = norm_axis(attrs["axis"], x.rank)
+    c = x.shape[axis]
+    for i, name in enumerate(("gamma", "beta", "moving_mean", "moving_var"), start=1):
+        t = tensor(types, i, name)
+        if t.shape != (c,) or t.dtype != x.dtype:
+            raise OpTypeError(f"argument {i + 1} ('{name}') must be Tensor[({c}), {x.dtype}] "
+                              f"for axis {attrs['axis']}, got {t}", arg=i)
+    vec = TensorType((c,), x.dtype)
+    return tuple_of(x, vec, vec)
+
+
+def _batch_norm(x, gamma, beta, mean, var, *, axis, epsilon, center, scale):
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    acc = x.astype(np.float64)
+    k = 1 / np.sqrt(var.astype(np.float64) + epsilon)
+    if scale:
+        k = k * gamma
+    out = (acc - mean.reshape(shape)) * k.reshape(shape)
+    if center:
+        out = out + beta.reshape(shape)
+    return out.astype(x.dtype), mean, var
+
+
+register(OpDef(
+    "nn.batch_norm", inputs=("data", "gamma", "beta", "moving_mean", "moving_var"),
+    attrs=(Attr("axis", INT, 1), Attr("epsilon", FLOAT, 1e-5), Attr("center", BOOL, True),
+           Attr("scale", BOOL, True)),
+    type_rel=_batch_norm_rel, semantics=_batch_norm,
+    doc="inference batch norm; returns (out, moving_mean, moving_var), use .0"))
+
+_POOL_ATTRS = (Attr("pool_size", PAIR, [1, 1]), Attr("strides", PAIR, [1, 1]),
+               Attr("dilation", PAIR, [1, 1]), Attr("padding", PADDING2D, [0, 0, 0, 0]),
+               Attr("layout", NCHW, "NCHW"), Attr("out_layout", OUT_LAYOUT, ""),
+               Attr("ceil_mode", BOOL, False))
+
+
+def _pool_rel(types, attrs):
+    x = tensor(types, 0, "data", rank=4)
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (dh, dw) = attrs["pool_size"], attrs["strides"], attrs["dilation"]
+    if min(kh, kw, sh, sw, dh, dw) < 1:
+        raise OpTypeError("pool_size, strides and dilation must be >= 1")
+    pt, pl, pb, pr = attrs["padding"]
+    oh = numerics.out_size(h, kh, sh, dh, pt, pb, attrs["ceil_mode"])
+    ow = numerics.out_size(w, kw, sw, dw, pl, pr, attrs["ceil_mode"])
+    if oh < 1 or ow < 1:
+        raise OpTypeError(f"the {kh}x{kw} window does not fit the {h}x{w} input", arg=0)
+    return TensorType((n, c, oh, ow), x.dtype)
+
+
+register(OpDef("nn.max_pool2d", inputs=("data",), props=frozenset({POOL}), attrs=_POOL_ATTRS,
+               type_rel=_pool_rel, semantics=numerics.max_pool2d,
+               doc="maximum over each window (padding never wins)"))
+register(OpDef("nn.avg_pool2d", inputs=("data",), props=frozenset({POOL}),
+               attrs=_POOL_ATTRS + (Attr("count_include_pad", BOOL, False),),
+               type_rel=_pool_rel, semantics=numerics.avg_pool2d,
+               doc="mean over each window"))
+
+
+def _global_pool_rel(types, attrs):
+    x = tensor(types, 0, "data", rank=4)
+    return TensorType(x.shape[:2] + (1, 1), x.dtype)
+
+
+def _global_avg_pool(x, *, layout, out_layout):
+    acc = x.astype(numerics.acc_dtype(x.dtype)).mean(axis=(2, 3), keepdims=True)
+    return (acc if x.dtype.kind == "f" else np.trunc(acc)).astype(x.dtype)
+
+
+register(OpDef("nn.global_avg_pool2d", inputs=("data",), props=frozenset({POOL}),
+               attrs=(Attr("layout", NCHW, "NCHW"), Attr("out_layout", OUT_LAYOUT, "")),
+               type_rel=_global_pool_rel, semantics=_global_avg_pool,
+               doc="mean over H and W: (N, C, H, W) -> (N, C, 1, 1)"))
+
+
+def _dense_rel(types, attrs):
+    x = tensor(types, 0, "data")
+    w = tensor(types, 1, "weight", rank=2)
+    if x.rank < 1 or x.shape[-1] != w.shape[1]:
+        raise OpTypeError(f"data {x} and weight {w} disagree on the reduced dimension", 1)
+    if attrs["units"] is not None and attrs["units"] != w.shape[0]:
+        raise OpTypeError(f"units={attrs['units']} but the weight has {w.shape[0]} rows", 1)
+    return TensorType(x.shape[:-1] + (w.shape[0],), compute_dtypes(types, attrs, x, w))
+
+
+def _dense(x, w, *, units, out_dtype):
+    acc = numerics.acc_dtype(np.result_type(x.dtype, w.dtype))
+    return np.matmul(x.astype(acc), w.astype(acc).T).astype(out_dtype or x.dtype)
+
+
+register(OpDef("nn.dense", inputs=("data", "weight"), props=frozenset({COMPUTE}),
+               attrs=(Attr("units", OPT_INT, None), Attr("out_dtype", DTYPE, "")),
+               type_rel=_dense_rel, semantics=_dense, doc="x @ weight.T, weight is (units, K)"))
+
+
+def _bias_add_rel(types, attrs):
+    x = tensor(types, 0, "data")
+    b = tensor(types, 1, "bias", rank=1)
+    axis = norm_axis(attrs["axis"], x.rank)
+    if b.shape[0] != x.shape[axis] or b.dtype != x.dtype:
+        raise OpTypeError(f"bias must be Tensor[({x.shape[axis]}), {x.dtype}], got {b}", 1)
+    return x
+
+
+def _bias_add(x, b, *, axis):
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    return (x + b.reshape(shape)).astype(x.dtype)
+
+
+register(OpDef("nn.bias_add", inputs=("data", "bias"), attrs=(Attr("axis", INT, 1),),
+               type_rel=_bias_add_rel, semantics=_bias_add, doc="add a vector along axis"))
+
+
+def _pad_rel(types, attrs):
+    x = tensor(types, 0, "data")
+    v = tensor(types, 1, "pad_value", rank=0)
+    if v.dtype != x.dtype:
+        raise OpTypeError(f"pad_value is {v.dtype} but data is {x.dtype}", arg=1)
+    pw = attrs["pad_width"]
+    if len(pw) != x.rank or any(p < 0 for pair in pw for p in pair):
+        raise OpTypeError(f"pad_width needs {x.rank} non-negative [before, after] pairs")
+    return TensorType(tuple(d + a + b for d, (a, b) in zip(x.shape, pw)), x.dtype)
+
+
+def _pad(x, value, *, pad_width, pad_mode):
+    if pad_mode == "constant":
+        return np.pad(x, pad_width, constant_values=value)
+    return np.pad(x, pad_width, mode=pad_mode)
+
+
+register(OpDef("nn.pad", inputs=("data", "pad_value"),
+               attrs=(Attr("pad_width", PAD_WIDTH, []),
+                      Attr("pad_mode", StrKind("mode", ("constant", "edge", "reflect")),
+                           "constant")),
+               type_rel=_pad_rel, semantics=_pad, doc="pad each axis by [before, after]"))

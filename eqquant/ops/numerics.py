@@ -1,0 +1,113 @@
+"""Reference numerics of the windowed ops (conv2d and the pools) in plain numpy.
+
+These are the semantic ground truth: clear rather than fast. Floats accumulate in float64 and
+integers in int64, then the result is cast to the output dtype.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+
+def out_size(size: int, k: int, stride: int, dilation: int, pad_before: int, pad_after: int,
+             ceil_mode: bool = False) -> int:
+    span = dilation * (k - 1) + 1
+    total = size + pad_before + pad_after - span
+    if ceil_mode:
+        return -(-total // stride) + 1
+    return total // stride + 1
+
+
+def acc_dtype(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float64) if dtype.kind == "f" else np.dtype(np.int64)
+
+
+def windows(x: np.ndarray, kernel: tuple[int, int], strides, dilation, padding,
+            pad_value, ceil_mode: bool = False) -> np.ndarray:
+    """(N, C, H, W) -> (N, C, OH, OW, KH, KW) windows of the padded input (a view when possible)."""
+    kh, kw = kernel
+    (sh, sw), (dh, dw) = strides, dilation
+    pt, pl, pb, pr = padding
+    oh = out_size(x.shape[2], kh, sh, dh, pt, pb, ceil_mode)
+    ow = out_size(x.shape[3], kw, sw, dw, pl, pr, ceil_mode)
+    # with ceil_mode the last window may run past the padding: pad further on the far side
+    need_h = (oh - 1) * sh + dh * (kh - 1) + 1
+    need_w = (ow - 1) * sw + dw * (kw - 1) + 1
+    extra_b = max(0, need_h - (x.shape[2] + pt + pb))
+    extra_r = max(0, need_w - (x.shape[3] + pl + pr))
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb + extra_b), (pl, pr + extra_r)),
+                constant_values=pad_value)
+    win = sliding_window_view(xp, (dh * (kh - 1) + 1, dw * (kw - 1) + 1), axis=(2, 3))
+    return win[:, :, : (oh - 1) * sh + 1: sh, : (ow - 1) * sw + 1: sw, ::dh, ::dw]
+
+
+def conv2d(x: np.ndarray, w: np.ndarray, *, strides, padding, dilation, groups, out_dtype,
+           **_ignored) -> np.ndarray:
+    acc = acc_dtype(np.result_type(x.dtype, w.dtype))
+    n, c = x.shape[:2]
+    o, cg, kh, kw = w.shape
+    win = windows(x.astype(acc), (kh, kw), strides, dilation, padding, 0)
+    oh, ow = win.shape[2], win.shape[3]
+    g = groups
+    og = o // g
+    # (N, G, Cg, OH, OW, KH, KW) -> (G, N*OH*OW, Cg*KH*KW)
+    cols = win.reshape(n, g, cg, oh, ow, kh, kw).transpose(1, 0, 3, 4, 2, 5, 6)
+    cols = cols.reshape(g, n * oh * ow, cg * kh * kw)
+    wmat = w.astype(acc).reshape(g, og, cg * kh * kw).transpose(0, 2, 1)
+    out = np.matmul(cols, wmat)  # (G, N*OH*OW, Og)
+    out = out.reshape(g, n, oh, ow, og).transpose(1, 0, 4, 2, 3).reshape(n, o, oh, ow)
+    return out.astype(out_dtype or x.dtype)
+
+
+def _lowest(dtype: np.dtype):
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+def max_pool2d(x: np.ndarray, *, pool_size, strides, dilation, padding, ceil_mode,
+               **_ignored) -> np.ndarray:
+    win = windows(x, tuple(pool_size), strides, dilation, padding, _lowest(x.dtype), ceil_mode)
+    return win.max(axis=(4, 5)).astype(x.dtype)
+
+
+def avg_pool2d(x: np.ndarray, *, pool_size, strides, dilation, padding, ceil_mode,
+               count_include_pad, **_ignored) -> np.ndarray:
+    acc = acc_dtype(x.dtype)
+    args = (tuple(pool_size), strides, dilation, padding)
+    sums = windows(x.astype(acc), *args, 0, ceil_mode).sum(axis=(4, 5))
+    # how many elements each window averages: real ones, plus explicit padding if asked
+    ones = np.ones((1, 1) + x.shape[2:], dtype=acc)
+    if count_include_pad:
+        pt, pl, pb, pr = padding
+        ones = np.pad(ones, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=1)
+        args = (tuple(pool_size), strides, dilation, (0, 0, 0, 0))
+    counts = windows(ones, *args, 0, ceil_mode).sum(axis=(4, 5))
+    if x.dtype.kind == "f":
+        return (sums / counts).astype(x.dtype)
+    return np.trunc(sums / counts).astype(x.dtype)
+
+
+def trunc_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Integer division rounding toward zero (TVM's ``divide`` on integers)."""
+    q = np.abs(a) // np.abs(b)
+    return (np.sign(a) * np.sign(b) * q).astype(np.result_type(a, b))
+
+
+def fixed_point_multiply(x: np.ndarray, multiplier: int, shift: int,
+                         rounding: str = "UPWARD") -> np.ndarray:
+    """TVM's ``fixed_point_multiply``: round(x * multiplier * 2**(shift - 31)) in int64.
+
+    ``x`` is shifted left by ``max(shift, 0)``, multiplied by the Q31 ``multiplier``, and
+    shifted right by ``31 + max(-shift, 0)`` after adding half (UPWARD: ties go up) or, with
+    TONEAREST, half minus one for negative products (ties go away from zero). The result is cast
+    back to the input dtype, as TVM does.
+    """
+    left, right = max(shift, 0), max(-shift, 0)
+    v = x.astype(np.int64) << np.int64(left)
+    v = v * np.int64(multiplier)
+    total = right + 31
+    half = np.int64(1) << np.int64(total - 1)
+    if rounding == "TONEAREST":
+        v = v + np.where(v >= 0, half, half - 1)
+    else:
+        v = v + half
+    return (v >> np.int64(total)).astype(x.dtype)

@@ -1,0 +1,284 @@
+"""Elementwise, layout, reduction and annotation ops."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..ir.types import TensorType, TupleType
+from . import numerics
+from .attrs import BOOL, DTYPE_REQUIRED, FLOAT, FLOAT_F, INT, INTS, OPT_INTS, REQUIRED, Attr
+from .registry import (ANNOTATION, BINARY, ELEMWISE, IDENTITY, LAYOUT, REDUCE, UNARY, OpDef,
+                       OpTypeError, register)
+from .typerel import broadcast, float_input, norm_axis, same_as_input, tensor, tuple_of
+
+
+def _unary(name, fn, *, floats_only=False, doc=""):
+    register(OpDef(name, inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+                   type_rel=float_input if floats_only else same_as_input,
+                   semantics=lambda x, _fn=fn: np.asarray(_fn(x)).astype(x.dtype), doc=doc))
+
+
+_unary("nn.relu", lambda x: np.maximum(x, 0), doc="max(x, 0)")
+_unary("negative", np.negative, doc="-x")
+_unary("abs", np.abs, doc="|x|")
+_unary("sqrt", np.sqrt, floats_only=True, doc="sqrt(x)")
+_unary("rsqrt", lambda x: 1 / np.sqrt(x), floats_only=True, doc="1 / sqrt(x)")
+# TVM lowers round to llvm.nearbyint: ties go to even, as numpy's round does.
+_unary("round", np.round, floats_only=True, doc="round half to even")
+
+
+def _binary(name, fn, doc):
+    register(OpDef(name, inputs=("lhs", "rhs"), props=frozenset({ELEMWISE, BINARY}),
+                   type_rel=broadcast,
+                   semantics=lambda a, b, _fn=fn: np.asarray(_fn(a, b)).astype(a.dtype),
+                   doc=doc))
+
+
+_binary("add", np.add, "a + b with numpy broadcasting")
+_binary("subtract", np.subtract, "a - b with numpy broadcasting")
+_binary("multiply", np.multiply, "a * b with numpy broadcasting")
+_binary("divide", lambda a, b: (np.divide(a, b) if a.dtype.kind == "f"
+                                else numerics.trunc_divide(a, b)),
+        "a / b; integers round toward zero")
+
+
+def _clip(x, *, a_min, a_max):
+    if x.dtype.kind in "iu":
+        info = np.iinfo(x.dtype)
+        lo = max(info.min, math.ceil(a_min)) if math.isfinite(a_min) else info.min
+        hi = min(info.max, math.floor(a_max)) if math.isfinite(a_max) else info.max
+        return np.clip(x, lo, hi).astype(x.dtype)
+    return np.clip(x, a_min, a_max).astype(x.dtype)
+
+
+register(OpDef("clip", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+               attrs=(Attr("a_min", FLOAT_F, -math.inf), Attr("a_max", FLOAT_F, math.inf)),
+               type_rel=same_as_input, semantics=_clip,
+               doc="min(max(x, a_min), a_max); keeps the input dtype"))
+
+
+def _cast_rel(types, attrs):
+    t = tensor(types, 0, "data")
+    return TensorType(t.shape, attrs["dtype"])
+
+
+register(OpDef("cast", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+               attrs=(Attr("dtype", DTYPE_REQUIRED, REQUIRED),),
+               type_rel=_cast_rel, semantics=lambda x, *, dtype: x.astype(dtype),
+               doc="convert to dtype (floats to ints truncate toward zero)"))
+
+# ---- annotations: the identity on their first input ----------------------------------------
+
+register(OpDef("annotation.stop_fusion", inputs=("data",),
+               props=frozenset({IDENTITY, ANNOTATION}), type_rel=same_as_input,
+               semantics=lambda x: x, doc="identity; marks a fusion boundary"))
+register(OpDef("annotation.cast_hint", inputs=("data",),
+               props=frozenset({IDENTITY, ANNOTATION}),
+               attrs=(Attr("dtype", DTYPE_REQUIRED, REQUIRED),),
+               type_rel=same_as_input, semantics=lambda x, *, dtype: x,
+               doc="identity; hints the dtype the value will be quantized to"))
+
+
+def _dropout_rel(types, attrs):
+    t = float_input(types, attrs)
+    return tuple_of(t, t)
+
+
+register(OpDef("nn.dropout", inputs=("data",), props=frozenset({ANNOTATION}),
+               attrs=(Attr("rate", FLOAT, 0.5),), type_rel=_dropout_rel,
+               semantics=lambda x, *, rate: (x, np.ones_like(x)),
+               doc="inference: (data, mask of ones); .0 is the identity"))
+
+# ---- layout ----------------------------------------------------------------------------------
+
+
+def _reshape_target(shape, newshape, arg=0):
+    out, infer = [], None
+    for i, d in enumerate(newshape):
+        if d == 0:
+            if i >= len(shape):
+                raise OpTypeError(f"newshape[{i}] = 0 copies a dimension the input lacks", arg)
+            out.append(shape[i])
+        elif d == -1:
+            if infer is not None:
+                raise OpTypeError("newshape has more than one -1", arg)
+            infer = len(out)
+            out.append(1)
+        elif d > 0:
+            out.append(d)
+        else:
+            raise OpTypeError(f"newshape value {d} is not supported (use positive, 0 or -1)",
+                              arg)
+    total = int(np.prod(shape, dtype=np.int64))
+    known = int(np.prod(out, dtype=np.int64))
+    if infer is not None:
+        if known == 0 or total % known:
+            raise OpTypeError(f"cannot reshape {tuple(shape)} to {list(newshape)}", arg)
+        out[infer] = total // known
+    if int(np.prod(out, dtype=np.int64)) != total:
+        raise OpTypeError(f"cannot reshape {tuple(shape)} ({total} elements) to "
+                          f"{tuple(out)}", arg)
+    return tuple(out)
+
+
+def _reshape_rel(types, attrs):
+    t = tensor(types, 0, "data")
+    return TensorType(_reshape_target(t.shape, attrs["newshape"]), t.dtype)
+
+
+register(OpDef("reshape", inputs=("data",), props=frozenset({LAYOUT}),
+               attrs=(Attr("newshape", INTS, REQUIRED),),
+               type_rel=_reshape_rel,
+               semantics=lambda x, *, newshape: x.reshape(_reshape_target(x.shape, newshape)),
+               doc="reshape; 0 copies a dimension, -1 infers one"))
+
+
+def _expand_dims_rel(types, attrs):
+    t = tensor(types, 0, "data")
+    axis, num = attrs["axis"], attrs["num_newaxis"]
+    if num < 0:
+        raise OpTypeError("num_newaxis must be >= 0")
+    if not -t.rank - 1 <= axis <= t.rank:
+        raise OpTypeError(f"axis {axis} is out of range for rank {t.rank}", arg=0)
+    axis = axis % (t.rank + 1)
+    return TensorType(t.shape[:axis] + (1,) * num + t.shape[axis:], t.dtype)
+
+
+register(OpDef("expand_dims", inputs=("data",), props=frozenset({LAYOUT}),
+               attrs=(Attr("axis", INT, 0), Attr("num_newaxis", INT, 1)),
+               type_rel=_expand_dims_rel,
+               semantics=lambda x, *, axis, num_newaxis: x.reshape(
+                   _expand_dims_rel([TensorType(x.shape, str(x.dtype))],
+                                    {"axis": axis, "num_newaxis": num_newaxis}).shape),
+               doc="insert num_newaxis axes of size 1 at axis"))
+
+
+def _squeeze_axes(shape, axis):
+    if axis is None:
+        return [i for i, d in enumerate(shape) if d == 1]
+    axes = [norm_axis(a, len(shape)) for a in axis]
+    for a in axes:
+        if shape[a] != 1:
+            raise OpTypeError(f"cannot squeeze axis {a} of size {shape[a]}", arg=0)
+    return axes
+
+
+def _squeeze_rel(types, attrs):
+    t = tensor(types, 0, "data")
+    axes = _squeeze_axes(t.shape, attrs["axis"])
+    return TensorType(tuple(d for i, d in enumerate(t.shape) if i not in axes), t.dtype)
+
+
+register(OpDef("squeeze", inputs=("data",), props=frozenset({LAYOUT}),
+               attrs=(Attr("axis", OPT_INTS, None),), type_rel=_squeeze_rel,
+               semantics=lambda x, *, axis: np.squeeze(x, tuple(_squeeze_axes(x.shape, axis))),
+               doc="drop axes of size 1 (all of them when axis is None)"))
+
+
+def _perm(rank, axes):
+    if axes is None:
+        return list(range(rank))[::-1]
+    perm = [norm_axis(a, rank) for a in axes]
+    if sorted(perm) != list(range(rank)):
+        raise OpTypeError(f"axes {axes} is not a permutation of {rank} axes", arg=0)
+    return perm
+
+
+def _transpose_rel(types, attrs):
+    t = tensor(types, 0, "data")
+    return TensorType(tuple(t.shape[p] for p in _perm(t.rank, attrs["axes"])), t.dtype)
+
+
+register(OpDef("transpose", inputs=("data",), props=frozenset({LAYOUT}),
+               attrs=(Attr("axes", OPT_INTS, None),), type_rel=_transpose_rel,
+               semantics=lambda x, *, axes: np.ascontiguousarray(
+                   np.transpose(x, _perm(x.ndim, axes))),
+               doc="permute axes (reverse them when axes is None)"))
+
+
+def _batch_flatten_rel(types, attrs):
+    t = tensor(types, 0, "data")
+    if t.rank < 1:
+        raise OpTypeError("batch_flatten needs rank >= 1", arg=0)
+    return TensorType((t.shape[0], int(np.prod(t.shape[1:], dtype=np.int64))), t.dtype)
+
+
+register(OpDef("nn.batch_flatten", inputs=("data",), props=frozenset({LAYOUT}),
+               type_rel=_batch_flatten_rel,
+               semantics=lambda x: x.reshape(x.shape[0], -1), doc="(N, ...) -> (N, prod(...))"))
+
+
+def _concat_rel(types, attrs):
+    tup = types[0]
+    if not isinstance(tup, TupleType) or not tup.fields:
+        raise OpTypeError(f"concatenate takes a non-empty tuple of tensors, got {tup}", arg=0)
+    first = tup.fields[0]
+    if not isinstance(first, TensorType):
+        raise OpTypeError("concatenate takes a tuple of tensors", arg=0)
+    axis = norm_axis(attrs["axis"], first.rank)
+    size = 0
+    for f in tup.fields:
+        if not isinstance(f, TensorType) or f.rank != first.rank or f.dtype != first.dtype or \
+                f.shape[:axis] + f.shape[axis + 1:] != first.shape[:axis] + first.shape[axis + 1:]:
+            raise OpTypeError(f"cannot concatenate {first} and {f} on axis {axis}", arg=0)
+        size += f.shape[axis]
+    return TensorType(first.shape[:axis] + (size,) + first.shape[axis + 1:], first.dtype)
+
+
+register(OpDef("concatenate", inputs=("data",), props=frozenset({LAYOUT}),
+               attrs=(Attr("axis", INT, 0),), type_rel=_concat_rel,
+               semantics=lambda xs, *, axis: np.concatenate(xs, axis=axis),
+               doc="join a tuple of tensors along axis"))
+
+# ---- reductions ------------------------------------------------------------------------------
+
+
+def _reduce_axes(rank, axis, exclude):
+    axes = list(range(rank)) if axis is None else [norm_axis(a, rank) for a in axis]
+    if exclude:
+        axes = [i for i in range(rank) if i not in axes]
+    return tuple(sorted(set(axes)))
+
+
+def _reduce_rel(types, attrs):
+    t = tensor(types, 0, "data")
+    axes = _reduce_axes(t.rank, attrs["axis"], attrs["exclude"])
+    if attrs["keepdims"]:
+        shape = tuple(1 if i in axes else d for i, d in enumerate(t.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(t.shape) if i not in axes)
+    return TensorType(shape, t.dtype)
+
+
+def _reduction(name, fn, doc):
+    def sem(x, *, axis, keepdims, exclude, _fn=fn):
+        axes = _reduce_axes(x.ndim, axis, exclude)
+        return np.asarray(_fn(x, axis=axes, keepdims=keepdims)).astype(x.dtype)
+
+    register(OpDef(name, inputs=("data",), props=frozenset({REDUCE}),
+                   attrs=(Attr("axis", OPT_INTS, None), Attr("keepdims", BOOL, False),
+                          Attr("exclude", BOOL, False)),
+                   type_rel=_reduce_rel, semantics=sem, doc=doc))
+
+
+_reduction("max", np.max, "maximum over axis")
+_reduction("min", np.min, "minimum over axis")
+_reduction("sum", np.sum, "sum over axis")
+_reduction("mean", np.mean, "mean over axis")
+
+
+def _softmax(x, *, axis):
+    z = x.astype(np.float64)
+    z = np.exp(z - z.max(axis=axis, keepdims=True))
+    return (z / z.sum(axis=axis, keepdims=True)).astype(x.dtype)
+
+
+def _softmax_rel(types, attrs):
+    t = float_input(types, attrs)
+    norm_axis(attrs["axis"], t.rank)
+    return t
+
+
+register(OpDef("nn.softmax", inputs=("data",), attrs=(Attr("axis", INT, -1),),
+               type_rel=_softmax_rel, semantics=_softmax, doc="exp(x) / sum(exp(x)) over axis"))

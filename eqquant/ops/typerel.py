@@ -1,0 +1,76 @@
+"""Shared pieces of type relations. A relation takes the input types and the canonical attributes
+and returns the output type, or raises :class:`OpTypeError` naming the offending input."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from ..ir.types import TensorType, TupleType, Type, is_float, is_int
+from .registry import OpTypeError
+
+
+def tensor(types: Sequence[Type], i: int, name: str = "", rank: int | None = None) -> TensorType:
+    t = types[i]
+    label = f"argument {i + 1}" + (f" ('{name}')" if name else "")
+    if not isinstance(t, TensorType):
+        raise OpTypeError(f"{label} must be a tensor, got {t}", arg=i)
+    if rank is not None and t.rank != rank:
+        raise OpTypeError(f"{label} must have rank {rank}, got {t}", arg=i)
+    return t
+
+
+def same_as_input(types: Sequence[Type], attrs: Mapping[str, Any]) -> Type:
+    return tensor(types, 0, "data")
+
+
+def float_input(types: Sequence[Type], attrs: Mapping[str, Any]) -> Type:
+    t = tensor(types, 0, "data")
+    if not is_float(t.dtype):
+        raise OpTypeError(f"argument 1 ('data') must be a float tensor, got {t.dtype}", arg=0)
+    return t
+
+
+def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        x = a[-i] if i <= len(a) else 1
+        y = b[-i] if i <= len(b) else 1
+        if x != y and x != 1 and y != 1:
+            return None
+        out.append(max(x, y) if x != 0 and y != 0 else 0)
+    return tuple(reversed(out))
+
+
+def broadcast(types: Sequence[Type], attrs: Mapping[str, Any]) -> Type:
+    a, b = tensor(types, 0, "lhs"), tensor(types, 1, "rhs")
+    if a.dtype != b.dtype:
+        raise OpTypeError(f"operands have different dtypes: {a.dtype} and {b.dtype}", arg=1)
+    shape = broadcast_shapes(a.shape, b.shape)
+    if shape is None:
+        raise OpTypeError(f"shapes {a.shape} and {b.shape} do not broadcast", arg=1)
+    return TensorType(shape, a.dtype)
+
+
+def out_dtype(attrs: Mapping[str, Any], default: str) -> str:
+    return attrs.get("out_dtype") or default
+
+
+def compute_dtypes(types: Sequence[Type], attrs: Mapping[str, Any], a: TensorType,
+                   b: TensorType) -> str:
+    """Input dtypes of conv2d/dense: equal floats, or integers with an out_dtype."""
+    if is_float(a.dtype) or is_float(b.dtype):
+        if a.dtype != b.dtype:
+            raise OpTypeError(f"data is {a.dtype} but weight is {b.dtype}", arg=1)
+        return out_dtype(attrs, a.dtype)
+    if not (is_int(a.dtype) and is_int(b.dtype)):
+        raise OpTypeError(f"unsupported dtypes {a.dtype} and {b.dtype}", arg=1)
+    return out_dtype(attrs, "int32" if a.dtype != b.dtype else a.dtype)
+
+
+def norm_axis(axis: int, rank: int, arg: int = 0) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise OpTypeError(f"axis {axis} is out of range for rank {rank}", arg=arg)
+    return axis % rank if rank else 0
+
+
+def tuple_of(*fields: Type) -> TupleType:
+    return TupleType(tuple(fields))

@@ -1,0 +1,29 @@
+"""Where the grammar/ and rules/ folders are.
+
+In a source checkout (or an editable install) they sit at the top of the repository, next to
+the ``eqquant`` package; a wheel carries them inside the package as ``eqquant/_data/`` (see
+``pyproject.toml``). Both layouts are looked up here and nowhere else.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+_PKG = Path(__file__).resolve().parent
+
+
+@lru_cache(maxsize=None)
+def data_dir(name: str) -> Path:
+    for candidate in (_PKG / "_data" / name, _PKG.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"eqquant's {name}/ folder is missing from the installation "
+                            f"(looked in {_PKG / '_data'} and {_PKG.parent})")
+
+
+def grammar_path(name: str) -> Path:
+    return data_dir("grammar") / name
+
+
+def rules_dir() -> Path:
+    return data_dir("rules")
