@@ -44,8 +44,9 @@ class Builder:
         return node
 
     def scalar(self, value: float, dtype: str = "float32") -> Scalar:
-        return Scalar(value=float(np.dtype(dtype).type(value)) if dtype.startswith("float")
-                      else int(value), dtype=dtype)
+        with np.errstate(over="ignore"):  # a float16 literal may round to inf, as written
+            v = float(np.dtype(dtype).type(value)) if dtype.startswith("float") else int(value)
+        return Scalar(value=v, dtype=dtype)
 
     def tuple(self, *fields: Expr) -> Tuple:
         return Tuple(fields=tuple(fields))

@@ -34,6 +34,7 @@ from .types import DTYPES, FuncType, TensorType, TupleType, Type
 _SUFFIX_DTYPE = {"f": "float32", "f16": "float16", "f32": "float32", "f64": "float64",
                  "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64",
                  "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64"}
+_INTS = re.compile(r"-?\d+")
 _NUMBER = re.compile(r"^([+-]?(?:[0-9.]+(?:[eE][+-]?\d+)?|inf|nan))(f16|f32|f64|f|[iu]\d+)?$")
 
 # How a terminal reads in "expected ..." messages.
@@ -390,6 +391,8 @@ class _Builder:
             if dtype is not None and dtype.startswith("float"):
                 return float(value)
             return value
+        if kind == "a_ints":
+            return [int(v) for v in _INTS.findall(str(tree.children[0]))]
         if kind == "a_string":
             return _unquote(str(tree.children[0]))
         if kind == "a_true":
@@ -404,6 +407,13 @@ class _Builder:
 
     def type(self, tree) -> Type:
         kind = tree.data
+        if kind == "tensor_type_token":
+            tok = tree.children[0]
+            inner, dtype = str(tok)[len("Tensor[("):].rsplit(")", 1)
+            dtype = dtype.strip(" ,]\t\n")
+            return TensorType(tuple(int(d) for d in _INTS.findall(inner)),
+                              self.dtype(Token("IDENT", dtype, line=tok.line,
+                                               column=tok.column + str(tok).index(dtype, len(inner)))))
         if kind == "tensor_type":
             *dims, dtype_tok = tree.children
             return TensorType(tuple(int(d) for d in dims if d is not None),

@@ -76,8 +76,10 @@ class _Printer:
     def body(self, root: Expr, indent: int, names: dict[int, str], taken: set[str]) -> list[str]:
         pad = "  " * indent
         lines = []
+        # a named result is bound too, so that its name survives: %out = ...; %out
+        bind_root = bool(getattr(root, "name", None)) and self.atom(root, names) is None
         for node in post_order(root):
-            if self.atom(node, names) is not None or node is root:
+            if self.atom(node, names) is not None or (node is root and not bind_root):
                 continue
             hint = getattr(node, "name", None)
             if hint and hint not in taken:
@@ -89,7 +91,10 @@ class _Printer:
             text = self.expr_text(node, names, indent)
             names[id(node)] = f"%{label}"
             lines.append(f"{pad}%{label} = {text}{self.ann(node)};")
-        lines.append(f"{pad}{self.expr_text(root, names, indent)}{self.ann(root)}")
+        if bind_root:
+            lines.append(f"{pad}{names[id(root)]}")
+        else:
+            lines.append(f"{pad}{self.expr_text(root, names, indent)}{self.ann(root)}")
         return lines
 
     def function(self, fn: Function, head: str, indent: int,

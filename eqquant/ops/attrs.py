@@ -77,6 +77,8 @@ class FloatKind(AttrKind):
     def canonical(self, v: Any) -> Any:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise AttrValueError("a number")
+        if self.suffix == "f":  # a float32 attribute: keep only what float32 holds
+            return float(np.float32(v))
         return float(v)
 
     def format(self, v: Any) -> str:

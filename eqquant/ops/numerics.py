@@ -11,10 +11,15 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 def out_size(size: int, k: int, stride: int, dilation: int, pad_before: int, pad_after: int,
              ceil_mode: bool = False) -> int:
+    """Output length of a window sweep. With ``ceil_mode`` a partial last window counts, but
+    (as PyTorch and ONNX Runtime do) never one that starts in the trailing padding."""
     span = dilation * (k - 1) + 1
     total = size + pad_before + pad_after - span
     if ceil_mode:
-        return -(-total // stride) + 1
+        out = -(-total // stride) + 1
+        if (out - 1) * stride >= size + pad_before:
+            out -= 1
+        return out
     return total // stride + 1
 
 
@@ -23,8 +28,9 @@ def acc_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def windows(x: np.ndarray, kernel: tuple[int, int], strides, dilation, padding,
-            pad_value, ceil_mode: bool = False) -> np.ndarray:
-    """(N, C, H, W) -> (N, C, OH, OW, KH, KW) windows of the padded input (a view when possible)."""
+            pad_value, ceil_mode: bool = False, extra_value=None) -> np.ndarray:
+    """(N, C, H, W) -> (N, C, OH, OW, KH, KW) windows of the padded input. ``extra_value``
+    fills what ceil_mode reads past the explicit padding (default: ``pad_value``)."""
     kh, kw = kernel
     (sh, sw), (dh, dw) = strides, dilation
     pt, pl, pb, pr = padding
@@ -35,8 +41,10 @@ def windows(x: np.ndarray, kernel: tuple[int, int], strides, dilation, padding,
     need_w = (ow - 1) * sw + dw * (kw - 1) + 1
     extra_b = max(0, need_h - (x.shape[2] + pt + pb))
     extra_r = max(0, need_w - (x.shape[3] + pl + pr))
-    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb + extra_b), (pl, pr + extra_r)),
-                constant_values=pad_value)
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=pad_value)
+    if extra_b or extra_r:
+        xp = np.pad(xp, ((0, 0), (0, 0), (0, extra_b), (0, extra_r)),
+                    constant_values=pad_value if extra_value is None else extra_value)
     win = sliding_window_view(xp, (dh * (kh - 1) + 1, dw * (kw - 1) + 1), axis=(2, 3))
     return win[:, :, : (oh - 1) * sh + 1: sh, : (ow - 1) * sw + 1: sw, ::dh, ::dw]
 
@@ -76,11 +84,8 @@ def avg_pool2d(x: np.ndarray, *, pool_size, strides, dilation, padding, ceil_mod
     sums = windows(x.astype(acc), *args, 0, ceil_mode).sum(axis=(4, 5))
     # how many elements each window averages: real ones, plus explicit padding if asked
     ones = np.ones((1, 1) + x.shape[2:], dtype=acc)
-    if count_include_pad:
-        pt, pl, pb, pr = padding
-        ones = np.pad(ones, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=1)
-        args = (tuple(pool_size), strides, dilation, (0, 0, 0, 0))
-    counts = windows(ones, *args, 0, ceil_mode).sum(axis=(4, 5))
+    counts = windows(ones, *args, 1 if count_include_pad else 0, ceil_mode,
+                     extra_value=0).sum(axis=(4, 5))
     if x.dtype.kind == "f":
         return (sums / counts).astype(x.dtype)
     return np.trunc(sums / counts).astype(x.dtype)
