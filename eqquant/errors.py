@@ -96,6 +96,12 @@ class ParamsError(EqquantError):
     kind = "params error"
 
 
+class RuleError(EqquantError):
+    """A rules file is malformed or a rule is ill-formed (checked when the file loads)."""
+
+    kind = "rule error"
+
+
 class EvalError(EqquantError):
     """The interpreter cannot run the program (missing input, unbound constant...)."""
 

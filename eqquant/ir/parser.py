@@ -41,6 +41,8 @@ _NUMBER = re.compile(r"^([+-]?(?:[0-9.]+(?:[eE][+-]?\d+)?|inf|nan))(f16|f32|f64|
 _TERMINAL_TEXT = {
     "LOCAL": "a value like %x", "GLOBAL": "a function like @main", "IDENT": "a name",
     "INT": "an integer", "NUMBER": "a number", "STRING": "a string", "$END": "end of file",
+    "VAR": "a pattern variable like ?x", "INT_LIST": "a list of ints",
+    "TENSOR_TYPE": "a tensor type", "ARROW": "'=>' or '<=>'", "CMP": "'==' or '!='",
 }
 
 
@@ -80,7 +82,12 @@ def _expected_text(lark: Lark, names) -> str:
 
 
 def _syntax_error(e: UnexpectedInput, text: str, file: str) -> ParseError:
-    lark = _lark()
+    return _syntax_error_with(_lark(), e, text, file)
+
+
+def _syntax_error_with(lark: Lark, e: UnexpectedInput, text: str, file: str) -> ParseError:
+    """A Lark error as a located ParseError saying what was expected (shared by the rules
+    parser)."""
     if isinstance(e, UnexpectedCharacters):
         ch = text[e.pos_in_stream] if e.pos_in_stream < len(text) else ""
         if text.startswith("/*", e.pos_in_stream):

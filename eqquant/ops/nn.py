@@ -49,6 +49,7 @@ register(OpDef(
            Attr("data_layout", NCHW, "NCHW"), Attr("kernel_layout", OIHW, "OIHW"),
            Attr("out_layout", OUT_LAYOUT, ""), Attr("out_dtype", DTYPE, "")),
     type_rel=_conv2d_rel, semantics=numerics.conv2d,
+    flops=lambda ins, out, a: 2.0 * out.size * ins[1].size // ins[1].shape[0],
     doc="2-D convolution, NCHW data and OIHW weight; groups=C is depthwise"))
 
 
@@ -83,6 +84,7 @@ register(OpDef(
     attrs=(Attr("axis", INT, 1), Attr("epsilon", FLOAT, 1e-5), Attr("center", BOOL, True),
            Attr("scale", BOOL, True)),
     type_rel=_batch_norm_rel, semantics=_batch_norm,
+    flops=lambda ins, out, a: 4.0 * ins[0].size,
     doc="inference batch norm; returns (out, moving_mean, moving_var), use .0"))
 
 _POOL_ATTRS = (Attr("pool_size", PAIR, [1, 1]), Attr("strides", PAIR, [1, 1]),
@@ -107,10 +109,12 @@ def _pool_rel(types, attrs):
 
 register(OpDef("nn.max_pool2d", inputs=("data",), props=frozenset({POOL}), attrs=_POOL_ATTRS,
                type_rel=_pool_rel, semantics=numerics.max_pool2d,
+               flops=lambda ins, out, a: float(out.size * a["pool_size"][0] * a["pool_size"][1]),
                doc="maximum over each window (padding never wins)"))
 register(OpDef("nn.avg_pool2d", inputs=("data",), props=frozenset({POOL}),
                attrs=_POOL_ATTRS + (Attr("count_include_pad", BOOL, False),),
                type_rel=_pool_rel, semantics=numerics.avg_pool2d,
+               flops=lambda ins, out, a: float(out.size * a["pool_size"][0] * a["pool_size"][1]),
                doc="mean over each window"))
 
 
@@ -127,6 +131,7 @@ def _global_avg_pool(x, *, layout, out_layout):
 register(OpDef("nn.global_avg_pool2d", inputs=("data",), props=frozenset({POOL}),
                attrs=(Attr("layout", NCHW, "NCHW"), Attr("out_layout", OUT_LAYOUT, "")),
                type_rel=_global_pool_rel, semantics=_global_avg_pool,
+               flops=lambda ins, out, a: float(ins[0].size),
                doc="mean over H and W: (N, C, H, W) -> (N, C, 1, 1)"))
 
 
@@ -147,7 +152,8 @@ def _dense(x, w, *, units, out_dtype):
 
 register(OpDef("nn.dense", inputs=("data", "weight"), props=frozenset({COMPUTE}),
                attrs=(Attr("units", OPT_INT, None), Attr("out_dtype", DTYPE, "")),
-               type_rel=_dense_rel, semantics=_dense, doc="x @ weight.T, weight is (units, K)"))
+               type_rel=_dense_rel, semantics=_dense, doc="x @ weight.T, weight is (units, K)",
+               flops=lambda ins, out, a: 2.0 * out.size * ins[1].shape[1]))
 
 
 def _bias_add_rel(types, attrs):

@@ -56,6 +56,13 @@ class OpDef:
     attrs: tuple[Attr, ...] = ()
     props: frozenset[str] = field(default_factory=frozenset)
     doc: str = ""
+    # cost: arithmetic per call (default: one per output element), and whether the op moves
+    # data at all (a reshape is a view, an annotation is nothing at run time)
+    flops: Callable[..., float] | None = None   # flops(in_types, out_type, attrs)
+    moves_data: bool = True
+    # attributes in the form the e-graph keeps, given the input types (e.g. reshape's 0s
+    # resolved to the dimensions they copy, so that reshape chains collapse)
+    canonicalize: Callable[..., dict] | None = None
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"

@@ -16,7 +16,8 @@ from .typerel import broadcast, float_input, norm_axis, same_as_input, tensor, t
 def _unary(name, fn, *, floats_only=False, doc=""):
     register(OpDef(name, inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
                    type_rel=float_input if floats_only else same_as_input,
-                   semantics=lambda x, _fn=fn: np.asarray(_fn(x)).astype(x.dtype), doc=doc))
+                   semantics=lambda x, _fn=fn: np.asarray(_fn(x)).astype(x.dtype, copy=False),
+                   doc=doc))
 
 
 _unary("nn.relu", lambda x: np.maximum(x, 0), doc="max(x, 0)")
@@ -31,7 +32,7 @@ _unary("round", np.round, floats_only=True, doc="round half to even")
 def _binary(name, fn, doc):
     register(OpDef(name, inputs=("lhs", "rhs"), props=frozenset({ELEMWISE, BINARY}),
                    type_rel=broadcast,
-                   semantics=lambda a, b, _fn=fn: np.asarray(_fn(a, b)).astype(a.dtype),
+                   semantics=lambda a, b, _fn=fn: np.asarray(_fn(a, b)).astype(a.dtype, copy=False),
                    doc=doc))
 
 
@@ -70,10 +71,10 @@ register(OpDef("cast", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
 
 # ---- annotations: the identity on their first input ----------------------------------------
 
-register(OpDef("annotation.stop_fusion", inputs=("data",),
+register(OpDef("annotation.stop_fusion", inputs=("data",), moves_data=False,
                props=frozenset({IDENTITY, ANNOTATION}), type_rel=same_as_input,
                semantics=lambda x: x, doc="identity; marks a fusion boundary"))
-register(OpDef("annotation.cast_hint", inputs=("data",),
+register(OpDef("annotation.cast_hint", inputs=("data",), moves_data=False,
                props=frozenset({IDENTITY, ANNOTATION}),
                attrs=(Attr("dtype", DTYPE_REQUIRED, REQUIRED),),
                type_rel=same_as_input, semantics=lambda x, *, dtype: x,
@@ -85,7 +86,7 @@ def _dropout_rel(types, attrs):
     return tuple_of(t, t)
 
 
-register(OpDef("nn.dropout", inputs=("data",), props=frozenset({ANNOTATION}),
+register(OpDef("nn.dropout", inputs=("data",), props=frozenset({ANNOTATION}), moves_data=False,
                attrs=(Attr("rate", FLOAT, 0.5),), type_rel=_dropout_rel,
                semantics=lambda x, *, rate: (x, np.ones_like(x)),
                doc="inference: (data, mask of ones); .0 is the identity"))
@@ -127,9 +128,16 @@ def _reshape_rel(types, attrs):
     return TensorType(_reshape_target(t.shape, attrs["newshape"]), t.dtype)
 
 
-register(OpDef("reshape", inputs=("data",), props=frozenset({LAYOUT}),
+def _reshape_canonical(types, attrs):
+    """0 copies a dimension of the input: write that dimension instead (-1 stays)."""
+    shape = types[0].shape
+    return {**attrs, "newshape": [shape[i] if d == 0 else d
+                                  for i, d in enumerate(attrs["newshape"])]}
+
+
+register(OpDef("reshape", inputs=("data",), props=frozenset({LAYOUT}), moves_data=False,
                attrs=(Attr("newshape", INTS, REQUIRED),),
-               type_rel=_reshape_rel,
+               type_rel=_reshape_rel, canonicalize=_reshape_canonical,
                semantics=lambda x, *, newshape: x.reshape(_reshape_target(x.shape, newshape)),
                doc="reshape; 0 copies a dimension, -1 infers one"))
 
@@ -145,7 +153,7 @@ def _expand_dims_rel(types, attrs):
     return TensorType(t.shape[:axis] + (1,) * num + t.shape[axis:], t.dtype)
 
 
-register(OpDef("expand_dims", inputs=("data",), props=frozenset({LAYOUT}),
+register(OpDef("expand_dims", inputs=("data",), props=frozenset({LAYOUT}), moves_data=False,
                attrs=(Attr("axis", INT, 0), Attr("num_newaxis", INT, 1)),
                type_rel=_expand_dims_rel,
                semantics=lambda x, *, axis, num_newaxis: x.reshape(
@@ -170,7 +178,7 @@ def _squeeze_rel(types, attrs):
     return TensorType(tuple(d for i, d in enumerate(t.shape) if i not in axes), t.dtype)
 
 
-register(OpDef("squeeze", inputs=("data",), props=frozenset({LAYOUT}),
+register(OpDef("squeeze", inputs=("data",), props=frozenset({LAYOUT}), moves_data=False,
                attrs=(Attr("axis", OPT_INTS, None),), type_rel=_squeeze_rel,
                semantics=lambda x, *, axis: np.squeeze(x, tuple(_squeeze_axes(x.shape, axis))),
                doc="drop axes of size 1 (all of them when axis is None)"))
@@ -204,7 +212,7 @@ def _batch_flatten_rel(types, attrs):
     return TensorType((t.shape[0], int(np.prod(t.shape[1:], dtype=np.int64))), t.dtype)
 
 
-register(OpDef("nn.batch_flatten", inputs=("data",), props=frozenset({LAYOUT}),
+register(OpDef("nn.batch_flatten", inputs=("data",), props=frozenset({LAYOUT}), moves_data=False,
                type_rel=_batch_flatten_rel,
                semantics=lambda x: x.reshape(x.shape[0], -1), doc="(N, ...) -> (N, prod(...))"))
 

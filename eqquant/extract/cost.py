@@ -1,0 +1,86 @@
+"""Cost models: what a call of an op costs, seen with its attributes, input and output types.
+
+    model = cost_model("cpu")
+    model.op_cost(op, attrs, in_types, out_type)   # seconds (an estimate)
+
+Extraction adds these up over the chosen program, counting a shared value once; a value that
+is a constant subexpression costs nothing (it is folded at compile time), and so do leaves.
+
+- ``nodes``: one per op call, zero for ops that do nothing at run time (annotations, views).
+- ``cpu``: a roofline-style latency estimate for this kind of machine (2 cores, AVX-512):
+  arithmetic at a peak that depends on the dtype, plus the bytes the op reads and writes at
+  memory bandwidth. Integer (int8/uint8) arithmetic runs at about 5x the fp32 rate with VNNI;
+  see ``../shared/notes/measured.md`` and ``bench/``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from ..errors import EqquantError
+from ..ir.types import TensorType, TupleType, Type
+from ..ops.registry import OpDef
+
+
+def nbytes(t: Type) -> float:
+    if isinstance(t, TensorType):
+        import numpy as np
+        return float(t.size * (np.dtype(t.dtype).itemsize if t.dtype != "weak" else 4))
+    if isinstance(t, TupleType):
+        return sum(nbytes(f) for f in t.fields)
+    return 0.0
+
+
+def output_size(t: Type) -> float:
+    if isinstance(t, TensorType):
+        return float(t.size)
+    if isinstance(t, TupleType):
+        return sum(output_size(f) for f in t.fields)
+    return 0.0
+
+
+class CostModel:
+    name = "base"
+
+    def op_cost(self, op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type],
+                out_type: Type) -> float:
+        raise NotImplementedError
+
+
+class NodeCount(CostModel):
+    name = "nodes"
+
+    def op_cost(self, op, attrs, in_types, out_type) -> float:
+        return 1.0 if op.moves_data else 0.0
+
+
+@dataclass
+class CpuLatency(CostModel):
+    """Seconds: flops / peak(dtype) + bytes / bandwidth."""
+
+    name: str = "cpu"
+    peak: dict[str, float] = field(default_factory=lambda: {
+        "float32": 100e9, "float64": 50e9, "float16": 50e9,
+        "int8": 500e9, "uint8": 500e9, "int32": 50e9, "int64": 25e9, "int16": 100e9})
+    bandwidth: float = 10e9
+    call_overhead: float = 2e-6
+
+    def op_cost(self, op, attrs, in_types, out_type) -> float:
+        if not op.moves_data:
+            return 0.0
+        flops = op.flops(in_types, out_type, attrs) if op.flops else output_size(out_type)
+        dtype = next((t.dtype for t in in_types if isinstance(t, TensorType)), "float32")
+        rate = self.peak.get(dtype, 50e9)
+        moved = sum(nbytes(t) for t in in_types) + nbytes(out_type)
+        return self.call_overhead + flops / rate + moved / self.bandwidth
+
+
+MODELS = {"nodes": NodeCount, "cpu": CpuLatency}
+
+
+def cost_model(name: str | CostModel) -> CostModel:
+    if isinstance(name, CostModel):
+        return name
+    if name not in MODELS:
+        raise EqquantError(f"unknown cost model '{name}' (there are: {', '.join(MODELS)})")
+    return MODELS[name]()

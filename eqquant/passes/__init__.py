@@ -1,0 +1,1 @@
+"""IR -> IR passes: inlining of function calls, constant folding."""

@@ -1,0 +1,247 @@
+"""Rules as data: patterns, guards and rules, each remembering where it was written.
+
+A pattern is a tree of :class:`PCall` (an op or a set of ops, positional sub-patterns, named
+attribute patterns and an optional ``..?rest``), :class:`PVar`, :class:`PLit`, :class:`PTuple`
+and :class:`PProj`. Guards are data too (:class:`Guard`), so a rule prints back as written and
+"which rule fired" is answered by its name and its ``file:line``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from ..errors import SourceLoc
+from ..ops.registry import OpDef
+
+
+@dataclass(frozen=True)
+class PVar:
+    name: str  # with its "?"
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True)
+class PLit:
+    """A scalar literal. ``dtype`` None is a *weak* literal (``1.0``, or an attribute variable
+    used as a value): it takes the dtype of the operand it is combined with, like numpy's
+    Python scalars."""
+
+    value: Any
+    dtype: str | None
+    loc: SourceLoc | None = None
+    var: str | None = None  # set when the literal is an attribute variable used as a value
+
+
+@dataclass(frozen=True)
+class OpRef:
+    """One op, or a set of ops (``{nn.relu, clip}`` or a registry property ``{annotation}``);
+    ``label`` is how it was written, so the same set on both sides is the same op."""
+
+    label: str
+    ops: tuple[OpDef, ...]
+
+    @property
+    def is_set(self) -> bool:
+        return self.label.startswith("{")
+
+
+@dataclass(frozen=True)
+class AttrVar:
+    name: str
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True)
+class AttrLit:
+    value: Any
+    loc: SourceLoc | None = None
+
+
+AttrPat = Union[AttrVar, AttrLit]
+
+
+@dataclass(frozen=True)
+class PCall:
+    op: OpRef
+    args: tuple["Pattern", ...]
+    attrs: tuple[tuple[str, AttrPat], ...] = ()
+    rest: str | None = None
+    loc: SourceLoc | None = None
+
+    @property
+    def attr_map(self) -> dict[str, AttrPat]:
+        return dict(self.attrs)
+
+
+@dataclass(frozen=True)
+class PTuple:
+    fields: tuple["Pattern", ...]
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True)
+class PProj:
+    inner: "Pattern"
+    index: int
+    loc: SourceLoc | None = None
+
+
+Pattern = Union[PVar, PLit, PCall, PTuple, PProj]
+
+
+@dataclass(frozen=True)
+class Guard:
+    """``kind`` is dtype, rank, shape (of ``var``), const (``var`` is a compile-time
+    constant) or attr (``var`` is an attribute variable); ``value`` is a literal, or
+    ``("of", fn, var)`` for ``shape(?x) == shape(?y)``."""
+
+    kind: str
+    var: str
+    op: str = "=="
+    value: Any = None
+    loc: SourceLoc | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "const":
+            return f"const({self.var})"
+        if isinstance(self.value, tuple):
+            rhs = self.value[1] if self.value[0] == "attr" else f"{self.value[1]}({self.value[2]})"
+        else:
+            rhs = str(self.value)
+        lhs = self.var if self.kind == "attr" else f"{self.kind}({self.var})"
+        return f"{lhs} {self.op} {rhs}"
+
+
+@dataclass
+class Rule:
+    name: str
+    lhs: Pattern
+    rhs: Pattern
+    where: dict[str, Pattern] = field(default_factory=dict)
+    guards: list[Guard] = field(default_factory=list)
+    bidirectional: bool = False
+    approx: dict[str, float] | None = None  # {"rtol": ..., "atol": ...} for approx rules
+    doc: str = ""
+    loc: SourceLoc | None = None
+    ruleset: str = ""
+
+    @property
+    def where_loc(self) -> str:
+        return str(self.loc) if self.loc else "?"
+
+    @property
+    def needs_types(self) -> bool:
+        return any(g.kind in ("dtype", "rank", "shape") for g in self.guards)
+
+
+@dataclass
+class RuleSet:
+    name: str
+    rules: list[Rule]
+    file: str
+    includes: list[str] = field(default_factory=list)
+
+    @property
+    def needs_types(self) -> bool:
+        return any(r.needs_types for r in self.rules)
+
+
+def pattern_vars(p: Pattern) -> list[str]:
+    """Expression variables of a pattern, in order of first appearance."""
+    out: list[str] = []
+
+    def walk(q):
+        if isinstance(q, PVar):
+            if q.name not in out:
+                out.append(q.name)
+        elif isinstance(q, PCall):
+            for a in q.args:
+                walk(a)
+        elif isinstance(q, PTuple):
+            for f in q.fields:
+                walk(f)
+        elif isinstance(q, PProj):
+            walk(q.inner)
+    walk(p)
+    return out
+
+
+def attr_vars(p: Pattern) -> dict[str, tuple[OpRef, str]]:
+    """Attribute variables -> (the op and attribute that bind them); ``..?rest`` included
+    under its own name with attribute "..".""" 
+    out: dict[str, tuple[OpRef, str]] = {}
+
+    def walk(q):
+        if isinstance(q, PCall):
+            for k, v in q.attrs:
+                if isinstance(v, AttrVar):
+                    out.setdefault(v.name, (q.op, k))
+            if q.rest:
+                out.setdefault(q.rest, (q.op, ".."))
+            for a in q.args:
+                walk(a)
+        elif isinstance(q, PTuple):
+            for f in q.fields:
+                walk(f)
+        elif isinstance(q, PProj):
+            walk(q.inner)
+        elif isinstance(q, PLit) and q.var:
+            pass
+    walk(p)
+    return out
+
+
+def op_sets(p: Pattern) -> dict[str, OpRef]:
+    out: dict[str, OpRef] = {}
+
+    def walk(q):
+        if isinstance(q, PCall):
+            if q.op.is_set:
+                out.setdefault(q.op.label, q.op)
+            for a in q.args:
+                walk(a)
+        elif isinstance(q, PTuple):
+            for f in q.fields:
+                walk(f)
+        elif isinstance(q, PProj):
+            walk(q.inner)
+    walk(p)
+    return out
+
+
+def format_pattern(p: Pattern) -> str:
+    """A pattern in the rules' own syntax."""
+    if isinstance(p, PVar):
+        return p.name
+    if isinstance(p, PLit):
+        if p.var:
+            return p.var
+        from ..ir.printer import format_scalar
+        return format_scalar(p.value, p.dtype) if p.dtype else repr(p.value)
+    if isinstance(p, PTuple):
+        return "(" + ", ".join(format_pattern(f) for f in p.fields) + ")"
+    if isinstance(p, PProj):
+        return f"{format_pattern(p.inner)}.{p.index}"
+    from ..ops.attrs import format_value
+    parts = [format_pattern(a) for a in p.args]
+    for k, v in p.attrs:
+        parts.append(f"{k}={v.name if isinstance(v, AttrVar) else format_value(v.value)}")
+    if p.rest:
+        parts.append(f"..{p.rest}")
+    return f"{p.op.label}({', '.join(parts)})"
+
+
+def format_rule(r: Rule) -> str:
+    head = ("approx " if r.approx is not None else "") + f"rule {r.name}"
+    if r.approx:
+        head += " (" + ", ".join(f"{k}={v}" for k, v in r.approx.items()) + ")"
+    lines = [f"# {line}" for line in r.doc.splitlines()]
+    lines.append(head + ":")
+    lines.append(f"    {format_pattern(r.lhs)}")
+    lines.append(f"    {'<=>' if r.bidirectional else '=>'} {format_pattern(r.rhs)}")
+    if r.where:
+        lines.append("    where " + ", ".join(f"{k} = {format_pattern(v)}"
+                                             for k, v in r.where.items()))
+    if r.guards:
+        lines.append("    if " + ", ".join(str(g) for g in r.guards))
+    return "\n".join(lines)

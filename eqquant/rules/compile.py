@@ -1,0 +1,247 @@
+"""Rules -> egglog rules.
+
+    rule add_zero: add(?x, 0.0) => ?x
+    ==>
+    (rule ((= ?__root (@add ?x (Scalar "0.0" ?_d0))))
+          ((union ?__root ?x))
+          :ruleset rs.simplify :name "add_zero")
+
+Attributes the left side does not name become fresh variables (``..?rest`` collects them and
+carries them to calls of the right side); ``where`` bindings are substituted; a rule over an
+op set (``{nn.relu, clip}``) becomes one egglog rule per op; a ``<=>`` rule adds its reverse;
+guards become query facts (``(is-const ?w)``, ``(= (dtype-of ?x) "float32")``). A weak literal
+on the right is ``(Scalar "1e-05" "weak")``: its dtype is settled from its operand when the
+program is extracted.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from ..egraph.encode import list_term
+from ..egraph.schema import attr_sort, egg_name, egg_string, encode_attr, scalar_text
+from ..ops.attrs import REQUIRED, format_value
+from ..ops.registry import OpDef
+from .ast import (AttrLit, AttrVar, Guard, PCall, PLit, PProj, PTuple, PVar, Pattern, Rule,
+                  RuleSet, op_sets)
+from ..errors import RuleError
+
+WEAK = "weak"
+
+
+def egg_ruleset(name: str) -> str:
+    return f"rs.{name}"
+
+
+@dataclass
+class CompiledRule:
+    name: str         # the egglog rule name: the rule's name, [op] per expansion, "<-" reversed
+    rule: Rule
+    text: str
+
+
+@dataclass
+class CompiledRuleset:
+    name: str
+    egg_name: str
+    rules: list[CompiledRule] = field(default_factory=list)
+    demand: list[str] = field(default_factory=list)  # rules asking for the types guards read
+
+    @property
+    def needs_types(self) -> bool:
+        return bool(self.demand)
+
+    @property
+    def demand_ruleset(self) -> str:
+        return self.egg_name + ".demand"
+
+    @property
+    def text(self) -> str:
+        out = f"(ruleset {self.egg_name})\n" + "\n".join(r.text for r in self.rules) + "\n"
+        if self.demand:
+            out += f"(ruleset {self.demand_ruleset})\n" + "\n".join(self.demand) + "\n"
+        return out
+
+    def by_name(self) -> dict[str, CompiledRule]:
+        return {r.name: r for r in self.rules}
+
+
+class _Side:
+    """Compiles one left side to a query, remembering what its variables are bound to."""
+
+    def __init__(self, rule: Rule, ops: dict[str, OpDef]):
+        self.rule, self.ops = rule, ops
+        self.fresh = itertools.count()
+        self.attr_sorts: dict[str, str] = {}          # attribute variable -> egglog sort
+        self.attr_specs: dict[str, tuple] = {}        # attribute variable -> (op, attr)
+        self.rests: dict[str, dict[str, tuple[str, str]]] = {}  # ..?r -> {attr: (term, sort)}
+
+    def op_of(self, p: PCall) -> OpDef:
+        return self.ops[p.op.label] if p.op.is_set else p.op.ops[0]
+
+    def query(self, p: Pattern) -> str:
+        if isinstance(p, PVar):
+            return p.name
+        if isinstance(p, PLit):
+            if p.var is not None:
+                raise RuleError(f"{p.var}: an attribute value cannot be matched as a value",
+                                p.loc)
+            text = egg_string(scalar_text(p.value, p.dtype or ("float32" if isinstance(
+                p.value, float) else "int32")))
+            dtype = egg_string(p.dtype) if p.dtype else f"?_d{next(self.fresh)}"
+            return f"(Scalar {text} {dtype})"
+        if isinstance(p, PTuple):
+            return f"(MkTuple {list_term([self.query(f) for f in p.fields])})"
+        if isinstance(p, PProj):
+            return f"(GetItem {self.query(p.inner)} {p.index})"
+        op = self.op_of(p)
+        given = p.attr_map
+        args = [self.query(a) for a in p.args]
+        attrs = []
+        rest: dict[str, tuple[str, str]] = {}
+        for spec in op.attrs:
+            sort = attr_sort(spec.kind)
+            v = given.get(spec.name)
+            if isinstance(v, AttrLit):
+                term = encode_attr(spec, v.value)
+            elif isinstance(v, AttrVar):
+                if v.name in self.attr_sorts and self.attr_sorts[v.name] != sort:
+                    raise RuleError(f"{v.name} binds attributes of different kinds", v.loc)
+                self.attr_sorts[v.name] = sort
+                self.attr_specs[v.name] = (op, spec)
+                term = v.name
+            else:
+                term = f"?_a{next(self.fresh)}"
+            rest[spec.name] = (term, sort)
+            attrs.append(term)
+        if p.rest:
+            self.rests[p.rest] = rest
+        return f"({egg_name(op)} {' '.join(args + attrs)})"
+
+    def guard(self, g: Guard) -> list[str]:
+        neg = g.op == "!="
+        if g.kind == "const":
+            return [f"(is-const {g.var})"]
+        if g.kind == "attr":
+            op, spec = self.attr_specs[g.var]
+            lit = encode_attr(spec, spec.kind.canonical(g.value))
+            return [f"({'!=' if neg else '='} {g.var} {lit})"]
+        fn = f"{g.kind}-of"
+        if isinstance(g.value, tuple) and g.value[0] == "attr":
+            other = g.value[1]
+        elif isinstance(g.value, tuple):
+            other = f"({fn} {g.value[2]})"
+        elif g.kind == "rank":
+            other = str(g.value)
+        elif g.kind == "shape":
+            other = egg_string(format_value(list(g.value)))
+        else:
+            other = egg_string(g.value)
+        if neg:
+            v = f"?_g{next(self.fresh)}"
+            return [f"(= {v} ({fn} {g.var}))", f"(!= {v} {other})"]
+        return [f"(= ({fn} {g.var}) {other})"]
+
+
+class _Builder:
+    """Compiles a right side (or a where binding) to an egglog term."""
+
+    def __init__(self, side: _Side, where: dict[str, Pattern]):
+        self.side, self.where = side, where
+
+    def term(self, p: Pattern) -> str:
+        if isinstance(p, PVar):
+            if p.name in self.where:
+                return self.term(self.where[p.name])
+            return p.name
+        if isinstance(p, PLit):
+            if p.var is not None:
+                sort = self.side.attr_sorts.get(p.var)
+                op, spec = self.side.attr_specs[p.var]
+                if sort != "String" or not spec.kind.name.startswith("float"):
+                    raise RuleError(f"{p.var} is {op.name}'s '{spec.name}' ({spec.kind.name}); "
+                                    "only float attributes can be used as values", p.loc)
+                return f"(Scalar {p.var} \"{WEAK}\")"
+            dtype = p.dtype or WEAK
+            text = scalar_text(p.value, p.dtype or ("float32" if isinstance(p.value, float)
+                                                    else "int32"))
+            return f"(Scalar {egg_string(text)} {egg_string(dtype)})"
+        if isinstance(p, PTuple):
+            return f"(MkTuple {list_term([self.term(f) for f in p.fields])})"
+        if isinstance(p, PProj):
+            return f"(GetItem {self.term(p.inner)} {p.index})"
+        op = self.side.op_of(p)
+        given = p.attr_map
+        rest = self.side.rests.get(p.rest, {}) if p.rest else {}
+        args = [self.term(a) for a in p.args]
+        attrs = []
+        for spec in op.attrs:
+            sort = attr_sort(spec.kind)
+            v = given.get(spec.name)
+            if isinstance(v, AttrLit):
+                attrs.append(encode_attr(spec, v.value))
+            elif isinstance(v, AttrVar):
+                if self.side.attr_sorts.get(v.name) != sort:
+                    raise RuleError(f"{v.name} cannot fill {op.name}'s '{spec.name}': the "
+                                    "kinds differ", v.loc)
+                attrs.append(v.name)
+            elif spec.name in rest and rest[spec.name][1] == sort:
+                attrs.append(rest[spec.name][0])
+            elif spec.default is REQUIRED:
+                raise RuleError(f"{op.name} needs the attribute '{spec.name}'", p.loc)
+            else:
+                attrs.append(encode_attr(spec, spec.default))
+        return f"({egg_name(op)} {' '.join(args + attrs)})"
+
+
+TYPE_GUARDS = ("dtype", "rank", "shape")
+
+
+def _compile_one(rule: Rule, lhs: Pattern, rhs: Pattern, where: dict[str, Pattern],
+                 ops: dict[str, OpDef], name: str, ruleset: str) -> tuple[CompiledRule, str]:
+    """The egglog rule, and (for rules with type guards) the rule that asks for the types of
+    the guarded classes once everything else matches."""
+    side = _Side(rule, ops)
+    facts = [f"(= ?__root {side.query(lhs)})"]
+    plain = [g for g in rule.guards if g.kind not in TYPE_GUARDS]
+    typed = [g for g in rule.guards if g.kind in TYPE_GUARDS]
+    for g in plain:
+        facts += side.guard(g)
+    demand = ""
+    if typed:
+        wanted = dict.fromkeys(v for g in typed for v in [g.var] + (
+            [g.value[2]] if isinstance(g.value, tuple) and g.value[0] == "of" else []))
+        demand = (f"(rule ({' '.join(facts)})\n      ("
+                  + " ".join(f"(need-types {v})" for v in wanted)
+                  + f")\n      :ruleset {ruleset}.demand :name {egg_string('demand:' + name)})")
+        for g in typed:
+            facts += side.guard(g)
+    term = _Builder(side, where).term(rhs)
+    text = (f"(rule ({' '.join(facts)})\n      ((union ?__root {term}))\n"
+            f"      :ruleset {ruleset} :name {egg_string(name)})")
+    return CompiledRule(name, rule, text), demand
+
+
+def compile_rule(rule: Rule, ruleset: str) -> list[tuple[CompiledRule, str]]:
+    sets = op_sets(rule.lhs)
+    labels = list(sets)
+    out = []
+    for combo in itertools.product(*[sets[label].ops for label in labels]):
+        ops = dict(zip(labels, combo))
+        suffix = "[" + ", ".join(o.name for o in combo) + "]" if combo else ""
+        out.append(_compile_one(rule, rule.lhs, rule.rhs, rule.where, ops, rule.name + suffix,
+                                ruleset))
+        if rule.bidirectional:
+            out.append(_compile_one(rule, rule.rhs, rule.lhs, {}, ops,
+                                    rule.name + suffix + "<-", ruleset))
+    return out
+
+
+def compile_ruleset(rs: RuleSet) -> CompiledRuleset:
+    out = CompiledRuleset(rs.name, egg_ruleset(rs.name))
+    for rule in rs.rules:
+        for compiled, demand in compile_rule(rule, out.egg_name):
+            out.rules.append(compiled)
+            if demand:
+                out.demand.append(demand)
+    return out

@@ -1,0 +1,449 @@
+"""Reading ``.rules`` files: parse (``grammar/rules.lark``), resolve ops in the registry, and
+check every rule when it loads, not when it matches.
+
+Static errors, each at ``file:line:col``: syntax; unknown op, op set or attribute; wrong arity;
+a bad attribute value; a variable on the right (or in a guard or ``where``) that the left does
+not bind; a variable used both as a value and as an attribute; a statically visible dtype
+mismatch; a left side that is not an op; ``..?rest`` misuse; duplicate rule names; unknown
+``approx`` options; a missing or cyclic include.
+"""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from lark import Lark, Token, Tree
+from lark.exceptions import UnexpectedInput
+
+from ..errors import EqquantError, RuleError, SourceLoc
+from ..ir.parser import _decode_number, _syntax_error_with, _unquote
+from ..ir.types import DTYPES
+from ..ops.attrs import AttrValueError
+from ..ops.registry import BINARY, ELEMWISE, UNARY, all_ops, get_op, has_op
+from ..resources import grammar_path, rules_dir
+from .ast import (AttrLit, AttrVar, Guard, OpRef, PCall, PLit, PProj, PTuple, PVar, Pattern,
+                  Rule, RuleSet, attr_vars, op_sets, pattern_vars)
+
+
+class _Comments:
+    def __init__(self) -> None:
+        self.items: list[Token] = []
+
+    def __call__(self, tok: Token) -> Token:
+        self.items.append(tok)
+        return tok
+
+
+_COMMENTS = _Comments()
+
+
+@lru_cache(maxsize=1)
+def _lark() -> Lark:
+    return Lark(grammar_path("rules.lark").read_text(), parser="lalr",
+                propagate_positions=True, maybe_placeholders=True,
+                lexer_callbacks={"COMMENT": _COMMENTS})
+
+
+def resolve_rules_path(name: str | Path, base: Path | None = None) -> Path:
+    """A rules file by path, or by name in the shipped ``rules/`` (``bn_fold`` ->
+    ``rules/bn_fold.rules``)."""
+    p = Path(name)
+    candidates = [p] if p.is_absolute() else [(base or Path.cwd()) / p, Path.cwd() / p]
+    stem = p.name if p.suffix == ".rules" else p.name + ".rules"
+    candidates.append(rules_dir() / stem)
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise RuleError(f"no rules file '{name}' (looked in {', '.join(str(c.parent) for c in candidates)})")
+
+
+def load_rules(path: str | Path, _stack: tuple[Path, ...] = ()) -> RuleSet:
+    path = resolve_rules_path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise RuleError(f"{path}: cannot read ({e.strerror})") from None
+    return parse_rules(text, str(path), _stack + (path.resolve(),))
+
+
+def parse_rules(text: str, file: str = "<rules>", _stack: tuple[Path, ...] = ()) -> RuleSet:
+    _COMMENTS.items = []
+    try:
+        tree = _lark().parse(text)
+    except UnexpectedInput as e:
+        raise _syntax_error_with(_lark(), e, text, file) from None
+    comments = list(_COMMENTS.items)
+    return _Builder(text, file, comments, _stack).ruleset(tree)
+
+
+class _Builder:
+    def __init__(self, text: str, file: str, comments: list[Token], stack: tuple[Path, ...]):
+        self.text, self.file, self.stack = text, file, stack
+        self.comment_lines = {t.line: str(t)[1:].strip() for t in comments}
+
+    def loc(self, item) -> SourceLoc:
+        if isinstance(item, Token):
+            return SourceLoc(self.file, item.line, item.column, self.text)
+        return SourceLoc(self.file, item.meta.line, item.meta.column, self.text)
+
+    def error(self, message: str, item) -> RuleError:
+        return RuleError(message, self.loc(item) if item is not None else None)
+
+    # -- file level ----------------------------------------------------------------------------
+    def ruleset(self, tree: Tree) -> RuleSet:
+        name = Path(self.file).stem
+        rules: list[Rule] = []
+        includes: list[str] = []
+        seen: dict[str, Rule] = {}
+        declared = False
+        for item in tree.children:
+            if item.data == "ruleset_decl":
+                if declared or rules:
+                    raise self.error("a file holds one ruleset, declared before its rules",
+                                     item)
+                name, declared = str(item.children[0]), True
+            elif item.data == "include":
+                inc = self.include(item)
+                includes.append(inc.file)
+                for r in inc.rules:
+                    self.add(r, seen, rules, item)
+            else:
+                self.add(self.rule(item), seen, rules, item)
+        for r in rules:
+            r.ruleset = name
+        return RuleSet(name, rules, self.file, includes)
+
+    def add(self, rule: Rule, seen: dict[str, Rule], rules: list[Rule], item) -> None:
+        if rule.name in seen:
+            raise self.error(f"rule '{rule.name}' is defined twice (first at "
+                             f"{seen[rule.name].loc})", item)
+        seen[rule.name] = rule
+        rules.append(rule)
+
+    def include(self, item: Tree) -> RuleSet:
+        target = _unquote(str(item.children[0]))
+        base = Path(self.file).parent
+        try:
+            path = resolve_rules_path(target, base)
+        except RuleError as e:
+            raise self.error(e.message, item) from None
+        if path.resolve() in self.stack:
+            raise self.error(f"include cycle: {target} includes itself", item)
+        return load_rules(path, self.stack)
+
+    def doc(self, line: int) -> str:
+        out = []
+        while line - 1 in self.comment_lines:
+            line -= 1
+            out.append(self.comment_lines[line])
+        return "\n".join(reversed(out))
+
+    # -- rules ---------------------------------------------------------------------------------
+    def rule(self, tree: Tree) -> Rule:
+        approx_tok, name_tok, opts, lhs_t, arrow, rhs_t, *clauses = tree.children
+        lhs = self.pattern(lhs_t)
+        rhs = self.pattern(rhs_t)
+        rule = Rule(name=str(name_tok), lhs=lhs, rhs=rhs, bidirectional=str(arrow) == "<=>",
+                    doc=self.doc(tree.meta.line), loc=self.loc(name_tok))
+        if approx_tok is not None:
+            rule.approx = {"rtol": 1e-2, "atol": 1e-3}
+            for opt in (opts.children if opts is not None else []):
+                key, value = str(opt.children[0]), float(str(opt.children[1]).rstrip("f"))
+                if key not in ("rtol", "atol"):
+                    raise self.error(f"unknown approx option '{key}' (use rtol, atol)", opt)
+                rule.approx[key] = value
+        elif opts is not None:
+            raise self.error("only an approx rule takes (rtol=..., atol=...)", opts)
+        for clause in clauses:
+            if clause.data == "where":
+                for b in clause.children:
+                    var, pat = str(b.children[0]), self.pattern(b.children[1])
+                    if var in rule.where:
+                        raise self.error(f"{var} is bound twice in where", b)
+                    rule.where[var] = pat
+            else:
+                rule.guards += [self.guard(g) for g in clause.children]
+        check_rule(rule, self)
+        from .compile import compile_rule  # compiling now reports errors at load time
+        try:
+            compile_rule(rule, "check")
+        except RuleError as e:
+            e.loc = e.loc or rule.loc
+            raise
+        return rule
+
+    def guard(self, g: Tree) -> Guard:
+        if g.data == "const_guard":
+            return Guard("const", str(g.children[0]), loc=self.loc(g))
+        if g.data == "attr_guard":
+            var, cmp, value = g.children
+            return Guard("attr", str(var), str(cmp), self.attr_value(value), self.loc(g))
+        fn, var, cmp, value = g.children
+        fn = str(fn)
+        if value.data == "g_of":
+            other_fn, other = str(value.children[0]), str(value.children[1])
+            if other_fn != fn:
+                raise self.error(f"cannot compare {fn}(...) with {other_fn}(...)", g)
+            val: Any = ("of", other_fn, other)
+        elif fn == "dtype":
+            if value.data != "g_name" or str(value.children[0]) not in DTYPES:
+                raise self.error(f"dtype(...) compares with a dtype ({', '.join(DTYPES)})", g)
+            val = str(value.children[0])
+        elif fn == "rank":
+            if value.data != "g_number" or not str(value.children[0]).isdigit():
+                raise self.error("rank(...) compares with a non-negative integer", g)
+            val = int(str(value.children[0]))
+        elif value.data == "g_var":
+            val = ("attr", str(value.children[0]))
+        else:
+            if value.data != "g_ints":
+                raise self.error("shape(...) compares with a list of ints, shape(?y) or an "
+                                 "attribute variable", g)
+            val = [int(v) for v in re.findall(r"-?\d+", str(value.children[0]))]
+        return Guard(fn, str(var), str(cmp), val, self.loc(g))
+
+    # -- patterns ------------------------------------------------------------------------------
+    def pattern(self, t) -> Pattern:
+        kind = t.data
+        if kind == "var":
+            return PVar(str(t.children[0]), self.loc(t))
+        if kind == "literal":
+            tok = t.children[0]
+            try:
+                value, dtype = _decode_number(tok)
+            except ValueError as e:
+                raise self.error(f"bad literal: {e}", tok) from None
+            return PLit(value, dtype, self.loc(tok))
+        if kind == "tuple":
+            return PTuple(tuple(self.pattern(c) for c in t.children), self.loc(t))
+        if kind == "proj":
+            return PProj(self.pattern(t.children[0]), int(str(t.children[1])), self.loc(t))
+        if kind == "call":
+            return self.call(t)
+        raise self.error(f"unexpected {kind}", t)
+
+    def opref(self, t: Tree) -> OpRef:
+        if t.data == "op_name":
+            tok = t.children[0]
+            if not has_op(str(tok)):
+                try:
+                    get_op(str(tok))
+                except EqquantError as e:
+                    raise self.error(e.message, tok) from None
+            return OpRef(str(tok), (get_op(str(tok)),))
+        ops = []
+        for tok in t.children:
+            name = str(tok)
+            if has_op(name):
+                ops.append(get_op(name))
+                continue
+            members = [op for op in all_ops().values() if name in op.props]
+            if not members:
+                raise self.error(f"'{name}' is neither an op nor a property of any op", tok)
+            ops += members
+        label = "{" + ", ".join(str(tok) for tok in t.children) + "}"
+        return OpRef(label, tuple(dict.fromkeys(ops)))
+
+    def call(self, t: Tree) -> PCall:
+        op_t, args_t = t.children
+        op = self.opref(op_t)
+        args: list[Pattern] = []
+        attrs: dict[str, Any] = {}
+        rest = None
+        for a in (args_t.children if args_t is not None else []):
+            if isinstance(a, Tree) and a.data == "kwarg":
+                key_tok, value = a.children
+                key = str(key_tok)
+                for o in op.ops:
+                    if key not in o.attr_map:
+                        raise self.error(f"{o.name} has no attribute '{key}'", key_tok)
+                if key in attrs:
+                    raise self.error(f"attribute '{key}' is given twice", key_tok)
+                v = self.attr_value(value)
+                if not isinstance(v, AttrVar):
+                    for o in op.ops:
+                        try:
+                            v = AttrLit(o.attr_map[key].kind.canonical(v.value), v.loc)
+                        except AttrValueError as e:
+                            raise self.error(f"{o.name}: attribute '{key}' expects {e}", a) \
+                                from None
+                attrs[key] = v
+            elif isinstance(a, Tree) and a.data == "rest":
+                if rest is not None:
+                    raise self.error("only one ..?rest per call", a)
+                rest = str(a.children[0])
+            else:
+                if attrs or rest:
+                    raise self.error("a positional argument follows an attribute", a)
+                args.append(self.pattern(a))
+        for o in op.ops:
+            if len(args) != len(o.inputs):
+                raise self.error(f"{o.name} takes {len(o.inputs)} argument"
+                                 f"{'s' if len(o.inputs) != 1 else ''} "
+                                 f"({', '.join(o.inputs)}), got {len(args)}", op_t)
+        return PCall(op, tuple(args), tuple(attrs.items()), rest, self.loc(t))
+
+    def attr_value(self, t):
+        kind = t.data
+        if kind == "a_var":
+            return AttrVar(str(t.children[0]), self.loc(t))
+        if kind == "a_number":
+            tok = t.children[0]
+            try:
+                value, dtype = _decode_number(tok)
+            except ValueError as e:
+                raise self.error(f"bad literal: {e}", tok) from None
+            if dtype is not None and dtype.startswith("float"):
+                value = float(value)
+            return AttrLit(value, self.loc(tok))
+        if kind == "a_string":
+            return AttrLit(_unquote(str(t.children[0])), self.loc(t))
+        if kind == "a_ints":
+            return AttrLit([int(v) for v in re.findall(r"-?\d+", str(t.children[0]))],
+                           self.loc(t))
+        if kind in ("a_true", "a_false", "a_none"):
+            return AttrLit({"a_true": True, "a_false": False, "a_none": None}[kind],
+                           self.loc(t))
+        items = [self.attr_value(c) for c in t.children if c is not None]
+        if any(isinstance(i, AttrVar) for i in items):
+            raise self.error("a list attribute cannot hold variables", t)
+        return AttrLit([i.value for i in items], self.loc(t))
+
+
+# ---------------------------------------------------------------------------------------------
+# static checks
+
+
+def _weaken_attr_vars(p: Pattern, avars: set[str]) -> Pattern:
+    """An attribute variable used as a value becomes a weak scalar literal."""
+    if isinstance(p, PVar) and p.name in avars:
+        return PLit(None, None, p.loc, var=p.name)
+    if isinstance(p, PCall):
+        return PCall(p.op, tuple(_weaken_attr_vars(a, avars) for a in p.args), p.attrs, p.rest,
+                     p.loc)
+    if isinstance(p, PTuple):
+        return PTuple(tuple(_weaken_attr_vars(f, avars) for f in p.fields), p.loc)
+    if isinstance(p, PProj):
+        return PProj(_weaken_attr_vars(p.inner, avars), p.index, p.loc)
+    return p
+
+
+def _walk(p: Pattern):
+    yield p
+    if isinstance(p, PCall):
+        for a in p.args:
+            yield from _walk(a)
+    elif isinstance(p, PTuple):
+        for f in p.fields:
+            yield from _walk(f)
+    elif isinstance(p, PProj):
+        yield from _walk(p.inner)
+
+
+def _static_dtype(p: Pattern, known: dict[str, str], b: _Builder) -> str | None:
+    """The dtype a pattern visibly has (None when it depends on the match); raises on a
+    visible mismatch between the operands of an elementwise binary op."""
+    if isinstance(p, PLit):
+        return p.dtype
+    if isinstance(p, PVar):
+        return known.get(p.name)
+    if isinstance(p, PCall):
+        dts = [_static_dtype(a, known, b) for a in p.args]
+        ops = p.op.ops
+        if all(BINARY in o.props for o in ops):
+            if dts[0] and dts[1] and dts[0] != dts[1]:
+                raise b.error(f"{p.op.label}: operands are {dts[0]} and {dts[1]}; "
+                              "they must have one dtype", p.loc)
+            return dts[0] or dts[1]
+        if all(o.name == "cast" for o in ops):
+            dt = p.attr_map.get("dtype")
+            return dt.value if isinstance(dt, AttrLit) else None
+        if all(ELEMWISE in o.props and UNARY in o.props for o in ops) and dts:
+            return dts[0]
+    return None
+
+
+def check_rule(rule: Rule, b: _Builder) -> None:
+    lhs = rule.lhs
+    if not isinstance(lhs, (PCall, PProj)):
+        raise b.error("the left side of a rule must be an op call (or a projection of one)",
+                      getattr(lhs, "loc", None) or rule.loc)
+    evars = set(pattern_vars(lhs))
+    avars = attr_vars(lhs)
+    both = evars & set(avars)
+    if both:
+        raise b.error(f"{sorted(both)[0]} is used both as a value and as an attribute",
+                      lhs.loc)
+    sets = op_sets(lhs)
+    bound = set(evars)
+    for var, pat in list(rule.where.items()):
+        if var in bound or var in avars:
+            raise b.error(f"where {var} shadows a variable of the left side", pat.loc)
+        pat = _weaken_attr_vars(pat, set(avars))
+        rule.where[var] = pat
+        _check_uses(pat, bound, avars, sets, b)
+        bound.add(var)
+    rule.rhs = _weaken_attr_vars(rule.rhs, set(avars))
+    _check_uses(rule.rhs, bound, avars, sets, b)
+    if rule.bidirectional:
+        if not isinstance(rule.rhs, (PCall, PProj)):
+            raise b.error("a <=> rule needs an op call on both sides", rule.rhs.loc)
+        if rule.where:
+            raise b.error("a <=> rule cannot use where (the right side must be a pattern)",
+                          rule.loc)
+        back = set(pattern_vars(rule.rhs)) | set(attr_vars(rule.rhs))
+        missing = (evars | set(avars)) - back
+        if missing:
+            raise b.error(f"<=>: the right side does not bind {sorted(missing)[0]}, so the rule "
+                          "cannot run right to left", rule.rhs.loc)
+    known: dict[str, str] = {}
+    for g in rule.guards:
+        if g.kind == "attr":
+            if g.var not in avars:
+                raise b.error(f"{g.var} is not an attribute variable of the left side", g.loc)
+            op, key = avars[g.var]
+            if key == "..":
+                raise b.error(f"{g.var} is a ..rest; it cannot be compared", g.loc)
+            for o in op.ops:
+                try:
+                    o.attr_map[key].kind.canonical(g.value.value)
+                except AttrValueError as e:
+                    raise b.error(f"{g.var} is {o.name}'s '{key}', which expects {e}", g.loc) \
+                        from None
+            g_value = g.value.value
+            object.__setattr__(g, "value", g_value)
+            continue
+        if g.var not in bound:
+            raise b.error(f"guard on {g.var}, which the left side does not bind", g.loc)
+        if isinstance(g.value, tuple) and g.value[0] == "attr":
+            if g.kind != "shape" or g.value[1] not in avars:
+                raise b.error(f"{g.value[1]} is not an attribute variable of the left side "
+                              "(only shape(...) compares with one)", g.loc)
+        elif isinstance(g.value, tuple) and g.value[2] not in bound:
+            raise b.error(f"guard on {g.value[2]}, which the left side does not bind", g.loc)
+        if g.kind == "dtype" and g.op == "==":
+            known[g.var] = g.value
+    _static_dtype(lhs, known, b)
+    for pat in rule.where.values():
+        _static_dtype(pat, known, b)
+    _static_dtype(rule.rhs, known, b)
+
+
+def _check_uses(p: Pattern, bound: set[str], avars: dict, sets: dict[str, OpRef],
+                b: _Builder) -> None:
+    for q in _walk(p):
+        if isinstance(q, PVar) and q.name not in bound:
+            raise b.error(f"{q.name} is not bound by the left side", q.loc)
+        if isinstance(q, PCall):
+            if q.op.is_set and q.op.label not in sets:
+                raise b.error(f"the op set {q.op.label} does not appear on the left side",
+                              q.loc)
+            if q.rest is not None and q.rest not in avars:
+                raise b.error(f"..{q.rest} is not bound by the left side", q.loc)
+            for key, v in q.attrs:
+                if isinstance(v, AttrVar):
+                    if v.name not in avars or avars[v.name][1] == "..":
+                        raise b.error(f"attribute variable {v.name} is not bound by the left "
+                                      "side", v.loc)
