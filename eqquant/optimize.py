@@ -134,7 +134,7 @@ def optimize(module: Module, params: Mapping[str, np.ndarray] | None = None,
 
     t = time.perf_counter()
     view = session.view()
-    root = view.node_class_of_let(session.encoded.root)
+    root = view.root
     ex = extract(view, root, model, extractor)
     out = to_module(view, ex.choice, root, session.encoded)
     seconds["extract"] = time.perf_counter() - t

@@ -1,8 +1,9 @@
 """The main job, stage by stage, on a zoo model: what ``eqquant demo`` runs.
 
 Stages so far: build the model, write it as text IR + params, parse it back, type-check,
-check the round trip, run the reference interpreter. Each stage reports what it did and how
-long it took.
+check the round trip, run the reference interpreter, optimize (saturate with the simplify and
+bn_fold rules, extract under the CPU cost model, fold constants), write the result and check
+it against the original. Each stage reports what it did and how long it took.
 """
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import numpy as np
 
 from .errors import EqquantError
 from .ir.interp import run
-from .ir.loader import load_program
+from .ir.loader import load_program, save_program
 from .ir.params import load_params
 from .ir.parser import parse
 from .ir.printer import print_module
 from .ir.typecheck import check_module
+from .optimize import optimize
 from .zoo import build, write
 
 
@@ -44,8 +46,20 @@ def demo(model: str, out_dir: str | Path, echo: Callable[[str], None] = print) -
     if stage("round trip print -> parse", lambda: parse(text)) != mod:
         raise EqquantError("internal: the printed program does not parse back to itself")
     inputs = load_params(paths["input"])
-    out = stage("run (reference interpreter)", run, mod, inputs, params)
-    n_ops = text.count(" = ") + 1
-    echo(f"  program: {n_ops} values, output {types[id(mod.main.body)]}")
-    echo(f"  output: mean {float(np.mean(out)):.5g}, std {float(np.std(out)):.5g}")
-    return {"module": mod, "output": out, "paths": paths}
+    ref = stage("run (reference interpreter)", run, mod, inputs, params)
+    result = stage("saturate + extract + fold (bn_fold)", optimize, mod, params,
+                   ["simplify", "bn_fold"], "simplify; bn_fold; simplify")
+    opt_paths = stage("write optimized program", save_program,
+                      Path(out_dir) / f"{model}.opt.ir", result.module)
+    out = stage("run optimized (reference)", run, result.module, inputs)
+    err = float(np.max(np.abs(out - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
+    echo(f"  program: output {types[id(mod.main.body)]}")
+    echo("")
+    for line in result.explain().splitlines():
+        echo("  " + line)
+    echo("")
+    echo(f"  optimized vs original: max relative difference {err:.2e}")
+    echo(f"  wrote {opt_paths[0]}")
+    if err > 1e-4:
+        raise EqquantError(f"the optimized program differs from the original ({err:.2e})")
+    return {"module": mod, "optimized": result, "output": out, "paths": paths}

@@ -124,6 +124,119 @@ def zoo(name: str | None, out_dir: Path, seed: int, image_size: int, list_: bool
         click.echo(f"{kind:6s} {path}")
 
 
+def _opt_options(fn):
+    """Options shared by ``opt`` and ``extract``."""
+    opts = [
+        click.option("--params", "-p", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Weights (.npz); default: the .npz beside MODEL, if any."),
+        click.option("--rules", "-r", "rules", multiple=True, default=("simplify", "bn_fold"),
+                     show_default=True, help="Rule files or names of shipped rule sets; "
+                     "repeat the option for several."),
+        click.option("--schedule", "-s", help='Phases, e.g. "simplify; bn_fold*10; '
+                     'simplify" (default: each rule set once, in order), or @FILE.'),
+        click.option("--cost", default="cpu", show_default=True,
+                     type=click.Choice(["cpu", "nodes"]), help="Cost model."),
+        click.option("--extractor", default="greedy", show_default=True,
+                     type=click.Choice(["greedy", "ilp"])),
+        click.option("--iterations", default=30, show_default=True,
+                     help="Iteration limit per phase."),
+        click.option("--node-limit", default=200_000, show_default=True,
+                     help="E-node limit."),
+        click.option("--time-limit", default=60.0, show_default=True,
+                     help="Saturation time limit (seconds)."),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def _optimize(model, params, rules, schedule, cost, extractor, iterations, node_limit,
+              time_limit):
+    from ..egraph.engine import Limits
+    from ..ir.loader import load_program, read_source
+    from ..optimize import optimize
+    from ..rules.loader import load_rules
+    mod, values = load_program(model, params)
+    if schedule and schedule.startswith("@"):
+        schedule = read_source(schedule[1:])
+    return optimize(mod, values, [load_rules(r) for r in rules], schedule=schedule, cost=cost,
+                    extractor=extractor, limits=Limits(iterations, node_limit, time_limit))
+
+
+@cli.command()
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@_opt_options
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write the new program (.ir); its weights go to the .npz beside.")
+def opt(model, params, rules, schedule, cost, extractor, iterations, node_limit, time_limit,
+        output):
+    """Optimize MODEL: saturate with rules, extract the cheapest program, fold constants."""
+    from ..ir.loader import save_program
+    result = _optimize(model, params, rules, schedule, cost, extractor, iterations,
+                       node_limit, time_limit)
+    ir_path, npz = save_program(output, result.module)
+    click.echo(f"wrote {ir_path} and {npz}: cost {result.before.total:.4g} -> "
+               f"{result.after.total:.4g} ({result.model})")
+    if not result.report.saturated:
+        click.echo("LIMIT HIT: " + "; ".join(result.report.limits_hit), err=True)
+
+
+@cli.command()
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@_opt_options
+@click.option("--explain", is_flag=True, help="Cost table, rules that fired, e-graph size.")
+def extract(model, params, rules, schedule, cost, extractor, iterations, node_limit,
+            time_limit, explain):
+    """Print the cheapest program equivalent to MODEL under a cost model."""
+    from ..ir.printer import print_module
+    result = _optimize(model, params, rules, schedule, cost, extractor, iterations,
+                       node_limit, time_limit)
+    click.echo(print_module(result.module), nl=False)
+    if explain:
+        click.echo("\n" + result.report.table(result.rule_locations))
+        click.echo(result.explain())
+
+
+@cli.group()
+def rules() -> None:
+    """Read and check rule files."""
+
+
+@rules.command("show")
+@click.argument("files", nargs=-1, required=True)
+@click.option("--egglog", is_flag=True, help="Show the egglog the rules compile to.")
+def rules_show(files, egglog):
+    """Print FILES' rules as loaded (or compiled, with --egglog)."""
+    from ..rules.ast import format_rule
+    from ..rules.compile import compile_ruleset
+    from ..rules.loader import load_rules
+    for f in files:
+        rs = load_rules(f)
+        if egglog:
+            click.echo(compile_ruleset(rs).text)
+        else:
+            click.echo(f"ruleset {rs.name}  ({rs.file})\n")
+            for r in rs.rules:
+                click.echo(format_rule(r) + f"\n    # at {r.loc}\n")
+
+
+@rules.command("check")
+@click.argument("files", nargs=-1, required=True)
+@click.option("--trials", default=5, show_default=True, help="Instances per rule.")
+@click.option("--seed", default=0, show_default=True)
+def rules_check(files, trials, seed):
+    """Check that every rule in FILES is an identity, on random well-typed tensors."""
+    from ..rules.check import check_ruleset
+    from ..rules.loader import load_rules
+    failed = 0
+    for f in files:
+        report = check_ruleset(load_rules(f), trials, seed)
+        click.echo(report.format())
+        failed += sum(not r.ok for r in report.results)
+    if failed:
+        sys.exit(1)
+
+
 @cli.command()
 @click.option("--model", default="seed004", show_default=True, help="Zoo model to use.")
 @click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False, path_type=Path),

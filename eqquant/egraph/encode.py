@@ -90,5 +90,6 @@ def encode(mod: Module, with_types: bool = False) -> Encoded:
         if with_types:
             lines += type_facts(name, types[id(node)])
     enc.root = enc.lets[id(flat.main.body)]
+    lines.append(f"(is-root {enc.root})")
     enc.program = "\n".join(lines) + "\n"
     return enc

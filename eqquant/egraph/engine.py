@@ -199,7 +199,7 @@ class EGraphSession:
         start = time.perf_counter()
         for phase in phases:
             rs = self.rulesets[phase.ruleset]
-            rep = PhaseReport(phase.ruleset)
+            rep = PhaseReport(phase.ruleset, matches={r.name: 0 for r in rs.rules})
             t0 = time.perf_counter()
             limit = phase.iterations or self.limits.iterations
             rep.stop = "iteration limit"

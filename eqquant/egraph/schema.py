@@ -126,6 +126,7 @@ class Schema:
             "(function rank-of (Expr) i64 :merge old)",
             "(relation is-const (Expr))",
             "(relation need-types (Expr))",  # classes a guard wants the types of
+            "(relation is-root (Expr))",     # the program's result
             "(relation list-const (ExprList))",
             "(ruleset analysis)",
             "(rule ((= ?e (Const ?i))) ((is-const ?e)) :ruleset analysis :name \"const:Const\")",

@@ -79,15 +79,47 @@ def _used(choice: dict[str, ENode], root: str) -> dict[str, ENode]:
     return out
 
 
+def _acyclic_used(choice: dict[str, ENode], root: str,
+                  leaves: dict | frozenset = frozenset()) -> dict[str, ENode] | None:
+    """The classes ``choice`` uses from ``root``, or None if they form a cycle. Classes in
+    ``leaves`` are taken as they are, not entered."""
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+    out: dict[str, ENode] = {}
+    stack: list[tuple[str, int]] = [(root, 0)]
+    while stack:
+        c, i = stack.pop()
+        if i == 0:
+            if state.get(c) == 2:
+                continue
+            if state.get(c) == 1:
+                return None
+            if c not in choice:
+                return None
+            state[c] = 1
+            out[c] = choice[c]
+        kids = () if c in leaves else choice[c].children
+        if i < len(kids):
+            stack.append((c, i + 1))
+            k = kids[i]
+            if state.get(k) == 1:
+                return None
+            if state.get(k) != 2:
+                stack.append((k, 0))
+        else:
+            state[c] = 2
+    return out
+
+
 def greedy_dag(view: EGraphView, root: str, model: CostModel) -> Extraction:
+    """Greedy DAG extraction, then local improvement: switch one class at a time to another
+    of its nodes while the whole program's cost (shared values once) goes down."""
     costs = node_costs(view, model)
     # constant classes are folded at compile time: cost 0, an acyclic choice fixed up front
     best: dict[str, tuple[float, dict[str, float], ENode]] = {
         c: (0.0, {}, n) for c, n in view.const_node.items()}
     todo = [c for c in view.order if c not in view.const_node]
-    changed, rounds = True, 0
-    while changed and rounds < 50:
-        changed, rounds = False, rounds + 1
+    for _ in range(50):  # a class's total only goes down, so this ends
+        changed = False
         for cls in todo:
             current = best.get(cls)
             for n in view.classes[cls]:
@@ -100,77 +132,164 @@ def greedy_dag(view: EGraphView, root: str, model: CostModel) -> Extraction:
                 for k in kids:
                     sub.update(k[1])
                 total = sum(sub.values())
-                if current is None or total < current[0] - 1e-15:
+                if current is None or total < current[0] * (1 - 1e-12):
                     current = (total, sub, n)
                     changed = True
             if current is not None:
                 best[cls] = current
+        if not changed:
+            break
     if root not in best:
         raise EqquantError("extraction found no well-typed program for the result")
-    choice = _used({c: b[2] for c, b in best.items()}, root)
-    return Extraction(choice, dag_cost(choice, costs, root), "greedy")
+    choice = {c: b[2] for c, b in best.items()}
+    fixed = view.const_node  # cost 0 and never on a cycle: not entered while searching
+
+    def trial_cost(used):
+        return sum(costs[n.node_id] for c, n in used.items() if c not in fixed)
+
+    used = _acyclic_used(choice, root, fixed)
+    cost = trial_cost(used)
+    for _ in range(10):
+        improved = False
+        for cls in list(used):
+            if cls in fixed or len(view.classes[cls]) < 2:
+                continue
+            for n in view.classes[cls]:
+                if n is choice[cls] or n.node_id not in costs or \
+                        any(k not in choice for k in n.children):
+                    continue
+                trial = {**choice, cls: n}
+                trial_used = _acyclic_used(trial, root, fixed)
+                if trial_used is None:
+                    continue
+                new_cost = trial_cost(trial_used)
+                if new_cost < cost * (1 - 1e-12):
+                    choice, used, cost, improved = trial, trial_used, new_cost, True
+        if not improved:
+            break
+    used = _used(choice, root)
+    return Extraction(used, dag_cost(used, costs, root), "greedy")
 
 
-def ilp(view: EGraphView, root: str, model: CostModel, time_limit: float = 60.0,
-        warm: Extraction | None = None) -> Extraction:
+def _cyclic_edges(view: EGraphView, classes: list[str], nodes) -> set[tuple[str, str]]:
+    """Class edges (user, operand) inside a strongly connected component: the only ones that
+    need ordering constraints to forbid cycles (Tarjan's algorithm, iterative)."""
+    succ: dict[str, set[str]] = {c: set() for c in classes}
+    for c, n in nodes:
+        succ[c].update(k for k in n.children if k in succ)
+    index, low, on, stack, comp = {}, {}, set(), [], {}
+    counter = 0
+    for start in classes:
+        if start in index:
+            continue
+        work = [(start, iter(succ[start]))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            advanced = False
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(succ[w])))
+                    advanced = True
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp[w] = v
+                    if w == v:
+                        break
+    return {(c, k) for c, n in nodes for k in n.children if k in comp and comp[c] == comp[k]}
+
+
+def ilp(view: EGraphView, root: str, model: CostModel, time_limit: float = 60.0) -> Extraction:
     from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import lil_matrix
+    from scipy.sparse import coo_matrix
 
     costs = node_costs(view, model)
-    classes = _reachable(view, root, costs)
-    cindex = {c: i for i, c in enumerate(classes)}
-    nodes = [(c, n) for c in classes for n in view.classes.get(c, ()) if n.node_id in costs
-             and all(k in cindex for k in n.children)]
-    nn, nc = len(nodes), len(classes)
-    # variables: x (one per node, binary), then t (one per class, order in [0, nc])
+    # constant classes cost nothing whichever node stands for them: fix the acyclic choice
+    # made when constness was found, and let the solver choose everything else
+    fixed = dict(view.const_node)
+    reach, stack = {root}, [root]
+    while stack:
+        c = stack.pop()
+        alternatives = [fixed[c]] if c in fixed else view.classes.get(c, ())
+        for n in alternatives:
+            if n.node_id in costs:
+                for k in n.children:
+                    if k not in reach:
+                        reach.add(k)
+                        stack.append(k)
+    free = [c for c in reach if c not in fixed]
+    cindex = {c: i for i, c in enumerate(free)}
+    nodes = [(c, n) for c in free for n in view.classes.get(c, ()) if n.node_id in costs
+             and all(k in reach for k in n.children)]
+    nn, nc = len(nodes), len(free)
+    cyclic = _cyclic_edges(view, free, [(c, n) for c, n in nodes])
     cost_vec = np.zeros(nn + nc)
     cost_vec[:nn] = [costs[n.node_id] for _, n in nodes]
-    # a tiny tie-break toward fewer nodes keeps the program free of needless constant nodes
-    cost_vec[:nn] += 1e-12
-    rows = []
-    lo, hi = [], []
+    cost_vec[:nn] += 1e-12  # among equal costs, fewer nodes
     by_class: dict[str, list[int]] = {}
     for j, (c, _) in enumerate(nodes):
         by_class.setdefault(c, []).append(j)
-    big = nc + 1
-    # root used; at most one node per class
-    rows.append({j: 1.0 for j in by_class.get(root, [])})
-    lo.append(1.0)
-    hi.append(1.0)
+    rows, cols, vals, lo, hi = [], [], [], [], []
+
+    def add(row: dict[int, float], low: float, high: float) -> None:
+        r = len(lo)
+        for j, v in row.items():
+            rows.append(r)
+            cols.append(j)
+            vals.append(v)
+        lo.append(low)
+        hi.append(high)
+
+    if root in cindex:
+        add({j: 1.0 for j in by_class.get(root, [])}, 1.0, 1.0)   # the result is computed
     for c, js in by_class.items():
-        rows.append({j: 1.0 for j in js})
-        lo.append(0.0)
-        hi.append(1.0)
+        add({j: 1.0 for j in js}, 0.0, 1.0)                       # one node per used class
+    big = nc + 1
     for j, (c, n) in enumerate(nodes):
         for k in set(n.children):
-            # chosen node -> its operand class is used
-            row = {j: 1.0}
+            if k in fixed:
+                continue
+            row = {j: 1.0}                                        # chosen -> operand used
             for m in by_class.get(k, []):
                 row[m] = row.get(m, 0.0) - 1.0
-            rows.append(row)
-            lo.append(-np.inf)
-            hi.append(0.0)
-            # order: t_c - t_k >= 1 when the node is chosen (no cycles)
-            rows.append({nn + cindex[c]: 1.0, nn + cindex[k]: -1.0, j: -float(big)})
-            lo.append(1.0 - big)
-            hi.append(np.inf)
-    a = lil_matrix((len(rows), nn + nc))
-    for i, row in enumerate(rows):
-        for j, v in row.items():
-            a[i, j] = v
-    integrality = np.concatenate([np.ones(nn), np.zeros(nc)])
-    bounds = Bounds(np.zeros(nn + nc), np.concatenate([np.ones(nn), np.full(nc, nc)]))
-    res = milp(cost_vec, constraints=LinearConstraint(a.tocsr(), lo, hi),
-               integrality=integrality, bounds=bounds,
-               options={"time_limit": time_limit, "disp": False})
-    if res.x is None:
-        raise EqquantError(f"the ILP extractor found no solution ({res.message})")
-    choice = {}
-    for j, (c, n) in enumerate(nodes):
-        if res.x[j] > 0.5:
-            choice[c] = n
+            add(row, -np.inf, 0.0)
+            if (c, k) in cyclic:                                  # no cycles: t_c > t_k
+                add({nn + cindex[c]: 1.0, nn + cindex[k]: -1.0, j: -float(big)}, 1.0 - big,
+                    np.inf)
+    choice = {c: n for c, n in fixed.items() if c in reach}
+    method = "ilp"
+    if nn:
+        a = coo_matrix((vals, (rows, cols)), shape=(len(lo), nn + nc)).tocsr()
+        res = milp(cost_vec, constraints=LinearConstraint(a, lo, hi),
+                   integrality=np.concatenate([np.ones(nn), np.zeros(nc)]),
+                   bounds=Bounds(np.zeros(nn + nc), np.concatenate([np.ones(nn),
+                                                                    np.full(nc, nc)])),
+                   options={"time_limit": time_limit, "disp": False, "mip_rel_gap": 0.0})
+        if res.x is None:
+            raise EqquantError(f"the ILP extractor found no solution ({res.message})")
+        for j, (c, n) in enumerate(nodes):
+            if res.x[j] > 0.5:
+                choice[c] = n
+        if res.status != 0:
+            method = f"ilp (stopped: {res.message})"
     choice = _used(choice, root)
-    method = "ilp" if res.status == 0 else f"ilp (stopped: {res.message})"
     return Extraction(choice, dag_cost(choice, costs, root), method)
 
 

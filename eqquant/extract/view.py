@@ -54,12 +54,15 @@ class EGraphView:
         lists: dict[str, list[str]] = {}
         sch = schema()
         self.demanded: set[str] = set()   # classes in need-types
+        self.root: str | None = None      # the class of the program's result
         self.has_types: set[str] = set()  # classes with type facts written
         for nid, n in nodes.items():
             op, kids = n["op"], n["children"]
             cls = n["eclass"]
             if op == "need-types":
                 self.demanded.add(nodes[kids[0]]["eclass"])
+            elif op == "is-root":
+                self.root = nodes[kids[0]]["eclass"]
             elif op == "type-of":
                 self.has_types.add(nodes[kids[0]]["eclass"])
             elif op == "ECons":
@@ -199,12 +202,6 @@ class EGraphView:
         except (OpTypeError, KeyError, IndexError):
             self.bad.add(node.node_id)
             return None
-
-    def node_class_of_let(self, let: str) -> str:
-        for cls, name in self.lets.items():
-            if name == let:
-                return cls
-        raise KeyError(f"no class is bound to {let}")
 
     def input_types_of(self, node: ENode) -> list[Type]:
         return resolve_weak([self.types[c] for c in node.children])

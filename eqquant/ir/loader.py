@@ -59,3 +59,18 @@ def load_inputs(path: str | Path, mod: Module, params: dict[str, np.ndarray]
                               f"{len(free)} ({', '.join('%' + f for f in free)}); use an .npz")
         return {free[0]: arr}
     return load_params(path)
+
+
+def save_program(path: str | Path, mod: Module,
+                 params: dict[str, np.ndarray] | None = None) -> tuple[Path, Path]:
+    """Write ``path`` (text IR) and the ``.npz`` beside it (the module's constants plus
+    ``params``). Both are written to temporary files first and then moved into place."""
+    from .params import atomic_write, constant_params, save_params
+    from .printer import print_module
+    path = Path(path)
+    npz = path.with_suffix(".npz")
+    text = print_module(mod)
+    values = {**(params or {}), **constant_params(mod)}
+    save_params(npz, values)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return path, npz

@@ -20,6 +20,7 @@ class Inferer:
     def __init__(self, mod: Module | None):
         self.mod = mod
         self.types: dict[int, Type] = {}
+        self._alive: list[Expr] = []  # ids are keys: keep their nodes alive so none is reused
         self.global_types: dict[str, FuncType] = {}
         self.in_progress: set[str] = set()
 
@@ -49,6 +50,7 @@ class Inferer:
         for node in post_order(root):
             if id(node) not in self.types:
                 self.types[id(node)] = self.node(node)
+                self._alive.append(node)
         return self.types[id(root)]
 
     def node(self, node: Expr) -> Type:

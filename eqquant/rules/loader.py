@@ -84,6 +84,8 @@ class _Builder:
         self.comment_lines = {t.line: str(t)[1:].strip() for t in comments}
 
     def loc(self, item) -> SourceLoc:
+        if isinstance(item, SourceLoc):
+            return item
         if isinstance(item, Token):
             return SourceLoc(self.file, item.line, item.column, self.text)
         return SourceLoc(self.file, item.meta.line, item.meta.column, self.text)

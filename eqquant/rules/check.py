@@ -1,0 +1,374 @@
+"""The rule checker: is each rule an identity? Instantiate it with random well-typed tensors
+and compare both sides with the reference interpreter.
+
+    report = check_ruleset(load_rules("bn_fold"))
+    print(report.format())       # PASS/FAIL per rule, with a counterexample on failure
+
+For each rule (each op of an op set), the checker builds the left side bottom-up: at every op it
+draws shapes for the variables not yet typed and values for the attributes the rule leaves
+open, keeping the first draw the op's type relation accepts (guards respected: dtype, rank and
+shape guards fix what they name, attribute guards fix values). Both sides must then have the
+same type and, on random inputs, the same values: within 1e-5 relative for an exact rule,
+within the declared ``rtol``/``atol`` for an ``approx`` rule.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import EqquantError
+from ..ir.interp import run
+from ..ir.nodes import Call, Expr, Function, Module, Scalar, Tuple, TupleGetItem, Var
+from ..ir.nodes import freeze_attrs
+from ..ir.printer import print_expr
+from ..ir.typecheck import Inferer
+from ..ir.types import TensorType
+from ..ops.attrs import (AttrKind, BoolKind, DTypeKind, FloatKind, IntKind, IntsKind,
+                         OptionalKind, REQUIRED, StrKind)
+from ..ops.registry import OpDef, OpTypeError
+from .ast import (AttrLit, AttrVar, PCall, PLit, PProj, PTuple, PVar, Pattern, Rule, RuleSet,
+                  op_sets)
+
+EXACT_RTOL = 1e-5
+
+
+@dataclass
+class RuleCheck:
+    rule: Rule
+    variant: str
+    ok: bool
+    message: str = ""
+    trials: int = 0
+    max_error: float = 0.0
+
+    def format(self) -> str:
+        head = f"{'PASS' if self.ok else 'FAIL'}  {self.rule.name}{self.variant}  ({self.rule.loc})"
+        return head + (f"\n      {self.message}" if self.message else "")
+
+
+@dataclass
+class CheckReport:
+    results: list[RuleCheck] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    def format(self) -> str:
+        lines = [r.format() for r in self.results]
+        failed = sum(not r.ok for r in self.results)
+        lines.append(f"{len(self.results) - failed} passed, {failed} failed")
+        return "\n".join(lines)
+
+
+# -- drawing values ---------------------------------------------------------------------------
+
+_DIMS = (1, 2, 3, 4)
+_RANKS = (0, 1, 1, 2, 3, 4, 4)
+# ranks that worked for (op, argument) before: later instances try them first
+_RANK_HINTS: dict[tuple[str, int], set[int]] = {}
+
+
+def _shape_pool(rng, rank: int | None, hint: set[int] | None = None) -> tuple[int, ...]:
+    if rank is None:
+        rank = rng.choice(sorted(hint)) if hint and rng.random() < 0.9 else rng.choice(_RANKS)
+    return tuple(rng.choice(_DIMS) for _ in range(rank))
+
+
+def _sample_attr(kind: AttrKind, default: Any, rng: random.Random) -> Any:
+    if rng.random() < 0.5 and default is not REQUIRED:
+        return default
+    if isinstance(kind, OptionalKind):
+        return default if rng.random() < 0.7 else _sample_attr(kind.inner, REQUIRED, rng)
+    if isinstance(kind, BoolKind):
+        return bool(rng.random() < 0.5)
+    if isinstance(kind, IntKind):
+        return rng.choice([0, 1, 2]) if default is REQUIRED else default
+    if isinstance(kind, FloatKind):
+        return float(np.float32(10 ** rng.uniform(-5, -1)))
+    if isinstance(kind, DTypeKind):
+        return default if default is not REQUIRED else "float32"
+    if isinstance(kind, StrKind):
+        return rng.choice(kind.choices) if kind.choices else default
+    if isinstance(kind, IntsKind):
+        if kind.expand == "pad2d":
+            return [rng.randint(0, 1)] * 4
+        if kind.expand == "pair":
+            return [rng.randint(1, 2)] * 2
+        if default is REQUIRED:  # a shape: one of these fits any size
+            return rng.choice([[-1], [1, -1], [-1, 1], [2, -1], [-1, 2], [1, 1, -1]])
+        return default
+    return default
+
+
+class _Instance:
+    """One concrete instance of a rule: shapes and dtypes for its variables, attribute values,
+    and the two sides as IR."""
+
+    def __init__(self, rule: Rule, ops: dict[str, OpDef], rng: random.Random):
+        self.rule, self.ops, self.rng = rule, ops, rng
+        self.vars: dict[str, Var] = {}
+        self.attrs: dict[str, Any] = {}          # attribute variables
+        self.rests: dict[str, dict[str, Any]] = {}
+        self.types = Inferer(None)
+        self.rank = {x.var: x.value for x in rule.guards if x.kind == "rank" and x.op == "=="}
+        self.dtype = {x.var: x.value for x in rule.guards if x.kind == "dtype" and x.op == "=="}
+        self.shape = {x.var: tuple(x.value) for x in rule.guards
+                      if x.kind == "shape" and x.op == "==" and isinstance(x.value, list)}
+        self.attr_eq = {x.var: x.value for x in rule.guards if x.kind == "attr" and x.op == "=="}
+        self.attr_ne = {x.var: x.value for x in rule.guards if x.kind == "attr" and x.op == "!="}
+        self.shape_attr = {x.value[1]: x.var for x in rule.guards if x.kind == "shape"
+                           and x.op == "==" and isinstance(x.value, tuple)
+                           and x.value[0] == "attr"}
+
+    def op_of(self, p: PCall) -> OpDef:
+        return self.ops[p.op.label] if p.op.is_set else p.op.ops[0]
+
+    def new_var(self, name: str, shape: tuple[int, ...]) -> Var:
+        return Var(name=name.lstrip("?"), type=TensorType(shape, self.dtype.get(name, "float32")))
+
+    # the left side, bottom-up, choosing what is free
+    def lhs(self, p: Pattern) -> Expr:
+        if isinstance(p, PVar):
+            return self.vars.get(p.name) or p  # type: ignore[return-value]
+        if isinstance(p, PLit):
+            dtype = p.dtype or ("float32" if isinstance(p.value, float) else "int32")
+            node = Scalar(value=p.value, dtype=dtype)
+            self.types.expr(node)
+            return node
+        if isinstance(p, PTuple):
+            fields = [self._settle(self.lhs(f), f) for f in p.fields]
+            node = Tuple(fields=tuple(fields))
+            self.types.expr(node)
+            return node
+        if isinstance(p, PProj):
+            inner = self.lhs(p.inner)
+            node = TupleGetItem(tuple=self._settle(inner, p.inner), index=p.index)
+            self.types.expr(node)
+            return node
+        op = self.op_of(p)
+        kids = [self.lhs(a) for a in p.args]
+        free = [i for i, k in enumerate(kids) if isinstance(k, PVar)]
+        given = p.attr_map
+        for attempt in range(3000):
+            attrs: dict[str, Any] = {}
+            for spec in op.attrs:
+                v = given.get(spec.name)
+                if isinstance(v, AttrLit):
+                    attrs[spec.name] = v.value
+                elif isinstance(v, AttrVar) and v.name in self.attrs:
+                    attrs[spec.name] = self.attrs[v.name]
+                elif isinstance(v, AttrVar) and v.name in self.attr_eq:
+                    attrs[spec.name] = spec.kind.canonical(self.attr_eq[v.name])
+                else:
+                    attrs[spec.name] = _sample_attr(spec.kind, spec.default, self.rng)
+            if any(isinstance(v, AttrVar) and v.name in self.attr_ne and
+                   attrs[k] == self.attr_ne[v.name] for k, v in given.items()):
+                continue
+            args = list(kids)
+            trial: dict[str, Var] = {}
+            for i in free:
+                name = kids[i].name
+                if name in trial:
+                    args[i] = trial[name]
+                    continue
+                neighbour = self.types.types.get(id(args[i - 1])) if i > 0 else None
+                if name in self.shape:
+                    shape = self.shape[name]
+                elif self.rng.random() < 0.4 and isinstance(neighbour, TensorType):
+                    shape = neighbour.shape  # like its neighbour (batch-norm statistics)
+                else:
+                    shape = _shape_pool(self.rng, self.rank.get(name),
+                                        _RANK_HINTS.get((op.name, i)))
+                trial[name] = args[i] = self.new_var(name, shape)
+                self.types.types[id(args[i])] = args[i].type
+                self.types._alive.append(args[i])
+            for k, v in given.items():  # shape(?x) == ?s: the attribute is ?x's shape
+                if isinstance(v, AttrVar) and v.name in self.shape_attr:
+                    var = trial.get(self.shape_attr[v.name]) or self.vars.get(
+                        self.shape_attr[v.name])
+                    if var is not None:
+                        attrs[k] = list(var.type.shape)
+            try:
+                canon = op.canonical_attrs(attrs)
+                node = Call(op=op, args=tuple(args), attrs=freeze_attrs(canon))
+                t = self.types.node(node)  # the operands are typed already
+            except (OpTypeError, EqquantError, ValueError, TypeError):
+                continue
+            self.types.types[id(node)] = t
+            self.types._alive.append(node)
+            for i in free:
+                _RANK_HINTS.setdefault((op.name, i), set()).add(len(args[i].type.shape))
+            self.vars.update(trial)
+            for k, v in given.items():
+                if isinstance(v, AttrVar):
+                    self.attrs.setdefault(v.name, canon[k])
+            if p.rest:
+                self.rests[p.rest] = canon
+            return node
+        raise _NoInstance(f"no well-typed instance found for {op.name} in {self.rule.name}")
+
+    def _settle(self, e, p: Pattern) -> Expr:
+        if isinstance(e, PVar):
+            v = self.new_var(e.name, self.shape.get(e.name) or _shape_pool(self.rng,
+                                                                            self.rank.get(e.name)))
+            self.vars[e.name] = v
+            self.types.expr(v)
+            return v
+        return e
+
+    # the right side, with everything bound
+    def rhs(self, p: Pattern, where: dict[str, Pattern]) -> Expr:
+        if isinstance(p, PVar):
+            if p.name in where:
+                return self.rhs(where[p.name], where)
+            return self.vars[p.name]
+        if isinstance(p, PLit):
+            if p.var is not None:
+                return _Weak(self.attrs[p.var])
+            return Scalar(value=p.value, dtype=p.dtype) if p.dtype else _Weak(p.value)
+        if isinstance(p, PTuple):
+            return Tuple(fields=tuple(self.rhs(f, where) for f in p.fields))
+        if isinstance(p, PProj):
+            return TupleGetItem(tuple=self.rhs(p.inner, where), index=p.index)
+        op = self.op_of(p)
+        args = [self.rhs(a, where) for a in p.args]
+        strong = next((self.types.expr(a) for a in args if not isinstance(a, _Weak)
+                       and isinstance(self.types.expr(a), TensorType)), None)
+        args = [Scalar(value=a.value, dtype=strong.dtype) if isinstance(a, _Weak) else a
+                for a in args]
+        rest = self.rests.get(p.rest, {}) if p.rest else {}
+        attrs = {k: v for k, v in rest.items() if k in op.attr_map}
+        for k, v in p.attrs:
+            attrs[k] = self.attrs[v.name] if isinstance(v, AttrVar) else v.value
+        node = Call(op=op, args=tuple(args), attrs=freeze_attrs(op.canonical_attrs(attrs)))
+        self.types.expr(node)
+        return node
+
+
+@dataclass
+class _Weak:
+    value: Any
+
+
+class _NoInstance(Exception):
+    pass
+
+
+def _inputs(instance: _Instance, rng: np.random.Generator, positive: bool) -> dict:
+    """Random inputs: in [0.5, 2) (so square roots of variances are real), then signed."""
+    out = {}
+    for v in instance.vars.values():
+        t = v.type
+        if t.dtype.startswith("float"):
+            a = rng.uniform(0.5, 2.0, t.shape) if positive else rng.normal(size=t.shape)
+        else:
+            info = np.iinfo(t.dtype)
+            a = rng.integers(max(info.min, -100), min(info.max, 100), t.shape)
+        out[v.name] = np.asarray(a).astype(t.dtype)
+    return out
+
+
+def _compare(a, b, rule: Rule) -> tuple[bool, float]:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        return False, math.inf
+    fin = np.isfinite(a) & np.isfinite(b)
+    if not np.array_equal(np.isfinite(a), np.isfinite(b)):
+        return False, math.inf
+    if not fin.any():
+        return True, 0.0
+    diff = np.abs(a - b)[fin]
+    scale = float(np.max(np.abs(b[fin]))) or 1.0
+    if rule.approx is None:
+        err = float(diff.max()) / scale
+        return err <= EXACT_RTOL, err
+    tol = rule.approx["atol"] + rule.approx["rtol"] * np.abs(b[fin])
+    return bool(np.all(diff <= tol)), float((diff / np.maximum(tol, 1e-30)).max())
+
+
+def check_rule(rule: Rule, trials: int = 5, seed: int = 0) -> list[RuleCheck]:
+    sets = op_sets(rule.lhs)
+    labels = list(sets)
+    out = []
+    for combo in itertools.product(*[sets[label].ops for label in labels]):
+        ops = dict(zip(labels, combo))
+        variant = "[" + ", ".join(o.name for o in combo) + "]" if combo else ""
+        out.append(_check_variant(rule, ops, variant, trials, seed))
+    return out
+
+
+def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
+                   seed: int) -> RuleCheck:
+    rng = random.Random(seed)
+    data_rng = np.random.default_rng(seed)
+    done, worst = 0, 0.0
+    for t in range(trials * 20):
+        if done >= trials:
+            break
+        inst = _Instance(rule, ops, rng)
+        try:
+            lhs = inst.lhs(rule.lhs)
+            if isinstance(lhs, PVar):
+                raise _NoInstance("the left side is a variable")
+            rhs = inst.rhs(rule.rhs, rule.where)
+        except _NoInstance:
+            continue
+        except (OpTypeError, EqquantError) as e:
+            return RuleCheck(rule, variant, False, f"the right side does not type-check: "
+                             f"{getattr(e, 'message', e)}\n{_describe(inst)}", done)
+        lt, rt = inst.types.expr(lhs), inst.types.expr(rhs)
+        if lt != rt:
+            return RuleCheck(rule, variant, False, f"the sides have different types: {lt} "
+                             f"=> {rt}\n{_describe(inst)}", done)
+        params = tuple(inst.vars.values())
+        for positive in (True, False):
+            inputs = _inputs(inst, data_rng, positive)
+            a = run(Module({"main": Function(params=params, body=lhs)}), inputs)
+            b = run(Module({"main": Function(params=params, body=rhs)}), inputs)
+            if isinstance(a, tuple):
+                a, b = a[0], b[0]
+            ok, err = _compare(b, a, rule)
+            worst = max(worst, err)
+            if not ok:
+                tol = ("rtol 1e-5" if rule.approx is None else
+                       f"rtol {rule.approx['rtol']}, atol {rule.approx['atol']}")
+                return RuleCheck(rule, variant, False,
+                                 f"counterexample ({'exceeds ' + tol}; error {err:.3g}):\n"
+                                 f"{_describe(inst, inputs)}\n      left:  "
+                                 f"{_short(print_expr(lhs))}\n      right: "
+                                 f"{_short(print_expr(rhs))}", done + 1, err)
+        done += 1
+    if done == 0:
+        return RuleCheck(rule, variant, False, "no well-typed instance of the left side was "
+                         "found (are its guards satisfiable?)")
+    return RuleCheck(rule, variant, True, "", done, worst)
+
+
+def _short(text: str, n: int = 400) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= n else flat[:n] + " ..."
+
+
+def _describe(inst: _Instance, inputs: dict | None = None) -> str:
+    parts = [f"%{v.name}: {v.type}" for v in inst.vars.values()]
+    parts += [f"{k} = {v}" for k, v in inst.attrs.items()]
+    text = "      " + ", ".join(parts)
+    if inputs:
+        for k, v in list(inputs.items())[:4]:
+            text += f"\n      %{k} = {np.array2string(v.reshape(-1)[:6], precision=4)}" \
+                    f"{' ...' if v.size > 6 else ''}"
+    return text
+
+
+def check_ruleset(rs: RuleSet, trials: int = 5, seed: int = 0) -> CheckReport:
+    report = CheckReport()
+    for rule in rs.rules:
+        report.results += check_rule(rule, trials, seed)
+    return report
+

@@ -1,0 +1,57 @@
+"""The rule checker: shipped rules pass; deliberately wrong ones fail with counterexamples."""
+import subprocess
+import sys
+
+from eqquant.resources import rules_dir
+from eqquant.rules.check import check_ruleset
+from eqquant.rules.loader import load_rules, parse_rules
+
+from conftest import REPO
+
+
+def test_every_shipped_rule_passes():
+    files = sorted(rules_dir().glob("*.rules"))
+    assert {f.stem for f in files} >= {"bn_fold", "simplify"}
+    for f in files:
+        report = check_ruleset(load_rules(f), trials=4)
+        assert report.ok, report.format()
+        assert all(r.trials >= 1 for r in report.results)
+
+
+def test_three_wrong_rules_are_rejected_with_counterexamples():
+    report = check_ruleset(load_rules(REPO / "tests" / "data" / "wrong.rules"), trials=4)
+    by_name = {r.rule.name: r for r in report.results}
+    assert set(by_name) == {"wrong_sign_in_shift", "wrong_reshape_axis",
+                            "round_within_a_thousandth"}
+    for name, r in by_name.items():
+        assert not r.ok, name
+        assert "%x: Tensor[" in r.message  # the instance: shapes of the variables
+    assert "counterexample" in by_name["wrong_sign_in_shift"].message
+    assert "counterexample" in by_name["round_within_a_thousandth"].message
+    assert "rtol 0.001" in by_name["round_within_a_thousandth"].message
+
+
+def test_approx_rule_within_its_tolerance_passes():
+    rs = parse_rules("approx rule round_half (rtol=0.0, atol=0.5):\n"
+                     "    nn.relu(?x) => nn.relu(round(?x))\n")
+    assert check_ruleset(rs).ok
+
+
+def test_identity_over_a_property_set_catches_dropout():
+    # nn.dropout has the "annotation" property but returns a tuple: not the identity
+    rs = parse_rules("rule drop: {annotation}(?x, ..?a) => ?x\n")
+    results = {r.variant: r for r in check_ruleset(rs).results}
+    assert results["[annotation.stop_fusion]"].ok
+    assert not results["[nn.dropout]"].ok
+    assert "different types" in results["[nn.dropout]"].message
+
+
+def test_cli_rules_check_exit_codes():
+    ok = subprocess.run([sys.executable, "-m", "eqquant.cli.main", "rules", "check",
+                         "simplify", "bn_fold"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "0 failed" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "eqquant.cli.main", "rules", "check",
+                          str(REPO / "tests" / "data" / "wrong.rules")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "3 failed" in bad.stdout

@@ -1,0 +1,112 @@
+"""The rules language: what a file compiles to, and static errors at file:line:col."""
+import subprocess
+import sys
+
+import pytest
+
+from eqquant.errors import ParseError, RuleError
+from eqquant.rules.ast import format_rule
+from eqquant.rules.compile import compile_ruleset
+from eqquant.rules.loader import parse_rules
+
+GOOD = """ruleset demo
+# relu is idempotent.
+rule relu_relu: nn.relu(nn.relu(?x)) => nn.relu(?x)
+rule fold: nn.batch_norm(nn.conv2d(?x, ?w, ..?c), ?g, ?b, ?m, ?v, epsilon=?eps).0
+    => nn.conv2d(?x, multiply(?w, ?k), ..?c)
+    where ?k = divide(?g, sqrt(add(?v, ?eps)))
+    if const(?w), dtype(?x) == float32
+rule comm: add(?a, ?b) <=> add(?b, ?a)
+"""
+
+
+def test_compiles_to_egglog_with_names_and_guards():
+    rs = parse_rules(GOOD, "demo.rules")
+    assert rs.name == "demo" and [r.name for r in rs.rules] == ["relu_relu", "fold", "comm"]
+    assert rs.rules[0].doc == "relu is idempotent."
+    assert str(rs.rules[1].loc) == "demo.rules:4:6"
+    text = compile_ruleset(rs).text
+    assert "(ruleset rs.demo)" in text
+    assert ':name "relu_relu"' in text and ':name "comm<-"' in text
+    assert "(is-const ?w)" in text and '(= (dtype-of ?x) "float32")' in text
+    assert '(Scalar ?eps "weak")' in text  # an attribute used as a value is a weak scalar
+    assert "(need-types ?x)" in text       # the guard asks for ?x's type
+    again = parse_rules("\n".join(format_rule(r) for r in rs.rules), "again.rules")
+    assert [format_rule(r) for r in again.rules] == [format_rule(r) for r in rs.rules]
+
+
+def test_rules_show_egglog_cli():
+    r = subprocess.run([sys.executable, "-m", "eqquant.cli.main", "rules", "show", "--egglog",
+                        "bn_fold"], capture_output=True, text=True)
+    assert r.returncode == 0 and "(rule ((= ?__root (GetItem (@nn.batch_norm" in r.stdout
+
+
+# (name, source, error class, line, column, a word of the message)
+BAD = [
+    ("syntax", "rule r: nn.relu(?x => ?x\n", ParseError, 1, 20, "expected"),
+    ("unknown op", "rule r: nn.rellu(?x) => ?x\n", RuleError, 1, 9, "nn.relu"),
+    ("unknown op set", "rule r: {nosuch}(?x) => ?x\n", RuleError, 1, 10, "property"),
+    ("unknown attribute", "rule r: nn.relu(?x, alpha=1) => ?x\n", RuleError, 1, 21, "alpha"),
+    ("wrong arity", "rule r: add(?x) => ?x\n", RuleError, 1, 9, "takes 2"),
+    ("unbound variable", "rule r: nn.relu(?x) => add(?x, ?y)\n", RuleError, 1, 32, "?y"),
+    ("value and attribute", "rule r: add(reshape(?x, newshape=?x), ?y) => ?y\n", RuleError, 1,
+     9, "both"),
+    ("dtype mismatch", "rule r: nn.relu(?x) => add(?x, 1i8)\n    if dtype(?x) == float32\n",
+     RuleError, 1, 24, "dtype"),
+    ("bad attribute value", 'rule r: cast(?x, dtype="int7") => ?x\n', RuleError, 1, 18,
+     "dtype"),
+    ("left side not an op", "rule r: ?x => nn.relu(?x)\n", RuleError, 1, 9, "left side"),
+    ("duplicate rule", "rule r: nn.relu(?x) => ?x\nrule r: negative(?x) => ?x\n", RuleError,
+     2, 1, "twice"),
+    ("approx option", "approx rule r (tol=1): nn.relu(?x) => ?x\n", RuleError, 1, 16, "tol"),
+    ("missing include", 'include "nope.rules"\n', RuleError, 1, 1, "nope"),
+    ("unbound rest", "rule r: nn.conv2d(?x, ?w) => nn.conv2d(?x, ?w, ..?c)\n", RuleError, 1,
+     30, "..?c"),
+    ("guard on unbound", "rule r: nn.relu(?x) => ?x\n    if const(?z)\n", RuleError, 2, 8,
+     "?z"),
+    ("op set only on the right", "rule r: nn.relu(?x) => {nn.relu, abs}(?x)\n", RuleError, 1,
+     24, "op set"),
+    ("bad dtype guard", "rule r: nn.relu(?x) => ?x\n    if dtype(?x) == float33\n", RuleError,
+     2, 8, "dtype"),
+]
+
+
+@pytest.mark.parametrize("name,src,cls,line,col,word", BAD, ids=[b[0] for b in BAD])
+def test_bad_rule_files(name, src, cls, line, col, word):
+    with pytest.raises(cls) as info:
+        parse_rules(src, "bad.rules")
+    err = info.value
+    assert err.loc is not None, err.format()
+    assert (err.loc.line, err.loc.column) == (line, col), err.format()
+    assert word.lower() in err.message.lower(), err.format()
+    assert err.format().startswith(f"bad.rules:{line}:{col}:")
+
+
+def test_at_least_ten_kinds_of_bad_rule_files():
+    assert len(BAD) >= 10
+
+
+def test_include_cycle(tmp_path):
+    (tmp_path / "a.rules").write_text('include "b.rules"\n')
+    (tmp_path / "b.rules").write_text('include "a.rules"\n')
+    from eqquant.rules.loader import load_rules
+    with pytest.raises(RuleError, match="cycle"):
+        load_rules(tmp_path / "a.rules")
+
+
+def test_include_merges_rules(tmp_path):
+    (tmp_path / "base.rules").write_text("rule relu_relu: nn.relu(nn.relu(?x)) => nn.relu(?x)\n")
+    (tmp_path / "top.rules").write_text('ruleset top\ninclude "base.rules"\n'
+                                        "rule neg: negative(negative(?x)) => ?x\n")
+    from eqquant.rules.loader import load_rules
+    rs = load_rules(tmp_path / "top.rules")
+    assert rs.name == "top" and [r.name for r in rs.rules] == ["relu_relu", "neg"]
+    assert all(r.ruleset == "top" for r in rs.rules)
+
+
+def test_cli_bad_rule_file_no_traceback(tmp_path):
+    f = tmp_path / "bad.rules"
+    f.write_text("rule r: nn.rellu(?x) => ?x\n")
+    r = subprocess.run([sys.executable, "-m", "eqquant.cli.main", "rules", "show", str(f)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "bad.rules:1:9:" in r.stderr and "Traceback" not in r.stderr

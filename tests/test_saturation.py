@@ -1,0 +1,69 @@
+"""Saturation: schedules, limits and reports."""
+import pytest
+
+from eqquant.egraph.engine import EGraphSession, Limits, parse_schedule
+from eqquant.errors import EqquantError
+from eqquant.ir.builder import Builder
+from eqquant.optimize import optimize
+from eqquant.rules.loader import parse_rules
+
+AC = parse_rules("""ruleset ac
+# addition commutes and associates: together they generate every bracketing and order
+rule add_comm: add(?a, ?b) => add(?b, ?a)
+rule add_assoc: add(add(?a, ?b), ?c) => add(?a, add(?b, ?c))
+""", "ac.rules")
+
+
+def add_chain(n):
+    b = Builder()
+    xs = [b.input(f"x{i}", (4,)) for i in range(n)]
+    acc = xs[0]
+    for x in xs[1:]:
+        acc = b.call("add", acc, x)
+    return b.finish(acc)[0]
+
+
+def test_non_terminating_ruleset_stops_at_its_limit_with_a_report():
+    session = EGraphSession(add_chain(12), Limits(iterations=100, nodes=20_000, seconds=30))
+    session.add_ruleset(AC)
+    report = session.run(parse_schedule("ac"))
+    phase = report.phases[0]
+    assert phase.stop == "node limit"
+    assert phase.enodes > 20_000
+    assert not report.saturated
+    assert "LIMIT HIT: ac: node limit" in report.table()
+    assert phase.matches["add_comm"] > 0 and phase.matches["add_assoc"] > 0
+
+
+def test_iteration_limit_is_reported():
+    session = EGraphSession(add_chain(8), Limits(iterations=2))
+    session.add_ruleset(AC)
+    report = session.run(parse_schedule("ac*2"))
+    assert report.phases[0].stop == "iteration limit"
+    assert report.phases[0].iterations == 2
+
+
+def test_time_limit_is_reported():
+    session = EGraphSession(add_chain(12), Limits(iterations=1000, nodes=10**9, seconds=0.0))
+    session.add_ruleset(AC)
+    assert session.run(parse_schedule("ac")).phases[0].stop == "time limit"
+
+
+def test_extraction_after_a_limit_is_still_correct():
+    import numpy as np
+    from eqquant.ir.interp import run
+    mod = add_chain(6)
+    result = optimize(mod, None, [AC], limits=Limits(iterations=3))
+    xs = {f"x{i}": np.full(4, i, np.float32) for i in range(6)}
+    np.testing.assert_array_equal(run(result.module, xs), run(mod, xs))
+    assert not result.report.saturated and "LIMIT HIT" in result.explain()
+
+
+def test_schedules():
+    assert [str(p) for p in parse_schedule("simplify; bn_fold*10\nsimplify # again")] == \
+        ["simplify", "bn_fold*10", "simplify"]
+    with pytest.raises(EqquantError, match="iteration count"):
+        parse_schedule("simplify*x")
+    session = EGraphSession(add_chain(2))
+    with pytest.raises(EqquantError, match="not loaded"):
+        session.run(parse_schedule("nosuch"))
