@@ -17,7 +17,7 @@ import numpy as np
 
 from eqquant.ir.interp import run
 from eqquant.ir.nodes import Call, post_order
-from eqquant.optimize import optimize
+from eqquant.optimizer import optimize
 from eqquant.zoo import build
 
 

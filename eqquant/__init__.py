@@ -1,7 +1,44 @@
 """eqquant: fp32 inference graphs to int8 programs by equality saturation.
 
 The package's folders follow the pipeline: ``ir`` (text IR, types, interpreter), ``ops`` (the
-op registry), ``zoo`` (models), ``cli`` (the command line); ``pipeline.py`` strings the stages
-together for ``eqquant demo``.
+op registry), ``rules`` (the rules language), ``egraph`` (loading programs into egglog and
+saturating), ``extract`` (cost models, extraction), ``passes`` (inlining, constant folding),
+``zoo`` (models), ``cli`` (the command line); ``optimizer.py`` strings saturation, extraction
+and folding together and ``pipeline.py`` runs the stages for ``eqquant demo``.
+
+The Python API::
+
+    import eqquant
+    mod, params = eqquant.load_program("model.ir")          # params from model.npz
+    result = eqquant.optimize(mod, params, rules=["simplify", "bn_fold"], cost="cpu")
+    print(result.explain())
+    eqquant.save_program("out.ir", result.module)
+    y = eqquant.run(result.module, {"data": x})
 """
 __version__ = "0.1.0"
+
+_API = {
+    "parse": ("eqquant.ir.parser", "parse"),
+    "print_module": ("eqquant.ir.printer", "print_module"),
+    "check_module": ("eqquant.ir.typecheck", "check_module"),
+    "load_program": ("eqquant.ir.loader", "load_program"),
+    "save_program": ("eqquant.ir.loader", "save_program"),
+    "run": ("eqquant.ir.interp", "run"),
+    "optimize": ("eqquant.optimizer", "optimize"),
+    "load_rules": ("eqquant.rules.loader", "load_rules"),
+    "check_rules": ("eqquant.rules.check", "check_ruleset"),
+}
+
+
+def __getattr__(name: str):
+    """The API is imported on first use, so ``import eqquant`` stays light."""
+    if name in _API:
+        import importlib
+        module, attr = _API[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'eqquant' has no attribute '{name}'")
+
+
+__all__ = list(_API)

@@ -20,7 +20,7 @@ from .ir.params import load_params
 from .ir.parser import parse
 from .ir.printer import print_module
 from .ir.typecheck import check_module
-from .optimize import optimize
+from .optimizer import optimize
 from .zoo import build, write
 
 

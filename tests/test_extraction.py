@@ -6,7 +6,7 @@ from eqquant.extract.cost import CostModel, cost_model
 from eqquant.extract.extractors import greedy_dag, ilp
 from eqquant.extract.view import EGraphView
 from eqquant.ir.types import TensorType
-from eqquant.optimize import optimize
+from eqquant.optimizer import optimize
 from eqquant.zoo import build
 
 

@@ -8,7 +8,7 @@ from eqquant.ir.interp import run
 from eqquant.ir.nodes import Call, Constant, Function, Module, Scalar, post_order
 from eqquant.ir.parser import parse
 from eqquant.ir.seeds import listings
-from eqquant.optimize import optimize
+from eqquant.optimizer import optimize
 from eqquant.rules.check import check_ruleset
 from eqquant.rules.loader import load_rules
 from eqquant.zoo import build

@@ -4,7 +4,7 @@ import pytest
 from eqquant.egraph.engine import EGraphSession, Limits, parse_schedule
 from eqquant.errors import EqquantError
 from eqquant.ir.builder import Builder
-from eqquant.optimize import optimize
+from eqquant.optimizer import optimize
 from eqquant.rules.loader import parse_rules
 
 AC = parse_rules("""ruleset ac

@@ -154,7 +154,7 @@ def _optimize(model, params, rules, schedule, cost, extractor, iterations, node_
               time_limit):
     from ..egraph.engine import Limits
     from ..ir.loader import load_program, read_source
-    from ..optimize import optimize
+    from ..optimizer import optimize
     from ..rules.loader import load_rules
     mod, values = load_program(model, params)
     if schedule and schedule.startswith("@"):
