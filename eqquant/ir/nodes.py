@@ -99,8 +99,8 @@ class Call(Expr):
     loc: SourceLoc | None = None
 
     def children(self) -> tuple[Expr, ...]:
-        if isinstance(self.op, Expr):
-            return (self.op, *self.args)
+        if isinstance(self.op, Expr):  # the callee last: a composite prints next to its call
+            return (*self.args, self.op)
         return self.args
 
     @property
@@ -215,7 +215,7 @@ def rebuild(node: Expr, children: tuple[Expr, ...]) -> Expr:
     """A copy of ``node`` with new children (same order as ``node.children()``)."""
     if isinstance(node, Call):
         if isinstance(node.op, Expr):
-            return Call(op=children[0], args=children[1:], attrs=node.attrs, name=node.name,
+            return Call(op=children[-1], args=children[:-1], attrs=node.attrs, name=node.name,
                         loc=node.loc)
         return Call(op=node.op, args=children, attrs=node.attrs, name=node.name, loc=node.loc)
     if isinstance(node, Tuple):
@@ -243,7 +243,8 @@ def _attrs_equal(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 class _Matcher:
-    def __init__(self) -> None:
+    def __init__(self, names: bool = True) -> None:
+        self.names = names
         self.fwd: dict[int, Expr] = {}
         self.bwd: dict[int, Expr] = {}
 
@@ -283,35 +284,37 @@ class _Matcher:
             return x.index == y.index and x.type == y.type
         if isinstance(x, Scalar):
             return x.dtype == y.dtype and _values_equal(x.value, y.value)
+        same_name = not self.names or getattr(x, "name", None) == getattr(y, "name", None)
         if isinstance(x, Call):
             if isinstance(x.op, Expr) != isinstance(y.op, Expr):
                 return False
             if not isinstance(x.op, Expr) and x.op is not y.op:
                 return False
-            return x.name == y.name and _attrs_equal(x.attrs, y.attrs)
+            return same_name and _attrs_equal(x.attrs, y.attrs)
         if isinstance(x, Tuple):
-            return x.name == y.name
+            return same_name
         if isinstance(x, TupleGetItem):
-            return x.index == y.index and x.name == y.name
+            return x.index == y.index and same_name
         if isinstance(x, Function):
             return self.function(x, y)
         return False
 
     def function(self, f: Function, g: Function) -> bool:
-        if len(f.params) != len(g.params) or f.name != g.name:
+        if len(f.params) != len(g.params) or (self.names and f.name != g.name):
             return False
         if f.ret_type != g.ret_type or not _attrs_equal(f.attrs, g.attrs):
             return False
         for p, q in zip(f.params, g.params):
-            if p.name != q.name or p.type != q.type or not self.bind(p, q):
+            if (self.names and p.name != q.name) or p.type != q.type or not self.bind(p, q):
                 return False
         return self.expr(f.body, g.body)
 
 
-def structural_equal(a: Module | Expr, b: Module | Expr) -> bool:
+def structural_equal(a: Module | Expr, b: Module | Expr, names: bool = True) -> bool:
     """True when the two programs are the same graph: same ops, attributes, names, types and
-    the same sharing. Constants compare by index and type (their data lives in params)."""
-    m = _Matcher()
+    the same sharing. Constants compare by index and type (their data lives in params).
+    ``names=False`` ignores the names of values (as TVM's structural_equal does)."""
+    m = _Matcher(names)
     if isinstance(a, Module) and isinstance(b, Module):
         if list(a.functions) != list(b.functions) or a.version != b.version:
             return False

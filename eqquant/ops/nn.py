@@ -15,7 +15,7 @@ OIHW = StrKind("layout", choices=("OIHW",))
 OUT_LAYOUT = StrKind("layout", choices=("", "NCHW"))
 
 
-def _conv2d_rel(types, attrs):
+def conv2d_rel(types, attrs):
     x = tensor(types, 0, "data", rank=4)
     w = tensor(types, 1, "weight", rank=4)
     n, c, h, wd = x.shape
@@ -41,15 +41,20 @@ def _conv2d_rel(types, attrs):
     return TensorType((n, o, oh, ow), compute_dtypes(types, attrs, x, w))
 
 
+CONV2D_ATTRS = (Attr("strides", PAIR, [1, 1]), Attr("padding", PADDING2D, [0, 0, 0, 0]),
+                Attr("dilation", PAIR, [1, 1]), Attr("groups", INT, 1),
+                Attr("channels", OPT_INT, None), Attr("kernel_size", OPT_PAIR, None),
+                Attr("data_layout", NCHW, "NCHW"), Attr("kernel_layout", OIHW, "OIHW"),
+                Attr("out_layout", OUT_LAYOUT, ""), Attr("out_dtype", DTYPE, ""))
+
+
+def conv2d_flops(ins, out, attrs) -> float:
+    return 2.0 * out.size * ins[1].size // ins[1].shape[0]
+
+
 register(OpDef(
-    "nn.conv2d", inputs=("data", "weight"), props=frozenset({COMPUTE}),
-    attrs=(Attr("strides", PAIR, [1, 1]), Attr("padding", PADDING2D, [0, 0, 0, 0]),
-           Attr("dilation", PAIR, [1, 1]), Attr("groups", INT, 1),
-           Attr("channels", OPT_INT, None), Attr("kernel_size", OPT_PAIR, None),
-           Attr("data_layout", NCHW, "NCHW"), Attr("kernel_layout", OIHW, "OIHW"),
-           Attr("out_layout", OUT_LAYOUT, ""), Attr("out_dtype", DTYPE, "")),
-    type_rel=_conv2d_rel, semantics=numerics.conv2d,
-    flops=lambda ins, out, a: 2.0 * out.size * ins[1].size // ins[1].shape[0],
+    "nn.conv2d", inputs=("data", "weight"), props=frozenset({COMPUTE}), attrs=CONV2D_ATTRS,
+    type_rel=conv2d_rel, semantics=numerics.conv2d, flops=conv2d_flops,
     doc="2-D convolution, NCHW data and OIHW weight; groups=C is depthwise"))
 
 
@@ -135,7 +140,7 @@ register(OpDef("nn.global_avg_pool2d", inputs=("data",), props=frozenset({POOL})
                doc="mean over H and W: (N, C, H, W) -> (N, C, 1, 1)"))
 
 
-def _dense_rel(types, attrs):
+def dense_rel(types, attrs):
     x = tensor(types, 0, "data")
     w = tensor(types, 1, "weight", rank=2)
     if x.rank < 1 or x.shape[-1] != w.shape[1]:
@@ -145,14 +150,14 @@ def _dense_rel(types, attrs):
     return TensorType(x.shape[:-1] + (w.shape[0],), compute_dtypes(types, attrs, x, w))
 
 
-def _dense(x, w, *, units, out_dtype):
+def dense(x, w, *, units, out_dtype, **_ignored):
     acc = numerics.acc_dtype(np.result_type(x.dtype, w.dtype))
     return np.matmul(x.astype(acc), w.astype(acc).T).astype(out_dtype or x.dtype)
 
 
 register(OpDef("nn.dense", inputs=("data", "weight"), props=frozenset({COMPUTE}),
                attrs=(Attr("units", OPT_INT, None), Attr("out_dtype", DTYPE, "")),
-               type_rel=_dense_rel, semantics=_dense, doc="x @ weight.T, weight is (units, K)",
+               type_rel=dense_rel, semantics=dense, doc="x @ weight.T, weight is (units, K)",
                flops=lambda ins, out, a: 2.0 * out.size * ins[1].shape[1]))
 
 

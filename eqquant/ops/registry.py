@@ -63,6 +63,8 @@ class OpDef:
     # attributes in the form the e-graph keeps, given the input types (e.g. reshape's 0s
     # resolved to the dimensions they copy, so that reshape chains collapse)
     canonicalize: Callable[..., dict] | None = None
+    # a fused op's unfused form: unfuse(args, attrs) -> Expr (the partition view prints it)
+    unfuse: Callable[..., Any] | None = None
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"
@@ -116,7 +118,7 @@ def register(op: OpDef) -> OpDef:
 
 def _ensure_loaded() -> None:
     if not _OPS:
-        from . import nn, quant, tensor  # noqa: F401  (registration side effects)
+        from . import fused, nn, quant, tensor  # noqa: F401  (registration side effects)
 
 
 def get_op(name: str) -> OpDef:

@@ -20,7 +20,7 @@ def inline_calls(mod: Module, entry: str = "main") -> Module:
         def visit(node, children):
             if not isinstance(node, Call) or not isinstance(node.op, Expr):
                 return None
-            callee, args = children[0], children[1:]
+            callee, args = children[-1], children[:-1]
             if isinstance(callee, GlobalVar):
                 if callee.name in active:
                     raise EqquantError(f"@{callee.name} is recursive; it cannot be inlined",
