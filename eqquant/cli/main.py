@@ -81,19 +81,30 @@ def check(file: Path, params: Path | None) -> None:
               help="The input: .npy (one input) or .npz keyed by input name.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the output here (.npy); default: print a summary.")
-@click.option("--engine", type=click.Choice(["reference"]), default="reference",
-              show_default=True, help="reference: the numpy reference interpreter.")
+@click.option("--engine", type=click.Choice(["cpu", "reference"]), default="cpu",
+              show_default=True, help="cpu: the Numba executor; reference: the numpy "
+              "reference interpreter.")
+@click.option("--profile", is_flag=True, help="Print the time per op (cpu engine).")
 def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
-        engine: str) -> None:
+        engine: str, profile: bool) -> None:
     """Run FILE on an input."""
     from ..ir.interp import run as interpret
     from ..ir.loader import load_inputs, load_program
-    from ..ir.params import atomic_write
+    from ..ir.params import atomic_write, bind_params
     from ..ir.typecheck import check_module
     mod, values = load_program(file, params)
     check_module(mod)
     inputs = load_inputs(input_path, mod, values)
-    out = interpret(mod, inputs, values)
+    if engine == "reference":
+        out = interpret(mod, inputs, values)
+    else:
+        from ..runtime.executor import Executor
+        ex = Executor(bind_params(mod, values) if values else mod)
+        out = ex.run(inputs, profile=profile)
+        if profile:
+            for _ in range(4):
+                ex.run(inputs, profile=True)
+            click.echo(ex.profile_table(), err=True)
     arr = np.asarray(out)
     if output is not None:
         atomic_write(output, lambda tmp: np.save(open(tmp, "wb"), arr))

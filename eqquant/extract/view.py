@@ -49,8 +49,9 @@ class EGraphView:
         nodes = data["nodes"]
         self.node_class = {nid: n["eclass"] for nid, n in nodes.items()}
         self.classes: dict[str, list[ENode]] = {}
-        self.lets: dict[str, str] = {c: d["let"] for c, d in data.get("class_data", {}).items()
-                                     if "let" in d}
+        # a class bound by several lets lists them all: "$e3, $e7"
+        self.lets: dict[str, str] = {c: d["let"].split(",")[0].strip()
+                                     for c, d in data.get("class_data", {}).items() if "let" in d}
         lists: dict[str, list[str]] = {}
         sch = schema()
         self.demanded: set[str] = set()   # classes in need-types

@@ -65,6 +65,8 @@ class OpDef:
     canonicalize: Callable[..., dict] | None = None
     # a fused op's unfused form: unfuse(args, attrs) -> Expr (the partition view prints it)
     unfuse: Callable[..., Any] | None = None
+    # the CPU kernel binding, "module:Class" (imported only when a program runs)
+    kernel: str | None = None
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"

@@ -13,14 +13,15 @@ from .registry import (ANNOTATION, BINARY, ELEMWISE, IDENTITY, LAYOUT, REDUCE, U
 from .typerel import broadcast, float_input, norm_axis, same_as_input, tensor, tuple_of
 
 
-def _unary(name, fn, *, floats_only=False, doc=""):
-    register(OpDef(name, inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+def _unary(name, fn, *, floats_only=False, doc="", kernel=None):
+    register(OpDef(name, inputs=("data",), props=frozenset({ELEMWISE, UNARY}), kernel=kernel,
                    type_rel=float_input if floats_only else same_as_input,
                    semantics=lambda x, _fn=fn: np.asarray(_fn(x)).astype(x.dtype, copy=False),
                    doc=doc))
 
 
-_unary("nn.relu", lambda x: np.maximum(x, 0), doc="max(x, 0)")
+_unary("nn.relu", lambda x: np.maximum(x, 0), doc="max(x, 0)",
+       kernel="eqquant.runtime.bindings:Activation")
 _unary("negative", np.negative, doc="-x")
 _unary("abs", np.abs, doc="|x|")
 _unary("sqrt", np.sqrt, floats_only=True, doc="sqrt(x)")
@@ -31,6 +32,7 @@ _unary("round", np.round, floats_only=True, doc="round half to even")
 
 def _binary(name, fn, doc):
     register(OpDef(name, inputs=("lhs", "rhs"), props=frozenset({ELEMWISE, BINARY}),
+                   kernel="eqquant.runtime.bindings:Binary",
                    type_rel=broadcast,
                    semantics=lambda a, b, _fn=fn: np.asarray(_fn(a, b)).astype(a.dtype, copy=False),
                    doc=doc))
@@ -54,6 +56,7 @@ def _clip(x, *, a_min, a_max):
 
 
 register(OpDef("clip", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+               kernel="eqquant.runtime.bindings:Activation",
                attrs=(Attr("a_min", FLOAT_F, -math.inf), Attr("a_max", FLOAT_F, math.inf)),
                type_rel=same_as_input, semantics=_clip,
                doc="min(max(x, a_min), a_max); keeps the input dtype"))
@@ -72,9 +75,11 @@ register(OpDef("cast", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
 # ---- annotations: the identity on their first input ----------------------------------------
 
 register(OpDef("annotation.stop_fusion", inputs=("data",), moves_data=False,
+               kernel="eqquant.runtime.bindings:View",
                props=frozenset({IDENTITY, ANNOTATION}), type_rel=same_as_input,
                semantics=lambda x: x, doc="identity; marks a fusion boundary"))
 register(OpDef("annotation.cast_hint", inputs=("data",), moves_data=False,
+               kernel="eqquant.runtime.bindings:View",
                props=frozenset({IDENTITY, ANNOTATION}),
                attrs=(Attr("dtype", DTYPE_REQUIRED, REQUIRED),),
                type_rel=same_as_input, semantics=lambda x, *, dtype: x,
@@ -136,6 +141,7 @@ def _reshape_canonical(types, attrs):
 
 
 register(OpDef("reshape", inputs=("data",), props=frozenset({LAYOUT}), moves_data=False,
+               kernel="eqquant.runtime.bindings:View",
                attrs=(Attr("newshape", INTS, REQUIRED),),
                type_rel=_reshape_rel, canonicalize=_reshape_canonical,
                semantics=lambda x, *, newshape: x.reshape(_reshape_target(x.shape, newshape)),
@@ -154,6 +160,7 @@ def _expand_dims_rel(types, attrs):
 
 
 register(OpDef("expand_dims", inputs=("data",), props=frozenset({LAYOUT}), moves_data=False,
+               kernel="eqquant.runtime.bindings:View",
                attrs=(Attr("axis", INT, 0), Attr("num_newaxis", INT, 1)),
                type_rel=_expand_dims_rel,
                semantics=lambda x, *, axis, num_newaxis: x.reshape(
@@ -179,6 +186,7 @@ def _squeeze_rel(types, attrs):
 
 
 register(OpDef("squeeze", inputs=("data",), props=frozenset({LAYOUT}), moves_data=False,
+               kernel="eqquant.runtime.bindings:View",
                attrs=(Attr("axis", OPT_INTS, None),), type_rel=_squeeze_rel,
                semantics=lambda x, *, axis: np.squeeze(x, tuple(_squeeze_axes(x.shape, axis))),
                doc="drop axes of size 1 (all of them when axis is None)"))
@@ -213,6 +221,7 @@ def _batch_flatten_rel(types, attrs):
 
 
 register(OpDef("nn.batch_flatten", inputs=("data",), props=frozenset({LAYOUT}), moves_data=False,
+               kernel="eqquant.runtime.bindings:View",
                type_rel=_batch_flatten_rel,
                semantics=lambda x: x.reshape(x.shape[0], -1), doc="(N, ...) -> (N, prod(...))"))
 
@@ -289,4 +298,5 @@ def _softmax_rel(types, attrs):
 
 
 register(OpDef("nn.softmax", inputs=("data",), attrs=(Attr("axis", INT, -1),),
+               kernel="eqquant.runtime.bindings:Softmax",
                type_rel=_softmax_rel, semantics=_softmax, doc="exp(x) / sum(exp(x)) over axis"))

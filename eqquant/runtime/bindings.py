@@ -1,0 +1,244 @@
+"""Kernel bindings: what runs a registry op on the CPU. An op's registry entry names its
+binding (``kernel="eqquant.runtime.bindings:Conv2D"``); the executor builds one binding object
+per call site at load time (prepacking constant weights once) and then calls it with the input
+arrays and the output buffer it planned.
+
+A binding may decline a call site (``supports`` is False: another dtype, an unusual layout);
+the executor then runs the op's reference semantics there. Views (``reshape`` and friends) and
+identities alias their input instead of copying.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..ir.types import TensorType, Type
+from . import kernels_fp32 as k
+
+
+def _is_f32(*types: Type) -> bool:
+    return all(isinstance(t, TensorType) and t.dtype == "float32" for t in types)
+
+
+class Binding:
+    """Base: ``__call__(inputs, out)`` writes the result into ``out``."""
+
+    view = False  # True: the result is a view of input 0 (no buffer)
+
+    def __init__(self, op, attrs: Mapping[str, Any], in_types: Sequence[Type], out_type: Type,
+                 consts: Mapping[int, np.ndarray]):
+        self.op, self.attrs, self.in_types, self.out_type = op, attrs, in_types, out_type
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return _is_f32(*in_types, out_type)
+
+
+def _per_channel(bias_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
+    """A bias that only varies along axis 1 of the output (and does not widen it)."""
+    rank = len(out_shape)
+    padded = (1,) * (rank - len(bias_shape)) + tuple(bias_shape)
+    return len(bias_shape) <= rank and all(d == 1 for i, d in enumerate(padded) if i != 1) \
+        and padded[1] in (1, out_shape[1])
+
+
+class Conv2D(Binding):
+    """nn.conv2d and fused.conv2d: im2col + GEMM + fused epilogue; depthwise: direct."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        w = consts[1] if 1 in consts else None
+        o, cg, kh, kw = in_types[1].shape
+        self.kh, self.kw = kh, kw
+        self.groups = attrs["groups"]
+        self.sh, self.sw = attrs["strides"]
+        self.dh, self.dw = attrs["dilation"]
+        self.pt, self.pl, self.pb, self.pr = attrs["padding"]
+        self.act = k.ACT_CODES[attrs.get("activation", "none")]
+        self.lo = float(attrs.get("a_min", -np.inf))
+        self.hi = float(attrs.get("a_max", np.inf))
+        self.depthwise = self.groups == in_types[0].shape[1] == o and cg == 1
+        self.pointwise = (kh == kw == 1 and self.sh == self.sw == 1 and
+                          attrs["padding"] == [0, 0, 0, 0] and self.groups == 1)
+        self.w = self._pack(w) if w is not None else None
+        self.bias_vec = None
+        if len(in_types) == 3 and 2 in consts and _per_channel(in_types[2].shape,
+                                                               out_type.shape):
+            self.bias_vec = np.ascontiguousarray(np.broadcast_to(
+                consts[2].reshape(-1), (o,)), dtype=np.float32)
+        elif len(in_types) == 2:
+            self.bias_vec = np.zeros(o, np.float32)
+
+    def _pack(self, w: np.ndarray) -> np.ndarray:
+        o = w.shape[0]
+        if self.depthwise:
+            return np.ascontiguousarray(w.reshape(o, self.kh, self.kw), dtype=np.float32)
+        g = self.groups
+        return np.ascontiguousarray(w.reshape(g, o // g, -1), dtype=np.float32)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return _is_f32(*in_types[:2], out_type) and 1 in consts
+
+    def __call__(self, ins, out):
+        x = ins[0]
+        w = self.w if self.w is not None else self._pack(ins[1])
+        bias = self.bias_vec
+        act = self.act if bias is not None else 0
+        if bias is None:
+            bias = np.zeros(out.shape[1], np.float32)
+        n, c, h, wd = x.shape
+        _, o, oh, ow = out.shape
+        for b in range(n):
+            if self.depthwise:
+                k.depthwise(x[b], w, bias, self.sh, self.sw, self.pt, self.pl, self.dh,
+                            self.dw, act, self.lo, self.hi, out[b])
+                continue
+            g = self.groups
+            cg, og = c // g, o // g
+            for gi in range(g):
+                xg = x[b, gi * cg:(gi + 1) * cg]
+                y = out[b, gi * og:(gi + 1) * og].reshape(og, oh * ow)
+                if self.pointwise:
+                    col = xg.reshape(cg, h * wd)
+                else:
+                    col = np.empty((cg * self.kh * self.kw, oh * ow), np.float32)
+                    k.im2col(xg, self.kh, self.kw, self.sh, self.sw, self.pt, self.pl,
+                             self.dh, self.dw, oh, ow, col)
+                np.matmul(w[gi], col, out=y)
+                k.bias_act(y, bias[gi * og:(gi + 1) * og], act, self.lo, self.hi)
+        if self.bias_vec is None and len(ins) == 3:  # a bias that is not per channel
+            np.add(out, ins[2], out=out)
+            if self.act:
+                np.copyto(out, _activate(out, self.act, self.lo, self.hi))
+
+
+def _activate(y, act, lo, hi):
+    return np.maximum(y, 0) if act == 1 else np.clip(y, lo, hi)
+
+
+class Dense(Binding):
+    """nn.dense and fused.dense: GEMM (weight transposed once at load) + epilogue."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        self.wt = np.ascontiguousarray(consts[1].T, dtype=np.float32)
+        units = in_types[1].shape[0]
+        self.act = k.ACT_CODES[attrs.get("activation", "none")]
+        self.lo = float(attrs.get("a_min", -np.inf))
+        self.hi = float(attrs.get("a_max", np.inf))
+        if len(in_types) == 3:
+            self.bias = np.ascontiguousarray(np.broadcast_to(consts[2], (units,)),
+                                             dtype=np.float32)
+        else:
+            self.bias = np.zeros(units, np.float32)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        if not (_is_f32(*in_types, out_type) and 1 in consts and len(in_types[0].shape) == 2):
+            return False
+        return len(in_types) == 2 or (2 in consts and consts[2].size == in_types[1].shape[0]
+                                      and consts[2].ndim <= 1)
+
+    def __call__(self, ins, out):
+        np.matmul(ins[0], self.wt, out=out)
+        _dense_epilogue(out, self.bias, self.act, self.lo, self.hi)
+
+
+def _dense_epilogue(out, bias, act, lo, hi):
+    out += bias
+    if act == 1:
+        np.maximum(out, 0, out=out)
+    elif act == 2:
+        np.clip(out, lo, hi, out=out)
+
+
+def _geometry(attrs):
+    (kh, kw), (sh, sw), (dh, dw) = attrs["pool_size"], attrs["strides"], attrs["dilation"]
+    pt, pl, pb, pr = attrs["padding"]
+    return kh, kw, sh, sw, pt, pl, pb, pr, dh, dw
+
+
+class MaxPool2D(Binding):
+    def __call__(self, ins, out):
+        kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = _geometry(self.attrs)
+        for b in range(ins[0].shape[0]):
+            k.max_pool(ins[0][b], kh, kw, sh, sw, pt, pl, dh, dw, out[b])
+
+
+class AvgPool2D(Binding):
+    def __call__(self, ins, out):
+        kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = _geometry(self.attrs)
+        for b in range(ins[0].shape[0]):
+            k.avg_pool(ins[0][b], kh, kw, sh, sw, pt, pl, pb, pr, dh, dw,
+                       bool(self.attrs["count_include_pad"]), out[b])
+
+
+class GlobalAvgPool2D(Binding):
+    def __call__(self, ins, out):
+        for b in range(ins[0].shape[0]):
+            k.global_avg_pool(ins[0][b], out[b].reshape(-1))
+
+
+_BINARY = {"add": 0, "subtract": 1, "multiply": 2, "divide": 3}
+
+
+class Binary(Binding):
+    """Elementwise add/subtract/multiply/divide: same shapes, or a per-channel operand;
+    anything else broadcasts through numpy."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        self.code = _BINARY[op.name]
+        a, b = in_types
+        self.same = a.shape == b.shape == out_type.shape
+        self.channel = (a.shape == out_type.shape and len(a.shape) >= 2 and
+                        _per_channel(b.shape, out_type.shape) and
+                        int(np.prod(b.shape)) == out_type.shape[1])
+
+    def __call__(self, ins, out):
+        a, b = ins
+        if self.same:
+            k.binary_same(a.reshape(-1), b.reshape(-1), self.code, 0, out.reshape(-1))
+        elif self.channel:
+            n, c = out.shape[:2]
+            bv = np.ascontiguousarray(b.reshape(-1))
+            for i in range(n):
+                k.binary_channel(a[i].reshape(c, -1), bv, self.code, out[i].reshape(c, -1))
+        else:
+            (np.add, np.subtract, np.multiply, np.divide)[self.code](a, b, out=out)
+
+
+class Activation(Binding):
+    """nn.relu and clip."""
+
+    def __call__(self, ins, out):
+        if self.op.name == "nn.relu":
+            k.unary(ins[0].reshape(-1), 1, 0.0, 0.0, out.reshape(-1))
+        else:
+            k.unary(ins[0].reshape(-1), 2, float(self.attrs["a_min"]),
+                    float(self.attrs["a_max"]), out.reshape(-1))
+
+
+class Softmax(Binding):
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return _is_f32(*in_types) and attrs["axis"] in (-1, len(in_types[0].shape) - 1)
+
+    def __call__(self, ins, out):
+        n = ins[0].shape[-1]
+        k.softmax_rows(ins[0].reshape(-1, n), out.reshape(-1, n))
+
+
+class View(Binding):
+    """reshape, batch_flatten, expand_dims, squeeze and identity annotations: no copy."""
+
+    view = True
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return isinstance(out_type, TensorType)
+
+    def __call__(self, ins, out=None):
+        return ins[0].reshape(self.out_type.shape)

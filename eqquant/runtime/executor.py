@@ -1,0 +1,181 @@
+"""The executor: runs a module on the CPU kernels, with a memory plan made once at load.
+
+    ex = Executor(module)            # bound module: constants carry their data
+    y = ex.run({"data": x})
+    print(ex.profile_table())        # after run(..., profile=True)
+
+At load, calls are inlined and put in dependency order; each op gets the binding its registry
+entry names (weights prepacked once), or its reference semantics where no binding fits. Each
+intermediate value gets a buffer from a pool keyed by shape and dtype: a buffer returns to the
+pool after the last use of every value stored in it (views share their input's storage), so
+buffers are reused across the program. The result is copied out, so callers may keep it.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import EvalError
+from ..ir.nodes import (Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var,
+                        post_order)
+from ..ir.typecheck import infer_types
+from ..ir.types import TensorType
+from ..passes.inline import inline_calls
+
+
+def _binding_class(path: str):
+    module, _, cls = path.partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+@dataclass
+class Step:
+    label: str
+    fn: Any                     # binding object, or a reference function
+    inputs: list[int]           # value slots
+    output: int
+    kind: str                   # "kernel", "view", "reference", "tuple", "getitem"
+    extra: Any = None
+    seconds: list[float] = field(default_factory=list)
+
+
+class Executor:
+    def __init__(self, module: Module):
+        flat = inline_calls(module)
+        self.module = flat
+        types = infer_types(flat)
+        body = flat.main.body
+        order = post_order(body)
+        slot: dict[int, int] = {}
+        self.fixed: dict[int, Any] = {}      # slot -> constant value
+        self.inputs: dict[str, tuple[int, TensorType]] = {}
+        self.steps: list[Step] = []
+        for node in order:
+            s = slot[id(node)] = len(slot)
+            if isinstance(node, Var):
+                self.inputs[node.name] = (s, node.type)
+            elif isinstance(node, Constant):
+                if node.data is None:
+                    raise EvalError(f"meta[relay.Constant][{node.index}] has no value: load "
+                                    "the params with the program", node.loc)
+                self.fixed[s] = np.ascontiguousarray(node.data)
+            elif isinstance(node, Scalar):
+                self.fixed[s] = node.data
+            elif isinstance(node, Tuple):
+                self.steps.append(Step("tuple", None, [slot[id(f)] for f in node.fields], s,
+                                       "tuple"))
+            elif isinstance(node, TupleGetItem):
+                self.steps.append(Step("getitem", None, [slot[id(node.tuple)]], s, "getitem",
+                                       node.index))
+            elif isinstance(node, Call) and not isinstance(node.op, Expr):
+                self.steps.append(self._step(node, slot, types))
+            else:
+                raise EvalError(f"cannot run a {type(node).__name__}", getattr(node, "loc",
+                                                                                None))
+        self.out_slot = slot[id(body)]
+        self.types = {slot[id(n)]: types[id(n)] for n in order}
+        self._plan()
+
+    def _step(self, node: Call, slot: dict[int, int], types) -> Step:
+        op = node.op
+        ins = [slot[id(a)] for a in node.args]
+        in_types = [types[id(a)] for a in node.args]
+        out_type = types[id(node)]
+        consts = {i: self.fixed[s] for i, s in enumerate(ins) if s in self.fixed}
+        if op.kernel:
+            cls = _binding_class(op.kernel)
+            if cls.supports(op, node.attrs, in_types, out_type, consts):
+                b = cls(op, node.attrs, in_types, out_type, consts)
+                return Step(op.name, b, ins, slot[id(node)], "view" if b.view else "kernel")
+        attrs = dict(node.attrs)
+        return Step(op.name + " (reference)", lambda *a, _f=op.semantics: _f(*a, **attrs), ins,
+                    slot[id(node)], "reference")
+
+    def _plan(self) -> None:
+        """Give each kernel output a buffer, reusing buffers whose values are dead."""
+        last_use: dict[int, int] = {}
+        for i, st in enumerate(self.steps):
+            for s in st.inputs:
+                last_use[s] = i
+        last_use[self.out_slot] = len(self.steps)
+        storage: dict[int, int] = {}          # slot -> storage id (views share)
+        alive: dict[int, int] = {}            # storage -> number of live slots
+        buffers: dict[int, np.ndarray] = {}   # storage -> array
+        pool: dict[tuple, list[np.ndarray]] = {}
+        self.buffers: dict[int, np.ndarray] = {}  # step index -> preallocated output
+        next_storage = 0
+        self.peak_bytes = 0
+        live_bytes = 0
+        for i, st in enumerate(self.steps):
+            t = self.types[st.output]
+            if st.kind == "kernel" and isinstance(t, TensorType):
+                key = (t.shape, t.dtype)
+                buf = pool[key].pop() if pool.get(key) else np.empty(t.shape, t.dtype)
+                self.buffers[i] = buf
+                storage[st.output] = next_storage
+                buffers[next_storage] = buf
+                alive[next_storage] = 1
+                live_bytes += buf.nbytes
+                self.peak_bytes = max(self.peak_bytes, live_bytes)
+                next_storage += 1
+            elif st.kind == "view" and st.inputs[0] in storage:
+                storage[st.output] = storage[st.inputs[0]]
+                alive[storage[st.output]] += 1
+            # values whose last use is this step release their storage
+            for s in set(st.inputs) | {st.output}:
+                if last_use.get(s, -1) <= i and s in storage:
+                    sid = storage.pop(s)
+                    alive[sid] -= 1
+                    if alive[sid] == 0:
+                        buf = buffers.pop(sid)
+                        pool.setdefault((buf.shape, str(buf.dtype)), []).append(buf)
+                        live_bytes -= buf.nbytes
+
+    def run(self, inputs: Mapping[str, np.ndarray], profile: bool = False) -> Any:
+        values: list[Any] = [None] * len(self.types)
+        for s, v in self.fixed.items():
+            values[s] = v
+        for name, (s, t) in self.inputs.items():
+            if name not in inputs:
+                raise EvalError(f"no value for input %{name}")
+            arr = np.ascontiguousarray(inputs[name], dtype=t.dtype)
+            if arr.shape != t.shape:
+                raise EvalError(f"%{name} expects shape {t.shape}, got {arr.shape}")
+            values[s] = arr
+        for i, st in enumerate(self.steps):
+            t0 = time.perf_counter() if profile else 0.0
+            args = [values[s] for s in st.inputs]
+            if st.kind == "kernel":
+                out = self.buffers[i]
+                st.fn(args, out)
+            elif st.kind == "view":
+                out = st.fn(args)
+            elif st.kind == "tuple":
+                out = tuple(args)
+            elif st.kind == "getitem":
+                out = args[0][st.extra]
+            else:
+                out = st.fn(*args)
+            values[st.output] = out
+            if profile:
+                st.seconds.append(time.perf_counter() - t0)
+        result = values[self.out_slot]
+        return tuple(np.array(r) for r in result) if isinstance(result, tuple) \
+            else np.array(result)
+
+    def profile_table(self) -> str:
+        rows: dict[str, list[float]] = {}
+        for st in self.steps:
+            if st.seconds:
+                rows.setdefault(st.label, []).append(float(np.median(st.seconds)))
+        total = sum(sum(v) for v in rows.values())
+        lines = [f"{'op':36s} {'calls':>5s} {'ms':>9s} {'share':>6s}"]
+        for label, times in sorted(rows.items(), key=lambda kv: -sum(kv[1])):
+            t = sum(times)
+            lines.append(f"{label:36s} {len(times):5d} {t * 1e3:9.3f} {100 * t / total:5.1f}%")
+        lines.append(f"{'total':36s} {'':5s} {total * 1e3:9.3f}")
+        return "\n".join(lines)

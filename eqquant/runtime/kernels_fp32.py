@@ -1,0 +1,198 @@
+"""Numba kernels for float32 inference, NCHW, batch by batch.
+
+They are compiled once and cached on disk (``cache=True``: a second process loads them in
+milliseconds) and run in parallel over channels. Convolutions are im2col (Numba) then a BLAS
+GEMM then a fused epilogue (Numba: bias, relu or clip, in one pass over the output); depthwise
+convolutions and pools are direct loops. Activation codes: 0 none, 1 relu, 2 clip.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+ACT_CODES = {"none": 0, "relu": 1, "clip": 2}
+
+
+@njit(parallel=True, cache=True, fastmath=False)
+def im2col(x, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, col):
+    """x: (C, H, W) -> col: (C*kh*kw, oh*ow), zero where a window reads padding."""
+    c_in, h, w = x.shape
+    for c in prange(c_in):
+        for i in range(kh):
+            for j in range(kw):
+                row = (c * kh + i) * kw + j
+                for y in range(oh):
+                    iy = y * sh - pt + i * dh
+                    base = y * ow
+                    if iy < 0 or iy >= h:
+                        for xo in range(ow):
+                            col[row, base + xo] = 0.0
+                    else:
+                        for xo in range(ow):
+                            ix = xo * sw - pl + j * dw
+                            if ix >= 0 and ix < w:
+                                col[row, base + xo] = x[c, iy, ix]
+                            else:
+                                col[row, base + xo] = 0.0
+
+
+@njit(parallel=True, cache=True)
+def bias_act(y, bias, act, lo, hi):
+    """In place on y: (O, P): y = act(y + bias[o])."""
+    rows, cols = y.shape
+    for o in prange(rows):
+        b = bias[o]
+        for p in range(cols):
+            v = y[o, p] + b
+            if act == 1:
+                v = max(v, 0.0)
+            elif act == 2:
+                v = min(max(v, lo), hi)
+            y[o, p] = v
+
+
+@njit(parallel=True, cache=True)
+def depthwise(x, w, bias, sh, sw, pt, pl, dh, dw, act, lo, hi, out):
+    """x: (C, H, W), w: (C, kh, kw), out: (C, oh, ow); one filter per channel."""
+    c_in, h, wd = x.shape
+    _, kh, kw = w.shape
+    _, oh, ow = out.shape
+    for c in prange(c_in):
+        for y in range(oh):
+            for xo in range(ow):
+                acc = bias[c]
+                for i in range(kh):
+                    iy = y * sh - pt + i * dh
+                    if iy < 0 or iy >= h:
+                        continue
+                    for j in range(kw):
+                        ix = xo * sw - pl + j * dw
+                        if ix >= 0 and ix < wd:
+                            acc += x[c, iy, ix] * w[c, i, j]
+                if act == 1:
+                    acc = max(acc, 0.0)
+                elif act == 2:
+                    acc = min(max(acc, lo), hi)
+                out[c, y, xo] = acc
+
+
+@njit(parallel=True, cache=True)
+def max_pool(x, kh, kw, sh, sw, pt, pl, dh, dw, out):
+    c_in, h, w = x.shape
+    _, oh, ow = out.shape
+    for c in prange(c_in):
+        for y in range(oh):
+            for xo in range(ow):
+                m = -np.inf
+                for i in range(kh):
+                    iy = y * sh - pt + i * dh
+                    if iy < 0 or iy >= h:
+                        continue
+                    for j in range(kw):
+                        ix = xo * sw - pl + j * dw
+                        if ix >= 0 and ix < w:
+                            v = x[c, iy, ix]
+                            if v > m:
+                                m = v
+                out[c, y, xo] = m
+
+
+@njit(parallel=True, cache=True)
+def avg_pool(x, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, out):
+    c_in, h, w = x.shape
+    _, oh, ow = out.shape
+    for c in prange(c_in):
+        for y in range(oh):
+            for xo in range(ow):
+                s = 0.0
+                n = 0
+                for i in range(kh):
+                    iy = y * sh - pt + i * dh
+                    for j in range(kw):
+                        ix = xo * sw - pl + j * dw
+                        if iy >= 0 and iy < h and ix >= 0 and ix < w:
+                            s += x[c, iy, ix]
+                            n += 1
+                        elif include_pad and iy >= -pt and iy < h + pb and ix >= -pl \
+                                and ix < w + pr:
+                            n += 1
+                out[c, y, xo] = s / n
+
+
+@njit(parallel=True, cache=True)
+def global_avg_pool(x, out):
+    """x: (C, H, W) -> out: (C,)."""
+    c_in, h, w = x.shape
+    for c in prange(c_in):
+        s = 0.0
+        for i in range(h):
+            for j in range(w):
+                s += x[c, i, j]
+        out[c] = s / (h * w)
+
+
+@njit(parallel=True, cache=True)
+def binary_same(a, b, op, act, out):
+    """Flat arrays of one size: out = act(a op b); op 0 add, 1 subtract, 2 multiply,
+    3 divide."""
+    for i in prange(a.size):
+        x = a[i]
+        y = b[i]
+        if op == 0:
+            v = x + y
+        elif op == 1:
+            v = x - y
+        elif op == 2:
+            v = x * y
+        else:
+            v = x / y
+        if act == 1:
+            v = max(v, 0.0)
+        out[i] = v
+
+
+@njit(parallel=True, cache=True)
+def binary_channel(a, b, op, out):
+    """a, out: (C, P); b: (C,): out = a op b[c]."""
+    rows, cols = a.shape
+    for c in prange(rows):
+        y = b[c]
+        for p in range(cols):
+            x = a[c, p]
+            if op == 0:
+                out[c, p] = x + y
+            elif op == 1:
+                out[c, p] = x - y
+            elif op == 2:
+                out[c, p] = x * y
+            else:
+                out[c, p] = x / y
+
+
+@njit(parallel=True, cache=True)
+def unary(a, act, lo, hi, out):
+    """Flat: relu (1) or clip (2)."""
+    for i in prange(a.size):
+        v = a[i]
+        if act == 1:
+            v = max(v, 0.0)
+        else:
+            v = min(max(v, lo), hi)
+        out[i] = v
+
+
+@njit(parallel=True, cache=True)
+def softmax_rows(x, out):
+    """Softmax over the last axis of a (R, N) array."""
+    rows, n = x.shape
+    for r in prange(rows):
+        m = -np.inf
+        for i in range(n):
+            m = max(m, x[r, i])
+        s = 0.0
+        for i in range(n):
+            e = np.exp(x[r, i] - m)
+            out[r, i] = e
+            s += e
+        for i in range(n):
+            out[r, i] /= s
