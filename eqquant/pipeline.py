@@ -1,9 +1,9 @@
 """The main job, stage by stage, on a zoo model: what ``eqquant demo`` runs.
 
 Stages so far: build the model, write it as text IR + params, parse it back, type-check,
-check the round trip, run the reference interpreter, optimize (saturate with the simplify and
-bn_fold rules, extract under the CPU cost model, fold constants), write the result and check
-it against the original. Each stage reports what it did and how long it took.
+check the round trip, run the reference interpreter, optimize (saturate with the simplify, bn_fold and
+fusion rules, extract under the CPU cost model, fold constants), write the result, run it on
+the Numba executor and check it against the original. Each stage reports what it did and how long it took.
 """
 from __future__ import annotations
 
@@ -47,18 +47,22 @@ def demo(model: str, out_dir: str | Path, echo: Callable[[str], None] = print) -
         raise EqquantError("internal: the printed program does not parse back to itself")
     inputs = load_params(paths["input"])
     ref = stage("run (reference interpreter)", run, mod, inputs, params)
-    result = stage("saturate + extract + fold (bn_fold)", optimize, mod, params,
-                   ["simplify", "bn_fold"], "simplify; bn_fold; simplify")
+    result = stage("saturate + extract + fold", optimize, mod, params,
+                   ["simplify", "bn_fold", "fusion"], "simplify; bn_fold; simplify; fusion")
     opt_paths = stage("write optimized program", save_program,
                       Path(out_dir) / f"{model}.opt.ir", result.module)
-    out = stage("run optimized (reference)", run, result.module, inputs)
+    from .runtime.executor import Executor
+    ex = stage("load on the CPU executor", Executor, result.module)
+    stage("run on the executor (first)", ex.run, inputs)
+    out = stage("run on the executor (warm)", ex.run, inputs)
     err = float(np.max(np.abs(out - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
     echo(f"  program: output {types[id(mod.main.body)]}")
     echo("")
     for line in result.explain().splitlines():
         echo("  " + line)
     echo("")
-    echo(f"  optimized vs original: max relative difference {err:.2e}")
+    echo(f"  executor (fused, Numba) vs reference interpreter on the original: max relative "
+         f"difference {err:.2e}")
     echo(f"  wrote {opt_paths[0]}")
     if err > 1e-4:
         raise EqquantError(f"the optimized program differs from the original ({err:.2e})")

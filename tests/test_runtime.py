@@ -106,6 +106,19 @@ def test_elementwise_dense_softmax_and_global_pool_kernels():
                                  "nn.softmax", "nn.batch_flatten"])
 
 
+def test_concatenate_and_pad_kernels():
+    rng = np.random.default_rng(1)
+    b = Builder()
+    x = b.input("x", (1, 3, 4, 5))
+    y = b.input("y", (1, 2, 4, 5))
+    c = b.call("concatenate", b.tuple(x, y), axis=1)
+    p = b.call("nn.pad", c, b.scalar(-1.5), pad_width=[[0, 0], [0, 0], [1, 2], [0, 3]])
+    mod, params = b.finish(p)
+    inputs = {"x": rng.normal(size=(1, 3, 4, 5)).astype("float32"),
+              "y": rng.normal(size=(1, 2, 4, 5)).astype("float32")}
+    _check(mod, params, inputs, ["concatenate", "nn.pad"])
+
+
 @pytest.mark.parametrize("name", ["resnet18", "resnet50", "mobilenet_v2"])
 def test_models_run_on_the_executor(name):
     m = build(name, image_size=96)

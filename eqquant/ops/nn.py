@@ -197,7 +197,7 @@ def _pad(x, value, *, pad_width, pad_mode):
     return np.pad(x, pad_width, mode=pad_mode)
 
 
-register(OpDef("nn.pad", inputs=("data", "pad_value"),
+register(OpDef("nn.pad", inputs=("data", "pad_value"), kernel="eqquant.runtime.bindings:Pad",
                attrs=(Attr("pad_width", PAD_WIDTH, []),
                       Attr("pad_mode", StrKind("mode", ("constant", "edge", "reflect")),
                            "constant")),

@@ -244,6 +244,7 @@ def _concat_rel(types, attrs):
 
 
 register(OpDef("concatenate", inputs=("data",), props=frozenset({LAYOUT}),
+               kernel="eqquant.runtime.bindings:Concatenate",
                attrs=(Attr("axis", INT, 0),), type_rel=_concat_rel,
                semantics=lambda xs, *, axis: np.concatenate(xs, axis=axis),
                doc="join a tuple of tensors along axis"))

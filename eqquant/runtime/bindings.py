@@ -62,6 +62,7 @@ class Conv2D(Binding):
         self.pointwise = (kh == kw == 1 and self.sh == self.sw == 1 and
                           attrs["padding"] == [0, 0, 0, 0] and self.groups == 1)
         self.w = self._pack(w) if w is not None else None
+
         self.bias_vec = None
         if len(in_types) == 3 and 2 in consts and _per_channel(in_types[2].shape,
                                                                out_type.shape):
@@ -103,7 +104,7 @@ class Conv2D(Binding):
                 if self.pointwise:
                     col = xg.reshape(cg, h * wd)
                 else:
-                    col = np.empty((cg * self.kh * self.kw, oh * ow), np.float32)
+                    col = _scratch((cg * self.kh * self.kw, oh * ow))
                     k.im2col(xg, self.kh, self.kw, self.sh, self.sw, self.pt, self.pl,
                              self.dh, self.dw, oh, ow, col)
                 np.matmul(w[gi], col, out=y)
@@ -112,6 +113,18 @@ class Conv2D(Binding):
             np.add(out, ins[2], out=out)
             if self.act:
                 np.copyto(out, _activate(out, self.act, self.lo, self.hi))
+
+
+_SCRATCH: list[np.ndarray] = [np.empty(0, np.float32)]
+
+
+def _scratch(shape: tuple[int, int]) -> np.ndarray:
+    """One im2col buffer for the process, grown when needed: a fresh 10 MB array per call
+    would pay its page faults every time. (Calls run one at a time.)"""
+    size = shape[0] * shape[1]
+    if _SCRATCH[0].size < size:
+        _SCRATCH[0] = np.empty(size, np.float32)
+    return _SCRATCH[0][:size].reshape(shape)
 
 
 def _activate(y, act, lo, hi):
@@ -242,3 +255,39 @@ class View(Binding):
 
     def __call__(self, ins, out=None):
         return ins[0].reshape(self.out_type.shape)
+
+
+class Concatenate(Binding):
+    """concatenate: each input copied into its slice of the output."""
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return _is_f32(out_type) and all(_is_f32(t) for t in in_types[0].fields)
+
+    def __call__(self, ins, out):
+        axis = self.attrs["axis"] % out.ndim
+        lead = int(np.prod(out.shape[:axis], dtype=np.int64))
+        dst = out.reshape(lead, -1)
+        start = 0
+        for part in ins[0]:
+            width = int(np.prod(part.shape[axis:], dtype=np.int64))
+            k.copy_rows(np.ascontiguousarray(part).reshape(lead, width),
+                        dst[:, start:start + width])
+            start += width
+
+
+class Pad(Binding):
+    """nn.pad, constant mode, padding only the last two axes."""
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        pw = attrs["pad_width"]
+        return (_is_f32(in_types[0], out_type) and attrs["pad_mode"] == "constant" and
+                len(pw) >= 2 and all(p == [0, 0] for p in pw[:-2]))
+
+    def __call__(self, ins, out):
+        x, value = ins
+        h, w = x.shape[-2:]
+        (pt, _), (pl, _) = self.attrs["pad_width"][-2:]
+        k.pad_planes(x.reshape(-1, h, w), float(value), pt, pl,
+                     out.reshape(-1, *out.shape[-2:]))

@@ -13,27 +13,36 @@ from numba import njit, prange
 ACT_CODES = {"none": 0, "relu": 1, "clip": 2}
 
 
-@njit(parallel=True, cache=True, fastmath=False)
+@njit(parallel=True, cache=True)
 def im2col(x, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, col):
-    """x: (C, H, W) -> col: (C*kh*kw, oh*ow), zero where a window reads padding."""
+    """x: (C, H, W) -> col: (C*kh*kw, oh*ow), zero where a window reads padding. Parallel over
+    the rows of col (a 3-channel input still has 3*kh*kw rows to share out)."""
     c_in, h, w = x.shape
-    for c in prange(c_in):
-        for i in range(kh):
-            for j in range(kw):
-                row = (c * kh + i) * kw + j
-                for y in range(oh):
-                    iy = y * sh - pt + i * dh
-                    base = y * ow
-                    if iy < 0 or iy >= h:
-                        for xo in range(ow):
-                            col[row, base + xo] = 0.0
-                    else:
-                        for xo in range(ow):
-                            ix = xo * sw - pl + j * dw
-                            if ix >= 0 and ix < w:
-                                col[row, base + xo] = x[c, iy, ix]
-                            else:
-                                col[row, base + xo] = 0.0
+    for row in prange(c_in * kh * kw):
+        c = row // (kh * kw)
+        i = (row // kw) % kh
+        j = row % kw
+        # output columns whose input column is inside the image
+        lo = 0
+        while lo < ow and lo * sw - pl + j * dw < 0:
+            lo += 1
+        hi = ow
+        while hi > lo and (hi - 1) * sw - pl + j * dw >= w:
+            hi -= 1
+        for y in range(oh):
+            iy = y * sh - pt + i * dh
+            base = y * ow
+            if iy < 0 or iy >= h:
+                for xo in range(ow):
+                    col[row, base + xo] = 0.0
+                continue
+            for xo in range(lo):
+                col[row, base + xo] = 0.0
+            off = j * dw - pl
+            for xo in range(lo, hi):
+                col[row, base + xo] = x[c, iy, xo * sw + off]
+            for xo in range(hi, ow):
+                col[row, base + xo] = 0.0
 
 
 @njit(parallel=True, cache=True)
@@ -78,23 +87,30 @@ def depthwise(x, w, bias, sh, sw, pt, pl, dh, dw, act, lo, hi, out):
 
 @njit(parallel=True, cache=True)
 def max_pool(x, kh, kw, sh, sw, pt, pl, dh, dw, out):
+    """Row by row: each window column is swept over the output columns it stays inside the
+    image for, with no test in the inner loop."""
     c_in, h, w = x.shape
     _, oh, ow = out.shape
     for c in prange(c_in):
         for y in range(oh):
             for xo in range(ow):
-                m = -np.inf
-                for i in range(kh):
-                    iy = y * sh - pt + i * dh
-                    if iy < 0 or iy >= h:
-                        continue
-                    for j in range(kw):
-                        ix = xo * sw - pl + j * dw
-                        if ix >= 0 and ix < w:
-                            v = x[c, iy, ix]
-                            if v > m:
-                                m = v
-                out[c, y, xo] = m
+                out[c, y, xo] = -np.inf
+            for i in range(kh):
+                iy = y * sh - pt + i * dh
+                if iy < 0 or iy >= h:
+                    continue
+                for j in range(kw):
+                    off = j * dw - pl
+                    lo = 0
+                    while lo < ow and lo * sw + off < 0:
+                        lo += 1
+                    hi = ow
+                    while hi > lo and (hi - 1) * sw + off >= w:
+                        hi -= 1
+                    for xo in range(lo, hi):
+                        v = x[c, iy, xo * sw + off]
+                        if v > out[c, y, xo]:
+                            out[c, y, xo] = v
 
 
 @njit(parallel=True, cache=True)
@@ -196,3 +212,28 @@ def softmax_rows(x, out):
             s += e
         for i in range(n):
             out[r, i] /= s
+
+
+@njit(parallel=True, cache=True)
+def copy_rows(src, dst):
+    """dst[r, :] = src[r, :] for 2-D arrays of one shape (strided views allowed)."""
+    rows, cols = src.shape
+    for r in prange(rows):
+        for c in range(cols):
+            dst[r, c] = src[r, c]
+
+
+@njit(parallel=True, cache=True)
+def pad_planes(x, value, pt, pl, out):
+    """x: (P, H, W) planes into out: (P, H + pt + pb, W + pl + pr), the border = value."""
+    planes, h, w = x.shape
+    _, oh, ow = out.shape
+    for p in prange(planes):
+        for i in range(oh):
+            for j in range(ow):
+                ii = i - pt
+                jj = j - pl
+                if ii >= 0 and ii < h and jj >= 0 and jj < w:
+                    out[p, i, j] = x[p, ii, jj]
+                else:
+                    out[p, i, j] = value

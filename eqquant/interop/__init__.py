@@ -1,0 +1,1 @@
+"""Interchange with other frameworks: ONNX export (onnx_export.py). Needs the optional onnx extra."""
