@@ -3,13 +3,14 @@ Runtime, on the same zoo weights, in one run.
 
     python bench/runtime.py [--models seed004 resnet18 resnet50 mobilenet_v2] [--runs 20]
 
-Batch 1, both cores, idle threads sleeping in both runtimes. ONNX Runtime gets the original fp32 program (batch norms included: it folds
-them itself), exported by eqquant.interop.onnx_export, with 2 intra-op threads. After warm-up,
-eqquant and ONNX Runtime are timed alternately, run by run, and we report medians and the
-median of the per-pair ratios; the reference interpreter is timed a few times. Outputs are
-checked to agree. On a shared machine absolute times drift, so the ratios are the figures; the
-script refuses to run when other work keeps a core busy (--force overrides).
-It also reports the first inference of a fresh process whose kernel cache is warm.
+Batch 1, both cores, idle threads sleeping in both runtimes. ONNX Runtime gets the original
+fp32 program (batch norms included: it folds them itself), exported by
+eqquant.interop.onnx_export, with 2 intra-op threads. After warm-up, eqquant and ONNX Runtime
+are timed alternately, run by run, and we report medians and the median of the per-pair ratios;
+the reference interpreter is timed a few times. Outputs are checked to agree. On a shared
+machine absolute times drift, so the ratios are the figures; the script refuses to run when
+other work keeps a core busy (--force overrides). It also reports the first inference of a
+fresh process whose kernel cache is warm.
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """The main job, stage by stage, on a zoo model: what ``eqquant demo`` runs.
 
 Stages so far: build the model, write it as text IR + params, parse it back, type-check,
-check the round trip, run the reference interpreter, optimize (saturate with the simplify, bn_fold and
-fusion rules, extract under the CPU cost model, fold constants), write the result, run it on
-the Numba executor and check it against the original. Each stage reports what it did and how long it took.
+check the round trip, run the reference interpreter, optimize (saturate with the simplify,
+bn_fold and fusion rules, extract under the CPU cost model, fold constants), write the result,
+run it on the Numba executor and check it against the original. Each stage reports what it
+did and how long it took.
 """
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ from eqquant.ir.typecheck import check_module, infer_expr
 from eqquant.ir.types import TensorType
 from eqquant.ir.builder import Builder
 from eqquant.ir.nodes import freeze_attrs
-from eqquant.ops import get_op
 
 FLOAT32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
 PARAM_NAME = st.from_regex(r"\A[a-z_][a-z0-9_]{0,5}((::|\.)[a-z_][a-z0-9_]{0,4}|\.[0-9]{1,2}"

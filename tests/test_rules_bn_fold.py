@@ -1,11 +1,9 @@
 """rules/bn_fold.rules: batch-norm folding end to end, against the seeds."""
-import time
 
 import numpy as np
-import pytest
 
 from eqquant.ir.interp import run
-from eqquant.ir.nodes import Call, Constant, Function, Module, Scalar, post_order
+from eqquant.ir.nodes import Call, Constant, Function, Module, post_order
 from eqquant.ir.parser import parse
 from eqquant.ir.seeds import listings
 from eqquant.optimizer import optimize

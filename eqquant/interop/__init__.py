@@ -1,1 +1,2 @@
-"""Interchange with other frameworks: ONNX export (onnx_export.py). Needs the optional onnx extra."""
+"""Interchange with other frameworks: ONNX export (``onnx_export.py``), which needs the
+optional ``onnx`` extra."""

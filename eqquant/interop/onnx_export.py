@@ -15,7 +15,6 @@ from ..errors import EqquantError
 from ..ir.nodes import (Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var,
                         post_order)
 from ..ir.typecheck import infer_types
-from ..ir.types import TensorType
 from ..passes.inline import inline_calls
 
 OPSET = 17

@@ -37,7 +37,8 @@ def _check_value(name: str, value: Any, ty: Type) -> np.ndarray:
             raise EvalError(f"%{name} expects {ty.dtype}, got {arr.dtype}")
         return arr
     if isinstance(ty, TupleType):
-        return tuple(_check_value(f"{name}.{i}", v, t) for i, (v, t) in enumerate(zip(value, ty.fields)))
+        return tuple(_check_value(f"{name}.{i}", v, t)
+                     for i, (v, t) in enumerate(zip(value, ty.fields)))
     return value
 
 

@@ -46,8 +46,8 @@ _TERMINAL_TEXT = {
 }
 
 
-class _CommentSink:
-    """Collects block comments during a parse (the lexer callback appends to it)."""
+class CommentSink:
+    """Collects comments during a parse (a Lark lexer callback appends to it)."""
 
     def __init__(self) -> None:
         self.items: list[Token] = []
@@ -57,7 +57,7 @@ class _CommentSink:
         return tok
 
 
-_SINK = _CommentSink()
+_SINK = CommentSink()
 
 
 @lru_cache(maxsize=1)
@@ -418,9 +418,9 @@ class _Builder:
             tok = tree.children[0]
             inner, dtype = str(tok)[len("Tensor[("):].rsplit(")", 1)
             dtype = dtype.strip(" ,]\t\n")
+            col = tok.column + str(tok).index(dtype, len(inner))
             return TensorType(tuple(int(d) for d in _INTS.findall(inner)),
-                              self.dtype(Token("IDENT", dtype, line=tok.line,
-                                               column=tok.column + str(tok).index(dtype, len(inner)))))
+                              self.dtype(Token("IDENT", dtype, line=tok.line, column=col)))
         if kind == "tensor_type":
             *dims, dtype_tok = tree.children
             return TensorType(tuple(int(d) for d in dims if d is not None),

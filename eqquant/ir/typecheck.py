@@ -24,6 +24,11 @@ class Inferer:
         self.global_types: dict[str, FuncType] = {}
         self.in_progress: set[str] = set()
 
+    def remember(self, node: Expr, ty: Type) -> None:
+        """Record a type worked out elsewhere (keeping the node alive, as for every key)."""
+        self.types[id(node)] = ty
+        self._alive.append(node)
+
     def global_type(self, gv: GlobalVar) -> FuncType:
         if gv.name in self.global_types:
             return self.global_types[gv.name]

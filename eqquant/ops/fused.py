@@ -70,13 +70,15 @@ def _dense_semantics(x, w, b, *, activation, a_min, a_max, **attrs):
 
 CONV_NAMES = tuple(a.name for a in CONV2D_ATTRS)
 register(OpDef(
-    "fused.conv2d", inputs=("data", "weight", "bias"), props=frozenset({COMPUTE, FUSED}), kernel="eqquant.runtime.bindings:Conv2D",
+    "fused.conv2d", inputs=("data", "weight", "bias"), props=frozenset({COMPUTE, FUSED}),
+    kernel="eqquant.runtime.bindings:Conv2D",
     attrs=CONV2D_ATTRS + EPILOGUE_ATTRS,
     type_rel=lambda types, attrs: _epilogue_rel(conv2d_rel(types[:2], attrs), types, attrs),
     semantics=_conv_semantics, flops=conv2d_flops, unfuse=_unfuse("nn.conv2d", CONV_NAMES),
     doc="activation(conv2d(data, weight) + bias): a convolution with its epilogue"))
 register(OpDef(
-    "fused.dense", inputs=("data", "weight", "bias"), props=frozenset({COMPUTE, FUSED}), kernel="eqquant.runtime.bindings:Dense",
+    "fused.dense", inputs=("data", "weight", "bias"), props=frozenset({COMPUTE, FUSED}),
+    kernel="eqquant.runtime.bindings:Dense",
     attrs=tuple(a for a in get_op("nn.dense").attrs) + EPILOGUE_ATTRS,
     type_rel=lambda types, attrs: _epilogue_rel(dense_rel(types[:2], attrs), types, attrs),
     semantics=_dense_semantics, unfuse=_unfuse("nn.dense", ("units", "out_dtype")),

@@ -53,7 +53,8 @@ def conv2d_flops(ins, out, attrs) -> float:
 
 
 register(OpDef(
-    "nn.conv2d", inputs=("data", "weight"), props=frozenset({COMPUTE}), kernel="eqquant.runtime.bindings:Conv2D", attrs=CONV2D_ATTRS,
+    "nn.conv2d", inputs=("data", "weight"), props=frozenset({COMPUTE}),
+    kernel="eqquant.runtime.bindings:Conv2D", attrs=CONV2D_ATTRS,
     type_rel=conv2d_rel, semantics=numerics.conv2d, flops=conv2d_flops,
     doc="2-D convolution, NCHW data and OIHW weight; groups=C is depthwise"))
 
@@ -112,11 +113,13 @@ def _pool_rel(types, attrs):
     return TensorType((n, c, oh, ow), x.dtype)
 
 
-register(OpDef("nn.max_pool2d", inputs=("data",), props=frozenset({POOL}), kernel="eqquant.runtime.bindings:MaxPool2D", attrs=_POOL_ATTRS,
+register(OpDef("nn.max_pool2d", inputs=("data",), props=frozenset({POOL}),
+               kernel="eqquant.runtime.bindings:MaxPool2D", attrs=_POOL_ATTRS,
                type_rel=_pool_rel, semantics=numerics.max_pool2d,
                flops=lambda ins, out, a: float(out.size * a["pool_size"][0] * a["pool_size"][1]),
                doc="maximum over each window (padding never wins)"))
-register(OpDef("nn.avg_pool2d", inputs=("data",), props=frozenset({POOL}), kernel="eqquant.runtime.bindings:AvgPool2D",
+register(OpDef("nn.avg_pool2d", inputs=("data",), props=frozenset({POOL}),
+               kernel="eqquant.runtime.bindings:AvgPool2D",
                attrs=_POOL_ATTRS + (Attr("count_include_pad", BOOL, False),),
                type_rel=_pool_rel, semantics=numerics.avg_pool2d,
                flops=lambda ins, out, a: float(out.size * a["pool_size"][0] * a["pool_size"][1]),
@@ -133,7 +136,8 @@ def _global_avg_pool(x, *, layout, out_layout):
     return (acc if x.dtype.kind == "f" else np.trunc(acc)).astype(x.dtype)
 
 
-register(OpDef("nn.global_avg_pool2d", inputs=("data",), props=frozenset({POOL}), kernel="eqquant.runtime.bindings:GlobalAvgPool2D",
+register(OpDef("nn.global_avg_pool2d", inputs=("data",), props=frozenset({POOL}),
+               kernel="eqquant.runtime.bindings:GlobalAvgPool2D",
                attrs=(Attr("layout", NCHW, "NCHW"), Attr("out_layout", OUT_LAYOUT, "")),
                type_rel=_global_pool_rel, semantics=_global_avg_pool,
                flops=lambda ins, out, a: float(ins[0].size),
@@ -155,7 +159,8 @@ def dense(x, w, *, units, out_dtype, **_ignored):
     return np.matmul(x.astype(acc), w.astype(acc).T).astype(out_dtype or x.dtype)
 
 
-register(OpDef("nn.dense", inputs=("data", "weight"), props=frozenset({COMPUTE}), kernel="eqquant.runtime.bindings:Dense",
+register(OpDef("nn.dense", inputs=("data", "weight"), props=frozenset({COMPUTE}),
+               kernel="eqquant.runtime.bindings:Dense",
                attrs=(Attr("units", OPT_INT, None), Attr("out_dtype", DTYPE, "")),
                type_rel=dense_rel, semantics=dense, doc="x @ weight.T, weight is (units, K)",
                flops=lambda ins, out, a: 2.0 * out.size * ins[1].shape[1]))

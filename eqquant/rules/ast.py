@@ -7,6 +7,7 @@ and :class:`PProj`. Guards are data too (:class:`Guard`), so a rule prints back 
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -126,10 +127,6 @@ class Rule:
     ruleset: str = ""
 
     @property
-    def where_loc(self) -> str:
-        return str(self.loc) if self.loc else "?"
-
-    @property
     def needs_types(self) -> bool:
         return any(g.kind in ("dtype", "rank", "shape") for g in self.guards)
 
@@ -146,67 +143,50 @@ class RuleSet:
         return any(r.needs_types for r in self.rules)
 
 
+def walk(p: Pattern):
+    """Every sub-pattern of ``p``, ``p`` first, operands in order."""
+    yield p
+    if isinstance(p, PCall):
+        for a in p.args:
+            yield from walk(a)
+    elif isinstance(p, PTuple):
+        for f in p.fields:
+            yield from walk(f)
+    elif isinstance(p, PProj):
+        yield from walk(p.inner)
+
+
 def pattern_vars(p: Pattern) -> list[str]:
     """Expression variables of a pattern, in order of first appearance."""
-    out: list[str] = []
-
-    def walk(q):
-        if isinstance(q, PVar):
-            if q.name not in out:
-                out.append(q.name)
-        elif isinstance(q, PCall):
-            for a in q.args:
-                walk(a)
-        elif isinstance(q, PTuple):
-            for f in q.fields:
-                walk(f)
-        elif isinstance(q, PProj):
-            walk(q.inner)
-    walk(p)
-    return out
+    return list(dict.fromkeys(q.name for q in walk(p) if isinstance(q, PVar)))
 
 
 def attr_vars(p: Pattern) -> dict[str, tuple[OpRef, str]]:
     """Attribute variables -> (the op and attribute that bind them); ``..?rest`` included
-    under its own name with attribute "..".""" 
+    under its own name with attribute ".."."""
     out: dict[str, tuple[OpRef, str]] = {}
-
-    def walk(q):
+    for q in walk(p):
         if isinstance(q, PCall):
             for k, v in q.attrs:
                 if isinstance(v, AttrVar):
                     out.setdefault(v.name, (q.op, k))
             if q.rest:
                 out.setdefault(q.rest, (q.op, ".."))
-            for a in q.args:
-                walk(a)
-        elif isinstance(q, PTuple):
-            for f in q.fields:
-                walk(f)
-        elif isinstance(q, PProj):
-            walk(q.inner)
-        elif isinstance(q, PLit) and q.var:
-            pass
-    walk(p)
     return out
 
 
 def op_sets(p: Pattern) -> dict[str, OpRef]:
-    out: dict[str, OpRef] = {}
+    return {q.op.label: q.op for q in walk(p) if isinstance(q, PCall) and q.op.is_set}
 
-    def walk(q):
-        if isinstance(q, PCall):
-            if q.op.is_set:
-                out.setdefault(q.op.label, q.op)
-            for a in q.args:
-                walk(a)
-        elif isinstance(q, PTuple):
-            for f in q.fields:
-                walk(f)
-        elif isinstance(q, PProj):
-            walk(q.inner)
-    walk(p)
-    return out
+
+def expansions(rule: "Rule"):
+    """(ops for each op-set label, variant suffix) for each op a rule's sets can be: a rule
+    over ``{nn.relu, clip}`` is checked and compiled once per op."""
+    sets = op_sets(rule.lhs)
+    labels = list(sets)
+    for combo in itertools.product(*[sets[label].ops for label in labels]):
+        yield dict(zip(labels, combo)), ("[" + ", ".join(o.name for o in combo) + "]"
+                                         if combo else "")
 
 
 def format_pattern(p: Pattern) -> str:

@@ -13,7 +13,6 @@ within the declared ``rtol``/``atol`` for an ``approx`` rule.
 """
 from __future__ import annotations
 
-import itertools
 import math
 import random
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from ..ops.attrs import (AttrKind, BoolKind, DTypeKind, FloatKind, IntKind, Ints
                          OptionalKind, REQUIRED, StrKind)
 from ..ops.registry import OpDef, OpTypeError
 from .ast import (AttrLit, AttrVar, PCall, PLit, PProj, PTuple, PVar, Pattern, Rule, RuleSet,
-                  op_sets)
+                  expansions)
 
 EXACT_RTOL = 1e-5
 
@@ -186,8 +185,7 @@ class _Instance:
                     shape = _shape_pool(self.rng, self.rank.get(name),
                                         _RANK_HINTS.get((op.name, i)))
                 trial[name] = args[i] = self.new_var(name, shape)
-                self.types.types[id(args[i])] = args[i].type
-                self.types._alive.append(args[i])
+                self.types.remember(args[i], args[i].type)
             for k, v in given.items():  # shape(?x) == ?s: the attribute is ?x's shape
                 if isinstance(v, AttrVar) and v.name in self.shape_attr:
                     var = trial.get(self.shape_attr[v.name]) or self.vars.get(
@@ -200,8 +198,7 @@ class _Instance:
                 t = self.types.node(node)  # the operands are typed already
             except (OpTypeError, EqquantError, ValueError, TypeError):
                 continue
-            self.types.types[id(node)] = t
-            self.types._alive.append(node)
+            self.types.remember(node, t)
             for i in free:
                 _RANK_HINTS.setdefault((op.name, i), set()).add(len(args[i].type.shape))
             self.vars.update(trial)
@@ -293,14 +290,8 @@ def _compare(a, b, rule: Rule) -> tuple[bool, float]:
 
 
 def check_rule(rule: Rule, trials: int = 5, seed: int = 0) -> list[RuleCheck]:
-    sets = op_sets(rule.lhs)
-    labels = list(sets)
-    out = []
-    for combo in itertools.product(*[sets[label].ops for label in labels]):
-        ops = dict(zip(labels, combo))
-        variant = "[" + ", ".join(o.name for o in combo) + "]" if combo else ""
-        out.append(_check_variant(rule, ops, variant, trials, seed))
-    return out
+    return [_check_variant(rule, ops, variant, trials, seed) for ops, variant in
+            expansions(rule)]
 
 
 def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,

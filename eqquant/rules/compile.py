@@ -23,7 +23,7 @@ from ..egraph.schema import attr_sort, egg_name, egg_string, encode_attr, scalar
 from ..ops.attrs import REQUIRED, format_value
 from ..ops.registry import OpDef
 from .ast import (AttrLit, AttrVar, Guard, PCall, PLit, PProj, PTuple, PVar, Pattern, Rule,
-                  RuleSet, op_sets)
+                  RuleSet, expansions)
 from ..errors import RuleError
 
 WEAK = "weak"
@@ -223,12 +223,8 @@ def _compile_one(rule: Rule, lhs: Pattern, rhs: Pattern, where: dict[str, Patter
 
 
 def compile_rule(rule: Rule, ruleset: str) -> list[tuple[CompiledRule, str]]:
-    sets = op_sets(rule.lhs)
-    labels = list(sets)
     out = []
-    for combo in itertools.product(*[sets[label].ops for label in labels]):
-        ops = dict(zip(labels, combo))
-        suffix = "[" + ", ".join(o.name for o in combo) + "]" if combo else ""
+    for ops, suffix in expansions(rule):
         out.append(_compile_one(rule, rule.lhs, rule.rhs, rule.where, ops, rule.name + suffix,
                                 ruleset))
         if rule.bidirectional:

@@ -18,25 +18,16 @@ from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedInput
 
 from ..errors import EqquantError, RuleError, SourceLoc
-from ..ir.parser import _decode_number, _syntax_error_with, _unquote
+from ..ir.parser import CommentSink, _decode_number, _syntax_error_with, _unquote
 from ..ir.types import DTYPES
 from ..ops.attrs import AttrValueError
 from ..ops.registry import BINARY, ELEMWISE, UNARY, all_ops, get_op, has_op
 from ..resources import grammar_path, rules_dir
 from .ast import (AttrLit, AttrVar, Guard, OpRef, PCall, PLit, PProj, PTuple, PVar, Pattern,
-                  Rule, RuleSet, attr_vars, op_sets, pattern_vars)
+                  Rule, RuleSet, attr_vars, op_sets, pattern_vars, walk)
 
 
-class _Comments:
-    def __init__(self) -> None:
-        self.items: list[Token] = []
-
-    def __call__(self, tok: Token) -> Token:
-        self.items.append(tok)
-        return tok
-
-
-_COMMENTS = _Comments()
+_COMMENTS = CommentSink()
 
 
 @lru_cache(maxsize=1)
@@ -56,7 +47,8 @@ def resolve_rules_path(name: str | Path, base: Path | None = None) -> Path:
     for c in candidates:
         if c.is_file():
             return c
-    raise RuleError(f"no rules file '{name}' (looked in {', '.join(str(c.parent) for c in candidates)})")
+    where = ", ".join(dict.fromkeys(str(c.parent) for c in candidates))
+    raise RuleError(f"no rules file '{name}' (looked in {where})")
 
 
 def load_rules(path: str | Path, _stack: tuple[Path, ...] = ()) -> RuleSet:
@@ -212,12 +204,8 @@ class _Builder:
         if kind == "var":
             return PVar(str(t.children[0]), self.loc(t))
         if kind == "literal":
-            tok = t.children[0]
-            try:
-                value, dtype = _decode_number(tok)
-            except ValueError as e:
-                raise self.error(f"bad literal: {e}", tok) from None
-            return PLit(value, dtype, self.loc(tok))
+            value, dtype = self.number(t.children[0])
+            return PLit(value, dtype, self.loc(t.children[0]))
         if kind == "tuple":
             return PTuple(tuple(self.pattern(c) for c in t.children), self.loc(t))
         if kind == "proj":
@@ -287,19 +275,21 @@ class _Builder:
                                  f"({', '.join(o.inputs)}), got {len(args)}", op_t)
         return PCall(op, tuple(args), tuple(attrs.items()), rest, self.loc(t))
 
+    def number(self, tok: Token):
+        try:
+            return _decode_number(tok)
+        except ValueError as e:
+            raise self.error(f"bad literal: {e}", tok) from None
+
     def attr_value(self, t):
         kind = t.data
         if kind == "a_var":
             return AttrVar(str(t.children[0]), self.loc(t))
         if kind == "a_number":
-            tok = t.children[0]
-            try:
-                value, dtype = _decode_number(tok)
-            except ValueError as e:
-                raise self.error(f"bad literal: {e}", tok) from None
+            value, dtype = self.number(t.children[0])
             if dtype is not None and dtype.startswith("float"):
                 value = float(value)
-            return AttrLit(value, self.loc(tok))
+            return AttrLit(value, self.loc(t.children[0]))
         if kind == "a_string":
             return AttrLit(_unquote(str(t.children[0])), self.loc(t))
         if kind == "a_ints":
@@ -330,18 +320,6 @@ def _weaken_attr_vars(p: Pattern, avars: set[str]) -> Pattern:
     if isinstance(p, PProj):
         return PProj(_weaken_attr_vars(p.inner, avars), p.index, p.loc)
     return p
-
-
-def _walk(p: Pattern):
-    yield p
-    if isinstance(p, PCall):
-        for a in p.args:
-            yield from _walk(a)
-    elif isinstance(p, PTuple):
-        for f in p.fields:
-            yield from _walk(f)
-    elif isinstance(p, PProj):
-        yield from _walk(p.inner)
 
 
 def _static_dtype(p: Pattern, known: dict[str, str], b: _Builder) -> str | None:
@@ -435,7 +413,7 @@ def check_rule(rule: Rule, b: _Builder) -> None:
 
 def _check_uses(p: Pattern, bound: set[str], avars: dict, sets: dict[str, OpRef],
                 b: _Builder) -> None:
-    for q in _walk(p):
+    for q in walk(p):
         if isinstance(q, PVar) and q.name not in bound:
             raise b.error(f"{q.name} is not bound by the left side", q.loc)
         if isinstance(q, PCall):
