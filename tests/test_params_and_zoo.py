@@ -84,3 +84,22 @@ def test_mobilenet_has_depthwise_and_relu6():
     assert len(depthwise) == 17
     clips = [n for n in post_order(mod.main.body) if isinstance(n, Call) and n.op_name == "clip"]
     assert clips and all((c.attrs["a_min"], c.attrs["a_max"]) == (0.0, 6.0) for c in clips)
+
+
+def test_global_functions_are_called_and_inlined():
+    from eqquant.passes.inline import inline_calls
+    mod = parse("""def @helper(%a: Tensor[(2), float32]) -> Tensor[(2), float32] {
+  nn.relu(%a)
+}
+def @main(%x: Tensor[(2), float32]) {
+  %0 = @helper(%x);
+  add(%0, @helper(%0))
+}
+""")
+    check_module(mod)
+    x = np.array([-1.0, 2.0], np.float32)
+    np.testing.assert_array_equal(run(mod, {"x": x}), [0.0, 4.0])
+    flat = inline_calls(mod)
+    assert list(flat.functions) == ["main"]
+    np.testing.assert_array_equal(run(flat, {"x": x}), [0.0, 4.0])
+    assert parse(print_module(mod)) == mod

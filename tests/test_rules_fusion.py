@@ -73,3 +73,20 @@ def test_mobilenet_relu6_fuses_as_clip():
     dense = [c for c in post_order(result.module.main.body)
              if isinstance(c, Call) and c.op_name == "fused.dense"]
     assert len(dense) == 1
+
+
+def test_conv_relu_without_bias_fuses_and_runs():
+    from eqquant.ir.builder import Builder
+    from eqquant.runtime.executor import Executor
+    rng = np.random.default_rng(0)
+    b = Builder()
+    x = b.input("x", (1, 3, 8, 8))
+    w = b.param("w", rng.normal(size=(4, 3, 3, 3)).astype("float32"))
+    mod, params = b.finish(b.call("nn.relu", b.call("nn.conv2d", x, w, padding=1)))
+    result = optimize(mod, params, ["fusion"])
+    calls = [n for n in post_order(result.module.main.body) if isinstance(n, Call)]
+    assert [c.op_name for c in calls] == ["fused.conv2d"]
+    assert calls[0].attrs["activation"] == "relu"
+    xv = {"x": rng.normal(size=(1, 3, 8, 8)).astype("float32")}
+    np.testing.assert_allclose(Executor(result.module).run(xv), run(mod, xv, params),
+                               rtol=1e-5, atol=1e-5)
