@@ -121,7 +121,7 @@ def test_concatenate_and_pad_kernels():
 
 @pytest.mark.parametrize("name", ["resnet18", "resnet50", "mobilenet_v2"])
 def test_models_run_on_the_executor(name):
-    m = build(name, image_size=96)
+    m = build(name)  # 224 x 224, as the zoo makes them
     r = optimize(m.module, m.params, ["simplify", "bn_fold", "fusion"],
                  "simplify; bn_fold; simplify; fusion")
     ex = Executor(r.module)
@@ -140,3 +140,16 @@ def test_memory_plan_reuses_buffers():
     ex = Executor(r.module)
     distinct = {id(b) for b in ex.buffers.values()}
     assert len(distinct) < len(ex.buffers) / 2
+
+
+def test_kernels_are_cached_on_disk():
+    """cache=True: compiled kernels are written beside the module, for the next process."""
+    import pathlib
+    import eqquant.runtime.kernels_fp32 as kernels
+    m = build("seed004", image_size=32)
+    r = optimize(m.module, m.params, ["simplify", "bn_fold", "fusion"],
+                 "simplify; bn_fold; simplify; fusion")
+    Executor(r.module).run(m.inputs)
+    cache = pathlib.Path(kernels.__file__).parent / "__pycache__"
+    index = {p.name.split(".")[1].rsplit("-", 1)[0] for p in cache.glob("kernels_fp32.*.nbi")}
+    assert {"im2col", "bias_act", "max_pool"} <= index

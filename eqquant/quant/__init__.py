@@ -1,0 +1,3 @@
+"""Quantization: fixed-point requantization arithmetic (``fixed_point.py``) and calibration
+(``calibrate.py``: observers, TVM's KL-divergence threshold search, weight scales, the
+calibration table)."""

@@ -1,0 +1,185 @@
+"""Calibration: the range of each value over a calibration set, and the scales that follow.
+
+Observers (one per value, fed batch by batch):
+
+- ``minmax``: the smallest and largest value seen.
+- ``percentile``: the given percentile (default 99.999) of |x|, as a symmetric range.
+- ``kl_divergence``: TVM's (and MXNet's) threshold search: an 8001-bin histogram of x over
+  [-max|x|, max|x|], then for each candidate threshold the clipped distribution p is compared
+  with its 255-level quantization q (both smoothed) and the threshold of least KL(p || q) wins.
+
+Weight scales (``weight_scale``): ``max`` (max|w| / 127) or ``power2`` (rounded up to a power of
+two), per tensor or per output channel.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+NUM_BINS = 8001
+NUM_QUANTIZED_BINS = 255
+
+
+def smooth_distribution(p: np.ndarray, eps: float = 1e-4) -> np.ndarray | None:
+    """Move a little mass (eps) onto empty bins, taken evenly from the others; None when it
+    cannot (all empty, or too few non-empty bins to give it)."""
+    is_zero = p == 0
+    n_zero = int(is_zero.sum())
+    n_nonzero = p.size - n_zero
+    if n_nonzero == 0:
+        return None
+    eps1 = eps * n_zero / n_nonzero
+    if eps1 >= 1.0:
+        return None
+    return p.astype(np.float64) + eps * is_zero - eps1 * (~is_zero)
+
+
+def kl_divergence(p: np.ndarray, q: np.ndarray) -> float:
+    p = p / p.sum()
+    q = q / q.sum()
+    mask = (p > 0) & (q > 0)
+    return float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
+
+
+def kl_threshold(hist: np.ndarray, edges: np.ndarray,
+                 num_quantized_bins: int = NUM_QUANTIZED_BINS) -> float:
+    """The threshold of least KL divergence over a symmetric histogram (TVM's MinimizeKL)."""
+    num_bins = hist.size
+    zero = num_bins // 2
+    half_q = num_quantized_bins // 2
+    hist = hist.astype(np.float64)
+    best, best_threshold = np.inf, float(edges[-1])
+    cumulative = np.concatenate([[0.0], np.cumsum(hist)])
+    for i in range(half_q, zero + 1):
+        start, stop = zero - i, zero + i + 1
+        sliced = hist[start:stop].copy()
+        p = sliced.copy()
+        p[0] = cumulative[start + 1]                      # everything left of the window
+        p[-1] = cumulative[num_bins] - cumulative[stop - 1]  # and right of it
+        # merge the window into num_quantized_bins levels (the last takes the remainder) and
+        # spread each level's mass evenly over its non-empty bins
+        merged = sliced.size // num_quantized_bins
+        body = sliced[: num_quantized_bins * merged].reshape(num_quantized_bins, merged)
+        totals = body.sum(axis=1)
+        counts = np.count_nonzero(body, axis=1)
+        rest = sliced[num_quantized_bins * merged:]
+        totals[-1] += rest.sum()
+        counts[-1] += np.count_nonzero(rest)
+        level = np.where(counts > 0, totals / np.maximum(counts, 1), 0.0)
+        q = np.concatenate([np.repeat(level, merged), np.full(rest.size, level[-1])])
+        q = np.where(p != 0, q, 0.0)
+        ps, qs = smooth_distribution(p), smooth_distribution(q)
+        div = np.inf if ps is None or qs is None else kl_divergence(ps, qs)
+        if div < best:
+            best, best_threshold = div, float(edges[stop])
+    return best_threshold
+
+
+def find_scale_by_kl(x: np.ndarray, num_bins: int = NUM_BINS,
+                     num_quantized_bins: int = NUM_QUANTIZED_BINS) -> float:
+    """The KL threshold of a sample (TVM's _find_scale_by_kl)."""
+    thres = float(np.max(np.abs(x)))
+    if thres == 0.0:
+        return 0.0
+    hist, edges = np.histogram(x, bins=num_bins, range=(-thres, thres))
+    return kl_threshold(hist, edges, num_quantized_bins)
+
+
+@dataclass
+class Range:
+    """A value's calibrated range; ``scale`` for symmetric int8 is max(|lo|, |hi|) / 127."""
+
+    lo: float
+    hi: float
+
+    @property
+    def absmax(self) -> float:
+        return max(abs(self.lo), abs(self.hi))
+
+    def scale(self, qmax: int = 127) -> float:
+        return self.absmax / qmax if self.absmax else 1.0
+
+
+class Observer:
+    def update(self, x: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def range(self) -> Range:
+        raise NotImplementedError
+
+
+class MinMax(Observer):
+    def __init__(self) -> None:
+        self.lo, self.hi = np.inf, -np.inf
+
+    def update(self, x):
+        self.lo = min(self.lo, float(np.min(x)))
+        self.hi = max(self.hi, float(np.max(x)))
+
+    def range(self):
+        return Range(self.lo, self.hi)
+
+
+class Percentile(Observer):
+    def __init__(self, percentile: float = 99.999) -> None:
+        self.percentile = percentile
+        self.samples: list[np.ndarray] = []
+
+    def update(self, x):
+        self.samples.append(np.abs(np.asarray(x, np.float32)).ravel())
+
+    def range(self):
+        t = float(np.percentile(np.concatenate(self.samples), self.percentile))
+        return Range(-t, t)
+
+
+class KLDivergence(Observer):
+    """Keeps the samples (TVM keeps every output of the calibration runs too) and searches
+    the threshold once, over all of them."""
+
+    def __init__(self) -> None:
+        self.samples: list[np.ndarray] = []
+
+    def update(self, x):
+        self.samples.append(np.asarray(x, np.float32).ravel())
+
+    def range(self):
+        t = find_scale_by_kl(np.concatenate(self.samples))
+        return Range(-t, t)
+
+
+OBSERVERS = {"minmax": MinMax, "percentile": Percentile, "kl_divergence": KLDivergence}
+
+
+def weight_scale(w: np.ndarray, mode: str = "max", per_channel: bool = False,
+                 qmax: int = 127) -> np.ndarray:
+    """Symmetric int8 weight scales: one, or one per output channel (axis 0)."""
+    a = np.abs(w.reshape(w.shape[0], -1)).max(axis=1) if per_channel else \
+        np.array([np.abs(w).max()])
+    a = np.where(a == 0, 1.0, a).astype(np.float64)
+    if mode == "power2":
+        a = 2.0 ** np.ceil(np.log2(a))
+    elif mode != "max":
+        raise ValueError(f"weight_scale must be max or power2, not {mode!r}")
+    return a / qmax
+
+
+@dataclass
+class CalibrationTable:
+    """Value name -> range, with how they were found; saved as JSON beside the program."""
+
+    mode: str
+    ranges: dict[str, Range]
+
+    def save(self, path: str | Path) -> None:
+        from ..ir.params import atomic_write
+        data = {"mode": self.mode, "ranges": {k: asdict(v) for k, v in self.ranges.items()}}
+        atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=1)))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CalibrationTable":
+        data = json.loads(Path(path).read_text())
+        return cls(data["mode"], {k: Range(**v) for k, v in data["ranges"].items()})
