@@ -30,7 +30,9 @@ class Builder:
         return v
 
     def param(self, name: str, value: np.ndarray) -> Var:
-        value = np.ascontiguousarray(value)
+        value = np.asarray(value)  # (np.ascontiguousarray would make a 0-d array 1-d)
+        if not value.flags.c_contiguous:
+            value = value.copy()
         v = self.input(name, value.shape, str(value.dtype))
         self.values[name] = value
         return v

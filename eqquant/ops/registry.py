@@ -120,7 +120,7 @@ def register(op: OpDef) -> OpDef:
 
 def _ensure_loaded() -> None:
     if not _OPS:
-        from . import fused, nn, quant, tensor  # noqa: F401  (registration side effects)
+        from . import fused, nn, qnn, quant, tensor  # noqa: F401  (registration side effects)
 
 
 def get_op(name: str) -> OpDef:

@@ -1,0 +1,229 @@
+"""Quantized ops in TVM's QNN vocabulary. Scales and zero points are operands (scalars, or
+vectors along ``axis`` for per-channel parameters), so rules can match and move them.
+
+    qnn.quantize(x, s, z)         clip(round(x / s) + z)                 float -> int8/uint8
+    qnn.dequantize(q, s, z)       (q - z) * s                            int -> float32
+    qnn.requantize(q, s1, z1, s2, z2)   (q - z1) * s1 / s2 + z2 in fixed point (Q31 multiplier
+                                  and shift, ties UPWARD or TONEAREST), clipped
+    qnn.conv2d(x, w, zx, zw, sx, sw)    sum (x - zx)(w - zw): int32 accumulation
+    qnn.dense(x, w, zx, zw, sx, sw)     the same for dense
+    qnn.add(a, b, sa, za, sb, zb, so, zo)  both requantized to (so, zo), then added, clipped
+
+Rounding of ``qnn.quantize`` is half to even (numpy's round, LLVM's nearbyint).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.types import TensorType, is_float, is_int
+from . import numerics
+from .attrs import DTYPE_REQUIRED, INT, OPT_INT, Attr, DTypeKind, StrKind
+from .nn import CONV2D_ATTRS, conv2d_flops, conv2d_rel, dense_rel
+from .registry import COMPUTE, QUANT, OpDef, OpTypeError, register
+from .typerel import tensor
+
+QDTYPE = DTypeKind("dtype", allow_empty=False)
+ROUNDING = StrKind("rounding", ("UPWARD", "TONEAREST"))
+
+
+def _param(types, i: int, name: str, data: TensorType, axis: int, floating: bool) -> None:
+    t = tensor(types, i, name)
+    if floating and t.dtype != "float32":
+        raise OpTypeError(f"argument {i + 1} ('{name}') must be float32, got {t.dtype}", i)
+    if not floating and t.dtype != "int32":
+        raise OpTypeError(f"argument {i + 1} ('{name}') must be int32, got {t.dtype}", i)
+    if t.rank == 0:
+        return
+    channels = data.shape[axis % data.rank] if data.rank else 1
+    if t.rank != 1 or t.shape[0] not in (1, channels):
+        raise OpTypeError(f"argument {i + 1} ('{name}') must be a scalar or have "
+                          f"{channels} values (axis {axis}), got {t}", i)
+
+
+def _along(v: np.ndarray, ndim: int, axis: int) -> np.ndarray:
+    """A scalar or per-channel parameter shaped to broadcast along ``axis``."""
+    v = np.asarray(v)
+    if v.ndim == 0 or v.size == 1:
+        return v.reshape(())
+    shape = [1] * ndim
+    shape[axis % ndim] = -1
+    return v.reshape(shape)
+
+
+def _saturate(v: np.ndarray, dtype: str) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return np.clip(v, info.min, info.max).astype(dtype)
+
+
+# -- quantize / dequantize / requantize -------------------------------------------------------
+
+def _quantize_rel(types, attrs):
+    x = tensor(types, 0, "data")
+    if not is_float(x.dtype):
+        raise OpTypeError(f"qnn.quantize takes a float tensor, got {x.dtype}", 0)
+    _param(types, 1, "output_scale", x, attrs["axis"], True)
+    _param(types, 2, "output_zero_point", x, attrs["axis"], False)
+    if attrs["out_dtype"] not in ("int8", "uint8", "int32"):
+        raise OpTypeError("out_dtype must be int8, uint8 or int32")
+    return TensorType(x.shape, attrs["out_dtype"])
+
+
+def _quantize(x, scale, zp, *, axis, out_dtype):
+    s = _along(scale, x.ndim, axis).astype(np.float32)
+    z = _along(zp, x.ndim, axis).astype(np.int64)
+    q = np.round(x.astype(np.float32) / s).astype(np.int64) + z
+    return _saturate(q, out_dtype)
+
+
+register(OpDef("qnn.quantize", inputs=("data", "output_scale", "output_zero_point"),
+               props=frozenset({QUANT}),
+               attrs=(Attr("axis", INT, -1), Attr("out_dtype", QDTYPE, "int8")),
+               type_rel=_quantize_rel, semantics=_quantize,
+               doc="clip(round(x / scale) + zero_point) to out_dtype"))
+
+
+def _dequantize_rel(types, attrs):
+    q = tensor(types, 0, "data")
+    if not is_int(q.dtype):
+        raise OpTypeError(f"qnn.dequantize takes an integer tensor, got {q.dtype}", 0)
+    _param(types, 1, "input_scale", q, attrs["axis"], True)
+    _param(types, 2, "input_zero_point", q, attrs["axis"], False)
+    return TensorType(q.shape, "float32")
+
+
+def _dequantize(q, scale, zp, *, axis):
+    s = _along(scale, q.ndim, axis).astype(np.float32)
+    z = _along(zp, q.ndim, axis).astype(np.int64)
+    return ((q.astype(np.int64) - z).astype(np.float32) * s).astype(np.float32)
+
+
+register(OpDef("qnn.dequantize", inputs=("data", "input_scale", "input_zero_point"),
+               props=frozenset({QUANT}), attrs=(Attr("axis", INT, -1),),
+               type_rel=_dequantize_rel, semantics=_dequantize,
+               doc="(q - zero_point) * scale, as float32"))
+
+
+def _requantize_rel(types, attrs):
+    q = tensor(types, 0, "data")
+    if not is_int(q.dtype):
+        raise OpTypeError(f"qnn.requantize takes an integer tensor, got {q.dtype}", 0)
+    for i, (name, fl) in enumerate((("input_scale", True), ("input_zero_point", False),
+                                    ("output_scale", True), ("output_zero_point", False)),
+                                   start=1):
+        _param(types, i, name, q, attrs["axis"], fl)
+    return TensorType(q.shape, attrs["out_dtype"])
+
+
+def requantize_values(q, in_scale, in_zp, out_scale, out_zp, axis, rounding, out_dtype):
+    """The integer arithmetic of qnn.requantize (shared with qnn.add)."""
+    from ..quant.fixed_point import quantize_multiplier
+    q = q.astype(np.int64) - _along(in_zp, q.ndim, axis).astype(np.int64)
+    ratio = (np.asarray(in_scale, np.float64).reshape(-1) /
+             np.asarray(out_scale, np.float64).reshape(-1))
+    if ratio.size == 1:
+        m, s = quantize_multiplier(float(ratio[0]))
+        v = numerics.fixed_point_multiply(q, m, s, rounding)
+    else:
+        ax = axis % q.ndim
+        moved = np.moveaxis(q, ax, 0)
+        v = np.empty_like(moved)
+        for c in range(moved.shape[0]):
+            m, s = quantize_multiplier(float(ratio[c]))
+            v[c] = numerics.fixed_point_multiply(moved[c], m, s, rounding)
+        v = np.moveaxis(v, 0, ax)
+    v = v + _along(out_zp, q.ndim, axis).astype(np.int64)
+    return _saturate(v, out_dtype)
+
+
+def _requantize(q, in_scale, in_zp, out_scale, out_zp, *, axis, rounding, out_dtype):
+    return requantize_values(q, in_scale, in_zp, out_scale, out_zp, axis, rounding, out_dtype)
+
+
+register(OpDef(
+    "qnn.requantize",
+    inputs=("data", "input_scale", "input_zero_point", "output_scale", "output_zero_point"),
+    props=frozenset({QUANT}),
+    attrs=(Attr("axis", INT, -1), Attr("rounding", ROUNDING, "UPWARD"),
+           Attr("out_dtype", QDTYPE, "int8")),
+    type_rel=_requantize_rel, semantics=_requantize,
+    doc="(q - z1) * s1 / s2 + z2 with a Q31 fixed-point multiplier, saturated"))
+
+
+# -- integer compute ---------------------------------------------------------------------------
+
+def _qcompute_rel(core_rel):
+    def rel(types, attrs):
+        x = tensor(types, 0, "data")
+        w = tensor(types, 1, "weight")
+        if x.dtype not in ("int8", "uint8") or w.dtype not in ("int8", "uint8"):
+            raise OpTypeError(f"takes int8/uint8 data and weight, got {x.dtype} and {w.dtype}",
+                              0)
+        _param(types, 2, "input_zero_point", x, 1, False)
+        _param(types, 3, "kernel_zero_point", w, 0, False)
+        _param(types, 4, "input_scale", x, 1, True)
+        _param(types, 5, "kernel_scale", w, 0, True)
+        out = core_rel(types[:2], {**attrs, "out_dtype": "int32"})
+        return TensorType(out.shape, attrs["out_dtype"])
+    return rel
+
+
+def _qconv2d(x, w, zx, zw, sx, sw, **attrs):
+    xi = x.astype(np.int64) - np.asarray(zx).astype(np.int64).reshape(())
+    wi = w.astype(np.int64) - _along(zw, w.ndim, 0).astype(np.int64)
+    out_dtype = attrs["out_dtype"]
+    return numerics.conv2d(xi, wi, **{**attrs, "out_dtype": "int64"}).astype(out_dtype)
+
+
+def _qdense(x, w, zx, zw, sx, sw, *, units, out_dtype):
+    xi = x.astype(np.int64) - np.asarray(zx).astype(np.int64).reshape(())
+    wi = w.astype(np.int64) - _along(zw, w.ndim, 0).astype(np.int64)
+    return np.matmul(xi, wi.T).astype(out_dtype)
+
+
+QINPUTS = ("data", "weight", "input_zero_point", "kernel_zero_point", "input_scale",
+           "kernel_scale")
+register(OpDef(
+    "qnn.conv2d", inputs=QINPUTS, props=frozenset({COMPUTE, QUANT}),
+    attrs=tuple(a for a in CONV2D_ATTRS if a.name != "out_dtype")
+    + (Attr("out_dtype", DTYPE_REQUIRED, "int32"),),
+    type_rel=_qcompute_rel(conv2d_rel), semantics=_qconv2d, flops=conv2d_flops,
+    doc="conv2d of (data - zx) and (weight - zw), accumulated in int32"))
+register(OpDef(
+    "qnn.dense", inputs=QINPUTS, props=frozenset({COMPUTE, QUANT}),
+    attrs=(Attr("units", OPT_INT, None), Attr("out_dtype", DTYPE_REQUIRED, "int32")),
+    type_rel=_qcompute_rel(dense_rel), semantics=_qdense,
+    flops=lambda ins, out, a: 2.0 * out.size * ins[1].shape[1],
+    doc="dense of (data - zx) and (weight - zw), accumulated in int32"))
+
+
+def _qadd_rel(types, attrs):
+    a = tensor(types, 0, "lhs")
+    b = tensor(types, 1, "rhs")
+    if a.dtype != b.dtype or not is_int(a.dtype):
+        raise OpTypeError(f"qnn.add takes two integer tensors of one dtype, got {a.dtype} "
+                          f"and {b.dtype}", 1)
+    if a.shape != b.shape:
+        raise OpTypeError(f"qnn.add takes equal shapes, got {a.shape} and {b.shape}", 1)
+    for i, (name, fl) in enumerate((("lhs_scale", True), ("lhs_zero_point", False),
+                                    ("rhs_scale", True), ("rhs_zero_point", False),
+                                    ("output_scale", True), ("output_zero_point", False)),
+                                   start=2):
+        t = tensor(types, i, name)
+        if t.rank != 0:
+            raise OpTypeError(f"argument {i + 1} ('{name}') must be a scalar", i)
+        _param(types, i, name, a, -1, fl)
+    return a
+
+
+def _qadd(a, b, sa, za, sb, zb, so, zo):
+    zero = np.int32(0)
+    ra = requantize_values(a, sa, za, so, zero, -1, "UPWARD", "int32").astype(np.int64)
+    rb = requantize_values(b, sb, zb, so, zero, -1, "UPWARD", "int32").astype(np.int64)
+    return _saturate(ra + rb + np.int64(zo), str(a.dtype))
+
+
+register(OpDef(
+    "qnn.add", inputs=("lhs", "rhs", "lhs_scale", "lhs_zero_point", "rhs_scale",
+                       "rhs_zero_point", "output_scale", "output_zero_point"),
+    props=frozenset({QUANT}), type_rel=_qadd_rel, semantics=_qadd,
+    doc="both operands requantized to the output's scale, added, saturated"))

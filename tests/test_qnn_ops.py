@@ -1,0 +1,98 @@
+"""QNN ops: reference semantics against float formulas and direct integer arithmetic."""
+import numpy as np
+import pytest
+
+from eqquant.ir.builder import Builder
+from eqquant.ir.interp import run
+from eqquant.ir.parser import parse
+from eqquant.ir.printer import print_module
+from eqquant.ir.typecheck import check_module
+from eqquant.quant.fixed_point import fixed_point_multiply, quantize_multiplier
+
+
+def _run1(op, inputs, consts, **attrs):
+    b = Builder()
+    args = [b.input(k, v.shape, str(v.dtype)) for k, v in inputs.items()]
+    args += [b.param(f"c{i}", np.asarray(c)) for i, c in enumerate(consts)]
+    mod, params = b.finish(b.call(op, *args, **attrs))
+    assert parse(print_module(mod)) == mod
+    check_module(mod)
+    return run(mod, inputs, params)
+
+
+def test_quantize_dequantize_round_trip_per_tensor_and_per_channel():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 3, 4)).astype(np.float32)
+    s, z = np.float32(0.02), np.int32(3)
+    q = _run1("qnn.quantize", {"x": x}, [s, z])
+    assert q.dtype == np.int8
+    np.testing.assert_array_equal(q, np.clip(np.round(x / s) + 3, -128, 127).astype(np.int8))
+    back = _run1("qnn.dequantize", {"q": q}, [s, z])
+    assert np.max(np.abs(back - x)[np.abs(x) < 2.4]) <= s / 2 + 1e-6
+    sc = np.array([0.01, 0.02, 0.05], np.float32)
+    zc = np.array([0, 1, -2], np.int32)
+    qc = _run1("qnn.quantize", {"x": x}, [sc, zc], axis=1, out_dtype="uint8")
+    want = np.clip(np.round(x / sc[None, :, None]) + zc[None, :, None], 0, 255)
+    np.testing.assert_array_equal(qc, want.astype(np.uint8))
+
+
+def test_requantize_is_the_fixed_point_formula():
+    rng = np.random.default_rng(1)
+    q = rng.integers(-2**20, 2**20, size=(4, 5)).astype(np.int32)
+    s1, s2 = np.float32(0.003), np.float32(0.21)
+    out = _run1("qnn.requantize", {"q": q}, [s1, np.int32(7), s2, np.int32(-4)])
+    m, sh = quantize_multiplier(float(s1) / float(s2))
+    want = np.clip(fixed_point_multiply(q.astype(np.int64) - 7, m, sh) - 4, -128, 127)
+    np.testing.assert_array_equal(out, want.astype(np.int8))
+    # and it is the real-valued rescale to within one step
+    real = np.clip(np.round((q.astype(np.float64) - 7) * float(s1) / float(s2)) - 4, -128, 127)
+    assert np.max(np.abs(out.astype(np.int64) - real)) <= 1
+
+
+def test_qnn_conv2d_and_dense_are_exact_integer_sums():
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, 256, size=(1, 4, 6, 6)).astype(np.uint8)
+    w = rng.integers(-127, 128, size=(5, 4, 3, 3)).astype(np.int8)
+    zx, zw = np.int32(128), np.array([0, 1, -1, 2, 0], np.int32)
+    out = _run1("qnn.conv2d", {"x": x}, [w, zx, zw, np.float32(0.1), np.float32(0.01)],
+                padding=[1, 1])
+    assert out.dtype == np.int32
+    xf = x.astype(np.float64) - 128
+    wf = w.astype(np.float64) - zw[:, None, None, None]
+    ref = np.zeros((1, 5, 6, 6))
+    xp = np.pad(xf, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    for o in range(5):
+        for i in range(6):
+            for j in range(6):
+                ref[0, o, i, j] = np.sum(xp[0, :, i:i + 3, j:j + 3] * wf[o])
+    np.testing.assert_array_equal(out, ref.astype(np.int64))
+    xd = rng.integers(-128, 128, size=(3, 8)).astype(np.int8)
+    wd = rng.integers(-128, 128, size=(2, 8)).astype(np.int8)
+    d = _run1("qnn.dense", {"x": xd}, [wd, np.int32(0), np.int32(0), np.float32(1),
+                                       np.float32(1)])
+    np.testing.assert_array_equal(d, xd.astype(np.int64) @ wd.astype(np.int64).T)
+
+
+def test_qnn_add_requantizes_both_operands():
+    rng = np.random.default_rng(3)
+    a = rng.integers(-128, 128, size=(2, 8)).astype(np.int8)
+    b = rng.integers(-128, 128, size=(2, 8)).astype(np.int8)
+    sa, sb, so = np.float32(0.05), np.float32(0.02), np.float32(0.06)
+    out = _run1("qnn.add", {"a": a, "b": b}, [sa, np.int32(1), sb, np.int32(-2), so,
+                                               np.int32(3)])
+    real = ((a.astype(np.float64) - 1) * float(sa) + (b.astype(np.float64) + 2) * float(sb))
+    want = np.clip(np.round(real / float(so)) + 3, -128, 127)
+    assert np.max(np.abs(out.astype(np.int64) - want)) <= 1
+
+
+@pytest.mark.parametrize("src,word", [
+    ("qnn.quantize(%x, 0.1f, 0)", "float tensor"),     # int input
+    ("qnn.dequantize(%f, 0.1f, 0)", "integer tensor"),  # float input
+    ("qnn.quantize(%f, 0.1f, 0f)", "int32"),            # zero point must be int32
+])
+def test_qnn_type_errors(src, word):
+    text = ("def @main(%x: Tensor[(4), int8], %f: Tensor[(4), float32]) {\n  "
+            + src + "\n}\n")
+    from eqquant.errors import TypeCheckError
+    with pytest.raises(TypeCheckError, match=word):
+        check_module(parse(text))
