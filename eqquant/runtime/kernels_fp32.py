@@ -62,27 +62,43 @@ def bias_act(y, bias, act, lo, hi):
 
 @njit(parallel=True, cache=True)
 def depthwise(x, w, bias, sh, sw, pt, pl, dh, dw, act, lo, hi, out):
-    """x: (C, H, W), w: (C, kh, kw), out: (C, oh, ow); one filter per channel."""
+    """x: (C, H, W), w: (C, kh, kw), out: (C, oh, ow); one filter per channel. Row by row:
+    each filter tap is swept over the output columns whose input is inside the image, so
+    the inner loop has no test; the epilogue runs on the finished row."""
     c_in, h, wd = x.shape
     _, kh, kw = w.shape
     _, oh, ow = out.shape
+    lo32 = np.float32(lo)
+    hi32 = np.float32(hi)
     for c in prange(c_in):
+        b = bias[c]
         for y in range(oh):
+            row = out[c, y]
             for xo in range(ow):
-                acc = bias[c]
-                for i in range(kh):
-                    iy = y * sh - pt + i * dh
-                    if iy < 0 or iy >= h:
-                        continue
-                    for j in range(kw):
-                        ix = xo * sw - pl + j * dw
-                        if ix >= 0 and ix < wd:
-                            acc += x[c, iy, ix] * w[c, i, j]
-                if act == 1:
-                    acc = max(acc, 0.0)
-                elif act == 2:
-                    acc = min(max(acc, lo), hi)
-                out[c, y, xo] = acc
+                row[xo] = b
+            for i in range(kh):
+                iy = y * sh - pt + i * dh
+                if iy < 0 or iy >= h:
+                    continue
+                src = x[c, iy]
+                for j in range(kw):
+                    off = j * dw - pl
+                    first = 0
+                    while first < ow and first * sw + off < 0:
+                        first += 1
+                    last = ow
+                    while last > first and (last - 1) * sw + off >= wd:
+                        last -= 1
+                    tap = w[c, i, j]
+                    for xo in range(first, last):
+                        row[xo] += src[xo * sw + off] * tap
+            if act == 1:
+                for xo in range(ow):
+                    if row[xo] < 0:
+                        row[xo] = 0
+            elif act == 2:
+                for xo in range(ow):
+                    row[xo] = min(max(row[xo], lo32), hi32)
 
 
 @njit(parallel=True, cache=True)
