@@ -83,8 +83,10 @@ def main() -> None:
     import onnxruntime as ort
     print(f"{busy:.2f} cores busy before start; onnxruntime {ort.__version__}; medians of "
           f"{args.runs}")
-    print(f"{'model':13s} {'eqquant':>9s} {'ORT fp32':>9s} {'ratio':>6s} {'reference':>10s} "
-          f"{'ref/eq':>7s} {'max rel diff':>12s} {'1st run':>8s}")
+    print(f"{'':13s} {'alternating':^26s} {'back to back':^26s}")
+    print(f"{'model':13s} {'eqquant':>9s} {'ORT fp32':>9s} {'ratio':>6s} {'eqquant':>9s} "
+          f"{'ORT fp32':>9s} {'ratio':>6s} {'reference':>10s} {'ref/eq':>7s} "
+          f"{'max rel diff':>12s} {'1st run':>8s}")
     for name in args.models:
         m = build(name)
         bound = bind_params(m.module, m.params)
@@ -112,17 +114,30 @@ def main() -> None:
             eq_t.append(t1 - t0)
             ort_t.append(t2 - t1)
             ratios.append((t1 - t0) / (t2 - t1))
+        # each runtime on its own, back to back (no hand-over between thread pools)
+        eq_alone, ort_alone = [], []
+        for _ in range(args.runs):
+            t0 = time.perf_counter()
+            ex.run(x)
+            eq_alone.append(time.perf_counter() - t0)
+        for _ in range(args.runs):
+            t0 = time.perf_counter()
+            sess.run(None, x)
+            ort_alone.append(time.perf_counter() - t0)
         ref_t = []
         for _ in range(2 if name != "resnet50" else 1):
             t0 = time.perf_counter()
             run(bound, x)
             ref_t.append(time.perf_counter() - t0)
         first, _ = first_inference(name)
-        e, o, rf = (statistics.median(v) * 1e3 for v in (eq_t, ort_t, ref_t))
+        e, o, rf, ea, oa = (statistics.median(v) * 1e3 for v in
+                            (eq_t, ort_t, ref_t, eq_alone, ort_alone))
         print(f"{name:13s} {e:8.2f}ms {o:8.2f}ms {statistics.median(ratios):6.2f} "
+              f"{ea:8.2f}ms {oa:8.2f}ms {ea / oa:6.2f} "
               f"{rf:9.1f}ms {rf / e:7.1f} {diff:12.1e} {first:6.1f}ms")
-    print("ratio = eqquant / ONNX Runtime per alternating pair (goal <= 1.0); "
-          "1st run = first inference in a fresh process with a warm kernel cache")
+    print("ratio = eqquant / ONNX Runtime, per alternating pair, then with each run back to "
+          "back (goal <= 1.0);\n1st run = first inference in a fresh process with a warm "
+          "kernel cache")
 
 
 if __name__ == "__main__":
