@@ -187,6 +187,7 @@ class _Builder:
         self.comments = comments
         self.meta_nodes: dict[int, Constant] = {}
         self.by_end: dict[int, Expr] = {}  # end offset of a value's text -> the value
+        self.globals: list[GlobalVar] = []
         self.ty_by_end = {self._owner_end(tok.start_pos): (tok, start, ty_text)
                           for tok, start, ty_text in self._ty_comments()}
 
@@ -224,14 +225,9 @@ class _Builder:
         return mod
 
     def check_globals(self, mod: Module) -> None:
-        from .nodes import iter_functions, post_order
-        roots = [f.body for f in mod.functions.values()]
-        for f in mod.functions.values():
-            roots += [g.body for g in iter_functions(f.body)]
-        for root in roots:
-            for node in post_order(root):
-                if isinstance(node, GlobalVar) and node.name not in mod.functions:
-                    raise NameError_(f"@{node.name} is not defined", node.loc)
+        for node in self.globals:
+            if node.name not in mod.functions:
+                raise NameError_(f"@{node.name} is not defined", node.loc)
 
     def function(self, params_tree, ret_tree, body_tree, tree, scope=None) -> Function:
         scope = _Scope(scope)
@@ -285,8 +281,9 @@ class _Builder:
                 raise NameError_(f"{tok} is not defined", self.loc(tok))
             return self.note(tree, node)
         if kind == "global_":
-            return self.note(tree, GlobalVar(name=str(tree.children[0])[1:],
-                                             loc=self.loc(tree)))
+            gv = GlobalVar(name=str(tree.children[0])[1:], loc=self.loc(tree))
+            self.globals.append(gv)  # checked once every def is known
+            return self.note(tree, gv)
         if kind == "call_op":
             return self.note(tree, self.call_op(tree, scope))
         if kind == "call_value":
