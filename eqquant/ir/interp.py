@@ -43,8 +43,11 @@ def _check_value(name: str, value: Any, ty: Type) -> np.ndarray:
 
 
 class Interpreter:
-    def __init__(self, mod: Module):
+    """``observe(node, value)``, if given, sees every value computed (for calibration)."""
+
+    def __init__(self, mod: Module, observe=None):
         self.mod = mod
+        self.observe = observe
 
     def call_function(self, fn: Function, args: list[Any], env: Mapping[int, Any]) -> Any:
         scope: dict[int, Any] = {id(p): a for p, a in zip(fn.params, args)}
@@ -62,6 +65,8 @@ class Interpreter:
                 values[id(node)] = env[id(node)]
                 continue
             values[id(node)] = self.node(node, values, env)
+            if self.observe is not None:
+                self.observe(node, values[id(node)])
             for c in node.children():
                 uses[id(c)] -= 1
                 if uses[id(c)] == 0 and c is not root:
@@ -99,7 +104,8 @@ class Interpreter:
 
 
 def run(mod: Module, inputs: Mapping[str, Any] | None = None,
-        params: Mapping[str, np.ndarray] | None = None, entry: str = "main") -> Any:
+        params: Mapping[str, np.ndarray] | None = None, entry: str = "main",
+        observe=None) -> Any:
     """Evaluate ``entry`` with its parameters taken from ``inputs`` then ``params``."""
     fn = mod.functions[entry]
     given = {**(params or {}), **(inputs or {})}
@@ -110,7 +116,7 @@ def run(mod: Module, inputs: Mapping[str, Any] | None = None,
                             p.loc)
         args.append(_check_value(p.name, given[p.name], p.type))
     with np.errstate(all="ignore"):
-        return Interpreter(mod).call_function(fn, args, {})
+        return Interpreter(mod, observe).call_function(fn, args, {})
 
 
 def evaluate(expr: Expr, env: Mapping[int, Any] | None = None) -> Any:

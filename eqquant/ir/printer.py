@@ -131,3 +131,16 @@ def print_expr(expr: Expr) -> str:
     p = _Printer(None)
     return "\n".join(p.body(expr, 0, {}, set()))
 
+
+
+def value_labels(fn: Function) -> dict[int, str]:
+    """The names ``print_module`` gives ``fn``'s values (``%3``, ``%conv1``, parameters by
+    name; an unnamed result is ``%result``), by node id: how calibration tables and reports
+    refer to values."""
+    labels: dict[int, str] = {id(p): f"%{p.name}" for p in fn.params}
+    p = _Printer(None)
+    names: dict[int, str] = {}
+    p.body(fn.body, 1, names, {q.name for q in fn.params})
+    labels.update(names)
+    labels.setdefault(id(fn.body), "%result")
+    return labels

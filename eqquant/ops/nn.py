@@ -61,6 +61,8 @@ register(OpDef(
 
 def _batch_norm_rel(types, attrs):
     x = tensor(types, 0, "data")
+    if not x.dtype.startswith("float"):
+        raise OpTypeError(f"argument 1 ('data') must be a float tensor, got {x.dtype}", 0)
     axis = norm_axis(attrs["axis"], x.rank)
     c = x.shape[axis]
     for i, name in enumerate(("gamma", "beta", "moving_mean", "moving_var"), start=1):
@@ -106,6 +108,10 @@ def _pool_rel(types, attrs):
     if min(kh, kw, sh, sw, dh, dw) < 1:
         raise OpTypeError("pool_size, strides and dilation must be >= 1")
     pt, pl, pb, pr = attrs["padding"]
+    span_h, span_w = dh * (kh - 1) + 1, dw * (kw - 1) + 1
+    if max(pt, pb) > span_h // 2 or max(pl, pr) > span_w // 2:
+        raise OpTypeError(f"padding {attrs['padding']} is more than half the "
+                          f"{span_h}x{span_w} window (a window could see only padding)", 0)
     oh = numerics.out_size(h, kh, sh, dh, pt, pb, attrs["ceil_mode"])
     ow = numerics.out_size(w, kw, sw, dw, pl, pr, attrs["ceil_mode"])
     if oh < 1 or ow < 1:

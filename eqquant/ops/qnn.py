@@ -19,7 +19,7 @@ from ..ir.types import TensorType, is_float, is_int
 from . import numerics
 from .attrs import DTYPE_REQUIRED, INT, OPT_INT, Attr, DTypeKind, StrKind
 from .nn import CONV2D_ATTRS, conv2d_flops, conv2d_rel, dense_rel
-from .registry import COMPUTE, QUANT, OpDef, OpTypeError, register
+from .registry import ANNOTATION, COMPUTE, QUANT, OpDef, OpTypeError, register
 from .typerel import tensor
 
 QDTYPE = DTypeKind("dtype", allow_empty=False)
@@ -53,6 +53,26 @@ def _along(v: np.ndarray, ndim: int, axis: int) -> np.ndarray:
 def _saturate(v: np.ndarray, dtype: str) -> np.ndarray:
     info = np.iinfo(dtype)
     return np.clip(v, info.min, info.max).astype(dtype)
+
+
+# -- the calibration mark -----------------------------------------------------------------
+
+def _calibrated_rel(types, attrs):
+    x = tensor(types, 0, "data")
+    if not is_float(x.dtype):
+        raise OpTypeError(f"annotation.calibrated marks a float tensor, got {x.dtype}", 0)
+    _param(types, 1, "scale", x, attrs["axis"], True)
+    _param(types, 2, "zero_point", x, attrs["axis"], False)
+    return x
+
+
+register(OpDef("annotation.calibrated", inputs=("data", "scale", "zero_point"),
+               moves_data=False, props=frozenset({ANNOTATION}),
+               attrs=(Attr("dtype", QDTYPE, "int8"), Attr("axis", INT, -1)),
+               type_rel=_calibrated_rel, semantics=lambda x, s, z, *, dtype, axis: x,
+               kernel="eqquant.runtime.bindings:View",
+               doc="identity; carries the value's quantization scale and zero point (set by "
+                   "calibration) for the quantization rules"))
 
 
 # -- quantize / dequantize / requantize -------------------------------------------------------

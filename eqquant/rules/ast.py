@@ -120,8 +120,13 @@ class Rule:
     rhs: Pattern
     where: dict[str, Pattern] = field(default_factory=dict)
     guards: list[Guard] = field(default_factory=list)
+    # invariants of the programs the rule sees (e.g. calibrated scales are positive): the
+    # engine does not test them; the rule checker draws values that satisfy them
+    positive: list[str] = field(default_factory=list)
     bidirectional: bool = False
-    approx: dict[str, float] | None = None  # {"rtol": ..., "atol": ...} for approx rules
+    # approx rules: {"rtol": r, "atol": a} and optionally "scale": "?s" (tolerances in units
+    # of max|?s|, e.g. half a quantization step)
+    approx: dict | None = None
     doc: str = ""
     loc: SourceLoc | None = None
     ruleset: str = ""
@@ -224,4 +229,6 @@ def format_rule(r: Rule) -> str:
                                              for k, v in r.where.items()))
     if r.guards:
         lines.append("    if " + ", ".join(str(g) for g in r.guards))
+    if r.positive:
+        lines.append("    assuming " + ", ".join(f"positive({v})" for v in r.positive))
     return "\n".join(lines)

@@ -69,8 +69,10 @@ class CheckReport:
 
 _DIMS = (1, 2, 3, 4)
 _RANKS = (0, 1, 1, 2, 3, 4, 4)
-# ranks that worked for (op, argument) before: later instances try them first
+# ranks and dtypes that worked for (op, argument) before: later instances try them first
 _RANK_HINTS: dict[tuple[str, int], set[int]] = {}
+_DTYPE_HINTS: dict[tuple[str, int], set[str]] = {}
+_DTYPES = ("float32", "float32", "float32", "int8", "int32", "uint8")
 
 
 def _shape_pool(rng, rank: int | None, hint: set[int] | None = None) -> tuple[int, ...]:
@@ -121,6 +123,13 @@ class _Instance:
                       if x.kind == "shape" and x.op == "==" and isinstance(x.value, list)}
         self.attr_eq = {x.var: x.value for x in rule.guards if x.kind == "attr" and x.op == "=="}
         self.attr_ne = {x.var: x.value for x in rule.guards if x.kind == "attr" and x.op == "!="}
+        # shape(?a) == shape(?b): ?b takes ?a's shape once ?a has one (and the reverse)
+        self.same_shape: dict[str, str] = {}
+        for x in rule.guards:
+            if x.kind == "shape" and x.op == "==" and isinstance(x.value, tuple) \
+                    and x.value[0] == "of":
+                self.same_shape[x.var] = x.value[2]
+                self.same_shape[x.value[2]] = x.var
         self.shape_attr = {x.value[1]: x.var for x in rule.guards if x.kind == "shape"
                            and x.op == "==" and isinstance(x.value, tuple)
                            and x.value[0] == "attr"}
@@ -128,8 +137,12 @@ class _Instance:
     def op_of(self, p: PCall) -> OpDef:
         return self.ops[p.op.label] if p.op.is_set else p.op.ops[0]
 
-    def new_var(self, name: str, shape: tuple[int, ...]) -> Var:
-        return Var(name=name.lstrip("?"), type=TensorType(shape, self.dtype.get(name, "float32")))
+    def new_var(self, name: str, shape: tuple[int, ...], hint: set[str] | None = None) -> Var:
+        dtype = self.dtype.get(name)
+        if dtype is None:
+            dtype = (self.rng.choice(sorted(hint)) if hint and self.rng.random() < 0.9
+                     else self.rng.choice(_DTYPES))
+        return Var(name=name.lstrip("?"), type=TensorType(shape, dtype))
 
     # the left side, bottom-up, choosing what is free
     def lhs(self, p: Pattern) -> Expr:
@@ -177,14 +190,19 @@ class _Instance:
                     args[i] = trial[name]
                     continue
                 neighbour = self.types.types.get(id(args[i - 1])) if i > 0 else None
+                partner = self.vars.get(self.same_shape.get(name, ""))
+                dtypes = _DTYPE_HINTS.get((op.name, i))
                 if name in self.shape:
                     shape = self.shape[name]
+                elif partner is not None:
+                    shape = partner.type.shape
                 elif self.rng.random() < 0.4 and isinstance(neighbour, TensorType):
-                    shape = neighbour.shape  # like its neighbour (batch-norm statistics)
+                    # like its neighbour (batch-norm statistics): shape and dtype
+                    shape, dtypes = neighbour.shape, {neighbour.dtype}
                 else:
                     shape = _shape_pool(self.rng, self.rank.get(name),
                                         _RANK_HINTS.get((op.name, i)))
-                trial[name] = args[i] = self.new_var(name, shape)
+                trial[name] = args[i] = self.new_var(name, shape, dtypes)
                 self.types.remember(args[i], args[i].type)
             for k, v in given.items():  # shape(?x) == ?s: the attribute is ?x's shape
                 if isinstance(v, AttrVar) and v.name in self.shape_attr:
@@ -201,6 +219,7 @@ class _Instance:
             self.types.remember(node, t)
             for i in free:
                 _RANK_HINTS.setdefault((op.name, i), set()).add(len(args[i].type.shape))
+                _DTYPE_HINTS.setdefault((op.name, i), set()).add(args[i].type.dtype)
             self.vars.update(trial)
             for k, v in given.items():
                 if isinstance(v, AttrVar):
@@ -213,7 +232,8 @@ class _Instance:
     def _settle(self, e, p: Pattern) -> Expr:
         if isinstance(e, PVar):
             v = self.new_var(e.name, self.shape.get(e.name) or _shape_pool(self.rng,
-                                                                            self.rank.get(e.name)))
+                                                                            self.rank.get(e.name)),
+                             {"float32"})
             self.vars[e.name] = v
             self.types.expr(v)
             return v
@@ -258,12 +278,15 @@ class _NoInstance(Exception):
 
 
 def _inputs(instance: _Instance, rng: np.random.Generator, positive: bool) -> dict:
-    """Random inputs: in [0.5, 2) (so square roots of variances are real), then signed."""
+    """Random inputs: in [0.5, 2) (so square roots of variances are real), then signed
+    (except the variables the rule assumes positive)."""
     out = {}
+    assumed = {v.lstrip("?") for v in instance.rule.positive}
     for v in instance.vars.values():
         t = v.type
         if t.dtype.startswith("float"):
-            a = rng.uniform(0.5, 2.0, t.shape) if positive else rng.normal(size=t.shape)
+            a = rng.uniform(0.5, 2.0, t.shape) if positive or v.name in assumed \
+                else rng.normal(size=t.shape)
         else:
             info = np.iinfo(t.dtype)
             a = rng.integers(max(info.min, -100), min(info.max, 100), t.shape)
@@ -271,7 +294,7 @@ def _inputs(instance: _Instance, rng: np.random.Generator, positive: bool) -> di
     return out
 
 
-def _compare(a, b, rule: Rule) -> tuple[bool, float]:
+def _compare(a, b, rule: Rule, unit: float = 1.0) -> tuple[bool, float]:
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
         return False, math.inf
@@ -285,7 +308,7 @@ def _compare(a, b, rule: Rule) -> tuple[bool, float]:
     if rule.approx is None:
         err = float(diff.max()) / scale
         return err <= EXACT_RTOL, err
-    tol = rule.approx["atol"] + rule.approx["rtol"] * np.abs(b[fin])
+    tol = unit * (rule.approx["atol"] + rule.approx["rtol"] * np.abs(b[fin]))
     return bool(np.all(diff <= tol)), float((diff / np.maximum(tol, 1e-30)).max())
 
 
@@ -307,6 +330,8 @@ def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
             lhs = inst.lhs(rule.lhs)
             if isinstance(lhs, PVar):
                 raise _NoInstance("the left side is a variable")
+            if not _guards_hold(inst, rule):
+                raise _NoInstance("a guard does not hold")
             rhs = inst.rhs(rule.rhs, rule.where)
         except _NoInstance:
             continue
@@ -324,7 +349,10 @@ def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
             b = run(Module({"main": Function(params=params, body=rhs)}), inputs)
             if isinstance(a, tuple):
                 a, b = a[0], b[0]
-            ok, err = _compare(b, a, rule)
+            unit = 1.0
+            if rule.approx and rule.approx.get("scale"):
+                unit = float(np.max(np.abs(inputs[rule.approx["scale"].lstrip("?")])))
+            ok, err = _compare(b, a, rule, unit)
             worst = max(worst, err)
             if not ok:
                 tol = ("rtol 1e-5" if rule.approx is None else
@@ -339,6 +367,30 @@ def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
         return RuleCheck(rule, variant, False, "no well-typed instance of the left side was "
                          "found (are its guards satisfiable?)")
     return RuleCheck(rule, variant, True, "", done, worst)
+
+
+def _guards_hold(inst: _Instance, rule: Rule) -> bool:
+    """Every dtype/rank/shape guard, on the instance's variables (the search only aims at
+    them; this decides)."""
+    def of(fn, var):
+        v = inst.vars.get(var)
+        if v is None:
+            return None
+        return {"dtype": v.type.dtype, "rank": len(v.type.shape),
+                "shape": list(v.type.shape)}[fn]
+    for g in rule.guards:
+        if g.kind not in ("dtype", "rank", "shape"):
+            continue
+        left = of(g.kind, g.var)
+        if isinstance(g.value, tuple) and g.value[0] == "of":
+            right = of(g.value[1], g.value[2])
+        elif isinstance(g.value, tuple):
+            right = list(inst.attrs.get(g.value[1], []))
+        else:
+            right = g.value
+        if (left == right) != (g.op == "=="):
+            return False
+    return True
 
 
 def _short(text: str, n: int = 400) -> str:

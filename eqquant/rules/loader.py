@@ -144,10 +144,14 @@ class _Builder:
         if approx_tok is not None:
             rule.approx = {"rtol": 1e-2, "atol": 1e-3}
             for opt in (opts.children if opts is not None else []):
-                key, value = str(opt.children[0]), float(str(opt.children[1]).rstrip("f"))
-                if key not in ("rtol", "atol"):
-                    raise self.error(f"unknown approx option '{key}' (use rtol, atol)", opt)
-                rule.approx[key] = value
+                key, raw = str(opt.children[0]), str(opt.children[1])
+                if key == "scale" and raw.startswith("?"):
+                    rule.approx["scale"] = raw  # tolerances in units of this variable
+                    continue
+                if key not in ("rtol", "atol") or raw.startswith("?"):
+                    raise self.error(f"unknown approx option '{key}={raw}' (use rtol=, atol=, "
+                                     "scale=?var)", opt)
+                rule.approx[key] = float(raw.rstrip("f"))
         elif opts is not None:
             raise self.error("only an approx rule takes (rtol=..., atol=...)", opts)
         for clause in clauses:
@@ -157,6 +161,10 @@ class _Builder:
                     if var in rule.where:
                         raise self.error(f"{var} is bound twice in where", b)
                     rule.where[var] = pat
+            elif clause.data == "assuming":
+                for a in clause.children:
+                    var = str(a.children[0])
+                    rule.positive.append(var)
             else:
                 rule.guards += [self.guard(g) for g in clause.children]
         check_rule(rule, self)
@@ -378,6 +386,13 @@ def check_rule(rule: Rule, b: _Builder) -> None:
         if missing:
             raise b.error(f"<=>: the right side does not bind {sorted(missing)[0]}, so the rule "
                           "cannot run right to left", rule.rhs.loc)
+    for var in rule.positive:
+        if var not in bound:
+            raise b.error(f"assuming positive({var}): the left side does not bind {var}",
+                          rule.loc)
+    scale = (rule.approx or {}).get("scale")
+    if scale is not None and scale not in bound:
+        raise b.error(f"approx scale {scale} is not a value the left side binds", rule.loc)
     known: dict[str, str] = {}
     for g in rule.guards:
         if g.kind == "attr":
