@@ -123,8 +123,8 @@ def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
                                          attrs=freeze_attrs({"dtype": "int8", "axis": axis}))
         return marked_weights[id(w)]
 
-    def mark(node: Expr) -> Expr:
-        r = table.ranges.get(labels.get(id(node), ""))
+    def mark(original: Expr, node: Expr) -> Expr:
+        r = table.ranges.get(labels.get(id(original), ""))
         if r is None:
             return node
         scale, zp = qparams(r, dtype)
@@ -132,7 +132,7 @@ def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
                                  Scalar(value=zp, dtype="int32")),
                     attrs=freeze_attrs({"dtype": dtype, "axis": -1}))
 
-    marked_params = {id(p): mark(p) for p in fn.params}
+    marked_params = {id(p): mark(p, p) for p in fn.params}
 
     def visit(node, children):
         if isinstance(node, Var):
@@ -145,7 +145,7 @@ def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
             i = node.op.inputs.index("weight")
             children = children[:i] + (mark_weight(children[i]),) + children[i + 1:]
         changed = any(a is not b for a, b in zip(children, node.children()))
-        return mark(rebuild(node, children) if changed else node)
+        return mark(node, rebuild(node, children) if changed else node)
 
     body = rewrite(fn.body, visit)
     return Module({"main": Function(params=fn.params, body=body, ret_type=fn.ret_type)},

@@ -1,0 +1,74 @@
+"""rules/quantize.rules and the calibrate/annotate passes: the seed-004 flow, as rules."""
+import numpy as np
+import pytest
+
+from eqquant.ir.interp import run
+from eqquant.ir.nodes import Call, post_order
+from eqquant.ir.typecheck import infer_types
+from eqquant.optimizer import optimize
+from eqquant.quant.annotate import annotate, calibrate, samples_from_npz
+from eqquant.quant.calibrate import CalibrationTable
+from eqquant.rules.check import check_ruleset
+from eqquant.rules.loader import load_rules
+from eqquant.zoo import build
+
+SIZE = 64
+
+
+def test_every_quantize_rule_holds_within_its_tolerance():
+    report = check_ruleset(load_rules("quantize"), trials=4)
+    assert report.ok, report.format()
+    assert len(report.results) == 9
+
+
+@pytest.fixture(scope="module")
+def flow():
+    m = build("seed004", image_size=SIZE)
+    fp = optimize(m.module, m.params, ["simplify", "bn_fold", "fusion"],
+                  "simplify; bn_fold; simplify; fusion")
+    rng = np.random.default_rng(0)
+    samples = [{"data": rng.normal(size=(1, 3, SIZE, SIZE)).astype("float32")}
+               for _ in range(4)]
+    table = calibrate(fp.module, None, samples, "kl_divergence")
+    q = optimize(annotate(fp.module, table, weight_scale="max"), None, ["quantize"])
+    return fp, table, q, rng
+
+
+def test_seed004_flow_is_integer_from_quantize_to_dequantize(flow):
+    fp, table, q, _ = flow
+    assert set(table.ranges) == {"%data", "%0", "%1", "%2", "%3", "%result"}
+    mod = q.module
+    types = infer_types(mod)
+    calls = [n for n in post_order(mod.main.body) if isinstance(n, Call)]
+    names = [c.op_name for c in calls]
+    assert names[0] == "qnn.quantize" and names[-1] == "qnn.dequantize"
+    assert names.count("qnn.quantize") == 1 and names.count("qnn.dequantize") == 1
+    convs = [c for c in calls if c.op_name == "qnn.conv2d"]
+    assert len(convs) == 3 and all(types[id(c)].dtype == "int32" for c in convs)
+    assert all(types[id(c.args[1])].dtype == "int8" for c in convs)  # weights folded to int8
+    pools = [c for c in calls if c.op_name == "nn.max_pool2d"]
+    assert len(pools) == 1 and types[id(pools[0])].dtype == "int8"
+    assert names.count("qnn.add") == 1 and names.count("qnn.requantize") == 4
+    # between the two ends, every value is an integer
+    inner = calls[1:-1]
+    assert all(types[id(c)].dtype in ("int8", "int32") for c in inner)
+
+
+def test_seed004_int8_accuracy(flow):
+    fp, _, q, rng = flow
+    x = {"data": rng.normal(size=(1, 3, SIZE, SIZE)).astype("float32")}
+    ref = run(fp.module, x)
+    out = run(q.module, x)
+    sqnr = 10 * np.log10(np.sum(ref ** 2) / np.sum((ref - out) ** 2))
+    assert sqnr > 20.0
+
+
+def test_calibration_table_and_npz_samples(tmp_path, flow):
+    fp, table, _, rng = flow
+    table.save(tmp_path / "t.json")
+    assert CalibrationTable.load(tmp_path / "t.json") == table
+    np.savez(tmp_path / "calib.npz", data=rng.normal(size=(3, 1, 3, SIZE, SIZE)).astype("f4"))
+    samples = samples_from_npz(tmp_path / "calib.npz", fp.module)
+    assert len(samples) == 3 and samples[0]["data"].shape == (1, 3, SIZE, SIZE)
+    t2 = calibrate(fp.module, None, samples, "minmax", skip=["%1"])
+    assert "%1" not in t2.ranges and t2.ranges["%data"].hi > 0
