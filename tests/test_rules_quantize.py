@@ -72,3 +72,59 @@ def test_calibration_table_and_npz_samples(tmp_path, flow):
     assert len(samples) == 3 and samples[0]["data"].shape == (1, 3, SIZE, SIZE)
     t2 = calibrate(fp.module, None, samples, "minmax", skip=["%1"])
     assert "%1" not in t2.ranges and t2.ranges["%data"].hi > 0
+
+
+def _normalized_ops(mod):
+    """Op names in a canonical order (operands by decreasing height, then in order), without
+    the annotations and the casts that do not change the dtype: what TVM's realize output
+    and eqquant's realize view both mean, regardless of how their printers order bindings."""
+    from eqquant.ir.nodes import Expr, rewrite
+    types = infer_types(mod)
+
+    def drop(node, kids):
+        if isinstance(node, Call) and not isinstance(node.op, Expr):
+            if node.op_name == "annotation.stop_fusion":
+                return kids[0]
+            if node.op_name == "cast" and types[id(node.args[0])] == types[id(node)]:
+                return kids[0]
+        return None
+    body = rewrite(mod.main.body, drop)
+    height = {}
+    for n in post_order(body):
+        height[id(n)] = 1 + max((height[id(c)] for c in n.children()), default=0)
+    out, seen = [], set()
+
+    def visit(n):
+        stack = [(n, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                if isinstance(node, Call) and node.op_name:
+                    out.append(node.op_name)
+                continue
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            stack.append((node, True))
+            kids = sorted(node.children(), key=lambda c: -height[id(c)])
+            stack.extend((c, False) for c in reversed(kids))
+    visit(body)
+    return out
+
+
+def test_realize_view_has_the_seed_final_op_sequence(flow):
+    from eqquant.ir.parser import parse
+    from eqquant.ir.seeds import listings
+    from eqquant.quant.realize import realize_view
+    from conftest import seed_file
+    fp, _, q, rng = flow
+    view = realize_view(q.module)
+    # the view computes exactly what the QNN program does
+    x = {"data": rng.normal(size=(1, 3, SIZE, SIZE)).astype("float32")}
+    np.testing.assert_array_equal(run(view, x), run(q.module, x))
+    seed_final = parse(listings(seed_file("004"))[-1][1])
+    ours = _normalized_ops(view)
+    theirs = _normalized_ops(seed_final)
+    assert ours == theirs, f"\nours:   {ours}\ntheirs: {theirs}"
+    assert ours[:4] == ["multiply", "round", "clip", "cast"]
+    assert ours[-2:] == ["cast", "multiply"] and ours.count("nn.conv2d") == 3

@@ -7,7 +7,7 @@ vectors along ``axis`` for per-channel parameters), so rules can match and move 
                                   and shift, ties UPWARD or TONEAREST), clipped
     qnn.conv2d(x, w, zx, zw, sx, sw)    sum (x - zx)(w - zw): int32 accumulation
     qnn.dense(x, w, zx, zw, sx, sw)     the same for dense
-    qnn.add(a, b, sa, za, sb, zb, so, zo)  both requantized to (so, zo), then added, clipped
+    qnn.add(a, b, sa, za, sb, zb, so, zo)  b rescaled to sa, added in int32, requantized to so
 
 Rounding of ``qnn.quantize`` is half to even (numpy's round, LLVM's nearbyint).
 """
@@ -236,14 +236,17 @@ def _qadd_rel(types, attrs):
 
 
 def _qadd(a, b, sa, za, sb, zb, so, zo):
+    """As TVM's realize does it: the rhs is rescaled to the lhs's scale, the two are added in
+    int32 at that scale, and the sum is requantized to the output's."""
     zero = np.int32(0)
-    ra = requantize_values(a, sa, za, so, zero, -1, "UPWARD", "int32").astype(np.int64)
-    rb = requantize_values(b, sb, zb, so, zero, -1, "UPWARD", "int32").astype(np.int64)
-    return _saturate(ra + rb + np.int64(zo), str(a.dtype))
+    ra = a.astype(np.int64) - np.int64(za)
+    rb = requantize_values(b, sb, zb, sa, zero, -1, "UPWARD", "int32").astype(np.int64)
+    total = np.clip(ra + rb, np.iinfo(np.int32).min, np.iinfo(np.int32).max).astype(np.int32)
+    return requantize_values(total, sa, zero, so, zo, -1, "UPWARD", str(a.dtype))
 
 
 register(OpDef(
     "qnn.add", inputs=("lhs", "rhs", "lhs_scale", "lhs_zero_point", "rhs_scale",
                        "rhs_zero_point", "output_scale", "output_zero_point"),
     props=frozenset({QUANT}), type_rel=_qadd_rel, semantics=_qadd,
-    doc="both operands requantized to the output's scale, added, saturated"))
+    doc="rhs rescaled to the lhs scale, added in int32, requantized to the output"))
