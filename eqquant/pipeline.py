@@ -3,8 +3,9 @@
 Stages so far: build the model, write it as text IR + params, parse it back, type-check,
 check the round trip, run the reference interpreter, optimize (saturate with the simplify,
 bn_fold and fusion rules, extract under the CPU cost model, fold constants), write the result,
-run it on the Numba executor and check it against the original. Each stage reports what it
-did and how long it took.
+run it on the Numba executor and check it against the original; then quantize it (calibrate,
+mark the values, saturate with the quantize rules, extract the int8 program), write it and its
+realize view, and report its accuracy. Each stage reports what it did and how long it took.
 """
 from __future__ import annotations
 
@@ -17,11 +18,15 @@ import numpy as np
 from .errors import EqquantError
 from .ir.interp import run
 from .ir.loader import load_program, save_program
+from .ir.nodes import Call, post_order
 from .ir.params import load_params
 from .ir.parser import parse
 from .ir.printer import print_module
 from .ir.typecheck import check_module
 from .optimizer import optimize
+from .quant.annotate import annotate, calibrate
+from .quant.realize import realize_view
+from .runtime.executor import Executor
 from .zoo import build, write
 
 
@@ -52,7 +57,6 @@ def demo(model: str, out_dir: str | Path, echo: Callable[[str], None] = print) -
                    ["simplify", "bn_fold", "fusion"], "simplify; bn_fold; simplify; fusion")
     opt_paths = stage("write optimized program", save_program,
                       Path(out_dir) / f"{model}.opt.ir", result.module)
-    from .runtime.executor import Executor
     ex = stage("load on the CPU executor", Executor, result.module)
     stage("run on the executor (first)", ex.run, inputs)
     out = stage("run on the executor (warm)", ex.run, inputs)
@@ -67,4 +71,30 @@ def demo(model: str, out_dir: str | Path, echo: Callable[[str], None] = print) -
     echo(f"  wrote {opt_paths[0]}")
     if err > 1e-4:
         raise EqquantError(f"the optimized program differs from the original ({err:.2e})")
-    return {"module": mod, "optimized": result, "output": out, "paths": paths}
+
+    # int8: calibrate the fused program, mark its values, saturate with the quantize rules
+    rng = np.random.default_rng(1)
+    shape = mod.main.params[0].type.shape
+    samples = [{mod.main.params[0].name: rng.normal(size=shape).astype("float32")}
+               for _ in range(4)]
+    echo("")
+    table = stage("calibrate (minmax, 4 samples)", calibrate, result.module, None, samples,
+                  "minmax")
+    quant = stage("saturate + extract (quantize)", optimize, annotate(result.module, table),
+                  None, ["quantize"])
+    q_paths = stage("write int8 program + realize view", save_program,
+                    Path(out_dir) / f"{model}.int8.ir", quant.module)
+    save_program(Path(out_dir) / f"{model}.int8.realize.ir", realize_view(quant.module))
+    q_out = stage("run int8 (reference interpreter)", run, quant.module, inputs)
+    sqnr = 10 * np.log10(np.sum(ref.astype(np.float64) ** 2) /
+                         max(np.sum((ref.astype(np.float64) - q_out) ** 2), 1e-30))
+    counts: dict[str, int] = {}
+    for n in post_order(quant.module.main.body):
+        if isinstance(n, Call) and n.op_name:
+            counts[n.op_name] = counts.get(n.op_name, 0) + 1
+    echo("  int8 program: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())))
+    echo(f"  int8 vs fp32 output: SQNR {sqnr:.1f} dB; estimated cost "
+         f"{quant.before.total * 1e3:.3f} -> {quant.after.total * 1e3:.3f} ms (cpu model)")
+    echo(f"  wrote {q_paths[0]} and its realize view")
+    return {"module": mod, "optimized": result, "output": out, "paths": paths,
+            "int8": quant, "sqnr": sqnr}
