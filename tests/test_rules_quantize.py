@@ -128,3 +128,42 @@ def test_realize_view_has_the_seed_final_op_sequence(flow):
     assert ours == theirs, f"\nours:   {ours}\ntheirs: {theirs}"
     assert ours[:4] == ["multiply", "round", "clip", "cast"]
     assert ours[-2:] == ["cast", "multiply"] and ours.count("nn.conv2d") == 3
+
+
+def test_quantize_cli_writes_program_weights_and_table(tmp_path):
+    import subprocess
+    import sys
+    from eqquant.zoo import write
+    paths = write(build("seed004", image_size=32), tmp_path)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "calib.npz", data=rng.normal(size=(3, 1, 3, 32, 32)).astype("f4"))
+    out = tmp_path / "q.ir"
+    r = subprocess.run([sys.executable, "-m", "eqquant.cli.main", "quantize", str(paths["ir"]),
+                        "--calib", str(tmp_path / "calib.npz"), "--mode", "minmax",
+                        "--per-channel", "-o", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "output: SQNR" in r.stdout and "cosine" in r.stdout
+    assert out.exists() and out.with_suffix(".npz").exists()
+    assert CalibrationTable.load(out.with_suffix(".calib.json")).mode == "minmax"
+    from eqquant.ir.loader import load_program
+    mod, _ = load_program(out)
+    assert "qnn.conv2d" in out.read_text() and "annotation.calibrated" not in out.read_text()
+    bad = subprocess.run([sys.executable, "-m", "eqquant.cli.main", "quantize", str(paths["ir"]),
+                          "--calib", str(paths["ir"]), "-o", str(tmp_path / "x.ir")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_resnet18_per_channel_minmax_sqnr():
+    """resnet18, per-channel minmax on 16 N(0, 1) inputs: output SQNR against fp32 >= 34 dB
+    (ONNX Runtime's per-channel u8/s8 QDQ: 34.2 dB on such a model and data)."""
+    from eqquant.quant.flow import quantize
+    m = build("resnet18")
+    rng = np.random.default_rng(0)
+    samples = [{"data": rng.normal(size=(1, 3, 224, 224)).astype("float32")}
+               for _ in range(16)]
+    check = {"data": rng.normal(size=(1, 3, 224, 224)).astype("float32")}
+    r = quantize(m.module, m.params, samples, "minmax", per_channel=True, check_input=check)
+    assert r.output["sqnr"] >= 34.0, r.report()
+    ops = [n.op_name for n in post_order(r.module.main.body) if isinstance(n, Call)]
+    assert ops.count("qnn.conv2d") == 20 and ops.count("qnn.add") == 8

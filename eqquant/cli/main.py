@@ -208,6 +208,39 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
         click.echo(result.explain())
 
 
+@cli.command("quantize")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--params", "-p", type=click.Path(dir_okay=False, path_type=Path),
+              help="Weights (.npz); default: the .npz beside MODEL, if any.")
+@click.option("--calib", "calib", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Calibration set: .npz of arrays keyed by input name, stacked on a "
+                   "leading sample axis.")
+@click.option("--mode", type=click.Choice(["kl_divergence", "minmax", "percentile"]),
+              default="kl_divergence", show_default=True)
+@click.option("--weight-scale", type=click.Choice(["max", "power2"]), default="max",
+              show_default=True)
+@click.option("--per-channel", is_flag=True, help="One weight scale per output channel.")
+@click.option("--skip", multiple=True, help="A value not to calibrate (e.g. %3); repeatable.")
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The int8 program (.ir); weights go to the .npz and the calibration "
+                   "table to the .calib.json beside it.")
+def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, skip, output):
+    """Quantize MODEL to int8: calibrate, apply the quantize rules, report accuracy."""
+    from ..ir.loader import load_program, save_program
+    from ..quant.annotate import samples_from_npz
+    from ..quant.flow import quantize
+    mod, values = load_program(model, params)
+    samples = samples_from_npz(calib, mod)
+    with click.progressbar(length=len(samples), label="calibrating", file=sys.stderr) as bar:
+        result = quantize(mod, values, samples, mode, weight_scale, per_channel,
+                          skip=list(skip), progress=lambda n: bar.update(1))
+    ir_path, npz = save_program(output, result.module)
+    table_path = output.with_suffix(".calib.json")
+    result.table.save(table_path)
+    click.echo(result.report())
+    click.echo(f"wrote {ir_path}, {npz} and {table_path}")
+
+
 @cli.group()
 def rules() -> None:
     """Read and check rule files."""

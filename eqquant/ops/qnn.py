@@ -20,19 +20,27 @@ from . import numerics
 from .attrs import DTYPE_REQUIRED, INT, OPT_INT, Attr, DTypeKind, StrKind
 from .nn import CONV2D_ATTRS, conv2d_flops, conv2d_rel, dense_rel
 from .registry import ANNOTATION, COMPUTE, QUANT, OpDef, OpTypeError, register
-from .typerel import tensor
+from .typerel import broadcast_shapes, tensor
 
 QDTYPE = DTypeKind("dtype", allow_empty=False)
 ROUNDING = StrKind("rounding", ("UPWARD", "TONEAREST"))
 
 
-def _param(types, i: int, name: str, data: TensorType, axis: int, floating: bool) -> None:
+def _param(types, i: int, name: str, data: TensorType, axis: int, floating: bool,
+           broadcast: bool = False) -> None:
+    """A scale or zero point: a scalar, or one value per channel along ``axis``; with
+    ``broadcast``, also any tensor of rank >= 2 that broadcasts with the data."""
     t = tensor(types, i, name)
     if floating and t.dtype != "float32":
         raise OpTypeError(f"argument {i + 1} ('{name}') must be float32, got {t.dtype}", i)
     if not floating and t.dtype != "int32":
         raise OpTypeError(f"argument {i + 1} ('{name}') must be int32, got {t.dtype}", i)
     if t.rank == 0:
+        return
+    if broadcast and t.rank >= 2:
+        if broadcast_shapes(data.shape, t.shape) is None:
+            raise OpTypeError(f"argument {i + 1} ('{name}') {t} does not broadcast with "
+                              f"{data}", i)
         return
     channels = data.shape[axis % data.rank] if data.rank else 1
     if t.rank != 1 or t.shape[0] not in (1, channels):
@@ -41,8 +49,11 @@ def _param(types, i: int, name: str, data: TensorType, axis: int, floating: bool
 
 
 def _along(v: np.ndarray, ndim: int, axis: int) -> np.ndarray:
-    """A scalar or per-channel parameter shaped to broadcast along ``axis``."""
+    """A scalar or per-channel parameter shaped to broadcast along ``axis`` (a parameter of
+    rank >= 2 broadcasts as it is)."""
     v = np.asarray(v)
+    if v.ndim >= 2:
+        return v
     if v.ndim == 0 or v.size == 1:
         return v.reshape(())
     shape = [1] * ndim
@@ -81,11 +92,14 @@ def _quantize_rel(types, attrs):
     x = tensor(types, 0, "data")
     if not is_float(x.dtype):
         raise OpTypeError(f"qnn.quantize takes a float tensor, got {x.dtype}", 0)
-    _param(types, 1, "output_scale", x, attrs["axis"], True)
+    _param(types, 1, "output_scale", x, attrs["axis"], True, broadcast=True)
     _param(types, 2, "output_zero_point", x, attrs["axis"], False)
     if attrs["out_dtype"] not in ("int8", "uint8", "int32"):
         raise OpTypeError("out_dtype must be int8, uint8 or int32")
-    return TensorType(x.shape, attrs["out_dtype"])
+    shape = x.shape
+    if types[1].rank >= 2:  # a broadcast scale may widen the result, as a multiply would
+        shape = broadcast_shapes(x.shape, types[1].shape)
+    return TensorType(shape, attrs["out_dtype"])
 
 
 def _quantize(x, scale, zp, *, axis, out_dtype):

@@ -1,0 +1,111 @@
+"""Quantization in one call: the fp32 optimizations, calibration, annotation, the quantize
+rules, extraction, and an accuracy report.
+
+    result = quantize(mod, params, samples, mode="kl_divergence", per_channel=False)
+    result.module            # the int8 program (QNN ops)
+    print(result.report())   # SQNR per layer and at the output, cosine, max abs error
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..ir.interp import run
+from ..ir.nodes import Call, Function, Module, Scalar, rewrite
+from ..ir.params import bind_params
+from ..ir.printer import value_labels
+from ..optimizer import OptimizeResult, optimize
+from .annotate import annotate, calibrate, qparams
+from .calibrate import CalibrationTable
+
+FP32_RULES = ("simplify", "bn_fold", "fusion")
+FP32_SCHEDULE = "simplify; bn_fold; simplify; fusion"
+
+
+def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
+    ref = np.asarray(ref, np.float64)
+    noise = np.sum((ref - np.asarray(out, np.float64)) ** 2)
+    return float("inf") if noise == 0 else float(10 * np.log10(np.sum(ref ** 2) / noise))
+
+
+def strip_calibration(mod: Module) -> Module:
+    """Drop the calibration marks that extraction left on values kept in float."""
+    def visit(node, kids):
+        if isinstance(node, Call) and node.op_name == "annotation.calibrated":
+            return kids[0]
+        return None
+    fn = mod.main
+    return Module({"main": Function(params=fn.params, body=rewrite(fn.body, visit),
+                                    ret_type=fn.ret_type)}, version=mod.version)
+
+
+@dataclass
+class QuantizeResult:
+    module: Module                 # int8 program
+    fp32: Module                   # the optimized fp32 program it was made from
+    table: CalibrationTable
+    optimized: OptimizeResult
+    layers: list[tuple[str, float]] = field(default_factory=list)  # (value, SQNR dB)
+    output: dict[str, float] = field(default_factory=dict)
+
+    def report(self) -> str:
+        lines = [f"calibration {self.table.mode}; {len(self.table.ranges)} values calibrated",
+                 f"{'value':12s} {'SQNR dB':>8s}"]
+        lines += [f"{name:12s} {db:8.1f}" for name, db in self.layers]
+        o = self.output
+        lines.append(f"output: SQNR {o['sqnr']:.1f} dB, cosine {o['cosine']:.6f}, "
+                     f"max abs error {o['max_abs_error']:.4g}")
+        return "\n".join(lines)
+
+
+def evaluate(fp32: Module, int8: Module, table: CalibrationTable, dtype: str,
+             inputs: Mapping[str, np.ndarray]) -> tuple[list[tuple[str, float]], dict]:
+    """SQNR of each requantized value (matched to the calibrated value whose scale it takes)
+    and of the output, on one input."""
+    labels = value_labels(fp32.main)
+    fp_values: dict[str, np.ndarray] = {}
+
+    def keep_fp(node, value):
+        label = labels.get(id(node))
+        if label in table.ranges:
+            fp_values[label] = value
+    ref = run(fp32, inputs, observe=keep_fp)
+    by_scale: dict[float, list[str]] = {}
+    for label, r in table.ranges.items():
+        by_scale.setdefault(round(qparams(r, dtype)[0], 9), []).append(label)
+    layers: dict[str, float] = {}
+
+    def keep_int(node, value):
+        if isinstance(node, Call) and node.op_name in ("qnn.requantize", "qnn.add") \
+                and isinstance(node.args[-2], Scalar):
+            scale = float(node.args[-2].value)
+            names = by_scale.get(round(scale, 9), [])
+            if len(names) == 1 and names[0] in fp_values:
+                deq = (value.astype(np.float64) - float(node.args[-1].value)) * scale
+                layers[names[0]] = sqnr_db(fp_values[names[0]], deq)
+    out = run(int8, inputs, observe=keep_int)
+    r, o = np.asarray(ref, np.float64).ravel(), np.asarray(out, np.float64).ravel()
+    cosine = float(r @ o / (np.linalg.norm(r) * np.linalg.norm(o) or 1.0))
+    order = [labels[k] for k in labels if labels[k] in layers]
+    return ([(name, layers[name]) for name in dict.fromkeys(order)],
+            {"sqnr": sqnr_db(r, o), "cosine": cosine,
+             "max_abs_error": float(np.max(np.abs(r - o)))})
+
+
+def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
+             samples: Iterable[Mapping[str, np.ndarray]], mode: str = "kl_divergence",
+             weight_scale: str = "max", per_channel: bool = False, dtype: str = "int8",
+             skip: Sequence[str] = (), cost: str = "cpu", progress=None,
+             check_input: Mapping[str, np.ndarray] | None = None) -> QuantizeResult:
+    samples = list(samples)
+    fp = optimize(bind_params(mod, params) if params else mod, None, FP32_RULES,
+                  FP32_SCHEDULE, cost=cost).module
+    table = calibrate(fp, None, samples, mode, skip, progress)
+    result = optimize(annotate(fp, table, dtype, weight_scale, per_channel), None,
+                      ["quantize"], cost=cost)
+    int8 = strip_calibration(result.module)
+    layers, output = evaluate(fp, int8, table, dtype, check_input or samples[0])
+    return QuantizeResult(int8, fp, table, result, layers, output)
+
