@@ -110,7 +110,7 @@ def _quantize(x, scale, zp, *, axis, out_dtype):
 
 
 register(OpDef("qnn.quantize", inputs=("data", "output_scale", "output_zero_point"),
-               props=frozenset({QUANT}),
+               props=frozenset({QUANT}), kernel="eqquant.runtime.bindings:Quantize",
                attrs=(Attr("axis", INT, -1), Attr("out_dtype", QDTYPE, "int8")),
                type_rel=_quantize_rel, semantics=_quantize,
                doc="clip(round(x / scale) + zero_point) to out_dtype"))
@@ -133,6 +133,7 @@ def _dequantize(q, scale, zp, *, axis):
 
 register(OpDef("qnn.dequantize", inputs=("data", "input_scale", "input_zero_point"),
                props=frozenset({QUANT}), attrs=(Attr("axis", INT, -1),),
+               kernel="eqquant.runtime.bindings:Dequantize",
                type_rel=_dequantize_rel, semantics=_dequantize,
                doc="(q - zero_point) * scale, as float32"))
 
@@ -176,7 +177,7 @@ def _requantize(q, in_scale, in_zp, out_scale, out_zp, *, axis, rounding, out_dt
 register(OpDef(
     "qnn.requantize",
     inputs=("data", "input_scale", "input_zero_point", "output_scale", "output_zero_point"),
-    props=frozenset({QUANT}),
+    props=frozenset({QUANT}), kernel="eqquant.runtime.bindings:Requantize",
     attrs=(Attr("axis", INT, -1), Attr("rounding", ROUNDING, "UPWARD"),
            Attr("out_dtype", QDTYPE, "int8")),
     type_rel=_requantize_rel, semantics=_requantize,
@@ -218,6 +219,7 @@ QINPUTS = ("data", "weight", "input_zero_point", "kernel_zero_point", "input_sca
            "kernel_scale")
 register(OpDef(
     "qnn.conv2d", inputs=QINPUTS, props=frozenset({COMPUTE, QUANT}),
+    kernel="eqquant.runtime.bindings:QConv2D",
     attrs=tuple(a for a in CONV2D_ATTRS if a.name != "out_dtype")
     + (Attr("out_dtype", DTYPE_REQUIRED, "int32"),),
     type_rel=_qcompute_rel(conv2d_rel), semantics=_qconv2d, flops=conv2d_flops,

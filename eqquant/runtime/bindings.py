@@ -173,11 +173,22 @@ def _geometry(attrs):
     return kh, kw, sh, sw, pt, pl, pb, pr, dh, dw
 
 
+def _same_dtype(in_types, out_type, dtypes=("float32", "int8", "uint8", "int32")) -> bool:
+    return all(isinstance(t, TensorType) and t.dtype == out_type.dtype and t.dtype in dtypes
+               for t in (*in_types, out_type))
+
+
 class MaxPool2D(Binding):
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return _same_dtype(in_types, out_type)
+
     def __call__(self, ins, out):
         kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = _geometry(self.attrs)
+        dtype = out.dtype
+        lowest = dtype.type(-np.inf) if dtype.kind == "f" else np.iinfo(dtype).min
         for b in range(ins[0].shape[0]):
-            k.max_pool(ins[0][b], kh, kw, sh, sw, pt, pl, dh, dw, out[b])
+            k.max_pool(ins[0][b], kh, kw, sh, sw, pt, pl, dh, dw, dtype.type(lowest), out[b])
 
 
 class AvgPool2D(Binding):
@@ -199,7 +210,12 @@ _BINARY = {"add": 0, "subtract": 1, "multiply": 2, "divide": 3}
 
 class Binary(Binding):
     """Elementwise add/subtract/multiply/divide: same shapes, or a per-channel operand;
-    anything else broadcasts through numpy."""
+    anything else broadcasts through numpy. float32, or int32 add/subtract/multiply."""
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return _is_f32(*in_types, out_type) or (
+            op.name != "divide" and _same_dtype(in_types, out_type, ("int32",)))
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
@@ -224,7 +240,13 @@ class Binary(Binding):
 
 
 class Activation(Binding):
-    """nn.relu and clip."""
+    """nn.relu (float32 or integers) and clip (float32)."""
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        if op.name == "nn.relu":
+            return _same_dtype(in_types, out_type)
+        return _is_f32(*in_types, out_type)
 
     def __call__(self, ins, out):
         if self.op.name == "nn.relu":
@@ -291,3 +313,113 @@ class Pad(Binding):
         (pt, _), (pl, _) = self.attrs["pad_width"][-2:]
         k.pad_planes(x.reshape(-1, h, w), float(value), pt, pl,
                      out.reshape(-1, *out.shape[-2:]))
+
+
+# -- integer ops (portable Numba kernels) ----------------------------------------------------
+
+def _const_scalar(consts, i):
+    """The value of constant operand i when it is one number, else None."""
+    v = consts.get(i)
+    if v is None or np.asarray(v).size != 1:
+        return None
+    return np.asarray(v).reshape(())
+
+
+class QConv2D(Binding):
+    """qnn.conv2d: int8 im2col + int32 GEMM (weights and zero points prepacked)."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from . import kernels_int8 as k8
+        self.k8 = k8
+        w = consts[1]
+        o, cg, kh, kw = w.shape
+        self.kh, self.kw, self.groups = kh, kw, attrs["groups"]
+        self.w = np.ascontiguousarray(w.reshape(self.groups, o // self.groups, -1))
+        zw = np.broadcast_to(np.asarray(consts[3], np.int32).reshape(-1), (o,))
+        self.zw = np.ascontiguousarray(zw, dtype=np.int32).reshape(self.groups, -1)
+        self.zx = int(_const_scalar(consts, 2))
+        self.sh, self.sw = attrs["strides"]
+        self.dh, self.dw = attrs["dilation"]
+        self.pt, self.pl, _, _ = attrs["padding"]
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return (1 in consts and 3 in consts and _const_scalar(consts, 2) is not None and
+                in_types[1].dtype == "int8" and in_types[0].dtype in ("int8", "uint8") and
+                out_type.dtype == "int32")
+
+    def __call__(self, ins, out):
+        x = ins[0]
+        n, c, h, wd = x.shape
+        _, o, oh, ow = out.shape
+        g = self.groups
+        cg, og = c // g, o // g
+        col = np.empty((cg * self.kh * self.kw, oh * ow), x.dtype)
+        for b in range(n):
+            for gi in range(g):
+                self.k8.im2col_i8(x[b, gi * cg:(gi + 1) * cg], self.zx, self.kh, self.kw,
+                                  self.sh, self.sw, self.pt, self.pl, self.dh, self.dw, oh, ow,
+                                  col)
+                y = out[b, gi * og:(gi + 1) * og].reshape(og, oh * ow)
+                self.k8.gemm_i8(self.w[gi], self.zw[gi], col, np.int32(self.zx), y)
+
+
+class Requantize(Binding):
+    """qnn.requantize with per-tensor parameters."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from ..quant.fixed_point import quantize_multiplier
+        from . import kernels_int8 as k8
+        self.k8 = k8
+        s1, z1, s2, z2 = (_const_scalar(consts, i) for i in (1, 2, 3, 4))
+        self.m, self.shift = quantize_multiplier(float(s1) / float(s2))
+        self.zin, self.zout = int(z1), int(z2)
+        info = np.iinfo(out_type.dtype)
+        self.lo, self.hi = int(info.min), int(info.max)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return (all(_const_scalar(consts, i) is not None for i in (1, 2, 3, 4)) and
+                attrs["rounding"] == "UPWARD")
+
+    def __call__(self, ins, out):
+        self.k8.requantize(ins[0].reshape(-1), self.zin, np.int64(self.m), self.shift,
+                           self.zout, self.lo, self.hi, out.reshape(-1))
+
+
+class Quantize(Binding):
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from . import kernels_int8 as k8
+        self.k8 = k8
+        self.scale = np.float32(_const_scalar(consts, 1))
+        self.zero = int(_const_scalar(consts, 2))
+        info = np.iinfo(out_type.dtype)
+        self.lo, self.hi = int(info.min), int(info.max)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return (in_types[0].dtype == "float32" and _const_scalar(consts, 1) is not None and
+                _const_scalar(consts, 2) is not None and out_type.shape == in_types[0].shape)
+
+    def __call__(self, ins, out):
+        self.k8.quantize(ins[0].reshape(-1), self.scale, self.zero, self.lo, self.hi,
+                         out.reshape(-1))
+
+
+class Dequantize(Binding):
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from . import kernels_int8 as k8
+        self.k8 = k8
+        self.scale = np.float32(_const_scalar(consts, 1))
+        self.zero = int(_const_scalar(consts, 2))
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return _const_scalar(consts, 1) is not None and _const_scalar(consts, 2) is not None
+
+    def __call__(self, ins, out):
+        self.k8.dequantize(ins[0].reshape(-1), self.zero, self.scale, out.reshape(-1))

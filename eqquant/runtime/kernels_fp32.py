@@ -102,15 +102,16 @@ def depthwise(x, w, bias, sh, sw, pt, pl, dh, dw, act, lo, hi, out):
 
 
 @njit(parallel=True, cache=True)
-def max_pool(x, kh, kw, sh, sw, pt, pl, dh, dw, out):
+def max_pool(x, kh, kw, sh, sw, pt, pl, dh, dw, lowest, out):
     """Row by row: each window column is swept over the output columns it stays inside the
-    image for, with no test in the inner loop."""
+    image for, with no test in the inner loop. ``lowest`` is the dtype's least value (any
+    dtype: int8 programs pool too)."""
     c_in, h, w = x.shape
     _, oh, ow = out.shape
     for c in prange(c_in):
         for y in range(oh):
             for xo in range(ow):
-                out[c, y, xo] = -np.inf
+                out[c, y, xo] = lowest
             for i in range(kh):
                 iy = y * sh - pt + i * dh
                 if iy < 0 or iy >= h:
@@ -203,11 +204,12 @@ def binary_channel(a, b, op, out):
 
 @njit(parallel=True, cache=True)
 def unary(a, act, lo, hi, out):
-    """Flat: relu (1) or clip (2)."""
+    """Flat: relu (1) or clip (2); relu keeps the dtype (int32 accumulators too)."""
     for i in prange(a.size):
         v = a[i]
         if act == 1:
-            v = max(v, 0.0)
+            if v < 0:
+                v = v - v
         else:
             v = min(max(v, lo), hi)
         out[i] = v
