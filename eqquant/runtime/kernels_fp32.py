@@ -13,6 +13,19 @@ from numba import njit, prange
 ACT_CODES = {"none": 0, "relu": 1, "clip": 2}
 
 
+@njit(cache=True)
+def inside(n_out, stride, offset, size):
+    """The output columns [first, last) whose input column, out * stride + offset, lies in
+    [0, size): sweeping only those needs no bounds test in the inner loop."""
+    first = 0
+    while first < n_out and first * stride + offset < 0:
+        first += 1
+    last = n_out
+    while last > first and (last - 1) * stride + offset >= size:
+        last -= 1
+    return first, last
+
+
 @njit(parallel=True, cache=True)
 def im2col(x, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, col):
     """x: (C, H, W) -> col: (C*kh*kw, oh*ow), zero where a window reads padding. Parallel over
@@ -22,13 +35,7 @@ def im2col(x, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, col):
         c = row // (kh * kw)
         i = (row // kw) % kh
         j = row % kw
-        # output columns whose input column is inside the image
-        lo = 0
-        while lo < ow and lo * sw - pl + j * dw < 0:
-            lo += 1
-        hi = ow
-        while hi > lo and (hi - 1) * sw - pl + j * dw >= w:
-            hi -= 1
+        lo, hi = inside(ow, sw, j * dw - pl, w)
         for y in range(oh):
             iy = y * sh - pt + i * dh
             base = y * ow
@@ -83,12 +90,7 @@ def depthwise(x, w, bias, sh, sw, pt, pl, dh, dw, act, lo, hi, out):
                 src = x[c, iy]
                 for j in range(kw):
                     off = j * dw - pl
-                    first = 0
-                    while first < ow and first * sw + off < 0:
-                        first += 1
-                    last = ow
-                    while last > first and (last - 1) * sw + off >= wd:
-                        last -= 1
+                    first, last = inside(ow, sw, off, wd)
                     tap = w[c, i, j]
                     for xo in range(first, last):
                         row[xo] += src[xo * sw + off] * tap
@@ -118,12 +120,7 @@ def max_pool(x, kh, kw, sh, sw, pt, pl, dh, dw, lowest, out):
                     continue
                 for j in range(kw):
                     off = j * dw - pl
-                    lo = 0
-                    while lo < ow and lo * sw + off < 0:
-                        lo += 1
-                    hi = ow
-                    while hi > lo and (hi - 1) * sw + off >= w:
-                        hi -= 1
+                    lo, hi = inside(ow, sw, off, w)
                     for xo in range(lo, hi):
                         v = x[c, iy, xo * sw + off]
                         if v > out[c, y, xo]:
