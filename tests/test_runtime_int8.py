@@ -64,3 +64,51 @@ def test_quantize_kernel_rounds_half_to_even_like_the_reference():
     got = Executor(bound).run(xs)
     np.testing.assert_array_equal(got, run(bound, xs))
     np.testing.assert_array_equal(got, [0, 2, 0, -2, 2, 127, -128, 0])
+
+
+def test_vnni_and_portable_paths_agree_bit_for_bit(monkeypatch):
+    """On a CPU with AVX512-VNNI both int8 convolution paths run and agree with each other and
+    with the reference; elsewhere the dispatcher must pick the portable path."""
+    from eqquant.quant.flow import quantize
+    from eqquant.runtime import vnni
+    from eqquant.runtime.bindings import int8_path
+    from eqquant.zoo import build
+    m = build("seed004", image_size=64)
+    rng = np.random.default_rng(0)
+    samples = [{"data": rng.normal(size=(1, 3, 64, 64)).astype("float32")} for _ in range(2)]
+    r = quantize(m.module, m.params, samples, "minmax", per_channel=True)
+    x = {"data": rng.normal(size=(1, 3, 64, 64)).astype("float32")}
+    ref = run(r.module, x)
+    outputs = {}
+    for path in ("portable", "vnni"):
+        monkeypatch.setenv("EQQUANT_INT8_KERNEL", path)
+        ex = Executor(r.module)
+        assert not [s.label for s in ex.steps if "reference" in s.label and "qnn.add" not in
+                    s.label]
+        used = sum(getattr(s.fn, "use_vnni", False) for s in ex.steps)
+        if path == "vnni" and vnni.available():
+            assert used == 3
+        else:
+            assert used == 0
+        outputs[path] = ex.run(x)
+        np.testing.assert_array_equal(outputs[path], ref)
+    np.testing.assert_array_equal(outputs["portable"], outputs["vnni"])
+    monkeypatch.delenv("EQQUANT_INT8_KERNEL")
+    assert int8_path() == ("vnni" if vnni.available() else "portable")
+
+
+def test_vnni_gemm_exact_on_random_matrices():
+    from eqquant.runtime import vnni
+    if not vnni.available():
+        assert vnni.available() is False  # the portable path is the one in use here
+        return
+    rng = np.random.default_rng(1)
+    for p, k, o in [(7, 5, 64), (50, 147, 128), (3, 576, 64)]:
+        w = rng.integers(-128, 128, size=(o, k)).astype(np.int8)
+        a = rng.integers(0, 256, size=(p, k)).astype(np.uint8)
+        packed, _, kp = vnni.pack(w)
+        rows = np.zeros((p, kp), np.uint8)
+        rows[:, :k] = a
+        out = np.empty((p, o), np.int32)
+        vnni.gemm(rows, packed, out)
+        np.testing.assert_array_equal(out, a.astype(np.int64) @ w.astype(np.int64).T)

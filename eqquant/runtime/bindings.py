@@ -325,13 +325,25 @@ def _const_scalar(consts, i):
     return np.asarray(v).reshape(())
 
 
+def int8_path() -> str:
+    """"vnni" when the CPU has AVX512-VNNI, else "portable"; EQQUANT_INT8_KERNEL overrides."""
+    import os
+    from . import vnni
+    chosen = os.environ.get("EQQUANT_INT8_KERNEL", "")
+    if chosen in ("portable", "vnni"):
+        return chosen if chosen == "portable" or vnni.available() else "portable"
+    return "vnni" if vnni.available() else "portable"
+
+
 class QConv2D(Binding):
-    """qnn.conv2d: int8 im2col + int32 GEMM (weights and zero points prepacked)."""
+    """qnn.conv2d: on VNNI, pixel rows (uint8) times packed weights with vpdpbusd; otherwise
+    int8 im2col + a portable int32 GEMM. Weights and zero points are prepacked once."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
         from . import kernels_int8 as k8
-        self.k8 = k8
+        from . import vnni
+        self.k8, self.vnni = k8, vnni
         w = consts[1]
         o, cg, kh, kw = w.shape
         self.kh, self.kw, self.groups = kh, kw, attrs["groups"]
@@ -342,6 +354,14 @@ class QConv2D(Binding):
         self.sh, self.sw = attrs["strides"]
         self.dh, self.dw = attrs["dilation"]
         self.pt, self.pl, _, _ = attrs["padding"]
+        # VNNI: uint8 activations (int8 shifted by 128) times int8 weights, per group
+        self.use_vnni = (int8_path() == "vnni" and self.groups == 1 and not self.zw.any()
+                         and (o % vnni.BLOCK) == 0)
+        if self.use_vnni:
+            self.shift = 128 if in_types[0].dtype == "int8" else 0
+            self.packed, colsum128, self.kp = vnni.pack(self.w[0])
+            colsum = colsum128 // 128
+            self.correction = (colsum * (self.shift + self.zx)).astype(np.int32)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -350,6 +370,8 @@ class QConv2D(Binding):
                 out_type.dtype == "int32")
 
     def __call__(self, ins, out):
+        if self.use_vnni:
+            return self._vnni(ins, out)
         x = ins[0]
         n, c, h, wd = x.shape
         _, o, oh, ow = out.shape
@@ -364,29 +386,77 @@ class QConv2D(Binding):
                 y = out[b, gi * og:(gi + 1) * og].reshape(og, oh * ow)
                 self.k8.gemm_i8(self.w[gi], self.zw[gi], col, np.int32(self.zx), y)
 
+    def _vnni(self, ins, out):
+        x = ins[0]
+        _, o, oh, ow = out.shape
+        p = oh * ow
+        rows = np.empty((p, self.kp), np.uint8)
+        acc = np.empty((p, o), np.int32)
+        pad = self.zx + self.shift
+        for b in range(x.shape[0]):
+            self.k8.im2row_u8(x[b], self.shift, pad, self.kh, self.kw, self.sh, self.sw,
+                              self.pt, self.pl, self.dh, self.dw, oh, ow, rows)
+            _parallel_rows(lambda p0, p1: self.vnni.gemm(rows, self.packed, acc, p0, p1), p)
+            self.k8.finish_vnni(acc, self.correction, out[b].reshape(o, p))
+
+
+_POOL = []
+
+
+def _parallel_rows(fn, n: int) -> None:
+    """Split rows [0, n) over the cores; the VNNI GEMM releases the GIL (ctypes)."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+    workers = os.cpu_count() or 1
+    if workers == 1 or n < 64:
+        fn(0, n)
+        return
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(max_workers=workers))
+    step = -(-n // workers)
+    futures = [_POOL[0].submit(fn, i, min(i + step, n)) for i in range(0, n, step)]
+    for f in futures:
+        f.result()
+
 
 class Requantize(Binding):
-    """qnn.requantize with per-tensor parameters."""
+    """qnn.requantize: per-tensor parameters, or per-channel input scales along axis 1."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
         from ..quant.fixed_point import quantize_multiplier
         from . import kernels_int8 as k8
         self.k8 = k8
-        s1, z1, s2, z2 = (_const_scalar(consts, i) for i in (1, 2, 3, 4))
-        self.m, self.shift = quantize_multiplier(float(s1) / float(s2))
+        z1, s2, z2 = (_const_scalar(consts, i) for i in (2, 3, 4))
+        s1 = np.asarray(consts[1], np.float64).reshape(-1)
+        pairs = [quantize_multiplier(float(v) / float(s2)) for v in s1]
+        self.m = np.array([p[0] for p in pairs], np.int64)
+        self.shift = np.array([p[1] for p in pairs], np.int64)
+        self.per_channel = s1.size > 1
         self.zin, self.zout = int(z1), int(z2)
         info = np.iinfo(out_type.dtype)
         self.lo, self.hi = int(info.min), int(info.max)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        return (all(_const_scalar(consts, i) is not None for i in (1, 2, 3, 4)) and
-                attrs["rounding"] == "UPWARD")
+        if attrs["rounding"] != "UPWARD" or 1 not in consts or \
+                not all(_const_scalar(consts, i) is not None for i in (2, 3, 4)):
+            return False
+        s1 = np.asarray(consts[1]).reshape(-1)
+        return s1.size == 1 or (attrs["axis"] % len(in_types[0].shape) == 1 and
+                                len(in_types[0].shape) >= 2 and
+                                s1.size == in_types[0].shape[1])
 
     def __call__(self, ins, out):
-        self.k8.requantize(ins[0].reshape(-1), self.zin, np.int64(self.m), self.shift,
-                           self.zout, self.lo, self.hi, out.reshape(-1))
+        q = ins[0]
+        if self.per_channel:
+            n, c = q.shape[:2]
+            self.k8.requantize_channels(q.reshape(n, c, -1), self.zin, self.m, self.shift,
+                                        self.zout, self.lo, self.hi, out.reshape(n, c, -1))
+        else:
+            self.k8.requantize(q.reshape(-1), self.zin, np.int64(self.m[0]),
+                               int(self.shift[0]), self.zout, self.lo, self.hi,
+                               out.reshape(-1))
 
 
 class Quantize(Binding):

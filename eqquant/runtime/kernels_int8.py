@@ -73,3 +73,53 @@ def quantize(x, scale, zero, lo, hi, out):
 def dequantize(q, zero, scale, out):
     for i in prange(q.size):
         out[i] = np.float32(np.int64(q[i]) - zero) * scale
+
+
+@njit(parallel=True, cache=True)
+def im2row_u8(x, shift, pad, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, rows):
+    """x: (C, H, W) int8/uint8 -> rows: (oh*ow, Kp) uint8, each output pixel's window as one
+    row, every byte offset by ``shift`` (128 turns int8 into uint8) and padding = ``pad``."""
+    c_in, h, w = x.shape
+    k = c_in * kh * kw
+    for y in prange(oh):
+        for xo in range(ow):
+            r = y * ow + xo
+            for c in range(c_in):
+                for i in range(kh):
+                    iy = y * sh - pt + i * dh
+                    for j in range(kw):
+                        ix = xo * sw - pl + j * dw
+                        col = (c * kh + i) * kw + j
+                        if iy >= 0 and iy < h and ix >= 0 and ix < w:
+                            rows[r, col] = np.uint8(np.int32(x[c, iy, ix]) + shift)
+                        else:
+                            rows[r, col] = np.uint8(pad)
+            for col in range(k, rows.shape[1]):
+                rows[r, col] = 0
+
+
+@njit(parallel=True, cache=True)
+def finish_vnni(acc, correction, out):
+    """acc: (P, O) int32 from the VNNI GEMM -> out: (O, P), minus the per-channel correction."""
+    p_n, o_n = acc.shape
+    for o in prange(o_n):
+        c = correction[o]
+        for p in range(p_n):
+            out[o, p] = acc[p, o] - c
+
+
+@njit(parallel=True, cache=True)
+def requantize_channels(q, zin, multipliers, shifts, zout, lo, hi, out):
+    """q, out: (N, C, P); one multiplier and shift per channel C (per-channel scales)."""
+    n, channels, size = q.shape
+    for c in prange(channels):
+        left = max(shifts[c], 0)
+        total = max(-shifts[c], 0) + 31
+        half = np.int64(1) << (total - 1)
+        m = multipliers[c]
+        for b in range(n):
+            for i in range(size):
+                v = (np.int64(q[b, c, i]) - zin) << left
+                v = (v * m + half) >> total
+                v = v + zout
+                out[b, c, i] = min(max(v, lo), hi)
