@@ -265,4 +265,5 @@ register(OpDef(
     "qnn.add", inputs=("lhs", "rhs", "lhs_scale", "lhs_zero_point", "rhs_scale",
                        "rhs_zero_point", "output_scale", "output_zero_point"),
     props=frozenset({QUANT}), type_rel=_qadd_rel, semantics=_qadd,
+    kernel="eqquant.runtime.bindings:QAdd",
     doc="rhs rescaled to the lhs scale, added in int32, requantized to the output"))

@@ -359,7 +359,9 @@ class QConv2D(Binding):
                          and (o % vnni.BLOCK) == 0)
         if self.use_vnni:
             self.shift = 128 if in_types[0].dtype == "int8" else 0
-            self.packed, colsum128, self.kp = vnni.pack(self.w[0])
+            # (tap, channel) order, so that each tap of a window is contiguous in NHWC rows
+            w_tap = np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(o, -1))
+            self.packed, colsum128, self.kp = vnni.pack(w_tap)
             colsum = colsum128 // 128
             self.correction = (colsum * (self.shift + self.zx)).astype(np.int32)
 
@@ -394,8 +396,9 @@ class QConv2D(Binding):
         acc = np.empty((p, o), np.int32)
         pad = self.zx + self.shift
         for b in range(x.shape[0]):
-            self.k8.im2row_u8(x[b], self.shift, pad, self.kh, self.kw, self.sh, self.sw,
-                              self.pt, self.pl, self.dh, self.dw, oh, ow, rows)
+            xt = np.ascontiguousarray(x[b].transpose(1, 2, 0))
+            self.k8.im2row_hwc(xt, self.shift, pad, self.kh, self.kw, self.sh, self.sw,
+                               self.pt, self.pl, self.dh, self.dw, oh, ow, rows)
             _parallel_rows(lambda p0, p1: self.vnni.gemm(rows, self.packed, acc, p0, p1), p)
             self.k8.finish_vnni(acc, self.correction, out[b].reshape(o, p))
 
@@ -493,3 +496,28 @@ class Dequantize(Binding):
 
     def __call__(self, ins, out):
         self.k8.dequantize(ins[0].reshape(-1), self.zero, self.scale, out.reshape(-1))
+
+
+class QAdd(Binding):
+    """qnn.add with per-tensor parameters (see eqquant.ops.qnn for the arithmetic)."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from ..quant.fixed_point import quantize_multiplier
+        from . import kernels_int8 as k8
+        self.k8 = k8
+        sa, za, sb, zb, so, zo = (float(_const_scalar(consts, i)) for i in range(2, 8))
+        self.mb, self.shb = quantize_multiplier(sb / sa)
+        self.mo, self.sho = quantize_multiplier(sa / so)
+        self.za, self.zb, self.zo = int(za), int(zb), int(zo)
+        info = np.iinfo(out_type.dtype)
+        self.lo, self.hi = int(info.min), int(info.max)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return all(_const_scalar(consts, i) is not None for i in range(2, 8))
+
+    def __call__(self, ins, out):
+        self.k8.qadd(ins[0].reshape(-1), self.za, ins[1].reshape(-1), self.zb,
+                     np.int64(self.mb), self.shb, np.int64(self.mo), self.sho, self.zo,
+                     self.lo, self.hi, out.reshape(-1))

@@ -76,29 +76,6 @@ def dequantize(q, zero, scale, out):
 
 
 @njit(parallel=True, cache=True)
-def im2row_u8(x, shift, pad, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, rows):
-    """x: (C, H, W) int8/uint8 -> rows: (oh*ow, Kp) uint8, each output pixel's window as one
-    row, every byte offset by ``shift`` (128 turns int8 into uint8) and padding = ``pad``."""
-    c_in, h, w = x.shape
-    k = c_in * kh * kw
-    for y in prange(oh):
-        for xo in range(ow):
-            r = y * ow + xo
-            for c in range(c_in):
-                for i in range(kh):
-                    iy = y * sh - pt + i * dh
-                    for j in range(kw):
-                        ix = xo * sw - pl + j * dw
-                        col = (c * kh + i) * kw + j
-                        if iy >= 0 and iy < h and ix >= 0 and ix < w:
-                            rows[r, col] = np.uint8(np.int32(x[c, iy, ix]) + shift)
-                        else:
-                            rows[r, col] = np.uint8(pad)
-            for col in range(k, rows.shape[1]):
-                rows[r, col] = 0
-
-
-@njit(parallel=True, cache=True)
 def finish_vnni(acc, correction, out):
     """acc: (P, O) int32 from the VNNI GEMM -> out: (O, P), minus the per-channel correction."""
     p_n, o_n = acc.shape
@@ -123,3 +100,45 @@ def requantize_channels(q, zin, multipliers, shifts, zout, lo, hi, out):
                 v = (v * m + half) >> total
                 v = v + zout
                 out[b, c, i] = min(max(v, lo), hi)
+
+
+@njit(parallel=True, cache=True)
+def im2row_hwc(xt, shift, pad, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, rows):
+    """xt: (H, W, C) -> rows: (oh*ow, Kp) uint8 in (tap, channel) order: each window tap is C
+    contiguous bytes, copied (offset by ``shift``) or filled with ``pad`` outside the image."""
+    h, w, c_in = xt.shape
+    k = kh * kw * c_in
+    for y in prange(oh):
+        for xo in range(ow):
+            r = y * ow + xo
+            for i in range(kh):
+                iy = y * sh - pt + i * dh
+                for j in range(kw):
+                    ix = xo * sw - pl + j * dw
+                    base = (i * kw + j) * c_in
+                    if iy >= 0 and iy < h and ix >= 0 and ix < w:
+                        for c in range(c_in):
+                            rows[r, base + c] = np.uint8(np.int32(xt[iy, ix, c]) + shift)
+                    else:
+                        for c in range(c_in):
+                            rows[r, base + c] = np.uint8(pad)
+            for col in range(k, rows.shape[1]):
+                rows[r, col] = 0
+
+
+@njit(parallel=True, cache=True)
+def qadd(a, za, b, zb, mb, shb, mo, sho, zo, lo, hi, out):
+    """Flat qnn.add: b rescaled to a's scale (mb, shb), added to a in int32, the sum rescaled to
+    the output's (mo, sho); fixed-point steps as in ``requantize``."""
+    lb, tb = max(shb, 0), max(-shb, 0) + 31
+    lo_, to = max(sho, 0), max(-sho, 0) + 31
+    hb = np.int64(1) << (tb - 1)
+    ho = np.int64(1) << (to - 1)
+    for i in prange(a.size):
+        vb = ((np.int64(b[i]) - zb) << lb) * mb
+        vb = (vb + hb) >> tb
+        total = np.int64(a[i]) - za + vb
+        total = min(max(total, -2147483648), 2147483647)
+        v = ((total << lo_) * mo + ho) >> to
+        v = v + zo
+        out[i] = min(max(v, lo), hi)
