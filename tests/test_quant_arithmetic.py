@@ -145,3 +145,17 @@ def test_observers_weight_scales_and_table(tmp_path):
     table.save(tmp_path / "calib.json")
     again = CalibrationTable.load(tmp_path / "calib.json")
     assert again == table
+
+
+def test_global_scale_and_array_samples():
+    from eqquant.quant.annotate import calibrate
+    from eqquant.quant.calibrate import GlobalScale
+    from eqquant.zoo import build
+    g = GlobalScale()
+    g.update(np.array([100.0]))
+    assert (g.range().lo, g.range().hi) == (-8.0, 8.0)
+    m = build("seed000", image_size=8)
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=(1, 3, 8, 8)).astype("float32") for _ in range(2)]
+    table = calibrate(m.module, m.params, arrays, "minmax")
+    assert table.ranges["%data"].hi == pytest.approx(max(float(a.max()) for a in arrays))

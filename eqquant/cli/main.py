@@ -215,7 +215,8 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
 @click.option("--calib", "calib", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Calibration set: .npz of arrays keyed by input name, stacked on a "
                    "leading sample axis.")
-@click.option("--mode", type=click.Choice(["kl_divergence", "minmax", "percentile"]),
+@click.option("--mode", type=click.Choice(["kl_divergence", "minmax", "percentile",
+                                          "global_scale"]),
               default="kl_divergence", show_default=True)
 @click.option("--weight-scale", type=click.Choice(["max", "power2"]), default="max",
               show_default=True)

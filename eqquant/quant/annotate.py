@@ -45,7 +45,8 @@ def _wanted(fn: Function, skip: set[str], labels: dict[int, str]) -> dict[int, s
 def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
               samples: Iterable[Mapping[str, np.ndarray]], mode: str = "kl_divergence",
               skip: Iterable[str] = (), progress=None) -> CalibrationTable:
-    """Ranges of the program's float values over ``samples`` (dicts of input arrays)."""
+    """Ranges of the program's float values over ``samples``: dicts of input arrays, or plain
+    arrays for a program with one input."""
     if mode not in OBSERVERS:
         raise EqquantError(f"unknown calibration mode '{mode}' (there are: "
                            f"{', '.join(OBSERVERS)})")
@@ -61,7 +62,13 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
             observers[label].update(value)
 
     count = 0
+    names = [p.name for p in fn.params]
     for sample in samples:
+        if not isinstance(sample, Mapping):  # an input array, for a one-input program
+            if len(names) != 1:
+                raise EqquantError(f"calibration samples must be dicts: the program has "
+                                   f"{len(names)} inputs ({', '.join(names)})")
+            sample = {names[0]: sample}
         for p in fn.params:
             if id(p) in wanted:
                 observers[wanted[id(p)]].update(sample[p.name])

@@ -4,6 +4,7 @@ Observers (one per value, fed batch by batch):
 
 - ``minmax``: the smallest and largest value seen.
 - ``percentile``: the given percentile (default 99.999) of |x|, as a symmetric range.
+- ``global_scale``: TVM's fixed range (+-8.0 by default) for every value.
 - ``kl_divergence``: TVM's (and MXNet's) threshold search: an 8001-bin histogram of x over
   [-max|x|, max|x|], then for each candidate threshold the clipped distribution p is compared
   with its 255-level quantization q (both smoothed) and the threshold of least KL(p || q) wins.
@@ -151,7 +152,22 @@ class KLDivergence(Observer):
         return Range(-t, t)
 
 
-OBSERVERS = {"minmax": MinMax, "percentile": Percentile, "kl_divergence": KLDivergence}
+class GlobalScale(Observer):
+    """TVM's ``global_scale``: one fixed range, +-scale (default 8.0), for every value; the
+    data only confirm that the value exists."""
+
+    def __init__(self, scale: float = 8.0) -> None:
+        self.scale = scale
+
+    def update(self, x):
+        pass
+
+    def range(self):
+        return Range(-self.scale, self.scale)
+
+
+OBSERVERS = {"minmax": MinMax, "percentile": Percentile, "kl_divergence": KLDivergence,
+             "global_scale": GlobalScale}
 
 
 def weight_scale(w: np.ndarray, mode: str = "max", per_channel: bool = False,
