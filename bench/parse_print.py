@@ -42,10 +42,21 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     mod, ops = big_program(args.ops)
+    measure("weights as parameters", mod, ops, args.repeat)
+    # the same program with its weights bound: every constant carries a /* ty=... */ comment,
+    # which makes the parser record positions (slower)
+    import numpy as np
+    from eqquant.ir.params import bind_params
+    values = {p.name: np.zeros(p.type.shape, np.float32) for p in mod.main.params[1:]}
+    measure("weights bound (meta constants with ty= comments)", bind_params(mod, values), ops,
+            args.repeat)
+
+
+def measure(label, mod, ops, repeat) -> None:
     text = print_module(mod)
     parse(text)  # warm: grammar compiled once per process
     parse_t, print_t = [], []
-    for _ in range(args.repeat):
+    for _ in range(repeat):
         t0 = time.perf_counter()
         m = parse(text)
         t1 = time.perf_counter()
@@ -55,7 +66,7 @@ def main() -> None:
         parse_t.append(t1 - t0)
         print_t.append(t2 - t1)
     p, q = statistics.median(parse_t), statistics.median(print_t)
-    print(f"program: {ops} ops, {len(text.splitlines())} lines, {len(text) / 1e3:.0f} kB")
+    print(f"{label}: {ops} ops, {len(text.splitlines())} lines, {len(text) / 1e3:.0f} kB")
     print(f"parse  median {p * 1e3:7.1f} ms  (min {min(parse_t) * 1e3:.1f})")
     print(f"print  median {q * 1e3:7.1f} ms  (min {min(print_t) * 1e3:.1f})")
     print(f"parse + print {1e3 * (p + q):7.1f} ms  (goal < 500 ms): "

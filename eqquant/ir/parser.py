@@ -60,10 +60,14 @@ class CommentSink:
 _SINK = CommentSink()
 
 
-@lru_cache(maxsize=1)
-def _lark() -> Lark:
+@lru_cache(maxsize=2)
+def _lark(positions: bool = True) -> Lark:
+    """The LALR parser. ``positions`` (Lark's propagate_positions) records where every
+    subtree ends, which attaching ``/* ty= */`` comments needs; it more than doubles the
+    parse time, so a text without block comments is parsed without it (locations then come
+    from each construct's first token)."""
     text = grammar_path("ir.lark").read_text()
-    return Lark(text, parser="lalr", start=["start", "type"], propagate_positions=True,
+    return Lark(text, parser="lalr", start=["start", "type"], propagate_positions=positions,
                 maybe_placeholders=True, lexer_callbacks={"BLOCK_COMMENT": _SINK})
 
 
@@ -120,13 +124,14 @@ def parse(text: str, file: str = "<string>",
     """Parse a whole program. ``constants`` gives the data of ``meta[relay.Constant][i]``
     (their types come from it, or else from each constant's ``/* ty=... */``)."""
     _SINK.items = []
+    positions = "/*" in text
     try:
-        tree = _lark().parse(text, start="start")
+        tree = _lark(positions).parse(text, start="start")
     except UnexpectedInput as e:
         raise _syntax_error(e, text, file) from None
     comments = _SINK.items
     _SINK.items = []
-    return _Builder(text, file, constants or {}, comments).module(tree)
+    return _Builder(text, file, constants or {}, comments, positions).module(tree)
 
 
 def parse_type(text: str, file: str = "<type>", line: int = 1, column: int = 1) -> Type:
@@ -181,8 +186,9 @@ class _Scope:
 
 class _Builder:
     def __init__(self, text: str, file: str, constants: dict[int, np.ndarray],
-                 comments: list[Token]):
+                 comments: list[Token], positions: bool = True):
         self.text, self.file = text, file
+        self.positions = positions
         self.constants = constants
         self.comments = comments
         self.meta_nodes: dict[int, Constant] = {}
@@ -193,12 +199,15 @@ class _Builder:
 
     # -- locations -----------------------------------------------------------------------------
     def loc(self, item: Tree | Token) -> SourceLoc:
-        if isinstance(item, Token):
-            return SourceLoc(self.file, item.line, item.column, self.text)
-        return SourceLoc(self.file, item.meta.line, item.meta.column, self.text)
+        if isinstance(item, Tree) and self.positions:
+            return SourceLoc(self.file, item.meta.line, item.meta.column, self.text)
+        while isinstance(item, Tree):  # the construct's first token
+            item = next(c for c in item.children if c is not None)
+        return SourceLoc(self.file, item.line, item.column, self.text)
 
     def note(self, tree: Tree, node: Expr) -> Expr:
-        self.by_end[tree.meta.end_pos] = node
+        if self.positions:
+            self.by_end[tree.meta.end_pos] = node
         return node
 
     # -- module --------------------------------------------------------------------------------
@@ -211,7 +220,7 @@ class _Builder:
             if child.data == "version":
                 version = str(child.children[0])[1:-1]
                 continue
-            gtok, params, ret, body = child.children
+            _, gtok, params, ret, body = child.children
             name = str(gtok)[1:]
             if name in functions:
                 raise NameError_(f"function @{name} is defined twice", self.loc(gtok))
@@ -268,7 +277,8 @@ class _Builder:
 
     def _rename(self, node: Expr, name: str, tree: Tree) -> Expr:
         renamed = dataclasses.replace(node, name=name)
-        self.by_end[tree.meta.end_pos] = renamed
+        if self.positions:
+            self.by_end[tree.meta.end_pos] = renamed
         return renamed
 
     # -- expressions ---------------------------------------------------------------------------
@@ -319,7 +329,7 @@ class _Builder:
             return self.note(tree, Scalar(value=kind == "true", dtype="bool",
                                           loc=self.loc(tree)))
         if kind == "fn":
-            params, ret, body = tree.children
+            _, params, ret, body = tree.children
             return self.note(tree, self.function(params, ret, body, tree, scope))
         raise ParseError(f"unexpected {kind}", self.loc(tree))  # grammar and builder disagree
 
@@ -360,7 +370,7 @@ class _Builder:
         return Call(op=op, args=tuple(args), attrs=freeze_attrs(attrs), loc=self.loc(name_tok))
 
     def meta(self, tree: Tree) -> Constant:
-        kind_tok, idx_tok = tree.children
+        _, kind_tok, idx_tok = tree.children
         if str(kind_tok) != "relay.Constant":
             raise ParseError(f"unknown meta section '{kind_tok}' (expected relay.Constant)",
                              self.loc(kind_tok))
@@ -372,7 +382,7 @@ class _Builder:
             if data is not None:
                 ty = TensorType(tuple(int(d) for d in data.shape), str(data.dtype))
             else:
-                ty = self._annotated_type(tree.meta.end_pos)
+                ty = self._annotated_type(tree.meta.end_pos) if self.positions else None
             if ty is None:
                 raise TypeCheckError(
                     f"meta[relay.Constant][{idx}] has no type: write its type after it "
@@ -427,7 +437,7 @@ class _Builder:
         if kind == "tuple_type":
             return TupleType(tuple(self.type(c) for c in tree.children if c is not None))
         if kind == "func_type":
-            *params, ret = tree.children
+            *params, ret = tree.children[1:]
             return FuncType(tuple(self.type(p) for p in params if p is not None), self.type(ret))
         raise ParseError(f"unexpected type {kind}", self.loc(tree))
 
