@@ -14,6 +14,8 @@ The Python API::
     print(result.explain())
     eqquant.save_program("out.ir", result.module)
     y = eqquant.run(result.module, {"data": x})
+    q = eqquant.quantize(mod, params, samples, mode="kl_divergence", per_channel=True)
+    print(q.report())                                          # SQNR per layer and output
 """
 __version__ = "0.1.0"
 
@@ -25,6 +27,7 @@ _API = {
     "save_program": ("eqquant.ir.loader", "save_program"),
     "run": ("eqquant.ir.interp", "run"),
     "optimize": ("eqquant.optimizer", "optimize"),
+    "quantize": ("eqquant.quant.flow", "quantize"),
     "load_rules": ("eqquant.rules.loader", "load_rules"),
     "check_rules": ("eqquant.rules.check", "check_ruleset"),
 }

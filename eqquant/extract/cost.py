@@ -9,8 +9,11 @@ is a constant subexpression costs nothing (it is folded at compile time), and so
 - ``nodes``: one per op call, zero for ops that do nothing at run time (annotations, views).
 - ``cpu``: a roofline-style latency estimate for this kind of machine (2 cores, AVX-512):
   arithmetic at a peak that depends on the dtype, plus the bytes the op reads and writes at
-  memory bandwidth. Integer (int8/uint8) arithmetic runs at about 5x the fp32 rate with VNNI;
-  see ``../shared/notes/measured.md`` and ``bench/``.
+  memory bandwidth. The int8 peak is 5x the fp32 one: what a VNNI GEMM reaches against
+  OpenBLAS's sgemm on this machine (``../shared/notes/measured.md``: 1,124 vs 229 GOPS on 2
+  threads). eqquant's own VNNI GEMM (``eqquant/runtime/vnni.py``) reaches about 350 GOPS so
+  far (2.5x); priced at that, and without a fused int8 epilogue yet, extraction keeps the
+  first convolution of ResNet in fp32.
 """
 from __future__ import annotations
 

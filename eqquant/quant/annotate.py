@@ -27,6 +27,17 @@ from ..passes.inline import inline_calls
 from .calibrate import OBSERVERS, CalibrationTable, Range
 
 
+def as_inputs(sample: Any, fn: Function) -> Mapping[str, np.ndarray]:
+    """A calibration sample as a dict of inputs: a dict, or an array for a one-input program."""
+    if isinstance(sample, Mapping):
+        return sample
+    names = [p.name for p in fn.params]
+    if len(names) != 1:
+        raise EqquantError(f"calibration samples must be dicts: the program has {len(names)} "
+                           f"inputs ({', '.join(names)})")
+    return {names[0]: sample}
+
+
 def _wanted(fn: Function, skip: set[str], labels: dict[int, str]) -> dict[int, str]:
     from ..ir.nodes import post_order
     types = infer_types(Module({"main": fn}))
@@ -62,13 +73,8 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
             observers[label].update(value)
 
     count = 0
-    names = [p.name for p in fn.params]
     for sample in samples:
-        if not isinstance(sample, Mapping):  # an input array, for a one-input program
-            if len(names) != 1:
-                raise EqquantError(f"calibration samples must be dicts: the program has "
-                                   f"{len(names)} inputs ({', '.join(names)})")
-            sample = {names[0]: sample}
+        sample = as_inputs(sample, fn)
         for p in fn.params:
             if id(p) in wanted:
                 observers[wanted[id(p)]].update(sample[p.name])

@@ -17,7 +17,7 @@ from ..ir.nodes import Call, Function, Module, Scalar, rewrite
 from ..ir.params import bind_params
 from ..ir.printer import value_labels
 from ..optimizer import OptimizeResult, optimize
-from .annotate import annotate, calibrate, qparams
+from .annotate import annotate, as_inputs, calibrate, qparams
 from .calibrate import CalibrationTable
 
 FP32_RULES = ("simplify", "bn_fold", "fusion")
@@ -51,7 +51,16 @@ class QuantizeResult:
     output: dict[str, float] = field(default_factory=dict)
 
     def report(self) -> str:
+        from ..ir.nodes import post_order
+        from ..ir.typecheck import infer_types
+        types = infer_types(self.module)
+        calls = [n for n in post_order(self.module.main.body) if isinstance(n, Call)]
+        integer = sum(1 for c in calls if getattr(types[id(c)], "dtype", "").startswith(
+            ("int", "uint")))
         lines = [f"calibration {self.table.mode}; {len(self.table.ranges)} values calibrated",
+                 f"extracted program: {integer} of {len(calls)} ops compute integers "
+                 f"(the cost model chose; cost {self.optimized.before.total * 1e3:.3f} -> "
+                 f"{self.optimized.after.total * 1e3:.3f} ms)",
                  f"{'value':12s} {'SQNR dB':>8s}"]
         lines += [f"{name:12s} {db:8.1f}" for name, db in self.layers]
         o = self.output
@@ -99,13 +108,14 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
              weight_scale: str = "max", per_channel: bool = False, dtype: str = "int8",
              skip: Sequence[str] = (), cost: str = "cpu", progress=None,
              check_input: Mapping[str, np.ndarray] | None = None) -> QuantizeResult:
-    samples = list(samples)
     fp = optimize(bind_params(mod, params) if params else mod, None, FP32_RULES,
                   FP32_SCHEDULE, cost=cost).module
+    samples = [as_inputs(x, fp.main) for x in samples]
     table = calibrate(fp, None, samples, mode, skip, progress)
     result = optimize(annotate(fp, table, dtype, weight_scale, per_channel), None,
                       ["quantize"], cost=cost)
     int8 = strip_calibration(result.module)
-    layers, output = evaluate(fp, int8, table, dtype, check_input or samples[0])
+    check = as_inputs(check_input, fp.main) if check_input is not None else samples[0]
+    layers, output = evaluate(fp, int8, table, dtype, check)
     return QuantizeResult(int8, fp, table, result, layers, output)
 
