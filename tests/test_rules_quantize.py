@@ -18,7 +18,7 @@ SIZE = 64
 def test_every_quantize_rule_holds_within_its_tolerance():
     report = check_ruleset(load_rules("quantize"), trials=4)
     assert report.ok, report.format()
-    assert len(report.results) == 9
+    assert len(report.results) == 11
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +43,14 @@ def test_seed004_flow_is_integer_from_quantize_to_dequantize(flow):
     names = [c.op_name for c in calls]
     assert names[0] == "qnn.quantize" and names[-1] == "qnn.dequantize"
     assert names.count("qnn.quantize") == 1 and names.count("qnn.dequantize") == 1
-    convs = [c for c in calls if c.op_name == "qnn.conv2d"]
-    assert len(convs) == 3 and all(types[id(c)].dtype == "int32" for c in convs)
+    # each conv with its int32 bias, relu and requantization is one fused.qconv2d
+    convs = [c for c in calls if c.op_name == "fused.qconv2d"]
+    assert len(convs) == 3 and all(types[id(c)].dtype == "int8" for c in convs)
     assert all(types[id(c.args[1])].dtype == "int8" for c in convs)  # weights folded to int8
+    assert [c.attrs["activation"] for c in convs] == ["relu", "relu", "none"]
     pools = [c for c in calls if c.op_name == "nn.max_pool2d"]
     assert len(pools) == 1 and types[id(pools[0])].dtype == "int8"
-    assert names.count("qnn.add") == 1 and names.count("qnn.requantize") == 4
+    assert names.count("qnn.add") == 1
     # between the two ends, every value is an integer
     inner = calls[1:-1]
     assert all(types[id(c)].dtype in ("int8", "int32") for c in inner)
@@ -147,7 +149,7 @@ def test_quantize_cli_writes_program_weights_and_table(tmp_path):
     assert CalibrationTable.load(out.with_suffix(".calib.json")).mode == "minmax"
     from eqquant.ir.loader import load_program
     mod, _ = load_program(out)
-    assert "qnn.conv2d" in out.read_text() and "annotation.calibrated" not in out.read_text()
+    assert "fused.qconv2d" in out.read_text() and "annotation.calibrated" not in out.read_text()
     bad = subprocess.run([sys.executable, "-m", "eqquant.cli.main", "quantize", str(paths["ir"]),
                           "--calib", str(paths["ir"]), "-o", str(tmp_path / "x.ir")],
                          capture_output=True, text=True)
@@ -166,4 +168,4 @@ def test_resnet18_per_channel_minmax_sqnr():
     r = quantize(m.module, m.params, samples, "minmax", per_channel=True, check_input=check)
     assert r.output["sqnr"] >= 34.0, r.report()
     ops = [n.op_name for n in post_order(r.module.main.body) if isinstance(n, Call)]
-    assert ops.count("qnn.conv2d") == 20 and ops.count("qnn.add") == 8
+    assert ops.count("fused.qconv2d") == 20 and ops.count("qnn.add") == 8

@@ -267,3 +267,63 @@ register(OpDef(
     props=frozenset({QUANT}), type_rel=_qadd_rel, semantics=_qadd,
     kernel="eqquant.runtime.bindings:QAdd",
     doc="rhs rescaled to the lhs scale, added in int32, requantized to the output"))
+
+
+# -- a quantized convolution with its whole epilogue --------------------------------------------
+
+FQ_INPUTS = ("data", "weight", "bias", "input_zero_point", "kernel_zero_point", "input_scale",
+             "kernel_scale", "acc_scale", "acc_zero_point", "output_scale", "output_zero_point")
+
+
+def _fqconv_rel(types, attrs):
+    acc = _qcompute_rel(conv2d_rel)(types[:2] + types[3:7], {**attrs, "out_dtype": "int32"})
+    b = tensor(types, 2, "bias")
+    shape = broadcast_shapes(acc.shape, b.shape)  # the bias broadcasts, as add does
+    if b.dtype != "int32" or shape is None:
+        raise OpTypeError(f"bias must be int32 and broadcast with {acc.shape}, got {b}", 2)
+    q = TensorType(shape, "int32")
+    for i, (name, fl) in enumerate((("acc_scale", True), ("acc_zero_point", False),
+                                    ("output_scale", True), ("output_zero_point", False)),
+                                   start=7):
+        _param(types, i, name, q, attrs["axis"], fl)
+    return TensorType(shape, attrs["out_dtype"])
+
+
+def _fqconv(x, w, b, zx, zw, sx, sw, s1, z1, s2, z2, *, activation, axis, rounding, out_dtype,
+            **conv):
+    acc = _qconv2d(x, w, zx, zw, sx, sw, **conv, out_dtype="int32").astype(np.int64) + b
+    acc = np.clip(acc, np.iinfo(np.int32).min, np.iinfo(np.int32).max).astype(np.int32)
+    if activation == "relu":
+        acc = np.maximum(acc, 0)
+    return requantize_values(acc, s1, z1, s2, z2, axis, rounding, out_dtype)
+
+
+def _unfuse_qconv(args, attrs):
+    """fused.qconv2d as the chain it stands for (the partition and realize views use it)."""
+    from ..ir.nodes import Call, freeze_attrs
+    from .registry import get_op
+    x, w, b, zx, zw, sx, sw, s1, z1, s2, z2 = args
+    conv_op = get_op("qnn.conv2d")
+    conv_attrs = {k: v for k, v in attrs.items() if k in conv_op.attr_map}
+    conv_attrs["out_dtype"] = "int32"
+    y = Call(op=conv_op, args=(x, w, zx, zw, sx, sw),
+             attrs=freeze_attrs(conv_op.canonical_attrs(conv_attrs)))
+    y = Call(op=get_op("add"), args=(y, b))
+    if attrs["activation"] == "relu":
+        y = Call(op=get_op("nn.relu"), args=(y,))
+    rq = get_op("qnn.requantize")
+    return Call(op=rq, args=(y, s1, z1, s2, z2), attrs=freeze_attrs(rq.canonical_attrs(
+        {"axis": attrs["axis"], "rounding": attrs["rounding"], "out_dtype": attrs["out_dtype"]})))
+
+
+register(OpDef(
+    "fused.qconv2d", inputs=FQ_INPUTS, props=frozenset({COMPUTE, QUANT}),
+    unfuse=_unfuse_qconv,
+    kernel="eqquant.runtime.bindings:FusedQConv2D",
+    attrs=tuple(a for a in CONV2D_ATTRS if a.name != "out_dtype")
+    + (Attr("activation", StrKind("activation", ("none", "relu")), "none"),
+       Attr("axis", INT, 1), Attr("rounding", ROUNDING, "UPWARD"),
+       Attr("out_dtype", QDTYPE, "int8")),
+    type_rel=_fqconv_rel, semantics=_fqconv, flops=conv2d_flops,
+    doc="requantize(activation(qnn.conv2d(...) + bias)): an int8 convolution with its int32 "
+        "bias, relu and requantization in one kernel"))

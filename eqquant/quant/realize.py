@@ -56,7 +56,19 @@ def _requantize(q: Expr, in_dtype: str, ratio: float, out_dtype: str) -> Expr:
     return _call("cast", v, dtype=out_dtype)
 
 
+def unfuse_all(mod: Module) -> Module:
+    """Every fused op written as the chain it stands for (its registry ``unfuse``)."""
+    def visit(node, kids):
+        if isinstance(node, Call) and not isinstance(node.op, Expr) and node.op.unfuse:
+            return node.op.unfuse(kids, node.attrs)
+        return None
+    fn = mod.main
+    return Module({"main": Function(params=fn.params, body=rewrite(fn.body, visit),
+                                    ret_type=fn.ret_type)}, version=mod.version)
+
+
 def realize_view(mod: Module) -> Module:
+    mod = unfuse_all(mod)
     types = infer_types(mod)
 
     def visit(node, kids):

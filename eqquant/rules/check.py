@@ -345,8 +345,12 @@ def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
         params = tuple(inst.vars.values())
         for positive in (True, False):
             inputs = _inputs(inst, data_rng, positive)
-            a = run(Module({"main": Function(params=params, body=lhs)}), inputs)
-            b = run(Module({"main": Function(params=params, body=rhs)}), inputs)
+            try:
+                a = run(Module({"main": Function(params=params, body=lhs)}), inputs)
+                b = run(Module({"main": Function(params=params, body=rhs)}), inputs)
+            except EqquantError as e:
+                return RuleCheck(rule, variant, False, f"evaluating the instance failed: "
+                                 f"{e.message}\n{_describe(inst, inputs)}", done)
             if isinstance(a, tuple):
                 a, b = a[0], b[0]
             unit = 1.0

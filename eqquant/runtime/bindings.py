@@ -521,3 +521,55 @@ class QAdd(Binding):
         self.k8.qadd(ins[0].reshape(-1), self.za, ins[1].reshape(-1), self.zb,
                      np.int64(self.mb), self.shb, np.int64(self.mo), self.sho, self.zo,
                      self.lo, self.hi, out.reshape(-1))
+
+
+class FusedQConv2D(Binding):
+    """fused.qconv2d: the qnn.conv2d kernel (VNNI or portable) into an int32 scratch, then one
+    pass adding the bias, applying relu and requantizing per channel to int8."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from ..ir.types import TensorType as _T
+        from ..quant.fixed_point import quantize_multiplier
+        from . import kernels_int8 as k8
+        self.k8 = k8
+        o = in_types[1].shape[0]
+        acc_type = _T(out_type.shape, "int32")
+        self.conv = QConv2D(op, attrs, [in_types[0], in_types[1], in_types[3], in_types[4]],
+                            acc_type, {1: consts[1], 2: consts[3], 3: consts[4]})
+        self.bias = np.ascontiguousarray(np.broadcast_to(
+            np.asarray(consts[2], np.int64).reshape(-1), (o,)))
+        s1 = np.broadcast_to(np.asarray(consts[7], np.float64).reshape(-1), (o,))
+        s2 = float(_const_scalar(consts, 9))
+        pairs = [quantize_multiplier(float(v) / s2) for v in s1]
+        self.m = np.array([p[0] for p in pairs], np.int64)
+        self.sh = np.array([p[1] for p in pairs], np.int64)
+        self.zin, self.zout = int(_const_scalar(consts, 8)), int(_const_scalar(consts, 10))
+        self.relu = attrs["activation"] == "relu"
+        info = np.iinfo(out_type.dtype)
+        self.lo, self.hi = int(info.min), int(info.max)
+        self.acc = np.empty(out_type.shape, np.int32)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        o = in_types[1].shape[0]
+        if not all(i in consts for i in (1, 2, 3, 4, 7, 8, 9, 10)):
+            return False
+        if not QConv2D.supports(op, attrs, [in_types[0], in_types[1], in_types[3],
+                                            in_types[4]], TensorType(out_type.shape, "int32"),
+                                {1: consts[1], 2: consts[3], 3: consts[4]}):
+            return False
+        per_channel = (_per_channel(in_types[2].shape, out_type.shape) and
+                       int(np.prod(in_types[2].shape)) in (1, o))
+        s1 = np.asarray(consts[7]).reshape(-1)
+        return (per_channel and s1.size in (1, o) and attrs["rounding"] == "UPWARD" and
+                (s1.size == 1 or attrs["axis"] % 4 == 1) and
+                all(_const_scalar(consts, i) is not None for i in (8, 9, 10)))
+
+    def __call__(self, ins, out):
+        self.conv([ins[0], ins[1], ins[3], ins[4]], self.acc)
+        n, o = out.shape[:2]
+        for b in range(n):
+            self.k8.bias_relu_requantize(self.acc[b].reshape(o, -1), self.bias, self.relu,
+                                         self.m, self.sh, self.zin, self.zout, self.lo,
+                                         self.hi, out[b].reshape(o, -1))

@@ -142,3 +142,24 @@ def qadd(a, za, b, zb, mb, shb, mo, sho, zo, lo, hi, out):
         v = ((total << lo_) * mo + ho) >> to
         v = v + zo
         out[i] = min(max(v, lo), hi)
+
+
+@njit(parallel=True, cache=True)
+def bias_relu_requantize(acc, bias, relu, multipliers, shifts, zin, zout, lo, hi, out):
+    """acc: (O, P) int32 -> out: (O, P): requantize(relu?(acc + bias[o])), one multiplier and
+    shift per channel (or the same for all), saturated to [lo, hi]."""
+    o_n, p_n = acc.shape
+    for o in prange(o_n):
+        left = max(shifts[o], 0)
+        total = max(-shifts[o], 0) + 31
+        half = np.int64(1) << (total - 1)
+        m = multipliers[o]
+        b = np.int64(bias[o])
+        for p in range(p_n):
+            v = np.int64(acc[o, p]) + b
+            v = min(max(v, -2147483648), 2147483647)
+            if relu and v < 0:
+                v = 0
+            v = (((v - zin) << left) * m + half) >> total
+            v = v + zout
+            out[o, p] = min(max(v, lo), hi)
