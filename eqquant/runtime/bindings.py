@@ -462,27 +462,9 @@ class Requantize(Binding):
                                out.reshape(-1))
 
 
-class Quantize(Binding):
-    def __init__(self, op, attrs, in_types, out_type, consts):
-        super().__init__(op, attrs, in_types, out_type, consts)
-        from . import kernels_int8 as k8
-        self.k8 = k8
-        self.scale = np.float32(_const_scalar(consts, 1))
-        self.zero = int(_const_scalar(consts, 2))
-        info = np.iinfo(out_type.dtype)
-        self.lo, self.hi = int(info.min), int(info.max)
+class _PerTensorQ(Binding):
+    """Quantize and dequantize with one scale (operand 1) and zero point (operand 2)."""
 
-    @classmethod
-    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        return (in_types[0].dtype == "float32" and _const_scalar(consts, 1) is not None and
-                _const_scalar(consts, 2) is not None and out_type.shape == in_types[0].shape)
-
-    def __call__(self, ins, out):
-        self.k8.quantize(ins[0].reshape(-1), self.scale, self.zero, self.lo, self.hi,
-                         out.reshape(-1))
-
-
-class Dequantize(Binding):
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
         from . import kernels_int8 as k8
@@ -494,6 +476,24 @@ class Dequantize(Binding):
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return _const_scalar(consts, 1) is not None and _const_scalar(consts, 2) is not None
 
+
+class Quantize(_PerTensorQ):
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        info = np.iinfo(out_type.dtype)
+        self.lo, self.hi = int(info.min), int(info.max)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return (super().supports(op, attrs, in_types, out_type, consts) and
+                in_types[0].dtype == "float32" and out_type.shape == in_types[0].shape)
+
+    def __call__(self, ins, out):
+        self.k8.quantize(ins[0].reshape(-1), self.scale, self.zero, self.lo, self.hi,
+                         out.reshape(-1))
+
+
+class Dequantize(_PerTensorQ):
     def __call__(self, ins, out):
         self.k8.dequantize(ins[0].reshape(-1), self.zero, self.scale, out.reshape(-1))
 
