@@ -26,6 +26,13 @@ _unary("negative", np.negative, doc="-x")
 _unary("abs", np.abs, doc="|x|")
 _unary("sqrt", np.sqrt, floats_only=True, doc="sqrt(x)")
 _unary("rsqrt", lambda x: 1 / np.sqrt(x), floats_only=True, doc="1 / sqrt(x)")
+def _sigmoid(x):
+    with np.errstate(over="ignore"):   # exp(-x) = inf for x << 0 gives 0, as it should
+        return 1 / (1 + np.exp(-x))
+
+
+_unary("sigmoid", _sigmoid, floats_only=True, doc="1 / (1 + exp(-x))",
+       kernel="eqquant.runtime.bindings:Activation")
 # TVM lowers round to llvm.nearbyint: ties go to even, as numpy's round does.
 _unary("round", np.round, floats_only=True, doc="round half to even")
 
@@ -60,6 +67,13 @@ register(OpDef("clip", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
                attrs=(Attr("a_min", FLOAT_F, -math.inf), Attr("a_max", FLOAT_F, math.inf)),
                type_rel=same_as_input, semantics=_clip,
                doc="min(max(x, a_min), a_max); keeps the input dtype"))
+
+
+register(OpDef("nn.leaky_relu", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+               kernel="eqquant.runtime.bindings:Activation",
+               attrs=(Attr("alpha", FLOAT_F, 0.25),), type_rel=float_input,
+               semantics=lambda x, *, alpha: np.where(x >= 0, x, x * np.asarray(alpha, x.dtype)),
+               doc="x where x >= 0, alpha * x elsewhere (TVM's default alpha is 0.25)"))
 
 
 def _cast_rel(types, attrs):

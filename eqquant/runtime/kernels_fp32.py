@@ -201,14 +201,20 @@ def binary_channel(a, b, op, out):
 
 @njit(parallel=True, cache=True)
 def unary(a, act, lo, hi, out):
-    """Flat: relu (1) or clip (2); relu keeps the dtype (int32 accumulators too)."""
+    """Flat: relu (1), clip to [lo, hi] (2), leaky relu with slope lo (3), sigmoid (4);
+    relu keeps the dtype (int32 accumulators too)."""
     for i in prange(a.size):
         v = a[i]
         if act == 1:
             if v < 0:
                 v = v - v
-        else:
+        elif act == 2:
             v = min(max(v, lo), hi)
+        elif act == 3:
+            if v < 0:
+                v = v * lo
+        else:
+            v = 1 / (1 + np.exp(-v))
         out[i] = v
 
 
