@@ -128,3 +128,45 @@ def test_qnn_add_kernel_is_bit_exact():
     xs = {"a": rng.integers(-128, 128, (2, 3, 4)).astype("int8"),
           "b": rng.integers(-128, 128, (2, 3, 4)).astype("int8")}
     np.testing.assert_array_equal(ex.run(xs), run(bound, xs))
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 40), st.integers(1, 12), st.booleans(),
+       st.integers(-4, 4), st.booleans(), st.integers(0, 999))
+def test_int8_dense_is_bit_exact(n, k, units, unsigned, zx, per_unit, seed):
+    rng = np.random.default_rng(seed)
+    xdt = "uint8" if unsigned else "int8"
+    zx = zx + 128 if unsigned else zx
+    b = Builder()
+    x = b.input("x", (n, k), xdt)
+    zw = (rng.integers(-3, 4, size=(units,)) if per_unit else np.array(0)).astype("i4")
+    y = b.call("qnn.dense", x, b.param("w", rng.integers(-128, 128, (units, k)).astype("i1")),
+               b.param("zx", np.array(zx, np.int32)), b.param("zw", zw),
+               b.param("sx", np.array(0.1, np.float32)), b.param("sw", np.array(0.2, np.float32)))
+    bound = bind_params(*b.finish(y))
+    ex = Executor(bound)
+    assert [s.label for s in ex.steps] == ["qnn.dense"]
+    lo, hi = (0, 256) if unsigned else (-128, 128)
+    xs = {"x": rng.integers(lo, hi, size=(n, k)).astype(xdt)}
+    np.testing.assert_array_equal(ex.run(xs), run(bound, xs))
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(["int8", "uint8", "int32"]), st.integers(1, 3), st.integers(1, 2),
+       st.integers(0, 1), st.booleans(), st.integers(0, 999))
+def test_integer_average_pools_are_bit_exact(dtype, k, stride, pad, include_pad, seed):
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(dtype)
+    b = Builder()
+    x = b.input("x", (1, 3, 7, 7), dtype)
+    pad = min(pad, k // 2)
+    avg = b.call("nn.avg_pool2d", x, pool_size=[k, k], strides=[stride] * 2,
+                 padding=[pad] * 4, count_include_pad=include_pad)
+    glob = b.call("nn.global_avg_pool2d", x)
+    bound = bind_params(*b.finish(b.tuple(avg, glob)))
+    ex = Executor(bound)
+    assert not [s.label for s in ex.steps if "reference" in s.label]
+    lo, hi = max(info.min, -2 ** 20), min(info.max, 2 ** 20)
+    xs = {"x": rng.integers(lo, hi, size=(1, 3, 7, 7), endpoint=True).astype(dtype)}
+    for got, want in zip(ex.run(xs), run(bound, xs)):
+        np.testing.assert_array_equal(got, want)

@@ -226,6 +226,7 @@ register(OpDef(
     doc="conv2d of (data - zx) and (weight - zw), accumulated in int32"))
 register(OpDef(
     "qnn.dense", inputs=QINPUTS, props=frozenset({COMPUTE, QUANT}),
+    kernel="eqquant.runtime.bindings:QDense",
     attrs=(Attr("units", OPT_INT, None), Attr("out_dtype", DTYPE_REQUIRED, "int32")),
     type_rel=_qcompute_rel(dense_rel), semantics=_qdense,
     flops=lambda ins, out, a: 2.0 * out.size * ins[1].shape[1],

@@ -22,6 +22,8 @@ from .calibrate import CalibrationTable
 
 FP32_RULES = ("simplify", "bn_fold", "fusion")
 FP32_SCHEDULE = "simplify; bn_fold; simplify; fusion"
+# ops whose last two arguments are their output's scale and zero point
+REQUANTIZING = ("qnn.requantize", "qnn.add", "fused.qconv2d")
 
 
 def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
@@ -87,7 +89,7 @@ def evaluate(fp32: Module, int8: Module, table: CalibrationTable, dtype: str,
     layers: dict[str, float] = {}
 
     def keep_int(node, value):
-        if isinstance(node, Call) and node.op_name in ("qnn.requantize", "qnn.add") \
+        if isinstance(node, Call) and node.op_name in REQUANTIZING \
                 and isinstance(node.args[-2], Scalar):
             scale = float(node.args[-2].value)
             names = by_scale.get(round(scale, 9), [])

@@ -191,7 +191,18 @@ class MaxPool2D(Binding):
             k.max_pool(ins[0][b], kh, kw, sh, sw, pt, pl, dh, dw, dtype.type(lowest), out[b])
 
 
+def _pool_dtypes(in_types, out_type) -> bool:
+    """float32, or integers averaged exactly and truncated toward zero (as numpy's reference
+    does: the float64 sum of 8- or 32-bit integers is exact)."""
+    return _is_f32(*in_types, out_type) or (
+        _same_dtype(in_types, out_type) and out_type.dtype in ("int8", "uint8", "int32"))
+
+
 class AvgPool2D(Binding):
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return _pool_dtypes(in_types, out_type)
+
     def __call__(self, ins, out):
         kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = _geometry(self.attrs)
         for b in range(ins[0].shape[0]):
@@ -200,6 +211,10 @@ class AvgPool2D(Binding):
 
 
 class GlobalAvgPool2D(Binding):
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return _pool_dtypes(in_types, out_type)
+
     def __call__(self, ins, out):
         for b in range(ins[0].shape[0]):
             k.global_avg_pool(ins[0][b], out[b].reshape(-1))
@@ -240,7 +255,7 @@ class Binary(Binding):
 
 
 class Activation(Binding):
-    """nn.relu (float32 or integers) and clip (float32)."""
+    """nn.relu (float32 or integers); clip, nn.leaky_relu and sigmoid (float32)."""
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -249,11 +264,15 @@ class Activation(Binding):
         return _is_f32(*in_types, out_type)
 
     def __call__(self, ins, out):
-        if self.op.name == "nn.relu":
+        name, a = self.op.name, self.attrs
+        if name == "nn.relu":
             k.unary(ins[0].reshape(-1), 1, 0.0, 0.0, out.reshape(-1))
+        elif name == "clip":
+            k.unary(ins[0].reshape(-1), 2, float(a["a_min"]), float(a["a_max"]), out.reshape(-1))
+        elif name == "nn.leaky_relu":
+            k.unary(ins[0].reshape(-1), 3, float(a["alpha"]), 0.0, out.reshape(-1))
         else:
-            k.unary(ins[0].reshape(-1), 2, float(self.attrs["a_min"]),
-                    float(self.attrs["a_max"]), out.reshape(-1))
+            k.unary(ins[0].reshape(-1), 4, 0.0, 0.0, out.reshape(-1))
 
 
 class Softmax(Binding):
@@ -401,6 +420,33 @@ class QConv2D(Binding):
                                self.pt, self.pl, self.dh, self.dw, oh, ow, rows)
             _parallel_rows(lambda p0, p1: self.vnni.gemm(rows, self.packed, acc, p0, p1), p)
             self.k8.finish_vnni(acc, self.correction, out[b].reshape(o, p))
+
+
+class QDense(Binding):
+    """qnn.dense: (N, K) int8/uint8 times (units, K) int8 weights, int32 out, zero points
+    folded in (the portable GEMM: dense layers here are a vector times a matrix)."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from . import kernels_int8 as k8
+        self.k8 = k8
+        self.w = np.ascontiguousarray(consts[1])
+        units = self.w.shape[0]
+        self.zw = np.ascontiguousarray(
+            np.broadcast_to(np.asarray(consts[3], np.int32).reshape(-1), (units,)))
+        self.zx = np.int32(_const_scalar(consts, 2))
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return (1 in consts and 3 in consts and _const_scalar(consts, 2) is not None and
+                in_types[1].dtype == "int8" and in_types[0].dtype in ("int8", "uint8") and
+                out_type.dtype == "int32" and len(in_types[0].shape) == 2)
+
+    def __call__(self, ins, out):
+        col = np.ascontiguousarray(ins[0].T)
+        y = np.empty((self.w.shape[0], col.shape[1]), np.int32)
+        self.k8.gemm_i8(self.w, self.zw, col, self.zx, y)
+        out[...] = y.T
 
 
 _POOL = []
