@@ -68,7 +68,23 @@ BAD = [
      24, "op set"),
     ("bad dtype guard", "rule r: nn.relu(?x) => ?x\n    if dtype(?x) == float33\n", RuleError,
      2, 8, "dtype"),
+    ("bad dtype set", "rule r: nn.relu(?x) => ?x\n    if dtype(?x) in {int8, int9}\n",
+     RuleError, 2, 8, "dtype"),
+    ("rank set", "rule r: nn.relu(?x) => ?x\n    if rank(?x) in {int8}\n", RuleError, 2, 8,
+     "only dtype"),
+    ("dtype against a value", "rule r: add(?x, ?y) => ?x\n    if dtype(?x) == ?y\n", RuleError,
+     2, 8, "attribute variable"),
 ]
+
+
+def test_dtype_sets_make_variants_and_dtype_compares_with_an_attribute():
+    rs = parse_rules('rule q: qnn.quantize(nn.relu(?x), ?s, ?z, out_dtype=?d) => '
+                     'qnn.quantize(?x, ?s, ?z, out_dtype=?d)\n'
+                     '    if dtype(?x) in {float32, float16}, dtype(?s) == ?d\n', "v.rules")
+    assert [r.name for r in rs.rules] == ["q[float32]", "q[float16]"]
+    assert [str(g) for g in rs.rules[1].guards] == ["dtype(?x) == float16", "dtype(?s) == ?d"]
+    text = compile_ruleset(rs).text
+    assert '(= (dtype-of ?x) "float16")' in text and "(= (dtype-of ?s) ?d)" in text
 
 
 @pytest.mark.parametrize("name,src,cls,line,col,word", BAD, ids=[b[0] for b in BAD])

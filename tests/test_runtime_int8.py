@@ -1,5 +1,6 @@
 """The integer kernels (portable Numba path) are bit-exact against the integer reference."""
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -66,7 +67,8 @@ def test_quantize_kernel_rounds_half_to_even_like_the_reference():
     np.testing.assert_array_equal(got, [0, 2, 0, -2, 2, 127, -128, 0])
 
 
-def test_vnni_and_portable_paths_agree_bit_for_bit(monkeypatch):
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+def test_vnni_and_portable_paths_agree_bit_for_bit(monkeypatch, dtype):
     """On a CPU with AVX512-VNNI both int8 convolution paths run and agree with each other and
     with the reference; elsewhere the dispatcher must pick the portable path."""
     from eqquant.quant.flow import quantize
@@ -76,7 +78,7 @@ def test_vnni_and_portable_paths_agree_bit_for_bit(monkeypatch):
     m = build("seed004", image_size=64)
     rng = np.random.default_rng(0)
     samples = [{"data": rng.normal(size=(1, 3, 64, 64)).astype("float32")} for _ in range(2)]
-    r = quantize(m.module, m.params, samples, "minmax", per_channel=True)
+    r = quantize(m.module, m.params, samples, "minmax", per_channel=True, dtype=dtype)
     x = {"data": rng.normal(size=(1, 3, 64, 64)).astype("float32")}
     ref = run(r.module, x)
     outputs = {}

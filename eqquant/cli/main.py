@@ -221,11 +221,15 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
 @click.option("--weight-scale", type=click.Choice(["max", "power2"]), default="max",
               show_default=True)
 @click.option("--per-channel", is_flag=True, help="One weight scale per output channel.")
+@click.option("--activations", type=click.Choice(["uint8", "int8"]), default="uint8",
+              show_default=True, help="uint8 (asymmetric, as ONNX Runtime) or int8 "
+                                      "(symmetric, as TVM's realize).")
 @click.option("--skip", multiple=True, help="A value not to calibrate (e.g. %3); repeatable.")
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The int8 program (.ir); weights go to the .npz and the calibration "
                    "table to the .calib.json beside it.")
-def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, skip, output):
+def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activations, skip,
+                 output):
     """Quantize MODEL to int8: calibrate, apply the quantize rules, report accuracy."""
     from ..ir.loader import load_program, save_program
     from ..quant.annotate import samples_from_npz
@@ -234,12 +238,64 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, skip, ou
     samples = samples_from_npz(calib, mod)
     with click.progressbar(length=len(samples), label="calibrating", file=sys.stderr) as bar:
         result = quantize(mod, values, samples, mode, weight_scale, per_channel,
-                          skip=list(skip), progress=lambda n: bar.update(1))
+                          dtype=activations, skip=list(skip),
+                          progress=lambda n: bar.update(1))
     ir_path, npz = save_program(output, result.module)
     table_path = output.with_suffix(".calib.json")
     result.table.save(table_path)
     click.echo(result.report())
     click.echo(f"wrote {ir_path}, {npz} and {table_path}")
+
+
+def _parse_shapes(specs) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for spec in specs:
+        name, _, dims = spec.rpartition("=")
+        try:
+            shapes[name] = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            name = ""
+        if not name or any(d <= 0 for d in shapes.get(name, (0,))):
+            raise click.BadParameter(f"'{spec}' is not NAME=D1,D2,... with positive D",
+                                     param_hint="--shape")
+    return shapes
+
+
+@cli.command("import")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--output", "-o", "out_dir", required=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the text IR (MODEL's stem + .ir) and its weights (.npz).")
+@click.option("--shape", "shapes", multiple=True, metavar="NAME=D1,D2,...",
+              help="Fix an input's shape (for symbolic dimensions); repeatable.")
+def import_cmd(model, out_dir, shapes):
+    """Import an ONNX model as text IR + params."""
+    from ..interop.onnx_import import import_onnx
+    from ..ir.loader import save_program
+    from ..ir.nodes import Call, post_order
+    mod, params, notes = import_onnx(model, _parse_shapes(shapes))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ir_path, npz = save_program(out_dir / (model.stem + ".ir"), mod, params)
+    calls = sum(isinstance(n, Call) for n in post_order(mod.main.body))
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(f"wrote {ir_path} ({calls} ops) and {npz} ({len(params)} params)")
+
+
+@cli.command("export")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--params", "-p", type=click.Path(dir_okay=False, path_type=Path),
+              help="Weights (.npz); default: the .npz beside MODEL, if any.")
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The .onnx file to write.")
+def export_cmd(model, params, output):
+    """Export MODEL to ONNX: fp32 ops as they are, an int8 program as QDQ."""
+    from ..interop.onnx_export import save_onnx
+    from ..ir.loader import load_program
+    from ..ir.params import bind_params
+    mod, values = load_program(model, params)
+    kind = save_onnx(bind_params(mod, values), output)
+    click.echo(f"wrote {output} ({kind})")
 
 
 @cli.group()

@@ -2,6 +2,10 @@
 rules, extraction, and an accuracy report.
 
     result = quantize(mod, params, samples, mode="kl_divergence", per_channel=False)
+
+Activations are uint8 by default (asymmetric, as ONNX Runtime's quantize_static does: a relu
+output gets all 256 levels and the relu disappears into the quantization); ``dtype="int8"``
+gives TVM's symmetric int8 (the seed-004 flow). Weights are always symmetric int8.
     result.module            # the int8 program (QNN ops)
     print(result.report())   # SQNR per layer and at the output, cosine, max abs error
 """
@@ -107,7 +111,7 @@ def evaluate(fp32: Module, int8: Module, table: CalibrationTable, dtype: str,
 
 def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
              samples: Iterable[Mapping[str, np.ndarray]], mode: str = "kl_divergence",
-             weight_scale: str = "max", per_channel: bool = False, dtype: str = "int8",
+             weight_scale: str = "max", per_channel: bool = False, dtype: str = "uint8",
              skip: Sequence[str] = (), cost: str = "cpu", progress=None,
              check_input: Mapping[str, np.ndarray] | None = None) -> QuantizeResult:
     fp = optimize(bind_params(mod, params) if params else mod, None, FP32_RULES,

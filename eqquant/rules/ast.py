@@ -93,8 +93,10 @@ Pattern = Union[PVar, PLit, PCall, PTuple, PProj]
 @dataclass(frozen=True)
 class Guard:
     """``kind`` is dtype, rank, shape (of ``var``), const (``var`` is a compile-time
-    constant) or attr (``var`` is an attribute variable); ``value`` is a literal, or
-    ``("of", fn, var)`` for ``shape(?x) == shape(?y)``."""
+    constant) or attr (``var`` is an attribute variable); ``value`` is a literal,
+    ``("of", fn, var)`` for ``shape(?x) == shape(?y)``, ``("attr", ?a)`` for a comparison with
+    an attribute variable, or a list of dtypes for ``op == "in"`` (split into variants when the
+    file loads)."""
 
     kind: str
     var: str
@@ -107,6 +109,8 @@ class Guard:
             return f"const({self.var})"
         if isinstance(self.value, tuple):
             rhs = self.value[1] if self.value[0] == "attr" else f"{self.value[1]}({self.value[2]})"
+        elif self.op == "in":
+            rhs = "{" + ", ".join(self.value) + "}"
         else:
             rhs = str(self.value)
         lhs = self.var if self.kind == "attr" else f"{self.kind}({self.var})"

@@ -118,7 +118,8 @@ class _Instance:
         self.rests: dict[str, dict[str, Any]] = {}
         self.types = Inferer(None)
         self.rank = {x.var: x.value for x in rule.guards if x.kind == "rank" and x.op == "=="}
-        self.dtype = {x.var: x.value for x in rule.guards if x.kind == "dtype" and x.op == "=="}
+        self.dtype = {x.var: x.value for x in rule.guards
+                      if x.kind == "dtype" and x.op == "==" and isinstance(x.value, str)}
         self.shape = {x.var: tuple(x.value) for x in rule.guards
                       if x.kind == "shape" and x.op == "==" and isinstance(x.value, list)}
         self.attr_eq = {x.var: x.value for x in rule.guards if x.kind == "attr" and x.op == "=="}
@@ -131,6 +132,9 @@ class _Instance:
                 self.same_shape[x.var] = x.value[2]
                 self.same_shape[x.value[2]] = x.var
         self.shape_attr = {x.value[1]: x.var for x in rule.guards if x.kind == "shape"
+                           and x.op == "==" and isinstance(x.value, tuple)
+                           and x.value[0] == "attr"}
+        self.dtype_attr = {x.value[1]: x.var for x in rule.guards if x.kind == "dtype"
                            and x.op == "==" and isinstance(x.value, tuple)
                            and x.value[0] == "attr"}
 
@@ -210,6 +214,11 @@ class _Instance:
                         self.shape_attr[v.name])
                     if var is not None:
                         attrs[k] = list(var.type.shape)
+                if isinstance(v, AttrVar) and v.name in self.dtype_attr:  # dtype(?x) == ?d
+                    var = trial.get(self.dtype_attr[v.name]) or self.vars.get(
+                        self.dtype_attr[v.name])
+                    if var is not None:
+                        attrs[k] = var.type.dtype
             try:
                 canon = op.canonical_attrs(attrs)
                 node = Call(op=op, args=tuple(args), attrs=freeze_attrs(canon))
@@ -389,7 +398,8 @@ def _guards_hold(inst: _Instance, rule: Rule) -> bool:
         if isinstance(g.value, tuple) and g.value[0] == "of":
             right = of(g.value[1], g.value[2])
         elif isinstance(g.value, tuple):
-            right = list(inst.attrs.get(g.value[1], []))
+            right = inst.attrs.get(g.value[1])
+            right = list(right or []) if g.kind == "shape" else right
         else:
             right = g.value
         if (left == right) != (g.op == "=="):

@@ -114,7 +114,7 @@ class _Builder:
             raise self.error(f"rule '{rule.name}' is defined twice (first at "
                              f"{seen[rule.name].loc})", item)
         seen[rule.name] = rule
-        rules.append(rule)
+        rules.extend(dtype_variants(rule))
 
     def include(self, item: Tree) -> RuleSet:
         target = _unquote(str(item.children[0]))
@@ -170,7 +170,8 @@ class _Builder:
         check_rule(rule, self)
         from .compile import compile_rule  # compiling now reports errors at load time
         try:
-            compile_rule(rule, "check")
+            for variant in dtype_variants(rule):
+                compile_rule(variant, "check")
         except RuleError as e:
             e.loc = e.loc or rule.loc
             raise
@@ -182,6 +183,12 @@ class _Builder:
         if g.data == "attr_guard":
             var, cmp, value = g.children
             return Guard("attr", str(var), str(cmp), self.attr_value(value), self.loc(g))
+        if g.data == "type_in_guard":
+            fn, var, *names = (str(c) for c in g.children)
+            if fn != "dtype" or any(n not in DTYPES for n in names):
+                raise self.error(f"only dtype(...) in {{...}} is supported, with dtypes "
+                                 f"({', '.join(DTYPES)})", g)
+            return Guard("dtype", var, "in", list(dict.fromkeys(names)), self.loc(g))
         fn, var, cmp, value = g.children
         fn = str(fn)
         if value.data == "g_of":
@@ -189,6 +196,8 @@ class _Builder:
             if other_fn != fn:
                 raise self.error(f"cannot compare {fn}(...) with {other_fn}(...)", g)
             val: Any = ("of", other_fn, other)
+        elif fn == "dtype" and value.data == "g_var":
+            val = ("attr", str(value.children[0]))
         elif fn == "dtype":
             if value.data != "g_name" or str(value.children[0]) not in DTYPES:
                 raise self.error(f"dtype(...) compares with a dtype ({', '.join(DTYPES)})", g)
@@ -413,12 +422,12 @@ def check_rule(rule: Rule, b: _Builder) -> None:
         if g.var not in bound:
             raise b.error(f"guard on {g.var}, which the left side does not bind", g.loc)
         if isinstance(g.value, tuple) and g.value[0] == "attr":
-            if g.kind != "shape" or g.value[1] not in avars:
+            if g.kind not in ("shape", "dtype") or g.value[1] not in avars:
                 raise b.error(f"{g.value[1]} is not an attribute variable of the left side "
-                              "(only shape(...) compares with one)", g.loc)
+                              "(shape(...) and dtype(...) compare with one)", g.loc)
         elif isinstance(g.value, tuple) and g.value[2] not in bound:
             raise b.error(f"guard on {g.value[2]}, which the left side does not bind", g.loc)
-        if g.kind == "dtype" and g.op == "==":
+        if g.kind == "dtype" and g.op == "==" and isinstance(g.value, str):
             known[g.var] = g.value
     _static_dtype(lhs, known, b)
     for pat in rule.where.values():
@@ -442,3 +451,20 @@ def _check_uses(p: Pattern, bound: set[str], avars: dict, sets: dict[str, OpRef]
                     if v.name not in avars or avars[v.name][1] == "..":
                         raise b.error(f"attribute variable {v.name} is not bound by the left "
                                       "side", v.loc)
+
+
+def dtype_variants(rule: Rule) -> list[Rule]:
+    """A rule with ``dtype(?x) in {int8, uint8}`` guards as one rule per choice, named
+    ``rule[int8]``, ``rule[uint8]`` (each an ordinary rule with a ``==`` guard)."""
+    import itertools
+    from dataclasses import replace
+    choices = [g for g in rule.guards if g.op == "in"]
+    if not choices:
+        return [rule]
+    out = []
+    for combo in itertools.product(*[g.value for g in choices]):
+        pick = dict(zip(map(id, choices), combo))
+        guards = [replace(g, op="==", value=pick[id(g)]) if id(g) in pick else g
+                  for g in rule.guards]
+        out.append(replace(rule, name=f"{rule.name}[{', '.join(combo)}]", guards=guards))
+    return out

@@ -539,9 +539,34 @@ class Quantize(_PerTensorQ):
                          out.reshape(-1))
 
 
-class Dequantize(_PerTensorQ):
+class Dequantize(Binding):
+    """(q - z) * s with one scale, or one per channel along ``axis`` (an int32 accumulator
+    read back at the scales sx * sw); the zero point is per tensor."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from . import kernels_int8 as k8
+        self.k8 = k8
+        shape = in_types[0].shape
+        self.scales = np.ascontiguousarray(np.asarray(consts[1], np.float32).reshape(-1))
+        self.zero = int(_const_scalar(consts, 2))
+        axis = attrs["axis"] % len(shape) if shape else 0
+        self.shape3 = (int(np.prod(shape[:axis], dtype=np.int64)), self.scales.size, -1)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        if 1 not in consts or _const_scalar(consts, 2) is None:
+            return False
+        n = np.asarray(consts[1]).size
+        shape = in_types[0].shape
+        return n == 1 or (bool(shape) and shape[attrs["axis"] % len(shape)] == n)
+
     def __call__(self, ins, out):
-        self.k8.dequantize(ins[0].reshape(-1), self.zero, self.scale, out.reshape(-1))
+        if self.scales.size == 1:
+            self.k8.dequantize(ins[0].reshape(-1), self.zero, self.scales[0], out.reshape(-1))
+        else:
+            self.k8.dequantize_channels(ins[0].reshape(self.shape3), self.zero, self.scales,
+                                        out.reshape(self.shape3))
 
 
 class QAdd(Binding):

@@ -76,6 +76,17 @@ def dequantize(q, zero, scale, out):
 
 
 @njit(parallel=True, cache=True)
+def dequantize_channels(q, zero, scales, out):
+    """q, out: (A, C, B); one scale per channel c."""
+    a_n, c_n, b_n = q.shape
+    for a in range(a_n):
+        for c in prange(c_n):
+            s = scales[c]
+            for b in range(b_n):
+                out[a, c, b] = np.float32(np.int64(q[a, c, b]) - zero) * s
+
+
+@njit(parallel=True, cache=True)
 def finish_vnni(acc, correction, out):
     """acc: (P, O) int32 from the VNNI GEMM -> out: (O, P), minus the per-channel correction."""
     p_n, o_n = acc.shape
