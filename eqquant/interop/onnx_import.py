@@ -1,0 +1,570 @@
+"""ONNX models to the text IR: ``eqquant import MODEL.onnx -o DIR``.
+
+    mod, params, notes = import_onnx("resnet18.onnx", shapes={"input": (1, 3, 224, 224)})
+
+Each ONNX node is converted by one entry of ``CONVERTERS`` (op type -> function), built on
+the registry through :class:`~eqquant.ir.builder.Builder`, so every node is type-checked as it
+is made. Initializers become params (named as in the file); value names are kept, made valid
+for the text IR where they are not (``input.1`` -> ``input_1``; purely numeric names are left
+to the printer's numbering). A node whose inputs are all known constants (PyTorch's
+``Shape -> Gather -> Concat`` chains feeding a Reshape, for example) is evaluated at import
+with ONNX's own reference evaluator; ``Shape`` of a value is known from its static type.
+
+Every failure is an :class:`OnnxImportError` naming the file, the node (index, name, op) and
+what was expected: an op without a converter, an attribute value eqquant cannot express, a
+dimension left symbolic, a malformed file.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ..errors import EqquantError
+from ..ir.builder import Builder
+from ..ir.nodes import Call, Expr, Var
+from ..ir.types import TensorType
+
+
+class OnnxImportError(EqquantError):
+    kind = "import error"
+
+
+class _NodeError(Exception):
+    """Raised by a converter; the importer adds the file and the node."""
+
+
+_LOCAL = re.compile(r"[A-Za-z_]\w*(?:(?:(?:::|\.)\w+)*(?:::|\.)\d*[A-Za-z_]\w*)?")
+
+
+def valid_name(name: str) -> str | None:
+    """A text-IR name for an ONNX value name; None for a purely numeric one (numbered by the
+    printer). ``input.1`` -> ``input_1``, ``/layer1/conv/Conv_output_0`` ->
+    ``layer1_conv_Conv_output_0``, ``onnx::Conv_12`` -> ``onnx::Conv_12``."""
+    if _LOCAL.fullmatch(name):
+        return name
+    if name.isdigit() or not name:
+        return None
+    out = re.sub(r"\W+", "_", name).strip("_") or "v"
+    return out if _LOCAL.fullmatch(out) else "v_" + out
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class Importer:
+    def __init__(self, model, source: str, shapes: Mapping[str, tuple[int, ...]] | None):
+        from onnx import numpy_helper
+        self.model = model
+        self.source = source
+        self.shapes = {k: tuple(v) for k, v in (shapes or {}).items()}
+        self.b = Builder()
+        self.values: dict[str, Expr] = {}            # ONNX name -> IR value
+        self.consts: dict[str, np.ndarray] = {}      # ONNX name -> known constant
+        self.missing: dict[str, str] = {}            # outputs eqquant does not produce
+        self.used: set[str] = set()
+        self.notes: list[str] = []
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                          1)
+        for init in model.graph.initializer:
+            self.consts[init.name] = numpy_helper.to_array(init)
+
+    # -- names and values ---------------------------------------------------------------------
+
+    def fresh_name(self, onnx_name: str) -> str | None:
+        name = valid_name(onnx_name)
+        if name is None:
+            return None
+        base, i = name, 1
+        while name in self.used:
+            i += 1
+            name = f"{base}_{i}"
+        self.used.add(name)
+        return name
+
+    def value(self, name: str) -> Expr:
+        """The IR value of an ONNX name; an initializer becomes a param on first use."""
+        if name in self.values:
+            return self.values[name]
+        if name in self.consts:
+            arr = self.consts[name]
+            v = self.b.param(self.fresh_name(name) or f"const_{len(self.values)}", arr)
+            self.values[name] = v
+            return v
+        if name in self.missing:
+            raise _NodeError(self.missing[name])
+        raise _NodeError(f"input '{name}' is not produced by any node, initializer or input")
+
+    def const(self, name: str, what: str) -> np.ndarray:
+        if name not in self.consts:
+            raise _NodeError(f"{what} ('{name}') must be a constant (an initializer, a Constant "
+                             "node or computed from them), not a value computed at run time")
+        return self.consts[name]
+
+    def type(self, e: Expr) -> TensorType:
+        t = self.b._types.expr(e)
+        if not isinstance(t, TensorType):
+            raise _NodeError(f"expected a tensor, got {t}")
+        return t
+
+    def call(self, op: str, *args: Expr, **attrs: Any) -> Call:
+        return self.b.call(op, *args, **attrs)
+
+    def scalar(self, value: float, like: Expr) -> Expr:
+        return self.b.scalar(value, self.type(like).dtype)
+
+    # -- the graph ----------------------------------------------------------------------------
+
+    def inputs(self) -> None:
+        from onnx import helper
+        for vi in self.model.graph.input:
+            if vi.name in self.consts:     # old exporters list initializers as inputs too
+                continue
+            tt = vi.type.tensor_type
+            try:
+                dtype = str(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+            except Exception:  # noqa: BLE001 - onnx raises KeyError or ValueError
+                raise OnnxImportError(f"{self.source}: input '{vi.name}' has an element type "
+                                      f"eqquant cannot read ({tt.elem_type})") from None
+            if vi.name in self.shapes:
+                shape = self.shapes[vi.name]
+            else:
+                shape = []
+                for i, d in enumerate(tt.shape.dim):
+                    if d.HasField("dim_value") and d.dim_value > 0:
+                        shape.append(d.dim_value)
+                    elif i == 0:
+                        shape.append(1)
+                        self.notes.append(f"input '{vi.name}': batch dimension "
+                                          f"'{d.dim_param or '?'}' set to 1")
+                    else:
+                        raise OnnxImportError(
+                            f"{self.source}: input '{vi.name}': dimension {i} is symbolic "
+                            f"('{d.dim_param or '?'}'); give the shape: --shape "
+                            f"{vi.name}=" + ",".join(["N"] * len(tt.shape.dim)))
+                shape = tuple(shape)
+            name = self.fresh_name(vi.name) or f"input{len(self.b.params)}"
+            self.values[vi.name] = self.b.input(name, shape, dtype)
+
+    def node(self, index: int, node) -> None:
+        from onnx import helper
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        ins = list(node.input)
+        domain_ok = node.domain in ("", "ai.onnx")
+        if domain_ok and node.op_type == "Shape" and ins[0] in self.values:
+            self.consts[node.output[0]] = _shape_slice(
+                self.type(self.values[ins[0]]).shape, attrs)
+            return
+        if domain_ok and node.op_type == "Constant":
+            self.consts[node.output[0]] = _constant_value(attrs)
+            return
+        if domain_ok and ins and all(not n or n in self.consts for n in ins) \
+                and node.op_type not in _NEVER_FOLD:
+            self._fold(node, ins)
+            return
+        conv = CONVERTERS.get(node.op_type) if domain_ok else None
+        if conv is None:
+            raise _NodeError(f"op {node.op_type}"
+                             + (f" of domain '{node.domain}'" if not domain_ok else "")
+                             + " is not supported (supported: "
+                             + ", ".join(sorted(CONVERTERS)) + ")")
+        outs = conv(self, attrs, ins)
+        if not isinstance(outs, (list, tuple)):
+            outs = [outs]
+        for i, name in enumerate(node.output):
+            if not name:
+                continue
+            if i >= len(outs) or outs[i] is None:
+                self.missing[name] = (f"output {i} of {node.op_type} node '{node.name}' "
+                                      "is not supported (only its first output is)")
+                continue
+            e = outs[i]
+            label = None if isinstance(e, Var) or getattr(e, "name", None) else \
+                self.fresh_name(name)
+            if label and isinstance(e, Call):
+                e = replace(e, name=label)
+                self.type(e)
+            self.values[name] = e
+
+    def _fold(self, node, ins) -> None:
+        from onnx.reference import ReferenceEvaluator
+        try:
+            feeds = {n: self.consts[n] for n in ins if n}
+            outs = ReferenceEvaluator(node).run(None, feeds)
+        except Exception as e:  # noqa: BLE001 - any failure of the reference is reported
+            raise _NodeError(f"cannot evaluate this constant node ({e})") from None
+        for name, arr in zip(node.output, outs):
+            if name:
+                self.consts[name] = np.asarray(arr)
+
+    def run(self):
+        graph = self.model.graph
+        self.inputs()
+        for index, node in enumerate(graph.node):
+            try:
+                self.node(index, node)
+            except (_NodeError, EqquantError) as e:
+                msg = e.args[0] if isinstance(e, _NodeError) else e.message
+                raise OnnxImportError(f"{self.source}: node {index} '{node.name}' "
+                                      f"({node.op_type}): {msg}") from None
+        outs = []
+        for vi in graph.output:
+            if vi.name in self.consts and vi.name not in self.values:
+                raise OnnxImportError(f"{self.source}: output '{vi.name}' is a constant; "
+                                      "eqquant programs compute their outputs from inputs")
+            try:
+                outs.append(self.value(vi.name))
+            except _NodeError as e:
+                raise OnnxImportError(f"{self.source}: output '{vi.name}': {e.args[0]}") \
+                    from None
+        if not outs:
+            raise OnnxImportError(f"{self.source}: the graph has no outputs")
+        body = outs[0] if len(outs) == 1 else self.b.tuple(*outs)
+        mod, params = self.b.finish(body)
+        return mod, params
+
+
+_NEVER_FOLD = frozenset()   # every op with constant inputs is folded
+
+
+def _shape_slice(shape, attrs) -> np.ndarray:
+    arr = np.asarray(shape, np.int64)
+    start, end = attrs.get("start", 0), attrs.get("end", len(shape))
+    return arr[start:end]
+
+
+def _constant_value(attrs) -> np.ndarray:
+    from onnx import numpy_helper
+    if "value" in attrs:
+        return numpy_helper.to_array(attrs["value"])
+    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32),
+                       ("value_int", np.int64), ("value_ints", np.int64)):
+        if key in attrs:
+            return np.asarray(attrs[key], dtype)
+    raise _NodeError(f"a Constant with {', '.join(attrs) or 'no value'} is not supported "
+                     "(value, value_float(s), value_int(s) are)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Converters: (importer, attrs, input names) -> IR value(s)
+
+Conv = Callable[[Importer, dict, list], Any]
+CONVERTERS: dict[str, Conv] = {}
+
+
+def converts(*op_types: str):
+    def deco(fn):
+        for t in op_types:
+            CONVERTERS[t] = fn
+        return fn
+    return deco
+
+
+def _two_d(im: Importer, x: Expr, what: str) -> TensorType:
+    t = im.type(x)
+    if t.rank != 4:
+        raise _NodeError(f"only 2-d {what} on NCHW tensors is supported; the input has rank "
+                         f"{t.rank}")
+    return t
+
+
+def _pads(im, attrs, in_hw, kernel, strides, dilations) -> list[int]:
+    auto = attrs.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("NOTSET", ""):
+        pads = list(attrs.get("pads", [0, 0, 0, 0]))
+        if len(pads) != 4:
+            raise _NodeError(f"pads {pads} should have 4 values for a 2-d window")
+        return pads
+    if auto == "VALID":
+        return [0, 0, 0, 0]
+    if auto not in ("SAME_UPPER", "SAME_LOWER"):
+        raise _NodeError(f"auto_pad '{auto}' is not one of NOTSET, SAME_UPPER, SAME_LOWER, "
+                         "VALID")
+    begin, end = [], []
+    for n, k, s, d in zip(in_hw, kernel, strides, dilations):
+        total = max((-(-n // s) - 1) * s + (k - 1) * d + 1 - n, 0)
+        small, big = total // 2, total - total // 2
+        begin.append(small if auto == "SAME_UPPER" else big)
+        end.append(big if auto == "SAME_UPPER" else small)
+    return begin + end
+
+
+@converts("Conv")
+def _conv(im, attrs, ins):
+    x, w = im.value(ins[0]), im.value(ins[1])
+    xt, wt = _two_d(im, x, "convolutions"), im.type(w)
+    if wt.rank != 4:
+        raise _NodeError(f"the weight has rank {wt.rank}; only 2-d convolutions are supported")
+    kernel = list(attrs.get("kernel_shape", wt.shape[2:]))
+    strides = list(attrs.get("strides", [1, 1]))
+    dil = list(attrs.get("dilations", [1, 1]))
+    pads = _pads(im, attrs, xt.shape[2:], kernel, strides, dil)
+    y = im.call("nn.conv2d", x, w, strides=strides, padding=pads, dilation=dil,
+                groups=attrs.get("group", 1))
+    if len(ins) > 2 and ins[2]:
+        y = im.call("nn.bias_add", y, im.value(ins[2]), axis=1)
+    return y
+
+
+@converts("BatchNormalization")
+def _batch_norm(im, attrs, ins):
+    if attrs.get("training_mode", 0):
+        raise _NodeError("training_mode=1 is not supported: export the model in eval mode")
+    args = [im.value(n) for n in ins[:5]]
+    bn = im.call("nn.batch_norm", *args, axis=1, epsilon=float(attrs.get("epsilon", 1e-5)))
+    return im.b.get(bn, 0)
+
+
+def _unary(op):
+    return lambda im, attrs, ins: im.call(op, im.value(ins[0]))
+
+
+CONVERTERS["Relu"] = _unary("nn.relu")
+CONVERTERS["Sigmoid"] = _unary("sigmoid")
+
+
+@converts("LeakyRelu")
+def _leaky(im, attrs, ins):
+    return im.call("nn.leaky_relu", im.value(ins[0]), alpha=float(attrs.get("alpha", 0.01)))
+
+
+@converts("Clip")
+def _clip(im, attrs, ins):
+    lo, hi = attrs.get("min", -np.inf), attrs.get("max", np.inf)
+    if len(ins) > 1 and ins[1]:
+        lo = float(im.const(ins[1], "Clip's min"))
+    if len(ins) > 2 and ins[2]:
+        hi = float(im.const(ins[2], "Clip's max"))
+    x = im.value(ins[0])
+    if lo == 0 and hi == np.inf:
+        return im.call("nn.relu", x)
+    return im.call("clip", x, a_min=float(lo), a_max=float(hi))
+
+
+def _pool_attrs(im, attrs, x):
+    t = _two_d(im, x, "pooling")
+    kernel = list(attrs["kernel_shape"]) if "kernel_shape" in attrs else None
+    if kernel is None or len(kernel) != 2:
+        raise _NodeError(f"kernel_shape {kernel} should give 2 values")
+    strides = list(attrs.get("strides", [1, 1]))
+    dil = list(attrs.get("dilations", [1, 1]))
+    return dict(pool_size=kernel, strides=strides, dilation=dil,
+                padding=_pads(im, attrs, t.shape[2:], kernel, strides, dil),
+                ceil_mode=bool(attrs.get("ceil_mode", 0)))
+
+
+@converts("MaxPool")
+def _max_pool(im, attrs, ins):
+    if attrs.get("storage_order", 0):
+        raise _NodeError("storage_order=1 (column major indices) is not supported")
+    x = im.value(ins[0])
+    return [im.call("nn.max_pool2d", x, **_pool_attrs(im, attrs, x)), None]
+
+
+@converts("AveragePool")
+def _avg_pool(im, attrs, ins):
+    x = im.value(ins[0])
+    return im.call("nn.avg_pool2d", x, **_pool_attrs(im, attrs, x),
+                   count_include_pad=bool(attrs.get("count_include_pad", 0)))
+
+
+@converts("GlobalAveragePool")
+def _global_avg(im, attrs, ins):
+    x = im.value(ins[0])
+    _two_d(im, x, "pooling")
+    return im.call("nn.global_avg_pool2d", x)
+
+
+def _t2(im, x):
+    return im.call("transpose", x, axes=[1, 0])
+
+
+@converts("Gemm")
+def _gemm(im, attrs, ins):
+    a, b = im.value(ins[0]), im.value(ins[1])
+    for e, what in ((a, "A"), (b, "B")):
+        if im.type(e).rank != 2:
+            raise _NodeError(f"{what} has rank {im.type(e).rank}; Gemm takes matrices")
+    if attrs.get("transA", 0):
+        a = _t2(im, a)
+    w = b if attrs.get("transB", 0) else _t2(im, b)     # nn.dense wants (units, K)
+    y = im.call("nn.dense", a, w)
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    if alpha != 1.0:
+        y = im.call("multiply", y, im.scalar(alpha, y))
+    if len(ins) > 2 and ins[2] and beta != 0.0:
+        c = im.value(ins[2])
+        if beta != 1.0:
+            c = im.call("multiply", c, im.scalar(beta, c))
+        y = im.call("add", y, c)
+    return y
+
+
+@converts("MatMul")
+def _matmul(im, attrs, ins):
+    a, b = im.value(ins[0]), im.value(ins[1])
+    at, bt = im.type(a), im.type(b)
+    if bt.rank != 2 or at.rank < 2:
+        raise _NodeError(f"MatMul of ranks {at.rank} and {bt.rank}: only an (..., K) x (K, N) "
+                         "product is supported")
+    if at.rank == 2:
+        return im.call("nn.dense", a, _t2(im, b))
+    flat = im.call("reshape", a, newshape=[-1, at.shape[-1]])
+    y = im.call("nn.dense", flat, _t2(im, b))
+    return im.call("reshape", y, newshape=list(at.shape[:-1]) + [bt.shape[1]])
+
+
+def _binary(op):
+    return lambda im, attrs, ins: im.call(op, im.value(ins[0]), im.value(ins[1]))
+
+
+for _t, _op in (("Add", "add"), ("Sub", "subtract"), ("Mul", "multiply"), ("Div", "divide")):
+    CONVERTERS[_t] = _binary(_op)
+
+
+@converts("Flatten")
+def _flatten(im, attrs, ins):
+    x = im.value(ins[0])
+    shape = im.type(x).shape
+    axis = attrs.get("axis", 1)
+    axis = axis + len(shape) if axis < 0 else axis
+    if axis == 1 and len(shape) >= 2:
+        return im.call("nn.batch_flatten", x)
+    lead = int(np.prod(shape[:axis], dtype=np.int64))
+    return im.call("reshape", x, newshape=[lead, -1 if shape[axis:] else 1])
+
+
+@converts("Reshape")
+def _reshape(im, attrs, ins):
+    shape = [int(d) for d in im.const(ins[1], "Reshape's shape")]
+    if attrs.get("allowzero", 0) and 0 in shape:
+        raise _NodeError("allowzero=1 with a 0 in the shape (an empty tensor) is not supported")
+    return im.call("reshape", im.value(ins[0]), newshape=shape)
+
+
+@converts("Concat")
+def _concat(im, attrs, ins):
+    parts = [im.value(n) for n in ins if n]
+    return im.call("concatenate", im.b.tuple(*parts), axis=attrs["axis"])
+
+
+@converts("Softmax")
+def _softmax(im, attrs, ins):
+    x = im.value(ins[0])
+    shape = im.type(x).shape
+    axis = attrs.get("axis", -1 if im.opset >= 13 else 1)
+    axis = axis + len(shape) if axis < 0 else axis
+    if im.opset >= 13 or axis == len(shape) - 1:
+        return im.call("nn.softmax", x, axis=axis)
+    # before opset 13: the trailing axes from `axis` on are one flattened axis
+    flat = im.call("reshape", x, newshape=[int(np.prod(shape[:axis], dtype=np.int64)), -1])
+    return im.call("reshape", im.call("nn.softmax", flat, axis=-1), newshape=list(shape))
+
+
+@converts("Identity")
+def _identity(im, attrs, ins):
+    return im.value(ins[0])
+
+
+@converts("Dropout")
+def _dropout(im, attrs, ins):
+    return [im.value(ins[0]), None]
+
+
+@converts("Pad")
+def _pad(im, attrs, ins):
+    x = im.value(ins[0])
+    rank = im.type(x).rank
+    mode = attrs.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode not in ("constant", "edge", "reflect"):
+        raise _NodeError(f"mode '{mode}' is not one of constant, edge, reflect")
+    if im.opset >= 11:
+        pads = [int(p) for p in im.const(ins[1], "Pad's pads")]
+        value = float(im.const(ins[2], "Pad's constant_value")) if len(ins) > 2 and ins[2] \
+            else 0.0
+        axes = [int(a) % rank for a in im.const(ins[3], "Pad's axes")] \
+            if len(ins) > 3 and ins[3] else list(range(rank))
+    else:
+        pads, value, axes = list(attrs["pads"]), float(attrs.get("value", 0.0)), \
+            list(range(rank))
+    if len(pads) != 2 * len(axes):
+        raise _NodeError(f"pads has {len(pads)} values for {len(axes)} axes")
+    width = [[0, 0] for _ in range(rank)]
+    for i, a in enumerate(axes):
+        width[a] = [pads[i], pads[i + len(axes)]]
+    if any(p < 0 for pair in width for p in pair):
+        raise _NodeError(f"negative pads (cropping) are not supported: {pads}")
+    return im.call("nn.pad", x, im.scalar(value, x), pad_width=width, pad_mode=mode)
+
+
+@converts("Transpose")
+def _transpose(im, attrs, ins):
+    x = im.value(ins[0])
+    perm = attrs.get("perm")
+    return im.call("transpose", x, axes=list(perm) if perm is not None else None)
+
+
+def _axes(im, attrs, ins, op) -> list[int] | None:
+    if len(ins) > 1 and ins[1]:
+        return [int(a) for a in im.const(ins[1], f"{op}'s axes")]
+    return list(attrs["axes"]) if "axes" in attrs else None
+
+
+@converts("Squeeze")
+def _squeeze(im, attrs, ins):
+    return im.call("squeeze", im.value(ins[0]), axis=_axes(im, attrs, ins, "Squeeze"))
+
+
+@converts("Unsqueeze")
+def _unsqueeze(im, attrs, ins):
+    x = im.value(ins[0])
+    axes = _axes(im, attrs, ins, "Unsqueeze")
+    if not axes:
+        raise _NodeError("Unsqueeze needs axes")
+    shape = list(im.type(x).shape)
+    rank = len(shape) + len(axes)
+    for a in sorted(a % rank for a in axes):
+        shape.insert(a, 1)
+    if len(axes) == 1:
+        return im.call("expand_dims", x, axis=axes[0] % rank)
+    return im.call("reshape", x, newshape=shape)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def read_onnx(path: str | Path):
+    """Load and check an ONNX file; every failure is an OnnxImportError naming the file."""
+    import onnx
+    path = Path(path)
+    try:
+        model = onnx.load(str(path))
+    except FileNotFoundError:
+        raise OnnxImportError(f"{path}: no such file") from None
+    except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError and others
+        raise OnnxImportError(f"{path}: not a readable ONNX model "
+                              f"({type(e).__name__}: {e})") from None
+    try:
+        onnx.checker.check_model(model)
+    except Exception as e:  # noqa: BLE001 - ValidationError and friends
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OnnxImportError(f"{path}: not a valid ONNX model ({first})") from None
+    return model
+
+
+def import_onnx(model, shapes: Mapping[str, tuple[int, ...]] | None = None,
+                source: str | None = None):
+    """An ONNX model (a path or a ModelProto) as ``(module, params, notes)``; ``shapes``
+    fixes input shapes the file leaves symbolic (a leading symbolic dimension defaults to 1,
+    which ``notes`` says)."""
+    if isinstance(model, (str, Path)):
+        source = source or str(model)
+        model = read_onnx(model)
+    im = Importer(model, source or "<onnx model>", shapes)
+    mod, params = im.run()
+    return mod, params, im.notes

@@ -1,0 +1,215 @@
+"""ONNX import: models built with onnx.helper and tests/data/tiny_resnet.onnx import, run on
+the executor and the interpreter, and agree with ONNX Runtime; every bad input gives a located
+error naming the node and op."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed")
+ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+
+import onnx_models as om  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
+
+from eqquant.cli.main import main  # noqa: E402
+from eqquant.interop.onnx_import import OnnxImportError, import_onnx, valid_name  # noqa: E402
+from eqquant.ir.interp import run  # noqa: E402
+from eqquant.ir.loader import load_program  # noqa: E402
+from eqquant.ir.nodes import Call, post_order  # noqa: E402
+from eqquant.ir.params import bind_params  # noqa: E402
+from eqquant.ir.parser import parse  # noqa: E402
+from eqquant.ir.printer import print_module  # noqa: E402
+from eqquant.optimizer import optimize  # noqa: E402
+from eqquant.runtime.executor import Executor  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+
+
+def ort_run(model, feeds):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)[0]
+
+
+def eq_inputs(mod, params, onnx_feeds):
+    free = [p for p in mod.main.params if p.name not in params]
+    return {p.name: arr for p, arr in zip(free, onnx_feeds.values())}
+
+
+def close(out, ref, rel=1e-4):
+    assert out.shape == ref.shape
+    assert np.max(np.abs(out - ref)) <= rel * np.max(np.abs(ref))
+
+
+@pytest.mark.parametrize("name", sorted(om.ALL))
+def test_helper_models_match_onnxruntime(name):
+    model = om.ALL[name]()
+    mod, params, _ = import_onnx(model)
+    feeds = om.input_for(model)
+    ref = ort_run(model, feeds)
+    bound = bind_params(mod, params)
+    x = eq_inputs(mod, params, feeds)
+    close(Executor(bound).run(x), ref)
+    close(np.asarray(run(bound, x)), ref)
+    # the text IR round-trips and the optimizer keeps the function
+    text = print_module(mod)
+    assert print_module(parse(text)) == text
+    opt = optimize(mod, params, ["simplify", "bn_fold", "fusion"],
+                   "simplify; bn_fold; simplify; fusion").module
+    close(Executor(opt).run(x), ref)
+    if name.startswith(("resnet", "mobilenet")):
+        ops = {n.op_name for n in post_order(opt.main.body) if isinstance(n, Call)}
+        assert "nn.batch_norm" not in ops, "every BatchNormalization folds into its conv"
+
+
+def test_tiny_resnet_file(tmp_path):
+    path = DATA / "tiny_resnet.onnx"
+    model = onnx.load(str(path))
+    mod, params, notes = import_onnx(path)
+    assert any("batch dimension 'N' set to 1" in n for n in notes)
+    assert mod.main.params[0].name == "input_1" and mod.main.params[0].type.shape == (
+        1, 3, 16, 16)
+    x = np.random.default_rng(3).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    ref = ort_run(model, {"input.1": x})
+    close(Executor(bind_params(mod, params)).run({"input_1": x}), ref)
+    # the command line writes text IR + params that load and run the same
+    assert main_exit(["import", str(path), "-o", str(tmp_path / "out")]) == 0
+    mod2, params2 = load_program(tmp_path / "out" / "tiny_resnet.ir")
+    close(Executor(bind_params(mod2, params2)).run({"input_1": x}), ref)
+    # --shape fixes the batch
+    assert main_exit(["import", str(path), "-o", str(tmp_path / "b2"), "--shape",
+                      "input.1=2,3,16,16"]) == 0
+    mod3, _ = load_program(tmp_path / "b2" / "tiny_resnet.ir")
+    assert mod3.main.params[0].type.shape == (2, 3, 16, 16)
+
+
+def test_names_are_kept_or_made_valid():
+    assert valid_name("conv1.weight") == "conv1.weight"
+    assert valid_name("onnx::Conv_12") == "onnx::Conv_12"
+    assert valid_name("input.1") == "input_1"
+    assert valid_name("/layer1/conv/Conv_output_0") == "layer1_conv_Conv_output_0"
+    assert valid_name("123") is None
+    assert valid_name("3d") == "v_3d"
+    for name in ("input.1", "/a/b:0", "x y", "3d", "a-b"):
+        new = valid_name(name)
+        parse(f"def @main(%{new}: float32) {{ %{new} }}")   # a valid text-IR name
+
+
+def test_old_opsets_softmax_and_clip_attributes():
+    g = om.G(opset=10)
+    y = g.node("Clip", ["x"], min=-0.5, max=0.5)
+    out = g.node("Softmax", [y], axis=1)        # opset < 13: axes 1.. flattened together
+    model = g.model([("x", [2, 3, 4, 5])], [out])
+    mod, params, _ = import_onnx(model)
+    feeds = om.input_for(model)
+    close(Executor(bind_params(mod, params)).run(eq_inputs(mod, params, feeds)),
+          ort_run(model, feeds))
+
+
+def main_exit(argv) -> int:
+    try:
+        main(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+# ---- errors -----------------------------------------------------------------------------------
+
+
+def _single(op, ins, shape=(1, 3, 8, 8), opset=17, inits=(), domain="", **attrs):
+    node = helper.make_node(op, ins, ["y"], name="bad_node", domain=domain, **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, list(shape))], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [])], initializer=list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)] + (
+        [helper.make_opsetid(domain, 1)] if domain else []))
+    model.ir_version = 8
+    return model
+
+
+def _w(name, arr):
+    return onnx.numpy_helper.from_array(np.asarray(arr), name)
+
+
+BAD = {
+    "unsupported op": (_single("LpNormalization", ["x"]), "op LpNormalization is not supported"),
+    "custom domain": (_single("MyOp", ["x"], domain="com.example"),
+                      "op MyOp of domain 'com.example' is not supported"),
+    "3-d convolution": (_single("Conv", ["x", "w"], shape=(1, 3, 4, 8, 8),
+                                inits=[_w("w", np.ones((2, 3, 1, 1, 1), np.float32))]),
+                        "only 2-d convolutions"),
+    "runtime reshape shape": (_single("Reshape", ["x", "x"]), "Reshape's shape"),
+    "training batch norm": (_single("BatchNormalization", ["x", "s", "b", "m", "v"],
+                                    training_mode=1, inits=[_w(n, np.ones(3, np.float32))
+                                                            for n in "sbmv"]),
+                            "training_mode=1"),
+    "max pool indices order": (_single("MaxPool", ["x"], kernel_shape=[2, 2],
+                                       storage_order=1), "storage_order=1"),
+    "type error": (_single("Add", ["x", "w"], inits=[_w("w", np.ones((5,), np.float32))]),
+                   "add"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_models_give_located_errors(case, tmp_path, capsys):
+    model, expected = BAD[case]
+    with pytest.raises(OnnxImportError) as info:
+        import_onnx(model, source="bad.onnx")
+    msg = info.value.format()
+    assert "bad.onnx" in msg and expected in msg
+    if case not in ("runtime reshape shape",):
+        assert "'bad_node'" in msg
+    # and on the command line: exit 2, the message, no traceback, nothing written
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(model.SerializeToString())
+    out = tmp_path / "out"
+    assert main_exit(["import", str(path), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+    assert not (out / "bad.ir").exists()
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"\x00\x01 this is not protobuf \xff" * 3, "not a readable ONNX model"),
+    (b"", "not a valid ONNX model"),
+])
+def test_malformed_files(tmp_path, capsys, content, expected):
+    path = tmp_path / "broken.onnx"
+    path.write_bytes(content)
+    assert main_exit(["import", str(path), "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and expected in err and "Traceback" not in err
+
+
+def test_truncated_file_and_missing_file(tmp_path, capsys):
+    data = (DATA / "tiny_resnet.onnx").read_bytes()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: len(data) // 2])
+    assert main_exit(["import", str(path), "-o", str(tmp_path / "o")]) == 2
+    assert "cut.onnx" in capsys.readouterr().err
+    assert main_exit(["import", str(tmp_path / "none.onnx"), "-o", str(tmp_path / "o")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_symbolic_inner_dimension_asks_for_a_shape(tmp_path, capsys):
+    g = om.G()
+    out = g.node("Relu", ["x"])
+    model = g.model([("x", [1, 3, "H", "W"])], [out])
+    with pytest.raises(OnnxImportError, match="dimension 2 is symbolic.*--shape x="):
+        import_onnx(model)
+    mod, _, _ = import_onnx(model, shapes={"x": (1, 3, 8, 8)})
+    assert mod.main.params[0].type.shape == (1, 3, 8, 8)
+    path = tmp_path / "sym.onnx"
+    onnx.save(model, str(path))
+    assert main_exit(["import", str(path), "-o", str(tmp_path / "o"), "--shape", "x=oops"]) == 2
+    assert "NAME=D1,D2" in capsys.readouterr().err
+
+
+def test_unsupported_second_output_is_named():
+    g = om.G()
+    y, mask = g.node("Dropout", ["x"], n_out=2)
+    out = g.node("Add", [y, mask])
+    model = g.model([("x", [1, 4])], [out])
+    with pytest.raises(OnnxImportError, match="output 1 of Dropout node"):
+        import_onnx(model)
