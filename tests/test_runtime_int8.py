@@ -115,21 +115,33 @@ def test_vnni_gemm_exact_on_random_matrices():
         np.testing.assert_array_equal(out, a.astype(np.int64) @ w.astype(np.int64).T)
 
 
-def test_qnn_add_kernel_is_bit_exact():
+@pytest.mark.parametrize("method, dtype", [("realize", "int8"), ("once", "uint8"),
+                                           ("once", "int8")])
+def test_qnn_add_kernel_is_bit_exact(method, dtype):
     rng = np.random.default_rng(5)
     b = Builder()
-    x = b.input("a", (2, 3, 4), "int8")
-    y = b.input("b", (2, 3, 4), "int8")
-    params = [np.array(v, dt) for v, dt in [(0.05, "f4"), (2, "i4"), (0.021, "f4"), (-3, "i4"),
-                                             (0.07, "f4"), (1, "i4")]]
-    out = b.call("qnn.add", x, y, *[b.param(f"p{i}", v) for i, v in enumerate(params)])
+    x = b.input("a", (2, 3, 4), dtype)
+    y = b.input("b", (2, 3, 4), dtype)
+    shift = 128 if dtype == "uint8" else 0
+    params = [np.array(v, dt) for v, dt in [(0.05, "f4"), (2 + shift, "i4"), (0.021, "f4"),
+                                             (-3 + shift, "i4"), (0.07, "f4"), (1 + shift, "i4")]]
+    out = b.call("qnn.add", x, y, *[b.param(f"p{i}", v) for i, v in enumerate(params)],
+                 method=method)
     mod, values = b.finish(out)
     bound = bind_params(mod, values)
     ex = Executor(bound)
     assert [s.label for s in ex.steps] == ["qnn.add"]
-    xs = {"a": rng.integers(-128, 128, (2, 3, 4)).astype("int8"),
-          "b": rng.integers(-128, 128, (2, 3, 4)).astype("int8")}
-    np.testing.assert_array_equal(ex.run(xs), run(bound, xs))
+    xs = {"a": (rng.integers(-128, 128, (2, 3, 4)) + shift).astype(dtype),
+          "b": (rng.integers(-128, 128, (2, 3, 4)) + shift).astype(dtype)}
+    got = ex.run(xs)
+    np.testing.assert_array_equal(got, run(bound, xs))
+    # both methods stay within their rules' tolerance of the exact sum
+    s = [float(p) for p in params]
+    exact = ((xs["a"].astype(float) - s[1]) * s[0] + (xs["b"].astype(float) - s[3]) * s[2]) \
+        / s[4] + s[5]
+    info = np.iinfo(dtype)
+    err = np.abs(got - np.clip(exact, info.min, info.max))
+    assert err.max() <= (0.5 + 1e-6 if method == "once" else 1.5)
 
 
 @settings(max_examples=20, deadline=None)

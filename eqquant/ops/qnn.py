@@ -252,9 +252,25 @@ def _qadd_rel(types, attrs):
     return a
 
 
-def _qadd(a, b, sa, za, sb, zb, so, zo):
-    """As TVM's realize does it: the rhs is rescaled to the lhs's scale, the two are added in
-    int32 at that scale, and the sum is requantized to the output's."""
+ADD_FRACTION_BITS = 24
+
+
+def add_multiplier(scale: float, out_scale: float) -> int:
+    """scale / out_scale in fixed point with ADD_FRACTION_BITS fractional bits."""
+    return int(round(float(np.float64(scale) / np.float64(out_scale)) * 2 ** ADD_FRACTION_BITS))
+
+
+def _qadd(a, b, sa, za, sb, zb, so, zo, *, method):
+    """method "realize", as TVM's realize does it: the rhs is rescaled to the lhs's scale, the
+    two are added in int32 at that scale, and the sum is requantized to the output's (two
+    roundings). method "once": both operands are rescaled to the output's scale in fixed point
+    with 24 fractional bits, added, and rounded once (half up), as ONNX Runtime's QLinearAdd
+    rounds its float sum once."""
+    if method == "once":
+        ma, mb = add_multiplier(float(sa), float(so)), add_multiplier(float(sb), float(so))
+        v = ((a.astype(np.int64) - np.int64(za)) * ma + (b.astype(np.int64) - np.int64(zb)) * mb
+             + (1 << (ADD_FRACTION_BITS - 1))) >> ADD_FRACTION_BITS
+        return _saturate(v + np.int64(zo), str(a.dtype))
     zero = np.int32(0)
     ra = a.astype(np.int64) - np.int64(za)
     rb = requantize_values(b, sb, zb, sa, zero, -1, "UPWARD", "int32").astype(np.int64)
@@ -266,8 +282,10 @@ register(OpDef(
     "qnn.add", inputs=("lhs", "rhs", "lhs_scale", "lhs_zero_point", "rhs_scale",
                        "rhs_zero_point", "output_scale", "output_zero_point"),
     props=frozenset({QUANT}), type_rel=_qadd_rel, semantics=_qadd,
+    attrs=(Attr("method", StrKind("method", ("realize", "once")), "realize"),),
     kernel="eqquant.runtime.bindings:QAdd",
-    doc="rhs rescaled to the lhs scale, added in int32, requantized to the output"))
+    doc="the sum of two quantized tensors, quantized: realize (TVM: rhs to the lhs scale, "
+        "add, requantize) or once (both to the output scale, one rounding)"))
 
 
 # -- a quantized convolution with its whole epilogue --------------------------------------------

@@ -101,6 +101,9 @@ def realize_view(mod: Module) -> Module:
                                _scalar_value(s1, "scale") / _scalar_value(s2, "scale"),
                                a["out_dtype"])
         if name == "qnn.add":
+            if node.attrs["method"] != "realize":
+                raise EqquantError("the realize view writes TVM's qnn.add (method realize); "
+                                   "this one rounds once (a uint8 program's add)", node.loc)
             lhs, rhs, sa, za, sb, zb, so, zo = kids
             for z in (za, zb, zo):
                 _zero(z, "zero point")

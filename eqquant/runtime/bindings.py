@@ -583,12 +583,21 @@ class QAdd(Binding):
         self.za, self.zb, self.zo = int(za), int(zb), int(zo)
         info = np.iinfo(out_type.dtype)
         self.lo, self.hi = int(info.min), int(info.max)
+        self.once = attrs["method"] == "once"
+        if self.once:
+            from ..ops.qnn import ADD_FRACTION_BITS, add_multiplier
+            self.ma, self.mb2 = add_multiplier(sa, so), add_multiplier(sb, so)
+            self.bits = ADD_FRACTION_BITS
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return all(_const_scalar(consts, i) is not None for i in range(2, 8))
 
     def __call__(self, ins, out):
+        if self.once:
+            return self.k8.qadd_once(ins[0].reshape(-1), self.za, ins[1].reshape(-1), self.zb,
+                                     np.int64(self.ma), np.int64(self.mb2), self.bits, self.zo,
+                                     self.lo, self.hi, out.reshape(-1))
         self.k8.qadd(ins[0].reshape(-1), self.za, ins[1].reshape(-1), self.zb,
                      np.int64(self.mb), self.shb, np.int64(self.mo), self.sho, self.zo,
                      self.lo, self.hi, out.reshape(-1))

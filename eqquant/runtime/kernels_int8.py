@@ -156,6 +156,17 @@ def qadd(a, za, b, zb, mb, shb, mo, sho, zo, lo, hi, out):
 
 
 @njit(parallel=True, cache=True)
+def qadd_once(a, za, b, zb, ma, mb, bits, zo, lo, hi, out):
+    """Flat qnn.add(method="once"): ((a - za) * ma + (b - zb) * mb) rounded once at ``bits``
+    fractional bits, plus zo, saturated."""
+    half = np.int64(1) << (bits - 1)
+    for i in prange(a.size):
+        v = ((np.int64(a[i]) - za) * ma + (np.int64(b[i]) - zb) * mb + half) >> bits
+        v = v + zo
+        out[i] = min(max(v, lo), hi)
+
+
+@njit(parallel=True, cache=True)
 def bias_relu_requantize(acc, bias, relu, multipliers, shifts, zin, zout, lo, hi, out):
     """acc: (O, P) int32 -> out: (O, P): requantize(relu?(acc + bias[o])), one multiplier and
     shift per channel (or the same for all), saturated to [lo, hi]."""
