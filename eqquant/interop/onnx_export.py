@@ -1,13 +1,18 @@
-"""fp32 programs to ONNX (opset 17), so ONNX Runtime can run the same model and weights.
+"""Programs to ONNX (opset 17), so ONNX Runtime can run what eqquant produced.
 
     model = to_onnx(bind_params(mod, params))     # an onnx.ModelProto
-    onnx.save(model, "model.onnx")
+    save_onnx(bound, "model.onnx")                # checked, written atomically
 
-Every parameter without a value becomes a graph input; constants become initializers. The ops
-are those of the zoo models and of eqquant's fused programs; another op raises a located
-error naming it.
+fp32 ops map one to one (``FLOAT_OPS`` and the few special cases below). An int8 program (QNN
+ops, as ``eqquant quantize`` extracts it) is written in ONNX's QDQ form by
+:mod:`eqquant.interop.onnx_qdq`: QuantizeLinear / DequantizeLinear around float ops, uint8
+activations and int8 weights, which ONNX Runtime fuses back into its integer kernels. Every
+parameter without a value becomes a graph input; constants become initializers. An op with no
+mapping raises a located error naming it.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 
@@ -19,128 +24,214 @@ from ..passes.inline import inline_calls
 
 OPSET = 17
 
+# IR op -> ONNX op, for ops whose inputs and semantics are the same
+FLOAT_OPS = {"nn.relu": "Relu", "sigmoid": "Sigmoid", "add": "Add", "subtract": "Sub",
+             "multiply": "Mul", "divide": "Div", "nn.global_avg_pool2d": "GlobalAveragePool",
+             "sqrt": "Sqrt", "negative": "Neg", "abs": "Abs"}
+PASS_THROUGH = ("nn.dropout", "annotation.stop_fusion", "annotation.cast_hint",
+                "annotation.calibrated")
 
-def to_onnx(mod: Module, name: str = "eqquant"):
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
 
-    flat = inline_calls(mod)
-    types = infer_types(flat)
-    names: dict[int, str] = {}
-    nodes, inits, inputs = [], [], []
-    counter = [0]
+class Exporter:
+    """Walks a module in post order and emits ONNX nodes; ``names`` maps each IR value (by
+    id) to its ONNX tensor name (a list for a tuple)."""
 
-    def fresh(prefix: str) -> str:
-        counter[0] += 1
-        return f"{prefix}_{counter[0]}"
+    def __init__(self, mod: Module, activation_dtype: str = "uint8"):
+        self.flat = inline_calls(mod)
+        self.types = infer_types(self.flat)
+        self.names: dict[int, object] = {}
+        self.nodes: list = []
+        self.inits: list = []
+        self.inputs: list = []
+        self.counter = 0
+        self.activation_dtype = activation_dtype
+        self.quantized = False
+        from . import onnx_qdq
+        self.qdq = onnx_qdq.QDQ(self)
 
-    def const(arr: np.ndarray, prefix: str = "c") -> str:
-        n = fresh(prefix)
-        inits.append(numpy_helper.from_array(np.asarray(arr), n))
-        return n
+    # -- emitting ----------------------------------------------------------------------------
 
-    def emit(op_type: str, ins: list[str], **attrs) -> str:
-        out = fresh(op_type.lower())
-        nodes.append(helper.make_node(op_type, ins, [out], **attrs))
+    def fresh(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}_{self.counter}"
+
+    def const(self, arr, prefix: str = "c") -> str:
+        from onnx import numpy_helper
+        name = self.fresh(prefix)
+        self.inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    def emit(self, op_type: str, ins: list[str], **attrs) -> str:
+        from onnx import helper
+        out = self.fresh(op_type.lower())
+        self.nodes.append(helper.make_node(op_type, ins, [out], **attrs))
         return out
 
-    def act(x: str, attrs) -> str:
+    def act(self, x: str, attrs) -> str:
         a = attrs.get("activation", "none")
         if a == "relu":
-            return emit("Relu", [x])
+            return self.emit("Relu", [x])
         if a == "clip":
-            return emit("Clip", [x, const(np.float32(attrs["a_min"])),
-                                 const(np.float32(attrs["a_max"]))])
+            return self.emit("Clip", [x, self.const(np.float32(attrs["a_min"])),
+                                      self.const(np.float32(attrs["a_max"]))])
         return x
 
-    for node in post_order(flat.main.body):
-        if isinstance(node, Var):
-            t = node.type
-            inputs.append(helper.make_tensor_value_info(node.name, TensorProto.FLOAT
-                                                        if t.dtype == "float32" else
-                                                        helper.np_dtype_to_tensor_dtype(
-                                                            np.dtype(t.dtype)), t.shape))
-            names[id(node)] = node.name
-            continue
-        if isinstance(node, Constant):
-            if node.data is None:
-                raise EqquantError(f"meta[relay.Constant][{node.index}] has no value",
-                                   node.loc)
-            names[id(node)] = const(node.data, f"meta{node.index}")
-            continue
-        if isinstance(node, Scalar):
-            names[id(node)] = const(node.data)
-            continue
-        if isinstance(node, Tuple):
-            names[id(node)] = [names[id(f)] for f in node.fields]  # type: ignore[assignment]
-            continue
-        if isinstance(node, TupleGetItem):
-            inner = names[id(node.tuple)]
-            names[id(node)] = inner[node.index] if isinstance(inner, list) else inner
-            continue
-        if not isinstance(node, Call) or isinstance(node.op, Expr):
-            raise EqquantError(f"ONNX export: cannot export a {type(node).__name__}",
-                               getattr(node, "loc", None))
-        names[id(node)] = _export_call(node, [names[id(a)] for a in node.args], types, emit,
-                                       const, act)
-    out_name = names[id(flat.main.body)]
-    out_t = types[id(flat.main.body)]
-    graph = helper.make_graph(nodes, name, inputs, [helper.make_tensor_value_info(
-        out_name, TensorProto.FLOAT, out_t.shape)], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="eqquant")
+    def type(self, e: Expr):
+        return self.types[id(e)]
+
+    def value(self, e: Expr) -> np.ndarray | None:
+        """The constant value of a scalar or constant argument (None if computed)."""
+        if isinstance(e, Scalar):
+            return np.asarray(e.data)
+        if isinstance(e, Constant):
+            return np.asarray(e.data)
+        return None
+
+    # -- the walk ------------------------------------------------------------------------------
+
+    def run(self, name: str):
+        from onnx import TensorProto, helper
+        for node in post_order(self.flat.main.body):
+            if isinstance(node, Var):
+                t = node.type
+                self.inputs.append(helper.make_tensor_value_info(
+                    node.name, helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), t.shape))
+                self.names[id(node)] = node.name
+            elif isinstance(node, Constant):
+                if node.data is None:
+                    raise EqquantError(f"meta[relay.Constant][{node.index}] has no value",
+                                       node.loc)
+            elif isinstance(node, Scalar):
+                pass            # initializers are made when an ONNX node reads them
+            elif isinstance(node, Tuple):
+                self.names[id(node)] = [self.name_of(f) for f in node.fields]
+            elif isinstance(node, TupleGetItem):
+                inner = self.name_of(node.tuple)
+                self.names[id(node)] = inner[node.index] if isinstance(inner, list) else inner
+            elif isinstance(node, Call) and not isinstance(node.op, Expr):
+                out = self.qdq.call(node) if self.qdq.handles(node) else self.call(node)
+                self.names[id(node)] = out
+            else:
+                raise EqquantError(f"ONNX export: cannot export a {type(node).__name__}",
+                                   getattr(node, "loc", None))
+        body = self.flat.main.body
+        outs = body.fields if isinstance(body, Tuple) else (body,)
+        outputs = []
+        for o in outs:
+            t = self.type(o)
+            if t.dtype != "float32":
+                raise EqquantError(f"ONNX export: the program's output is {t.dtype}; "
+                                   "exported programs return float32 (dequantize it)")
+            outputs.append(helper.make_tensor_value_info(self.name_of(o),
+                                                         TensorProto.FLOAT, t.shape))
+        graph = helper.make_graph(self.nodes, name, self.inputs, outputs,
+                                  initializer=self.inits)
+        opsets = [helper.make_opsetid("", OPSET)]
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="eqquant")
+        return model
+
+    def name_of(self, e: Expr):
+        """The ONNX name of ``e``'s value; a constant becomes an initializer on first use."""
+        if id(e) not in self.names:
+            if isinstance(e, Constant):
+                self.names[id(e)] = self.const(e.data, f"meta{e.index}")
+            elif isinstance(e, Scalar):
+                self.names[id(e)] = self.const(np.asarray(e.value, e.dtype))
+        return self.names[id(e)]
+
+    def call_on(self, node: Call, x: str) -> str:
+        """``node``'s ONNX form applied to the tensor ``x`` (a layout op on 8-bit data)."""
+        return self.call(node, [x] + [self.name_of(a) for a in node.args[1:]])
+
+    def call(self, node: Call, ins: list | None = None) -> str:
+        op, a = node.op.name, node.attrs
+        checked = ins is None
+        ins = ins or [self.name_of(x) for x in node.args]
+        if checked and op not in PASS_THROUGH and any(
+                getattr(self.type(x), "dtype", "float32") != "float32" for x in node.args[:1]):
+            raise EqquantError(f"ONNX export: {op} on {self.type(node.args[0]).dtype} values "
+                               "has no QDQ form", node.loc)
+        if op in ("nn.conv2d", "fused.conv2d"):
+            w_t = self.type(node.args[1])
+            conv = dict(strides=list(a["strides"]), pads=list(a["padding"]),
+                        dilations=list(a["dilation"]), group=a["groups"],
+                        kernel_shape=list(w_t.shape[2:]))
+            if op == "nn.conv2d":
+                return self.emit("Conv", ins, **conv)
+            b_t = self.type(node.args[2])
+            if isinstance(node.args[2], Constant) and b_t.size == w_t.shape[0]:
+                bias = self.const(np.asarray(node.args[2].data).reshape(-1))
+                return self.act(self.emit("Conv", [ins[0], ins[1], bias], **conv), a)
+            return self.act(self.emit("Add", [self.emit("Conv", ins[:2], **conv), ins[2]]), a)
+        if op == "nn.batch_norm":
+            return self.emit("BatchNormalization", ins, epsilon=float(a["epsilon"]))
+        if op in ("nn.dense", "fused.dense"):
+            if op == "nn.dense":
+                return self.emit("Gemm", ins[:2], transB=1)
+            return self.act(self.emit("Gemm", ins, transB=1), a)
+        if op in FLOAT_OPS:
+            return self.emit(FLOAT_OPS[op], ins)
+        if op == "nn.leaky_relu":
+            return self.emit("LeakyRelu", ins, alpha=float(a["alpha"]))
+        if op == "clip":
+            return self.emit("Clip", [ins[0], self.const(np.float32(a["a_min"])),
+                                      self.const(np.float32(a["a_max"]))])
+        if op in ("nn.max_pool2d", "nn.avg_pool2d"):
+            return self.pool(op, ins[0], a)
+        if op == "nn.batch_flatten":
+            return self.emit("Flatten", ins, axis=1)
+        if op in ("reshape", "expand_dims", "squeeze"):
+            return self.reshape(ins[0], self.type(node).shape)
+        if op == "transpose":
+            rank = self.type(node.args[0]).rank
+            axes = a["axes"] if a["axes"] is not None else list(range(rank))[::-1]
+            return self.emit("Transpose", ins, perm=[x % rank for x in axes])
+        if op == "concatenate":
+            return self.emit("Concat", list(ins[0]), axis=a["axis"])
+        if op == "nn.pad":
+            width = [list(p) for p in a["pad_width"]]
+            pads = [p[0] for p in width] + [p[1] for p in width]
+            return self.emit("Pad", [ins[0], self.const(np.asarray(pads, np.int64)), ins[1]],
+                             mode=a["pad_mode"])
+        if op == "nn.bias_add":
+            rank = self.type(node.args[0]).rank
+            shape = [1] * rank
+            shape[a["axis"] % rank] = -1
+            return self.emit("Add", [ins[0], self.reshape(ins[1], shape)])
+        if op == "nn.softmax":
+            return self.emit("Softmax", ins, axis=a["axis"])
+        if op in PASS_THROUGH:
+            return ins[0]
+        raise EqquantError(f"ONNX export: no mapping for {op}", node.loc)
+
+    def pool(self, op: str, x: str, a) -> str:
+        kw = dict(kernel_shape=list(a["pool_size"]), strides=list(a["strides"]),
+                  pads=list(a["padding"]), ceil_mode=int(a["ceil_mode"]))
+        if op == "nn.max_pool2d":
+            return self.emit("MaxPool", [x], dilations=list(a["dilation"]), **kw)
+        return self.emit("AveragePool", [x], count_include_pad=int(a["count_include_pad"]),
+                         **kw)
+
+    def reshape(self, x: str, shape) -> str:
+        return self.emit("Reshape", [x, self.const(np.asarray(shape, np.int64))])
+
+
+def to_onnx(mod: Module, name: str = "eqquant", activation_dtype: str = "uint8"):
+    """``mod`` (constants bound) as a checked ONNX ModelProto; int8 programs in QDQ form with
+    ``activation_dtype`` (uint8, as ONNX Runtime's quantize_static writes, or int8)."""
+    import onnx
+    model = Exporter(mod, activation_dtype).run(name)
     onnx.checker.check_model(model)
     return model
 
 
-def _export_call(node: Call, ins, types, emit, const, act):
-    op, a = node.op.name, node.attrs
-    if op in ("nn.conv2d", "fused.conv2d"):
-        w_t = types[id(node.args[1])]
-        conv_attrs = dict(strides=list(a["strides"]), pads=list(a["padding"]),
-                          dilations=list(a["dilation"]), group=a["groups"],
-                          kernel_shape=list(w_t.shape[2:]))
-        if op == "nn.conv2d":
-            return emit("Conv", ins, **conv_attrs)
-        b_t = types[id(node.args[2])]
-        if isinstance(node.args[2], Constant) and b_t.size == w_t.shape[0]:
-            bias = const(np.asarray(node.args[2].data).reshape(-1))
-            return act(emit("Conv", [ins[0], ins[1], bias], **conv_attrs), a)
-        return act(emit("Add", [emit("Conv", ins[:2], **conv_attrs), ins[2]]), a)
-    if op == "nn.batch_norm":
-        return emit("BatchNormalization", ins, epsilon=float(a["epsilon"]))
-    if op in ("nn.dense", "fused.dense"):
-        y = emit("Gemm", ins[:2], transB=1) if op == "nn.dense" else \
-            emit("Gemm", ins, transB=1)
-        return act(y, a) if op == "fused.dense" else y
-    simple = {"nn.relu": "Relu", "add": "Add", "subtract": "Sub", "multiply": "Mul",
-              "divide": "Div", "nn.global_avg_pool2d": "GlobalAveragePool",
-              "sqrt": "Sqrt", "negative": "Neg", "abs": "Abs"}
-    if op in simple:
-        return emit(simple[op], ins)
-    if op == "clip":
-        return emit("Clip", [ins[0], const(np.float32(a["a_min"])),
-                             const(np.float32(a["a_max"]))])
-    if op in ("nn.max_pool2d", "nn.avg_pool2d"):
-        kw = dict(kernel_shape=list(a["pool_size"]), strides=list(a["strides"]),
-                  pads=list(a["padding"]), ceil_mode=int(a["ceil_mode"]))
-        if op == "nn.max_pool2d":
-            return emit("MaxPool", ins, dilations=list(a["dilation"]), **kw)
-        return emit("AveragePool", ins, count_include_pad=int(a["count_include_pad"]), **kw)
-    if op == "nn.batch_flatten":
-        return emit("Flatten", ins, axis=1)
-    if op in ("reshape", "expand_dims", "squeeze"):
-        shape = types[id(node)].shape
-        return emit("Reshape", [ins[0], const(np.asarray(shape, np.int64))])
-    if op == "nn.bias_add":
-        rank = len(types[id(node.args[0])].shape)
-        axis = a["axis"] % rank
-        shape = [1] * rank
-        shape[axis] = -1
-        return emit("Add", [ins[0], emit("Reshape", [ins[1], const(np.asarray(shape,
-                                                                             np.int64))])])
-    if op == "nn.softmax":
-        return emit("Softmax", ins, axis=a["axis"])
-    if op in ("nn.dropout", "annotation.stop_fusion", "annotation.cast_hint"):
-        return ins[0]
-    raise EqquantError(f"ONNX export: no mapping for {op}", node.loc)
+def save_onnx(mod: Module, path: str | Path, activation_dtype: str = "uint8") -> str:
+    """Write ``mod`` to ``path`` (replaced only on success); returns "fp32" or "int8 QDQ"."""
+    from ..ir.params import atomic_write
+    exporter = Exporter(mod, activation_dtype)
+    model = exporter.run(Path(path).stem)
+    import onnx
+    onnx.checker.check_model(model)
+    data = model.SerializeToString()
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
+    return f"int8 QDQ, {activation_dtype} activations" if exporter.quantized else "fp32"
