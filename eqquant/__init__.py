@@ -6,16 +6,22 @@ saturating), ``extract`` (cost models, extraction), ``passes`` (inlining, consta
 ``zoo`` (models), ``cli`` (the command line); ``optimizer.py`` strings saturation, extraction
 and folding together and ``pipeline.py`` runs the stages for ``eqquant demo``.
 
-The Python API::
+The Python API (``eqquant/api.py``)::
 
     import eqquant
+    model = eqquant.load("resnet18.onnx")        # or "model.ir" (+ model.npz), or a Module
+    y = model.run(x)                             # the Numba executor; x: array or dict
+    q = eqquant.quantize(model, "calib.npz", mode="kl_divergence", per_channel=True)
+    print(q.report())                            # SQNR per layer and at the output
+    q.save("out/"); q.export_onnx("model.int8.onnx")
+
+and the pieces underneath::
+
     mod, params = eqquant.load_program("model.ir")          # params from model.npz
     result = eqquant.optimize(mod, params, rules=["simplify", "bn_fold"], cost="cpu")
     print(result.explain())
     eqquant.save_program("out.ir", result.module)
-    y = eqquant.run(result.module, {"data": x})
-    q = eqquant.quantize(mod, params, samples, mode="kl_divergence", per_channel=True)
-    print(q.report())                                          # SQNR per layer and output
+    y = eqquant.run(result.module, {"data": x})             # the reference interpreter
 """
 __version__ = "0.1.0"
 
@@ -27,7 +33,9 @@ _API = {
     "save_program": ("eqquant.ir.loader", "save_program"),
     "run": ("eqquant.ir.interp", "run"),
     "optimize": ("eqquant.optimizer", "optimize"),
-    "quantize": ("eqquant.quant.flow", "quantize"),
+    "load": ("eqquant.api", "load"),
+    "quantize": ("eqquant.api", "quantize"),
+    "Model": ("eqquant.api", "Model"),
     "load_rules": ("eqquant.rules.loader", "load_rules"),
     "check_rules": ("eqquant.rules.check", "check_ruleset"),
 }

@@ -240,11 +240,19 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
         result = quantize(mod, values, samples, mode, weight_scale, per_channel,
                           dtype=activations, skip=list(skip),
                           progress=lambda n: bar.update(1))
+    import json
+
+    from ..api import Report
+    from ..ir.params import atomic_write
     ir_path, npz = save_program(output, result.module)
     table_path = output.with_suffix(".calib.json")
     result.table.save(table_path)
+    report_path = output.with_suffix(".report.json")
+    text = json.dumps(Report.from_result(result).to_json(), indent=1)
+    atomic_write(report_path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     click.echo(result.report())
-    click.echo(f"wrote {ir_path}, {npz} and {table_path}")
+    click.echo(f"wrote {ir_path}, {npz}, {table_path} and {report_path} "
+               f"(eqquant plot sqnr {report_path} -o sqnr.png draws it)")
 
 
 def _parse_shapes(specs) -> dict[str, tuple[int, ...]]:
@@ -296,6 +304,45 @@ def export_cmd(model, params, output):
     mod, values = load_program(model, params)
     kind = save_onnx(bind_params(mod, values), output)
     click.echo(f"wrote {output} ({kind})")
+
+
+@cli.group()
+def plot() -> None:
+    """Draw pictures: per-layer SQNR charts and program graphs."""
+
+
+@plot.command("sqnr")
+@click.argument("report", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The chart: .png, .svg or .pdf.")
+def plot_sqnr(report, output):
+    """Bar chart of REPORT (the .report.json eqquant quantize writes)."""
+    import json
+
+    from ..api import Report
+    from ..ir.loader import read_source
+    try:
+        data = json.loads(read_source(report))
+        rep = Report.from_json(data)
+    except (ValueError, KeyError, TypeError) as e:
+        raise EqquantError(f"{report}: not a report written by eqquant quantize ({e})") \
+            from None
+    rep.plot(output)
+    click.echo(f"wrote {output}")
+
+
+@plot.command("graph")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help=".dot, or .svg/.png/.pdf rendered by Graphviz (a .dot without it).")
+def plot_graph(model, output):
+    """Draw MODEL (text IR or .onnx) as a graph."""
+    from ..api import load
+    from ..viz.graph import to_dot, write_graph
+    m = load(model)
+    written = write_graph(to_dot(m.module, m.name), output)
+    click.echo(f"wrote {written}" + ("" if written == output else
+                                     " (Graphviz's dot is not installed: DOT text instead)"))
 
 
 @cli.group()

@@ -55,6 +55,7 @@ class QuantizeResult:
     optimized: OptimizeResult
     layers: list[tuple[str, float]] = field(default_factory=list)  # (value, SQNR dB)
     output: dict[str, float] = field(default_factory=dict)
+    dtype: str = "uint8"           # the activations' dtype
 
     def report(self) -> str:
         from ..ir.nodes import post_order
@@ -123,5 +124,5 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     int8 = strip_calibration(result.module)
     check = as_inputs(check_input, fp.main) if check_input is not None else samples[0]
     layers, output = evaluate(fp, int8, table, dtype, check)
-    return QuantizeResult(int8, fp, table, result, layers, output)
+    return QuantizeResult(int8, fp, table, result, layers, output, dtype)
 

@@ -1,0 +1,231 @@
+"""The one-call Python API: a model object over the whole pipeline.
+
+    import eqquant
+    model = eqquant.load("resnet18.onnx")            # or "model.ir" (params beside), or a Module
+    y = model.run(x)                                 # an array, or a dict by input name
+    q = eqquant.quantize(model, "calib.npz", mode="kl_divergence", per_channel=True)
+    print(q.report())                                # SQNR per layer and at the output
+    q.report().plot("sqnr.png")                      # the bar chart (needs eqquant[plot])
+    q.save("out/")                                   # out/resnet18.ir, .npz, .calib.json
+    q.export_onnx("resnet18.int8.onnx")              # QDQ, for ONNX Runtime
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from .errors import EqquantError
+from .ir.nodes import Module
+
+
+@dataclass
+class Report:
+    """A quantized model's accuracy against its fp32 original: SQNR per layer and at the
+    output. ``str()`` is the table; in a notebook it shows as the bar chart."""
+
+    text: str
+    layers: list[tuple[str, float]]
+    output: dict[str, float]
+    mode: str
+    activations: str
+
+    def __str__(self) -> str:
+        return self.text
+
+    def to_json(self) -> dict:
+        return {"mode": self.mode, "activations": self.activations,
+                "layers": [[n, v] for n, v in self.layers], "output": self.output}
+
+    @classmethod
+    def from_result(cls, q) -> "Report":
+        """From a :class:`~eqquant.quant.flow.QuantizeResult`."""
+        return cls(q.report(), list(q.layers), dict(q.output), q.table.mode, q.dtype)
+
+    @classmethod
+    def from_json(cls, data: Mapping, text: str = "") -> "Report":
+        return cls(text, [(str(n), float(v)) for n, v in data["layers"]], dict(data["output"]),
+                   str(data.get("mode", "")), str(data.get("activations", "")))
+
+    def plot(self, path: str | Path | None = None):
+        """Draw SQNR per layer as a bar chart; write it to ``path`` (.png/.svg/.pdf) if given.
+        Returns the matplotlib figure."""
+        from .viz.sqnr import sqnr_chart
+        return sqnr_chart(self, path)
+
+    def _repr_png_(self):
+        try:
+            import io
+            fig = self.plot()
+        except EqquantError:      # matplotlib is not installed: the text shows instead
+            return None
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+        return buf.getvalue()
+
+
+@dataclass
+class Model:
+    """A program with its weights; ``run`` compiles it for the Numba executor once."""
+
+    module: Module
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+    name: str = "model"
+    notes: list[str] = field(default_factory=list)
+    quantized: Any = None            # the QuantizeResult when this model came from quantize()
+    _executor: Any = field(default=None, repr=False)
+
+    @property
+    def inputs(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Input name -> (shape, dtype), for the inputs the params do not give."""
+        return {p.name: (p.type.shape, p.type.dtype) for p in self.module.main.params
+                if p.name not in self.params}
+
+    def _bound(self) -> Module:
+        from .ir.params import bind_params
+        return bind_params(self.module, self.params) if self.params else self.module
+
+    def run(self, x: Any):
+        """Outputs for one input: an array (a one-input model) or a dict by input name."""
+        if self._executor is None:
+            from .runtime.executor import Executor
+            self._executor = Executor(self._bound())
+        if not isinstance(x, Mapping):
+            names = list(self.inputs)
+            if len(names) != 1:
+                raise EqquantError(f"{self.name} has {len(names)} inputs ({', '.join(names)});"
+                                   " give a dict by input name")
+            x = {names[0]: x}
+        return self._executor.run(dict(x))
+
+    def show(self, types: bool = False) -> str:
+        """The program as text IR (also what ``print(model)`` shows)."""
+        from .ir.printer import print_module
+        return print_module(self.module, show_types=types)
+
+    def __str__(self) -> str:
+        return self.show()
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``directory/<name>.ir`` and its ``.npz`` (and the calibration table and the
+        report for a quantized model); returns the ``.ir`` path."""
+        from .ir.loader import save_program
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        path, _ = save_program(d / f"{self.name}.ir", self.module, self.params)
+        if self.quantized is not None:
+            import json
+            self.quantized.table.save(path.with_suffix(".calib.json"))
+            path.with_suffix(".report.json").write_text(
+                json.dumps(self.report().to_json(), indent=1))
+        return path
+
+    def export_onnx(self, path: str | Path, activations: str = "uint8") -> Path:
+        from .interop.onnx_export import save_onnx
+        save_onnx(self._bound(), path, activations)
+        return Path(path)
+
+    def report(self) -> Report:
+        if self.quantized is None:
+            raise EqquantError(f"{self.name} is not a quantized model: quantize it first "
+                               "(eqquant.quantize(model, calibration_data))")
+        return Report.from_result(self.quantized)
+
+    def graph(self, path: str | Path | None = None) -> str:
+        """The program as a Graphviz DOT graph (integer ops shaded); rendered to ``path``'s
+        format (.svg/.png/.pdf) when Graphviz's ``dot`` is installed, else written as DOT."""
+        from .viz.graph import to_dot, write_graph
+        dot = to_dot(self.module, self.name)
+        if path is not None:
+            write_graph(dot, path)
+        return dot
+
+
+def load(source: Any, params: str | Path | Mapping | None = None,
+         shapes: Mapping[str, tuple[int, ...]] | None = None) -> Model:
+    """A Model from an ONNX file, a text-IR file (params from ``params`` or the ``.npz``
+    beside it), a Module (with ``params``), a ``(module, params)`` pair, or a Model."""
+    if isinstance(source, Model):
+        return source
+    if isinstance(source, tuple) and len(source) == 2 and isinstance(source[0], Module):
+        return Model(source[0], dict(source[1] or {}))
+    if isinstance(source, Module):
+        if params is not None and not isinstance(params, Mapping):
+            from .ir.params import load_params
+            params = load_params(params)
+        return Model(source, dict(params or {}))
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if path.suffix == ".onnx":
+            from .interop.onnx_import import import_onnx
+            mod, values, notes = import_onnx(path, shapes)
+            return Model(mod, values, path.stem, notes)
+        from .ir.loader import load_program
+        if isinstance(params, Mapping):
+            mod, _ = load_program(path, find_params=False)
+            return Model(mod, dict(params), path.stem)
+        mod, values = load_program(path, params)
+        return Model(mod, values, path.stem)
+    raise EqquantError(f"eqquant.load takes a path (.onnx or text IR), a Module or a Model, "
+                       f"not {type(source).__name__}")
+
+
+def calibration_samples(data: Any, model: Model) -> list[dict[str, np.ndarray]]:
+    """Calibration data as a list of input dicts: an ``.npz`` path or a dict of arrays
+    (stacked on a leading sample axis, keyed by input name), or an iterable of input arrays
+    or of dicts."""
+    from .quant.annotate import samples_from_npz
+    names = list(model.inputs)
+    if isinstance(data, (str, Path)):
+        return samples_from_npz(data, model.module)
+    if isinstance(data, Mapping):
+        missing = [n for n in names if n not in data]
+        extra = [k for k in data if k not in names]
+        if extra:
+            raise EqquantError(f"calibration data names {', '.join(map(str, extra))}, which "
+                               f"the model does not take (its inputs: {', '.join(names)})")
+        if missing:
+            raise EqquantError(f"calibration data has no array for {', '.join(missing)}")
+        counts = {len(data[n]) for n in names}
+        if len(counts) != 1:
+            raise EqquantError(f"the calibration arrays have different numbers of samples: "
+                               f"{sorted(counts)}")
+        return [{n: np.asarray(data[n][i]) for n in names} for i in range(counts.pop())]
+    if isinstance(data, np.ndarray):
+        raise EqquantError("calibration data as one array is ambiguous: give a list of input "
+                           "arrays, or a dict of arrays stacked on a leading sample axis")
+    samples = []
+    for item in data:
+        if isinstance(item, Mapping):
+            samples.append({k: np.asarray(v) for k, v in item.items()})
+        elif len(names) == 1:
+            samples.append({names[0]: np.asarray(item)})
+        else:
+            raise EqquantError(f"the model has {len(names)} inputs: give each sample as a dict")
+    if not samples:
+        raise EqquantError("the calibration data is empty")
+    return samples
+
+
+def quantize(model: Any, calibration_data: Any, mode: str = "kl_divergence",
+             weight_scale: str = "max", per_channel: bool = False,
+             activations: str = "uint8", skip: Iterable[str] = (),
+             progress: bool = False) -> Model:
+    """The int8 model of ``model`` (anything :func:`load` takes), calibrated on
+    ``calibration_data`` (see :func:`calibration_samples`); ``.report()`` gives its accuracy."""
+    from .quant.flow import quantize as run_flow
+    m = load(model)
+    samples = calibration_samples(calibration_data, m)
+    import contextlib
+    import sys
+
+    import click
+    bar = click.progressbar(length=len(samples), label="calibrating", file=sys.stderr) \
+        if progress else contextlib.nullcontext()
+    with bar as b:
+        result = run_flow(m.module, m.params, samples, mode, weight_scale, per_channel,
+                          dtype=activations, skip=list(skip),
+                          progress=(lambda n: b.update(1)) if progress else None)
+    return Model(result.module, {}, f"{m.name}.int8", list(m.notes), quantized=result)
