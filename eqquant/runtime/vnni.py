@@ -4,10 +4,12 @@ from Numba kernels.
     C[p, o] = sum_k A[p, k] * B[k, o]     A uint8 (P x K), B int8, C int32
 
 ``vpdpbusd`` multiplies 4 unsigned bytes of A by 4 signed bytes of B and adds the four products
-into one int32 lane, 16 lanes at a time. B is packed once as [K/4][O][4] (K padded to a
-multiple of 4, O a multiple of 64): one 64-byte load gives 4 k-values for 16 output channels.
-The kernel keeps 4 accumulators (64 output channels) per pixel; a int8 activation x is fed as
-the byte x + 128 and the product corrected by 128 * sum_k B[k, o] (see ``pack``).
+into one int32 lane, 16 lanes at a time. B is packed once as [O/64][K/4][64][4] (K padded to a
+multiple of 4, O a multiple of 64): one 64-byte load gives 4 k-values for 16 output channels,
+and each block of 64 channels is one contiguous panel that stays in cache. The micro-kernel
+keeps 6 pixels x 64 channels in 24 accumulators, so each weight load feeds 6 ``vpdpbusd``; an
+int8 activation x is fed as the byte x + 128 and the product corrected by 128 * sum_k B[k, o]
+(see ``pack``).
 
 ``available()`` says whether the host CPU has VNNI; callers keep the portable kernels for the
 rest. The same function is compiled once per process (a few milliseconds).
@@ -33,7 +35,14 @@ def available() -> bool:
         return False
 
 
+ROWS = 6    # pixels per micro-kernel step: 6 x 4 accumulators + 4 weight vectors in zmm
+
+
 def _ir() -> str:
+    """void gemm_u8s8(A, lda, B, C, ldc, p0, p1, kq, oblocks): for each block of 64 output
+    channels (its packed weights contiguous, kept in cache), the pixels p0..p1 go ROWS at a
+    time: each step loads 4 weight vectors (64 channels x 4 k) once and uses them for ROWS
+    broadcast pixels, ROWS x 4 ``vpdpbusd``; leftover pixels go one at a time."""
     from llvmlite import ir
     i8p = ir.IntType(8).as_pointer()
     i32, i64 = ir.IntType(32), ir.IntType(64)
@@ -41,18 +50,16 @@ def _ir() -> str:
     mod = ir.Module(name="eqquant_vnni")
     dp = ir.Function(mod, ir.FunctionType(v16, [v16, v16, v16]),
                      name="llvm.x86.avx512.vpdpbusd.512")
-    # void gemm(A, lda, B, C, ldc, p0, p1, kq, oblocks)
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i8p, i64, i8p, i8p, i64, i64, i64,
                                                           i64, i64]), name="gemm_u8s8")
     a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, kq, oblocks = fn.args
-    entry = fn.append_basic_block("entry")
-    b = ir.IRBuilder(entry)
-    zero64 = ir.Constant(i64, 0)
-    one64 = ir.Constant(i64, 1)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    c64 = lambda v: ir.Constant(i64, v)  # noqa: E731
     zeros = ir.Constant(v16, None)
 
-    def loop(builder, start, stop, name, body):
-        """for (i = start; i < stop; i++) body(builder, i); returns the builder after it."""
+    def loop(builder, start, stop, step, name, body):
+        """for (i = start; i + step <= stop; i += step) body(builder, i); returns the final i
+        (the builder is left after the loop)."""
         head = fn.append_basic_block(f"{name}.head")
         work = fn.append_basic_block(f"{name}.body")
         done = fn.append_basic_block(f"{name}.done")
@@ -61,58 +68,61 @@ def _ir() -> str:
         builder.position_at_end(head)
         i = builder.phi(i64, name=name)
         i.add_incoming(start, pre)
-        builder.cbranch(builder.icmp_signed("<", i, stop), work, done)
+        builder.cbranch(builder.icmp_signed("<=", builder.add(i, c64(step)), stop), work, done)
         builder.position_at_end(work)
         body(builder, i)
-        i.add_incoming(builder.add(i, one64), builder.block)
+        i.add_incoming(builder.add(i, c64(step)), builder.block)
         builder.branch(head)
         builder.position_at_end(done)
-        return builder
+        return i
 
-    def per_pixel(bb, p):
-        def per_block(bc, ob):
-            acc_blocks = fn.append_basic_block("k.pre")
-            bc.branch(acc_blocks)
-            bc.position_at_end(acc_blocks)
-            head = fn.append_basic_block("k.head")
-            work = fn.append_basic_block("k.body")
-            done = fn.append_basic_block("k.done")
-            bc.branch(head)
-            bc.position_at_end(head)
-            k = bc.phi(i64, name="k")
-            accs = [bc.phi(v16, name=f"acc{j}") for j in range(4)]
-            k.add_incoming(zero64, acc_blocks)
-            for acc in accs:
-                acc.add_incoming(zeros, acc_blocks)
-            bc.cbranch(bc.icmp_signed("<", k, kq), work, done)
-            bc.position_at_end(work)
-            # 4 bytes of A, broadcast to the 16 lanes
-            a_off = bc.add(bc.mul(p, lda), bc.mul(k, ir.Constant(i64, 4)))
+    def micro(bc, p, ob, rows):
+        """rows pixels from p times the 64 channels of block ob, over all of k."""
+        pre = bc.block
+        head = fn.append_basic_block("k.head")
+        work = fn.append_basic_block("k.body")
+        done = fn.append_basic_block("k.done")
+        bc.branch(head)
+        bc.position_at_end(head)
+        k = bc.phi(i64, name="k")
+        k.add_incoming(c64(0), pre)
+        accs = [[bc.phi(v16) for _ in range(4)] for _ in range(rows)]
+        for row in accs:
+            for acc in row:
+                acc.add_incoming(zeros, pre)
+        bc.cbranch(bc.icmp_signed("<", k, kq), work, done)
+        bc.position_at_end(work)
+        panel = bc.mul(ob, bc.mul(kq, c64(BLOCK * 4)))          # this block's weights
+        at = bc.add(panel, bc.mul(k, c64(BLOCK * 4)))
+        bvs = [bc.load(bc.bitcast(bc.gep(b_ptr, [bc.add(at, c64(64 * j))]),
+                                  v16.as_pointer()), align=1) for j in range(4)]
+        new = []
+        for r in range(rows):
+            a_off = bc.add(bc.mul(bc.add(p, c64(r)), lda), bc.mul(k, c64(4)))
             a32 = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=1)
             av = bc.insert_element(ir.Constant(v16, ir.Undefined), a32, ir.Constant(i32, 0))
             av = bc.shuffle_vector(av, ir.Constant(v16, ir.Undefined),
                                    ir.Constant(v16, [0] * 16))
-            row = bc.mul(k, bc.mul(oblocks, ir.Constant(i64, BLOCK * 4)))
-            new = []
+            new.append([bc.call(dp, [accs[r][j], av, bvs[j]]) for j in range(4)])
+        k.add_incoming(bc.add(k, c64(1)), bc.block)
+        for r in range(rows):
             for j in range(4):
-                off = bc.add(row, bc.add(bc.mul(ob, ir.Constant(i64, BLOCK * 4)),
-                                         ir.Constant(i64, j * 64)))
-                bv = bc.load(bc.bitcast(bc.gep(b_ptr, [off]), v16.as_pointer()), align=1)
-                new.append(bc.call(dp, [accs[j], av, bv]))
-            k.add_incoming(bc.add(k, one64), bc.block)
-            for acc, value in zip(accs, new):
-                acc.add_incoming(value, bc.block)
-            bc.branch(head)
-            bc.position_at_end(done)
+                accs[r][j].add_incoming(new[r][j], bc.block)
+        bc.branch(head)
+        bc.position_at_end(done)
+        c32 = bc.bitcast(c_ptr, i32.as_pointer())
+        for r in range(rows):
             for j in range(4):
-                off = bc.add(bc.mul(p, ldc), bc.add(bc.mul(ob, ir.Constant(i64, BLOCK)),
-                                                    ir.Constant(i64, j * 16)))
-                dst = bc.bitcast(bc.gep(bc.bitcast(c_ptr, i32.as_pointer()), [off]),
-                                 v16.as_pointer())
-                bc.store(accs[j], dst, align=4)
-        loop(bb, zero64, oblocks, "ob", per_block)
+                off = bc.add(bc.mul(bc.add(p, c64(r)), ldc),
+                             bc.add(bc.mul(ob, c64(BLOCK)), c64(16 * j)))
+                bc.store(accs[r][j], bc.bitcast(bc.gep(c32, [off]), v16.as_pointer()),
+                         align=4)
 
-    loop(b, p0, p1, "p", per_pixel)
+    def per_block(bb, ob):
+        last = loop(bb, p0, p1, ROWS, "pg", lambda bc, p: micro(bc, p, ob, ROWS))
+        loop(bb, last, p1, 1, "p1", lambda bc, p: micro(bc, p, ob, 1))
+
+    loop(b, c64(0), oblocks, 1, "ob", per_block)
     b.ret_void()
     return str(mod)
 
@@ -137,12 +147,14 @@ def _compiled():
 
 
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """int8 weights (O, K) -> (B packed [K/4][O][4], 128 * column sums (O,), K padded)."""
+    """int8 weights (O, K), O a multiple of 64 -> (B packed [O/64][K/4][64][4]: each block of
+    64 output channels contiguous, 128 * column sums (O,), K padded to a multiple of 4)."""
     o, k = w.shape
     kp = -(-k // 4) * 4
     padded = np.zeros((o, kp), np.int8)
     padded[:, :k] = w
-    packed = np.ascontiguousarray(padded.reshape(o, kp // 4, 4).transpose(1, 0, 2))
+    packed = np.ascontiguousarray(
+        padded.reshape(o // BLOCK, BLOCK, kp // 4, 4).transpose(0, 2, 1, 3))
     return packed, (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp
 
 
@@ -151,6 +163,6 @@ def gemm(a_u8: np.ndarray, packed: np.ndarray, out: np.ndarray, p0: int = 0,
     """out[p, :] = a_u8[p, :] @ B for rows p0..p1 (a_u8: (P, Kp) uint8, out: (P, O) int32)."""
     _, fn = _compiled()
     p1 = a_u8.shape[0] if p1 is None else p1
-    kq, o = packed.shape[0], packed.shape[1]
+    oblocks, kq = packed.shape[0], packed.shape[1]
     fn(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data, out.ctypes.data, out.shape[1],
-       p0, p1, kq, o // BLOCK)
+       p0, p1, kq, oblocks)

@@ -1,0 +1,69 @@
+"""Shared by the benchmarks: ONNX Runtime sessions and static quantization configured as the
+peers are measured (2 intra-op threads, no spinning), and alternating timing."""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+
+def ort_session(model_bytes: bytes):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+
+
+def ort_quantize_static(fp32_bytes: bytes, samples: Sequence[Mapping[str, np.ndarray]],
+                        per_channel: bool = True, pre_process: bool = False) -> bytes:
+    """ONNX Runtime's quantize_static: QDQ, uint8 activations, int8 weights, MinMax; with
+    ``pre_process``, after ONNX Runtime's recommended quant_pre_process (which folds batch
+    norms into convolutions)."""
+    import logging
+
+    import onnxruntime as ort
+    logging.getLogger().setLevel(logging.ERROR)   # the quantizer's notes go to the root logger
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+    ort.set_default_logger_severity(3)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(samples)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    with tempfile.TemporaryDirectory() as d:
+        src, dst = Path(d) / "fp32.onnx", Path(d) / "int8.onnx"
+        src.write_bytes(fp32_bytes)
+        if pre_process:
+            from onnxruntime.quantization.shape_inference import quant_pre_process
+            pre = Path(d) / "pre.onnx"
+            quant_pre_process(str(src), str(pre))
+            src = pre
+        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ,
+                        per_channel=per_channel, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8)
+        return dst.read_bytes()
+
+
+def time_alternating(runners: Mapping[str, Callable[[], object]], runs: int) -> dict[str, float]:
+    """Median milliseconds of each runner, the runners taking turns (after one warm-up each)
+    so that a change in the machine's load hits them all alike."""
+    for f in runners.values():
+        f()
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    for _ in range(runs):
+        for k, f in runners.items():
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
