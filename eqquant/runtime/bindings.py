@@ -383,6 +383,9 @@ class QConv2D(Binding):
             self.packed, colsum128, self.kp = vnni.pack(w_tap)
             colsum = colsum128 // 128
             self.correction = (colsum * (self.shift + self.zx)).astype(np.int32)
+            self.out_hw = tuple(out_type.shape[2:])
+            self.pointwise = (kh, kw) == (1, 1) and (self.sh, self.sw) == (1, 1) and \
+                not any(attrs["padding"])
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -407,19 +410,36 @@ class QConv2D(Binding):
                 y = out[b, gi * og:(gi + 1) * og].reshape(og, oh * ow)
                 self.k8.gemm_i8(self.w[gi], self.zw[gi], col, np.int32(self.zx), y)
 
+    def rows(self, x_b: np.ndarray) -> np.ndarray:
+        """One image (C, H, W) as the GEMM's left operand: (oh*ow, Kp) uint8 pixel rows in
+        (tap, channel) order. A 1x1 convolution with stride 1 and no padding reads the
+        channel-last image itself."""
+        c, h, w = x_b.shape
+        if self.shift:
+            hwc = np.empty((h, w, c), np.uint8)
+            self.k8.to_hwc(x_b, self.shift, hwc)
+        else:                   # uint8 already: numpy's transpose is the quicker copy
+            hwc = np.ascontiguousarray(x_b.transpose(1, 2, 0))
+        if self.pointwise and c == self.kp:
+            return hwc.reshape(h * w, c)
+        oh, ow = self.out_hw
+        rows = np.empty((oh * ow, self.kp), np.uint8)
+        self.k8.im2row_hwc(hwc, 0, self.zx + self.shift, self.kh, self.kw, self.sh, self.sw,
+                           self.pt, self.pl, self.dh, self.dw, oh, ow, rows)
+        return rows
+
+    def gemm(self, x_b: np.ndarray) -> np.ndarray:
+        """(oh*ow, O) int32: the VNNI product, before the zero-point correction."""
+        rows = self.rows(x_b)
+        acc = np.empty((rows.shape[0], self.packed.shape[0] * self.vnni.BLOCK), np.int32)
+        self.vnni.gemm_parallel(rows, self.packed, acc)
+        return acc
+
     def _vnni(self, ins, out):
         x = ins[0]
-        _, o, oh, ow = out.shape
-        p = oh * ow
-        rows = np.empty((p, self.kp), np.uint8)
-        acc = np.empty((p, o), np.int32)
-        pad = self.zx + self.shift
+        o = out.shape[1]
         for b in range(x.shape[0]):
-            xt = np.ascontiguousarray(x[b].transpose(1, 2, 0))
-            self.k8.im2row_hwc(xt, self.shift, pad, self.kh, self.kw, self.sh, self.sw,
-                               self.pt, self.pl, self.dh, self.dw, oh, ow, rows)
-            _parallel_rows(lambda p0, p1: self.vnni.gemm(rows, self.packed, acc, p0, p1), p)
-            self.k8.finish_vnni(acc, self.correction, out[b].reshape(o, p))
+            self.k8.finish_vnni(self.gemm(x[b]), self.correction, out[b].reshape(o, -1))
 
 
 class QDense(Binding):
@@ -447,25 +467,6 @@ class QDense(Binding):
         y = np.empty((self.w.shape[0], col.shape[1]), np.int32)
         self.k8.gemm_i8(self.w, self.zw, col, self.zx, y)
         out[...] = y.T
-
-
-_POOL = []
-
-
-def _parallel_rows(fn, n: int) -> None:
-    """Split rows [0, n) over the cores; the VNNI GEMM releases the GIL (ctypes)."""
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-    workers = os.cpu_count() or 1
-    if workers == 1 or n < 64:
-        fn(0, n)
-        return
-    if not _POOL:
-        _POOL.append(ThreadPoolExecutor(max_workers=workers))
-    step = -(-n // workers)
-    futures = [_POOL[0].submit(fn, i, min(i + step, n)) for i in range(0, n, step)]
-    for f in futures:
-        f.result()
 
 
 class Requantize(Binding):
@@ -647,8 +648,14 @@ class FusedQConv2D(Binding):
                 all(_const_scalar(consts, i) is not None for i in (8, 9, 10)))
 
     def __call__(self, ins, out):
-        self.conv([ins[0], ins[1], ins[3], ins[4]], self.acc)
         n, o = out.shape[:2]
+        if self.conv.use_vnni:       # the GEMM's (pixels, channels) product, finished in one pass
+            for b in range(n):
+                self.k8.vnni_epilogue(self.conv.gemm(ins[0][b]), self.conv.correction,
+                                      self.bias, self.relu, self.m, self.sh, self.zin,
+                                      self.zout, self.lo, self.hi, out[b].reshape(o, -1))
+            return
+        self.conv([ins[0], ins[1], ins[3], ins[4]], self.acc)
         for b in range(n):
             self.k8.bias_relu_requantize(self.acc[b].reshape(o, -1), self.bias, self.relu,
                                          self.m, self.sh, self.zin, self.zout, self.lo,

@@ -124,7 +124,64 @@ def _ir() -> str:
 
     loop(b, c64(0), oblocks, 1, "ob", per_block)
     b.ret_void()
+    _jobs_ir(mod, fn)
     return str(mod)
+
+
+def _jobs_ir(mod, gemm) -> None:
+    """void gemm_jobs(i64 *jobs, i64 n): ``n`` calls of gemm_u8s8, each from 9 int64 words
+    (its arguments, pointers as addresses), jobs 1..n-1 on new POSIX threads and job 0 on the
+    caller's; returns when all are done. Threads are made per call (tens of microseconds),
+    which beats waking a Python thread pool and needs no runtime beyond libc."""
+    from llvmlite import ir
+    i8p = ir.IntType(8).as_pointer()
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    i64p = i64.as_pointer()
+    job_t = ir.FunctionType(i8p, [i8p])
+    create = ir.Function(mod, ir.FunctionType(i32, [i64p, i8p, job_t.as_pointer(), i8p]),
+                         name="pthread_create")
+    join = ir.Function(mod, ir.FunctionType(i32, [i64, i8p.as_pointer()]), name="pthread_join")
+    job = ir.Function(mod, job_t, name="gemm_job")
+    b = ir.IRBuilder(job.append_basic_block("entry"))
+    words = b.bitcast(job.args[0], i64p)
+    args = [b.load(b.gep(words, [ir.Constant(i64, i)])) for i in range(9)]
+    for i in (0, 2, 3):                       # A, B, C are addresses
+        args[i] = b.inttoptr(args[i], i8p)
+    b.call(gemm, args)
+    b.ret(ir.Constant(i8p, None))
+
+    run = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i64p, i64]), name="gemm_jobs")
+    jobs, n = run.args
+    entry = run.append_basic_block("entry")
+    b = ir.IRBuilder(entry)
+    tids = b.alloca(i64, n)
+    one = ir.Constant(i64, 1)
+
+    def counted(builder, name, body):
+        head = run.append_basic_block(f"{name}.head")
+        work = run.append_basic_block(f"{name}.body")
+        done = run.append_basic_block(f"{name}.done")
+        pre = builder.block
+        builder.branch(head)
+        builder.position_at_end(head)
+        t = builder.phi(i64)
+        t.add_incoming(one, pre)
+        builder.cbranch(builder.icmp_signed("<", t, n), work, done)
+        builder.position_at_end(work)
+        body(builder, t)
+        t.add_incoming(builder.add(t, one), builder.block)
+        builder.branch(head)
+        builder.position_at_end(done)
+
+    def arg(builder, t):
+        return builder.bitcast(builder.gep(jobs, [builder.mul(t, ir.Constant(i64, 9))]), i8p)
+
+    counted(b, "spawn", lambda bb, t: bb.call(create, [bb.gep(tids, [t]), ir.Constant(i8p, None),
+                                                       job, arg(bb, t)]))
+    b.call(job, [arg(b, ir.Constant(i64, 0))])
+    counted(b, "join", lambda bb, t: bb.call(join, [bb.load(bb.gep(tids, [t])),
+                                                    ir.Constant(i8p.as_pointer(), None)]))
+    b.ret_void()
 
 
 @lru_cache(maxsize=1)
@@ -137,13 +194,20 @@ def _compiled():
                                       features=llvm.get_host_cpu_features().flatten(), opt=3)
     mod = llvm.parse_assembly(_ir())
     mod.verify()
+    # LLVM's -O3 pipeline first: the IR above recomputes addresses inside its loops and
+    # leaves strength reduction and hoisting to it
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
     engine = llvm.create_mcjit_compiler(mod, tm)
     engine.finalize_object()
     address = engine.get_function_address("gemm_u8s8")
     proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                              ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                              ctypes.c_int64, ctypes.c_int64)
-    return engine, proto(address)
+    jobs = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(
+        engine.get_function_address("gemm_jobs"))
+    return engine, proto(address), jobs
 
 
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -159,10 +223,34 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def gemm(a_u8: np.ndarray, packed: np.ndarray, out: np.ndarray, p0: int = 0,
-         p1: int | None = None) -> None:
-    """out[p, :] = a_u8[p, :] @ B for rows p0..p1 (a_u8: (P, Kp) uint8, out: (P, O) int32)."""
-    _, fn = _compiled()
+         p1: int | None = None, ob0: int = 0, ob1: int | None = None) -> None:
+    """out[p, :] = a_u8[p, :] @ B for rows p0..p1 (a_u8: (P, Kp) uint8, out: (P, O) int32),
+    for the blocks of 64 output channels ob0..ob1 (all by default)."""
+    fn = _compiled()[1]
     p1 = a_u8.shape[0] if p1 is None else p1
     oblocks, kq = packed.shape[0], packed.shape[1]
-    fn(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data, out.ctypes.data, out.shape[1],
-       p0, p1, kq, oblocks)
+    ob1 = oblocks if ob1 is None else ob1
+    fn(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data + ob0 * kq * BLOCK * 4,
+       out.ctypes.data + ob0 * BLOCK * 4, out.shape[1], p0, p1, kq, ob1 - ob0)
+
+
+def gemm_parallel(a_u8: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
+    """``gemm`` over the cores, forked and joined inside the compiled code (``gemm_jobs``):
+    split by pixels when there are many, by output blocks when the image is small (a 7x7
+    layer has 49 pixels)."""
+    import os
+    workers = os.cpu_count() or 1
+    p, oblocks, kq = a_u8.shape[0], packed.shape[0], packed.shape[1]
+    if workers > 1 and p >= 32 * workers:
+        step = -(-p // workers)
+        parts = [(i, min(i + step, p), 0, oblocks) for i in range(0, p, step)]
+    elif workers > 1 and oblocks > 1:
+        step = -(-oblocks // workers)
+        parts = [(0, p, i, min(i + step, oblocks)) for i in range(0, oblocks, step)]
+    else:
+        parts = [(0, p, 0, oblocks)]
+    jobs = np.array([[a_u8.ctypes.data, a_u8.shape[1],
+                      packed.ctypes.data + ob0 * kq * BLOCK * 4,
+                      out.ctypes.data + ob0 * BLOCK * 4, out.shape[1], p0, p1, kq, ob1 - ob0]
+                     for p0, p1, ob0, ob1 in parts], np.int64)
+    _compiled()[2](jobs.ctypes.data, len(parts))
