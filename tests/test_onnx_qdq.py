@@ -88,6 +88,22 @@ def test_uint8_activations_let_ort_fuse_every_conv(tmp_path):
     assert kinds.count("QLinearConv") == 4 and "Conv" not in kinds and "FusedConv" not in kinds
 
 
+def test_relu6_blocks_export_with_their_clips():
+    """A MobileNet block (ReLU6 as Clip, depthwise): integer end to end, exported with its Clip
+    nodes, and ONNX Runtime agrees within one step."""
+    r, tests = _flow(om.mobilenet_block(), "uint8", True)
+    ops = [n.op_name for n in post_order(r.module.main.body) if isinstance(n, Call)]
+    assert ops.count("fused.qconv2d") == 3 and "clip" not in ops
+    model = to_onnx(r.module)
+    assert sum(n.op_type == "Clip" for n in model.graph.node) == 2
+    sess = _ort_session(model)
+    step = _output_step(r.module)
+    for x in tests:
+        ours = Executor(r.module).run(x)
+        theirs = sess.run(None, {sess.get_inputs()[0].name: next(iter(x.values()))})[0]
+        assert np.mean(np.abs(ours - theirs) <= step * 1.0001) >= 0.999
+
+
 def test_int8_activation_files(tmp_path):
     r, tests = _flow(om.resnet_block(), "int8", False)
     model = to_onnx(r.module, activation_dtype="int8")

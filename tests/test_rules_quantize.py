@@ -19,7 +19,7 @@ def test_every_quantize_rule_holds_within_its_tolerance():
     report = check_ruleset(load_rules("quantize"), trials=4)
     assert report.ok, report.format()
     names = [r.rule.name for r in report.results]
-    assert len(names) == 31
+    assert len(names) == 36
     # dtype(?x) in {int8, uint8} made one checked variant per dtype
     assert {"conv2d_in_integers[int8]", "conv2d_in_integers[uint8]",
             "add_in_integers_rounding_once"} <= set(names)

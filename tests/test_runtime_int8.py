@@ -184,3 +184,47 @@ def test_integer_average_pools_are_bit_exact(dtype, k, stride, pad, include_pad,
     xs = {"x": rng.integers(lo, hi, size=(1, 3, 7, 7), endpoint=True).astype(dtype)}
     for got, want in zip(ex.run(xs), run(bound, xs)):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("path", ["portable", "vnni"])
+def test_relu6_convolutions_are_bit_exact_on_both_paths(monkeypatch, path):
+    """fused.qconv2d with a clip (ReLU6) epilogue: a MobileNet block whose 1x1 expansion has 64
+    channels (the VNNI path's block), its depthwise and projection convolutions."""
+    import onnx_models as om
+    pytest.importorskip("onnx")
+    from eqquant.interop.onnx_import import import_onnx
+    from eqquant.quant.flow import quantize
+    monkeypatch.setenv("EQQUANT_INT8_KERNEL", path)
+    mod, params, _ = import_onnx(om.mobilenet_block(c=16, t=4))
+    rng = np.random.default_rng(4)
+    samples = [{"x": rng.standard_normal((1, 16, 16, 16)).astype(np.float32)} for _ in range(3)]
+    q = quantize(mod, params, samples, "minmax", per_channel=True)
+    from eqquant.ir.nodes import Call, post_order
+    acts = [n.attrs["activation"] for n in post_order(q.module.main.body)
+            if isinstance(n, Call) and n.op_name == "fused.qconv2d"]
+    assert acts.count("clip") == 2
+    ex = Executor(q.module)
+    used = sum(getattr(getattr(st.fn, "conv", None), "use_vnni", False) for st in ex.steps)
+    from eqquant.runtime import vnni
+    assert used == (1 if path == "vnni" and vnni.available() else 0)
+    assert not [s.label for s in ex.steps if "reference" in s.label]
+    np.testing.assert_array_equal(ex.run(samples[0]), run(q.module, samples[0]))
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_qnn_clip_kernel_is_bit_exact(per_channel):
+    rng = np.random.default_rng(6)
+    b = Builder()
+    x = b.input("q", (2, 4, 5), "int32")
+    s = np.array([0.5, 0.25, 0.1, 2.0] if per_channel else 0.3, np.float32)
+    y = b.call("qnn.clip", x, b.param("s", s), b.param("z", np.array(0, np.int32)), a_min=-1.0,
+               a_max=6.0, axis=1)
+    bound = bind_params(*b.finish(y))
+    ex = Executor(bound)
+    assert [st.label for st in ex.steps] == ["qnn.clip"]
+    xs = {"q": rng.integers(-100, 100, (2, 4, 5)).astype("int32")}
+    got = ex.run(xs)
+    np.testing.assert_array_equal(got, run(bound, xs))
+    real = xs["q"] * (s.reshape(1, -1, 1) if per_channel else s)
+    assert np.all(np.abs(got * (s.reshape(1, -1, 1) if per_channel else s)
+                         - np.clip(real, -1, 6)) <= 0.5 * np.max(s) + 1e-6)

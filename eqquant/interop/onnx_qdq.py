@@ -154,11 +154,8 @@ class QDQ:
             return real
         if op == "fused.qconv2d":
             y, _ = self.conv(node, bias=2)
-            if a["activation"] == "relu":
-                y = self.ex.emit("Relu", [y])
-            elif a["activation"] != "none":
-                raise EqquantError(f"ONNX export: fused.qconv2d activation {a['activation']}",
-                                   node.loc)
+            if a["activation"] in ("relu", "clip"):
+                y = self.ex.act(y, a)
             q = self.q8(node, 9, 10, a["out_dtype"])
             return self._set(node, q, self.quantize(y, q))
         if op == "qnn.conv2d":
@@ -186,6 +183,9 @@ class QDQ:
             self.info[id(node)] = first
             real_b = (b.astype(np.float64) * first.scale).astype(np.float32)
             return self.ex.emit("Add", [self.ex.name_of(args[0]), self.ex.const(real_b)])
+        if op == "qnn.clip" and isinstance(first, Acc):
+            self.info[id(node)] = first
+            return self.ex.act(self.ex.name_of(args[0]), {**a, "activation": "clip"})
         if op == "nn.relu" and isinstance(first, Acc):
             self.info[id(node)] = first
             return self.ex.emit("Relu", [self.ex.name_of(args[0])])
@@ -195,6 +195,9 @@ class QDQ:
                 return self._set(node, first, self.ex.call_on(node, x))
             if op in PASS:
                 return self._set(node, first, x)
+            if op == "qnn.clip":
+                y = self.ex.act(self.dq(args[0]), {**a, "activation": "clip"})
+                return self._set(node, first, self.quantize(y, first))
             if op in ("nn.max_pool2d", "nn.avg_pool2d", "nn.relu", "nn.global_avg_pool2d"):
                 real = self.dq(args[0])
                 if op == "nn.relu" and first.zero != 0:

@@ -13,11 +13,13 @@ Rounding of ``qnn.quantize`` is half to even (numpy's round, LLVM's nearbyint).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..ir.types import TensorType, is_float, is_int
 from . import numerics
-from .attrs import DTYPE_REQUIRED, INT, OPT_INT, Attr, DTypeKind, StrKind
+from .attrs import DTYPE_REQUIRED, FLOAT_F, INT, OPT_INT, Attr, DTypeKind, StrKind
 from .nn import CONV2D_ATTRS, conv2d_flops, conv2d_rel, dense_rel
 from .registry import ANNOTATION, COMPUTE, QUANT, OpDef, OpTypeError, register
 from .typerel import broadcast_shapes, tensor
@@ -288,6 +290,49 @@ register(OpDef(
         "add, requantize) or once (both to the output scale, one rounding)"))
 
 
+# -- clip on quantized values ------------------------------------------------------------------
+
+def clip_bounds(scale, zero_point, a_min: float, a_max: float, dtype: str):
+    """The integer bounds of clip(dequantize(q), a_min, a_max): z + round(bound / s) (one
+    per channel when the scale is), saturated to ``dtype``; an infinite bound is the dtype's
+    own limit."""
+    info = np.iinfo(dtype)
+    s = np.asarray(scale, np.float64).reshape(-1)
+    z = np.asarray(zero_point, np.int64).reshape(-1)
+
+    def bound(v, limit):
+        if not np.isfinite(v):
+            return np.full(max(s.size, z.size), limit, np.int64)
+        return np.clip(z + np.rint(v / s).astype(np.int64), info.min, info.max)
+    return bound(a_min, info.min), bound(a_max, info.max)
+
+
+def _qclip_rel(types, attrs):
+    q = tensor(types, 0, "data")
+    if not is_int(q.dtype):
+        raise OpTypeError(f"qnn.clip takes an integer tensor, got {q.dtype}", 0)
+    _param(types, 1, "input_scale", q, attrs["axis"], True)
+    _param(types, 2, "input_zero_point", q, attrs["axis"], False)
+    return q
+
+
+def _qclip(q, scale, zp, *, a_min, a_max, axis):
+    lo, hi = clip_bounds(scale, zp, a_min, a_max, str(q.dtype))
+    shape = [1] * q.ndim
+    if lo.size > 1:
+        shape[axis % q.ndim] = -1
+    return np.clip(q, lo.reshape(shape), hi.reshape(shape)).astype(q.dtype)
+
+
+register(OpDef("qnn.clip", inputs=("data", "input_scale", "input_zero_point"),
+               props=frozenset({QUANT}), kernel="eqquant.runtime.bindings:QClip",
+               attrs=(Attr("a_min", FLOAT_F, -math.inf), Attr("a_max", FLOAT_F, math.inf),
+                      Attr("axis", INT, -1)),
+               type_rel=_qclip_rel, semantics=_qclip,
+               doc="clip in the integers: between z + round(a_min / s) and z + round(a_max / s)"
+                   " (a_min, a_max in real units; per channel along axis when s is)"))
+
+
 # -- a quantized convolution with its whole epilogue --------------------------------------------
 
 FQ_INPUTS = ("data", "weight", "bias", "input_zero_point", "kernel_zero_point", "input_scale",
@@ -308,12 +353,14 @@ def _fqconv_rel(types, attrs):
     return TensorType(shape, attrs["out_dtype"])
 
 
-def _fqconv(x, w, b, zx, zw, sx, sw, s1, z1, s2, z2, *, activation, axis, rounding, out_dtype,
-            **conv):
+def _fqconv(x, w, b, zx, zw, sx, sw, s1, z1, s2, z2, *, activation, a_min, a_max, axis,
+            rounding, out_dtype, **conv):
     acc = _qconv2d(x, w, zx, zw, sx, sw, **conv, out_dtype="int32").astype(np.int64) + b
     acc = np.clip(acc, np.iinfo(np.int32).min, np.iinfo(np.int32).max).astype(np.int32)
     if activation == "relu":
         acc = np.maximum(acc, 0)
+    elif activation == "clip":
+        acc = _qclip(acc, s1, z1, a_min=a_min, a_max=a_max, axis=axis)
     return requantize_values(acc, s1, z1, s2, z2, axis, rounding, out_dtype)
 
 
@@ -330,6 +377,10 @@ def _unfuse_qconv(args, attrs):
     y = Call(op=get_op("add"), args=(y, b))
     if attrs["activation"] == "relu":
         y = Call(op=get_op("nn.relu"), args=(y,))
+    elif attrs["activation"] == "clip":
+        clip = get_op("qnn.clip")
+        y = Call(op=clip, args=(y, s1, z1), attrs=freeze_attrs(clip.canonical_attrs(
+            {"a_min": attrs["a_min"], "a_max": attrs["a_max"], "axis": attrs["axis"]})))
     rq = get_op("qnn.requantize")
     return Call(op=rq, args=(y, s1, z1, s2, z2), attrs=freeze_attrs(rq.canonical_attrs(
         {"axis": attrs["axis"], "rounding": attrs["rounding"], "out_dtype": attrs["out_dtype"]})))
@@ -340,7 +391,8 @@ register(OpDef(
     unfuse=_unfuse_qconv,
     kernel="eqquant.runtime.bindings:FusedQConv2D",
     attrs=tuple(a for a in CONV2D_ATTRS if a.name != "out_dtype")
-    + (Attr("activation", StrKind("activation", ("none", "relu")), "none"),
+    + (Attr("activation", StrKind("activation", ("none", "relu", "clip")), "none"),
+       Attr("a_min", FLOAT_F, -math.inf), Attr("a_max", FLOAT_F, math.inf),
        Attr("axis", INT, 1), Attr("rounding", ROUNDING, "UPWARD"),
        Attr("out_dtype", QDTYPE, "int8")),
     type_rel=_fqconv_rel, semantics=_fqconv, flops=conv2d_flops,

@@ -442,6 +442,35 @@ class QConv2D(Binding):
             self.k8.finish_vnni(self.gemm(x[b]), self.correction, out[b].reshape(o, -1))
 
 
+class QClip(Binding):
+    """qnn.clip: integer bounds worked out once from the constant scale and zero point."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from ..ops.qnn import clip_bounds
+        from . import kernels_int8 as k8
+        self.k8 = k8
+        self.lo, self.hi = (np.ascontiguousarray(b, np.int64) for b in clip_bounds(
+            consts[1], consts[2], attrs["a_min"], attrs["a_max"], out_type.dtype))
+        shape = in_types[0].shape
+        axis = attrs["axis"] % len(shape) if shape else 0
+        n = self.lo.size
+        self.shape3 = (int(np.prod(shape[:axis], dtype=np.int64)), n, -1) if n > 1 \
+            else (1, 1, -1)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        if 1 not in consts or 2 not in consts or not in_types[0].shape:
+            return False
+        n = max(np.asarray(consts[1]).size, np.asarray(consts[2]).size)
+        shape = in_types[0].shape
+        return n == 1 or shape[attrs["axis"] % len(shape)] == n
+
+    def __call__(self, ins, out):
+        self.k8.clip_channels(ins[0].reshape(self.shape3), self.lo, self.hi,
+                              out.reshape(self.shape3))
+
+
 class QDense(Binding):
     """qnn.dense: (N, K) int8/uint8 times (units, K) int8 weights, int32 out, zero points
     folded in (the portable GEMM: dense layers here are a vector times a matrix)."""
@@ -626,7 +655,17 @@ class FusedQConv2D(Binding):
         self.m = np.array([p[0] for p in pairs], np.int64)
         self.sh = np.array([p[1] for p in pairs], np.int64)
         self.zin, self.zout = int(_const_scalar(consts, 8)), int(_const_scalar(consts, 10))
-        self.relu = attrs["activation"] == "relu"
+        # the activation as a clamp of the int32 accumulator, per channel
+        i32 = np.iinfo(np.int32)
+        if attrs["activation"] == "clip":
+            from ..ops.qnn import clip_bounds
+            lo_c, hi_c = clip_bounds(consts[7], consts[8], attrs["a_min"], attrs["a_max"],
+                                     "int32")
+        else:
+            lo_c = np.array([0 if attrs["activation"] == "relu" else i32.min], np.int64)
+            hi_c = np.array([i32.max], np.int64)
+        self.clamp_lo = np.ascontiguousarray(np.broadcast_to(lo_c, (o,)), np.int64)
+        self.clamp_hi = np.ascontiguousarray(np.broadcast_to(hi_c, (o,)), np.int64)
         info = np.iinfo(out_type.dtype)
         self.lo, self.hi = int(info.min), int(info.max)
         self.acc = np.empty(out_type.shape, np.int32)
@@ -652,11 +691,13 @@ class FusedQConv2D(Binding):
         if self.conv.use_vnni:       # the GEMM's (pixels, channels) product, finished in one pass
             for b in range(n):
                 self.k8.vnni_epilogue(self.conv.gemm(ins[0][b]), self.conv.correction,
-                                      self.bias, self.relu, self.m, self.sh, self.zin,
+                                      self.bias, self.clamp_lo, self.clamp_hi, self.m,
+                                      self.sh, self.zin,
                                       self.zout, self.lo, self.hi, out[b].reshape(o, -1))
             return
         self.conv([ins[0], ins[1], ins[3], ins[4]], self.acc)
         for b in range(n):
-            self.k8.bias_relu_requantize(self.acc[b].reshape(o, -1), self.bias, self.relu,
-                                         self.m, self.sh, self.zin, self.zout, self.lo,
-                                         self.hi, out[b].reshape(o, -1))
+            self.k8.bias_clamp_requantize(self.acc[b].reshape(o, -1), self.bias,
+                                          self.clamp_lo, self.clamp_hi, self.m, self.sh,
+                                          self.zin, self.zout, self.lo, self.hi,
+                                          out[b].reshape(o, -1))

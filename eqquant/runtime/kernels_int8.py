@@ -76,9 +76,11 @@ def dequantize(q, zero, scale, out):
 
 
 @njit(parallel=True, cache=True)
-def vnni_epilogue(acc, correction, bias, relu, multipliers, shifts, zin, zout, lo, hi, out):
+def vnni_epilogue(acc, correction, bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo,
+                  hi, out):
     """acc: (P, O) int32 from the VNNI GEMM -> out: (O, P) 8-bit, in one pass over tiles of 32
-    pixels: minus the per-channel correction, plus the bias, relu if asked, requantized per
+    pixels: minus the per-channel correction, plus the bias, clamped (as in
+    ``bias_clamp_requantize``), requantized per
     channel (UPWARD fixed point, as ``requantize``). Each tile is computed along the channels
     (contiguous, vectorised) into a small buffer, then written out transposed."""
     p_n, o_n = acc.shape
@@ -101,13 +103,23 @@ def vnni_epilogue(acc, correction, bias, relu, multipliers, shifts, zin, zout, l
             for o in range(o_n):
                 v = np.int64(acc[p, o]) + add[o]
                 v = min(max(v, -2147483648), 2147483647)
-                if relu:
-                    v = max(v, 0)
+                v = min(max(v, clamp_lo[o]), clamp_hi[o])
                 v = (((v - zin) << left[o]) * multipliers[o] + half[o]) >> total[o]
                 row[o] = min(max(v + zout, lo), hi)
         for o in range(o_n):
             for p in range(p0, p1):
                 out[o, p] = buf[p - p0, o]
+
+
+@njit(parallel=True, cache=True)
+def clip_channels(q, lo, hi, out):
+    """q, out: (A, C, B); bounds per channel c (or one pair for all)."""
+    a_n, c_n, b_n = q.shape
+    for a in range(a_n):
+        for c in prange(c_n):
+            k = c if lo.size > 1 else c - c
+            for b in range(b_n):
+                out[a, c, b] = min(max(q[a, c, b], lo[k]), hi[k])
 
 
 @njit(parallel=True, cache=True)
@@ -213,9 +225,11 @@ def qadd_once(a, za, b, zb, ma, mb, bits, zo, lo, hi, out):
 
 
 @njit(parallel=True, cache=True)
-def bias_relu_requantize(acc, bias, relu, multipliers, shifts, zin, zout, lo, hi, out):
-    """acc: (O, P) int32 -> out: (O, P): requantize(relu?(acc + bias[o])), one multiplier and
-    shift per channel (or the same for all), saturated to [lo, hi]."""
+def bias_clamp_requantize(acc, bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi,
+                          out):
+    """acc: (O, P) int32 -> out: (O, P): requantize(clamp(acc + bias[o])) with one clamp (relu:
+    [0, max]; clip: its integer bounds; none: the int32 range), multiplier and shift per
+    channel, saturated to [lo, hi]."""
     o_n, p_n = acc.shape
     for o in prange(o_n):
         left = max(shifts[o], 0)
@@ -226,8 +240,7 @@ def bias_relu_requantize(acc, bias, relu, multipliers, shifts, zin, zout, lo, hi
         for p in range(p_n):
             v = np.int64(acc[o, p]) + b
             v = min(max(v, -2147483648), 2147483647)
-            if relu and v < 0:
-                v = 0
+            v = min(max(v, clamp_lo[o]), clamp_hi[o])
             v = (((v - zin) << left) * m + half) >> total
             v = v + zout
             out[o, p] = min(max(v, lo), hi)
