@@ -410,16 +410,21 @@ class QConv2D(Binding):
                 y = out[b, gi * og:(gi + 1) * og].reshape(og, oh * ow)
                 self.k8.gemm_i8(self.w[gi], self.zw[gi], col, np.int32(self.zx), y)
 
+    def hwc(self, x_b: np.ndarray) -> np.ndarray:
+        """One image (C, H, W) channel-last as the unsigned bytes vpdpbusd reads."""
+        if self.shift:
+            c, h, w = x_b.shape
+            hwc = np.empty((h, w, c), np.uint8)
+            self.k8.to_hwc(x_b, self.shift, hwc)
+            return hwc
+        return np.ascontiguousarray(x_b.transpose(1, 2, 0))   # uint8 already: numpy's copy
+
     def rows(self, x_b: np.ndarray) -> np.ndarray:
         """One image (C, H, W) as the GEMM's left operand: (oh*ow, Kp) uint8 pixel rows in
         (tap, channel) order. A 1x1 convolution with stride 1 and no padding reads the
         channel-last image itself."""
         c, h, w = x_b.shape
-        if self.shift:
-            hwc = np.empty((h, w, c), np.uint8)
-            self.k8.to_hwc(x_b, self.shift, hwc)
-        else:                   # uint8 already: numpy's transpose is the quicker copy
-            hwc = np.ascontiguousarray(x_b.transpose(1, 2, 0))
+        hwc = self.hwc(x_b)
         if self.pointwise and c == self.kp:
             return hwc.reshape(h * w, c)
         oh, ow = self.out_hw
@@ -692,8 +697,8 @@ class FusedQConv2D(Binding):
             for b in range(n):
                 self.k8.vnni_epilogue(self.conv.gemm(ins[0][b]), self.conv.correction,
                                       self.bias, self.clamp_lo, self.clamp_hi, self.m,
-                                      self.sh, self.zin,
-                                      self.zout, self.lo, self.hi, out[b].reshape(o, -1))
+                                      self.sh, self.zin, self.zout, self.lo, self.hi,
+                                      out[b].reshape(o, -1))
             return
         self.conv([ins[0], ins[1], ins[3], ins[4]], self.acc)
         for b in range(n):

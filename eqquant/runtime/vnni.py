@@ -1,5 +1,5 @@
-"""An int8 GEMM on AVX512-VNNI (``vpdpbusd``), generated as LLVM IR with llvmlite and called
-from Numba kernels.
+"""An int8 GEMM on AVX512-VNNI (``vpdpbusd``): LLVM IR written with llvmlite, emitted into
+Numba-compiled kernels through an intrinsic (so they cache like any other Numba kernel).
 
     C[p, o] = sum_k A[p, k] * B[k, o]     A uint8 (P x K), B int8, C int32
 
@@ -12,14 +12,15 @@ int8 activation x is fed as the byte x + 128 and the product corrected by 128 * 
 (see ``pack``).
 
 ``available()`` says whether the host CPU has VNNI; callers keep the portable kernels for the
-rest. The same function is compiled once per process (a few milliseconds).
+rest (a kernel using ``gemm_block`` is only compiled when it is called).
 """
 from __future__ import annotations
 
-import ctypes
 from functools import lru_cache
 
 import numpy as np
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 BLOCK = 64  # output channels per register block (4 x 16 lanes)
 
@@ -38,8 +39,9 @@ def available() -> bool:
 ROWS = 6    # pixels per micro-kernel step: 6 x 4 accumulators + 4 weight vectors in zmm
 
 
-def _ir() -> str:
-    """void gemm_u8s8(A, lda, B, C, ldc, p0, p1, kq, oblocks): for each block of 64 output
+def define_gemm(mod):
+    """Define (once per LLVM module) ``void eqquant_vnni_gemm(A, lda, B, C, ldc, p0, p1, kq,
+    oblocks)``: for each block of 64 output
     channels (its packed weights contiguous, kept in cache), the pixels p0..p1 go ROWS at a
     time: each step loads 4 weight vectors (64 channels x 4 k) once and uses them for ROWS
     broadcast pixels, ROWS x 4 ``vpdpbusd``; leftover pixels go one at a time."""
@@ -47,11 +49,14 @@ def _ir() -> str:
     i8p = ir.IntType(8).as_pointer()
     i32, i64 = ir.IntType(32), ir.IntType(64)
     v16 = ir.VectorType(i32, 16)
-    mod = ir.Module(name="eqquant_vnni")
-    dp = ir.Function(mod, ir.FunctionType(v16, [v16, v16, v16]),
-                     name="llvm.x86.avx512.vpdpbusd.512")
+    name = "eqquant_vnni_gemm"
+    if name in mod.globals:
+        return mod.globals[name]
+    dp = mod.globals.get("llvm.x86.avx512.vpdpbusd.512") or ir.Function(
+        mod, ir.FunctionType(v16, [v16, v16, v16]), name="llvm.x86.avx512.vpdpbusd.512")
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i8p, i64, i8p, i8p, i64, i64, i64,
-                                                          i64, i64]), name="gemm_u8s8")
+                                                          i64, i64]), name=name)
+    fn.linkage = "linkonce_odr"      # each Numba module that calls it carries a copy
     a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, kq, oblocks = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     c64 = lambda v: ir.Constant(i64, v)  # noqa: E731
@@ -124,90 +129,7 @@ def _ir() -> str:
 
     loop(b, c64(0), oblocks, 1, "ob", per_block)
     b.ret_void()
-    _jobs_ir(mod, fn)
-    return str(mod)
-
-
-def _jobs_ir(mod, gemm) -> None:
-    """void gemm_jobs(i64 *jobs, i64 n): ``n`` calls of gemm_u8s8, each from 9 int64 words
-    (its arguments, pointers as addresses), jobs 1..n-1 on new POSIX threads and job 0 on the
-    caller's; returns when all are done. Threads are made per call (tens of microseconds),
-    which beats waking a Python thread pool and needs no runtime beyond libc."""
-    from llvmlite import ir
-    i8p = ir.IntType(8).as_pointer()
-    i32, i64 = ir.IntType(32), ir.IntType(64)
-    i64p = i64.as_pointer()
-    job_t = ir.FunctionType(i8p, [i8p])
-    create = ir.Function(mod, ir.FunctionType(i32, [i64p, i8p, job_t.as_pointer(), i8p]),
-                         name="pthread_create")
-    join = ir.Function(mod, ir.FunctionType(i32, [i64, i8p.as_pointer()]), name="pthread_join")
-    job = ir.Function(mod, job_t, name="gemm_job")
-    b = ir.IRBuilder(job.append_basic_block("entry"))
-    words = b.bitcast(job.args[0], i64p)
-    args = [b.load(b.gep(words, [ir.Constant(i64, i)])) for i in range(9)]
-    for i in (0, 2, 3):                       # A, B, C are addresses
-        args[i] = b.inttoptr(args[i], i8p)
-    b.call(gemm, args)
-    b.ret(ir.Constant(i8p, None))
-
-    run = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i64p, i64]), name="gemm_jobs")
-    jobs, n = run.args
-    entry = run.append_basic_block("entry")
-    b = ir.IRBuilder(entry)
-    tids = b.alloca(i64, n)
-    one = ir.Constant(i64, 1)
-
-    def counted(builder, name, body):
-        head = run.append_basic_block(f"{name}.head")
-        work = run.append_basic_block(f"{name}.body")
-        done = run.append_basic_block(f"{name}.done")
-        pre = builder.block
-        builder.branch(head)
-        builder.position_at_end(head)
-        t = builder.phi(i64)
-        t.add_incoming(one, pre)
-        builder.cbranch(builder.icmp_signed("<", t, n), work, done)
-        builder.position_at_end(work)
-        body(builder, t)
-        t.add_incoming(builder.add(t, one), builder.block)
-        builder.branch(head)
-        builder.position_at_end(done)
-
-    def arg(builder, t):
-        return builder.bitcast(builder.gep(jobs, [builder.mul(t, ir.Constant(i64, 9))]), i8p)
-
-    counted(b, "spawn", lambda bb, t: bb.call(create, [bb.gep(tids, [t]), ir.Constant(i8p, None),
-                                                       job, arg(bb, t)]))
-    b.call(job, [arg(b, ir.Constant(i64, 0))])
-    counted(b, "join", lambda bb, t: bb.call(join, [bb.load(bb.gep(tids, [t])),
-                                                    ir.Constant(i8p.as_pointer(), None)]))
-    b.ret_void()
-
-
-@lru_cache(maxsize=1)
-def _compiled():
-    import llvmlite.binding as llvm
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    target = llvm.Target.from_default_triple()
-    tm = target.create_target_machine(cpu=llvm.get_host_cpu_name(),
-                                      features=llvm.get_host_cpu_features().flatten(), opt=3)
-    mod = llvm.parse_assembly(_ir())
-    mod.verify()
-    # LLVM's -O3 pipeline first: the IR above recomputes addresses inside its loops and
-    # leaves strength reduction and hoisting to it
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(mod, pb)
-    engine = llvm.create_mcjit_compiler(mod, tm)
-    engine.finalize_object()
-    address = engine.get_function_address("gemm_u8s8")
-    proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                             ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                             ctypes.c_int64, ctypes.c_int64)
-    jobs = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(
-        engine.get_function_address("gemm_jobs"))
-    return engine, proto(address), jobs
+    return fn
 
 
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -222,35 +144,48 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return packed, (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp
 
 
-def gemm(a_u8: np.ndarray, packed: np.ndarray, out: np.ndarray, p0: int = 0,
-         p1: int | None = None, ob0: int = 0, ob1: int | None = None) -> None:
+@intrinsic
+def gemm_block(typingctx, a, lda, b, c, ldc, p0, p1, kq, oblocks):
+    """gemm_block(A address, lda, B address, C address, ldc, p0, p1, kq, oblocks): C rows
+    p0..p1 = A rows times the packed B (``oblocks`` panels of ``kq`` x 64 x 4 bytes)."""
+    sig = types.void(types.intp, types.intp, types.intp, types.intp, types.intp, types.intp,
+                     types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        fn = define_gemm(builder.module)
+        i8p = ir.IntType(8).as_pointer()
+        a_, lda_, b_, c_, ldc_, p0_, p1_, kq_, ob_ = args
+        builder.call(fn, [builder.inttoptr(a_, i8p), lda_, builder.inttoptr(b_, i8p),
+                          builder.inttoptr(c_, i8p), ldc_, p0_, p1_, kq_, ob_])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@njit(cache=True)
+def gemm(a_u8, packed, out, p0=0, p1=-1, ob0=0, ob1=-1):
     """out[p, :] = a_u8[p, :] @ B for rows p0..p1 (a_u8: (P, Kp) uint8, out: (P, O) int32),
     for the blocks of 64 output channels ob0..ob1 (all by default)."""
-    fn = _compiled()[1]
-    p1 = a_u8.shape[0] if p1 is None else p1
     oblocks, kq = packed.shape[0], packed.shape[1]
-    ob1 = oblocks if ob1 is None else ob1
-    fn(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data + ob0 * kq * BLOCK * 4,
-       out.ctypes.data + ob0 * BLOCK * 4, out.shape[1], p0, p1, kq, ob1 - ob0)
+    p1 = a_u8.shape[0] if p1 < 0 else p1
+    ob1 = oblocks if ob1 < 0 else ob1
+    gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data + ob0 * kq * 256,
+               out.ctypes.data + ob0 * 256, out.shape[1], p0, p1, kq, ob1 - ob0)
 
 
-def gemm_parallel(a_u8: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
-    """``gemm`` over the cores, forked and joined inside the compiled code (``gemm_jobs``):
-    split by pixels when there are many, by output blocks when the image is small (a 7x7
-    layer has 49 pixels)."""
-    import os
-    workers = os.cpu_count() or 1
+@njit(parallel=True, cache=True)
+def gemm_parallel(a_u8, packed, out):
+    """``gemm`` over the cores: by chunks of pixels when there are many, by output blocks when
+    the image is small (a 7x7 layer has 49 pixels)."""
     p, oblocks, kq = a_u8.shape[0], packed.shape[0], packed.shape[1]
-    if workers > 1 and p >= 32 * workers:
-        step = -(-p // workers)
-        parts = [(i, min(i + step, p), 0, oblocks) for i in range(0, p, step)]
-    elif workers > 1 and oblocks > 1:
-        step = -(-oblocks // workers)
-        parts = [(0, p, i, min(i + step, oblocks)) for i in range(0, oblocks, step)]
+    if p >= 192 or oblocks == 1:
+        chunks = (p + 95) // 96
+        for t in prange(chunks):
+            gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data, out.ctypes.data,
+                       out.shape[1], t * 96, min(p, t * 96 + 96), kq, oblocks)
     else:
-        parts = [(0, p, 0, oblocks)]
-    jobs = np.array([[a_u8.ctypes.data, a_u8.shape[1],
-                      packed.ctypes.data + ob0 * kq * BLOCK * 4,
-                      out.ctypes.data + ob0 * BLOCK * 4, out.shape[1], p0, p1, kq, ob1 - ob0]
-                     for p0, p1, ob0, ob1 in parts], np.int64)
-    _compiled()[2](jobs.ctypes.data, len(parts))
+        for ob in prange(oblocks):
+            gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data + ob * kq * 256,
+                       out.ctypes.data + ob * 256, out.shape[1], 0, p, kq, 1)
+
+
