@@ -9,11 +9,11 @@ is a constant subexpression costs nothing (it is folded at compile time), and so
 - ``nodes``: one per op call, zero for ops that do nothing at run time (annotations, views).
 - ``cpu``: a roofline-style latency estimate for this kind of machine (2 cores, AVX-512):
   arithmetic at a peak that depends on the dtype, plus the bytes the op reads and writes at
-  memory bandwidth. The int8 peak is 5x the fp32 one: what a VNNI GEMM reaches against
-  OpenBLAS's sgemm on this machine (``../shared/notes/measured.md``: 1,124 vs 229 GOPS on 2
-  threads). eqquant's own VNNI GEMM (``eqquant/runtime/vnni.py``) reaches about 350 GOPS so
-  far (2.5x); priced at that, and without a fused int8 epilogue yet, extraction keeps the
-  first convolution of ResNet in fp32.
+  memory bandwidth. The int8 peak is 2.4x the fp32 one: what eqquant's own kernels measure
+  on this machine (``bench/int8_factor.py``: resnet18's convolutions take 45-47 ms in fp32 and
+  19-20 ms as fused int8 convolutions, a factor of 2.3-2.4). A VNNI GEMM alone can do more
+  (``../shared/notes/measured.md``: 1,124 vs 229 GOPS against OpenBLAS's sgemm); the factor
+  follows the kernels as they improve.
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ class CpuLatency(CostModel):
     name: str = "cpu"
     peak: dict[str, float] = field(default_factory=lambda: {
         "float32": 100e9, "float64": 50e9, "float16": 50e9,
-        "int8": 500e9, "uint8": 500e9, "int32": 50e9, "int64": 25e9, "int16": 100e9})
+        "int8": 240e9, "uint8": 240e9, "int32": 50e9, "int64": 25e9, "int16": 100e9})
     bandwidth: float = 10e9
     call_overhead: float = 2e-6
 
