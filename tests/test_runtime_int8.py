@@ -148,6 +148,13 @@ def test_qnn_add_kernel_is_bit_exact(method, dtype):
 @given(st.integers(1, 3), st.integers(1, 40), st.integers(1, 12), st.booleans(),
        st.integers(-4, 4), st.booleans(), st.integers(0, 999))
 def test_int8_dense_is_bit_exact(n, k, units, unsigned, zx, per_unit, seed):
+    """Both paths: units in {1..12} take the portable GEMM, 64 * units / 4 (zero points 0)
+    the VNNI one where the CPU has it."""
+    for units_, per_unit_ in ((units, per_unit), (64 * ((units + 3) // 4), False)):
+        _check_dense(n, k, units_, unsigned, zx, per_unit_, seed)
+
+
+def _check_dense(n, k, units, unsigned, zx, per_unit, seed):
     rng = np.random.default_rng(seed)
     xdt = "uint8" if unsigned else "int8"
     zx = zx + 128 if unsigned else zx
@@ -160,6 +167,9 @@ def test_int8_dense_is_bit_exact(n, k, units, unsigned, zx, per_unit, seed):
     bound = bind_params(*b.finish(y))
     ex = Executor(bound)
     assert [s.label for s in ex.steps] == ["qnn.dense"]
+    from eqquant.runtime.bindings import int8_path
+    assert ex.steps[0].fn.use_vnni == (units % 64 == 0 and not per_unit
+                                       and int8_path() == "vnni")
     lo, hi = (0, 256) if unsigned else (-128, 128)
     xs = {"x": rng.integers(lo, hi, size=(n, k)).astype(xdt)}
     np.testing.assert_array_equal(ex.run(xs), run(bound, xs))

@@ -478,17 +478,25 @@ class QClip(Binding):
 
 class QDense(Binding):
     """qnn.dense: (N, K) int8/uint8 times (units, K) int8 weights, int32 out, zero points
-    folded in (the portable GEMM: dense layers here are a vector times a matrix)."""
+    folded in: the VNNI GEMM (rows of unsigned bytes, as for convolutions) when the CPU has it,
+    the weights' zero points are 0 and the units a multiple of 64; the portable GEMM else."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
         from . import kernels_int8 as k8
-        self.k8 = k8
+        from . import vnni
+        self.k8, self.vnni = k8, vnni
         self.w = np.ascontiguousarray(consts[1])
         units = self.w.shape[0]
         self.zw = np.ascontiguousarray(
             np.broadcast_to(np.asarray(consts[3], np.int32).reshape(-1), (units,)))
         self.zx = np.int32(_const_scalar(consts, 2))
+        self.use_vnni = (int8_path() == "vnni" and not self.zw.any()
+                         and units % vnni.BLOCK == 0)
+        if self.use_vnni:
+            self.shift = 128 if in_types[0].dtype == "int8" else 0
+            self.packed, colsum128, self.kp = vnni.pack(self.w)
+            self.correction = (colsum128 // 128 * (self.shift + int(self.zx))).astype(np.int32)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -497,6 +505,13 @@ class QDense(Binding):
                 out_type.dtype == "int32" and len(in_types[0].shape) == 2)
 
     def __call__(self, ins, out):
+        if self.use_vnni:
+            x = ins[0]
+            rows = np.zeros((x.shape[0], self.kp), np.uint8)
+            rows[:, :x.shape[1]] = x.astype(np.int16) + self.shift
+            self.vnni.gemm_parallel(rows, self.packed, out)
+            out -= self.correction
+            return
         col = np.ascontiguousarray(ins[0].T)
         y = np.empty((self.w.shape[0], col.shape[1]), np.int32)
         self.k8.gemm_i8(self.w, self.zw, col, self.zx, y)
