@@ -73,7 +73,7 @@ def test_vnni_and_portable_paths_agree_bit_for_bit(monkeypatch, dtype):
     with the reference; elsewhere the dispatcher must pick the portable path."""
     from eqquant.quant.flow import quantize
     from eqquant.runtime import vnni
-    from eqquant.runtime.bindings import int8_path
+    from eqquant.runtime.bindings_int8 import int8_path
     from eqquant.zoo import build
     m = build("seed004", image_size=64)
     rng = np.random.default_rng(0)
@@ -167,7 +167,7 @@ def _check_dense(n, k, units, unsigned, zx, per_unit, seed):
     bound = bind_params(*b.finish(y))
     ex = Executor(bound)
     assert [s.label for s in ex.steps] == ["qnn.dense"]
-    from eqquant.runtime.bindings import int8_path
+    from eqquant.runtime.bindings_int8 import int8_path
     assert ex.steps[0].fn.use_vnni == (units % 64 == 0 and not per_unit
                                        and int8_path() == "vnni")
     lo, hi = (0, 256) if unsigned else (-128, 128)

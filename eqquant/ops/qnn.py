@@ -112,7 +112,7 @@ def _quantize(x, scale, zp, *, axis, out_dtype):
 
 
 register(OpDef("qnn.quantize", inputs=("data", "output_scale", "output_zero_point"),
-               props=frozenset({QUANT}), kernel="eqquant.runtime.bindings:Quantize",
+               props=frozenset({QUANT}), kernel="eqquant.runtime.bindings_int8:Quantize",
                attrs=(Attr("axis", INT, -1), Attr("out_dtype", QDTYPE, "int8")),
                type_rel=_quantize_rel, semantics=_quantize,
                doc="clip(round(x / scale) + zero_point) to out_dtype"))
@@ -135,7 +135,7 @@ def _dequantize(q, scale, zp, *, axis):
 
 register(OpDef("qnn.dequantize", inputs=("data", "input_scale", "input_zero_point"),
                props=frozenset({QUANT}), attrs=(Attr("axis", INT, -1),),
-               kernel="eqquant.runtime.bindings:Dequantize",
+               kernel="eqquant.runtime.bindings_int8:Dequantize",
                type_rel=_dequantize_rel, semantics=_dequantize,
                doc="(q - zero_point) * scale, as float32"))
 
@@ -179,7 +179,7 @@ def _requantize(q, in_scale, in_zp, out_scale, out_zp, *, axis, rounding, out_dt
 register(OpDef(
     "qnn.requantize",
     inputs=("data", "input_scale", "input_zero_point", "output_scale", "output_zero_point"),
-    props=frozenset({QUANT}), kernel="eqquant.runtime.bindings:Requantize",
+    props=frozenset({QUANT}), kernel="eqquant.runtime.bindings_int8:Requantize",
     attrs=(Attr("axis", INT, -1), Attr("rounding", ROUNDING, "UPWARD"),
            Attr("out_dtype", QDTYPE, "int8")),
     type_rel=_requantize_rel, semantics=_requantize,
@@ -221,14 +221,14 @@ QINPUTS = ("data", "weight", "input_zero_point", "kernel_zero_point", "input_sca
            "kernel_scale")
 register(OpDef(
     "qnn.conv2d", inputs=QINPUTS, props=frozenset({COMPUTE, QUANT}),
-    kernel="eqquant.runtime.bindings:QConv2D",
+    kernel="eqquant.runtime.bindings_int8:QConv2D",
     attrs=tuple(a for a in CONV2D_ATTRS if a.name != "out_dtype")
     + (Attr("out_dtype", DTYPE_REQUIRED, "int32"),),
     type_rel=_qcompute_rel(conv2d_rel), semantics=_qconv2d, flops=conv2d_flops,
     doc="conv2d of (data - zx) and (weight - zw), accumulated in int32"))
 register(OpDef(
     "qnn.dense", inputs=QINPUTS, props=frozenset({COMPUTE, QUANT}),
-    kernel="eqquant.runtime.bindings:QDense",
+    kernel="eqquant.runtime.bindings_int8:QDense",
     attrs=(Attr("units", OPT_INT, None), Attr("out_dtype", DTYPE_REQUIRED, "int32")),
     type_rel=_qcompute_rel(dense_rel), semantics=_qdense,
     flops=lambda ins, out, a: 2.0 * out.size * ins[1].shape[1],
@@ -285,7 +285,7 @@ register(OpDef(
                        "rhs_zero_point", "output_scale", "output_zero_point"),
     props=frozenset({QUANT}), type_rel=_qadd_rel, semantics=_qadd,
     attrs=(Attr("method", StrKind("method", ("realize", "once")), "realize"),),
-    kernel="eqquant.runtime.bindings:QAdd",
+    kernel="eqquant.runtime.bindings_int8:QAdd",
     doc="the sum of two quantized tensors, quantized: realize (TVM: rhs to the lhs scale, "
         "add, requantize) or once (both to the output scale, one rounding)"))
 
@@ -325,7 +325,7 @@ def _qclip(q, scale, zp, *, a_min, a_max, axis):
 
 
 register(OpDef("qnn.clip", inputs=("data", "input_scale", "input_zero_point"),
-               props=frozenset({QUANT}), kernel="eqquant.runtime.bindings:QClip",
+               props=frozenset({QUANT}), kernel="eqquant.runtime.bindings_int8:QClip",
                attrs=(Attr("a_min", FLOAT_F, -math.inf), Attr("a_max", FLOAT_F, math.inf),
                       Attr("axis", INT, -1)),
                type_rel=_qclip_rel, semantics=_qclip,
@@ -389,7 +389,7 @@ def _unfuse_qconv(args, attrs):
 register(OpDef(
     "fused.qconv2d", inputs=FQ_INPUTS, props=frozenset({COMPUTE, QUANT}),
     unfuse=_unfuse_qconv,
-    kernel="eqquant.runtime.bindings:FusedQConv2D",
+    kernel="eqquant.runtime.bindings_int8:FusedQConv2D",
     attrs=tuple(a for a in CONV2D_ATTRS if a.name != "out_dtype")
     + (Attr("activation", StrKind("activation", ("none", "relu", "clip")), "none"),
        Attr("a_min", FLOAT_F, -math.inf), Attr("a_max", FLOAT_F, math.inf),

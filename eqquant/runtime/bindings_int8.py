@@ -1,0 +1,398 @@
+"""Kernel bindings of the integer ops: quantize, dequantize, requantize, qnn.conv2d,
+qnn.dense, qnn.add, qnn.clip and the fused int8 convolution. Convolutions and dense layers run
+on the AVX512-VNNI GEMM (``vnni.py``) when the CPU has it (``int8_path``), on portable Numba
+loops (``kernels_int8.py``) otherwise; both give the reference's bits. See ``bindings.py`` for
+what a binding is.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.types import TensorType
+from .bindings import Binding, _per_channel
+
+
+def _const_scalar(consts, i):
+    """The value of constant operand i when it is one number, else None."""
+    v = consts.get(i)
+    if v is None or np.asarray(v).size != 1:
+        return None
+    return np.asarray(v).reshape(())
+
+
+def int8_path() -> str:
+    """"vnni" when the CPU has AVX512-VNNI, else "portable"; EQQUANT_INT8_KERNEL overrides."""
+    import os
+    from . import vnni
+    chosen = os.environ.get("EQQUANT_INT8_KERNEL", "")
+    if chosen in ("portable", "vnni"):
+        return chosen if chosen == "portable" or vnni.available() else "portable"
+    return "vnni" if vnni.available() else "portable"
+
+
+class QConv2D(Binding):
+    """qnn.conv2d: on VNNI, pixel rows (uint8) times packed weights with vpdpbusd; otherwise
+    int8 im2col + a portable int32 GEMM. Weights and zero points are prepacked once."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from . import kernels_int8 as k8
+        from . import vnni
+        self.k8, self.vnni = k8, vnni
+        w = consts[1]
+        o, cg, kh, kw = w.shape
+        self.kh, self.kw, self.groups = kh, kw, attrs["groups"]
+        self.w = np.ascontiguousarray(w.reshape(self.groups, o // self.groups, -1))
+        zw = np.broadcast_to(np.asarray(consts[3], np.int32).reshape(-1), (o,))
+        self.zw = np.ascontiguousarray(zw, dtype=np.int32).reshape(self.groups, -1)
+        self.zx = int(_const_scalar(consts, 2))
+        self.sh, self.sw = attrs["strides"]
+        self.dh, self.dw = attrs["dilation"]
+        self.pt, self.pl, _, _ = attrs["padding"]
+        # VNNI: uint8 activations (int8 shifted by 128) times int8 weights, per group
+        self.use_vnni = (int8_path() == "vnni" and self.groups == 1 and not self.zw.any()
+                         and (o % vnni.BLOCK) == 0)
+        if self.use_vnni:
+            self.shift = 128 if in_types[0].dtype == "int8" else 0
+            # (tap, channel) order, so that each tap of a window is contiguous in NHWC rows
+            w_tap = np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(o, -1))
+            self.packed, colsum128, self.kp = vnni.pack(w_tap)
+            colsum = colsum128 // 128
+            self.correction = (colsum * (self.shift + self.zx)).astype(np.int32)
+            self.out_hw = tuple(out_type.shape[2:])
+            self.pointwise = (kh, kw) == (1, 1) and (self.sh, self.sw) == (1, 1) and \
+                not any(attrs["padding"])
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return (1 in consts and 3 in consts and _const_scalar(consts, 2) is not None and
+                in_types[1].dtype == "int8" and in_types[0].dtype in ("int8", "uint8") and
+                out_type.dtype == "int32")
+
+    def __call__(self, ins, out):
+        if self.use_vnni:
+            return self._vnni(ins, out)
+        x = ins[0]
+        n, c, h, wd = x.shape
+        _, o, oh, ow = out.shape
+        g = self.groups
+        cg, og = c // g, o // g
+        col = np.empty((cg * self.kh * self.kw, oh * ow), x.dtype)
+        for b in range(n):
+            for gi in range(g):
+                self.k8.im2col_i8(x[b, gi * cg:(gi + 1) * cg], self.zx, self.kh, self.kw,
+                                  self.sh, self.sw, self.pt, self.pl, self.dh, self.dw, oh, ow,
+                                  col)
+                y = out[b, gi * og:(gi + 1) * og].reshape(og, oh * ow)
+                self.k8.gemm_i8(self.w[gi], self.zw[gi], col, np.int32(self.zx), y)
+
+    def hwc(self, x_b: np.ndarray) -> np.ndarray:
+        """One image (C, H, W) channel-last as the unsigned bytes vpdpbusd reads."""
+        if self.shift:
+            c, h, w = x_b.shape
+            hwc = np.empty((h, w, c), np.uint8)
+            self.k8.to_hwc(x_b, self.shift, hwc)
+            return hwc
+        return np.ascontiguousarray(x_b.transpose(1, 2, 0))   # uint8 already: numpy's copy
+
+    def rows(self, x_b: np.ndarray) -> np.ndarray:
+        """One image (C, H, W) as the GEMM's left operand: (oh*ow, Kp) uint8 pixel rows in
+        (tap, channel) order. A 1x1 convolution with stride 1 and no padding reads the
+        channel-last image itself."""
+        c, h, w = x_b.shape
+        hwc = self.hwc(x_b)
+        if self.pointwise and c == self.kp:
+            return hwc.reshape(h * w, c)
+        oh, ow = self.out_hw
+        rows = np.empty((oh * ow, self.kp), np.uint8)
+        self.k8.im2row_hwc(hwc, 0, self.zx + self.shift, self.kh, self.kw, self.sh, self.sw,
+                           self.pt, self.pl, self.dh, self.dw, oh, ow, rows)
+        return rows
+
+    def gemm(self, x_b: np.ndarray) -> np.ndarray:
+        """(oh*ow, O) int32: the VNNI product, before the zero-point correction."""
+        rows = self.rows(x_b)
+        acc = np.empty((rows.shape[0], self.packed.shape[0] * self.vnni.BLOCK), np.int32)
+        self.vnni.gemm_parallel(rows, self.packed, acc)
+        return acc
+
+    def _vnni(self, ins, out):
+        x = ins[0]
+        o = out.shape[1]
+        for b in range(x.shape[0]):
+            self.k8.finish_vnni(self.gemm(x[b]), self.correction, out[b].reshape(o, -1))
+
+
+class QClip(Binding):
+    """qnn.clip: integer bounds worked out once from the constant scale and zero point."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from ..ops.qnn import clip_bounds
+        from . import kernels_int8 as k8
+        self.k8 = k8
+        self.lo, self.hi = (np.ascontiguousarray(b, np.int64) for b in clip_bounds(
+            consts[1], consts[2], attrs["a_min"], attrs["a_max"], out_type.dtype))
+        shape = in_types[0].shape
+        axis = attrs["axis"] % len(shape) if shape else 0
+        n = self.lo.size
+        self.shape3 = (int(np.prod(shape[:axis], dtype=np.int64)), n, -1) if n > 1 \
+            else (1, 1, -1)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        if 1 not in consts or 2 not in consts or not in_types[0].shape:
+            return False
+        n = max(np.asarray(consts[1]).size, np.asarray(consts[2]).size)
+        shape = in_types[0].shape
+        return n == 1 or shape[attrs["axis"] % len(shape)] == n
+
+    def __call__(self, ins, out):
+        self.k8.clip_channels(ins[0].reshape(self.shape3), self.lo, self.hi,
+                              out.reshape(self.shape3))
+
+
+class QDense(Binding):
+    """qnn.dense: (N, K) int8/uint8 times (units, K) int8 weights, int32 out, zero points
+    folded in: the VNNI GEMM (rows of unsigned bytes, as for convolutions) when the CPU has it,
+    the weights' zero points are 0 and the units a multiple of 64; the portable GEMM else."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from . import kernels_int8 as k8
+        from . import vnni
+        self.k8, self.vnni = k8, vnni
+        self.w = np.ascontiguousarray(consts[1])
+        units = self.w.shape[0]
+        self.zw = np.ascontiguousarray(
+            np.broadcast_to(np.asarray(consts[3], np.int32).reshape(-1), (units,)))
+        self.zx = np.int32(_const_scalar(consts, 2))
+        self.use_vnni = (int8_path() == "vnni" and not self.zw.any()
+                         and units % vnni.BLOCK == 0)
+        if self.use_vnni:
+            self.shift = 128 if in_types[0].dtype == "int8" else 0
+            self.packed, colsum128, self.kp = vnni.pack(self.w)
+            self.correction = (colsum128 // 128 * (self.shift + int(self.zx))).astype(np.int32)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return (1 in consts and 3 in consts and _const_scalar(consts, 2) is not None and
+                in_types[1].dtype == "int8" and in_types[0].dtype in ("int8", "uint8") and
+                out_type.dtype == "int32" and len(in_types[0].shape) == 2)
+
+    def __call__(self, ins, out):
+        if self.use_vnni:
+            x = ins[0]
+            rows = np.zeros((x.shape[0], self.kp), np.uint8)
+            rows[:, :x.shape[1]] = x.astype(np.int16) + self.shift
+            self.vnni.gemm_parallel(rows, self.packed, out)
+            out -= self.correction
+            return
+        col = np.ascontiguousarray(ins[0].T)
+        y = np.empty((self.w.shape[0], col.shape[1]), np.int32)
+        self.k8.gemm_i8(self.w, self.zw, col, self.zx, y)
+        out[...] = y.T
+
+
+class Requantize(Binding):
+    """qnn.requantize: per-tensor parameters, or per-channel input scales along axis 1."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from ..quant.fixed_point import quantize_multiplier
+        from . import kernels_int8 as k8
+        self.k8 = k8
+        z1, s2, z2 = (_const_scalar(consts, i) for i in (2, 3, 4))
+        s1 = np.asarray(consts[1], np.float64).reshape(-1)
+        pairs = [quantize_multiplier(float(v) / float(s2)) for v in s1]
+        self.m = np.array([p[0] for p in pairs], np.int64)
+        self.shift = np.array([p[1] for p in pairs], np.int64)
+        self.per_channel = s1.size > 1
+        self.zin, self.zout = int(z1), int(z2)
+        info = np.iinfo(out_type.dtype)
+        self.lo, self.hi = int(info.min), int(info.max)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        if attrs["rounding"] != "UPWARD" or 1 not in consts or \
+                not all(_const_scalar(consts, i) is not None for i in (2, 3, 4)):
+            return False
+        s1 = np.asarray(consts[1]).reshape(-1)
+        return s1.size == 1 or (attrs["axis"] % len(in_types[0].shape) == 1 and
+                                len(in_types[0].shape) >= 2 and
+                                s1.size == in_types[0].shape[1])
+
+    def __call__(self, ins, out):
+        q = ins[0]
+        if self.per_channel:
+            n, c = q.shape[:2]
+            self.k8.requantize_channels(q.reshape(n, c, -1), self.zin, self.m, self.shift,
+                                        self.zout, self.lo, self.hi, out.reshape(n, c, -1))
+        else:
+            self.k8.requantize(q.reshape(-1), self.zin, np.int64(self.m[0]),
+                               int(self.shift[0]), self.zout, self.lo, self.hi,
+                               out.reshape(-1))
+
+
+class _PerTensorQ(Binding):
+    """Quantize and dequantize with one scale (operand 1) and zero point (operand 2)."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from . import kernels_int8 as k8
+        self.k8 = k8
+        self.scale = np.float32(_const_scalar(consts, 1))
+        self.zero = int(_const_scalar(consts, 2))
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return _const_scalar(consts, 1) is not None and _const_scalar(consts, 2) is not None
+
+
+class Quantize(_PerTensorQ):
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        info = np.iinfo(out_type.dtype)
+        self.lo, self.hi = int(info.min), int(info.max)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return (super().supports(op, attrs, in_types, out_type, consts) and
+                in_types[0].dtype == "float32" and out_type.shape == in_types[0].shape)
+
+    def __call__(self, ins, out):
+        self.k8.quantize(ins[0].reshape(-1), self.scale, self.zero, self.lo, self.hi,
+                         out.reshape(-1))
+
+
+class Dequantize(Binding):
+    """(q - z) * s with one scale, or one per channel along ``axis`` (an int32 accumulator
+    read back at the scales sx * sw); the zero point is per tensor."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from . import kernels_int8 as k8
+        self.k8 = k8
+        shape = in_types[0].shape
+        self.scales = np.ascontiguousarray(np.asarray(consts[1], np.float32).reshape(-1))
+        self.zero = int(_const_scalar(consts, 2))
+        axis = attrs["axis"] % len(shape) if shape else 0
+        self.shape3 = (int(np.prod(shape[:axis], dtype=np.int64)), self.scales.size, -1)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        if 1 not in consts or _const_scalar(consts, 2) is None:
+            return False
+        n = np.asarray(consts[1]).size
+        shape = in_types[0].shape
+        return n == 1 or (bool(shape) and shape[attrs["axis"] % len(shape)] == n)
+
+    def __call__(self, ins, out):
+        if self.scales.size == 1:
+            self.k8.dequantize(ins[0].reshape(-1), self.zero, self.scales[0], out.reshape(-1))
+        else:
+            self.k8.dequantize_channels(ins[0].reshape(self.shape3), self.zero, self.scales,
+                                        out.reshape(self.shape3))
+
+
+class QAdd(Binding):
+    """qnn.add with per-tensor parameters (see eqquant.ops.qnn for the arithmetic)."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from ..quant.fixed_point import quantize_multiplier
+        from . import kernels_int8 as k8
+        self.k8 = k8
+        sa, za, sb, zb, so, zo = (float(_const_scalar(consts, i)) for i in range(2, 8))
+        self.mb, self.shb = quantize_multiplier(sb / sa)
+        self.mo, self.sho = quantize_multiplier(sa / so)
+        self.za, self.zb, self.zo = int(za), int(zb), int(zo)
+        info = np.iinfo(out_type.dtype)
+        self.lo, self.hi = int(info.min), int(info.max)
+        self.once = attrs["method"] == "once"
+        if self.once:
+            from ..ops.qnn import ADD_FRACTION_BITS, add_multiplier
+            self.ma, self.mb2 = add_multiplier(sa, so), add_multiplier(sb, so)
+            self.bits = ADD_FRACTION_BITS
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return all(_const_scalar(consts, i) is not None for i in range(2, 8))
+
+    def __call__(self, ins, out):
+        if self.once:
+            return self.k8.qadd_once(ins[0].reshape(-1), self.za, ins[1].reshape(-1), self.zb,
+                                     np.int64(self.ma), np.int64(self.mb2), self.bits, self.zo,
+                                     self.lo, self.hi, out.reshape(-1))
+        self.k8.qadd(ins[0].reshape(-1), self.za, ins[1].reshape(-1), self.zb,
+                     np.int64(self.mb), self.shb, np.int64(self.mo), self.sho, self.zo,
+                     self.lo, self.hi, out.reshape(-1))
+
+
+class FusedQConv2D(Binding):
+    """fused.qconv2d: the qnn.conv2d kernel (VNNI or portable) into an int32 scratch, then one
+    pass adding the bias, applying relu and requantizing per channel to int8."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from ..quant.fixed_point import quantize_multiplier
+        from . import kernels_int8 as k8
+        self.k8 = k8
+        o = in_types[1].shape[0]
+        acc_type = TensorType(out_type.shape, "int32")
+        self.conv = QConv2D(op, attrs, [in_types[0], in_types[1], in_types[3], in_types[4]],
+                            acc_type, {1: consts[1], 2: consts[3], 3: consts[4]})
+        self.bias = np.ascontiguousarray(np.broadcast_to(
+            np.asarray(consts[2], np.int64).reshape(-1), (o,)))
+        s1 = np.broadcast_to(np.asarray(consts[7], np.float64).reshape(-1), (o,))
+        s2 = float(_const_scalar(consts, 9))
+        pairs = [quantize_multiplier(float(v) / s2) for v in s1]
+        self.m = np.array([p[0] for p in pairs], np.int64)
+        self.sh = np.array([p[1] for p in pairs], np.int64)
+        self.zin, self.zout = int(_const_scalar(consts, 8)), int(_const_scalar(consts, 10))
+        # the activation as a clamp of the int32 accumulator, per channel
+        i32 = np.iinfo(np.int32)
+        if attrs["activation"] == "clip":
+            from ..ops.qnn import clip_bounds
+            lo_c, hi_c = clip_bounds(consts[7], consts[8], attrs["a_min"], attrs["a_max"],
+                                     "int32")
+        else:
+            lo_c = np.array([0 if attrs["activation"] == "relu" else i32.min], np.int64)
+            hi_c = np.array([i32.max], np.int64)
+        self.clamp_lo = np.ascontiguousarray(np.broadcast_to(lo_c, (o,)), np.int64)
+        self.clamp_hi = np.ascontiguousarray(np.broadcast_to(hi_c, (o,)), np.int64)
+        info = np.iinfo(out_type.dtype)
+        self.lo, self.hi = int(info.min), int(info.max)
+        self.acc = np.empty(out_type.shape, np.int32)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        o = in_types[1].shape[0]
+        if not all(i in consts for i in (1, 2, 3, 4, 7, 8, 9, 10)):
+            return False
+        if not QConv2D.supports(op, attrs, [in_types[0], in_types[1], in_types[3],
+                                            in_types[4]], TensorType(out_type.shape, "int32"),
+                                {1: consts[1], 2: consts[3], 3: consts[4]}):
+            return False
+        per_channel = (_per_channel(in_types[2].shape, out_type.shape) and
+                       int(np.prod(in_types[2].shape)) in (1, o))
+        s1 = np.asarray(consts[7]).reshape(-1)
+        return (per_channel and s1.size in (1, o) and attrs["rounding"] == "UPWARD" and
+                (s1.size == 1 or attrs["axis"] % 4 == 1) and
+                all(_const_scalar(consts, i) is not None for i in (8, 9, 10)))
+
+    def __call__(self, ins, out):
+        n, o = out.shape[:2]
+        if self.conv.use_vnni:       # the GEMM's (pixels, channels) product, finished in one pass
+            for b in range(n):
+                self.k8.vnni_epilogue(self.conv.gemm(ins[0][b]), self.conv.correction,
+                                      self.bias, self.clamp_lo, self.clamp_hi, self.m,
+                                      self.sh, self.zin, self.zout, self.lo, self.hi,
+                                      out[b].reshape(o, -1))
+            return
+        self.conv([ins[0], ins[1], ins[3], ins[4]], self.acc)
+        for b in range(n):
+            self.k8.bias_clamp_requantize(self.acc[b].reshape(o, -1), self.bias,
+                                          self.clamp_lo, self.clamp_hi, self.m, self.sh,
+                                          self.zin, self.zout, self.lo, self.hi,
+                                          out[b].reshape(o, -1))
