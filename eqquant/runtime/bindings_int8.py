@@ -383,12 +383,15 @@ class FusedQConv2D(Binding):
 
     def __call__(self, ins, out):
         n, o = out.shape[:2]
-        if self.conv.use_vnni:       # the GEMM's (pixels, channels) product, finished in one pass
+        if self.conv.use_vnni:       # windows, GEMM and epilogue in one parallel region
+            c = self.conv
+            oh, ow = c.out_hw
             for b in range(n):
-                self.k8.vnni_epilogue(self.conv.gemm(ins[0][b]), self.conv.correction,
-                                      self.bias, self.clamp_lo, self.clamp_hi, self.m,
-                                      self.sh, self.zin, self.zout, self.lo, self.hi,
-                                      out[b].reshape(o, -1))
+                c.vnni.conv_requantize(c.hwc(ins[0][b]), c.kh, c.kw, c.sh, c.sw, c.pt, c.pl,
+                                       c.dh, c.dw, c.zx + c.shift, oh, ow, c.packed,
+                                       c.correction, self.bias, self.clamp_lo, self.clamp_hi,
+                                       self.m, self.sh, self.zin, self.zout, self.lo, self.hi,
+                                       out[b].reshape(o, -1))
             return
         self.conv([ins[0], ins[1], ins[3], ins[4]], self.acc)
         for b in range(n):

@@ -105,42 +105,43 @@ def depthwise(x, w, bias, sh, sw, pt, pl, dh, dw, act, lo, hi, out):
 
 @njit(parallel=True, cache=True)
 def max_pool(x, kh, kw, sh, sw, pt, pl, dh, dw, lowest, out):
-    """One task per output row. Columns whose windows lie inside the image take no bounds
-    test; each output keeps its running maximum in a register and uses max() rather than a
-    branch (random data mispredicts a branch). ``lowest`` is the dtype's least value (any
-    dtype: int8 programs pool too)."""
+    """Per channel: each input row is first split into ``sw`` phase planes (plane r holds
+    columns r, r + sw, r + 2 sw, ...), so that every window tap is a contiguous slice of one
+    plane at a fixed shift and the running maxima (``max()``, not a branch) vectorise.
+    ``lowest`` is the dtype's least value (any dtype: int8 programs pool too)."""
     c_in, h, w = x.shape
     _, oh, ow = out.shape
-    x_lo = min(ow, max(0, (pl + sw - 1) // sw))
-    x_hi = max(x_lo, min(ow, (w - 1 - (kw - 1) * dw + pl) // sw + 1))
-    for t in prange(c_in * oh):
-        c = t // oh
-        y = t % oh
-        i_lo = 0
-        while i_lo < kh and y * sh - pt + i_lo * dh < 0:
-            i_lo += 1
-        i_hi = kh
-        while i_hi > i_lo and y * sh - pt + (i_hi - 1) * dh >= h:
-            i_hi -= 1
-        for xo in range(x_lo, x_hi):
-            m = lowest
-            base = xo * sw - pl
-            for i in range(i_lo, i_hi):
-                src = x[c, y * sh - pt + i * dh]
+    pw = (w + sw - 1) // sw + kw * dw + 2          # a plane, with room for the shifts
+    for c in prange(c_in):
+        planes = np.empty((h, sw, pw), x.dtype)
+        for iy in range(h):
+            for r in range(sw):
+                n = (w - r + sw - 1) // sw
+                row = planes[iy, r]
+                for i in range(n):
+                    row[i] = x[c, iy, i * sw + r]
+                for i in range(n, pw):
+                    row[i] = lowest
+        acc = np.empty(ow, x.dtype)
+        for y in range(oh):
+            for xo in range(ow):
+                acc[xo] = lowest
+            for i in range(kh):
+                iy = y * sh - pt + i * dh
+                if iy < 0 or iy >= h:
+                    continue
                 for j in range(kw):
-                    m = max(m, src[base + j * dw])
-            out[c, y, xo] = m
-        for xo in range(ow):
-            if xo >= x_lo and xo < x_hi:
-                continue
-            m = lowest
-            for i in range(i_lo, i_hi):
-                src = x[c, y * sh - pt + i * dh]
-                for j in range(kw):
-                    ix = xo * sw - pl + j * dw
-                    if ix >= 0 and ix < w:
-                        m = max(m, src[ix])
-            out[c, y, xo] = m
+                    off = j * dw - pl                 # input column xo * sw + off
+                    r = off % sw
+                    q = (off - r) // sw               # floor(off / sw)
+                    start = 0
+                    while start < ow and start + q < 0:
+                        start += 1
+                    src = planes[iy, r]
+                    for xo in range(start, min(ow, pw - q)):   # past the plane: padding
+                        acc[xo] = max(acc[xo], src[xo + q])
+            for xo in range(ow):
+                out[c, y, xo] = acc[xo]
 
 
 @njit(parallel=True, cache=True)

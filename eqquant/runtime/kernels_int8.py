@@ -76,42 +76,6 @@ def dequantize(q, zero, scale, out):
 
 
 @njit(parallel=True, cache=True)
-def vnni_epilogue(acc, correction, bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo,
-                  hi, out):
-    """acc: (P, O) int32 from the VNNI GEMM -> out: (O, P) 8-bit, in one pass over tiles of 32
-    pixels: minus the per-channel correction, plus the bias, clamped (as in
-    ``bias_clamp_requantize``), requantized per
-    channel (UPWARD fixed point, as ``requantize``). Each tile is computed along the channels
-    (contiguous, vectorised) into a small buffer, then written out transposed."""
-    p_n, o_n = acc.shape
-    tiles = (p_n + 31) // 32
-    add = np.empty(o_n, np.int64)
-    left = np.empty(o_n, np.int64)
-    total = np.empty(o_n, np.int64)
-    half = np.empty(o_n, np.int64)
-    for o in range(o_n):
-        add[o] = np.int64(bias[o]) - correction[o]
-        left[o] = max(shifts[o], 0)
-        total[o] = max(-shifts[o], 0) + 31
-        half[o] = np.int64(1) << (total[o] - 1)
-    for t in prange(tiles):
-        p0 = t * 32
-        p1 = min(p0 + 32, p_n)
-        buf = np.empty((32, o_n), np.int64)
-        for p in range(p0, p1):
-            row = buf[p - p0]
-            for o in range(o_n):
-                v = np.int64(acc[p, o]) + add[o]
-                v = min(max(v, -2147483648), 2147483647)
-                v = min(max(v, clamp_lo[o]), clamp_hi[o])
-                v = (((v - zin) << left[o]) * multipliers[o] + half[o]) >> total[o]
-                row[o] = min(max(v + zout, lo), hi)
-        for o in range(o_n):
-            for p in range(p0, p1):
-                out[o, p] = buf[p - p0, o]
-
-
-@njit(parallel=True, cache=True)
 def clip_channels(q, lo, hi, out):
     """q, out: (A, C, B); bounds per channel c (or one pair for all)."""
     a_n, c_n, b_n = q.shape

@@ -189,3 +189,96 @@ def gemm_parallel(a_u8, packed, out):
                        out.ctypes.data + ob * 256, out.shape[1], 0, p, kq, 1)
 
 
+
+
+@njit(cache=True, inline="always")
+def _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout, lo, hi,
+            o0, p0, out):
+    """acc (n, cols) int32 for channels o0.. and pixels p0.. -> out[o, p] 8-bit: minus the
+    zero-point correction, plus the bias (both in ``add``), clamped per channel (relu, clip or
+    nothing), requantized with UPWARD fixed point as ``kernels_int8.requantize`` does. Each
+    row is computed along the channels (contiguous), then written out transposed."""
+    n, cols = acc.shape
+    buf = np.empty((n, cols), np.int64)
+    for r in range(n):
+        row = buf[r]
+        for oc in range(cols):
+            o = o0 + oc
+            v = np.int64(acc[r, oc]) + add[o]
+            v = min(max(v, -2147483648), 2147483647)
+            v = min(max(v, clamp_lo[o]), clamp_hi[o])
+            v = (((v - zin) << left[o]) * multipliers[o] + half[o]) >> total[o]
+            row[oc] = min(max(v + zout, lo), hi)
+    for oc in range(cols):
+        for r in range(n):
+            out[o0 + oc, p0 + r] = buf[r, oc]
+
+
+@njit(cache=True, inline="always")
+def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
+    """Pixel rows p0.. of the image's windows (taps in (tap, channel) order, ``pad`` outside
+    the image, zeros in the padding of K) into ``rows`` (n, Kp)."""
+    h, w, c_in = hwc.shape
+    n, kp = rows.shape
+    k = kh * kw * c_in
+    for r in range(n):
+        y = (p0 + r) // ow
+        xo = (p0 + r) - y * ow
+        for i in range(kh):
+            iy = y * sh - pt + i * dh
+            for j in range(kw):
+                ix = xo * sw - pl + j * dw
+                base = (i * kw + j) * c_in
+                if iy >= 0 and iy < h and ix >= 0 and ix < w:
+                    for c in range(c_in):
+                        rows[r, base + c] = hwc[iy, ix, c]
+                else:
+                    for c in range(c_in):
+                        rows[r, base + c] = pad
+        for c in range(k, kp):
+            rows[r, c] = 0
+
+
+@njit(parallel=True, cache=True)
+def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, correction, bias,
+                    clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi, out):
+    """A whole fused int8 convolution of one image in one parallel region: hwc (H, W, C)
+    uint8 -> out (O, oh*ow) 8-bit. Each work item gathers a chunk of pixels' windows into
+    rows, multiplies them (``gemm_block``) and finishes them (``_finish``), so the worker
+    threads wake once per convolution; a small image
+    (fewer than 192 pixels) has its rows gathered once and is split by blocks of 64
+    channels instead."""
+    p_n = oh * ow
+    o_n = out.shape[0]
+    oblocks, kq = packed.shape[0], packed.shape[1]
+    kp = kq * 4
+    add = np.empty(o_n, np.int64)
+    left = np.empty(o_n, np.int64)
+    total = np.empty(o_n, np.int64)
+    half = np.empty(o_n, np.int64)
+    for o in range(o_n):
+        add[o] = np.int64(bias[o]) - correction[o]
+        left[o] = max(shifts[o], 0)
+        total[o] = max(-shifts[o], 0) + 31
+        half[o] = np.int64(1) << (total[o] - 1)
+    if p_n >= 192 or oblocks == 1:
+        chunk = 96
+        for item in prange((p_n + chunk - 1) // chunk):
+            p0 = item * chunk
+            n = min(p_n, p0 + chunk) - p0
+            rows = np.empty((n, kp), np.uint8)
+            _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows)
+            acc = np.empty((n, o_n), np.int32)
+            gemm_block(rows.ctypes.data, kp, packed.ctypes.data, acc.ctypes.data, o_n, 0, n,
+                       kq, oblocks)
+            _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout,
+                    lo, hi, 0, p0, out)
+    else:
+        rows = np.empty((p_n, kp), np.uint8)
+        _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, rows)
+        for ob in prange(oblocks):
+            acc = np.empty((p_n, 64), np.int32)
+            gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob * kq * 256,
+                       acc.ctypes.data, 64, 0, p_n, kq, 1)
+            _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout,
+                    lo, hi, ob * 64, 0, out)
