@@ -191,7 +191,7 @@ def gemm_parallel(a_u8, packed, out):
 
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout, lo, hi,
             o0, p0, out):
     """acc (n, cols) int32 for channels o0.. and pixels p0.. -> out[o, p] 8-bit: minus the
@@ -214,7 +214,7 @@ def _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, z
             out[o0 + oc, p0 + r] = buf[r, oc]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
     """Pixel rows p0.. of the image's windows (taps in (tap, channel) order, ``pad`` outside
     the image, zeros in the padding of K) into ``rows`` (n, Kp)."""
