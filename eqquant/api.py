@@ -74,6 +74,7 @@ class Model:
     params: dict[str, np.ndarray] = field(default_factory=dict)
     name: str = "model"
     notes: list[str] = field(default_factory=list)
+    aliases: dict[str, str] = field(default_factory=dict)   # e.g. ONNX "input.1" -> "input_1"
     quantized: Any = None            # the QuantizeResult when this model came from quantize()
     _executor: Any = field(default=None, repr=False)
 
@@ -87,6 +88,11 @@ class Model:
         from .ir.params import bind_params
         return bind_params(self.module, self.params) if self.params else self.module
 
+    def named(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """``inputs`` keyed by the program's input names (an imported model also takes the
+        names its ONNX file used)."""
+        return {self.aliases.get(k, k): v for k, v in inputs.items()}
+
     def run(self, x: Any):
         """Outputs for one input: an array (a one-input model) or a dict by input name."""
         if self._executor is None:
@@ -98,7 +104,7 @@ class Model:
                 raise EqquantError(f"{self.name} has {len(names)} inputs ({', '.join(names)});"
                                    " give a dict by input name")
             x = {names[0]: x}
-        return self._executor.run(dict(x))
+        return self._executor.run(self.named(x))
 
     def show(self, types: bool = False) -> str:
         """The program as text IR (also what ``print(model)`` shows)."""
@@ -159,9 +165,9 @@ def load(source: Any, params: str | Path | Mapping | None = None,
     if isinstance(source, (str, Path)):
         path = Path(source)
         if path.suffix == ".onnx":
-            from .interop.onnx_import import import_onnx
-            mod, values, notes = import_onnx(path, shapes)
-            return Model(mod, values, path.stem, notes)
+            from .interop.onnx_import import run_importer
+            mod, values, im = run_importer(path, shapes)
+            return Model(mod, values, path.stem, im.notes, dict(im.input_names))
         from .ir.loader import load_program
         if isinstance(params, Mapping):
             mod, _ = load_program(path, find_params=False)
@@ -176,11 +182,19 @@ def calibration_samples(data: Any, model: Model) -> list[dict[str, np.ndarray]]:
     """Calibration data as a list of input dicts: an ``.npz`` path or a dict of arrays
     (stacked on a leading sample axis, keyed by input name), or an iterable of input arrays
     or of dicts."""
-    from .quant.annotate import samples_from_npz
-    names = list(model.inputs)
     if isinstance(data, (str, Path)):
-        return samples_from_npz(data, model.module)
+        from .ir.params import load_params
+        try:
+            return _samples(load_params(data), model)
+        except EqquantError as e:
+            raise EqquantError(f"{data}: {e.message}") from None
+    return _samples(data, model)
+
+
+def _samples(data: Any, model: Model) -> list[dict[str, np.ndarray]]:
+    names = list(model.inputs)
     if isinstance(data, Mapping):
+        data = model.named(data)
         missing = [n for n in names if n not in data]
         extra = [k for k in data if k not in names]
         if extra:
@@ -199,7 +213,7 @@ def calibration_samples(data: Any, model: Model) -> list[dict[str, np.ndarray]]:
     samples = []
     for item in data:
         if isinstance(item, Mapping):
-            samples.append({k: np.asarray(v) for k, v in item.items()})
+            samples.append({k: np.asarray(v) for k, v in model.named(item).items()})
         elif len(names) == 1:
             samples.append({names[0]: np.asarray(item)})
         else:
@@ -228,4 +242,5 @@ def quantize(model: Any, calibration_data: Any, mode: str = "kl_divergence",
         result = run_flow(m.module, m.params, samples, mode, weight_scale, per_channel,
                           dtype=activations, skip=list(skip),
                           progress=(lambda n: b.update(1)) if progress else None)
-    return Model(result.module, {}, f"{m.name}.int8", list(m.notes), quantized=result)
+    return Model(result.module, {}, f"{m.name}.int8", list(m.notes), dict(m.aliases),
+                 quantized=result)

@@ -213,3 +213,19 @@ def test_unsupported_second_output_is_named():
     model = g.model([("x", [1, 4])], [out])
     with pytest.raises(OnnxImportError, match="output 1 of Dropout node"):
         import_onnx(model)
+
+
+def test_quantize_command_takes_onnx_and_its_input_names(tmp_path, capsys):
+    """eqquant quantize MODEL.onnx: calibration arrays keyed by the ONNX input name."""
+    rng = np.random.default_rng(8)
+    np.savez(tmp_path / "calib.npz",
+             **{"input.1": rng.standard_normal((3, 1, 3, 16, 16)).astype(np.float32)})
+    out = tmp_path / "q.ir"
+    assert main_exit(["quantize", str(DATA / "tiny_resnet.onnx"), "--calib",
+                      str(tmp_path / "calib.npz"), "--mode", "minmax", "-o", str(out)]) == 0
+    assert "output: SQNR" in capsys.readouterr().out and out.exists()
+    np.savez(tmp_path / "bad.npz", other=np.zeros((2, 1, 3, 16, 16), np.float32))
+    assert main_exit(["quantize", str(DATA / "tiny_resnet.onnx"), "--calib",
+                      str(tmp_path / "bad.npz"), "-o", str(tmp_path / "x.ir")]) == 2
+    err = capsys.readouterr().err
+    assert "bad.npz: calibration data names other" in err and "Traceback" not in err

@@ -6,7 +6,8 @@ from eqquant.ir.interp import run
 from eqquant.ir.nodes import Call, post_order
 from eqquant.ir.typecheck import infer_types
 from eqquant.optimizer import optimize
-from eqquant.quant.annotate import annotate, calibrate, samples_from_npz
+from eqquant.api import calibration_samples, load
+from eqquant.quant.annotate import annotate, calibrate
 from eqquant.quant.calibrate import CalibrationTable
 from eqquant.rules.check import check_ruleset
 from eqquant.rules.loader import load_rules
@@ -74,7 +75,7 @@ def test_calibration_table_and_npz_samples(tmp_path, flow):
     table.save(tmp_path / "t.json")
     assert CalibrationTable.load(tmp_path / "t.json") == table
     np.savez(tmp_path / "calib.npz", data=rng.normal(size=(3, 1, 3, SIZE, SIZE)).astype("f4"))
-    samples = samples_from_npz(tmp_path / "calib.npz", fp.module)
+    samples = calibration_samples(tmp_path / "calib.npz", load(fp.module))
     assert len(samples) == 3 and samples[0]["data"].shape == (1, 3, SIZE, SIZE)
     t2 = calibrate(fp.module, None, samples, "minmax", skip=["%1"])
     assert "%1" not in t2.ranges and t2.ranges["%data"].hi > 0

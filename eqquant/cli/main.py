@@ -211,7 +211,7 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
 @cli.command("quantize")
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--params", "-p", type=click.Path(dir_okay=False, path_type=Path),
-              help="Weights (.npz); default: the .npz beside MODEL, if any.")
+              help="Weights (.npz) of a text-IR MODEL; default: the .npz beside it, if any.")
 @click.option("--calib", "calib", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Calibration set: .npz of arrays keyed by input name, stacked on a "
                    "leading sample axis.")
@@ -230,20 +230,20 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
                    "table to the .calib.json beside it.")
 def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activations, skip,
                  output):
-    """Quantize MODEL to int8: calibrate, apply the quantize rules, report accuracy."""
-    from ..ir.loader import load_program, save_program
-    from ..quant.annotate import samples_from_npz
-    from ..quant.flow import quantize
-    mod, values = load_program(model, params)
-    samples = samples_from_npz(calib, mod)
-    with click.progressbar(length=len(samples), label="calibrating", file=sys.stderr) as bar:
-        result = quantize(mod, values, samples, mode, weight_scale, per_channel,
-                          dtype=activations, skip=list(skip),
-                          progress=lambda n: bar.update(1))
+    """Quantize MODEL (text IR or .onnx) to int8: calibrate, apply the quantize rules,
+    report accuracy."""
     import json
 
-    from ..api import Report
+    from ..api import Report, calibration_samples, load
+    from ..ir.loader import save_program
     from ..ir.params import atomic_write
+    from ..quant.flow import quantize
+    m = load(model, params)
+    samples = calibration_samples(calib, m)
+    with click.progressbar(length=len(samples), label="calibrating", file=sys.stderr) as bar:
+        result = quantize(m.module, m.params, samples, mode, weight_scale, per_channel,
+                          dtype=activations, skip=list(skip),
+                          progress=lambda n: bar.update(1))
     ir_path, npz = save_program(output, result.module)
     table_path = output.with_suffix(".calib.json")
     result.table.save(table_path)

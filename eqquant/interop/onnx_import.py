@@ -67,6 +67,7 @@ class Importer:
         self.missing: dict[str, str] = {}            # outputs eqquant does not produce
         self.used: set[str] = set()
         self.notes: list[str] = []
+        self.input_names: dict[str, str] = {}         # ONNX input name -> text-IR name
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                           1)
         for init in model.graph.initializer:
@@ -148,6 +149,7 @@ class Importer:
                 shape = tuple(shape)
             name = self.fresh_name(vi.name) or f"input{len(self.b.params)}"
             self.values[vi.name] = self.b.input(name, shape, dtype)
+            self.input_names[vi.name] = name
 
     def node(self, index: int, node) -> None:
         from onnx import helper
@@ -562,9 +564,15 @@ def import_onnx(model, shapes: Mapping[str, tuple[int, ...]] | None = None,
     """An ONNX model (a path or a ModelProto) as ``(module, params, notes)``; ``shapes``
     fixes input shapes the file leaves symbolic (a leading symbolic dimension defaults to 1,
     which ``notes`` says)."""
+    mod, params, im = run_importer(model, shapes, source)
+    return mod, params, im.notes
+
+
+def run_importer(model, shapes=None, source: str | None = None):
+    """``(module, params, importer)``: the importer keeps the notes and the input names."""
     if isinstance(model, (str, Path)):
         source = source or str(model)
         model = read_onnx(model)
     im = Importer(model, source or "<onnx model>", shapes)
     mod, params = im.run()
-    return mod, params, im.notes
+    return mod, params, im

@@ -163,16 +163,3 @@ def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
     body = rewrite(fn.body, visit)
     return Module({"main": Function(params=fn.params, body=body, ret_type=fn.ret_type)},
                   version=flat.version)
-
-
-def samples_from_npz(path, mod: Module) -> list[dict[str, Any]]:
-    """A calibration ``.npz``: arrays keyed by input name, stacked on a leading sample axis."""
-    from ..ir.params import load_params
-    data = load_params(path)
-    names = [p.name for p in mod.main.params if p.name in data]
-    if not names:
-        raise EqquantError(f"{path}: no array is named after an input of the program")
-    n = {data[k].shape[0] for k in names}
-    if len(n) != 1:
-        raise EqquantError(f"{path}: the inputs have different numbers of samples: {n}")
-    return [{k: data[k][i] for k in names} for i in range(n.pop())]
