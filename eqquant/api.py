@@ -106,13 +106,17 @@ class Model:
             x = {names[0]: x}
         return self._executor.run(self.named(x))
 
-    def show(self, types: bool = False) -> str:
-        """The program as text IR (also what ``print(model)`` shows)."""
+    def text(self, types: bool = False) -> str:
+        """The program as text IR (``types``: every value's type in a comment)."""
         from .ir.printer import print_module
         return print_module(self.module, show_types=types)
 
+    def show(self, types: bool = True) -> None:
+        """Print the program with its types, as TVM's ``mod.show()`` does."""
+        print(self.text(types), end="")
+
     def __str__(self) -> str:
-        return self.show()
+        return self.text()
 
     def save(self, directory: str | Path) -> Path:
         """Write ``directory/<name>.ir`` and its ``.npz`` (and the calibration table and the

@@ -24,7 +24,7 @@ def _exit(argv) -> int:
     return 0
 
 
-def test_load_every_kind_of_source_and_run(tmp_path):
+def test_load_every_kind_of_source_and_run(tmp_path, capsys):
     m = eqquant.load(DATA / "tiny_resnet.onnx")
     assert m.inputs == {"input_1": ((1, 3, 16, 16), "float32")} and m.notes
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
@@ -40,7 +40,10 @@ def test_load_every_kind_of_source_and_run(tmp_path):
                   eqquant.load(m.module, m.params), eqquant.load((m.module, m.params)),
                   eqquant.load(m)):
         np.testing.assert_array_equal(again.run(x), y)
-    assert "nn.conv2d" in m.show() and "Tensor[" in m.show(types=True)
+    assert "nn.conv2d" in m.text() and "/* ty=Tensor[" in m.text(types=True)
+    assert str(m) == m.text()
+    m.show()
+    assert "/* ty=Tensor[" in capsys.readouterr().out
     with pytest.raises(EqquantError, match="not a quantized model"):
         m.report()
     with pytest.raises(EqquantError, match="takes a path"):
