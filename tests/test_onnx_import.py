@@ -229,3 +229,12 @@ def test_quantize_command_takes_onnx_and_its_input_names(tmp_path, capsys):
                       str(tmp_path / "bad.npz"), "-o", str(tmp_path / "x.ir")]) == 2
     err = capsys.readouterr().err
     assert "bad.npz: calibration data names other" in err and "Traceback" not in err
+
+
+def test_run_command_takes_onnx(tmp_path, capsys):
+    x = np.random.default_rng(9).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    np.savez(tmp_path / "x.npz", **{"input.1": x})
+    assert main_exit(["run", str(DATA / "tiny_resnet.onnx"), "--input", str(tmp_path / "x.npz"),
+                      "-o", str(tmp_path / "y.npy")]) == 0
+    ref = ort_run(onnx.load(str(DATA / "tiny_resnet.onnx")), {"input.1": x})
+    close(np.load(tmp_path / "y.npy"), ref)

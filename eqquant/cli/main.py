@@ -87,14 +87,16 @@ def check(file: Path, params: Path | None) -> None:
 @click.option("--profile", is_flag=True, help="Print the time per op (cpu engine).")
 def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
         engine: str, profile: bool) -> None:
-    """Run FILE on an input."""
+    """Run FILE (text IR or .onnx) on an input."""
+    from ..api import load
     from ..ir.interp import run as interpret
-    from ..ir.loader import load_inputs, load_program
+    from ..ir.loader import load_inputs
     from ..ir.params import atomic_write, bind_params
     from ..ir.typecheck import check_module
-    mod, values = load_program(file, params)
+    m = load(file, params)
+    mod, values = m.module, m.params
     check_module(mod)
-    inputs = load_inputs(input_path, mod, values)
+    inputs = m.named(load_inputs(input_path, mod, values))
     if engine == "reference":
         out = interpret(mod, inputs, values)
     else:
