@@ -81,11 +81,7 @@ class Exporter:
 
     def value(self, e: Expr) -> np.ndarray | None:
         """The constant value of a scalar or constant argument (None if computed)."""
-        if isinstance(e, Scalar):
-            return np.asarray(e.data)
-        if isinstance(e, Constant):
-            return np.asarray(e.data)
-        return None
+        return np.asarray(e.data) if isinstance(e, (Scalar, Constant)) else None
 
     # -- the walk ------------------------------------------------------------------------------
 

@@ -163,8 +163,7 @@ class Importer:
         if domain_ok and node.op_type == "Constant":
             self.consts[node.output[0]] = _constant_value(attrs)
             return
-        if domain_ok and ins and all(not n or n in self.consts for n in ins) \
-                and node.op_type not in _NEVER_FOLD:
+        if domain_ok and ins and all(not n or n in self.consts for n in ins):
             self._fold(node, ins)
             return
         conv = CONVERTERS.get(node.op_type) if domain_ok else None
@@ -229,9 +228,6 @@ class Importer:
         return mod, params
 
 
-_NEVER_FOLD = frozenset()   # every op with constant inputs is folded
-
-
 def _shape_slice(shape, attrs) -> np.ndarray:
     arr = np.asarray(shape, np.int64)
     start, end = attrs.get("start", 0), attrs.get("end", len(shape))
@@ -253,8 +249,8 @@ def _constant_value(attrs) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # Converters: (importer, attrs, input names) -> IR value(s)
 
-Conv = Callable[[Importer, dict, list], Any]
-CONVERTERS: dict[str, Conv] = {}
+Converter = Callable[[Importer, dict, list], Any]
+CONVERTERS: dict[str, Converter] = {}
 
 
 def converts(*op_types: str):

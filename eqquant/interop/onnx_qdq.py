@@ -36,7 +36,6 @@ class Q8:
 
     scale: str
     zero_point: str
-    scale_value: np.ndarray
     zero: int            # the zero point in the program's own dtype
 
 
@@ -80,7 +79,7 @@ class QDQ:
                                "activations have a QDQ form", node.loc)
         shift = 128 if (ir_dtype, dtype) == ("int8", "uint8") else 0
         zp = np.asarray(int(z) + shift, dtype)
-        return Q8(self.ex.const(s, "scale"), self.ex.const(zp, "zero_point"), s, int(z))
+        return Q8(self.ex.const(s, "scale"), self.ex.const(zp, "zero_point"), int(z))
 
     def dq(self, arg) -> str:
         """The real value of an exported integer value."""
