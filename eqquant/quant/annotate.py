@@ -3,8 +3,8 @@
     table = calibrate(mod, params, samples, mode="kl_divergence")   # value name -> range
     annotated = annotate(bind_params(mod, params), table)
 
-``calibrate`` runs the program with the reference interpreter on each sample and feeds every
-float value an op computes (and every input) to an observer. ``annotate`` marks each calibrated
+``calibrate`` runs the program on the CPU executor (the Numba kernels) for each sample and
+feeds every float value an op computes (and every input) to an observer. ``annotate`` marks each calibrated
 value ``v`` as ``annotation.calibrated(v, scale, zero_point, dtype=...)``: an identity that
 carries the value's quantization parameters as data, so that one generic approx rule
 (``rules/quantize.rules``) can offer the quantized value as an alternative.
@@ -16,7 +16,6 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import EqquantError
-from ..ir.interp import run
 from ..ir.nodes import Call, Constant, Expr, Function, Module, Scalar, Var, freeze_attrs, rewrite
 from ..ir.params import bind_params
 from ..ir.printer import value_labels
@@ -56,21 +55,22 @@ def _wanted(fn: Function, skip: set[str], labels: dict[int, str]) -> dict[int, s
 def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
               samples: Iterable[Mapping[str, np.ndarray]], mode: str = "kl_divergence",
               skip: Iterable[str] = (), progress=None) -> CalibrationTable:
-    """Ranges of the program's float values over ``samples``: dicts of input arrays, or plain
-    arrays for a program with one input."""
+    """Ranges of the program's float values over ``samples`` (dicts of input arrays, or plain
+    arrays for a program with one input), run on the CPU executor."""
+    from ..runtime.executor import Executor
     if mode not in OBSERVERS:
         raise EqquantError(f"unknown calibration mode '{mode}' (there are: "
                            f"{', '.join(OBSERVERS)})")
-    flat = inline_calls(bind_params(mod, params) if params else mod)
-    fn = flat.main
+    ex = Executor(bind_params(mod, params) if params else mod)
+    fn = ex.module.main
     labels = value_labels(fn)
     wanted = _wanted(fn, set(skip), labels)
     observers = {label: OBSERVERS[mode]() for label in wanted.values()}
 
     def observe(node, value):
         label = wanted.get(id(node))
-        if label is not None:
-            observers[label].update(value)
+        if label is not None:            # (a copy: the executor reuses its buffers)
+            observers[label].update(np.array(value))
 
     count = 0
     for sample in samples:
@@ -78,7 +78,7 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
         for p in fn.params:
             if id(p) in wanted:
                 observers[wanted[id(p)]].update(sample[p.name])
-        run(flat, sample, observe=observe)
+        ex.run(sample, observe=observe)
         count += 1
         if progress is not None:
             progress(count)

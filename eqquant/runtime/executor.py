@@ -41,6 +41,7 @@ class Step:
     kind: str                   # "kernel", "view", "reference", "tuple", "getitem"
     extra: Any = None
     seconds: list[float] = field(default_factory=list)
+    node: Any = None            # the IR node whose value the step computes
 
 
 class Executor:
@@ -67,10 +68,10 @@ class Executor:
                 self.fixed[s] = node.data
             elif isinstance(node, Tuple):
                 self.steps.append(Step("tuple", None, [slot[id(f)] for f in node.fields], s,
-                                       "tuple"))
+                                       "tuple", node=node))
             elif isinstance(node, TupleGetItem):
                 self.steps.append(Step("getitem", None, [slot[id(node.tuple)]], s, "getitem",
-                                       node.index))
+                                       node.index, node=node))
             elif isinstance(node, Call) and not isinstance(node.op, Expr):
                 self.steps.append(self._step(node, slot, types))
             else:
@@ -90,10 +91,11 @@ class Executor:
             cls = _binding_class(op.kernel)
             if cls.supports(op, node.attrs, in_types, out_type, consts):
                 b = cls(op, node.attrs, in_types, out_type, consts)
-                return Step(op.name, b, ins, slot[id(node)], "view" if b.view else "kernel")
+                return Step(op.name, b, ins, slot[id(node)], "view" if b.view else "kernel",
+                            node=node)
         attrs = dict(node.attrs)
         return Step(op.name + " (reference)", lambda *a, _f=op.semantics: _f(*a, **attrs), ins,
-                    slot[id(node)], "reference")
+                    slot[id(node)], "reference", node=node)
 
     def _plan(self) -> None:
         """Give each kernel output a buffer, reusing buffers whose values are dead."""
@@ -135,7 +137,11 @@ class Executor:
                         pool.setdefault((buf.shape, str(buf.dtype)), []).append(buf)
                         live_bytes -= buf.nbytes
 
-    def run(self, inputs: Mapping[str, np.ndarray], profile: bool = False) -> Any:
+    def run(self, inputs: Mapping[str, np.ndarray], profile: bool = False,
+            observe=None) -> Any:
+        """The program's output for ``inputs``; ``observe(node, value)`` sees every value a
+        step computes, as it is computed (nodes of ``self.module``; the array may be a buffer
+        a later step reuses: copy what you keep)."""
         values: list[Any] = [None] * len(self.types)
         for s, v in self.fixed.items():
             values[s] = v
@@ -161,6 +167,8 @@ class Executor:
             else:
                 out = st.fn(*args)
             values[st.output] = out
+            if observe is not None:
+                observe(st.node, out)
             if profile:
                 st.seconds.append(time.perf_counter() - t0)
         result = values[self.out_slot]
