@@ -4,10 +4,10 @@
     annotated = annotate(bind_params(mod, params), table)
 
 ``calibrate`` runs the program on the CPU executor (the Numba kernels) for each sample and
-feeds every float value an op computes (and every input) to an observer. ``annotate`` marks each calibrated
-value ``v`` as ``annotation.calibrated(v, scale, zero_point, dtype=...)``: an identity that
-carries the value's quantization parameters as data, so that one generic approx rule
-(``rules/quantize.rules``) can offer the quantized value as an alternative.
+feeds every float value an op computes (and every input) to an observer. ``annotate`` marks
+each calibrated value ``v`` as ``annotation.calibrated(v, scale, zero_point, dtype=...)``: an
+identity that carries the value's quantization parameters as data, so that one generic approx
+rule (``rules/quantize.rules``) can offer the quantized value as an alternative.
 """
 from __future__ import annotations
 

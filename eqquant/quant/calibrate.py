@@ -19,64 +19,94 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from numba import njit, prange
 
 NUM_BINS = 8001
 NUM_QUANTIZED_BINS = 255
 
 
-def smooth_distribution(p: np.ndarray, eps: float = 1e-4) -> np.ndarray | None:
-    """Move a little mass (eps) onto empty bins, taken evenly from the others; None when it
-    cannot (all empty, or too few non-empty bins to give it)."""
-    is_zero = p == 0
-    n_zero = int(is_zero.sum())
+@njit(cache=True)
+def _smooth(p, eps, out):
+    """``out`` = p with a little mass (eps) moved onto its empty bins, taken evenly from the
+    others; False when it cannot (all empty, or too few non-empty bins to give it)."""
+    n_zero = 0
+    for v in p:
+        if v == 0:
+            n_zero += 1
     n_nonzero = p.size - n_zero
     if n_nonzero == 0:
-        return None
+        return False
     eps1 = eps * n_zero / n_nonzero
     if eps1 >= 1.0:
-        return None
-    return p.astype(np.float64) + eps * is_zero - eps1 * (~is_zero)
+        return False
+    for k in range(p.size):
+        out[k] = p[k] + eps if p[k] == 0 else p[k] - eps1
+    return True
 
 
-def kl_divergence(p: np.ndarray, q: np.ndarray) -> float:
-    p = p / p.sum()
-    q = q / q.sum()
-    mask = (p > 0) & (q > 0)
-    return float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
+@njit(cache=True)
+def _kl(p, q):
+    """KL(p || q) of the normalised distributions, over the bins where both are positive."""
+    sp, sq = p.sum(), q.sum()
+    total = 0.0
+    for k in range(p.size):
+        a, b = p[k] / sp, q[k] / sq
+        if a > 0 and b > 0:
+            total += a * np.log(a / b)
+    return total
+
+
+@njit(cache=True, parallel=True)
+def _kl_sweep(hist, num_quantized_bins):
+    """The end (an index into the edges) of the window of least KL divergence (the first such
+    window, as a sequential sweep finds it; the windows are scored in parallel)."""
+    num_bins = hist.size
+    zero = num_bins // 2
+    first = num_quantized_bins // 2
+    cumulative = np.zeros(num_bins + 1)
+    for k in range(num_bins):
+        cumulative[k + 1] = cumulative[k] + hist[k]
+    divs = np.full(zero + 1 - first, np.inf)
+    for t in prange(zero + 1 - first):
+        i = first + t
+        start, stop = zero - i, zero + i + 1
+        n = stop - start
+        sliced = hist[start:stop]
+        p = sliced.copy()
+        p[0] = cumulative[start + 1]                    # everything left of the window
+        p[n - 1] = cumulative[num_bins] - cumulative[stop - 1]   # and right of it
+        # merge the window into num_quantized_bins levels (the last takes the remainder) and
+        # spread each level's mass evenly over its non-empty bins, where p is not empty
+        merged = n // num_quantized_bins
+        q = np.zeros(n)
+        for j in range(num_quantized_bins):
+            lo = j * merged
+            hi = lo + merged if j < num_quantized_bins - 1 else n
+            total, count = 0.0, 0
+            for k in range(lo, hi):
+                total += sliced[k]
+                if sliced[k] != 0:
+                    count += 1
+            level = total / count if count > 0 else 0.0
+            for k in range(lo, hi):
+                q[k] = level if p[k] != 0 else 0.0
+        ps, qs = np.empty(n), np.empty(n)
+        if _smooth(p, 1e-4, ps) and _smooth(q, 1e-4, qs):
+            divs[t] = _kl(ps, qs)
+    best, best_stop = np.inf, num_bins
+    for t in range(divs.size):
+        if divs[t] < best:
+            best, best_stop = divs[t], zero + first + t + 1
+    return best_stop
 
 
 def kl_threshold(hist: np.ndarray, edges: np.ndarray,
                  num_quantized_bins: int = NUM_QUANTIZED_BINS) -> float:
-    """The threshold of least KL divergence over a symmetric histogram (TVM's MinimizeKL)."""
-    num_bins = hist.size
-    zero = num_bins // 2
-    half_q = num_quantized_bins // 2
-    hist = hist.astype(np.float64)
-    best, best_threshold = np.inf, float(edges[-1])
-    cumulative = np.concatenate([[0.0], np.cumsum(hist)])
-    for i in range(half_q, zero + 1):
-        start, stop = zero - i, zero + i + 1
-        sliced = hist[start:stop].copy()
-        p = sliced.copy()
-        p[0] = cumulative[start + 1]                      # everything left of the window
-        p[-1] = cumulative[num_bins] - cumulative[stop - 1]  # and right of it
-        # merge the window into num_quantized_bins levels (the last takes the remainder) and
-        # spread each level's mass evenly over its non-empty bins
-        merged = sliced.size // num_quantized_bins
-        body = sliced[: num_quantized_bins * merged].reshape(num_quantized_bins, merged)
-        totals = body.sum(axis=1)
-        counts = np.count_nonzero(body, axis=1)
-        rest = sliced[num_quantized_bins * merged:]
-        totals[-1] += rest.sum()
-        counts[-1] += np.count_nonzero(rest)
-        level = np.where(counts > 0, totals / np.maximum(counts, 1), 0.0)
-        q = np.concatenate([np.repeat(level, merged), np.full(rest.size, level[-1])])
-        q = np.where(p != 0, q, 0.0)
-        ps, qs = smooth_distribution(p), smooth_distribution(q)
-        div = np.inf if ps is None or qs is None else kl_divergence(ps, qs)
-        if div < best:
-            best, best_threshold = div, float(edges[stop])
-    return best_threshold
+    """The threshold of least KL divergence over a symmetric histogram (TVM's MinimizeKL):
+    for each window [-t, t] around zero, p is the histogram clipped to it (the outside mass
+    on its end bins), q its merge into num_quantized_bins levels spread back over p's
+    non-empty bins, both smoothed; the t of least KL(p || q) wins."""
+    return float(edges[_kl_sweep(hist.astype(np.float64), num_quantized_bins)])
 
 
 def find_scale_by_kl(x: np.ndarray, num_bins: int = NUM_BINS,
