@@ -16,7 +16,6 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..ir.interp import run
 from ..ir.nodes import Call, Function, Module, Scalar, rewrite
 from ..ir.params import bind_params
 from ..ir.printer import value_labels
@@ -79,15 +78,17 @@ class QuantizeResult:
 def evaluate(fp32: Module, int8: Module, table: CalibrationTable, dtype: str,
              inputs: Mapping[str, np.ndarray]) -> tuple[list[tuple[str, float]], dict]:
     """SQNR of each requantized value (matched to the calibrated value whose scale it takes)
-    and of the output, on one input."""
-    labels = value_labels(fp32.main)
+    and of the output, on one input; both programs run on the CPU executor."""
+    from ..runtime.executor import Executor
+    ex32 = Executor(fp32)
+    labels = value_labels(ex32.module.main)
     fp_values: dict[str, np.ndarray] = {}
 
     def keep_fp(node, value):
         label = labels.get(id(node))
         if label in table.ranges:
-            fp_values[label] = value
-    ref = run(fp32, inputs, observe=keep_fp)
+            fp_values[label] = np.array(value)      # (the executor reuses its buffers)
+    ref = ex32.run(inputs, observe=keep_fp)
     by_scale: dict[float, list[str]] = {}
     for label, r in table.ranges.items():
         by_scale.setdefault(round(qparams(r, dtype)[0], 9), []).append(label)
@@ -101,7 +102,7 @@ def evaluate(fp32: Module, int8: Module, table: CalibrationTable, dtype: str,
             if len(names) == 1 and names[0] in fp_values:
                 deq = (value.astype(np.float64) - float(node.args[-1].value)) * scale
                 layers[names[0]] = sqnr_db(fp_values[names[0]], deq)
-    out = run(int8, inputs, observe=keep_int)
+    out = Executor(int8).run(inputs, observe=keep_int)
     r, o = np.asarray(ref, np.float64).ravel(), np.asarray(out, np.float64).ravel()
     cosine = float(r @ o / (np.linalg.norm(r) * np.linalg.norm(o) or 1.0))
     order = [labels[k] for k in labels if labels[k] in layers]
