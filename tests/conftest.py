@@ -6,6 +6,16 @@ REPO = Path(__file__).resolve().parent.parent
 SEEDS = REPO.parent / "shared" / "seeds"
 
 
+def cli_exit(argv) -> int:
+    """Run the eqquant command line in-process; its exit status."""
+    from eqquant.cli.main import main
+    try:
+        main(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
 def seed_file(prefix: str) -> Path:
     found = sorted(SEEDS.glob(f"{prefix}_*.txt"))
     if not found:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import eqquant
-from eqquant.cli.main import main
+from conftest import cli_exit
 from eqquant.errors import EqquantError
 from eqquant.zoo import build, write
 
@@ -15,13 +15,6 @@ DATA = Path(__file__).parent / "data"
 onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed")
 ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
 
-
-def _exit(argv) -> int:
-    try:
-        main(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-    return 0
 
 
 def test_load_every_kind_of_source_and_run(tmp_path, capsys):
@@ -127,12 +120,12 @@ def test_sqnr_chart_and_graph_pictures(tmp_path, seed_model):
     # and from the command line: quantize writes the report, plot draws it
     paths = write(seed_model, tmp_path / "m")
     np.savez(tmp_path / "c.npz", data=rng.standard_normal((2, 1, 3, 32, 32)).astype("f4"))
-    assert _exit(["quantize", str(paths["ir"]), "--calib", str(tmp_path / "c.npz"),
+    assert cli_exit(["quantize", str(paths["ir"]), "--calib", str(tmp_path / "c.npz"),
                   "--mode", "minmax", "-o", str(tmp_path / "q.ir")]) == 0
-    assert _exit(["plot", "sqnr", str(tmp_path / "q.report.json"), "-o",
+    assert cli_exit(["plot", "sqnr", str(tmp_path / "q.report.json"), "-o",
                   str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").read_bytes().startswith(b"\x89PNG")
-    assert _exit(["plot", "graph", str(tmp_path / "q.ir"), "-o", str(tmp_path / "q.dot")]) == 0
+    assert cli_exit(["plot", "graph", str(tmp_path / "q.ir"), "-o", str(tmp_path / "q.dot")]) == 0
     assert "digraph" in (tmp_path / "q.dot").read_text()
-    assert _exit(["plot", "sqnr", str(tmp_path / "q.ir"), "-o", str(tmp_path / "x.png")]) == 2
+    assert cli_exit(["plot", "sqnr", str(tmp_path / "q.ir"), "-o", str(tmp_path / "x.png")]) == 2
     assert not (tmp_path / "x.png").exists()

@@ -12,7 +12,7 @@ ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed
 import onnx_models as om  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
-from eqquant.cli.main import main  # noqa: E402
+from conftest import cli_exit  # noqa: E402
 from eqquant.interop.onnx_import import OnnxImportError, import_onnx, valid_name  # noqa: E402
 from eqquant.ir.interp import run  # noqa: E402
 from eqquant.ir.loader import load_program  # noqa: E402
@@ -73,11 +73,11 @@ def test_tiny_resnet_file(tmp_path):
     ref = ort_run(model, {"input.1": x})
     close(Executor(bind_params(mod, params)).run({"input_1": x}), ref)
     # the command line writes text IR + params that load and run the same
-    assert main_exit(["import", str(path), "-o", str(tmp_path / "out")]) == 0
+    assert cli_exit(["import", str(path), "-o", str(tmp_path / "out")]) == 0
     mod2, params2 = load_program(tmp_path / "out" / "tiny_resnet.ir")
     close(Executor(bind_params(mod2, params2)).run({"input_1": x}), ref)
     # --shape fixes the batch
-    assert main_exit(["import", str(path), "-o", str(tmp_path / "b2"), "--shape",
+    assert cli_exit(["import", str(path), "-o", str(tmp_path / "b2"), "--shape",
                       "input.1=2,3,16,16"]) == 0
     mod3, _ = load_program(tmp_path / "b2" / "tiny_resnet.ir")
     assert mod3.main.params[0].type.shape == (2, 3, 16, 16)
@@ -105,13 +105,6 @@ def test_old_opsets_softmax_and_clip_attributes():
     close(Executor(bind_params(mod, params)).run(eq_inputs(mod, params, feeds)),
           ort_run(model, feeds))
 
-
-def main_exit(argv) -> int:
-    try:
-        main(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-    return 0
 
 
 # ---- errors -----------------------------------------------------------------------------------
@@ -164,7 +157,7 @@ def test_bad_models_give_located_errors(case, tmp_path, capsys):
     path = tmp_path / "bad.onnx"
     path.write_bytes(model.SerializeToString())
     out = tmp_path / "out"
-    assert main_exit(["import", str(path), "-o", str(out)]) == 2
+    assert cli_exit(["import", str(path), "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err
     assert not (out / "bad.ir").exists()
@@ -177,7 +170,7 @@ def test_bad_models_give_located_errors(case, tmp_path, capsys):
 def test_malformed_files(tmp_path, capsys, content, expected):
     path = tmp_path / "broken.onnx"
     path.write_bytes(content)
-    assert main_exit(["import", str(path), "-o", str(tmp_path / "o")]) == 2
+    assert cli_exit(["import", str(path), "-o", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert str(path) in err and expected in err and "Traceback" not in err
 
@@ -186,9 +179,9 @@ def test_truncated_file_and_missing_file(tmp_path, capsys):
     data = (DATA / "tiny_resnet.onnx").read_bytes()
     path = tmp_path / "cut.onnx"
     path.write_bytes(data[: len(data) // 2])
-    assert main_exit(["import", str(path), "-o", str(tmp_path / "o")]) == 2
+    assert cli_exit(["import", str(path), "-o", str(tmp_path / "o")]) == 2
     assert "cut.onnx" in capsys.readouterr().err
-    assert main_exit(["import", str(tmp_path / "none.onnx"), "-o", str(tmp_path / "o")]) == 2
+    assert cli_exit(["import", str(tmp_path / "none.onnx"), "-o", str(tmp_path / "o")]) == 2
     assert "no such file" in capsys.readouterr().err
 
 
@@ -202,7 +195,7 @@ def test_symbolic_inner_dimension_asks_for_a_shape(tmp_path, capsys):
     assert mod.main.params[0].type.shape == (1, 3, 8, 8)
     path = tmp_path / "sym.onnx"
     onnx.save(model, str(path))
-    assert main_exit(["import", str(path), "-o", str(tmp_path / "o"), "--shape", "x=oops"]) == 2
+    assert cli_exit(["import", str(path), "-o", str(tmp_path / "o"), "--shape", "x=oops"]) == 2
     assert "NAME=D1,D2" in capsys.readouterr().err
 
 
@@ -221,11 +214,11 @@ def test_quantize_command_takes_onnx_and_its_input_names(tmp_path, capsys):
     np.savez(tmp_path / "calib.npz",
              **{"input.1": rng.standard_normal((3, 1, 3, 16, 16)).astype(np.float32)})
     out = tmp_path / "q.ir"
-    assert main_exit(["quantize", str(DATA / "tiny_resnet.onnx"), "--calib",
+    assert cli_exit(["quantize", str(DATA / "tiny_resnet.onnx"), "--calib",
                       str(tmp_path / "calib.npz"), "--mode", "minmax", "-o", str(out)]) == 0
     assert "output: SQNR" in capsys.readouterr().out and out.exists()
     np.savez(tmp_path / "bad.npz", other=np.zeros((2, 1, 3, 16, 16), np.float32))
-    assert main_exit(["quantize", str(DATA / "tiny_resnet.onnx"), "--calib",
+    assert cli_exit(["quantize", str(DATA / "tiny_resnet.onnx"), "--calib",
                       str(tmp_path / "bad.npz"), "-o", str(tmp_path / "x.ir")]) == 2
     err = capsys.readouterr().err
     assert "bad.npz: calibration data names other" in err and "Traceback" not in err
@@ -234,7 +227,7 @@ def test_quantize_command_takes_onnx_and_its_input_names(tmp_path, capsys):
 def test_run_command_takes_onnx(tmp_path, capsys):
     x = np.random.default_rng(9).standard_normal((1, 3, 16, 16)).astype(np.float32)
     np.savez(tmp_path / "x.npz", **{"input.1": x})
-    assert main_exit(["run", str(DATA / "tiny_resnet.onnx"), "--input", str(tmp_path / "x.npz"),
+    assert cli_exit(["run", str(DATA / "tiny_resnet.onnx"), "--input", str(tmp_path / "x.npz"),
                       "-o", str(tmp_path / "y.npy")]) == 0
     ref = ort_run(onnx.load(str(DATA / "tiny_resnet.onnx")), {"input.1": x})
     close(np.load(tmp_path / "y.npy"), ref)

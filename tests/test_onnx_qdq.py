@@ -8,7 +8,7 @@ ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed
 
 import onnx_models as om  # noqa: E402
 
-from eqquant.cli.main import main  # noqa: E402
+from conftest import cli_exit  # noqa: E402
 from eqquant.errors import EqquantError  # noqa: E402
 from eqquant.interop.onnx_export import to_onnx  # noqa: E402
 from eqquant.interop.onnx_import import import_onnx  # noqa: E402
@@ -120,7 +120,7 @@ def test_export_command_writes_qdq_and_refuses_the_realize_view(tmp_path, capsys
     r, tests = _flow(om.resnet_block(), "uint8", True)
     save_program(tmp_path / "q.ir", r.module)
     out = tmp_path / "q.onnx"
-    assert _exit(["export", str(tmp_path / "q.ir"), "-o", str(out)]) == 0
+    assert cli_exit(["export", str(tmp_path / "q.ir"), "-o", str(out)]) == 0
     assert "int8 QDQ" in capsys.readouterr().out
     model = onnx.load(str(out))
     assert any(n.op_type == "QuantizeLinear" for n in model.graph.node)
@@ -128,17 +128,10 @@ def test_export_command_writes_qdq_and_refuses_the_realize_view(tmp_path, capsys
     r, _ = _flow(om.resnet_block(), "int8", False)     # (the realize view is TVM's: int8)
     save_program(tmp_path / "view.ir", realize_view(r.module))
     before = out.read_bytes()
-    assert _exit(["export", str(tmp_path / "view.ir"), "-o", str(out)]) == 2
+    assert cli_exit(["export", str(tmp_path / "view.ir"), "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert "view.ir:" in err and "Traceback" not in err
     assert out.read_bytes() == before, "a failed export leaves the old file alone"
     with pytest.raises(EqquantError):
         to_onnx(realize_view(r.module))
 
-
-def _exit(argv) -> int:
-    try:
-        main(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-    return 0

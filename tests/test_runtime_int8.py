@@ -238,3 +238,26 @@ def test_qnn_clip_kernel_is_bit_exact(per_channel):
     real = xs["q"] * (s.reshape(1, -1, 1) if per_channel else s)
     assert np.all(np.abs(got * (s.reshape(1, -1, 1) if per_channel else s)
                          - np.clip(real, -1, 6)) <= 0.5 * np.max(s) + 1e-6)
+
+
+@pytest.mark.parametrize("path", ["portable", "vnni"])
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+def test_unfused_int8_conv_on_both_paths(monkeypatch, path, dtype):
+    """qnn.conv2d on its own (64 output channels: the VNNI path's block), strided and padded,
+    with a nonzero input zero point."""
+    monkeypatch.setenv("EQQUANT_INT8_KERNEL", path)
+    rng = np.random.default_rng(11)
+    b = Builder()
+    x = b.input("x", (1, 5, 9, 9), dtype)
+    zx = 130 if dtype == "uint8" else -3
+    y = b.call("qnn.conv2d", x, b.param("w", rng.integers(-128, 128, (64, 5, 3, 3)).astype("i1")),
+               b.param("zx", np.array(zx, np.int32)), b.param("zw", np.array(0, np.int32)),
+               b.param("sx", np.array(0.1, np.float32)), b.param("sw", np.array(0.2, np.float32)),
+               strides=[2, 2], padding=[1, 1, 1, 1])
+    bound = bind_params(*b.finish(y))
+    ex = Executor(bound)
+    from eqquant.runtime.bindings_int8 import int8_path
+    assert ex.steps[0].fn.use_vnni == (int8_path() == "vnni")
+    lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
+    xs = {"x": rng.integers(lo, hi, (1, 5, 9, 9)).astype(dtype)}
+    np.testing.assert_array_equal(ex.run(xs), run(bound, xs))

@@ -198,11 +198,13 @@ def _pool_dtypes(in_types, out_type) -> bool:
         _same_dtype(in_types, out_type) and out_type.dtype in ("int8", "uint8", "int32"))
 
 
-class AvgPool2D(Binding):
+class _Averaging(Binding):
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return _pool_dtypes(in_types, out_type)
 
+
+class AvgPool2D(_Averaging):
     def __call__(self, ins, out):
         kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = _geometry(self.attrs)
         for b in range(ins[0].shape[0]):
@@ -210,11 +212,7 @@ class AvgPool2D(Binding):
                        bool(self.attrs["count_include_pad"]), out[b])
 
 
-class GlobalAvgPool2D(Binding):
-    @classmethod
-    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        return _pool_dtypes(in_types, out_type)
-
+class GlobalAvgPool2D(_Averaging):
     def __call__(self, ins, out):
         for b in range(ins[0].shape[0]):
             k.global_avg_pool(ins[0][b], out[b].reshape(-1))

@@ -105,8 +105,8 @@ class QConv2D(Binding):
             return hwc.reshape(h * w, c)
         oh, ow = self.out_hw
         rows = np.empty((oh * ow, self.kp), np.uint8)
-        self.k8.im2row_hwc(hwc, 0, self.zx + self.shift, self.kh, self.kw, self.sh, self.sw,
-                           self.pt, self.pl, self.dh, self.dw, oh, ow, rows)
+        self.vnni.windows(hwc, self.kh, self.kw, self.sh, self.sw, self.pt, self.pl, self.dh,
+                          self.dw, self.zx + self.shift, ow, rows)
         return rows
 
     def gemm(self, x_b: np.ndarray) -> np.ndarray:

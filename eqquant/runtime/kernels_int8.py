@@ -136,30 +136,6 @@ def requantize_channels(q, zin, multipliers, shifts, zout, lo, hi, out):
 
 
 @njit(parallel=True, cache=True)
-def im2row_hwc(xt, shift, pad, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, rows):
-    """xt: (H, W, C) -> rows: (oh*ow, Kp) uint8 in (tap, channel) order: each window tap is C
-    contiguous bytes, copied (offset by ``shift``) or filled with ``pad`` outside the image."""
-    h, w, c_in = xt.shape
-    k = kh * kw * c_in
-    for y in prange(oh):
-        for xo in range(ow):
-            r = y * ow + xo
-            for i in range(kh):
-                iy = y * sh - pt + i * dh
-                for j in range(kw):
-                    ix = xo * sw - pl + j * dw
-                    base = (i * kw + j) * c_in
-                    if iy >= 0 and iy < h and ix >= 0 and ix < w:
-                        for c in range(c_in):
-                            rows[r, base + c] = np.uint8(np.int32(xt[iy, ix, c]) + shift)
-                    else:
-                        for c in range(c_in):
-                            rows[r, base + c] = np.uint8(pad)
-            for col in range(k, rows.shape[1]):
-                rows[r, col] = 0
-
-
-@njit(parallel=True, cache=True)
 def qadd(a, za, b, zb, mb, shb, mo, sho, zo, lo, hi, out):
     """Flat qnn.add: b rescaled to a's scale (mb, shb), added to a in int32, the sum rescaled to
     the output's (mo, sho); fixed-point steps as in ``requantize``."""

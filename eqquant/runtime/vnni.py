@@ -240,6 +240,15 @@ def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
 
 
 @njit(parallel=True, cache=True)
+def windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, rows):
+    """All pixel rows of an image's windows (``_windows``), chunks of 96 rows in parallel."""
+    n = rows.shape[0]
+    for t in prange((n + 95) // 96):
+        p0 = t * 96
+        _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows[p0:min(n, p0 + 96)])
+
+
+@njit(parallel=True, cache=True)
 def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, correction, bias,
                     clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi, out):
     """A whole fused int8 convolution of one image in one parallel region: hwc (H, W, C)
