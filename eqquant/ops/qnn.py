@@ -118,13 +118,18 @@ register(OpDef("qnn.quantize", inputs=("data", "output_scale", "output_zero_poin
                doc="clip(round(x / scale) + zero_point) to out_dtype"))
 
 
-def _dequantize_rel(types, attrs):
+def _quantized_input(types, attrs, op: str) -> TensorType:
+    """An integer tensor followed by its scale and zero point (per tensor or along axis)."""
     q = tensor(types, 0, "data")
     if not is_int(q.dtype):
-        raise OpTypeError(f"qnn.dequantize takes an integer tensor, got {q.dtype}", 0)
+        raise OpTypeError(f"{op} takes an integer tensor, got {q.dtype}", 0)
     _param(types, 1, "input_scale", q, attrs["axis"], True)
     _param(types, 2, "input_zero_point", q, attrs["axis"], False)
-    return TensorType(q.shape, "float32")
+    return q
+
+
+def _dequantize_rel(types, attrs):
+    return TensorType(_quantized_input(types, attrs, "qnn.dequantize").shape, "float32")
 
 
 def _dequantize(q, scale, zp, *, axis):
@@ -308,12 +313,7 @@ def clip_bounds(scale, zero_point, a_min: float, a_max: float, dtype: str):
 
 
 def _qclip_rel(types, attrs):
-    q = tensor(types, 0, "data")
-    if not is_int(q.dtype):
-        raise OpTypeError(f"qnn.clip takes an integer tensor, got {q.dtype}", 0)
-    _param(types, 1, "input_scale", q, attrs["axis"], True)
-    _param(types, 2, "input_zero_point", q, attrs["axis"], False)
-    return q
+    return _quantized_input(types, attrs, "qnn.clip")
 
 
 def _qclip(q, scale, zp, *, a_min, a_max, axis):
