@@ -26,7 +26,7 @@ def test_quantize_dequantize_round_trip_per_tensor_and_per_channel():
     s, z = np.float32(0.02), np.int32(3)
     q = _run1("qnn.quantize", {"x": x}, [s, z])
     assert q.dtype == np.int8
-    np.testing.assert_array_equal(q, np.clip(np.round(x / s) + 3, -128, 127).astype(np.int8))
+    np.testing.assert_array_equal(q, np.clip(np.round(x / s) + 3, -127, 127).astype(np.int8))
     back = _run1("qnn.dequantize", {"q": q}, [s, z])
     assert np.max(np.abs(back - x)[np.abs(x) < 2.4]) <= s / 2 + 1e-6
     sc = np.array([0.01, 0.02, 0.05], np.float32)
@@ -42,10 +42,10 @@ def test_requantize_is_the_fixed_point_formula():
     s1, s2 = np.float32(0.003), np.float32(0.21)
     out = _run1("qnn.requantize", {"q": q}, [s1, np.int32(7), s2, np.int32(-4)])
     m, sh = quantize_multiplier(float(s1) / float(s2))
-    want = np.clip(fixed_point_multiply(q.astype(np.int64) - 7, m, sh) - 4, -128, 127)
+    want = np.clip(fixed_point_multiply(q.astype(np.int64) - 7, m, sh) - 4, -127, 127)
     np.testing.assert_array_equal(out, want.astype(np.int8))
     # and it is the real-valued rescale to within one step
-    real = np.clip(np.round((q.astype(np.float64) - 7) * float(s1) / float(s2)) - 4, -128, 127)
+    real = np.clip(np.round((q.astype(np.float64) - 7) * float(s1) / float(s2)) - 4, -127, 127)
     assert np.max(np.abs(out.astype(np.int64) - real)) <= 1
 
 

@@ -11,6 +11,7 @@ from eqquant.quant.annotate import annotate, calibrate
 from eqquant.quant.calibrate import CalibrationTable
 from eqquant.rules.check import check_ruleset
 from eqquant.rules.loader import load_rules
+from eqquant.runtime.executor import Executor
 from eqquant.zoo import build
 
 SIZE = 64
@@ -20,7 +21,10 @@ def test_every_quantize_rule_holds_within_its_tolerance():
     report = check_ruleset(load_rules("quantize"), trials=4)
     assert report.ok, report.format()
     names = [r.rule.name for r in report.results]
-    assert len(names) == 36
+    assert len(names) == 52
+    # the central rule is checked for every activation dtype it can take
+    assert {"quantize_calibrated[int8]", "quantize_calibrated[uint8]"} <= {
+        r.rule.name + r.variant for r in report.results}
     # dtype(?x) in {int8, uint8} made one checked variant per dtype
     assert {"conv2d_in_integers[int8]", "conv2d_in_integers[uint8]",
             "add_in_integers_rounding_once"} <= set(names)
@@ -137,6 +141,53 @@ def test_realize_view_has_the_seed_final_op_sequence(flow):
     assert ours[-2:] == ["cast", "multiply"] and ours.count("nn.conv2d") == 3
 
 
+def _clip_bounds(mod) -> set[tuple[float, float]]:
+    return {(float(n.attrs["a_min"]), float(n.attrs["a_max"]))
+            for n in post_order(mod.main.body) if isinstance(n, Call) and n.op_name == "clip"}
+
+
+def test_int8_realize_view_saturates_as_the_seed_does(flow):
+    """TVM's int8 flow clips every int8 value to [-127, 127] (the seed's realize listing, all
+    of its clips); the TVM-compatible mode's realize view has the same bounds and its
+    quantize, requantize and add saturate there, value for value."""
+    from eqquant.ir.parser import parse
+    from eqquant.ir.seeds import listings
+    from eqquant.quant.realize import realize_view
+    from conftest import seed_file
+    _, _, q, rng = flow
+    seed_final = parse(listings(seed_file("004"))[-1][1])
+    assert _clip_bounds(seed_final) == {(-127.0, 127.0)}
+    view = realize_view(q.module)
+    assert _clip_bounds(view) == {(-127.0, 127.0)}
+    # far outside the calibrated range every int8 value saturates at -127 or 127, never -128
+    big = {"data": (rng.normal(size=(1, 3, SIZE, SIZE)) * 1e3).astype("float32")}
+    seen = []
+    Executor(q.module).run(big, observe=lambda node, v: seen.append(np.array(v))
+                           if np.asarray(v).dtype == np.int8 else None)
+    assert seen and min(int(v.min()) for v in seen) == -127
+    np.testing.assert_array_equal(run(view, big), run(q.module, big))
+
+
+def test_fixed_point_constants_decompose_as_tvm_does():
+    """Every (multiplier, shift) of the seed's realize listing is what quantize_multiplier
+    gives for the real scale it stands for (Q31 significand in [2**30, 2**31), TVM's
+    convention); requantization rounds UPWARD (ties toward +inf), TVM's default."""
+    import re
+    from eqquant.ops.numerics import fixed_point_multiply
+    from eqquant.quant.fixed_point import quantize_multiplier
+    from conftest import seed_file
+    text = seed_file("004").read_text()
+    pairs = {(int(m), int(s)) for m, s in re.findall(
+        r"fixed_point_multiply\(%\d+, multiplier=(\d+), shift=(-?\d+)\)", text)}
+    assert len(pairs) >= 6
+    for m, s in pairs:
+        assert quantize_multiplier(m * 2.0 ** (s - 31)) == (m, s)
+    # ties go up: 0.5 * 3 = 1.5 -> 2 and -1.5 -> -1
+    half = quantize_multiplier(0.5)
+    np.testing.assert_array_equal(fixed_point_multiply(np.array([3, -3], np.int64), *half),
+                                  [2, -1])
+
+
 def test_quantize_cli_writes_program_weights_and_table(tmp_path):
     import subprocess
     import sys
@@ -175,6 +226,8 @@ def test_resnet18_per_channel_minmax_sqnr():
     ops = [n.op_name for n in post_order(r.module.main.body) if isinstance(n, Call)]
     assert ops.count("fused.qconv2d") == 20 and ops.count("qnn.add") == 8
     assert ops.count("qnn.dense") == 1          # the classifier runs in integers too
-    # uint8 activations: every relu joined the quantization of the op before it
-    assert "nn.relu" not in ops and "qnn.requantize" not in ops
+    # uint8 activations: every relu joined the quantization of the op before it; the one
+    # requantization is the classifier's, to the output's marked (fake-quantized) grid
+    assert "nn.relu" not in ops and ops.count("qnn.requantize") == 1
+    assert ops[-2:] == ["qnn.requantize", "qnn.dequantize"]
     assert len(r.layers) >= 20, "per-layer SQNR is reported for the fused convolutions"

@@ -75,3 +75,32 @@ class FuncType(Type):
 
 def type_of_array(a: np.ndarray) -> TensorType:
     return TensorType(tuple(int(d) for d in a.shape), str(a.dtype))
+
+
+def default_compute_dtype(a: str, b: str) -> str:
+    """The result dtype of a conv2d/dense without out_dtype: the inputs' dtype, or int32 for
+    two different integer dtypes (uint8 x int8). The type relation and the reference
+    semantics both use it, so they cannot disagree."""
+    return "int32" if a != b and is_int(a) and is_int(b) else a
+
+
+# The largest tensor a program may hold: 2**32 elements (16 GiB of float32), far beyond any
+# model eqquant runs on a CPU, and far below what would overflow a 64-bit size computation.
+MAX_ELEMENTS = 2 ** 32
+
+
+def size_problem(t: "Type") -> str | None:
+    """Why a type cannot be a real tensor (a negative or enormous dimension), or None."""
+    if isinstance(t, TupleType):
+        return next((p for p in map(size_problem, t.fields) if p), None)
+    if not isinstance(t, TensorType):
+        return None
+    total = 1
+    for d in t.shape:
+        if not isinstance(d, (int, np.integer)) or d < 0:
+            return f"a tensor of shape {t.shape} has a dimension that is not a size"
+        total *= int(d)
+    if total > MAX_ELEMENTS:
+        return (f"a tensor of shape {t.shape} has {total:.3g} elements, more than eqquant "
+                f"handles ({MAX_ELEMENTS:.3g})")
+    return None

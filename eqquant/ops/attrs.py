@@ -111,11 +111,13 @@ class StrKind(AttrKind):
 @dataclass(frozen=True)
 class DTypeKind(AttrKind):
     allow_empty: bool = True  # "" means "same as the input"
+    choices: tuple[str, ...] = ()   # the dtypes the attribute may take (any, if empty)
 
     def canonical(self, v: Any) -> Any:
-        if isinstance(v, str) and (v in DTYPES or (self.allow_empty and v == "")):
+        allowed = self.choices or DTYPES
+        if isinstance(v, str) and (v in allowed or (self.allow_empty and v == "")):
             return v
-        raise AttrValueError(f"a dtype string ({', '.join(DTYPES)})")
+        raise AttrValueError(f"a dtype string ({', '.join(allowed)})")
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.types import TensorType
+from ..ir.types import TensorType, default_compute_dtype
 from . import numerics
 from .attrs import (BOOL, DTYPE, FLOAT, INT, OPT_INT, OPT_PAIR, PAD_WIDTH, PADDING2D, PAIR, Attr,
                     StrKind)
-from .registry import COMPUTE, POOL, OpDef, OpTypeError, register
+from .registry import COMPUTE, POOL, SELECTS, OpDef, OpTypeError, register
 from .typerel import compute_dtypes, norm_axis, tensor, tuple_of
 
 NCHW = StrKind("layout", choices=("NCHW",))
@@ -119,7 +119,7 @@ def _pool_rel(types, attrs):
     return TensorType((n, c, oh, ow), x.dtype)
 
 
-register(OpDef("nn.max_pool2d", inputs=("data",), props=frozenset({POOL}),
+register(OpDef("nn.max_pool2d", inputs=("data",), props=frozenset({POOL, SELECTS}),
                kernel="eqquant.runtime.bindings:MaxPool2D", attrs=_POOL_ATTRS,
                type_rel=_pool_rel, semantics=numerics.max_pool2d,
                flops=lambda ins, out, a: float(out.size * a["pool_size"][0] * a["pool_size"][1]),
@@ -162,7 +162,8 @@ def dense_rel(types, attrs):
 
 def dense(x, w, *, units, out_dtype, **_ignored):
     acc = numerics.acc_dtype(np.result_type(x.dtype, w.dtype))
-    return np.matmul(x.astype(acc), w.astype(acc).T).astype(out_dtype or x.dtype)
+    return np.matmul(x.astype(acc), w.astype(acc).T).astype(
+        out_dtype or default_compute_dtype(str(x.dtype), str(w.dtype)))
 
 
 register(OpDef("nn.dense", inputs=("data", "weight"), props=frozenset({COMPUTE}),

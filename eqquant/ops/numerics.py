@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..ir.types import default_compute_dtype
+
 
 def out_size(size: int, k: int, stride: int, dilation: int, pad_before: int, pad_after: int,
              ceil_mode: bool = False) -> int:
@@ -64,7 +66,18 @@ def conv2d(x: np.ndarray, w: np.ndarray, *, strides, padding, dilation, groups, 
     wmat = w.astype(acc).reshape(g, og, cg * kh * kw).transpose(0, 2, 1)
     out = np.matmul(cols, wmat)  # (G, N*OH*OW, Og)
     out = out.reshape(g, n, oh, ow, og).transpose(1, 0, 4, 2, 3).reshape(n, o, oh, ow)
-    return out.astype(out_dtype or x.dtype)
+    return out.astype(out_dtype or default_compute_dtype(str(x.dtype), str(w.dtype)))
+
+
+def qrange(dtype) -> tuple[int, int]:
+    """The integers a quantized ``dtype`` saturates to: int8 is symmetric, [-127, 127], as
+    TVM's realize clips it (so -q is always representable and a symmetric scale max|x| / 127
+    maps both ends exactly); uint8 is [0, 255]; wider integers their whole range."""
+    dtype = np.dtype(dtype)
+    if dtype == np.int8:
+        return -127, 127
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
 
 
 def _lowest(dtype: np.dtype):

@@ -24,7 +24,7 @@ from .nn import CONV2D_ATTRS, conv2d_flops, conv2d_rel, dense_rel
 from .registry import ANNOTATION, COMPUTE, QUANT, OpDef, OpTypeError, register
 from .typerel import broadcast_shapes, tensor
 
-QDTYPE = DTypeKind("dtype", allow_empty=False)
+QDTYPE = DTypeKind("dtype", allow_empty=False, choices=("int8", "uint8", "int32"))
 ROUNDING = StrKind("rounding", ("UPWARD", "TONEAREST"))
 
 
@@ -64,8 +64,8 @@ def _along(v: np.ndarray, ndim: int, axis: int) -> np.ndarray:
 
 
 def _saturate(v: np.ndarray, dtype: str) -> np.ndarray:
-    info = np.iinfo(dtype)
-    return np.clip(v, info.min, info.max).astype(dtype)
+    lo, hi = numerics.qrange(dtype)
+    return np.clip(v, lo, hi).astype(dtype)
 
 
 # -- the calibration mark -----------------------------------------------------------------
@@ -74,18 +74,30 @@ def _calibrated_rel(types, attrs):
     x = tensor(types, 0, "data")
     if not is_float(x.dtype):
         raise OpTypeError(f"annotation.calibrated marks a float tensor, got {x.dtype}", 0)
+    if attrs["dtype"] not in ("int8", "uint8"):
+        raise OpTypeError(f"annotation.calibrated quantizes to int8 or uint8, got "
+                          f"{attrs['dtype']}")
     _param(types, 1, "scale", x, attrs["axis"], True)
     _param(types, 2, "zero_point", x, attrs["axis"], False)
     return x
 
 
+def _fake_quantize(x, scale, zp, *, dtype, axis):
+    return _dequantize(_quantize(x, scale, zp, axis=axis, out_dtype=dtype), scale, zp, axis=axis)
+
+
+# The mark *is* fake quantization, not the identity: marking a value is the one approximation
+# of the quantization flow (eqquant.quant.annotate makes it), and every rule that acts on the
+# marked program afterwards is an identity of the marked program's semantics (or a rounding
+# approximation with a bound that holds for every input). So no rule can ever equate a value
+# with its quantized round trip, and no range-dependent fact leaks between them.
 register(OpDef("annotation.calibrated", inputs=("data", "scale", "zero_point"),
-               moves_data=False, props=frozenset({ANNOTATION}),
+               props=frozenset({ANNOTATION, QUANT}),
                attrs=(Attr("dtype", QDTYPE, "int8"), Attr("axis", INT, -1)),
-               type_rel=_calibrated_rel, semantics=lambda x, s, z, *, dtype, axis: x,
-               kernel="eqquant.runtime.bindings:View",
-               doc="identity; carries the value's quantization scale and zero point (set by "
-                   "calibration) for the quantization rules"))
+               type_rel=_calibrated_rel, semantics=_fake_quantize,
+               flops=lambda ins, out, a: 4.0 * out.size,
+               doc="fake quantization: dequantize(quantize(x, scale, zero_point, dtype), scale, "
+                   "zero_point); the calibration marks a value with its quantization this way"))
 
 
 # -- quantize / dequantize / requantize -------------------------------------------------------
@@ -301,15 +313,15 @@ def clip_bounds(scale, zero_point, a_min: float, a_max: float, dtype: str):
     """The integer bounds of clip(dequantize(q), a_min, a_max): z + round(bound / s) (one
     per channel when the scale is), saturated to ``dtype``; an infinite bound is the dtype's
     own limit."""
-    info = np.iinfo(dtype)
+    lo, hi = numerics.qrange(dtype)
     s = np.asarray(scale, np.float64).reshape(-1)
     z = np.asarray(zero_point, np.int64).reshape(-1)
 
     def bound(v, limit):
         if not np.isfinite(v):
             return np.full(max(s.size, z.size), limit, np.int64)
-        return np.clip(z + np.rint(v / s).astype(np.int64), info.min, info.max)
-    return bound(a_min, info.min), bound(a_max, info.max)
+        return np.clip(z + np.rint(v / s).astype(np.int64), lo, hi)
+    return bound(a_min, lo), bound(a_max, hi)
 
 
 def _qclip_rel(types, attrs):

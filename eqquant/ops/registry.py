@@ -32,6 +32,8 @@ POOL = "pool"
 REDUCE = "reduce"
 LAYOUT = "layout"          # moves data without arithmetic (reshape, transpose...)
 COMPUTE = "compute"        # heavy ops: conv2d, dense
+EPILOGUE = "epilogue"      # an activation a quantized op applies to its accumulator (relu, clip)
+SELECTS = "selects"        # every output element is one of the input's elements (max pools)
 QUANT = "quant"
 
 

@@ -8,20 +8,21 @@ import numpy as np
 from ..ir.types import TensorType, TupleType
 from . import numerics
 from .attrs import BOOL, DTYPE_REQUIRED, FLOAT, FLOAT_F, INT, INTS, OPT_INTS, REQUIRED, Attr
-from .registry import (ANNOTATION, BINARY, ELEMWISE, IDENTITY, LAYOUT, REDUCE, UNARY, OpDef,
-                       OpTypeError, register)
+from .registry import (ANNOTATION, BINARY, ELEMWISE, EPILOGUE, IDENTITY, LAYOUT, REDUCE, UNARY,
+                       OpDef, OpTypeError, register)
 from .typerel import broadcast, float_input, norm_axis, same_as_input, tensor, tuple_of
 
 
-def _unary(name, fn, *, floats_only=False, doc="", kernel=None):
-    register(OpDef(name, inputs=("data",), props=frozenset({ELEMWISE, UNARY}), kernel=kernel,
+def _unary(name, fn, *, floats_only=False, doc="", kernel=None, props=frozenset()):
+    register(OpDef(name, inputs=("data",), props=frozenset({ELEMWISE, UNARY}) | props,
+                   kernel=kernel,
                    type_rel=float_input if floats_only else same_as_input,
                    semantics=lambda x, _fn=fn: np.asarray(_fn(x)).astype(x.dtype, copy=False),
                    doc=doc))
 
 
 _unary("nn.relu", lambda x: np.maximum(x, 0), doc="max(x, 0)",
-       kernel="eqquant.runtime.bindings:Activation")
+       kernel="eqquant.runtime.bindings:Activation", props=frozenset({EPILOGUE}))
 _unary("negative", np.negative, doc="-x")
 _unary("abs", np.abs, doc="|x|")
 _unary("sqrt", np.sqrt, floats_only=True, doc="sqrt(x)")
@@ -62,7 +63,7 @@ def _clip(x, *, a_min, a_max):
     return np.clip(x, a_min, a_max).astype(x.dtype)
 
 
-register(OpDef("clip", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+register(OpDef("clip", inputs=("data",), props=frozenset({ELEMWISE, UNARY, EPILOGUE}),
                kernel="eqquant.runtime.bindings:Activation",
                attrs=(Attr("a_min", FLOAT_F, -math.inf), Attr("a_max", FLOAT_F, math.inf)),
                type_rel=same_as_input, semantics=_clip,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ..ir.types import TensorType, TupleType, Type, is_float, is_int
+from ..ir.types import TensorType, TupleType, Type, default_compute_dtype, is_float, is_int
 from .registry import OpTypeError
 
 
@@ -63,7 +63,7 @@ def compute_dtypes(types: Sequence[Type], attrs: Mapping[str, Any], a: TensorTyp
         return out_dtype(attrs, a.dtype)
     if not (is_int(a.dtype) and is_int(b.dtype)):
         raise OpTypeError(f"unsupported dtypes {a.dtype} and {b.dtype}", arg=1)
-    return out_dtype(attrs, "int32" if a.dtype != b.dtype else a.dtype)
+    return out_dtype(attrs, default_compute_dtype(a.dtype, b.dtype))
 
 
 def norm_axis(axis: int, rank: int, arg: int = 0) -> int:

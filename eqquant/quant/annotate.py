@@ -5,9 +5,25 @@
 
 ``calibrate`` runs the program on the CPU executor (the Numba kernels) for each sample and
 feeds every float value an op computes (and every input) to an observer. ``annotate`` marks
-each calibrated value ``v`` as ``annotation.calibrated(v, scale, zero_point, dtype=...)``: an
-identity that carries the value's quantization parameters as data, so that one generic approx
-rule (``rules/quantize.rules``) can offer the quantized value as an alternative.
+each calibrated value ``v`` as ``annotation.calibrated(v, scale, zero_point, dtype=...)``,
+which *is* fake quantization: ``dequantize(quantize(v, scale, zero_point))``.
+
+**This is the one approximation of the quantization flow.** The annotated program computes
+something else than the fp32 program (rounding to the grid, saturation outside the calibrated
+range), and it is the program the quantization rules then preserve: every rule after this point
+is an identity of the annotated program's semantics (or a rounding approximation bounded for
+every input), so the extracted int8 program equals the annotated program whatever the input,
+inside the calibrated range or not. The report measures what the annotation costs (SQNR).
+
+Which values are marked, and with what parameters, follows what the integer kernels can do:
+- a value read only by activations a quantized op can apply to its accumulator (relu, clip:
+  the registry's ``epilogue`` set) is not marked when its op is a ``compute`` op (a
+  convolution, its relu and the requantization become one op) or when activations are uint8
+  (a uint8 quantization with zero point 0 is a relu already); the activation's output is;
+- with uint8 activations (ONNX Runtime's convention), a value an op in the registry's
+  ``selects`` set computes (max pooling: each output is one of its input's elements) takes its
+  input's parameters, so it needs no requantization; TVM's int8 flow gives it its own scale
+  and requantizes (as the seed's realize listing does).
 """
 from __future__ import annotations
 
@@ -21,7 +37,7 @@ from ..ir.params import bind_params
 from ..ir.printer import value_labels
 from ..ir.typecheck import infer_types
 from ..ir.types import TensorType
-from ..ops.registry import get_op
+from ..ops.registry import COMPUTE, EPILOGUE, SELECTS, OpDef, get_op
 from ..passes.inline import inline_calls
 from .calibrate import OBSERVERS, CalibrationTable, Range
 
@@ -67,17 +83,31 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
     wanted = _wanted(fn, set(skip), labels)
     observers = {label: OBSERVERS[mode]() for label in wanted.values()}
 
+    count = 0
+
     def observe(node, value):
         label = wanted.get(id(node))
         if label is not None:            # (a copy: the executor reuses its buffers)
-            observers[label].update(np.array(value))
+            value = np.array(value)
+            if not np.all(np.isfinite(value)):
+                raise EqquantError(f"calibration sample {count}: the program computes NaN or "
+                                   f"infinite values at {label}; they have no quantization "
+                                   f"(check the weights and the inputs)")
+            observers[label].update(value)
 
-    count = 0
     for sample in samples:
         sample = as_inputs(sample, fn)
         for p in fn.params:
+            if p.name not in sample:
+                raise EqquantError(f"calibration sample {count} has no value for input "
+                                   f"%{p.name}")
+            arr = np.asarray(sample[p.name])
+            if arr.dtype.kind in "fc" and not np.all(np.isfinite(arr)):
+                bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+                raise EqquantError(f"calibration sample {count}, input %{p.name}: {bad} "
+                                   f"values are NaN or infinite")
             if id(p) in wanted:
-                observers[wanted[id(p)]].update(sample[p.name])
+                observers[wanted[id(p)]].update(arr)
         ex.run(sample, observe=observe)
         count += 1
         if progress is not None:
@@ -87,12 +117,28 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
     return CalibrationTable(mode, {k: o.range() for k, o in observers.items()})
 
 
+# Degenerate ranges. A value that was always 0 on the calibration set (a relu that never
+# fired) gets the scale 1.0, as TVM gives it: any scale represents 0 exactly, and a large one
+# keeps the biases of the layers that read it representable in int32. A range narrower than
+# 255 * MIN_SCALE but not empty (denormal values) gets MIN_SCALE: a smaller scale would not be
+# a normal float32, and its inverse would overflow. Neither is an error: they are written in
+# the calibration table and the report as the ranges they are.
+MIN_SCALE = 1e-12
+
+
 def qparams(r: Range, dtype: str) -> tuple[float, int]:
-    """(scale, zero point): symmetric for int8, asymmetric (covering zero) for uint8."""
+    """(scale, zero point): symmetric for int8, asymmetric (covering zero) for uint8; see
+    MIN_SCALE for empty and denormal ranges."""
+    if not (np.isfinite(r.lo) and np.isfinite(r.hi)):
+        raise EqquantError(f"a calibrated range must be finite, got [{r.lo}, {r.hi}]")
     if dtype == "int8":
-        return float(np.float32(r.scale(127))), 0
+        if r.absmax == 0:
+            return 1.0, 0
+        return max(float(np.float32(r.absmax / 127)), MIN_SCALE), 0
     lo, hi = min(r.lo, 0.0), max(r.hi, 0.0)
-    scale = float(np.float32((hi - lo) / 255 if hi > lo else 1.0))
+    if hi == lo:
+        return 1.0, 0
+    scale = max(float(np.float32((hi - lo) / 255)), MIN_SCALE)
     return scale, int(np.clip(round(-lo / scale), 0, 255))
 
 
@@ -108,6 +154,15 @@ def _weight_scale(w: Constant, mode: str, per_channel: bool, counter: list[int]
             return Scalar(value=float(s[0]), dtype="float32"), 0
         counter[0] += 1
         return Constant(index=counter[0] - 1, type=TensorType(s.shape, "float32"), data=s), 0
+    absmax = np.abs(w.data).reshape(w.data.shape[0], -1).max(axis=1) if per_channel else \
+        np.abs(w.data).max(keepdims=True)
+    if np.any(absmax == 0):  # an all-zero weight (channel): scale 1/127, as weight_scale gives
+        from .calibrate import weight_scale
+        s = weight_scale(w.data, "max", per_channel).astype(np.float32)
+        if not per_channel:
+            return Scalar(value=float(s[0]), dtype="float32"), 0
+        counter[0] += 1
+        return Constant(index=counter[0] - 1, type=TensorType(s.shape, "float32"), data=s), 0
     axes = list(range(1, w.type.rank)) if per_channel else None
     absmax = Call(op=get_op("max"), args=(Call(op=get_op("abs"), args=(w,)),),
                   attrs=freeze_attrs(get_op("max").canonical_attrs({"axis": axes})))
@@ -116,9 +171,12 @@ def _weight_scale(w: Constant, mode: str, per_channel: bool, counter: list[int]
 
 
 def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
-             weight_scale: str = "max", per_channel: bool = False) -> Module:
+             weight_scale: str = "max", per_channel: bool = False,
+             kept_float: list[str] | None = None) -> Module:
     """Mark every value the table names with its scale and zero point, and every constant
-    weight of a conv2d or dense with its weight scale."""
+    weight of a conv2d or dense with its weight scale, unless that layer's int32 accumulator
+    could overflow (see :func:`accumulator_overflow`): its weight stays float, so the layer
+    does, and why is appended to ``kept_float``."""
     flat = inline_calls(mod)
     fn = flat.main
     labels = value_labels(fn)
@@ -130,16 +188,27 @@ def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
     def mark_weight(w: Expr) -> Expr:
         if not isinstance(w, Constant) or w.data is None or w.type.dtype != "float32":
             return w
+        if not np.all(np.isfinite(w.data)):
+            raise EqquantError(f"meta[relay.Constant][{w.index}] (a weight) holds NaN or "
+                               f"infinite values: it cannot be quantized", w.loc)
         if id(w) not in marked_weights:
             scale, axis = _weight_scale(w, weight_scale, per_channel, counter)
             marked_weights[id(w)] = Call(op=op, args=(w, scale, Scalar(value=0, dtype="int32")),
                                          attrs=freeze_attrs({"dtype": "int8", "axis": axis}))
         return marked_weights[id(w)]
 
+    readers = _readers(fn)
+
     def mark(original: Expr, node: Expr) -> Expr:
         r = table.ranges.get(labels.get(id(original), ""))
         if r is None:
             return node
+        users = readers.get(id(original), [])
+        absorbs = dtype == "uint8" or (isinstance(original, Call) and isinstance(
+            original.op, OpDef) and COMPUTE in original.op.props)
+        if absorbs and original is not fn.body and users and all(
+                isinstance(u.op, OpDef) and EPILOGUE in u.op.props for u in users):
+            return node          # read only by relu/clip: their output is marked instead
         scale, zp = qparams(r, dtype)
         return Call(op=op, args=(node, Scalar(value=scale, dtype="float32"),
                                  Scalar(value=zp, dtype="int32")),
@@ -156,10 +225,83 @@ def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
         if isinstance(node, Call) and not isinstance(node.op, Expr) and \
                 "weight" in node.op.inputs:
             i = node.op.inputs.index("weight")
-            children = children[:i] + (mark_weight(children[i]),) + children[i + 1:]
+            why = accumulator_overflow(node, children, weight_scale, per_channel)
+            if why is None:
+                children = children[:i] + (mark_weight(children[i]),) + children[i + 1:]
+            elif kept_float is not None:
+                kept_float.append(f"{labels.get(id(node), '?')} ({node.op.name}): {why}")
         changed = any(a is not b for a, b in zip(children, node.children()))
         return mark(node, rebuild(node, children) if changed else node)
 
     body = rewrite(fn.body, visit)
+    if dtype == "uint8":
+        body = _share_selected_params(body, op)
     return Module({"main": Function(params=fn.params, body=body, ret_type=fn.ret_type)},
                   version=flat.version)
+
+
+def _readers(fn: Function) -> dict[int, list[Call]]:
+    """For each node, the calls that read it."""
+    from ..ir.nodes import post_order
+    out: dict[int, list[Call]] = {}
+    for node in post_order(fn.body):
+        if isinstance(node, Call):
+            for a in node.args:
+                out.setdefault(id(a), []).append(node)
+    return out
+
+
+def _share_selected_params(body: Expr, mark_op) -> Expr:
+    """A marked value computed by a ``selects`` op (max pooling) from a marked value takes that
+    value's scale and zero point: its elements are already on that grid, so marking it again
+    at its own is a needless second rounding (and a requantization in the int8 program)."""
+    def visit(node, kids):
+        if not (isinstance(node, Call) and node.op is mark_op):
+            return None
+        inner = kids[0]
+        if isinstance(inner, Call) and isinstance(inner.op, OpDef) and \
+                SELECTS in inner.op.props and inner.args and isinstance(inner.args[0], Call) \
+                and inner.args[0].op is mark_op:
+            src = inner.args[0]
+            return Call(op=mark_op, args=(inner, src.args[1], src.args[2]), attrs=src.attrs)
+        return None
+    return rewrite(body, visit)
+
+
+INT32_MAX = 2 ** 31 - 1
+
+
+def accumulator_overflow(node: Call, children, weight_scale: str, per_channel: bool
+                         ) -> str | None:
+    """Why the int32 accumulator of ``node`` (a conv2d or dense with a constant weight, its
+    data marked for quantization) could overflow, or None when it cannot. The bound is exact
+    for the known weights: max|x - zx| * sum over each output channel of |w_q|, plus that
+    channel's bias in accumulator steps (for a fused op), against 2**31 - 1."""
+    from ..ops.numerics import qrange
+    from .calibrate import weight_scale as numeric_weight_scale
+    ins = node.op.inputs
+    data, w = children[ins.index("data")], children[ins.index("weight")]
+    if not (isinstance(w, Constant) and w.data is not None and isinstance(data, Call)
+            and data.op_name == "annotation.calibrated"):
+        return None
+    sx, zx = data.args[1], data.args[2]
+    if not (isinstance(sx, Scalar) and isinstance(zx, Scalar)):
+        return None
+    lo, hi = qrange(data.attrs["dtype"])
+    xmax = max(abs(lo - int(zx.value)), abs(hi - int(zx.value)))
+    wd = w.data.astype(np.float64)
+    sw = numeric_weight_scale(w.data, weight_scale, per_channel).astype(np.float64)
+    wq = np.clip(np.rint(wd.reshape(wd.shape[0], -1) / sw.reshape(-1, 1)), -127, 127)
+    bound = xmax * np.abs(wq).sum(axis=1)
+    if "bias" in ins:
+        b = children[ins.index("bias")]
+        if isinstance(b, (Constant, Scalar)) and b.data is not None:
+            bq = np.abs(np.asarray(b.data, np.float64)).reshape(-1) / (float(sx.value) * sw)
+            bound = bound + (bq if bq.size in (1, bound.size) else bq.max())
+    worst = float(np.max(bound))
+    if worst <= INT32_MAX:
+        return None
+    k = wq.shape[1]
+    return (f"its int32 accumulator could overflow: up to {worst:.4g} > 2**31 - 1 "
+            f"({k} products of |x - zx| <= {xmax} and |w| <= 127, plus the bias); "
+            f"the layer stays in float")

@@ -16,7 +16,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..ir.nodes import Call, Function, Module, Scalar, rewrite
+from ..ir.nodes import Call, Function, Module, Scalar, freeze_attrs, rewrite
 from ..ir.params import bind_params
 from ..ir.printer import value_labels
 from ..optimizer import OptimizeResult, optimize
@@ -35,11 +35,20 @@ def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
     return float("inf") if noise == 0 else float(10 * np.log10(np.sum(ref ** 2) / noise))
 
 
-def strip_calibration(mod: Module) -> Module:
-    """Drop the calibration marks that extraction left on values kept in float."""
+def expand_calibration(mod: Module) -> Module:
+    """Write the calibration marks extraction kept (values it left in float) as what they
+    mean: ``qnn.dequantize(qnn.quantize(x, s, z), s, z)``."""
+    from ..ops.registry import get_op
+    q, dq = get_op("qnn.quantize"), get_op("qnn.dequantize")
+
     def visit(node, kids):
         if isinstance(node, Call) and node.op_name == "annotation.calibrated":
-            return kids[0]
+            x, s, z = kids
+            a = dict(node.attrs)
+            inner = Call(op=q, args=(x, s, z), attrs=freeze_attrs(q.canonical_attrs(
+                {"axis": a["axis"], "out_dtype": a["dtype"]})))
+            return Call(op=dq, args=(inner, s, z), attrs=freeze_attrs(dq.canonical_attrs(
+                {"axis": a["axis"]})))
         return None
     fn = mod.main
     return Module({"main": Function(params=fn.params, body=rewrite(fn.body, visit),
@@ -55,6 +64,7 @@ class QuantizeResult:
     layers: list[tuple[str, float]] = field(default_factory=list)  # (value, SQNR dB)
     output: dict[str, float] = field(default_factory=dict)
     dtype: str = "uint8"           # the activations' dtype
+    kept_float: list[str] = field(default_factory=list)   # layers left in float, and why
 
     def report(self) -> str:
         from ..ir.nodes import post_order
@@ -67,6 +77,7 @@ class QuantizeResult:
                  f"extracted program: {integer} of {len(calls)} ops compute integers "
                  f"(the cost model chose; cost {self.optimized.before.total * 1e3:.3f} -> "
                  f"{self.optimized.after.total * 1e3:.3f} ms)",
+                 *[f"kept in float: {why}" for why in self.kept_float],
                  f"{'value':12s} {'SQNR dB':>8s}"]
         lines += [f"{name:12s} {db:8.1f}" for name, db in self.layers]
         o = self.output
@@ -120,10 +131,11 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
                   FP32_SCHEDULE, cost=cost).module
     samples = [as_inputs(x, fp.main) for x in samples]
     table = calibrate(fp, None, samples, mode, skip, progress)
-    result = optimize(annotate(fp, table, dtype, weight_scale, per_channel), None,
+    kept_float: list[str] = []
+    result = optimize(annotate(fp, table, dtype, weight_scale, per_channel, kept_float), None,
                       ["quantize"], cost=cost)
-    int8 = strip_calibration(result.module)
+    int8 = expand_calibration(result.module)
     check = as_inputs(check_input, fp.main) if check_input is not None else samples[0]
     layers, output = evaluate(fp, int8, table, dtype, check)
-    return QuantizeResult(int8, fp, table, result, layers, output, dtype)
+    return QuantizeResult(int8, fp, table, result, layers, output, dtype, kept_float)
 

@@ -21,6 +21,7 @@ from ..errors import EqquantError
 from ..ir.nodes import Call, Constant, Expr, Function, Module, Scalar, freeze_attrs, rewrite
 from ..ir.typecheck import infer_types
 from ..ops.registry import get_op
+from ..ops.numerics import qrange
 from .fixed_point import quantize_multiplier
 
 
@@ -47,10 +48,10 @@ def _requantize(q: Expr, in_dtype: str, ratio: float, out_dtype: str) -> Expr:
     """cast(int64); fixed_point_multiply; clip; [cast(int32), when rescaling an int32
     accumulator, as TVM's realize does]; cast(out_dtype)."""
     m, shift = quantize_multiplier(ratio)
-    info = np.iinfo(out_dtype)
+    lo, hi = qrange(out_dtype)
     v = _call("cast", q, dtype="int64")
     v = _call("fixed_point_multiply", v, multiplier=m, shift=shift)
-    v = _call("clip", v, a_min=float(info.min), a_max=float(info.max))
+    v = _call("clip", v, a_min=float(lo), a_max=float(hi))
     if in_dtype == "int32":
         v = _call("cast", v, dtype="int32")
     return _call("cast", v, dtype=out_dtype)
@@ -78,10 +79,10 @@ def realize_view(mod: Module) -> Module:
         if name == "qnn.quantize":
             x, s, z = kids
             _zero(z, "the zero point")
-            info = np.iinfo(a["out_dtype"])
+            lo, hi = qrange(a["out_dtype"])
             v = _call("multiply", x, Scalar(value=float(np.float32(1 / _scalar_value(s, "scale"))),
                                             dtype="float32"))
-            v = _call("clip", _call("round", v), a_min=float(info.min), a_max=float(info.max))
+            v = _call("clip", _call("round", v), a_min=float(lo), a_max=float(hi))
             return _call("cast", v, dtype=a["out_dtype"])
         if name == "qnn.dequantize":
             q, s, z = kids

@@ -29,7 +29,7 @@ from ..ir.typecheck import Inferer
 from ..ir.types import TensorType
 from ..ops.attrs import (AttrKind, BoolKind, DTypeKind, FloatKind, IntKind, IntsKind,
                          OptionalKind, REQUIRED, StrKind)
-from ..ops.registry import OpDef, OpTypeError
+from ..ops.registry import QUANT, OpDef, OpTypeError
 from .ast import (AttrLit, AttrVar, PCall, PLit, PProj, PTuple, PVar, Pattern, Rule, RuleSet,
                   expansions)
 
@@ -93,6 +93,8 @@ def _sample_attr(kind: AttrKind, default: Any, rng: random.Random) -> Any:
     if isinstance(kind, FloatKind):
         return float(np.float32(10 ** rng.uniform(-5, -1)))
     if isinstance(kind, DTypeKind):
+        if kind.choices:
+            return rng.choice(kind.choices)
         return default if default is not REQUIRED else "float32"
     if isinstance(kind, StrKind):
         return rng.choice(kind.choices) if kind.choices else default
@@ -111,7 +113,8 @@ class _Instance:
     """One concrete instance of a rule: shapes and dtypes for its variables, attribute values,
     and the two sides as IR."""
 
-    def __init__(self, rule: Rule, ops: dict[str, OpDef], rng: random.Random):
+    def __init__(self, rule: Rule, ops: dict[str, OpDef], rng: random.Random,
+                 fixed: dict[str, Any] | None = None):
         self.rule, self.ops, self.rng = rule, ops, rng
         self.vars: dict[str, Var] = {}
         self.attrs: dict[str, Any] = {}          # attribute variables
@@ -123,6 +126,7 @@ class _Instance:
         self.shape = {x.var: tuple(x.value) for x in rule.guards
                       if x.kind == "shape" and x.op == "==" and isinstance(x.value, list)}
         self.attr_eq = {x.var: x.value for x in rule.guards if x.kind == "attr" and x.op == "=="}
+        self.attr_eq.update(fixed or {})
         self.attr_ne = {x.var: x.value for x in rule.guards if x.kind == "attr" and x.op == "!="}
         # shape(?a) == shape(?b): ?b takes ?a's shape once ?a has one (and the reverse)
         self.same_shape: dict[str, str] = {}
@@ -286,19 +290,65 @@ class _NoInstance(Exception):
     pass
 
 
-def _inputs(instance: _Instance, rng: np.random.Generator, positive: bool) -> dict:
-    """Random inputs: in [0.5, 2) (so square roots of variances are real), then signed
-    (except the variables the rule assumes positive)."""
+def _zero_point_dtypes(instance: _Instance, *sides: Expr) -> dict[str, str]:
+    """The quantized dtype each zero-point variable belongs to (so that it is drawn inside
+    that dtype's range): a quant op's ``*_zero_point`` input belongs to the input of the same
+    role (``input_`` -> data, ``lhs_``/``rhs_``, ``kernel_`` -> weight), ``output_`` to the
+    op's result, a bare ``zero_point`` to the op's ``dtype`` attribute."""
+    from ..ir.nodes import post_order
+    roles = {"input": "data", "lhs": "lhs", "rhs": "rhs", "kernel": "weight"}
+    out: dict[str, str] = {}
+    for side in sides:
+        for node in post_order(side):
+            if not (isinstance(node, Call) and isinstance(node.op, OpDef)):
+                continue
+            for i, (name, arg) in enumerate(zip(node.op.inputs, node.args)):
+                if not (isinstance(arg, Var) and name.endswith("zero_point")):
+                    continue
+                role = name[:-len("zero_point")].rstrip("_")
+                if role == "output":
+                    dtype = getattr(instance.types.expr(node), "dtype", None)
+                elif role in roles and roles[role] in node.op.inputs:
+                    j = node.op.inputs.index(roles[role])
+                    dtype = getattr(instance.types.expr(node.args[j]), "dtype", None)
+                elif role == "":
+                    dtype = node.attrs.get("dtype")
+                else:
+                    dtype = None
+                if dtype in ("int8", "uint8"):
+                    out.setdefault(arg.name, dtype)
+    return out
+
+
+def _inputs(instance: _Instance, rng: np.random.Generator, regime: str,
+            zero_points: dict[str, str]) -> dict:
+    """Random inputs. Floats: in [0.5, 2) ("positive": square roots of variances are real),
+    signed ("signed"), or signed and large ("wide": far outside any quantization grid, so
+    that every quantization saturates), except the variables the rule assumes positive.
+    Integers: zero points inside their quantized dtype's range; 8-bit data over the dtype's
+    whole range, its two ends included (saturation is exercised at both)."""
+    from ..ops.numerics import qrange
     out = {}
     assumed = {v.lstrip("?") for v in instance.rule.positive}
     for v in instance.vars.values():
         t = v.type
         if t.dtype.startswith("float"):
-            a = rng.uniform(0.5, 2.0, t.shape) if positive or v.name in assumed \
-                else rng.normal(size=t.shape)
+            if regime == "positive" or v.name in assumed:
+                a = rng.uniform(0.5, 2.0, t.shape)
+            else:
+                a = rng.normal(size=t.shape) * (1000.0 if regime == "wide" else 1.0)
+        elif v.name in zero_points:
+            lo, hi = qrange(zero_points[v.name])
+            a = rng.integers(lo, hi + 1, t.shape)
+        elif t.dtype in ("int8", "uint8"):
+            lo, hi = qrange(t.dtype)
+            a = rng.integers(lo, hi + 1, t.shape)
+            if a.size >= 2:
+                a.reshape(-1)[:2] = (lo, hi)
         else:
             info = np.iinfo(t.dtype)
-            a = rng.integers(max(info.min, -100), min(info.max, 100), t.shape)
+            span = 2000 if regime == "wide" else 100
+            a = rng.integers(max(info.min, -span), min(info.max, span), t.shape)
         out[v.name] = np.asarray(a).astype(t.dtype)
     return out
 
@@ -321,20 +371,60 @@ def _compare(a, b, rule: Rule, unit: float = 1.0) -> tuple[bool, float]:
     return bool(np.all(diff <= tol)), float((diff / np.maximum(tol, 1e-30)).max())
 
 
+def _dtype_attr_vars(p: Pattern, ops: dict[str, OpDef], out: dict[str, tuple[str, ...]]
+                     ) -> dict[str, tuple[str, ...]]:
+    """Attribute variables of the left side whose attribute is a dtype with a fixed set of
+    choices (``dtype=?d`` of a quantization): the checker makes one variant per choice."""
+    if isinstance(p, PCall):
+        op = ops[p.op.label] if p.op.is_set else p.op.ops[0]
+        for name, v in p.attrs:
+            spec = op.attr_map.get(name)
+            if isinstance(v, AttrVar) and spec is not None and \
+                    isinstance(spec.kind, DTypeKind) and spec.kind.choices:
+                out.setdefault(v.name, spec.kind.choices)
+        for a in p.args:
+            _dtype_attr_vars(a, ops, out)
+    elif isinstance(p, PProj):
+        _dtype_attr_vars(p.inner, ops, out)
+    elif isinstance(p, PTuple):
+        for f in p.fields:
+            _dtype_attr_vars(f, ops, out)
+    return out
+
+
 def check_rule(rule: Rule, trials: int = 5, seed: int = 0) -> list[RuleCheck]:
-    return [_check_variant(rule, ops, variant, trials, seed) for ops, variant in
-            expansions(rule)]
+    """One result per variant: per op of each op set, and per dtype a free dtype attribute
+    can take (``quantize_calibrated[uint8]``); a dtype the rule's ops reject is no variant."""
+    import itertools
+    results = []
+    for ops, variant in expansions(rule):
+        free = {k: v for k, v in _dtype_attr_vars(rule.lhs, ops, {}).items()
+                if k not in {g.var for g in rule.guards if g.kind == "attr"}}
+        if not free:
+            results.append(_check_variant(rule, ops, variant, trials, seed))
+            continue
+        names = sorted(free)
+        found = []
+        for combo in itertools.product(*[free[n] for n in names]):
+            suffix = ", ".join(combo)
+            suffix = variant[:-1] + ", " + suffix + "]" if variant else f"[{suffix}]"
+            r = _check_variant(rule, ops, suffix, trials, seed, dict(zip(names, combo)))
+            if r.trials or not r.ok and "no well-typed instance" not in r.message:
+                found.append(r)
+        results += found or [RuleCheck(rule, variant, False, "no dtype the rule's ops take "
+                                       "gives a well-typed instance")]
+    return results
 
 
 def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
-                   seed: int) -> RuleCheck:
+                   seed: int, fixed: dict[str, Any] | None = None) -> RuleCheck:
     rng = random.Random(seed)
     data_rng = np.random.default_rng(seed)
     done, worst = 0, 0.0
     for t in range(trials * 20):
         if done >= trials:
             break
-        inst = _Instance(rule, ops, rng)
+        inst = _Instance(rule, ops, rng, fixed)
         try:
             lhs = inst.lhs(rule.lhs)
             if isinstance(lhs, PVar):
@@ -352,8 +442,12 @@ def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
             return RuleCheck(rule, variant, False, f"the sides have different types: {lt} "
                              f"=> {rt}\n{_describe(inst)}", done)
         params = tuple(inst.vars.values())
-        for positive in (True, False):
-            inputs = _inputs(inst, data_rng, positive)
+        zero_points = _zero_point_dtypes(inst, lhs, rhs)
+        quantized = any(isinstance(n, Call) and isinstance(n.op, OpDef) and QUANT in n.op.props
+                        for side in (lhs, rhs) for n in _calls(side))
+        regimes = ("positive", "signed", "wide") if quantized else ("positive", "signed")
+        for regime in regimes:
+            inputs = _inputs(inst, data_rng, regime, zero_points)
             try:
                 a = run(Module({"main": Function(params=params, body=lhs)}), inputs)
                 b = run(Module({"main": Function(params=params, body=rhs)}), inputs)
@@ -371,7 +465,8 @@ def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
                 tol = ("rtol 1e-5" if rule.approx is None else
                        f"rtol {rule.approx['rtol']}, atol {rule.approx['atol']}")
                 return RuleCheck(rule, variant, False,
-                                 f"counterexample ({'exceeds ' + tol}; error {err:.3g}):\n"
+                                 f"counterexample ({'exceeds ' + tol}; error {err:.3g}; "
+                                 f"{regime} inputs):\n"
                                  f"{_describe(inst, inputs)}\n      left:  "
                                  f"{_short(print_expr(lhs))}\n      right: "
                                  f"{_short(print_expr(rhs))}", done + 1, err)
@@ -380,6 +475,11 @@ def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
         return RuleCheck(rule, variant, False, "no well-typed instance of the left side was "
                          "found (are its guards satisfiable?)")
     return RuleCheck(rule, variant, True, "", done, worst)
+
+
+def _calls(e: Expr):
+    from ..ir.nodes import post_order
+    return [n for n in post_order(e) if isinstance(n, Call)]
 
 
 def _guards_hold(inst: _Instance, rule: Rule) -> bool:

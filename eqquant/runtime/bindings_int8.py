@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.types import TensorType
+from ..ops.numerics import qrange
 from .bindings import Binding, _per_channel
 
 
@@ -209,8 +210,7 @@ class Requantize(Binding):
         self.shift = np.array([p[1] for p in pairs], np.int64)
         self.per_channel = s1.size > 1
         self.zin, self.zout = int(z1), int(z2)
-        info = np.iinfo(out_type.dtype)
-        self.lo, self.hi = int(info.min), int(info.max)
+        self.lo, self.hi = qrange(out_type.dtype)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -252,8 +252,7 @@ class _PerTensorQ(Binding):
 class Quantize(_PerTensorQ):
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        info = np.iinfo(out_type.dtype)
-        self.lo, self.hi = int(info.min), int(info.max)
+        self.lo, self.hi = qrange(out_type.dtype)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -307,8 +306,7 @@ class QAdd(Binding):
         self.mb, self.shb = quantize_multiplier(sb / sa)
         self.mo, self.sho = quantize_multiplier(sa / so)
         self.za, self.zb, self.zo = int(za), int(zb), int(zo)
-        info = np.iinfo(out_type.dtype)
-        self.lo, self.hi = int(info.min), int(info.max)
+        self.lo, self.hi = qrange(out_type.dtype)
         self.once = attrs["method"] == "once"
         if self.once:
             from ..ops.qnn import ADD_FRACTION_BITS, add_multiplier
@@ -361,8 +359,7 @@ class FusedQConv2D(Binding):
             hi_c = np.array([i32.max], np.int64)
         self.clamp_lo = np.ascontiguousarray(np.broadcast_to(lo_c, (o,)), np.int64)
         self.clamp_hi = np.ascontiguousarray(np.broadcast_to(hi_c, (o,)), np.int64)
-        info = np.iinfo(out_type.dtype)
-        self.lo, self.hi = int(info.min), int(info.max)
+        self.lo, self.hi = qrange(out_type.dtype)
         self.acc = np.empty(out_type.shape, np.int32)
 
     @classmethod
