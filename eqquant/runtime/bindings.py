@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..ir.types import TensorType, Type
+from ..ops.registry import IDENTITY
 from . import kernels_fp32 as k
 
 
@@ -227,6 +228,8 @@ class Binary(Binding):
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        if op.name not in _BINARY:
+            return False
         return _is_f32(*in_types, out_type) or (
             op.name != "divide" and _same_dtype(in_types, out_type, ("int32",)))
 
@@ -252,25 +255,36 @@ class Binary(Binding):
             (np.add, np.subtract, np.multiply, np.divide)[self.code](a, b, out=out)
 
 
+# The unary activations the elementwise kernel computes, by op: (kernel code, parameters from
+# the attributes). An op not in this table is not bound here (it runs its reference semantics),
+# so a new op can never silently compute another op's function.
+_ACTIVATIONS = {
+    "nn.relu": (1, lambda a: (0.0, 0.0)),
+    "clip": (2, lambda a: (float(a["a_min"]), float(a["a_max"]))),
+    "nn.leaky_relu": (3, lambda a: (float(a["alpha"]), 0.0)),
+    "sigmoid": (4, lambda a: (0.0, 0.0)),
+}
+
+
 class Activation(Binding):
     """nn.relu (float32 or integers); clip, nn.leaky_relu and sigmoid (float32)."""
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        if op.name not in _ACTIVATIONS:
+            return False
         if op.name == "nn.relu":
             return _same_dtype(in_types, out_type)
         return _is_f32(*in_types, out_type)
 
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        code, params = _ACTIVATIONS[op.name]
+        self.code = code
+        self.p0, self.p1 = params(attrs)
+
     def __call__(self, ins, out):
-        name, a = self.op.name, self.attrs
-        if name == "nn.relu":
-            k.unary(ins[0].reshape(-1), 1, 0.0, 0.0, out.reshape(-1))
-        elif name == "clip":
-            k.unary(ins[0].reshape(-1), 2, float(a["a_min"]), float(a["a_max"]), out.reshape(-1))
-        elif name == "nn.leaky_relu":
-            k.unary(ins[0].reshape(-1), 3, float(a["alpha"]), 0.0, out.reshape(-1))
-        else:
-            k.unary(ins[0].reshape(-1), 4, 0.0, 0.0, out.reshape(-1))
+        k.unary(ins[0].reshape(-1), self.code, self.p0, self.p1, out.reshape(-1))
 
 
 class Softmax(Binding):
@@ -290,7 +304,9 @@ class View(Binding):
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        return isinstance(out_type, TensorType)
+        # only ops that keep their input's elements in order: views and identities
+        return isinstance(out_type, TensorType) and (not op.moves_data or
+                                                     IDENTITY in op.props)
 
     def __call__(self, ins, out=None):
         return ins[0].reshape(self.out_type.shape)
