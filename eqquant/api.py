@@ -122,14 +122,17 @@ class Model:
         """Write ``directory/<name>.ir`` and its ``.npz`` (and the calibration table and the
         report for a quantized model); returns the ``.ir`` path."""
         from .ir.loader import save_program
+        from .ir.outputs import Outputs
         d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        path, _ = save_program(d / f"{self.name}.ir", self.module, self.params)
-        if self.quantized is not None:
-            import json
-            self.quantized.table.save(path.with_suffix(".calib.json"))
-            path.with_suffix(".report.json").write_text(
-                json.dumps(self.report().to_json(), indent=1))
+        with Outputs() as out:          # all of them, or none
+            path, _ = save_program(d / f"{self.name}.ir", self.module, self.params,
+                                   outputs=out)
+            if self.quantized is not None:
+                import json
+                text = json.dumps(self.report().to_json(), indent=1)
+                out.add(path.with_suffix(".calib.json"), self.quantized.table.write)
+                out.add(path.with_suffix(".report.json"),
+                        lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
         return path
 
     def export_onnx(self, path: str | Path, activations: str = "uint8") -> Path:

@@ -141,6 +141,21 @@ BAD = {
                                        storage_order=1), "storage_order=1"),
     "type error": (_single("Add", ["x", "w"], inits=[_w("w", np.ones((5,), np.float32))]),
                    "add"),
+    # the hostile probe's cases
+    "constant of shape bomb": (_single("ConstantOfShape", ["s"], inits=[_w(
+        "s", np.array([1 << 20, 1 << 20], np.int64))]), "more than"),
+    "constant loop": (_single("Loop", ["n", "c"], inits=[_w("n", np.array(1 << 62, np.int64)),
+                                                         _w("c", np.array(True))],
+                              body=helper.make_graph([], "b", [], [])),
+                      "is not evaluated at import"),
+    "complex initializer": (_single("Add", ["x", "w"], inits=[_w(
+        "w", np.ones((1,), np.complex64))]), "cannot hold"),
+    "unsqueeze axes": (_single("Unsqueeze", ["x", "a"], inits=[_w("a", np.array([9], np.int64))]),
+                       "out of range"),
+    "conv kernel shape": (_single("Conv", ["x", "w"], kernel_shape=[3, 3], inits=[_w(
+        "w", np.ones((2, 3, 1, 1), np.float32))]), "disagrees with the weight"),
+    "clip vector bound": (_single("Clip", ["x", "lo"], inits=[_w(
+        "lo", np.zeros(3, np.float32))]), "must be a scalar"),
 }
 
 
@@ -151,7 +166,7 @@ def test_bad_models_give_located_errors(case, tmp_path, capsys):
         import_onnx(model, source="bad.onnx")
     msg = info.value.format()
     assert "bad.onnx" in msg and expected in msg
-    if case not in ("runtime reshape shape",):
+    if case not in ("runtime reshape shape", "complex initializer"):
         assert "'bad_node'" in msg
     # and on the command line: exit 2, the message, no traceback, nothing written
     path = tmp_path / "bad.onnx"

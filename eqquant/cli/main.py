@@ -40,9 +40,13 @@ def fmt(file: Path, check: bool, in_place: bool, types: bool) -> None:
     from ..ir.params import atomic_write
     from ..ir.parser import parse
     from ..ir.printer import print_module
+    from ..ir.outputs import DIGEST_PREFIX, recorded_digest
     text = read_source(file)
     mod = parse(text, str(file))
     out = print_module(mod, show_types=types)
+    digest = recorded_digest(text)
+    if digest is not None:   # a saved program keeps the stamp that ties it to its weights
+        out = f"{DIGEST_PREFIX}{digest}\n{out}"
     if check:
         if out != text:
             _fail(f"{file}: not in canonical form (run: eqquant fmt -i {file})", 1)
@@ -107,14 +111,47 @@ def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
             for _ in range(4):
                 ex.run(inputs, profile=True)
             click.echo(ex.profile_table(), err=True)
-    arr = np.asarray(out)
+    leaves = _output_leaves(out)
     if output is not None:
-        atomic_write(output, lambda tmp: np.save(open(tmp, "wb"), arr))
-        click.echo(f"wrote {output}: {arr.dtype}{list(arr.shape)}")
+        if len(leaves) == 1 and output.suffix != ".npz":
+            arr = leaves[0]
+            def write_npy(tmp):      # (a file object: np.save would add .npy to a name)
+                with open(tmp, "wb") as f:
+                    np.save(f, arr)
+            atomic_write(output, write_npy)
+            click.echo(f"wrote {output}: {arr.dtype}{list(arr.shape)}")
+        elif output.suffix == ".npz":
+            named = {f"output_{i}": a for i, a in enumerate(leaves)}
+            def write_npz(tmp):
+                with open(tmp, "wb") as f:
+                    np.savez(f, **named)
+            atomic_write(output, write_npz)
+            click.echo(f"wrote {output}: {len(leaves)} outputs (output_0 ...)")
+        else:
+            raise EqquantError(f"the program has {len(leaves)} outputs: give -o a .npz path")
     else:
-        flat = arr.reshape(-1)
-        click.echo(f"output {arr.dtype}{list(arr.shape)}: mean {flat.mean():.6g}, "
-                   f"std {flat.std():.6g}, first {np.array2string(flat[:5], precision=5)}")
+        for i, arr in enumerate(leaves):
+            flat = arr.reshape(-1).astype(np.float64)
+            name = "output" if len(leaves) == 1 else f"output {i}"
+            stats = (f"mean {flat.mean():.6g}, std {flat.std():.6g}, "
+                     f"first {np.array2string(arr.reshape(-1)[:5], precision=5)}"
+                     if flat.size else "empty")
+            click.echo(f"{name} {arr.dtype}{list(arr.shape)}: {stats}")
+
+
+def _output_leaves(out) -> list[np.ndarray]:
+    """The tensors of a program's result, a tuple's in order (nested tuples flattened)."""
+    leaves, stack = [], [out]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, tuple):
+            stack.extend(reversed(v))
+        elif isinstance(v, np.ndarray) or np.isscalar(v):
+            leaves.append(np.asarray(v))
+        else:
+            raise EqquantError("the program's result is a function value, not tensors: "
+                               "eqquant run needs a program that returns tensors")
+    return leaves
 
 
 @cli.command()
@@ -184,7 +221,8 @@ def _optimize(model, params, rules, schedule, cost, extractor, iterations, node_
 def opt(model, params, rules, schedule, cost, extractor, iterations, node_limit, time_limit,
         output):
     """Optimize MODEL: saturate with rules, extract the cheapest program, fold constants."""
-    from ..ir.loader import save_program
+    from ..ir.loader import refuse_overwriting_inputs, save_program
+    refuse_overwriting_inputs(output, model, params)
     result = _optimize(model, params, rules, schedule, cost, extractor, iterations,
                        node_limit, time_limit)
     ir_path, npz = save_program(output, result.module)
@@ -237,21 +275,25 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
     import json
 
     from ..api import Report, calibration_samples, load
-    from ..ir.loader import save_program
-    from ..ir.params import atomic_write
+    from ..ir.loader import refuse_overwriting_inputs, save_program
+    from ..ir.outputs import Outputs
     from ..quant.flow import quantize
+    refuse_overwriting_inputs(output, model, params, calib)
+    for extra in (".calib.json", ".report.json"):
+        refuse_overwriting_inputs(output.with_suffix(extra), model, params, calib)
     m = load(model, params)
     samples = calibration_samples(calib, m)
     with click.progressbar(length=len(samples), label="calibrating", file=sys.stderr) as bar:
         result = quantize(m.module, m.params, samples, mode, weight_scale, per_channel,
                           dtype=activations, skip=list(skip),
                           progress=lambda n: bar.update(1))
-    ir_path, npz = save_program(output, result.module)
     table_path = output.with_suffix(".calib.json")
-    result.table.save(table_path)
     report_path = output.with_suffix(".report.json")
     text = json.dumps(Report.from_result(result).to_json(), indent=1)
-    atomic_write(report_path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    with Outputs() as out:      # the four files appear together, or none does
+        ir_path, npz = save_program(output, result.module, outputs=out)
+        out.add(table_path, result.table.write)
+        out.add(report_path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     click.echo(result.report())
     click.echo(f"wrote {ir_path}, {npz}, {table_path} and {report_path} "
                f"(eqquant plot sqnr {report_path} -o sqnr.png draws it)")
@@ -281,10 +323,10 @@ def _parse_shapes(specs) -> dict[str, tuple[int, ...]]:
 def import_cmd(model, out_dir, shapes):
     """Import an ONNX model as text IR + params."""
     from ..interop.onnx_import import import_onnx
-    from ..ir.loader import save_program
+    from ..ir.loader import refuse_overwriting_inputs, save_program
     from ..ir.nodes import Call, post_order
+    refuse_overwriting_inputs(out_dir / (model.stem + ".ir"), model)
     mod, params, notes = import_onnx(model, _parse_shapes(shapes))
-    out_dir.mkdir(parents=True, exist_ok=True)
     ir_path, npz = save_program(out_dir / (model.stem + ".ir"), mod, params)
     calls = sum(isinstance(n, Call) for n in post_order(mod.main.body))
     for note in notes:

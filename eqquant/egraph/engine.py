@@ -14,6 +14,8 @@ writing every value's type into egglog would cost more than the whole saturation
 """
 from __future__ import annotations
 
+import re
+
 import json
 import time
 from dataclasses import dataclass, field
@@ -54,10 +56,18 @@ def parse_schedule(text: str) -> list[Phase]:
         if not item:
             continue
         name, _, count = item.partition("*")
-        if count and not count.strip().isdigit():
-            raise EqquantError(f"schedule: '{item}': the iteration count must be a number")
-        phases.append(Phase(name.strip(), int(count) if count else None))
+        name, count = name.strip(), count.strip()
+        if not _RULESET_NAME.fullmatch(name) or (count and not (
+                count.isdigit() and len(count) <= 9)):
+            # (the item itself is not echoed: a schedule read from a file given by mistake
+            # must not print that file)
+            raise EqquantError(f"schedule: phase {len(phases) + 1} is not 'ruleset' or "
+                               "'ruleset*N' (a ruleset name, an iteration count up to 9 digits)")
+        phases.append(Phase(name, int(count) if count else None))
     return phases
+
+
+_RULESET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
 
 
 @dataclass

@@ -16,6 +16,7 @@ dimension left symbolic, a malformed file.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +27,7 @@ import numpy as np
 from ..errors import EqquantError
 from ..ir.builder import Builder
 from ..ir.nodes import Call, Expr, Var
-from ..ir.types import TensorType
+from ..ir.types import DTYPES, TensorType
 
 
 class OnnxImportError(EqquantError):
@@ -71,7 +72,17 @@ class Importer:
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                           1)
         for init in model.graph.initializer:
-            self.consts[init.name] = numpy_helper.to_array(init)
+            size = int(np.prod(list(init.dims), dtype=object))
+            if size > MAX_CONST_ELEMENTS:
+                raise OnnxImportError(f"{source}: initializer '{init.name[:80]}' has {size:.3g} "
+                                      f"elements, more than {MAX_CONST_ELEMENTS:.3g}")
+            try:
+                arr = numpy_helper.to_array(init)
+            except Exception as e:  # noqa: BLE001 - onnx raises many kinds on a bad tensor
+                raise OnnxImportError(f"{source}: initializer '{init.name[:80]}' cannot be "
+                                      f"read ({e})") from None
+            _check_dtype(arr.dtype, f"{source}: initializer '{init.name[:80]}'")
+            self.consts[init.name] = arr
 
     # -- names and values ---------------------------------------------------------------------
 
@@ -130,6 +141,7 @@ class Importer:
             except Exception:  # noqa: BLE001 - onnx raises KeyError or ValueError
                 raise OnnxImportError(f"{self.source}: input '{vi.name}' has an element type "
                                       f"eqquant cannot read ({tt.elem_type})") from None
+            _check_dtype(dtype, f"{self.source}: input '{vi.name}'")
             if vi.name in self.shapes:
                 shape = self.shapes[vi.name]
             else:
@@ -191,15 +203,27 @@ class Importer:
             self.values[name] = e
 
     def _fold(self, node, ins) -> None:
+        """Evaluate a node whose inputs are all constants with ONNX's reference evaluator:
+        only ops without control flow or subgraphs, and only when the result's size is known
+        beforehand to be bounded (a tiny file must not make import allocate gigabytes)."""
         from onnx.reference import ReferenceEvaluator
+        if node.op_type not in FOLDABLE:
+            raise _NodeError(f"a constant {node.op_type} is not evaluated at import (only "
+                             f"{', '.join(sorted(FOLDABLE))} are)")
+        feeds = {n: self.consts[n] for n in ins if n}
+        bound = _folded_size(node.op_type, [self.consts[n] if n else None for n in ins])
+        if bound > MAX_CONST_ELEMENTS:
+            raise _NodeError(f"the constant it computes would have {bound:.3g} elements, more "
+                             f"than {MAX_CONST_ELEMENTS:.3g}")
         try:
-            feeds = {n: self.consts[n] for n in ins if n}
             outs = ReferenceEvaluator(node).run(None, feeds)
         except Exception as e:  # noqa: BLE001 - any failure of the reference is reported
             raise _NodeError(f"cannot evaluate this constant node ({e})") from None
         for name, arr in zip(node.output, outs):
             if name:
-                self.consts[name] = np.asarray(arr)
+                arr = np.asarray(arr)
+                _check_dtype(arr.dtype, f"the constant '{name[:80]}' it computes")
+                self.consts[name] = arr
 
     def run(self):
         graph = self.model.graph
@@ -226,6 +250,47 @@ class Importer:
         body = outs[0] if len(outs) == 1 else self.b.tuple(*outs)
         mod, params = self.b.finish(body)
         return mod, params
+
+
+# Constant subgraphs (PyTorch's Shape -> Gather -> Concat -> Reshape chains) are evaluated at
+# import. Only these ops, none with control flow; a result larger than this is refused.
+MAX_CONST_ELEMENTS = 1 << 26
+FOLDABLE = frozenset({
+    "Abs", "Add", "And", "Cast", "Ceil", "Concat", "ConstantOfShape", "Div", "Equal", "Exp",
+    "Expand", "Flatten", "Floor", "Gather", "Greater", "Identity", "Less", "Max", "Min",
+    "Mul", "Neg", "Not", "Or", "Pow", "Range", "Reciprocal", "ReduceMax", "ReduceMin",
+    "ReduceProd", "ReduceSum", "Relu", "Reshape", "Shape", "Sigmoid", "Size", "Slice",
+    "Sqrt", "Squeeze", "Sub", "Tile", "Transpose", "Unsqueeze", "Where"})
+
+
+def _folded_size(op: str, ins: list) -> float:
+    """An upper bound on the number of elements a constant op produces, from its inputs."""
+    sizes = [np.size(a) for a in ins if a is not None]
+    largest = float(max(sizes, default=1))
+    try:
+        if op == "ConstantOfShape":
+            return float(np.prod(np.asarray(ins[0], np.float64)))
+        if op == "Expand":
+            shape = np.asarray(ins[1], np.float64).reshape(-1)
+            return float(np.prod(np.maximum(shape, 1))) * largest
+        if op == "Tile":
+            return float(np.size(ins[0])) * float(np.prod(np.abs(np.asarray(ins[1],
+                                                                              np.float64))))
+        if op == "Range":
+            start, limit, delta = (float(np.reshape(a, -1)[0]) for a in ins[:3])
+            return abs((limit - start) / delta) + 1 if delta else math.inf
+        if op == "Reshape":
+            return float(np.size(ins[0]))
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return math.inf
+    return largest * max(len(sizes), 1) if op == "Concat" else largest
+
+
+def _check_dtype(dtype, what: str) -> None:
+    name = str(dtype)
+    if name not in DTYPES:
+        raise OnnxImportError(f"{what} has element type {name}, which eqquant cannot hold "
+                              f"(it holds {', '.join(DTYPES)})")
 
 
 def _shape_slice(shape, attrs) -> np.ndarray:
@@ -298,6 +363,9 @@ def _conv(im, attrs, ins):
     if wt.rank != 4:
         raise _NodeError(f"the weight has rank {wt.rank}; only 2-d convolutions are supported")
     kernel = list(attrs.get("kernel_shape", wt.shape[2:]))
+    if tuple(kernel) != tuple(wt.shape[2:]):
+        raise _NodeError(f"kernel_shape {kernel} disagrees with the weight's shape "
+                         f"{list(wt.shape)}")
     strides = list(attrs.get("strides", [1, 1]))
     dil = list(attrs.get("dilations", [1, 1]))
     pads = _pads(im, attrs, xt.shape[2:], kernel, strides, dil)
@@ -333,10 +401,16 @@ def _leaky(im, attrs, ins):
 @converts("Clip")
 def _clip(im, attrs, ins):
     lo, hi = attrs.get("min", -np.inf), attrs.get("max", np.inf)
-    if len(ins) > 1 and ins[1]:
-        lo = float(im.const(ins[1], "Clip's min"))
-    if len(ins) > 2 and ins[2]:
-        hi = float(im.const(ins[2], "Clip's max"))
+    for i, what in ((1, "min"), (2, "max")):
+        if len(ins) > i and ins[i]:
+            bound = im.const(ins[i], f"Clip's {what}")
+            if np.size(bound) != 1:
+                raise _NodeError(f"Clip's {what} must be a scalar, got shape "
+                                 f"{list(np.shape(bound))}")
+            if what == "min":
+                lo = float(np.reshape(bound, ()))
+            else:
+                hi = float(np.reshape(bound, ()))
     x = im.value(ins[0])
     if lo == 0 and hi == np.inf:
         return im.call("nn.relu", x)
@@ -526,6 +600,9 @@ def _unsqueeze(im, attrs, ins):
         raise _NodeError("Unsqueeze needs axes")
     shape = list(im.type(x).shape)
     rank = len(shape) + len(axes)
+    if any(not -rank <= a < rank for a in axes) or len({a % rank for a in axes}) != len(axes):
+        raise _NodeError(f"Unsqueeze axes {list(axes)} are out of range or repeated for a "
+                         f"result of rank {rank}")
     for a in sorted(a % rank for a in axes):
         shape.insert(a, 1)
     if len(axes) == 1:

@@ -26,18 +26,32 @@ class _Closure:
     env: Mapping[int, Any]
 
 
-def _check_value(name: str, value: Any, ty: Type) -> np.ndarray:
+def check_input(name: str, value: Any, ty: Type) -> np.ndarray:
+    """An input value for a parameter of type ``ty``: the same shape; the same dtype, or one
+    that converts without changing a value (a wider float narrowed to float32, an integer
+    array whose values fit). A float array for an integer input, or integers out of the
+    input's range, are refused: they would be cast silently otherwise."""
     if isinstance(ty, TensorType):
         arr = np.asarray(value)
         if tuple(arr.shape) != ty.shape:
             raise EvalError(f"%{name} expects shape {ty.shape}, got {tuple(arr.shape)}")
         if str(arr.dtype) != ty.dtype:
-            if arr.dtype.kind == np.dtype(ty.dtype).kind or np.can_cast(arr.dtype, ty.dtype):
-                return arr.astype(ty.dtype)
+            want = np.dtype(ty.dtype)
+            if want.kind == "f" and arr.dtype.kind in "fiub":
+                return arr.astype(want)
+            if want.kind in "iu" and arr.dtype.kind in "iub":
+                info = np.iinfo(want)
+                if arr.size == 0 or (int(arr.min()) >= info.min and int(arr.max()) <= info.max):
+                    return arr.astype(want)
+                raise EvalError(f"%{name} expects {ty.dtype}: values in [{info.min}, "
+                                f"{info.max}], got {arr.dtype} values in "
+                                f"[{arr.min()}, {arr.max()}]")
+            if want.kind == "b" and arr.dtype.kind == "b":
+                return arr
             raise EvalError(f"%{name} expects {ty.dtype}, got {arr.dtype}")
         return arr
     if isinstance(ty, TupleType):
-        return tuple(_check_value(f"{name}.{i}", v, t)
+        return tuple(check_input(f"{name}.{i}", v, t)
                      for i, (v, t) in enumerate(zip(value, ty.fields)))
     return value
 
@@ -114,7 +128,7 @@ def run(mod: Module, inputs: Mapping[str, Any] | None = None,
         if p.name not in given:
             raise EvalError(f"no value for %{p.name}: give it as an input or in the params",
                             p.loc)
-        args.append(_check_value(p.name, given[p.name], p.type))
+        args.append(check_input(p.name, given[p.name], p.type))
     with np.errstate(all="ignore"):
         return Interpreter(mod, observe).call_function(fn, args, {})
 

@@ -1,6 +1,7 @@
 """Reading a program and its params from disk (the one place the CLI and the API do it)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,9 @@ def load_program(path: str | Path, params: str | Path | None = None,
     text = read_source(path)
     if params is None and find_params:
         params = default_params_path(path)
+        if params is not None:      # the weights saved with this program (outputs.py)
+            from .outputs import params_for
+            params = params_for(Path(path), text, params)
     values = load_params(params) if params is not None else {}
     mod = parse(text, str(path), constants=meta_constants(values))
     return mod, values
@@ -61,16 +65,29 @@ def load_inputs(path: str | Path, mod: Module, params: dict[str, np.ndarray]
     return load_params(path)
 
 
-def save_program(path: str | Path, mod: Module,
-                 params: dict[str, np.ndarray] | None = None) -> tuple[Path, Path]:
+def save_program(path: str | Path, mod: Module, params: dict[str, np.ndarray] | None = None,
+                 outputs=None) -> tuple[Path, Path]:
     """Write ``path`` (text IR) and the ``.npz`` beside it (the module's constants plus
-    ``params``). Both are written to temporary files first and then moved into place."""
-    from .params import atomic_write, constant_params, save_params
+    ``params``) as a pair that always belongs together (:mod:`eqquant.ir.outputs`). With
+    ``outputs`` (an :class:`~eqquant.ir.outputs.Outputs`) they are only staged in it, to be
+    committed with the other files of the same command."""
+    from .outputs import Outputs, stage_program
+    from .params import constant_params, params_writer
     from .printer import print_module
-    path = Path(path)
-    npz = path.with_suffix(".npz")
     text = print_module(mod)
     values = {**(params or {}), **constant_params(mod)}
-    save_params(npz, values)
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    return path, npz
+    if outputs is not None:
+        return stage_program(outputs, path, text, params_writer(values))
+    with Outputs() as out:
+        return stage_program(out, path, text, params_writer(values))
+
+
+def refuse_overwriting_inputs(output: str | Path, *inputs: str | Path | None) -> None:
+    """An output (or the .npz it brings) that is one of the command's inputs is an error:
+    the input would be lost if the command failed half way, and is replaced if not."""
+    out = Path(output)
+    mine = {Path(os.path.realpath(p)) for p in (out, out.with_suffix(".npz"))}
+    for given in inputs:
+        if given is not None and Path(os.path.realpath(given)) in mine:
+            raise EqquantError(f"{output}: the output would overwrite the input {given}; "
+                               f"write it elsewhere")

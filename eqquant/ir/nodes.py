@@ -182,11 +182,14 @@ def freeze_attrs(attrs: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(attrs))
 
 
-def post_order(root: Expr) -> list[Expr]:
+def post_order(root: Expr, done: Any = ()) -> list[Expr]:
     """All nodes reachable from ``root`` (not entering Function bodies), children first, each
-    once. Iterative, so arbitrarily deep graphs are fine."""
+    once. Iterative, so arbitrarily deep graphs are fine. Nodes whose id is in ``done`` are
+    neither listed nor entered (a caller that has seen them already walks only what is new)."""
     order: list[Expr] = []
     seen: set[int] = set()
+    if id(root) in done:
+        return order
     stack: list[tuple[Expr, bool]] = [(root, False)]
     while stack:
         node, expanded = stack.pop()
@@ -198,7 +201,7 @@ def post_order(root: Expr) -> list[Expr]:
         seen.add(id(node))
         stack.append((node, True))
         for child in reversed(node.children()):
-            if id(child) not in seen:
+            if id(child) not in seen and id(child) not in done:
                 stack.append((child, False))
     return order
 

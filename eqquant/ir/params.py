@@ -6,9 +6,8 @@ Keys are either a parameter's name (``conv1.weight``: a value for ``%conv1.weigh
 """
 from __future__ import annotations
 
-import os
+from collections import abc
 import re
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Mapping
@@ -26,47 +25,105 @@ def meta_key(index: int) -> str:
     return f"meta[relay.Constant][{index}]"
 
 
-def load_params(path: str | Path) -> dict[str, np.ndarray]:
-    path = Path(path)
+MAX_ARRAY_BYTES = 1 << 34      # 16 GiB: the largest array a params file may declare
+
+
+def load_params(path: str | Path) -> "NpzParams":
+    """The arrays of an ``.npz`` file, read lazily (an array is read when it is first looked
+    up, so a huge entry the program never uses costs nothing) and with ``allow_pickle=False``.
+    Each entry's header is checked when the file is opened: a non-array or an entry declaring
+    more than MAX_ARRAY_BYTES is a clear error, not an allocation."""
+    return NpzParams(Path(path))
+
+
+class NpzParams(abc.Mapping):
+    def __init__(self, path: Path):
+        self.path = path
+        self._cache: dict[str, np.ndarray] = {}
+        try:
+            if not zipfile.is_zipfile(path):
+                hint = (" (an .npy holds one array; a params or input file with names is an "
+                        ".npz: np.savez(path, name=array))" if path.suffix == ".npy" else "")
+                raise ParamsError(f"{path}: not an .npz file{hint}")
+            with zipfile.ZipFile(path) as zf:
+                self._names = {}
+                for info in zf.infolist():
+                    if not info.filename.endswith(".npy"):
+                        raise ParamsError(f"{path}: entry '{info.filename[:80]}' is not an "
+                                          f"array (.npy)")
+                    with zf.open(info) as f:
+                        shape, dtype = _npy_header(f, path, info.filename)
+                    size = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                    if size > MAX_ARRAY_BYTES:
+                        raise ParamsError(f"{path}: entry '{info.filename[:-4][:80]}' declares "
+                                          f"{size:.3g} bytes (shape {shape}), more than "
+                                          f"{MAX_ARRAY_BYTES:.3g}")
+                    self._names[info.filename[:-4]] = info.filename
+        except FileNotFoundError:
+            raise ParamsError(f"{path}: no such params file") from None
+        except IsADirectoryError:
+            raise ParamsError(f"{path}: is a folder, not an .npz file") from None
+        except (ValueError, OSError, zipfile.BadZipFile, EOFError, RuntimeError) as e:
+            raise ParamsError(f"{path}: not a readable .npz file ({e})") from None
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self._cache:
+            if key not in self._names:
+                raise KeyError(key)
+            try:
+                with np.load(self.path, allow_pickle=False) as z:
+                    self._cache[key] = z[key]
+            except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+                raise ParamsError(f"{self.path}: entry '{key}' is not readable ({e})") \
+                    from None
+        return self._cache[key]
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def _npy_header(f, path: Path, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    from numpy.lib import format as npy
     try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except FileNotFoundError:
-        raise ParamsError(f"{path}: no such params file") from None
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
-        raise ParamsError(f"{path}: not a readable .npz file ({e})") from None
+        version = npy.read_magic(f)
+        shape, _, dtype = (npy.read_array_header_1_0(f) if version == (1, 0) else
+                           npy.read_array_header_2_0(f))
+    except (ValueError, OSError, EOFError) as e:
+        raise ParamsError(f"{path}: entry '{name[:80]}' is not an array ({e})") from None
+    if dtype.hasobject:
+        raise ParamsError(f"{path}: entry '{name[:-4][:80]}' holds Python objects (refused: "
+                          f"files are read with allow_pickle=False)")
+    return tuple(shape), dtype
 
 
 def meta_constants(params: Mapping[str, np.ndarray]) -> dict[int, np.ndarray]:
     out = {}
-    for k, v in params.items():
+    for k in params:            # (keys first: a lazy file reads only the arrays asked for)
         m = _META.match(k)
         if m:
-            out[int(m.group(1))] = v
+            out[int(m.group(1))] = params[k]
     return out
 
 
 def atomic_write(path: str | Path, write) -> None:
     """Call ``write(tmp_path)`` then move the result over ``path``; ``path`` is untouched
-    if anything fails."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    if anything fails (see :mod:`eqquant.ir.outputs`)."""
+    from .outputs import write_file
+    write_file(path, write)
 
 
-def save_params(path: str | Path, params: Mapping[str, np.ndarray]) -> None:
+def params_writer(params: Mapping[str, np.ndarray]):
     def write(tmp):
         with open(tmp, "wb") as f:
             np.savez(f, **{k: np.asarray(v) for k, v in params.items()})
-    atomic_write(path, write)
+    return write
+
+
+def save_params(path: str | Path, params: Mapping[str, np.ndarray]) -> None:
+    atomic_write(path, params_writer(params))
 
 
 def module_constants(mod: Module) -> dict[int, Constant]:

@@ -19,6 +19,8 @@ import re
 from functools import lru_cache
 from typing import Any
 
+import math
+
 import numpy as np
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
@@ -30,6 +32,7 @@ from ..resources import grammar_path
 from .nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
                     TupleGetItem, Var, freeze_attrs)
 from .types import DTYPES, FuncType, TensorType, TupleType, Type
+from .nesting import check_nesting
 
 _SUFFIX_DTYPE = {"f": "float32", "f16": "float16", "f32": "float32", "f64": "float64",
                  "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64",
@@ -123,6 +126,7 @@ def parse(text: str, file: str = "<string>",
           constants: dict[int, np.ndarray] | None = None) -> Module:
     """Parse a whole program. ``constants`` gives the data of ``meta[relay.Constant][i]``
     (their types come from it, or else from each constant's ``/* ty=... */``)."""
+    check_nesting(text, file)
     _SINK.items = []
     positions = "/*" in text
     try:
@@ -131,10 +135,20 @@ def parse(text: str, file: str = "<string>",
         raise _syntax_error(e, text, file) from None
     comments = _SINK.items
     _SINK.items = []
-    return _Builder(text, file, constants or {}, comments, positions).module(tree)
+    try:
+        return _Builder(text, file, constants or {}, comments, positions).module(tree)
+    except _NeedPositions:   # rare: parse again, recording every subtree's position
+        tree = _lark(True).parse(text, start="start")
+        comments, _SINK.items = _SINK.items, []
+        return _Builder(text, file, constants or {}, comments, True).module(tree)
+
+
+class _NeedPositions(Exception):
+    """A location was needed for a subtree that has no token of its own."""
 
 
 def parse_type(text: str, file: str = "<type>", line: int = 1, column: int = 1) -> Type:
+    check_nesting(text, file)
     _SINK.items = []
     try:
         tree = _lark().parse(text, start="type")
@@ -154,20 +168,39 @@ def _decode_number(tok: Token) -> tuple[Any, str | None]:
         raise ValueError(f"bad number {tok}")
     body, suffix = m.group(1), m.group(2)
     is_floaty = any(c in body for c in ".eE") or "inf" in body or "nan" in body
+    if len(body) > 400:
+        raise ValueError(f"a number of {len(body)} characters is too long to be a literal")
+    if is_floaty and "inf" not in body and "nan" not in body and math.isinf(float(body)):
+        raise ValueError(f"{body} overflows every float dtype")
     if suffix is None:
         return (float(body) if is_floaty else int(body)), None
     dtype = _SUFFIX_DTYPE.get(suffix)
     if dtype is None:
         raise ValueError(f"unknown literal suffix '{suffix}'")
     if dtype.startswith("float"):
-        return float(np.dtype(dtype).type(float(body))), dtype
+        return fit_literal(float(body), dtype), dtype
     if is_floaty:
         raise ValueError(f"'{tok}' is not an integer but has the integer suffix '{suffix}'")
-    value = int(body)
+    return fit_literal(int(body), dtype), dtype
+
+
+def fit_literal(value, dtype: str):
+    """``value`` as a literal of ``dtype``, or ValueError when it does not fit: an integer
+    outside the dtype's range, a finite number that overflows a float dtype to infinity."""
+    if dtype.startswith("float"):
+        with np.errstate(over="ignore"):
+            out = float(np.dtype(dtype).type(value))
+        if math.isinf(out) and math.isfinite(value):
+            raise ValueError(f"{value:g} overflows {dtype} (largest: "
+                             f"{float(np.finfo(dtype).max):g})")
+        return out
+    if dtype == "bool":
+        return value
     info = np.iinfo(dtype)
-    if not info.min <= value <= info.max:
-        raise ValueError(f"{value} does not fit {dtype} [{info.min}, {info.max}]")
-    return value, dtype
+    if not info.min <= int(value) <= info.max:
+        text = str(value) if len(str(value)) < 40 else f"{str(value)[:20]}... ({len(str(value))} digits)"
+        raise ValueError(f"{text} does not fit {dtype} [{info.min}, {info.max}]")
+    return int(value)
 
 
 class _Scope:
@@ -202,7 +235,9 @@ class _Builder:
         if isinstance(item, Tree) and self.positions:
             return SourceLoc(self.file, item.meta.line, item.meta.column, self.text)
         while isinstance(item, Tree):  # the construct's first token
-            item = next(c for c in item.children if c is not None)
+            item = next((c for c in item.children if c is not None), None)
+        if item is None:  # a construct of keywords only (True, ()): positions are needed
+            raise _NeedPositions()
         return SourceLoc(self.file, item.line, item.column, self.text)
 
     def note(self, tree: Tree, node: Expr) -> Expr:
@@ -319,11 +354,11 @@ class _Builder:
             tok = tree.children[0]
             try:
                 value, dtype = _decode_number(tok)
+                if dtype is None:
+                    dtype = "float32" if isinstance(value, float) else "int32"
+                    value = fit_literal(value, dtype)
             except ValueError as e:
                 raise ParseError(f"bad literal: {e}", self.loc(tok)) from None
-            if dtype is None:
-                dtype = "float32" if isinstance(value, float) else "int32"
-                value = float(np.float32(value)) if dtype == "float32" else value
             return self.note(tree, Scalar(value=value, dtype=dtype, loc=self.loc(tok)))
         if kind in ("true", "false"):
             return self.note(tree, Scalar(value=kind == "true", dtype="bool",

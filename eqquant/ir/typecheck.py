@@ -13,7 +13,7 @@ from ..errors import TypeCheckError
 from ..ops.registry import OpTypeError
 from .nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
                     TupleGetItem, Var, post_order)
-from .types import FuncType, TupleType, Type
+from .types import FuncType, TupleType, Type, size_problem
 
 
 class Inferer:
@@ -52,7 +52,7 @@ class Inferer:
         return t
 
     def expr(self, root: Expr) -> Type:
-        for node in post_order(root):
+        for node in post_order(root, self.types):   # only the nodes not typed yet
             if id(node) not in self.types:
                 self.types[id(node)] = self.node(node)
                 self._alive.append(node)
@@ -60,6 +60,9 @@ class Inferer:
 
     def node(self, node: Expr) -> Type:
         if isinstance(node, (Var, Constant)):
+            problem = size_problem(node.type)
+            if problem:
+                raise TypeCheckError(problem, node.loc)
             return node.type
         if isinstance(node, Scalar):
             return node.type
@@ -98,9 +101,16 @@ class Inferer:
             return ft.ret
         op = node.op
         try:
-            return op.type_rel(arg_types, node.attrs)
+            out = op.type_rel(arg_types, node.attrs)
         except OpTypeError as e:
             raise TypeCheckError(f"{op.name}: {e.message}", node.loc) from None
+        except (OverflowError, ValueError, MemoryError) as e:   # sizes past any real tensor
+            raise TypeCheckError(f"{op.name}: its attributes give impossible sizes ({e})",
+                                 node.loc) from None
+        problem = size_problem(out)
+        if problem:
+            raise TypeCheckError(f"{op.name}: {problem}", node.loc)
+        return out
 
 
 def infer_types(mod: Module) -> dict[int, Type]:

@@ -44,8 +44,9 @@ def format_value(v: Any) -> str:
         return str(v)
     if isinstance(v, float):
         return format_float(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, str):   # the escapes the parser reads back (\\, \", \n, \t)
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace(
+            "\n", "\\n").replace("\t", "\\t") + '"'
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(format_value(x) for x in v) + "]"
     raise TypeError(f"cannot print attribute value {v!r}")

@@ -27,6 +27,7 @@ Which values are marked, and with what parameters, follows what the integer kern
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -95,6 +96,7 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
                                    f"(check the weights and the inputs)")
             observers[label].update(value)
 
+    spans: dict[str, list[float]] = {}
     for sample in samples:
         sample = as_inputs(sample, fn)
         for p in fn.params:
@@ -106,6 +108,9 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
                 bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
                 raise EqquantError(f"calibration sample {count}, input %{p.name}: {bad} "
                                    f"values are NaN or infinite")
+            if arr.size:
+                lo, hi = spans.setdefault(p.name, [math.inf, -math.inf])
+                spans[p.name] = [min(lo, float(arr.min())), max(hi, float(arr.max()))]
             if id(p) in wanted:
                 observers[wanted[id(p)]].update(arr)
         ex.run(sample, observe=observe)
@@ -114,6 +119,11 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
             progress(count)
     if count == 0:
         raise EqquantError("the calibration set is empty")
+    for name, (lo, hi) in spans.items():
+        if not hi - lo > 1e-30 and wanted.get(id(next(p for p in fn.params if p.name == name))):
+            raise EqquantError(f"calibration input %{name} takes one value only ({lo:g}) "
+                               f"over all {count} samples: constant data cannot calibrate a "
+                               f"program (give representative inputs)")
     return CalibrationTable(mode, {k: o.range() for k, o in observers.items()})
 
 

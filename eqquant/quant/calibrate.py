@@ -220,10 +220,14 @@ class CalibrationTable:
     mode: str
     ranges: dict[str, Range]
 
+    def write(self, path: str | Path) -> None:
+        """Write the table as JSON to ``path`` (a plain write: see ``save``)."""
+        data = {"mode": self.mode, "ranges": {k: asdict(v) for k, v in self.ranges.items()}}
+        Path(path).write_text(json.dumps(data, indent=1))
+
     def save(self, path: str | Path) -> None:
         from ..ir.params import atomic_write
-        data = {"mode": self.mode, "ranges": {k: asdict(v) for k, v in self.ranges.items()}}
-        atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=1)))
+        atomic_write(path, self.write)
 
     @classmethod
     def load(cls, path: str | Path) -> "CalibrationTable":

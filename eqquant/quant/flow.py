@@ -81,15 +81,19 @@ class QuantizeResult:
                  f"{'value':12s} {'SQNR dB':>8s}"]
         lines += [f"{name:12s} {db:8.1f}" for name, db in self.layers]
         o = self.output
+        where = (f" (on {o['samples']} calibration samples: no held-out input was given)"
+                 if "samples" in o else "")
         lines.append(f"output: SQNR {o['sqnr']:.1f} dB, cosine {o['cosine']:.6f}, "
-                     f"max abs error {o['max_abs_error']:.4g}")
+                     f"max abs error {o['max_abs_error']:.4g}{where}")
         return "\n".join(lines)
 
 
 def evaluate(fp32: Module, int8: Module, table: CalibrationTable, dtype: str,
-             inputs: Mapping[str, np.ndarray]) -> tuple[list[tuple[str, float]], dict]:
+             inputs: Mapping[str, np.ndarray], extra: Sequence[Mapping[str, np.ndarray]] = ()
+             ) -> tuple[list[tuple[str, float]], dict]:
     """SQNR of each requantized value (matched to the calibrated value whose scale it takes)
-    and of the output, on one input; both programs run on the CPU executor."""
+    on ``inputs``, and of the output over ``inputs`` and ``extra``; both programs run on the
+    CPU executor."""
     from ..runtime.executor import Executor
     ex32 = Executor(fp32)
     labels = value_labels(ex32.module.main)
@@ -113,8 +117,13 @@ def evaluate(fp32: Module, int8: Module, table: CalibrationTable, dtype: str,
             if len(names) == 1 and names[0] in fp_values:
                 deq = (value.astype(np.float64) - float(node.args[-1].value)) * scale
                 layers[names[0]] = sqnr_db(fp_values[names[0]], deq)
-    out = Executor(int8).run(inputs, observe=keep_int)
-    r, o = np.asarray(ref, np.float64).ravel(), np.asarray(out, np.float64).ravel()
+    ex8 = Executor(int8)
+    out = ex8.run(inputs, observe=keep_int)
+    refs, outs = [np.asarray(ref, np.float64).ravel()], [np.asarray(out, np.float64).ravel()]
+    for more in extra:             # the output's figures over every sample given
+        refs.append(np.asarray(ex32.run(more), np.float64).ravel())
+        outs.append(np.asarray(ex8.run(more), np.float64).ravel())
+    r, o = np.concatenate(refs), np.concatenate(outs)
     cosine = float(r @ o / (np.linalg.norm(r) * np.linalg.norm(o) or 1.0))
     order = [labels[k] for k in labels if labels[k] in layers]
     return ([(name, layers[name]) for name in dict.fromkeys(order)],
@@ -135,7 +144,10 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     result = optimize(annotate(fp, table, dtype, weight_scale, per_channel, kept_float), None,
                       ["quantize"], cost=cost)
     int8 = expand_calibration(result.module)
-    check = as_inputs(check_input, fp.main) if check_input is not None else samples[0]
-    layers, output = evaluate(fp, int8, table, dtype, check)
+    if check_input is not None:
+        layers, output = evaluate(fp, int8, table, dtype, as_inputs(check_input, fp.main))
+    else:   # no held-out input: the output's figures over (up to 8 of) the calibration set
+        layers, output = evaluate(fp, int8, table, dtype, samples[0], samples[1:8])
+        output["samples"] = min(len(samples), 8)
     return QuantizeResult(int8, fp, table, result, layers, output, dtype, kept_float)
 

@@ -9,6 +9,7 @@ mismatch; a left side that is not an op; ``..?rest`` misuse; duplicate rule name
 """
 from __future__ import annotations
 
+import math
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -18,7 +19,9 @@ from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedInput
 
 from ..errors import EqquantError, RuleError, SourceLoc
-from ..ir.parser import CommentSink, _decode_number, _syntax_error_with, _unquote
+from ..ir.nesting import check_nesting
+from ..ir.parser import (CommentSink, _decode_number, _syntax_error_with, _unquote,
+                         fit_literal)
 from ..ir.types import DTYPES
 from ..ops.attrs import AttrValueError
 from ..ops.registry import BINARY, ELEMWISE, UNARY, all_ops, get_op, has_op
@@ -61,6 +64,7 @@ def load_rules(path: str | Path, _stack: tuple[Path, ...] = ()) -> RuleSet:
 
 
 def parse_rules(text: str, file: str = "<rules>", _stack: tuple[Path, ...] = ()) -> RuleSet:
+    check_nesting(text, file, "rules")
     _COMMENTS.items = []
     try:
         tree = _lark().parse(text)
@@ -118,6 +122,10 @@ class _Builder:
 
     def include(self, item: Tree) -> RuleSet:
         target = _unquote(str(item.children[0]))
+        if not (target.endswith(".rules") or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", target)):
+            # (never read another kind of file: its lines would show in the error)
+            raise self.error(f"include names a .rules file or a shipped ruleset, got "
+                             f"'{target[:80]}'", item)
         base = Path(self.file).parent
         try:
             path = resolve_rules_path(target, base)
@@ -151,7 +159,15 @@ class _Builder:
                 if key not in ("rtol", "atol") or raw.startswith("?"):
                     raise self.error(f"unknown approx option '{key}={raw}' (use rtol=, atol=, "
                                      "scale=?var)", opt)
-                rule.approx[key] = float(raw.rstrip("f"))
+                try:
+                    value = float(raw.rstrip("f"))
+                except ValueError:
+                    value = math.nan
+                if not (math.isfinite(value) and 0 <= value <= 1e6) or \
+                        re.search(r"[iu]\d+$", raw):
+                    raise self.error(f"approx option {key} takes a non-negative number up to "
+                                     f"1e6, got '{raw[:40]}'", opt)
+                rule.approx[key] = value
         elif opts is not None:
             raise self.error("only an approx rule takes (rtol=..., atol=...)", opts)
         for clause in clauses:
@@ -293,8 +309,13 @@ class _Builder:
         return PCall(op, tuple(args), tuple(attrs.items()), rest, self.loc(t))
 
     def number(self, tok: Token):
+        """(value, dtype or None): an unsuffixed (weak) literal takes its operand's dtype
+        when the rule applies, so it must fit the widest one (int64, float64) here."""
         try:
-            return _decode_number(tok)
+            value, dtype = _decode_number(tok)
+            if dtype is None:
+                value = fit_literal(value, "float64" if isinstance(value, float) else "int64")
+            return value, dtype
         except ValueError as e:
             raise self.error(f"bad literal: {e}", tok) from None
 
@@ -310,8 +331,10 @@ class _Builder:
         if kind == "a_string":
             return AttrLit(_unquote(str(t.children[0])), self.loc(t))
         if kind == "a_ints":
-            return AttrLit([int(v) for v in re.findall(r"-?\d+", str(t.children[0]))],
-                           self.loc(t))
+            ints = [int(v) for v in re.findall(r"-?\d+", str(t.children[0]))]
+            if any(abs(v) >= 2 ** 63 for v in ints):
+                raise self.error("bad literal: a list entry does not fit int64", t)
+            return AttrLit(ints, self.loc(t))
         if kind in ("a_true", "a_false", "a_none"):
             return AttrLit({"a_true": True, "a_false": False, "a_none": None}[kind],
                            self.loc(t))
@@ -453,6 +476,9 @@ def _check_uses(p: Pattern, bound: set[str], avars: dict, sets: dict[str, OpRef]
                                       "side", v.loc)
 
 
+MAX_VARIANTS = 64
+
+
 def dtype_variants(rule: Rule) -> list[Rule]:
     """A rule with ``dtype(?x) in {int8, uint8}`` guards as one rule per choice, named
     ``rule[int8]``, ``rule[uint8]`` (each an ordinary rule with a ``==`` guard)."""
@@ -461,6 +487,10 @@ def dtype_variants(rule: Rule) -> list[Rule]:
     choices = [g for g in rule.guards if g.op == "in"]
     if not choices:
         return [rule]
+    count = math.prod(len(g.value) for g in choices)
+    if count > MAX_VARIANTS:
+        raise RuleError(f"rule {rule.name}: its dtype(...) in {{...}} guards make {count} "
+                        f"variants, more than {MAX_VARIANTS}; split the rule", rule.loc)
     out = []
     for combo in itertools.product(*[g.value for g in choices]):
         pick = dict(zip(map(id, choices), combo))

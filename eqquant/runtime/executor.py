@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import EvalError
 from ..ir.nodes import (Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var,
                         post_order)
+from ..ir.interp import check_input
 from ..ir.typecheck import infer_types
 from ..ir.types import TensorType
 from ..passes.inline import inline_calls
@@ -148,10 +149,7 @@ class Executor:
         for name, (s, t) in self.inputs.items():
             if name not in inputs:
                 raise EvalError(f"no value for input %{name}")
-            arr = np.ascontiguousarray(inputs[name], dtype=t.dtype)
-            if arr.shape != t.shape:
-                raise EvalError(f"%{name} expects shape {t.shape}, got {arr.shape}")
-            values[s] = arr
+            values[s] = np.ascontiguousarray(check_input(name, inputs[name], t))
         for i, st in enumerate(self.steps):
             t0 = time.perf_counter() if profile else 0.0
             args = [values[s] for s in st.inputs]
@@ -171,9 +169,7 @@ class Executor:
                 observe(st.node, out)
             if profile:
                 st.seconds.append(time.perf_counter() - t0)
-        result = values[self.out_slot]
-        return tuple(np.array(r) for r in result) if isinstance(result, tuple) \
-            else np.array(result)
+        return _copy_out(values[self.out_slot])
 
     def profile_table(self) -> str:
         rows: dict[str, list[float]] = {}
@@ -187,3 +183,10 @@ class Executor:
             lines.append(f"{label:36s} {len(times):5d} {t * 1e3:9.3f} {100 * t / total:5.1f}%")
         lines.append(f"{'total':36s} {'':5s} {total * 1e3:9.3f}")
         return "\n".join(lines)
+
+
+def _copy_out(value):
+    """The result, copied out of the executor's buffers (tuples kept, nested or not)."""
+    if isinstance(value, tuple):
+        return tuple(_copy_out(v) for v in value)
+    return np.array(value)

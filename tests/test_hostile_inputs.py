@@ -1,0 +1,191 @@
+"""Regression tests for the hostile probe: each bad input ends in eqquant's own located error
+(or a documented behaviour), never another exception, a hang, or a silent wrong result."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import cli_exit
+from eqquant.errors import EqquantError, ParseError
+from eqquant.ir.interp import run
+from eqquant.ir.parser import parse
+from eqquant.quant.flow import quantize
+from eqquant.rules.loader import load_rules, parse_rules
+from eqquant.runtime.executor import Executor
+
+DENSE = ("def @main(%x: Tensor[(1, 4), float32], %w: Tensor[(3, 4), float32]) {\n"
+         "  nn.relu(nn.dense(%x, %w))\n}\n")
+W = {"w": np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)}
+
+
+# -- calibration data ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["minmax", "percentile", "kl_divergence", "global_scale"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_calibration_data_with_nan_or_inf_is_refused(mode, bad):
+    x = np.ones((1, 4), np.float32)
+    x[0, 2] = bad
+    with pytest.raises(EqquantError, match="NaN or infinite"):
+        quantize(parse(DENSE), W, [np.ones((1, 4), np.float32), x], mode)
+
+
+def test_constant_calibration_data_is_refused():
+    for value in (0.0, 3.0, 1e-40):
+        with pytest.raises(EqquantError, match="one value only"):
+            quantize(parse(DENSE), W, [np.full((1, 4), value, np.float32)] * 3, "minmax")
+
+
+def test_the_report_without_a_held_out_input_covers_several_samples():
+    rng = np.random.default_rng(1)
+    samples = [rng.normal(size=(1, 4)).astype(np.float32) for _ in range(5)]
+    r = quantize(parse(DENSE), W, samples, "minmax")
+    assert r.output["samples"] == 5 and "on 5 calibration samples" in r.report()
+
+
+def test_an_all_zero_weight_keeps_its_bias():
+    text = ("def @main(%x: Tensor[(1, 4), float32], %w: Tensor[(2, 4), float32], "
+            "%b: Tensor[(2), float32]) {\n  nn.relu(add(nn.dense(%x, %w), %b))\n}\n")
+    params = {"w": np.zeros((2, 4), np.float32), "b": np.array([0.5, 1.5], np.float32)}
+    rng = np.random.default_rng(0)
+    samples = [rng.normal(size=(1, 4)).astype(np.float32) for _ in range(4)]
+    for per_channel in (False, True):
+        r = quantize(parse(text), params, samples, "minmax", per_channel=per_channel)
+        out = Executor(r.module).run({"x": samples[0]})
+        np.testing.assert_allclose(out, [[0.5, 1.5]], atol=0.02)
+
+
+def test_a_dense_layer_whose_accumulator_could_overflow_stays_float():
+    k = 73728
+    text = (f"def @main(%x: Tensor[(1, {k}), float32], %w: Tensor[(1, {k}), float32]) "
+            "{ nn.dense(%x, %w) }")
+    r = quantize(parse(text), {"w": np.ones((1, k), np.float32)},
+                 [np.ones((1, k), np.float32), np.zeros((1, k), np.float32)], "minmax")
+    assert r.kept_float and "overflow" in r.kept_float[0] and "kept in float" in r.report()
+    out = Executor(r.module).run({"x": np.ones((1, k), np.float32)})
+    np.testing.assert_allclose(out, [[k]], rtol=1e-2)
+
+
+# -- IR text ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("nest", [
+    lambda n: "nn.relu(" * n + "%x" + ")" * n,
+    lambda n: "(" * n + "%x" + ",)" * n,
+    lambda n: "(" * n + "(%x,)" + ").0" * n + ".0",
+    lambda n: "reshape(%x, newshape=" + "[" * n + "2" + "]" * n + ")",
+    lambda n: "fn (%y: Tensor[(2), float32]) { " * n + "%x" + " }" * n,
+])
+def test_deep_nesting_is_a_located_error(nest):
+    text = "def @main(%x: Tensor[(2), float32]) {\n  " + nest(1000) + "\n}\n"
+    with pytest.raises(ParseError) as e:
+        parse(text, "deep.ir")
+    assert e.value.loc.line == 2 and "nest" in e.value.message
+
+
+def test_moderate_nesting_goes_through_every_stage():
+    text = "def @main(%x: Tensor[(2), float32]) {\n  " + "nn.relu(" * 150 + "%x" + \
+        ")" * 150 + "\n}\n"
+    from eqquant.ir.printer import print_module
+    mod = parse(text)
+    assert parse(print_module(mod)) == mod
+    x = {"x": np.array([1.0, -2.0], np.float32)}
+    np.testing.assert_array_equal(run(mod, x), [1.0, 0.0])
+    np.testing.assert_array_equal(Executor(mod).run(x), [1.0, 0.0])
+
+
+@pytest.mark.parametrize("literal,message", [
+    ("2147483648", "does not fit int32"),
+    ("300i8", "does not fit int8"),
+    ("1e999f", "overflows"),
+    ("1e39f", "overflows float32"),
+    ("9" * 5000, "too long"),
+])
+def test_out_of_range_literals_are_located_errors(literal, message):
+    text = f"def @main(%x: Tensor[(2), float32]) {{\n  qnn.quantize(%x, 0.1f, {literal})\n}}\n"
+    with pytest.raises(ParseError, match=message) as e:
+        parse(text)
+    assert e.value.loc.line == 2
+
+
+@pytest.mark.parametrize("text", [
+    "def @main(%x: Tensor[(2), float32]) { reshape(%x, newshape=[18446744073709551616]) }",
+    "def @main(%x: Tensor[(1, 1, 2, 2), float32]) { nn.pad(%x, 0f, pad_width=[[0, 0], [0, 0], "
+    "[0, 4611686018427387904], [0, 0]]) }",
+    "def @main(%x: Tensor[(4611686018427387904, 2), float32]) { nn.relu(%x) }",
+])
+def test_impossible_sizes_are_type_errors(text):
+    from eqquant.ir.typecheck import check_module
+    with pytest.raises(EqquantError) as e:
+        check_module(parse(text))
+    assert e.value.loc is not None
+
+
+def test_a_mixed_integer_conv_without_out_dtype_is_int32_on_every_engine():
+    mod = parse("def @main(%x: Tensor[(1, 2, 3, 3), uint8], %w: Tensor[(1, 2, 1, 1), int8]) "
+                "{ nn.conv2d(%x, %w) }")
+    x = {"x": np.full((1, 2, 3, 3), 200, np.uint8), "w": np.full((1, 2, 1, 1), -3, np.int8)}
+    for out in (run(mod, x), Executor(mod).run(x)):
+        assert out.dtype == np.int32 and out.ravel()[0] == -1200
+
+
+def test_the_cpu_engine_refuses_what_the_reference_refuses():
+    mod = parse("def @main(%x: Tensor[(2), int8]) { nn.relu(%x) }")
+    for bad in (np.array([1.5, 2.0]), np.array([300, 1])):
+        with pytest.raises(EqquantError):
+            Executor(mod).run({"x": bad})
+        with pytest.raises(EqquantError):
+            run(mod, {"x": bad})
+
+
+def test_run_prints_tuple_outputs_and_refuses_a_function_result(tmp_path, capsys):
+    x = tmp_path / "x.npz"
+    np.savez(x, x=np.array([1.0, -2.0], np.float32))
+    tup = tmp_path / "t.ir"
+    tup.write_text("def @main(%x: Tensor[(2), float32]) { ((%x, nn.relu(%x)),) }")
+    for engine in ("cpu", "reference"):
+        assert cli_exit(["run", str(tup), "-x", str(x), "--engine", engine]) == 0
+        out = capsys.readouterr().out
+        assert "output 0" in out and "output 1" in out
+    assert cli_exit(["run", str(tup), "-x", str(x), "-o", str(tmp_path / "o.npz")]) == 0
+    assert sorted(np.load(tmp_path / "o.npz")) == ["output_0", "output_1"]
+    fn = tmp_path / "f.ir"
+    fn.write_text("def @main(%x: Tensor[(2), float32]) { fn (%y: Tensor[(2), float32]) { %y } }")
+    assert cli_exit(["run", str(fn), "-x", str(x), "--engine", "reference"]) == 2
+    assert "function value" in capsys.readouterr().err
+
+
+# -- rules files ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,message", [
+    ("rule big: add(?x, 99999999999999999999) => ?x", "does not fit int64"),
+    ("approx rule r (rtol=300i8): nn.relu(?x) => ?x", "approx option rtol"),
+    ("approx rule r (atol=nan): nn.relu(?x) => ?x", "syntax error"),
+    ("approx rule r (atol=1e999): nn.relu(?x) => ?x", "approx option atol"),
+    ("rule r: reshape(?x, newshape=[99999999999999999999]) => ?x", "does not fit int64"),
+    ('include "/etc/passwd"', "include names a .rules file"),
+    ("rule r: " + "nn.relu(" * 300 + "?x" + ")" * 300 + " => ?x", "nest"),
+])
+def test_bad_rules_are_located_errors(text, message):
+    with pytest.raises(EqquantError, match=message) as e:
+        parse_rules("ruleset t\n" + text + "\n", "t.rules")
+    assert e.value.loc is not None and e.value.loc.line == 2
+    assert "root:" not in e.value.format()
+
+
+def test_dtype_guards_cannot_explode_the_variants():
+    guards = ", ".join(f"dtype(?{v}) in {{int8, uint8, int16, int32}}" for v in "abcdefgh")
+    text = ("ruleset t\nrule g: add(add(add(?a, ?b), add(?c, ?d)), add(add(?e, ?f), add(?g, ?h)))"
+            f" => ?a\n    if {guards}\n")
+    with pytest.raises(EqquantError, match="variants"):
+        parse_rules(text, "t.rules")
+
+
+def test_a_schedule_file_is_never_echoed(tmp_path, capsys):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    prog = tmp_path / "p.ir"
+    prog.write_text("def @main(%x: Tensor[(2), float32]) { nn.relu(%x) }")
+    code = cli_exit(["opt", str(prog), "-r", "simplify", "-s", f"@{secret}",
+                     "-o", str(tmp_path / "o.ir")])
+    err = capsys.readouterr().err
+    assert code == 2 and "schedule" in err and "root:" not in err
+    assert not (tmp_path / "o.ir").exists()
