@@ -32,3 +32,14 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+settings.register_profile("long", max_examples=20_000, deadline=None)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many inputs each fuzzer ran (tests/test_fuzz.py)."""
+    from fuzzing import RAN
+    if RAN:
+        terminalreporter.write_line("fuzz inputs: " + ", ".join(
+            f"{name} {n}" for name, n in sorted(RAN.items())))

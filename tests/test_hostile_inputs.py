@@ -189,3 +189,30 @@ def test_a_schedule_file_is_never_echoed(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "schedule" in err and "root:" not in err
     assert not (tmp_path / "o.ir").exists()
+
+
+@pytest.mark.parametrize("body", [
+    "nn.batch_norm(%x, %x, %x, %x, %x).0", "nn.bias_add(%x, %x)", "concatenate((%x, %x))",
+    "squeeze(%x, axis=[0])", "mean(%x, axis=[0])", "nn.softmax(%x)", "nn.batch_flatten(%x)",
+])
+def test_rank_0_inputs_are_type_errors_where_an_axis_is_needed(body):
+    from eqquant.ir.typecheck import check_module
+    with pytest.raises(EqquantError) as e:
+        check_module(parse(f"def @main(%x: Tensor[(), float32]) {{\n  {body}\n}}\n"))
+    assert e.value.loc is not None and e.value.loc.line == 2
+
+
+@pytest.mark.parametrize("body", ["transpose(%x)", "squeeze(%x)", "nn.relu(%x)",
+                                  "reshape(%x, newshape=[])", "add(%x, 1f)"])
+def test_rank_0_values_stay_rank_0_on_both_engines(body):
+    mod = parse(f"def @main(%x: Tensor[(), float32]) {{ {body} }}")
+    x = {"x": np.array(1.5, np.float32)}
+    for out in (run(mod, x), Executor(mod).run(x)):
+        assert out.shape == ()
+
+
+def test_a_zero_size_softmax_runs_on_both_engines():
+    mod = parse("def @main(%x: Tensor[(0, 4), float32]) { nn.softmax(%x) }")
+    x = {"x": np.zeros((0, 4), np.float32)}
+    for out in (run(mod, x), Executor(mod).run(x)):
+        assert out.shape == (0, 4)

@@ -29,7 +29,9 @@ def test_non_terminating_ruleset_stops_at_its_limit_with_a_report():
     report = session.run(parse_schedule("ac"))
     phase = report.phases[0]
     assert phase.stop == "node limit"
-    assert phase.enodes > 20_000
+    # the iteration that would have grown past the limit was not begun (egglog cannot be
+    # stopped inside one; a graph 5-17x over the limit after one iteration was the old way)
+    assert 1_000 < phase.enodes <= 20_000
     assert not report.saturated
     assert "LIMIT HIT: ac: node limit" in report.table()
     assert phase.matches["add_comm"] > 0 and phase.matches["add_assoc"] > 0
@@ -47,6 +49,31 @@ def test_time_limit_is_reported():
     session = EGraphSession(add_chain(12), Limits(iterations=1000, nodes=10**9, seconds=0.0))
     session.add_ruleset(AC)
     assert session.run(parse_schedule("ac")).phases[0].stop == "time limit"
+
+
+def test_no_iteration_begins_that_would_end_past_the_time_limit():
+    """egglog cannot be stopped inside an iteration; the engine does not begin one that the
+    last one's time and growth say would end past the limit. (A clock that advances a fixed
+    0.3 s per iteration makes this deterministic: a 1 s limit allows three iterations.)"""
+    ticks = [0.0]
+
+    def clock():
+        return ticks[0]
+
+    session = EGraphSession(add_chain(40), Limits(iterations=1000, nodes=10**9, seconds=1.0),
+                            clock=clock)
+    session.add_ruleset(AC)
+    real_run = session._run
+
+    def run_and_tick(text):
+        if text.startswith("(run ") and text.endswith(" 1)"):     # one iteration
+            ticks[0] += 0.3
+        return real_run(text)
+    session._run = run_and_tick
+    phase = session.run(parse_schedule("ac")).phases[0]
+    assert phase.stop == "time limit"
+    assert 1 <= phase.iterations <= 3
+    assert ticks[0] <= 1.0 + 1e-9       # no iteration ran past the limit
 
 
 def test_extraction_after_a_limit_is_still_correct():

@@ -114,29 +114,45 @@ def greedy_dag(view: EGraphView, root: str, model: CostModel) -> Extraction:
     """Greedy DAG extraction, then local improvement: switch one class at a time to another
     of its nodes while the whole program's cost (shared values once) goes down."""
     costs = node_costs(view, model)
+    # Each class's best subprogram is kept as a bit set of the classes it uses (a Python int:
+    # a union is one OR, and a chain of 5,000 ops takes megabytes, not the gigabytes a set
+    # per class would), with its total cost, shared classes counted once.
+    bit = {c: i for i, c in enumerate(view.classes)}
+    own: dict[int, float] = {}         # bit -> the cost of the class's chosen node
     # constant classes are folded at compile time: cost 0, an acyclic choice fixed up front
-    best: dict[str, tuple[float, dict[str, float], ENode]] = {
-        c: (0.0, {}, n) for c, n in view.const_node.items()}
+    best: dict[str, tuple[float, int, ENode]] = {
+        c: (0.0, 1 << bit[c], n) for c, n in view.const_node.items()}
+    for c in view.const_node:
+        own[bit[c]] = 0.0
     todo = [c for c in view.order if c not in view.const_node]
     for _ in range(50):  # a class's total only goes down, so this ends
         changed = False
         for cls in todo:
             current = best.get(cls)
+            me = 1 << bit[cls]
             for n in view.classes[cls]:
                 if n.node_id not in costs:
                     continue
                 kids = [best.get(k) for k in n.children]
-                if any(k is None or cls in k[1] for k in kids):
+                if any(k is None or k[1] & me for k in kids):
                     continue  # an operand is not reachable yet, or this would close a cycle
-                sub = {cls: costs[n.node_id]}
-                for k in kids:
-                    sub.update(k[1])
-                total = sum(sub.values())
+                total, mask = costs[n.node_id], me
+                if kids:
+                    base = max(kids, key=lambda k: k[0])
+                    total, mask = total + base[0], mask | base[1]
+                    for k in kids:
+                        new = k[1] & ~mask
+                        mask |= new
+                        while new:           # the classes this operand adds
+                            low = new & -new
+                            total += own[low.bit_length() - 1]
+                            new ^= low
                 if current is None or total < current[0] * (1 - 1e-12):
-                    current = (total, sub, n)
+                    current = (total, mask, n)
                     changed = True
             if current is not None:
                 best[cls] = current
+                own[bit[cls]] = costs[current[2].node_id]
         if not changed:
             break
     if root not in best:
@@ -144,31 +160,117 @@ def greedy_dag(view: EGraphView, root: str, model: CostModel) -> Extraction:
     choice = {c: b[2] for c, b in best.items()}
     fixed = view.const_node  # cost 0 and never on a cycle: not entered while searching
 
-    def trial_cost(used):
-        return sum(costs[n.node_id] for c, n in used.items() if c not in fixed)
+    choice = _improve(choice, root, fixed, costs, view)
+    used = _used(choice, root)
+    return Extraction(used, dag_cost(used, costs, root), "greedy")
 
-    used = _acyclic_used(choice, root, fixed)
-    cost = trial_cost(used)
-    for _ in range(10):
+
+class _Program:
+    """The program a choice of one node per class extracts, kept up to date under single
+    switches: which classes it uses (reference counts), their order (operands first) and its
+    cost, so that trying a switch costs only the part of the program that changes."""
+
+    def __init__(self, choice, root, fixed, costs):
+        self.choice, self.root, self.fixed, self.costs = choice, root, fixed, costs
+        self.refs: dict[str, int] = {}
+        self.recount()
+
+    def kids(self, c):
+        return () if c in self.fixed else self.choice[c].children
+
+    def cost_of(self, c) -> float:
+        return 0.0 if c in self.fixed else self.costs[self.choice[c].node_id]
+
+    def recount(self) -> None:
+        refs: dict[str, int] = {self.root: 1}
+        order: list[str] = []
+        stack = [(self.root, False)]
+        seen = {self.root}
+        while stack:
+            c, done = stack.pop()
+            if done:
+                order.append(c)
+                continue
+            stack.append((c, True))
+            for k in self.kids(c):
+                refs[k] = refs.get(k, 0) + 1
+                if k not in seen:
+                    seen.add(k)
+                    stack.append((k, False))
+        self.refs = refs
+        self.topo = {c: i for i, c in enumerate(order)}
+        self.total = sum(self.cost_of(c) for c in refs)
+
+    def reaches(self, start, target) -> bool:
+        """Whether ``target`` is reachable from ``start`` under the current choice (used
+        classes ordered before ``target`` cannot reach it: they are not entered)."""
+        limit = self.topo[target]
+        stack, seen = [start], {start}
+        while stack:
+            c = stack.pop()
+            if c == target:
+                return True
+            if c in self.topo and self.topo[c] < limit:
+                continue
+            for k in self.kids(c):
+                if k not in seen:
+                    seen.add(k)
+                    stack.append(k)
+        return False
+
+    def delta(self, cls, node) -> tuple[float, dict[str, int]] | None:
+        """The change of cost if ``cls`` took ``node`` (None if that closes a cycle), and the
+        reference counts that change."""
+        if any(self.reaches(k, cls) for k in node.children):
+            return None
+        refs: dict[str, int] = {}
+        get = lambda c: refs.get(c, self.refs.get(c, 0))  # noqa: E731
+        change = self.costs[node.node_id] - self.cost_of(cls)
+        stack = list(node.children)          # operands the new node uses
+        while stack:
+            c = stack.pop()
+            n = get(c)
+            refs[c] = n + 1
+            if n == 0:                       # newly used: it and its operands join
+                change += self.cost_of(c)
+                stack.extend(self.kids(c))
+        stack = list(self.kids(cls))         # operands the old node no longer uses
+        while stack:
+            c = stack.pop()
+            n = get(c) - 1
+            refs[c] = n
+            if n == 0:                       # no longer used: it and its operands leave
+                change -= self.cost_of(c)
+                stack.extend(self.kids(c))
+        return change, refs
+
+    def switch(self, cls, node, refs) -> None:
+        self.choice[cls] = node
+        self.recount()
+
+
+def _improve(choice, root, fixed, costs, view: EGraphView, rounds: int = 10):
+    """Local improvement: switch one class at a time to another of its nodes while the whole
+    program's cost (shared values once) goes down. Each trial costs the part of the program
+    the switch changes, not the whole program."""
+    choice = dict(choice)
+    prog = _Program(choice, root, fixed, costs)
+    for _ in range(rounds):
         improved = False
-        for cls in list(used):
-            if cls in fixed or len(view.classes[cls]) < 2:
+        for cls in list(prog.topo):
+            if cls in fixed or cls not in prog.refs or len(view.classes[cls]) < 2:
                 continue
             for n in view.classes[cls]:
                 if n is choice[cls] or n.node_id not in costs or \
                         any(k not in choice for k in n.children):
                     continue
-                trial = {**choice, cls: n}
-                trial_used = _acyclic_used(trial, root, fixed)
-                if trial_used is None:
-                    continue
-                new_cost = trial_cost(trial_used)
-                if new_cost < cost * (1 - 1e-12):
-                    choice, used, cost, improved = trial, trial_used, new_cost, True
+                found = prog.delta(cls, n)
+                if found is not None and found[0] < -1e-12 * max(prog.total, 1e-30):
+                    prog.switch(cls, n, found[1])
+                    improved = True
         if not improved:
             break
-    used = _used(choice, root)
-    return Extraction(used, dag_cost(used, costs, root), "greedy")
+    return prog.choice
 
 
 def _cyclic_edges(view: EGraphView, classes: list[str], nodes) -> set[tuple[str, str]]:

@@ -227,6 +227,7 @@ class _Builder:
         self.meta_nodes: dict[int, Constant] = {}
         self.by_end: dict[int, Expr] = {}  # end offset of a value's text -> the value
         self.globals: list[GlobalVar] = []
+        self._types_read: dict[str, Type] = {}
         self.ty_by_end = {self._owner_end(tok.start_pos): (tok, start, ty_text)
                           for tok, start, ty_text in self._ty_comments()}
 
@@ -507,10 +508,18 @@ class _Builder:
         return self._comment_type(*found) if found else None
 
     def _comment_type(self, tok: Token, start: int, ty_text: str) -> Type:
-        line = self.text.count("\n", 0, start) + 1
-        col = start - (self.text.rfind("\n", 0, start) + 1) + 1
+        known = self._types_read.get(ty_text)
+        if known is not None:     # (most annotations repeat a few types)
+            return known
+        # the position from the comment's own token: counting lines from the start of the
+        # text for every annotation made reading quadratic in the text's length
+        line = tok.line + self.text.count("\n", tok.start_pos, start)
+        col = start - (self.text.rfind("\n", tok.start_pos, start) + 1) + 1 \
+            if line != tok.line else tok.column + (start - tok.start_pos)
         try:
-            return parse_type(ty_text, self.file, line, col)
+            t = parse_type(ty_text, self.file, line, col)
+            self._types_read[ty_text] = t
+            return t
         except ParseError as e:
             e.loc = SourceLoc(self.file, e.loc.line if e.loc else line,
                               e.loc.column if e.loc else col, self.text)

@@ -223,8 +223,7 @@ def _transpose_rel(types, attrs):
 
 register(OpDef("transpose", inputs=("data",), props=frozenset({LAYOUT}),
                attrs=(Attr("axes", OPT_INTS, None),), type_rel=_transpose_rel,
-               semantics=lambda x, *, axes: np.ascontiguousarray(
-                   np.transpose(x, _perm(x.ndim, axes))),
+               semantics=lambda x, *, axes: np.transpose(x, _perm(x.ndim, axes)).copy(),
                doc="permute axes (reverse them when axes is None)"))
 
 

@@ -67,9 +67,11 @@ def compute_dtypes(types: Sequence[Type], attrs: Mapping[str, Any], a: TensorTyp
 
 
 def norm_axis(axis: int, rank: int, arg: int = 0) -> int:
-    if not -rank <= axis < max(rank, 1):
-        raise OpTypeError(f"axis {axis} is out of range for rank {rank}", arg=arg)
-    return axis % rank if rank else 0
+    """``axis`` in [0, rank): a scalar (rank 0) has no axis to name."""
+    if not -rank <= axis < rank:
+        raise OpTypeError(f"axis {axis} is out of range for rank {rank}"
+                          + (" (a scalar has no axes)" if rank == 0 else ""), arg=arg)
+    return axis % rank
 
 
 def tuple_of(*fields: Type) -> TupleType:

@@ -64,7 +64,8 @@ class Executor:
                 if node.data is None:
                     raise EvalError(f"meta[relay.Constant][{node.index}] has no value: load "
                                     "the params with the program", node.loc)
-                self.fixed[s] = np.ascontiguousarray(node.data)
+                data = np.asarray(node.data)   # (contiguous; a 0-d constant stays 0-d)
+                self.fixed[s] = data if data.flags.c_contiguous else np.array(data, order="C")
             elif isinstance(node, Scalar):
                 self.fixed[s] = node.data
             elif isinstance(node, Tuple):
@@ -149,7 +150,8 @@ class Executor:
         for name, (s, t) in self.inputs.items():
             if name not in inputs:
                 raise EvalError(f"no value for input %{name}")
-            values[s] = np.ascontiguousarray(check_input(name, inputs[name], t))
+            arr = check_input(name, inputs[name], t)   # (contiguous; a 0-d array stays 0-d)
+            values[s] = arr if arr.flags.c_contiguous else np.array(arr, order="C")
         for i, st in enumerate(self.steps):
             t0 = time.perf_counter() if profile else 0.0
             args = [values[s] for s in st.inputs]
