@@ -3,7 +3,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SEEDS = REPO.parent / "shared" / "seeds"
+# the seed documents the tests read, copied here so that the tests stand alone;
+# tests/test_seed_listings.py keeps them identical to ../shared/seeds/ when that exists
+SEEDS = REPO / "tests" / "data" / "seeds"
+SHARED_SEEDS = REPO.parent / "shared" / "seeds"
 
 
 def cli_exit(argv) -> int:

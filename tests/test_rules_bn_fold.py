@@ -5,13 +5,13 @@ import numpy as np
 from eqquant.ir.interp import run
 from eqquant.ir.nodes import Call, Constant, Function, Module, post_order
 from eqquant.ir.parser import parse
-from eqquant.ir.seeds import listings
 from eqquant.optimizer import optimize
 from eqquant.rules.check import check_ruleset
 from eqquant.rules.loader import load_rules
 from eqquant.zoo import build
 
 from conftest import seed_file
+from seed_listings import listings
 
 SCHEDULE = "simplify; bn_fold; simplify"
 

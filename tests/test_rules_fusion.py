@@ -6,7 +6,6 @@ from eqquant.ir.interp import run
 from eqquant.ir.nodes import Call, Function, Module, post_order, structural_equal
 from eqquant.ir.parser import parse
 from eqquant.ir.printer import print_module
-from eqquant.ir.seeds import listings
 from eqquant.optimizer import optimize
 from eqquant.passes.partition import partition_view
 from eqquant.rules.check import check_ruleset
@@ -14,6 +13,7 @@ from eqquant.rules.loader import load_rules
 from eqquant.zoo import build
 
 from conftest import seed_file
+from seed_listings import listings
 
 RULES = ["simplify", "bn_fold", "fusion"]
 SCHEDULE = "simplify; bn_fold; simplify; fusion"

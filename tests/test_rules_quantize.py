@@ -125,7 +125,7 @@ def _normalized_ops(mod):
 
 def test_realize_view_has_the_seed_final_op_sequence(flow):
     from eqquant.ir.parser import parse
-    from eqquant.ir.seeds import listings
+    from seed_listings import listings
     from eqquant.quant.realize import realize_view
     from conftest import seed_file
     fp, _, q, rng = flow
@@ -151,7 +151,7 @@ def test_int8_realize_view_saturates_as_the_seed_does(flow):
     of its clips); the TVM-compatible mode's realize view has the same bounds and its
     quantize, requantize and add saturate there, value for value."""
     from eqquant.ir.parser import parse
-    from eqquant.ir.seeds import listings
+    from seed_listings import listings
     from eqquant.quant.realize import realize_view
     from conftest import seed_file
     _, _, q, rng = flow

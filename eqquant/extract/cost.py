@@ -7,13 +7,11 @@ Extraction adds these up over the chosen program, counting a shared value once; 
 is a constant subexpression costs nothing (it is folded at compile time), and so do leaves.
 
 - ``nodes``: one per op call, zero for ops that do nothing at run time (annotations, views).
-- ``cpu``: a roofline-style latency estimate for this kind of machine (2 cores, AVX-512):
-  arithmetic at a peak that depends on the dtype, plus the bytes the op reads and writes at
-  memory bandwidth. The int8 peak is 2.4x the fp32 one: what eqquant's own kernels measure
-  on this machine (``bench/int8_factor.py``: resnet18's convolutions take 45-47 ms in fp32 and
-  19-20 ms as fused int8 convolutions, a factor of 2.3-2.4). A VNNI GEMM alone can do more
-  (``../shared/notes/measured.md``: 1,124 vs 229 GOPS against OpenBLAS's sgemm); the factor
-  follows the kernels as they improve.
+- ``cpu``: a roofline-style latency estimate: arithmetic at a peak that depends on the dtype,
+  plus the bytes the op reads and writes at memory bandwidth. The int8 peak is 2.4x the fp32
+  one: what eqquant's own kernels measured on a VNNI machine (``bench/int8_factor.py``:
+  resnet18's convolutions 45-47 ms in fp32 and 19-20 ms as fused int8 convolutions, a factor
+  of 2.3-2.4; run it to see this machine's). The factor follows the kernels as they improve.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Reading the IR listings out of the seed documents (``../shared/seeds/*.txt``).
+"""Reading the IR listings out of the seed documents (``tests/data/seeds/*.txt``, copies of
+``../shared/seeds/``).
 
 A listing starts at a line beginning ``def @`` and ends at the first line that is a lone ``}``
 (inner ``fn`` bodies close with ``} /* ty=... */;``, never a lone brace).
