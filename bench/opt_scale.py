@@ -1,5 +1,6 @@
 """How `eqquant opt` scales with the program's size: time and peak memory for 1,000 to
-5,000-op programs (residual conv/batch-norm/relu blocks), each in its own process.
+5,000-op programs (residual conv/batch-norm/relu blocks), each in its own process; then ONNX
+import of 1,000 to 8,000-node graphs and reading text with a ty= annotation on every value.
 
     python bench/opt_scale.py [--sizes 1000,2000,3000,5000]
 
@@ -48,6 +49,39 @@ def main() -> None:
     print("ops     s/op relative to the smallest (1.0 = linear)   peak MB")
     for ops, seconds, mb in rows:
         print(f"{ops:6d}  {seconds / ops / base:5.2f}  {mb:8.0f}")
+    _import_and_read()
+
+
+def _import_and_read() -> None:
+    from eqquant.ir.parser import parse
+    from eqquant.ir.printer import print_module
+    try:
+        from onnx import TensorProto, helper
+
+        from eqquant.interop.onnx_import import import_onnx
+    except ImportError:
+        print("(ONNX import: the onnx extra is not installed)")
+        import_onnx = None
+    if import_onnx is not None:
+        for n in (1000, 4000, 8000):
+            nodes, prev = [], "x"
+            for i in range(n):
+                nodes.append(helper.make_node("Relu", [prev], [f"r{i}"], name=f"n{i}"))
+                prev = f"r{i}"
+            graph = helper.make_graph(
+                nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 8])])
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+            model.ir_version = 8
+            t0 = time.perf_counter()
+            import_onnx(model)
+            print(f"ONNX import, {n:5d} nodes: {time.perf_counter() - t0:6.2f} s")
+    for n in (5000, 20000):
+        text = print_module(big_program(n)[0], show_types=True)
+        t0 = time.perf_counter()
+        parse(text)
+        print(f"read {n:5d} ops with ty= annotations ({len(text) / 1e6:.1f} MB): "
+              f"{time.perf_counter() - t0:6.2f} s")
 
 
 if __name__ == "__main__":

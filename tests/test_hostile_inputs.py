@@ -216,3 +216,53 @@ def test_a_zero_size_softmax_runs_on_both_engines():
     x = {"x": np.zeros((0, 4), np.float32)}
     for out in (run(mod, x), Executor(mod).run(x)):
         assert out.shape == (0, 4)
+
+
+def test_strings_print_with_escapes_and_read_back():
+    from eqquant.ir.printer import print_module
+    text = ("def @main(%x: Tensor[(2), float32]) {\n  %0 = fn (%p: Tensor[(2), float32], "
+            'Composite="a\\nb\\t\\"c\\"\\\\") { nn.relu(%p) };\n  %0(%x)\n}\n')
+    mod = parse(text)
+    out = print_module(mod)
+    assert "\n" not in out.split("Composite=")[1].split(")")[0]
+    assert parse(out) == mod and print_module(parse(out)) == out
+
+
+def test_keyword_only_values_are_located():
+    """True, False and () have no token of their own: reading them needs positions."""
+    text = "def @main(%x: Tensor[(2), float32]) {\n  %0 = (True, False, ());\n  %x\n}\n"
+    from eqquant.ir.printer import print_module
+    assert "%x" in print_module(parse(text))
+    from eqquant.ir.typecheck import check_module
+    with pytest.raises(EqquantError) as e:
+        check_module(parse("def @main(%x: Tensor[(2), float32]) {\n  add(%x, ())\n}\n"))
+    assert e.value.loc is not None and e.value.loc.line == 2
+
+
+def test_an_npy_where_an_npz_is_expected_is_named(tmp_path):
+    from eqquant.ir.params import load_params
+    path = tmp_path / "w.npy"
+    np.save(path, np.ones(3))
+    with pytest.raises(EqquantError, match="not an .npz file.*an .npy holds one array"):
+        load_params(path)
+
+
+def test_a_compressed_npz_bomb_costs_nothing_until_its_entry_is_read(tmp_path):
+    """2 MB on disk, 2 GB unpacked: an entry the program never reads is never unpacked, and
+    an entry declaring more than the limit is refused from its header alone."""
+    import resource
+    from eqquant.ir import params as P
+    path = tmp_path / "bomb.npz"
+    np.savez_compressed(path, big=np.zeros(2 ** 28, np.float64), small=np.ones(3, np.float32))
+    assert path.stat().st_size < 4 * 2 ** 20
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    values = P.load_params(path)
+    np.testing.assert_array_equal(values["small"], [1, 1, 1])
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 500 * 1024   # KB
+    old = P.MAX_ARRAY_BYTES
+    P.MAX_ARRAY_BYTES = 2 ** 30
+    try:
+        with pytest.raises(EqquantError, match="declares"):
+            P.load_params(path)
+    finally:
+        P.MAX_ARRAY_BYTES = old
