@@ -32,7 +32,7 @@ def _budget(n: int) -> int:
 
 
 def _fuzz_settings(n: int):
-    return settings(max_examples=_budget(n), deadline=10_000, derandomize=True,
+    return settings(max_examples=_budget(n), deadline=60_000, derandomize=True,
                     suppress_health_check=list(HealthCheck), database=None)
 
 

@@ -67,13 +67,19 @@ def test_quantize_kernel_rounds_half_to_even_like_the_reference():
     np.testing.assert_array_equal(got, [0, 2, 0, -2, 2, 127, -127, 0])  # int8: [-127, 127]
 
 
+def _simd_used(ex, path):
+    """How many steps run the SIMD GEMM of ``path``."""
+    return sum(getattr(getattr(s.fn, "conv", s.fn), "gemm_path", "portable") == path
+               for s in ex.steps) if path != "portable" else 0
+
+
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
-def test_vnni_and_portable_paths_agree_bit_for_bit(monkeypatch, dtype):
-    """On a CPU with AVX512-VNNI both int8 convolution paths run and agree with each other and
-    with the reference; elsewhere the dispatcher must pick the portable path."""
+def test_every_int8_path_agrees_bit_for_bit(monkeypatch, dtype):
+    """Every int8 GEMM path the CPU has (VNNI, AVX2, portable) runs the seed block and agrees
+    with the reference bit for bit; a path the CPU lacks falls back, and the dispatcher picks
+    the fastest the CPU has."""
     from eqquant.quant.flow import quantize
-    from eqquant.runtime import vnni
-    from eqquant.runtime.bindings_int8 import int8_path
+    from eqquant.runtime.bindings_int8 import PATHS, int8_path, path_available
     from eqquant.zoo import build
     m = build("seed004", image_size=64)
     rng = np.random.default_rng(0)
@@ -81,38 +87,39 @@ def test_vnni_and_portable_paths_agree_bit_for_bit(monkeypatch, dtype):
     r = quantize(m.module, m.params, samples, "minmax", per_channel=True, dtype=dtype)
     x = {"data": rng.normal(size=(1, 3, 64, 64)).astype("float32")}
     ref = run(r.module, x)
-    outputs = {}
-    for path in ("portable", "vnni"):
+    for path in PATHS:
         monkeypatch.setenv("EQQUANT_INT8_KERNEL", path)
         ex = Executor(r.module)
         assert not [s.label for s in ex.steps if "reference" in s.label]
-        used = sum(getattr(getattr(s.fn, "conv", s.fn), "use_vnni", False) for s in ex.steps)
-        if path == "vnni" and vnni.available():
-            assert used == 3
-        else:
-            assert used == 0
-        outputs[path] = ex.run(x)
-        np.testing.assert_array_equal(outputs[path], ref)
-    np.testing.assert_array_equal(outputs["portable"], outputs["vnni"])
+        assert _simd_used(ex, path) == (3 if path_available(path) and path != "portable"
+                                        else 0)
+        np.testing.assert_array_equal(ex.run(x), ref)
     monkeypatch.delenv("EQQUANT_INT8_KERNEL")
-    assert int8_path() == ("vnni" if vnni.available() else "portable")
+    assert int8_path() == next(p for p in PATHS if path_available(p))
 
 
-def test_vnni_gemm_exact_on_random_matrices():
-    from eqquant.runtime import vnni
-    if not vnni.available():
-        assert vnni.available() is False  # the portable path is the one in use here
-        return
+@pytest.mark.parametrize("path", ["vnni", "avx2"])
+def test_simd_gemms_exact_on_random_matrices(path):
+    from eqquant.runtime.bindings_int8 import path_available, simd_module
+    if not path_available(path):
+        pytest.skip(f"this CPU has no {path}: that path cannot run here")
+    module = simd_module(path)
     rng = np.random.default_rng(1)
-    for p, k, o in [(7, 5, 64), (50, 147, 128), (3, 576, 64)]:
+    smallest = module.BLOCK                  # one block of output channels
+    for p, k, o in [(7, 5, 64), (50, 147, 128), (3, 576, 64), (1, 1, smallest)]:
         w = rng.integers(-128, 128, size=(o, k)).astype(np.int8)
+        w[0] = -128
         a = rng.integers(0, 256, size=(p, k)).astype(np.uint8)
-        packed, _, kp = vnni.pack(w)
+        a[0] = 255                            # the extremes: 255 x -128 in every product
+        packed, _, kp = module.pack(w)
         rows = np.zeros((p, kp), np.uint8)
         rows[:, :k] = a
         out = np.empty((p, o), np.int32)
-        vnni.gemm(rows, packed, out)
+        module.gemm(rows, packed, out)
         np.testing.assert_array_equal(out, a.astype(np.int64) @ w.astype(np.int64).T)
+        out2 = np.empty((p, o), np.int32)
+        module.gemm_parallel(rows, packed, out2)
+        np.testing.assert_array_equal(out2, out)
 
 
 @pytest.mark.parametrize("method, dtype", [("realize", "int8"), ("once", "uint8"),
@@ -149,7 +156,7 @@ def test_qnn_add_kernel_is_bit_exact(method, dtype):
        st.integers(-4, 4), st.booleans(), st.integers(0, 999))
 def test_int8_dense_is_bit_exact(n, k, units, unsigned, zx, per_unit, seed):
     """Both paths: units in {1..12} take the portable GEMM, 64 * units / 4 (zero points 0)
-    the VNNI one where the CPU has it."""
+    the SIMD one where the CPU has one."""
     for units_, per_unit_ in ((units, per_unit), (64 * ((units + 3) // 4), False)):
         _check_dense(n, k, units_, unsigned, zx, per_unit_, seed)
 
@@ -168,8 +175,8 @@ def _check_dense(n, k, units, unsigned, zx, per_unit, seed):
     ex = Executor(bound)
     assert [s.label for s in ex.steps] == ["qnn.dense"]
     from eqquant.runtime.bindings_int8 import int8_path
-    assert ex.steps[0].fn.use_vnni == (units % 64 == 0 and not per_unit
-                                       and int8_path() == "vnni")
+    simd = units % 64 == 0 and not per_unit and int8_path() != "portable"
+    assert ex.steps[0].fn.gemm_path == (int8_path() if simd else "portable")
     lo, hi = (0, 256) if unsigned else (-128, 128)
     xs = {"x": rng.integers(lo, hi, size=(n, k)).astype(xdt)}
     np.testing.assert_array_equal(ex.run(xs), run(bound, xs))
@@ -196,8 +203,8 @@ def test_integer_average_pools_are_bit_exact(dtype, k, stride, pad, include_pad,
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("path", ["portable", "vnni"])
-def test_relu6_convolutions_are_bit_exact_on_both_paths(monkeypatch, path):
+@pytest.mark.parametrize("path", ["portable", "vnni", "avx2"])
+def test_relu6_convolutions_are_bit_exact_on_every_path(monkeypatch, path):
     """fused.qconv2d with a clip (ReLU6) epilogue: a MobileNet block whose 1x1 expansion has 64
     channels (the VNNI path's block), its depthwise and projection convolutions."""
     import onnx_models as om
@@ -214,9 +221,11 @@ def test_relu6_convolutions_are_bit_exact_on_both_paths(monkeypatch, path):
             if isinstance(n, Call) and n.op_name == "fused.qconv2d"]
     assert acts.count("clip") == 2
     ex = Executor(q.module)
-    used = sum(getattr(getattr(st.fn, "conv", None), "use_vnni", False) for st in ex.steps)
-    from eqquant.runtime import vnni
-    assert used == (1 if path == "vnni" and vnni.available() else 0)
+    from eqquant.runtime.bindings_int8 import path_available
+    if path != "portable" and not path_available(path):
+        pytest.skip(f"this CPU has no {path}")
+    # the 64-channel expansion (and, on AVX2's 16-channel blocks, the 16-channel projection)
+    assert _simd_used(ex, path) == {"portable": 0, "vnni": 1, "avx2": 2}[path]
     assert not [s.label for s in ex.steps if "reference" in s.label]
     np.testing.assert_array_equal(ex.run(samples[0]), run(q.module, samples[0]))
 
@@ -240,9 +249,9 @@ def test_qnn_clip_kernel_is_bit_exact(per_channel):
                          - np.clip(real, -1, 6)) <= 0.5 * np.max(s) + 1e-6)
 
 
-@pytest.mark.parametrize("path", ["portable", "vnni"])
+@pytest.mark.parametrize("path", ["portable", "vnni", "avx2"])
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
-def test_unfused_int8_conv_on_both_paths(monkeypatch, path, dtype):
+def test_unfused_int8_conv_on_every_path(monkeypatch, path, dtype):
     """qnn.conv2d on its own (64 output channels: the VNNI path's block), strided and padded,
     with a nonzero input zero point."""
     monkeypatch.setenv("EQQUANT_INT8_KERNEL", path)
@@ -257,7 +266,7 @@ def test_unfused_int8_conv_on_both_paths(monkeypatch, path, dtype):
     bound = bind_params(*b.finish(y))
     ex = Executor(bound)
     from eqquant.runtime.bindings_int8 import int8_path
-    assert ex.steps[0].fn.use_vnni == (int8_path() == "vnni")
+    assert ex.steps[0].fn.gemm_path == int8_path()
     lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
     xs = {"x": rng.integers(lo, hi, (1, 5, 9, 9)).astype(dtype)}
     np.testing.assert_array_equal(ex.run(xs), run(bound, xs))

@@ -1,8 +1,8 @@
 """Kernel bindings of the integer ops: quantize, dequantize, requantize, qnn.conv2d,
 qnn.dense, qnn.add, qnn.clip and the fused int8 convolution. Convolutions and dense layers run
-on the AVX512-VNNI GEMM (``vnni.py``) when the CPU has it (``int8_path``), on portable Numba
-loops (``kernels_int8.py``) otherwise; both give the reference's bits. See ``bindings.py`` for
-what a binding is.
+on a SIMD GEMM chosen from the CPU's features at run time (``int8_path``): AVX512-VNNI
+(``vnni.py``), else AVX2 (``avx2.py``), else portable Numba loops (``kernels_int8.py``); every
+path gives the reference's bits. See ``bindings.py`` for what a binding is.
 """
 from __future__ import annotations
 
@@ -21,25 +21,44 @@ def _const_scalar(consts, i):
     return np.asarray(v).reshape(())
 
 
+PATHS = ("vnni", "avx2", "portable")     # fastest first
+
+
+def simd_module(path: str):
+    """The GEMM module of a SIMD path (both have the same interface), or None."""
+    if path == "vnni":
+        from . import vnni
+        return vnni
+    if path == "avx2":
+        from . import avx2
+        return avx2
+    return None
+
+
+def path_available(path: str) -> bool:
+    module = simd_module(path)
+    return path == "portable" or (module is not None and module.available())
+
+
 def int8_path() -> str:
-    """"vnni" when the CPU has AVX512-VNNI, else "portable"; EQQUANT_INT8_KERNEL overrides."""
+    """The int8 GEMM this CPU runs: the first of PATHS it has; EQQUANT_INT8_KERNEL=vnni|avx2|
+    portable forces one (a path the CPU lacks falls back to the best it has)."""
     import os
-    from . import vnni
     chosen = os.environ.get("EQQUANT_INT8_KERNEL", "")
-    if chosen in ("portable", "vnni"):
-        return chosen if chosen == "portable" or vnni.available() else "portable"
-    return "vnni" if vnni.available() else "portable"
+    if chosen in PATHS and path_available(chosen):
+        return chosen
+    return next(p for p in PATHS if path_available(p))
 
 
 class QConv2D(Binding):
-    """qnn.conv2d: on VNNI, pixel rows (uint8) times packed weights with vpdpbusd; otherwise
-    int8 im2col + a portable int32 GEMM. Weights and zero points are prepacked once."""
+    """qnn.conv2d: on a SIMD path (VNNI, AVX2), pixel rows (uint8) times packed weights;
+    otherwise int8 im2col + a portable int32 GEMM. Weights and zero points are prepacked
+    once."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
         from . import kernels_int8 as k8
-        from . import vnni
-        self.k8, self.vnni = k8, vnni
+        self.k8 = k8
         w = consts[1]
         o, cg, kh, kw = w.shape
         self.kh, self.kw, self.groups = kh, kw, attrs["groups"]
@@ -50,14 +69,16 @@ class QConv2D(Binding):
         self.sh, self.sw = attrs["strides"]
         self.dh, self.dw = attrs["dilation"]
         self.pt, self.pl, _, _ = attrs["padding"]
-        # VNNI: uint8 activations (int8 shifted by 128) times int8 weights, per group
-        self.use_vnni = (int8_path() == "vnni" and self.groups == 1 and not self.zw.any()
-                         and (o % vnni.BLOCK) == 0)
-        if self.use_vnni:
+        # a SIMD GEMM: uint8 activations (int8 shifted by 128) times int8 weights
+        simd = simd_module(int8_path())
+        self.simd = simd if (simd is not None and self.groups == 1 and not self.zw.any()
+                             and (o % simd.BLOCK) == 0) else None
+        self.gemm_path = int8_path() if self.simd is not None else "portable"
+        if self.simd is not None:
             self.shift = 128 if in_types[0].dtype == "int8" else 0
             # (tap, channel) order, so that each tap of a window is contiguous in NHWC rows
             w_tap = np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(o, -1))
-            self.packed, colsum128, self.kp = vnni.pack(w_tap)
+            self.packed, colsum128, self.kp = self.simd.pack(w_tap)
             colsum = colsum128 // 128
             self.correction = (colsum * (self.shift + self.zx)).astype(np.int32)
             self.out_hw = tuple(out_type.shape[2:])
@@ -71,8 +92,8 @@ class QConv2D(Binding):
                 out_type.dtype == "int32")
 
     def __call__(self, ins, out):
-        if self.use_vnni:
-            return self._vnni(ins, out)
+        if self.simd is not None:
+            return self._simd(ins, out)
         x = ins[0]
         n, c, h, wd = x.shape
         _, o, oh, ow = out.shape
@@ -88,7 +109,7 @@ class QConv2D(Binding):
                 self.k8.gemm_i8(self.w[gi], self.zw[gi], col, np.int32(self.zx), y)
 
     def hwc(self, x_b: np.ndarray) -> np.ndarray:
-        """One image (C, H, W) channel-last as the unsigned bytes vpdpbusd reads."""
+        """One image (C, H, W) channel-last as the unsigned bytes the SIMD GEMM reads."""
         if self.shift:
             c, h, w = x_b.shape
             hwc = np.empty((h, w, c), np.uint8)
@@ -106,22 +127,22 @@ class QConv2D(Binding):
             return hwc.reshape(h * w, c)
         oh, ow = self.out_hw
         rows = np.empty((oh * ow, self.kp), np.uint8)
-        self.vnni.windows(hwc, self.kh, self.kw, self.sh, self.sw, self.pt, self.pl, self.dh,
+        self.simd.windows(hwc, self.kh, self.kw, self.sh, self.sw, self.pt, self.pl, self.dh,
                           self.dw, self.zx + self.shift, ow, rows)
         return rows
 
     def gemm(self, x_b: np.ndarray) -> np.ndarray:
-        """(oh*ow, O) int32: the VNNI product, before the zero-point correction."""
+        """(oh*ow, O) int32: the SIMD product, before the zero-point correction."""
         rows = self.rows(x_b)
-        acc = np.empty((rows.shape[0], self.packed.shape[0] * self.vnni.BLOCK), np.int32)
-        self.vnni.gemm_parallel(rows, self.packed, acc)
+        acc = np.empty((rows.shape[0], self.packed.shape[0] * self.simd.BLOCK), np.int32)
+        self.simd.gemm_parallel(rows, self.packed, acc)
         return acc
 
-    def _vnni(self, ins, out):
+    def _simd(self, ins, out):
         x = ins[0]
         o = out.shape[1]
         for b in range(x.shape[0]):
-            self.k8.finish_vnni(self.gemm(x[b]), self.correction, out[b].reshape(o, -1))
+            self.k8.finish_gemm(self.gemm(x[b]), self.correction, out[b].reshape(o, -1))
 
 
 class QClip(Binding):
@@ -155,24 +176,26 @@ class QClip(Binding):
 
 class QDense(Binding):
     """qnn.dense: (N, K) int8/uint8 times (units, K) int8 weights, int32 out, zero points
-    folded in: the VNNI GEMM (rows of unsigned bytes, as for convolutions) when the CPU has it,
-    the weights' zero points are 0 and the units a multiple of 64; the portable GEMM else."""
+    folded in: the SIMD GEMM (rows of unsigned bytes, as for convolutions) when the CPU has
+    one, the weights' zero points are 0 and the units a multiple of its block; the portable
+    GEMM else."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
         from . import kernels_int8 as k8
-        from . import vnni
-        self.k8, self.vnni = k8, vnni
+        self.k8 = k8
         self.w = np.ascontiguousarray(consts[1])
         units = self.w.shape[0]
         self.zw = np.ascontiguousarray(
             np.broadcast_to(np.asarray(consts[3], np.int32).reshape(-1), (units,)))
         self.zx = np.int32(_const_scalar(consts, 2))
-        self.use_vnni = (int8_path() == "vnni" and not self.zw.any()
-                         and units % vnni.BLOCK == 0)
-        if self.use_vnni:
+        simd = simd_module(int8_path())
+        self.simd = simd if (simd is not None and not self.zw.any()
+                             and units % simd.BLOCK == 0) else None
+        self.gemm_path = int8_path() if self.simd is not None else "portable"
+        if self.simd is not None:
             self.shift = 128 if in_types[0].dtype == "int8" else 0
-            self.packed, colsum128, self.kp = vnni.pack(self.w)
+            self.packed, colsum128, self.kp = self.simd.pack(self.w)
             self.correction = (colsum128 // 128 * (self.shift + int(self.zx))).astype(np.int32)
 
     @classmethod
@@ -182,11 +205,11 @@ class QDense(Binding):
                 out_type.dtype == "int32" and len(in_types[0].shape) == 2)
 
     def __call__(self, ins, out):
-        if self.use_vnni:
+        if self.simd is not None:
             x = ins[0]
             rows = np.zeros((x.shape[0], self.kp), np.uint8)
             rows[:, :x.shape[1]] = x.astype(np.int16) + self.shift
-            self.vnni.gemm_parallel(rows, self.packed, out)
+            self.simd.gemm_parallel(rows, self.packed, out)
             out -= self.correction
             return
         col = np.ascontiguousarray(ins[0].T)
@@ -328,7 +351,7 @@ class QAdd(Binding):
 
 
 class FusedQConv2D(Binding):
-    """fused.qconv2d: the qnn.conv2d kernel (VNNI or portable) into an int32 scratch, then one
+    """fused.qconv2d: the qnn.conv2d kernel (a SIMD path or portable) into an int32 scratch, then one
     pass adding the bias, applying relu and requantizing per channel to int8."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
@@ -380,11 +403,11 @@ class FusedQConv2D(Binding):
 
     def __call__(self, ins, out):
         n, o = out.shape[:2]
-        if self.conv.use_vnni:       # windows, GEMM and epilogue in one parallel region
+        if self.conv.simd is not None:   # windows, GEMM and epilogue in one parallel region
             c = self.conv
             oh, ow = c.out_hw
             for b in range(n):
-                c.vnni.conv_requantize(c.hwc(ins[0][b]), c.kh, c.kw, c.sh, c.sw, c.pt, c.pl,
+                c.simd.conv_requantize(c.hwc(ins[0][b]), c.kh, c.kw, c.sh, c.sw, c.pt, c.pl,
                                        c.dh, c.dw, c.zx + c.shift, oh, ow, c.packed,
                                        c.correction, self.bias, self.clamp_lo, self.clamp_hi,
                                        self.m, self.sh, self.zin, self.zout, self.lo, self.hi,

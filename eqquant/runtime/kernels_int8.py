@@ -109,7 +109,7 @@ def dequantize_channels(q, zero, scales, out):
 
 
 @njit(parallel=True, cache=True)
-def finish_vnni(acc, correction, out):
+def finish_gemm(acc, correction, out):
     """acc: (P, O) int32 from the VNNI GEMM -> out: (O, P), minus the per-channel correction."""
     p_n, o_n = acc.shape
     for o in prange(o_n):

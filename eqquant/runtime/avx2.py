@@ -1,0 +1,221 @@
+"""An int8 GEMM on AVX2 (``vpmaddwd``), for CPUs without VNNI: LLVM IR written with llvmlite
+and emitted into Numba-compiled kernels through an intrinsic, like ``vnni.py``, whose interface
+it shares (pixel rows as unsigned bytes, packed weights, the same epilogue).
+
+    C[p, o] = sum_k A[p, k] * B[k, o]     A uint8 (P x K), B int8, C int32
+
+``vpmaddwd`` multiplies 16 pairs of int16 and adds each pair into one int32 lane: exact for
+uint8 x int8 (|a * b + a' * b'| <= 65,280). (``vpmaddubsw`` would take the bytes directly but
+adds its pairs in int16 with saturation: not exact, the known saturation of 8-bit dot products
+on CPUs without VNNI.) B is packed once as int16 [O/16][K/2][16][2]: one 32-byte load gives
+2 k-values for 8 output channels. The micro-kernel keeps 6 pixels x 16 channels in 12
+accumulators; each pixel's two bytes (a_k, a_k+1) are widened in a scalar register and
+broadcast, so the rows stay the uint8 rows the VNNI kernel reads.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from .vnni import _finish, _windows, windows  # noqa: F401  (the shared gather and epilogue)
+
+BLOCK = 16   # output channels per register block (2 x 8 lanes)
+ROWS = 6     # pixels per micro-kernel step: 6 x 2 accumulators + 2 weight vectors in ymm
+PANEL = 64   # bytes of packed weights per k-pair and block (16 channels x 2 k x int16)
+
+
+@lru_cache(maxsize=1)
+def available() -> bool:
+    try:
+        import llvmlite.binding as llvm
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        return bool(llvm.get_host_cpu_features().get("avx2"))
+    except Exception:  # noqa: BLE001 - no llvmlite, an odd platform: use the portable path
+        return False
+
+
+def define_gemm(mod):
+    """Define (once per LLVM module) ``void eqquant_avx2_gemm(A, lda, B, C, ldc, p0, p1,
+    kpairs, oblocks)``: for each block of 16 output channels, pixels p0..p1, ROWS at a time
+    (then one at a time), over all k-pairs."""
+    from llvmlite import ir
+    i8p = ir.IntType(8).as_pointer()
+    i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
+    v8 = ir.VectorType(i32, 8)
+    v16 = ir.VectorType(i16, 16)
+    name = "eqquant_avx2_gemm"
+    if name in mod.globals:
+        return mod.globals[name]
+    madd = mod.globals.get("llvm.x86.avx2.pmadd.wd") or ir.Function(
+        mod, ir.FunctionType(v8, [v16, v16]), name="llvm.x86.avx2.pmadd.wd")
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i8p, i64, i8p, i8p, i64, i64, i64,
+                                                          i64, i64]), name=name)
+    fn.linkage = "linkonce_odr"
+    a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, kpairs, oblocks = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    c64 = lambda v: ir.Constant(i64, v)  # noqa: E731
+    zeros = ir.Constant(v8, None)
+
+    def loop(builder, start, stop, step, name, body):
+        head = fn.append_basic_block(f"{name}.head")
+        work = fn.append_basic_block(f"{name}.body")
+        done = fn.append_basic_block(f"{name}.done")
+        pre = builder.block
+        builder.branch(head)
+        builder.position_at_end(head)
+        i = builder.phi(i64, name=name)
+        i.add_incoming(start, pre)
+        builder.cbranch(builder.icmp_signed("<=", builder.add(i, c64(step)), stop), work, done)
+        builder.position_at_end(work)
+        body(builder, i)
+        i.add_incoming(builder.add(i, c64(step)), builder.block)
+        builder.branch(head)
+        builder.position_at_end(done)
+        return i
+
+    def micro(bc, p, ob, rows):
+        pre = bc.block
+        head = fn.append_basic_block("k.head")
+        work = fn.append_basic_block("k.body")
+        done = fn.append_basic_block("k.done")
+        bc.branch(head)
+        bc.position_at_end(head)
+        k = bc.phi(i64, name="k")
+        k.add_incoming(c64(0), pre)
+        accs = [[bc.phi(v8) for _ in range(2)] for _ in range(rows)]
+        for row in accs:
+            for acc in row:
+                acc.add_incoming(zeros, pre)
+        bc.cbranch(bc.icmp_signed("<", k, kpairs), work, done)
+        bc.position_at_end(work)
+        at = bc.add(bc.mul(ob, bc.mul(kpairs, c64(PANEL))), bc.mul(k, c64(PANEL)))
+        bvs = [bc.load(bc.bitcast(bc.gep(b_ptr, [bc.add(at, c64(32 * j))]), v16.as_pointer()),
+                       align=1) for j in range(2)]
+        new = []
+        for r in range(rows):
+            a_off = bc.add(bc.mul(bc.add(p, c64(r)), lda), bc.mul(k, c64(2)))
+            pair = bc.zext(bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i16.as_pointer()),
+                                   align=1), i32)
+            # bytes (a_k, a_k+1) -> the int16 pair (a_k, a_k+1), zero-extended, in one lane
+            lane = bc.or_(bc.and_(pair, ir.Constant(i32, 0xFF)),
+                          bc.shl(bc.lshr(pair, ir.Constant(i32, 8)), ir.Constant(i32, 16)))
+            av = bc.insert_element(ir.Constant(v8, ir.Undefined), lane, ir.Constant(i32, 0))
+            av = bc.shuffle_vector(av, ir.Constant(v8, ir.Undefined), ir.Constant(v8, [0] * 8))
+            av = bc.bitcast(av, v16)
+            new.append([bc.add(accs[r][j], bc.call(madd, [av, bvs[j]])) for j in range(2)])
+        k.add_incoming(bc.add(k, c64(1)), bc.block)
+        for r in range(rows):
+            for j in range(2):
+                accs[r][j].add_incoming(new[r][j], bc.block)
+        bc.branch(head)
+        bc.position_at_end(done)
+        c32 = bc.bitcast(c_ptr, i32.as_pointer())
+        for r in range(rows):
+            for j in range(2):
+                off = bc.add(bc.mul(bc.add(p, c64(r)), ldc),
+                             bc.add(bc.mul(ob, c64(BLOCK)), c64(8 * j)))
+                bc.store(accs[r][j], bc.bitcast(bc.gep(c32, [off]), v8.as_pointer()), align=4)
+
+    def per_block(bb, ob):
+        last = loop(bb, p0, p1, ROWS, "pg", lambda bc, p: micro(bc, p, ob, ROWS))
+        loop(bb, last, p1, 1, "p1", lambda bc, p: micro(bc, p, ob, 1))
+
+    loop(b, c64(0), oblocks, 1, "ob", per_block)
+    b.ret_void()
+    return fn
+
+
+def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """int8 weights (O, K), O a multiple of 16 -> (B packed int16 [O/16][Kp/2][16][2], 128 *
+    column sums (O,), Kp: K padded to a multiple of 4, as the rows are)."""
+    o, k = w.shape
+    kp = -(-k // 4) * 4
+    padded = np.zeros((o, kp), np.int16)
+    padded[:, :k] = w
+    packed = np.ascontiguousarray(
+        padded.reshape(o // BLOCK, BLOCK, kp // 2, 2).transpose(0, 2, 1, 3))
+    return packed, (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp
+
+
+@intrinsic
+def gemm_block(typingctx, a, lda, b, c, ldc, p0, p1, kpairs, oblocks):
+    """gemm_block(A address, lda, B address, C address, ldc, p0, p1, kpairs, oblocks)."""
+    sig = types.void(types.intp, types.intp, types.intp, types.intp, types.intp, types.intp,
+                     types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        fn = define_gemm(builder.module)
+        i8p = ir.IntType(8).as_pointer()
+        a_, lda_, b_, c_, ldc_, p0_, p1_, kq_, ob_ = args
+        builder.call(fn, [builder.inttoptr(a_, i8p), lda_, builder.inttoptr(b_, i8p),
+                          builder.inttoptr(c_, i8p), ldc_, p0_, p1_, kq_, ob_])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@njit(cache=True)
+def gemm(a_u8, packed, out):
+    """out = a_u8 @ B (a_u8: (P, Kp) uint8, out: (P, O) int32)."""
+    gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data, out.ctypes.data,
+               out.shape[1], 0, a_u8.shape[0], packed.shape[1], packed.shape[0])
+
+
+@njit(parallel=True, cache=True)
+def gemm_parallel(a_u8, packed, out):
+    """``gemm`` over the cores: by chunks of pixels when there are many, by blocks of output
+    channels when the image is small."""
+    p, oblocks, kq = a_u8.shape[0], packed.shape[0], packed.shape[1]
+    if p >= 192 or oblocks == 1:
+        for t in prange((p + 95) // 96):
+            gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data, out.ctypes.data,
+                       out.shape[1], t * 96, min(p, t * 96 + 96), kq, oblocks)
+    else:
+        for ob in prange(oblocks):
+            gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data + ob * kq * PANEL,
+                       out.ctypes.data + ob * BLOCK * 4, out.shape[1], 0, p, kq, 1)
+
+
+@njit(parallel=True, cache=True)
+def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, correction, bias,
+                    clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi, out):
+    """A whole fused int8 convolution of one image in one parallel region (as
+    ``vnni.conv_requantize``): gather a chunk of pixels' windows, multiply, finish."""
+    p_n = oh * ow
+    o_n = out.shape[0]
+    oblocks, kq = packed.shape[0], packed.shape[1]
+    kp = kq * 2
+    add = np.empty(o_n, np.int64)
+    left = np.empty(o_n, np.int64)
+    total = np.empty(o_n, np.int64)
+    half = np.empty(o_n, np.int64)
+    for o in range(o_n):
+        add[o] = np.int64(bias[o]) - correction[o]
+        left[o] = max(shifts[o], 0)
+        total[o] = max(-shifts[o], 0) + 31
+        half[o] = np.int64(1) << (total[o] - 1)
+    if p_n >= 192 or oblocks == 1:
+        chunk = 96
+        for item in prange((p_n + chunk - 1) // chunk):
+            p0 = item * chunk
+            n = min(p_n, p0 + chunk) - p0
+            rows = np.empty((n, kp), np.uint8)
+            _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows)
+            acc = np.empty((n, o_n), np.int32)
+            gemm_block(rows.ctypes.data, kp, packed.ctypes.data, acc.ctypes.data, o_n, 0, n,
+                       kq, oblocks)
+            _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout,
+                    lo, hi, 0, p0, out)
+    else:
+        rows = np.empty((p_n, kp), np.uint8)
+        _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, rows)
+        for ob in prange(oblocks):
+            acc = np.empty((p_n, BLOCK), np.int32)
+            gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
+                       acc.ctypes.data, BLOCK, 0, p_n, kq, 1)
+            _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout,
+                    lo, hi, ob * BLOCK, 0, out)
