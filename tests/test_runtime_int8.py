@@ -270,3 +270,45 @@ def test_unfused_int8_conv_on_every_path(monkeypatch, path, dtype):
     lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
     xs = {"x": rng.integers(lo, hi, (1, 5, 9, 9)).astype(dtype)}
     np.testing.assert_array_equal(ex.run(xs), run(bound, xs))
+
+
+@settings(max_examples=40, deadline=None)
+@given(c=st.integers(2, 13), mult=st.integers(1, 3), k=st.sampled_from([1, 3, 5]),
+       stride=st.integers(1, 3), pad=st.integers(0, 2), dil=st.integers(1, 2),
+       size=st.integers(3, 11), dtype=st.sampled_from(["int8", "uint8"]),
+       act=st.sampled_from(["none", "relu", "clip"]), seed=st.integers(0, 999))
+def test_depthwise_int8_convolutions_are_bit_exact(c, mult, k, stride, pad, dil, size, dtype,
+                                                   act, seed):
+    """Depthwise qnn.conv2d and fused.qconv2d (groups = input channels, channel multipliers,
+    strides, padding, dilation, channel counts that fill no vector) on the direct kernel,
+    against the integer reference."""
+    rng = np.random.default_rng(seed)
+    if (size + 2 * pad - dil * (k - 1) - 1) < 0:
+        return
+    o = c * mult
+    lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
+    zx = int(rng.integers(lo, hi)) if dtype == "uint8" else int(rng.integers(-5, 6))
+    w = rng.integers(-128, 128, (o, 1, k, k)).astype("i1")
+    conv = dict(strides=[stride] * 2, padding=[pad] * 4, dilation=[dil] * 2, groups=c)
+    b = Builder()
+    x = b.input("x", (2, c, size, size), dtype)
+    qa = (b.param("zx", np.array(zx, np.int32)), b.param("zw", np.array(0, np.int32)),
+          b.param("sx", np.array(0.05, np.float32)),
+          b.param("sw", rng.uniform(0.01, 0.02, o).astype(np.float32)))
+    plain = b.call("qnn.conv2d", x, b.param("w", w), *qa, **conv)
+    bias = rng.integers(-500, 500, (o, 1, 1)).astype("i4")
+    s1 = (0.05 * rng.uniform(0.01, 0.02, o)).astype(np.float32)
+    extra = dict(a_min=0.0, a_max=2.0) if act == "clip" else {}
+    fused = b.call("fused.qconv2d", x, b.param("w2", w), b.param("b", bias), qa[0], qa[1],
+                   qa[2], qa[3], b.param("s1", s1), b.param("z1", np.array(0, np.int32)),
+                   b.param("s2", np.array(0.1, np.float32)),
+                   b.param("z2", np.array(3 if dtype == "uint8" else 0, np.int32)),
+                   **conv, activation=act, out_dtype=dtype, **extra)
+    bound = bind_params(*b.finish(b.tuple(plain, fused)))
+    ex = Executor(bound)
+    assert not [s.label for s in ex.steps if "reference" in s.label]
+    assert all(getattr(getattr(s.fn, "conv", s.fn), "depthwise", False)
+               for s in ex.steps if s.label in ("qnn.conv2d", "fused.qconv2d"))
+    xs = {"x": rng.integers(lo, hi, (2, c, size, size)).astype(dtype)}
+    for got, want in zip(ex.run(xs), run(bound, xs)):
+        np.testing.assert_array_equal(got, want)

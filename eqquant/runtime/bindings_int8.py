@@ -69,6 +69,12 @@ class QConv2D(Binding):
         self.sh, self.sw = attrs["strides"]
         self.dh, self.dw = attrs["dilation"]
         self.pt, self.pl, _, _ = attrs["padding"]
+        # depthwise (one input channel per group, any channel multiplier): a direct kernel
+        self.depthwise = cg == 1 and self.groups == in_types[0].shape[1] and self.groups > 1
+        if self.depthwise:
+            self.mult = o // self.groups
+            self.wdw = np.ascontiguousarray(
+                w.reshape(o, kh, kw).astype(np.int32) - self.zw.reshape(o, 1, 1))
         # a SIMD GEMM: uint8 activations (int8 shifted by 128) times int8 weights
         simd = simd_module(int8_path())
         self.simd = simd if (simd is not None and self.groups == 1 and not self.zw.any()
@@ -95,6 +101,13 @@ class QConv2D(Binding):
         if self.simd is not None:
             return self._simd(ins, out)
         x = ins[0]
+        if self.depthwise:
+            oh, ow = out.shape[2:]
+            for b in range(x.shape[0]):
+                self.k8.depthwise_i8(x[b], self.zx, self.wdw, self.mult, self.sh, self.sw,
+                                     self.pt, self.pl, self.dh, self.dw, oh, ow,
+                                     out[b].reshape(out.shape[1], -1))
+            return
         n, c, h, wd = x.shape
         _, o, oh, ow = out.shape
         g = self.groups
@@ -412,6 +425,15 @@ class FusedQConv2D(Binding):
                                        c.correction, self.bias, self.clamp_lo, self.clamp_hi,
                                        self.m, self.sh, self.zin, self.zout, self.lo, self.hi,
                                        out[b].reshape(o, -1))
+            return
+        c = self.conv
+        if c.depthwise:      # the sum, bias, clamp and requantization channel by channel
+            oh, ow = out.shape[2:]
+            for b in range(n):
+                self.k8.depthwise_requantize(
+                    ins[0][b], c.zx, c.wdw, c.mult, c.sh, c.sw, c.pt, c.pl, c.dh, c.dw, oh, ow,
+                    self.bias, self.clamp_lo, self.clamp_hi, self.m, self.sh, self.zin,
+                    self.zout, self.lo, self.hi, out[b].reshape(o, -1))
             return
         self.conv([ins[0], ins[1], ins[3], ins[4]], self.acc)
         for b in range(n):

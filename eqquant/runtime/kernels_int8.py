@@ -184,3 +184,61 @@ def bias_clamp_requantize(acc, bias, clamp_lo, clamp_hi, multipliers, shifts, zi
             v = (((v - zin) << left) * m + half) >> total
             v = v + zout
             out[o, p] = min(max(v, lo), hi)
+
+
+@njit(cache=True)
+def _depthwise_channel(x, zx, w, sh, sw, pt, pl, dh, dw, oh, ow, acc):
+    """acc (oh*ow,) int32 = one channel's depthwise convolution of (x - zx) with w (kh, kw)
+    int32; taps outside the image contribute nothing (they hold zx: x - zx = 0). Rows of
+    output pixels run over contiguous inputs when the stride is 1 (vectorised)."""
+    h, wd = x.shape
+    kh, kw = w.shape
+    for p in range(oh * ow):
+        acc[p] = 0
+    for i in range(kh):
+        for j in range(kw):
+            tap = w[i, j]
+            if tap == 0:
+                continue
+            for oy in range(oh):
+                iy = oy * sh - pt + i * dh
+                if iy < 0 or iy >= h:
+                    continue
+                # the output columns whose input column is inside the image
+                x0 = j * dw - pl
+                lo_x = 0 if x0 >= 0 else (-x0 + sw - 1) // sw
+                hi_x = min(ow, (wd - 1 - x0) // sw + 1) if wd - 1 - x0 >= 0 else 0
+                row = oy * ow
+                for ox in range(lo_x, hi_x):
+                    acc[row + ox] += tap * (np.int32(x[iy, x0 + ox * sw]) - zx)
+
+
+@njit(parallel=True, cache=True)
+def depthwise_i8(x, zx, w, mult, sh, sw, pt, pl, dh, dw, oh, ow, out):
+    """qnn.conv2d with groups = input channels (output channel o reads input channel
+    o // mult): x (C, H, W) 8-bit, w (O, kh, kw) int32 (weight minus its zero point), out
+    (O, oh*ow) int32. One channel per work item."""
+    for o in prange(out.shape[0]):
+        _depthwise_channel(x[o // mult], zx, w[o], sh, sw, pt, pl, dh, dw, oh, ow, out[o])
+
+
+@njit(parallel=True, cache=True)
+def depthwise_requantize(x, zx, w, mult, sh, sw, pt, pl, dh, dw, oh, ow, bias, clamp_lo,
+                         clamp_hi, multipliers, shifts, zin, zout, lo, hi, out):
+    """fused.qconv2d with groups = input channels: each channel's depthwise sum, its bias,
+    clamp and requantization (as ``bias_clamp_requantize``) in one pass over a cache-sized
+    int32 row: out (O, oh*ow) 8-bit."""
+    for o in prange(out.shape[0]):
+        acc = np.empty(oh * ow, np.int32)
+        _depthwise_channel(x[o // mult], zx, w[o], sh, sw, pt, pl, dh, dw, oh, ow, acc)
+        left = max(shifts[o], 0)
+        total = max(-shifts[o], 0) + 31
+        half = np.int64(1) << (total - 1)
+        m = multipliers[o]
+        b = np.int64(bias[o])
+        for p in range(oh * ow):
+            v = np.int64(acc[p]) + b
+            v = min(max(v, -2147483648), 2147483647)
+            v = min(max(v, clamp_lo[o]), clamp_hi[o])
+            v = (((v - zin) << left) * m + half) >> total
+            out[o, p] = min(max(v + zout, lo), hi)

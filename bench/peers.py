@@ -1,0 +1,169 @@
+"""eqquant against its peers, int8 and fp32, each system in its own process.
+
+    python bench/peers.py [--models resnet18 resnet50 mobilenet_v2] [--rounds 7] [--calib 8]
+
+For each model (the zoo's, random weights with batch norms folded as eqquant folds them): the
+fp32 program and eqquant's int8 program (per-channel minmax, uint8 activations, int8 weights),
+ONNX Runtime on eqquant's fp32 ONNX export and on its own static QDQ quantization of it (the
+same calibration data, per-channel, u8/s8, MinMax), and PyTorch when it is installed (an
+optional extra for this bench: its column is skipped otherwise). Every system runs in a
+process of its own (two runtimes in one process fight over threads), with 2 threads; the
+rounds alternate between the systems, so that the machine's changing load hits all of them
+alike, and each figure is the median over the rounds. The CPU model and eqquant's int8 kernel
+path are printed first, the ratios eqquant / ONNX Runtime (and / PyTorch) last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+THREADS = "2"
+ENV = {**os.environ, "OMP_NUM_THREADS": THREADS, "NUMBA_NUM_THREADS": THREADS,
+       "MKL_NUM_THREADS": THREADS, "OPENBLAS_NUM_THREADS": THREADS}
+
+
+# -- a worker: one system, one model, timed on request ------------------------------------------
+
+def worker(system: str, model: str, inputs: str) -> None:
+    """Load ``model`` on ``system``; then for each line "run N" on stdin, run N times and print
+    the times (ms) as a JSON list."""
+    x = dict(np.load(inputs))
+    if system.startswith("eqquant"):
+        from eqquant.ir.loader import load_program
+        from eqquant.ir.params import bind_params
+        from eqquant.runtime.executor import Executor
+        mod, params = load_program(model)
+        ex = Executor(bind_params(mod, params) if params else mod)
+        run = lambda: ex.run(x)  # noqa: E731
+    else:
+        import onnxruntime as ort
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = int(THREADS)
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        name = sess.get_inputs()[0].name
+        value = next(iter(x.values()))
+        run = lambda: sess.run(None, {name: value})  # noqa: E731
+    run()
+    print(json.dumps("ready"), flush=True)
+    for line in sys.stdin:
+        n = int(line.split()[1])
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            run()
+            times.append((time.perf_counter() - t0) * 1e3)
+        print(json.dumps(times), flush=True)
+
+
+class Worker:
+    def __init__(self, system: str, model: Path, inputs: Path):
+        self.system = system
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker", system, str(model), str(inputs)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV)
+        ready = self.proc.stdout.readline()
+        if json.loads(ready or "null") != "ready":
+            raise RuntimeError(f"{system} did not start")
+
+    def run(self, n: int) -> list[float]:
+        self.proc.stdin.write(f"run {n}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+# -- the parent: prepare every system's files, then alternate ----------------------------------
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or "unknown"
+
+
+def prepare(name: str, calib: int, d: Path) -> dict[str, Path]:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _common import ort_quantize_static
+    from eqquant.interop.onnx_export import to_onnx
+    from eqquant.ir.loader import save_program
+    from eqquant.quant.flow import quantize
+    from eqquant.zoo import build
+    m = build(name)
+    rng = np.random.default_rng(0)
+    shape = m.module.main.params[0].type.shape
+    samples = [{"data": rng.normal(size=shape).astype("float32")} for _ in range(calib)]
+    q = quantize(m.module, m.params, samples, "minmax", per_channel=True)
+    files = {"inputs": d / f"{name}.input.npz"}
+    np.savez(files["inputs"], data=rng.normal(size=shape).astype("float32"))
+    save_program(d / f"{name}.int8.ir", q.module)
+    save_program(d / f"{name}.fp32.ir", q.fp32)
+    fp32_onnx = to_onnx(q.fp32).SerializeToString()
+    (d / f"{name}.fp32.onnx").write_bytes(fp32_onnx)
+    (d / f"{name}.int8.onnx").write_bytes(ort_quantize_static(fp32_onnx, samples))
+    files.update({"eqquant int8": d / f"{name}.int8.ir", "eqquant fp32": d / f"{name}.fp32.ir",
+                  "ORT int8": d / f"{name}.int8.onnx", "ORT fp32": d / f"{name}.fp32.onnx"})
+    return files
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["resnet18", "resnet50", "mobilenet_v2"])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--per-round", type=int, default=3)
+    ap.add_argument("--calib", type=int, default=8)
+    ap.add_argument("--worker", nargs=3, metavar=("SYSTEM", "MODEL", "INPUT"),
+                    help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(*args.worker)
+    from eqquant.runtime.bindings_int8 import int8_path
+    try:
+        import torch  # noqa: F401
+        torch_note = "PyTorch: installed, but its column is not built by this bench yet"
+    except ImportError:
+        torch_note = "PyTorch: not installed (an optional extra of this bench): column skipped"
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; {THREADS} threads per system; "
+          f"eqquant int8 kernel path: {int8_path()}")
+    print(torch_note)
+    systems = ["eqquant int8", "ORT int8", "eqquant fp32", "ORT fp32"]
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            files = prepare(name, args.calib, Path(tmp))
+            workers = {s: Worker(s, files[s], files["inputs"]) for s in systems}
+            times: dict[str, list[float]] = {s: [] for s in systems}
+            for _ in range(args.rounds):
+                for s, w in workers.items():         # rounds alternate between the systems
+                    times[s] += w.run(args.per_round)
+            for w in workers.values():
+                w.close()
+            results[name] = {s: statistics.median(v) for s, v in times.items()}
+            row = "  ".join(f"{s} {results[name][s]:7.2f} ms" for s in systems)
+            print(f"{name:13s} {row}", flush=True)
+    print("ratios (below 1: eqquant is faster)")
+    for name, r in results.items():
+        print(f"{name:13s} int8 eqquant/ORT {r['eqquant int8'] / r['ORT int8']:5.2f}   "
+              f"fp32 eqquant/ORT {r['eqquant fp32'] / r['ORT fp32']:5.2f}   "
+              f"eqquant int8/fp32 {r['eqquant int8'] / r['eqquant fp32']:5.2f}")
+
+
+if __name__ == "__main__":
+    main()
