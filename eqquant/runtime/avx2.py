@@ -9,8 +9,8 @@ uint8 x int8 (|a * b + a' * b'| <= 65,280). (``vpmaddubsw`` would take the bytes
 adds its pairs in int16 with saturation: not exact, the known saturation of 8-bit dot products
 on CPUs without VNNI.) B is packed once as int16 [O/16][K/2][16][2]: one 32-byte load gives
 2 k-values for 8 output channels. The micro-kernel keeps 6 pixels x 16 channels in 12
-accumulators; each pixel's two bytes (a_k, a_k+1) are widened in a scalar register and
-broadcast, so the rows stay the uint8 rows the VNNI kernel reads.
+accumulators; the pixel rows (the uint8 rows the VNNI kernel reads) are widened to int16 a
+chunk at a time, so that each pixel's pair (a_k, a_k+1) is one broadcast 32-bit load.
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def available() -> bool:
 
 def define_gemm(mod):
     """Define (once per LLVM module) ``void eqquant_avx2_gemm(A, lda, B, C, ldc, p0, p1,
-    kpairs, oblocks)``: for each block of 16 output channels, pixels p0..p1, ROWS at a time
-    (then one at a time), over all k-pairs."""
+    kpairs, oblocks)`` (A int16 rows of lda elements): for each block of 16 output channels,
+    pixels p0..p1, ROWS at a time (then one at a time), over all k-pairs."""
     from llvmlite import ir
     i8p = ir.IntType(8).as_pointer()
     i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
@@ -97,12 +97,9 @@ def define_gemm(mod):
                        align=1) for j in range(2)]
         new = []
         for r in range(rows):
-            a_off = bc.add(bc.mul(bc.add(p, c64(r)), lda), bc.mul(k, c64(2)))
-            pair = bc.zext(bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i16.as_pointer()),
-                                   align=1), i32)
-            # bytes (a_k, a_k+1) -> the int16 pair (a_k, a_k+1), zero-extended, in one lane
-            lane = bc.or_(bc.and_(pair, ir.Constant(i32, 0xFF)),
-                          bc.shl(bc.lshr(pair, ir.Constant(i32, 8)), ir.Constant(i32, 16)))
+            # the int16 pair (a_k, a_k+1) of this pixel's row, broadcast to every lane
+            a_off = bc.mul(bc.add(bc.mul(bc.add(p, c64(r)), lda), bc.mul(k, c64(2))), c64(2))
+            lane = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=2)
             av = bc.insert_element(ir.Constant(v8, ir.Undefined), lane, ir.Constant(i32, 0))
             av = bc.shuffle_vector(av, ir.Constant(v8, ir.Undefined), ir.Constant(v8, [0] * 8))
             av = bc.bitcast(av, v16)
@@ -159,10 +156,21 @@ def gemm_block(typingctx, a, lda, b, c, ldc, p0, p1, kpairs, oblocks):
 
 
 @njit(cache=True)
+def _widen(rows_u8, rows16):
+    """uint8 pixel rows -> the int16 rows the GEMM reads."""
+    n, kp = rows_u8.shape
+    for r in range(n):
+        for c in range(kp):
+            rows16[r, c] = rows_u8[r, c]
+
+
+@njit(cache=True)
 def gemm(a_u8, packed, out):
     """out = a_u8 @ B (a_u8: (P, Kp) uint8, out: (P, O) int32)."""
-    gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data, out.ctypes.data,
-               out.shape[1], 0, a_u8.shape[0], packed.shape[1], packed.shape[0])
+    a16 = np.empty(a_u8.shape, np.int16)
+    _widen(a_u8, a16)
+    gemm_block(a16.ctypes.data, a16.shape[1], packed.ctypes.data, out.ctypes.data,
+               out.shape[1], 0, a16.shape[0], packed.shape[1], packed.shape[0])
 
 
 @njit(parallel=True, cache=True)
@@ -170,13 +178,19 @@ def gemm_parallel(a_u8, packed, out):
     """``gemm`` over the cores: by chunks of pixels when there are many, by blocks of output
     channels when the image is small."""
     p, oblocks, kq = a_u8.shape[0], packed.shape[0], packed.shape[1]
+    kp = a_u8.shape[1]
     if p >= 192 or oblocks == 1:
         for t in prange((p + 95) // 96):
-            gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data, out.ctypes.data,
-                       out.shape[1], t * 96, min(p, t * 96 + 96), kq, oblocks)
+            p0, p1 = t * 96, min(p, t * 96 + 96)
+            a16 = np.empty((p1 - p0, kp), np.int16)
+            _widen(a_u8[p0:p1], a16)
+            gemm_block(a16.ctypes.data, kp, packed.ctypes.data, out.ctypes.data + p0 *
+                       out.shape[1] * 4, out.shape[1], 0, p1 - p0, kq, oblocks)
     else:
+        a16 = np.empty((p, kp), np.int16)
+        _widen(a_u8, a16)
         for ob in prange(oblocks):
-            gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data + ob * kq * PANEL,
+            gemm_block(a16.ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
                        out.ctypes.data + ob * BLOCK * 4, out.shape[1], 0, p, kq, 1)
 
 
@@ -205,17 +219,21 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
             n = min(p_n, p0 + chunk) - p0
             rows = np.empty((n, kp), np.uint8)
             _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows)
+            rows16 = np.empty((n, kp), np.int16)
+            _widen(rows, rows16)
             acc = np.empty((n, o_n), np.int32)
-            gemm_block(rows.ctypes.data, kp, packed.ctypes.data, acc.ctypes.data, o_n, 0, n,
+            gemm_block(rows16.ctypes.data, kp, packed.ctypes.data, acc.ctypes.data, o_n, 0, n,
                        kq, oblocks)
             _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout,
                     lo, hi, 0, p0, out)
     else:
         rows = np.empty((p_n, kp), np.uint8)
         _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, rows)
+        rows16 = np.empty((p_n, kp), np.int16)
+        _widen(rows, rows16)
         for ob in prange(oblocks):
             acc = np.empty((p_n, BLOCK), np.int32)
-            gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
+            gemm_block(rows16.ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
                        acc.ctypes.data, BLOCK, 0, p_n, kq, 1)
             _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout,
                     lo, hi, ob * BLOCK, 0, out)
