@@ -105,8 +105,10 @@ def test_simd_gemms_exact_on_random_matrices(path):
         pytest.skip(f"this CPU has no {path}: that path cannot run here")
     module = simd_module(path)
     rng = np.random.default_rng(1)
-    smallest = module.BLOCK                  # one block of output channels
-    for p, k, o in [(7, 5, 64), (50, 147, 128), (3, 576, 64), (1, 1, smallest)]:
+    shapes = [(7, 5, 64), (50, 147, 128), (3, 576, 64), (1, 1, module.BLOCK)]
+    if module.PADS:                          # output channels that fill no block
+        shapes += [(9, 30, 24), (200, 19, 1), (5, 64, module.BLOCK + 3)]
+    for p, k, o in shapes:
         w = rng.integers(-128, 128, size=(o, k)).astype(np.int8)
         w[0] = -128
         a = rng.integers(0, 256, size=(p, k)).astype(np.uint8)
@@ -114,10 +116,12 @@ def test_simd_gemms_exact_on_random_matrices(path):
         packed, _, kp = module.pack(w)
         rows = np.zeros((p, kp), np.uint8)
         rows[:, :k] = a
-        out = np.empty((p, o), np.int32)
+        width = packed.shape[0] * module.BLOCK
+        out = np.empty((p, width), np.int32)
         module.gemm(rows, packed, out)
-        np.testing.assert_array_equal(out, a.astype(np.int64) @ w.astype(np.int64).T)
-        out2 = np.empty((p, o), np.int32)
+        np.testing.assert_array_equal(out[:, :o], a.astype(np.int64) @ w.astype(np.int64).T)
+        assert not out[:, o:].any()
+        out2 = np.empty((p, width), np.int32)
         module.gemm_parallel(rows, packed, out2)
         np.testing.assert_array_equal(out2, out)
 
@@ -155,8 +159,8 @@ def test_qnn_add_kernel_is_bit_exact(method, dtype):
 @given(st.integers(1, 3), st.integers(1, 40), st.integers(1, 12), st.booleans(),
        st.integers(-4, 4), st.booleans(), st.integers(0, 999))
 def test_int8_dense_is_bit_exact(n, k, units, unsigned, zx, per_unit, seed):
-    """Both paths: units in {1..12} take the portable GEMM, 64 * units / 4 (zero points 0)
-    the SIMD one where the CPU has one."""
+    """Both paths: per-unit weight zero points take the portable GEMM; zero points 0 the SIMD
+    one where the CPU has one (any number of units on AVX2, multiples of 64 on VNNI)."""
     for units_, per_unit_ in ((units, per_unit), (64 * ((units + 3) // 4), False)):
         _check_dense(n, k, units_, unsigned, zx, per_unit_, seed)
 
@@ -174,8 +178,9 @@ def _check_dense(n, k, units, unsigned, zx, per_unit, seed):
     bound = bind_params(*b.finish(y))
     ex = Executor(bound)
     assert [s.label for s in ex.steps] == ["qnn.dense"]
-    from eqquant.runtime.bindings_int8 import int8_path
-    simd = units % 64 == 0 and not per_unit and int8_path() != "portable"
+    from eqquant.runtime.bindings_int8 import int8_path, simd_module
+    module = simd_module(int8_path())
+    simd = module is not None and not per_unit and (units % module.BLOCK == 0 or module.PADS)
     assert ex.steps[0].fn.gemm_path == (int8_path() if simd else "portable")
     lo, hi = (0, 256) if unsigned else (-128, 128)
     xs = {"x": rng.integers(lo, hi, size=(n, k)).astype(xdt)}
@@ -312,3 +317,46 @@ def test_depthwise_int8_convolutions_are_bit_exact(c, mult, k, stride, pad, dil,
     xs = {"x": rng.integers(lo, hi, (2, c, size, size)).astype(dtype)}
     for got, want in zip(ex.run(xs), run(bound, xs)):
         np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=30, deadline=None)
+@given(c=st.integers(1, 9), o=st.integers(1, 40), k=st.sampled_from([1, 3]),
+       stride=st.integers(1, 2), pad=st.integers(0, 1), size=st.integers(3, 15),
+       dtype=st.sampled_from(["int8", "uint8"]), act=st.sampled_from(["none", "relu", "clip"]),
+       seed=st.integers(0, 999))
+def test_fused_int8_convolutions_of_any_width_are_bit_exact_on_every_path(
+        c, o, k, stride, pad, size, dtype, act, seed):
+    """fused.qconv2d with output channels that fill no SIMD block (AVX2 pads them), on every
+    path the CPU has, against the integer reference."""
+    import os
+    from eqquant.runtime.bindings_int8 import PATHS, path_available
+    rng = np.random.default_rng(seed)
+    lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
+    b = Builder()
+    x = b.input("x", (1, c, size, size), dtype)
+    extra = dict(a_min=0.0, a_max=2.0) if act == "clip" else {}
+    y = b.call("fused.qconv2d", x, b.param("w", rng.integers(-128, 128, (o, c, k, k)).astype("i1")),
+               b.param("b", rng.integers(-900, 900, (o, 1, 1)).astype("i4")),
+               b.param("zx", np.array(int(rng.integers(lo, hi)) if dtype == "uint8" else 0,
+                                      np.int32)),
+               b.param("zw", np.array(0, np.int32)), b.param("sx", np.array(0.05, np.float32)),
+               b.param("sw", rng.uniform(0.01, 0.02, o).astype(np.float32)),
+               b.param("s1", (0.05 * rng.uniform(0.01, 0.02, o)).astype(np.float32)),
+               b.param("z1", np.array(0, np.int32)), b.param("s2", np.array(0.1, np.float32)),
+               b.param("z2", np.array(5 if dtype == "uint8" else 0, np.int32)),
+               strides=[stride] * 2, padding=[pad] * 4, activation=act, out_dtype=dtype, **extra)
+    bound = bind_params(*b.finish(y))
+    xs = {"x": rng.integers(lo, hi, (1, c, size, size)).astype(dtype)}
+    want = run(bound, xs)
+    old = os.environ.get("EQQUANT_INT8_KERNEL")
+    try:
+        for path in PATHS:
+            if not path_available(path):
+                continue
+            os.environ["EQQUANT_INT8_KERNEL"] = path
+            np.testing.assert_array_equal(Executor(bound).run(xs), want)
+    finally:
+        if old is None:
+            os.environ.pop("EQQUANT_INT8_KERNEL", None)
+        else:
+            os.environ["EQQUANT_INT8_KERNEL"] = old

@@ -126,15 +126,20 @@ def define_gemm(mod):
     return fn
 
 
+PADS = True   # any number of output channels: the last block is padded with zero weights
+
+
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """int8 weights (O, K), O a multiple of 16 -> (B packed int16 [O/16][Kp/2][16][2], 128 *
-    column sums (O,), Kp: K padded to a multiple of 4, as the rows are)."""
+    """int8 weights (O, K) -> (B packed int16 [ceil(O/16)][Kp/2][16][2], O padded with zero
+    rows to a multiple of 16; 128 * column sums (O,); Kp: K padded to a multiple of 4, as the
+    rows are). The GEMM's output has the padded width; the padded columns are 0."""
     o, k = w.shape
     kp = -(-k // 4) * 4
-    padded = np.zeros((o, kp), np.int16)
-    padded[:, :k] = w
+    op = -(-o // BLOCK) * BLOCK
+    padded = np.zeros((op, kp), np.int16)
+    padded[:o, :k] = w
     packed = np.ascontiguousarray(
-        padded.reshape(o // BLOCK, BLOCK, kp // 2, 2).transpose(0, 2, 1, 3))
+        padded.reshape(op // BLOCK, BLOCK, kp // 2, 2).transpose(0, 2, 1, 3))
     return packed, (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp
 
 
@@ -166,7 +171,7 @@ def _widen(rows_u8, rows16):
 
 @njit(cache=True)
 def gemm(a_u8, packed, out):
-    """out = a_u8 @ B (a_u8: (P, Kp) uint8, out: (P, O) int32)."""
+    """out = a_u8 @ B (a_u8: (P, Kp) uint8, out: (P, O') int32, O' the padded width)."""
     a16 = np.empty(a_u8.shape, np.int16)
     _widen(a_u8, a16)
     gemm_block(a16.ctypes.data, a16.shape[1], packed.ctypes.data, out.ctypes.data,
@@ -202,6 +207,7 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
     p_n = oh * ow
     o_n = out.shape[0]
     oblocks, kq = packed.shape[0], packed.shape[1]
+    width = oblocks * BLOCK               # the GEMM's (padded) output channels
     kp = kq * 2
     add = np.empty(o_n, np.int64)
     left = np.empty(o_n, np.int64)
@@ -221,11 +227,11 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
             _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows)
             rows16 = np.empty((n, kp), np.int16)
             _widen(rows, rows16)
-            acc = np.empty((n, o_n), np.int32)
-            gemm_block(rows16.ctypes.data, kp, packed.ctypes.data, acc.ctypes.data, o_n, 0, n,
-                       kq, oblocks)
-            _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout,
-                    lo, hi, 0, p0, out)
+            acc = np.empty((n, width), np.int32)
+            gemm_block(rows16.ctypes.data, kp, packed.ctypes.data, acc.ctypes.data, width, 0,
+                       n, kq, oblocks)
+            _finish(acc[:, :o_n], add, clamp_lo, clamp_hi, multipliers, left, total, half, zin,
+                    zout, lo, hi, 0, p0, out)
     else:
         rows = np.empty((p_n, kp), np.uint8)
         _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, rows)
@@ -235,5 +241,6 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
             acc = np.empty((p_n, BLOCK), np.int32)
             gemm_block(rows16.ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
                        acc.ctypes.data, BLOCK, 0, p_n, kq, 1)
-            _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout,
-                    lo, hi, ob * BLOCK, 0, out)
+            cols = min(BLOCK, o_n - ob * BLOCK)
+            _finish(acc[:, :cols], add, clamp_lo, clamp_hi, multipliers, left, total, half,
+                    zin, zout, lo, hi, ob * BLOCK, 0, out)

@@ -78,7 +78,7 @@ class QConv2D(Binding):
         # a SIMD GEMM: uint8 activations (int8 shifted by 128) times int8 weights
         simd = simd_module(int8_path())
         self.simd = simd if (simd is not None and self.groups == 1 and not self.zw.any()
-                             and (o % simd.BLOCK) == 0) else None
+                             and (o % simd.BLOCK == 0 or simd.PADS)) else None
         self.gemm_path = int8_path() if self.simd is not None else "portable"
         if self.simd is not None:
             self.shift = 128 if in_types[0].dtype == "int8" else 0
@@ -204,7 +204,7 @@ class QDense(Binding):
         self.zx = np.int32(_const_scalar(consts, 2))
         simd = simd_module(int8_path())
         self.simd = simd if (simd is not None and not self.zw.any()
-                             and units % simd.BLOCK == 0) else None
+                             and (units % simd.BLOCK == 0 or simd.PADS)) else None
         self.gemm_path = int8_path() if self.simd is not None else "portable"
         if self.simd is not None:
             self.shift = 128 if in_types[0].dtype == "int8" else 0
@@ -222,7 +222,11 @@ class QDense(Binding):
             x = ins[0]
             rows = np.zeros((x.shape[0], self.kp), np.uint8)
             rows[:, :x.shape[1]] = x.astype(np.int16) + self.shift
-            self.simd.gemm_parallel(rows, self.packed, out)
+            width = self.packed.shape[0] * self.simd.BLOCK
+            acc = out if width == out.shape[1] else np.empty((x.shape[0], width), np.int32)
+            self.simd.gemm_parallel(rows, self.packed, acc)
+            if acc is not out:
+                out[...] = acc[:, :out.shape[1]]
             out -= self.correction
             return
         col = np.ascontiguousarray(ins[0].T)

@@ -110,8 +110,10 @@ def dequantize_channels(q, zero, scales, out):
 
 @njit(parallel=True, cache=True)
 def finish_gemm(acc, correction, out):
-    """acc: (P, O) int32 from the VNNI GEMM -> out: (O, P), minus the per-channel correction."""
-    p_n, o_n = acc.shape
+    """acc: (P, O') int32 from a SIMD GEMM (O' >= O: padded channels are ignored) -> out:
+    (O, P), minus the per-channel correction."""
+    p_n = acc.shape[0]
+    o_n = out.shape[0]
     for o in prange(o_n):
         c = correction[o]
         for p in range(p_n):

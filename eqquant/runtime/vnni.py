@@ -23,6 +23,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 BLOCK = 64  # output channels per register block (4 x 16 lanes)
+PADS = False  # the output channels must be a multiple of BLOCK
 
 
 @lru_cache(maxsize=1)
