@@ -73,8 +73,9 @@ class QConv2D(Binding):
         self.depthwise = cg == 1 and self.groups == in_types[0].shape[1] and self.groups > 1
         if self.depthwise:
             self.mult = o // self.groups
-            self.wdw = np.ascontiguousarray(
-                w.reshape(o, kh, kw).astype(np.int32) - self.zw.reshape(o, 1, 1))
+            self.wdw = np.ascontiguousarray(   # (kh, kw, O): taps along the channels
+                (w.reshape(o, kh, kw).astype(np.int32) - self.zw.reshape(o, 1, 1))
+                .transpose(1, 2, 0))
         # a SIMD GEMM: uint8 activations (int8 shifted by 128) times int8 weights
         simd = simd_module(int8_path())
         self.simd = simd if (simd is not None and self.groups == 1 and not self.zw.any()
@@ -368,8 +369,9 @@ class QAdd(Binding):
 
 
 class FusedQConv2D(Binding):
-    """fused.qconv2d: the qnn.conv2d kernel (a SIMD path or portable) into an int32 scratch, then one
-    pass adding the bias, applying relu and requantizing per channel to int8."""
+    """fused.qconv2d: the qnn.conv2d kernel (a SIMD path, the depthwise kernel or portable
+    loops) with one pass adding the bias, applying relu or clip and requantizing per channel
+    to 8 bits (inside the same parallel region on the SIMD and depthwise paths)."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)

@@ -189,58 +189,72 @@ def bias_clamp_requantize(acc, bias, clamp_lo, clamp_hi, multipliers, shifts, zi
 
 
 @njit(cache=True)
-def _depthwise_channel(x, zx, w, sh, sw, pt, pl, dh, dw, oh, ow, acc):
-    """acc (oh*ow,) int32 = one channel's depthwise convolution of (x - zx) with w (kh, kw)
-    int32; taps outside the image contribute nothing (they hold zx: x - zx = 0). Rows of
-    output pixels run over contiguous inputs when the stride is 1 (vectorised)."""
-    h, wd = x.shape
-    kh, kw = w.shape
-    for p in range(oh * ow):
-        acc[p] = 0
+def _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf):
+    """acc (ow, O) int32 = output row oy of a depthwise convolution of (x - zx), x (C, H, W)
+    8-bit, wt (kh, kw, O) int32 (weight minus its zero point), output channel o reading input
+    channel o // mult. Each input row it needs is gathered channel-last, minus zx, as int16
+    (rowbuf (W, O)), so that the sums run along the channels, contiguous and vectorised; taps
+    outside the image contribute nothing (they hold zx: x - zx = 0)."""
+    c_in, h, wd = x.shape
+    kh, kw, o_n = wt.shape
+    acc[:, :] = 0
     for i in range(kh):
+        iy = oy * sh - pt + i * dh
+        if iy < 0 or iy >= h:
+            continue
+        for ix in range(wd):
+            for o in range(o_n):
+                rowbuf[ix, o] = np.int16(x[o // mult, iy, ix]) - np.int16(zx)
         for j in range(kw):
-            tap = w[i, j]
-            if tap == 0:
-                continue
-            for oy in range(oh):
-                iy = oy * sh - pt + i * dh
-                if iy < 0 or iy >= h:
+            taps = wt[i, j]
+            for ox in range(ow):
+                ix = ox * sw - pl + j * dw
+                if ix < 0 or ix >= wd:
                     continue
-                # the output columns whose input column is inside the image
-                x0 = j * dw - pl
-                lo_x = 0 if x0 >= 0 else (-x0 + sw - 1) // sw
-                hi_x = min(ow, (wd - 1 - x0) // sw + 1) if wd - 1 - x0 >= 0 else 0
-                row = oy * ow
-                for ox in range(lo_x, hi_x):
-                    acc[row + ox] += tap * (np.int32(x[iy, x0 + ox * sw]) - zx)
+                src = rowbuf[ix]
+                a = acc[ox]
+                for o in range(o_n):
+                    a[o] += taps[o] * np.int32(src[o])
 
 
 @njit(parallel=True, cache=True)
-def depthwise_i8(x, zx, w, mult, sh, sw, pt, pl, dh, dw, oh, ow, out):
-    """qnn.conv2d with groups = input channels (output channel o reads input channel
-    o // mult): x (C, H, W) 8-bit, w (O, kh, kw) int32 (weight minus its zero point), out
-    (O, oh*ow) int32. One channel per work item."""
-    for o in prange(out.shape[0]):
-        _depthwise_channel(x[o // mult], zx, w[o], sh, sw, pt, pl, dh, dw, oh, ow, out[o])
+def depthwise_i8(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, out):
+    """qnn.conv2d with groups = input channels (any channel multiplier): x (C, H, W) 8-bit,
+    wt (kh, kw, O) int32, out (O, oh*ow) int32. One output row per work item."""
+    o_n = out.shape[0]
+    for oy in prange(oh):
+        acc = np.empty((ow, o_n), np.int32)
+        rowbuf = np.empty((x.shape[2], o_n), np.int16)
+        _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf)
+        for o in range(o_n):
+            for ox in range(ow):
+                out[o, oy * ow + ox] = acc[ox, o]
 
 
 @njit(parallel=True, cache=True)
-def depthwise_requantize(x, zx, w, mult, sh, sw, pt, pl, dh, dw, oh, ow, bias, clamp_lo,
+def depthwise_requantize(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bias, clamp_lo,
                          clamp_hi, multipliers, shifts, zin, zout, lo, hi, out):
-    """fused.qconv2d with groups = input channels: each channel's depthwise sum, its bias,
-    clamp and requantization (as ``bias_clamp_requantize``) in one pass over a cache-sized
-    int32 row: out (O, oh*ow) 8-bit."""
-    for o in prange(out.shape[0]):
-        acc = np.empty(oh * ow, np.int32)
-        _depthwise_channel(x[o // mult], zx, w[o], sh, sw, pt, pl, dh, dw, oh, ow, acc)
-        left = max(shifts[o], 0)
-        total = max(-shifts[o], 0) + 31
-        half = np.int64(1) << (total - 1)
-        m = multipliers[o]
-        b = np.int64(bias[o])
-        for p in range(oh * ow):
-            v = np.int64(acc[p]) + b
-            v = min(max(v, -2147483648), 2147483647)
-            v = min(max(v, clamp_lo[o]), clamp_hi[o])
-            v = (((v - zin) << left) * m + half) >> total
-            out[o, p] = min(max(v + zout, lo), hi)
+    """fused.qconv2d with groups = input channels: each output row's depthwise sums, bias,
+    clamp and requantization (as ``bias_clamp_requantize``) in one pass: out (O, oh*ow)
+    8-bit."""
+    o_n = out.shape[0]
+    left = np.empty(o_n, np.int64)
+    total = np.empty(o_n, np.int64)
+    half = np.empty(o_n, np.int64)
+    for o in range(o_n):
+        left[o] = max(shifts[o], 0)
+        total[o] = max(-shifts[o], 0) + 31
+        half[o] = np.int64(1) << (total[o] - 1)
+    for oy in prange(oh):
+        acc = np.empty((ow, o_n), np.int32)
+        rowbuf = np.empty((x.shape[2], o_n), np.int16)
+        _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf)
+        for o in range(o_n):
+            m = multipliers[o]
+            b = np.int64(bias[o])
+            for ox in range(ow):
+                v = np.int64(acc[ox, o]) + b
+                v = min(max(v, -2147483648), 2147483647)
+                v = min(max(v, clamp_lo[o]), clamp_hi[o])
+                v = (((v - zin) << left[o]) * m + half[o]) >> total[o]
+                out[o, oy * ow + ox] = min(max(v + zout, lo), hi)
