@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from .llvm_loops import counted_loop
 from .vnni import _finish, _windows, windows  # noqa: F401  (the shared gather and epilogue)
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
@@ -61,21 +62,7 @@ def define_gemm(mod):
     zeros = ir.Constant(v8, None)
 
     def loop(builder, start, stop, step, name, body):
-        head = fn.append_basic_block(f"{name}.head")
-        work = fn.append_basic_block(f"{name}.body")
-        done = fn.append_basic_block(f"{name}.done")
-        pre = builder.block
-        builder.branch(head)
-        builder.position_at_end(head)
-        i = builder.phi(i64, name=name)
-        i.add_incoming(start, pre)
-        builder.cbranch(builder.icmp_signed("<=", builder.add(i, c64(step)), stop), work, done)
-        builder.position_at_end(work)
-        body(builder, i)
-        i.add_incoming(builder.add(i, c64(step)), builder.block)
-        builder.branch(head)
-        builder.position_at_end(done)
-        return i
+        return counted_loop(fn, builder, start, stop, step, name, body)
 
     def micro(bc, p, ob, rows):
         pre = bc.block

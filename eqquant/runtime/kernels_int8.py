@@ -166,6 +166,17 @@ def qadd_once(a, za, b, zb, ma, mb, bits, zo, lo, hi, out):
         out[i] = min(max(v, lo), hi)
 
 
+@njit(cache=True)
+def requantize_acc(v, clamp_lo, clamp_hi, zin, left, multiplier, half, total, zout, lo, hi):
+    """One int64 sum (accumulator plus bias) to its 8-bit output: saturated to int32, clamped
+    (relu, clip or nothing), requantized with UPWARD fixed point, saturated to [lo, hi]. The
+    epilogue of every fused integer convolution kernel."""
+    v = min(max(v, -2147483648), 2147483647)
+    v = min(max(v, clamp_lo), clamp_hi)
+    v = (((v - zin) << left) * multiplier + half) >> total
+    return min(max(v + zout, lo), hi)
+
+
 @njit(parallel=True, cache=True)
 def bias_clamp_requantize(acc, bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi,
                           out):
@@ -180,12 +191,8 @@ def bias_clamp_requantize(acc, bias, clamp_lo, clamp_hi, multipliers, shifts, zi
         m = multipliers[o]
         b = np.int64(bias[o])
         for p in range(p_n):
-            v = np.int64(acc[o, p]) + b
-            v = min(max(v, -2147483648), 2147483647)
-            v = min(max(v, clamp_lo[o]), clamp_hi[o])
-            v = (((v - zin) << left) * m + half) >> total
-            v = v + zout
-            out[o, p] = min(max(v, lo), hi)
+            out[o, p] = requantize_acc(np.int64(acc[o, p]) + b, clamp_lo[o], clamp_hi[o], zin,
+                                       left, m, half, total, zout, lo, hi)
 
 
 @njit(cache=True)
@@ -253,8 +260,6 @@ def depthwise_requantize(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bias, 
             m = multipliers[o]
             b = np.int64(bias[o])
             for ox in range(ow):
-                v = np.int64(acc[ox, o]) + b
-                v = min(max(v, -2147483648), 2147483647)
-                v = min(max(v, clamp_lo[o]), clamp_hi[o])
-                v = (((v - zin) << left[o]) * m + half[o]) >> total[o]
-                out[o, oy * ow + ox] = min(max(v + zout, lo), hi)
+                out[o, oy * ow + ox] = requantize_acc(
+                    np.int64(acc[ox, o]) + b, clamp_lo[o], clamp_hi[o], zin, left[o], m,
+                    half[o], total[o], zout, lo, hi)

@@ -22,6 +22,10 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from .llvm_loops import counted_loop
+
+from .kernels_int8 import requantize_acc
+
 BLOCK = 64  # output channels per register block (4 x 16 lanes)
 PADS = False  # the output channels must be a multiple of BLOCK
 
@@ -64,23 +68,7 @@ def define_gemm(mod):
     zeros = ir.Constant(v16, None)
 
     def loop(builder, start, stop, step, name, body):
-        """for (i = start; i + step <= stop; i += step) body(builder, i); returns the final i
-        (the builder is left after the loop)."""
-        head = fn.append_basic_block(f"{name}.head")
-        work = fn.append_basic_block(f"{name}.body")
-        done = fn.append_basic_block(f"{name}.done")
-        pre = builder.block
-        builder.branch(head)
-        builder.position_at_end(head)
-        i = builder.phi(i64, name=name)
-        i.add_incoming(start, pre)
-        builder.cbranch(builder.icmp_signed("<=", builder.add(i, c64(step)), stop), work, done)
-        builder.position_at_end(work)
-        body(builder, i)
-        i.add_incoming(builder.add(i, c64(step)), builder.block)
-        builder.branch(head)
-        builder.position_at_end(done)
-        return i
+        return counted_loop(fn, builder, start, stop, step, name, body)
 
     def micro(bc, p, ob, rows):
         """rows pixels from p times the 64 channels of block ob, over all of k."""
@@ -205,11 +193,9 @@ def _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, z
         row = buf[r]
         for oc in range(cols):
             o = o0 + oc
-            v = np.int64(acc[r, oc]) + add[o]
-            v = min(max(v, -2147483648), 2147483647)
-            v = min(max(v, clamp_lo[o]), clamp_hi[o])
-            v = (((v - zin) << left[o]) * multipliers[o] + half[o]) >> total[o]
-            row[oc] = min(max(v + zout, lo), hi)
+            row[oc] = requantize_acc(np.int64(acc[r, oc]) + add[o], clamp_lo[o], clamp_hi[o],
+                                     zin, left[o], multipliers[o], half[o], total[o], zout, lo,
+                                     hi)
     for oc in range(cols):
         for r in range(n):
             out[o0 + oc, p0 + r] = buf[r, oc]
