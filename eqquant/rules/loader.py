@@ -37,7 +37,7 @@ _COMMENTS = CommentSink()
 def _lark() -> Lark:
     return Lark(grammar_path("rules.lark").read_text(), parser="lalr",
                 propagate_positions=True, maybe_placeholders=True,
-                lexer_callbacks={"COMMENT": _COMMENTS})
+                lexer_callbacks={"COMMENT": _COMMENTS}, cache=True)   # (see ir/parser.py)
 
 
 def resolve_rules_path(name: str | Path, base: Path | None = None) -> Path:
