@@ -58,6 +58,29 @@ def test_conv2d_kernel(case):
     mod, params = b.finish(y)
     xs = {"x": rng.normal(size=(2, c, hw, hw)).astype("float32")}
     _check(mod, params, xs, ["fused.conv2d" if case["fused"] else "nn.conv2d"])
+    # and on the other fp32 path (im2col + BLAS, or the FMA GEMM where the CPU has it)
+    import os
+    from eqquant.runtime.bindings import fp32_path
+    other = "blas" if fp32_path() == "fma" else "fma"
+    os.environ["EQQUANT_FP32_KERNEL"] = other
+    try:
+        _check(mod, params, xs, ["fused.conv2d" if case["fused"] else "nn.conv2d"])
+    finally:
+        del os.environ["EQQUANT_FP32_KERNEL"]
+
+
+def test_the_fma_conv_path_is_chosen_where_the_cpu_has_it(monkeypatch):
+    from eqquant.runtime import fma
+    from eqquant.runtime.bindings import fp32_path
+    b = Builder()
+    x = b.input("x", (1, 3, 8, 8))
+    y = b.call("fused.conv2d", x, b.param("w", np.ones((20, 3, 3, 3), np.float32)),
+               b.param("b", np.ones((20, 1, 1), np.float32)), padding=[1, 1])
+    bound = bind_params(*b.finish(y))
+    assert (Executor(bound).steps[0].fn.fma is not None) == fma.available()
+    assert fp32_path() == ("fma" if fma.available() else "blas")
+    monkeypatch.setenv("EQQUANT_FP32_KERNEL", "blas")
+    assert Executor(bound).steps[0].fn.fma is None
 
 
 pool_cases = st.fixed_dictionaries({

@@ -44,8 +44,20 @@ def _per_channel(bias_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> boo
         and padded[1] in (1, out_shape[1])
 
 
+def fp32_path() -> str:
+    """"fma" (the AVX2/FMA GEMM of ``fma.py``) where the CPU has it, else "blas" (im2col +
+    numpy's BLAS); EQQUANT_FP32_KERNEL=blas|fma forces one."""
+    import os
+    from . import fma
+    chosen = os.environ.get("EQQUANT_FP32_KERNEL", "")
+    if chosen == "blas" or not fma.available():
+        return "blas"
+    return "fma"
+
+
 class Conv2D(Binding):
-    """nn.conv2d and fused.conv2d: im2col + GEMM + fused epilogue; depthwise: direct."""
+    """nn.conv2d and fused.conv2d: the FMA GEMM with gather and epilogue fused, or im2col +
+    BLAS GEMM + fused epilogue; depthwise: direct."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
@@ -71,6 +83,15 @@ class Conv2D(Binding):
                 consts[2].reshape(-1), (o,)), dtype=np.float32)
         elif len(in_types) == 2:
             self.bias_vec = np.zeros(o, np.float32)
+        # an FMA GEMM with the window gather and the epilogue in one parallel region, where
+        # the CPU has AVX2 and FMA (EQQUANT_FP32_KERNEL=blas keeps im2col + BLAS)
+        self.fma = None
+        if fp32_path() == "fma" and w is not None and self.groups == 1 and \
+                not self.depthwise and self.bias_vec is not None:
+            from . import fma
+            self.fma = fma
+            self.packed = fma.pack(np.ascontiguousarray(   # (tap, channel): as rows gather
+                w.transpose(0, 2, 3, 1).reshape(o, -1), dtype=np.float32))
 
     def _pack(self, w: np.ndarray) -> np.ndarray:
         o = w.shape[0]
@@ -85,6 +106,15 @@ class Conv2D(Binding):
 
     def __call__(self, ins, out):
         x = ins[0]
+        if self.fma is not None:
+            n, o = out.shape[:2]
+            oh, ow = out.shape[2:]
+            for b in range(n):
+                hwc = np.ascontiguousarray(x[b].transpose(1, 2, 0))
+                self.fma.conv(hwc, self.kh, self.kw, self.sh, self.sw, self.pt, self.pl,
+                              self.dh, self.dw, oh, ow, self.packed, self.bias_vec, self.act,
+                              np.float32(self.lo), np.float32(self.hi), out[b].reshape(o, -1))
+            return
         w = self.w if self.w is not None else self._pack(ins[1])
         bias = self.bias_vec
         act = self.act if bias is not None else 0
