@@ -266,3 +266,23 @@ def test_a_compressed_npz_bomb_costs_nothing_until_its_entry_is_read(tmp_path):
             P.load_params(path)
     finally:
         P.MAX_ARRAY_BYTES = old
+
+
+def test_degenerate_ranges_get_the_documented_scales():
+    """A value that was always 0 (a relu that never fired) gets scale 1.0; a denormal range
+    the minimum scale; an infinite range is an error; one calibration sample is enough."""
+    from eqquant.quant.annotate import MIN_SCALE, qparams
+    from eqquant.quant.calibrate import Range
+    for dtype in ("int8", "uint8"):
+        assert qparams(Range(0.0, 0.0), dtype) == (1.0, 0)
+        scale, _ = qparams(Range(-1e-40, 1e-40), dtype)
+        assert scale == MIN_SCALE
+        with pytest.raises(EqquantError):
+            qparams(Range(-np.inf, 1.0), dtype)
+    # a relu that never fires on the (single) calibration sample
+    text = ("def @main(%x: Tensor[(1, 4), float32], %w: Tensor[(2, 4), float32]) {\n"
+            "  nn.relu(nn.dense(%x, %w))\n}\n")
+    sample = np.random.default_rng(0).uniform(0.5, 1.0, (1, 4)).astype(np.float32)
+    r = quantize(parse(text), {"w": -np.ones((2, 4), np.float32)}, [sample], "minmax")
+    out = Executor(r.module).run({"x": -np.ones((1, 4), np.float32)})
+    assert np.all(np.isfinite(out))
