@@ -38,6 +38,7 @@ if os.environ.get("CI"):
 
 
 settings.register_profile("long", max_examples=20_000, deadline=None)
+settings.register_profile("medium", max_examples=5_000, deadline=None)
 
 
 def pytest_terminal_summary(terminalreporter):

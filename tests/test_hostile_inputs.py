@@ -163,6 +163,8 @@ def test_run_prints_tuple_outputs_and_refuses_a_function_result(tmp_path, capsys
     ("rule r: reshape(?x, newshape=[99999999999999999999]) => ?x", "does not fit int64"),
     ('include "/etc/passwd"', "include names a .rules file"),
     ("rule r: " + "nn.relu(" * 300 + "?x" + ")" * 300 + " => ?x", "nest"),
+    ("rule r: nn.relu(?x) => ?x if rank(?x) == 999999999999999999990", "a rank"),
+    ("rule r: nn.relu(?x) => ?x if shape(?x) == [99999999999999999999]", "does not fit"),
 ])
 def test_bad_rules_are_located_errors(text, message):
     with pytest.raises(EqquantError, match=message) as e:
@@ -286,3 +288,16 @@ def test_degenerate_ranges_get_the_documented_scales():
     r = quantize(parse(text), {"w": -np.ones((2, 4), np.float32)}, [sample], "minmax")
     out = Executor(r.module).run({"x": -np.ones((1, 4), np.float32)})
     assert np.all(np.isfinite(out))
+
+
+def test_a_damaged_array_header_in_an_npz_is_a_params_error(tmp_path):
+    """(found by the long fuzz run: a header that no longer parses as a dict)"""
+    import io
+    from eqquant.ir.params import load_params
+    buf = io.BytesIO()
+    np.savez(buf, w=np.ones(3))
+    data = buf.getvalue().replace(b"'shape': (3,)", b"'s\xff\xff\xff\xff3,), ")
+    path = tmp_path / "bad.npz"
+    path.write_bytes(data)
+    with pytest.raises(EqquantError, match="not an array|not a readable"):
+        dict(load_params(path))

@@ -155,7 +155,12 @@ BAD = {
     "conv kernel shape": (_single("Conv", ["x", "w"], kernel_shape=[3, 3], inits=[_w(
         "w", np.ones((2, 3, 1, 1), np.float32))]), "disagrees with the weight"),
     "clip vector bound": (_single("Clip", ["x", "lo"], inits=[_w(
-        "lo", np.zeros(3, np.float32))]), "must be a scalar"),
+        "lo", np.zeros(3, np.float32))]), "must be one number"),
+    # found by the long fuzz run: constants of the wrong rank or kind
+    "reshape shape matrix": (_single("Reshape", ["x", "s"], inits=[_w(
+        "s", np.ones((2, 2), np.int64))]), "must be a vector of integers"),
+    "pad pads float": (_single("Pad", ["x", "p"], inits=[_w(
+        "p", np.zeros(8, np.float32))]), "must be a vector of integers"),
 }
 
 

@@ -116,6 +116,22 @@ class Importer:
                              "node or computed from them), not a value computed at run time")
         return self.consts[name]
 
+    def const_ints(self, name: str, what: str) -> list[int]:
+        """A constant that must be a vector (or a scalar) of integers."""
+        v = np.asarray(self.const(name, what))
+        if v.ndim > 1 or v.dtype.kind not in "iu":
+            raise _NodeError(f"{what} must be a vector of integers, got {v.dtype} of shape "
+                             f"{list(v.shape)}")
+        return [int(x) for x in v.reshape(-1)]
+
+    def const_scalar(self, name: str, what: str) -> float:
+        """A constant that must hold one number."""
+        v = np.asarray(self.const(name, what))
+        if v.size != 1 or v.dtype.kind not in "iufb":
+            raise _NodeError(f"{what} must be one number, got {v.dtype} of shape "
+                             f"{list(v.shape)}")
+        return float(v.reshape(()))
+
     def type(self, e: Expr) -> TensorType:
         t = self.b._types.expr(e)
         if not isinstance(t, TensorType):
@@ -403,14 +419,11 @@ def _clip(im, attrs, ins):
     lo, hi = attrs.get("min", -np.inf), attrs.get("max", np.inf)
     for i, what in ((1, "min"), (2, "max")):
         if len(ins) > i and ins[i]:
-            bound = im.const(ins[i], f"Clip's {what}")
-            if np.size(bound) != 1:
-                raise _NodeError(f"Clip's {what} must be a scalar, got shape "
-                                 f"{list(np.shape(bound))}")
+            bound = im.const_scalar(ins[i], f"Clip's {what}")
             if what == "min":
-                lo = float(np.reshape(bound, ()))
+                lo = bound
             else:
-                hi = float(np.reshape(bound, ()))
+                hi = bound
     x = im.value(ins[0])
     if lo == 0 and hi == np.inf:
         return im.call("nn.relu", x)
@@ -512,7 +525,7 @@ def _flatten(im, attrs, ins):
 
 @converts("Reshape")
 def _reshape(im, attrs, ins):
-    shape = [int(d) for d in im.const(ins[1], "Reshape's shape")]
+    shape = im.const_ints(ins[1], "Reshape's shape")
     if attrs.get("allowzero", 0) and 0 in shape:
         raise _NodeError("allowzero=1 with a 0 in the shape (an empty tensor) is not supported")
     return im.call("reshape", im.value(ins[0]), newshape=shape)
@@ -556,10 +569,10 @@ def _pad(im, attrs, ins):
     if mode not in ("constant", "edge", "reflect"):
         raise _NodeError(f"mode '{mode}' is not one of constant, edge, reflect")
     if im.opset >= 11:
-        pads = [int(p) for p in im.const(ins[1], "Pad's pads")]
-        value = float(im.const(ins[2], "Pad's constant_value")) if len(ins) > 2 and ins[2] \
+        pads = im.const_ints(ins[1], "Pad's pads")
+        value = im.const_scalar(ins[2], "Pad's constant_value") if len(ins) > 2 and ins[2] \
             else 0.0
-        axes = [int(a) % rank for a in im.const(ins[3], "Pad's axes")] \
+        axes = [a % rank for a in im.const_ints(ins[3], "Pad's axes")] \
             if len(ins) > 3 and ins[3] else list(range(rank))
     else:
         pads, value, axes = list(attrs["pads"]), float(attrs.get("value", 0.0)), \
@@ -583,7 +596,7 @@ def _transpose(im, attrs, ins):
 
 def _axes(im, attrs, ins, op) -> list[int] | None:
     if len(ins) > 1 and ins[1]:
-        return [int(a) for a in im.const(ins[1], f"{op}'s axes")]
+        return im.const_ints(ins[1], f"{op}'s axes")
     return list(attrs["axes"]) if "axes" in attrs else None
 
 

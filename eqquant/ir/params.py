@@ -103,8 +103,9 @@ def _npy_header(f, path: Path, name: str) -> tuple[tuple[int, ...], np.dtype]:
         version = npy.read_magic(f)
         shape, _, dtype = (npy.read_array_header_1_0(f) if version == (1, 0) else
                            npy.read_array_header_2_0(f))
-    except (ValueError, OSError, EOFError) as e:
-        raise ParamsError(f"{path}: entry '{name[:80]}' is not an array ({e})") from None
+    except Exception as e:  # noqa: BLE001 - a damaged header fails in many ways (tokenize...)
+        raise ParamsError(f"{path}: entry '{name[:80]}' is not an array "
+                          f"({type(e).__name__})") from None
     if dtype.hasobject:
         raise ParamsError(f"{path}: entry '{name[:-4][:80]}' holds Python objects (refused: "
                           f"files are read with allow_pickle=False)")

@@ -219,8 +219,9 @@ class _Builder:
                 raise self.error(f"dtype(...) compares with a dtype ({', '.join(DTYPES)})", g)
             val = str(value.children[0])
         elif fn == "rank":
-            if value.data != "g_number" or not str(value.children[0]).isdigit():
-                raise self.error("rank(...) compares with a non-negative integer", g)
+            if value.data != "g_number" or not str(value.children[0]).isdigit() or \
+                    len(str(value.children[0])) > 2:
+                raise self.error("rank(...) compares with a rank: an integer from 0 to 99", g)
             val = int(str(value.children[0]))
         elif value.data == "g_var":
             val = ("attr", str(value.children[0]))
@@ -229,6 +230,8 @@ class _Builder:
                 raise self.error("shape(...) compares with a list of ints, shape(?y) or an "
                                  "attribute variable", g)
             val = [int(v) for v in re.findall(r"-?\d+", str(value.children[0]))]
+            if any(abs(v) >= 2 ** 63 for v in val):
+                raise self.error("bad literal: a shape entry does not fit int64", g)
         return Guard(fn, str(var), str(cmp), val, self.loc(g))
 
     # -- patterns ------------------------------------------------------------------------------
