@@ -208,11 +208,21 @@ def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
     h, w, c_in = hwc.shape
     n, kp = rows.shape
     k = kh * kw * c_in
+    span = kw * c_in
+    flat = hwc.reshape(h, w * c_in)      # one image row: its pixels' channels, contiguous
     for r in range(n):
         y = (p0 + r) // ow
         xo = (p0 + r) - y * ow
         for i in range(kh):
             iy = y * sh - pt + i * dh
+            ix0 = xo * sw - pl
+            if dw == 1 and iy >= 0 and iy < h and ix0 >= 0 and ix0 + kw <= w:
+                # the kernel row lies inside the image: one contiguous copy of kw pixels
+                src = flat[iy, ix0 * c_in:ix0 * c_in + span]
+                dst = rows[r, i * span:(i + 1) * span]
+                for t in range(span):
+                    dst[t] = src[t]
+                continue
             for j in range(kw):
                 ix = xo * sw - pl + j * dw
                 base = (i * kw + j) * c_in
