@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .llvm_loops import counted_loop
+from .llvm_loops import counted_loop, reduction_loop
 from .vnni import _finish, _windows, windows  # noqa: F401  (the shared gather and epilogue)
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
@@ -59,44 +59,30 @@ def define_gemm(mod):
     a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, kpairs, oblocks = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     c64 = lambda v: ir.Constant(i64, v)  # noqa: E731
-    zeros = ir.Constant(v8, None)
 
     def loop(builder, start, stop, step, name, body):
         return counted_loop(fn, builder, start, stop, step, name, body)
 
     def micro(bc, p, ob, rows):
-        pre = bc.block
-        head = fn.append_basic_block("k.head")
-        work = fn.append_basic_block("k.body")
-        done = fn.append_basic_block("k.done")
-        bc.branch(head)
-        bc.position_at_end(head)
-        k = bc.phi(i64, name="k")
-        k.add_incoming(c64(0), pre)
-        accs = [[bc.phi(v8) for _ in range(2)] for _ in range(rows)]
-        for row in accs:
-            for acc in row:
-                acc.add_incoming(zeros, pre)
-        bc.cbranch(bc.icmp_signed("<", k, kpairs), work, done)
-        bc.position_at_end(work)
-        at = bc.add(bc.mul(ob, bc.mul(kpairs, c64(PANEL))), bc.mul(k, c64(PANEL)))
-        bvs = [bc.load(bc.bitcast(bc.gep(b_ptr, [bc.add(at, c64(32 * j))]), v16.as_pointer()),
-                       align=1) for j in range(2)]
-        new = []
-        for r in range(rows):
-            # the int16 pair (a_k, a_k+1) of this pixel's row, broadcast to every lane
-            a_off = bc.mul(bc.add(bc.mul(bc.add(p, c64(r)), lda), bc.mul(k, c64(2))), c64(2))
-            lane = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=2)
-            av = bc.insert_element(ir.Constant(v8, ir.Undefined), lane, ir.Constant(i32, 0))
-            av = bc.shuffle_vector(av, ir.Constant(v8, ir.Undefined), ir.Constant(v8, [0] * 8))
-            av = bc.bitcast(av, v16)
-            new.append([bc.add(accs[r][j], bc.call(madd, [av, bvs[j]])) for j in range(2)])
-        k.add_incoming(bc.add(k, c64(1)), bc.block)
-        for r in range(rows):
-            for j in range(2):
-                accs[r][j].add_incoming(new[r][j], bc.block)
-        bc.branch(head)
-        bc.position_at_end(done)
+        def step(bc, k, accs):
+            at = bc.add(bc.mul(ob, bc.mul(kpairs, c64(PANEL))), bc.mul(k, c64(PANEL)))
+            bvs = [bc.load(bc.bitcast(bc.gep(b_ptr, [bc.add(at, c64(32 * j))]),
+                                      v16.as_pointer()), align=1) for j in range(2)]
+            new = []
+            for r in range(rows):
+                # the int16 pair (a_k, a_k+1) of this pixel's row, broadcast to every lane
+                a_off = bc.mul(bc.add(bc.mul(bc.add(p, c64(r)), lda), bc.mul(k, c64(2))),
+                               c64(2))
+                lane = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=2)
+                av = bc.insert_element(ir.Constant(v8, ir.Undefined), lane,
+                                       ir.Constant(i32, 0))
+                av = bc.shuffle_vector(av, ir.Constant(v8, ir.Undefined),
+                                       ir.Constant(v8, [0] * 8))
+                av = bc.bitcast(av, v16)
+                new.append([bc.add(accs[r][j], bc.call(madd, [av, bvs[j]]))
+                            for j in range(2)])
+            return new
+        accs = reduction_loop(fn, bc, kpairs, rows, 2, v8, step)
         c32 = bc.bitcast(c_ptr, i32.as_pointer())
         for r in range(rows):
             for j in range(2):

@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .llvm_loops import counted_loop
+from .llvm_loops import counted_loop, reduction_loop
 from .vnni import _windows
 
 BLOCK = 16
@@ -56,39 +56,22 @@ def define_sgemm(mod):
     a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, kk, oblocks = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     c64 = lambda v: ir.Constant(i64, v)  # noqa: E731
-    zeros = ir.Constant(v8, None)
 
     def micro(bc, p, ob, rows):
-        pre = bc.block
-        head = fn.append_basic_block("k.head")
-        work = fn.append_basic_block("k.body")
-        done = fn.append_basic_block("k.done")
-        bc.branch(head)
-        bc.position_at_end(head)
-        k = bc.phi(i64, name="k")
-        k.add_incoming(c64(0), pre)
-        accs = [[bc.phi(v8) for _ in range(2)] for _ in range(rows)]
-        for row in accs:
-            for acc in row:
-                acc.add_incoming(zeros, pre)
-        bc.cbranch(bc.icmp_signed("<", k, kk), work, done)
-        bc.position_at_end(work)
-        at = bc.add(bc.mul(ob, bc.mul(kk, c64(BLOCK))), bc.mul(k, c64(BLOCK)))
-        bvs = [bc.load(bc.bitcast(bc.gep(b_ptr, [bc.add(at, c64(8 * j))]), v8.as_pointer()),
-                       align=4) for j in range(2)]
-        new = []
-        for r in range(rows):
-            a = bc.load(bc.gep(a_ptr, [bc.add(bc.mul(bc.add(p, c64(r)), lda), k)]), align=4)
-            av = bc.insert_element(ir.Constant(v8, ir.Undefined), a, ir.Constant(i32, 0))
-            av = bc.shuffle_vector(av, ir.Constant(v8, ir.Undefined), ir.Constant(
-                ir.VectorType(i32, 8), [0] * 8))
-            new.append([bc.call(fma, [av, bvs[j], accs[r][j]]) for j in range(2)])
-        k.add_incoming(bc.add(k, c64(1)), bc.block)
-        for r in range(rows):
-            for j in range(2):
-                accs[r][j].add_incoming(new[r][j], bc.block)
-        bc.branch(head)
-        bc.position_at_end(done)
+        def step(bc, k, accs):
+            at = bc.add(bc.mul(ob, bc.mul(kk, c64(BLOCK))), bc.mul(k, c64(BLOCK)))
+            bvs = [bc.load(bc.bitcast(bc.gep(b_ptr, [bc.add(at, c64(8 * j))]),
+                                      v8.as_pointer()), align=4) for j in range(2)]
+            new = []
+            for r in range(rows):
+                a = bc.load(bc.gep(a_ptr, [bc.add(bc.mul(bc.add(p, c64(r)), lda), k)]),
+                            align=4)
+                av = bc.insert_element(ir.Constant(v8, ir.Undefined), a, ir.Constant(i32, 0))
+                av = bc.shuffle_vector(av, ir.Constant(v8, ir.Undefined), ir.Constant(
+                    ir.VectorType(i32, 8), [0] * 8))
+                new.append([bc.call(fma, [av, bvs[j], accs[r][j]]) for j in range(2)])
+            return new
+        accs = reduction_loop(fn, bc, kk, rows, 2, v8, step)
         for r in range(rows):
             for j in range(2):
                 off = bc.add(bc.mul(bc.add(p, c64(r)), ldc),
