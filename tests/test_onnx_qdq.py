@@ -156,3 +156,28 @@ def test_export_command_writes_qdq_and_refuses_the_realize_view(tmp_path, capsys
     with pytest.raises(EqquantError):
         to_onnx(realize_view(r.module))
 
+
+
+def test_a_marked_program_exports_its_marks_as_quantize_dequantize_pairs():
+    """A calibration mark is fake quantization: exported, each is a QuantizeLinear and a
+    DequantizeLinear (never dropped as an identity), and ONNX Runtime computes the marked
+    program's values."""
+    from eqquant.ir.interp import run
+    from eqquant.ir.nodes import Call, post_order
+    from eqquant.quant.annotate import annotate
+    r, tests = _flow(om.resnet_block(), "uint8", False)
+    from eqquant.passes.fold import fold_constants
+    marked = fold_constants(annotate(r.fp32, r.table, "uint8", "max", False))  # weight scales
+    marks = sum(isinstance(n, Call) and n.op_name == "annotation.calibrated"
+                for n in post_order(marked.main.body))
+    model = to_onnx(marked)
+    kinds = [n.op_type for n in model.graph.node]
+    assert marks > 0 and kinds.count("QuantizeLinear") >= marks
+    assert kinds.count("DequantizeLinear") >= marks
+    sess = _ort_session(model)
+    x = tests[0]
+    want = run(marked, x)
+    got = sess.run(None, {sess.get_inputs()[0].name: next(iter(x.values()))})[0]
+    body = marked.main.body
+    step = np.float32(body.args[1].value)       # the output mark's scale
+    _agrees(want, got, step)

@@ -28,7 +28,7 @@ from ..ir.nodes import Constant, Module, post_order
 from ..rules.ast import RuleSet
 from ..rules.compile import CompiledRuleset, compile_ruleset
 from .encode import Encoded, encode, list_term, type_facts
-from .schema import egg_name, egg_string, encode_attr, schema
+from .schema import LEAVES, egg_name, egg_string, encode_attr, schema
 
 
 LOAD_CHUNK = 200   # lines of a loaded program per egglog call (see EGraphSession._load)
@@ -170,8 +170,7 @@ class EGraphSession:
 
     def enodes(self) -> int:
         return sum(n for name, n in self.sizes().items()
-                   if name.startswith("@") or name in ("Input", "Const", "Scalar", "MkTuple",
-                                                        "GetItem"))
+                   if name.startswith("@") or name in LEAVES)
 
     def view(self) -> EGraphView:
         data = json.loads(self.eg.serialize([]).to_json())

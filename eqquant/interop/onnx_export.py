@@ -28,8 +28,7 @@ OPSET = 17
 FLOAT_OPS = {"nn.relu": "Relu", "sigmoid": "Sigmoid", "add": "Add", "subtract": "Sub",
              "multiply": "Mul", "divide": "Div", "nn.global_avg_pool2d": "GlobalAveragePool",
              "sqrt": "Sqrt", "negative": "Neg", "abs": "Abs"}
-PASS_THROUGH = ("nn.dropout", "annotation.stop_fusion", "annotation.cast_hint",
-                "annotation.calibrated")
+PASS_THROUGH = ("nn.dropout", "annotation.stop_fusion", "annotation.cast_hint")
 
 
 class Exporter:
@@ -37,7 +36,10 @@ class Exporter:
     id) to its ONNX tensor name (a list for a tuple)."""
 
     def __init__(self, mod: Module, activation_dtype: str = "uint8"):
-        self.flat = inline_calls(mod)
+        # a calibration mark is fake quantization, not the identity: written as the
+        # quantize/dequantize pair it means
+        from ..quant.flow import expand_calibration
+        self.flat = inline_calls(expand_calibration(inline_calls(mod)))
         self.types = infer_types(self.flat)
         self.names: dict[int, object] = {}
         self.nodes: list = []

@@ -26,8 +26,7 @@ from ..ir.nodes import Call, Constant
 from ..ir.types import is_int
 
 LAYOUT_OPS = ("reshape", "expand_dims", "squeeze", "nn.batch_flatten", "transpose")
-PASS = ("annotation.stop_fusion", "annotation.cast_hint", "annotation.calibrated",
-        "nn.dropout")
+PASS = ("annotation.stop_fusion", "annotation.cast_hint", "nn.dropout")
 
 
 @dataclass(frozen=True)

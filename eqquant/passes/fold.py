@@ -13,6 +13,7 @@ from ..ir.nodes import (Call, Constant, Expr, Function, Module, Scalar, Tuple, T
                         iter_functions, post_order, rewrite)
 from ..ir.params import module_constants
 from ..ir.types import type_of_array
+from ..ops.registry import IDENTITY
 
 
 def _is_value(e: Expr) -> bool:
@@ -38,7 +39,7 @@ def fold_constants(mod: Module) -> Module:
     def visit(node: Expr, children):
         if isinstance(node, Call) and not isinstance(node.op, Expr) and children \
                 and all(_is_value(c) for c in children):
-            if "identity" in node.op.props:
+            if IDENTITY in node.op.props:
                 return children[0]
             out = node.op.semantics(*[_value(c) for c in children], **node.attrs)
             if not isinstance(out, tuple):
