@@ -81,6 +81,10 @@ class Outputs:
             raise EqquantError(f"{path}: cannot write ({e.strerror})") from None
         return final
 
+    def staged(self, final: Path) -> Path:
+        """The temporary file that holds ``final`` until the commit."""
+        return next(tmp for tmp, f in self._staged if f == final)
+
     def keep_previous(self, path: Path) -> None:
         """Keep the current ``path`` (hard-linked beside it) until the commit is done."""
         if path.exists():
@@ -142,7 +146,7 @@ def stage_program(out: Outputs, path: str | Path, text: str,
     path = Path(path)
     npz = _target(path.with_suffix(".npz"))
     staged_npz = out.add(npz, write_npz)
-    digest = digest_file(out._staged[-1][0])
+    digest = digest_file(out.staged(staged_npz))
     out.keep_previous(staged_npz)
     ir = out.add(path, lambda tmp: Path(tmp).write_text(
         f"{DIGEST_PREFIX}{digest}\n{text}", encoding="utf-8"))

@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from .kernels_int8 import shift_params
 from .llvm_loops import counted_loop, reduction_loop
 from .vnni import _finish, _windows, windows  # noqa: F401  (the shared gather and epilogue)
 
@@ -182,15 +183,8 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
     oblocks, kq = packed.shape[0], packed.shape[1]
     width = oblocks * BLOCK               # the GEMM's (padded) output channels
     kp = kq * 2
-    add = np.empty(o_n, np.int64)
-    left = np.empty(o_n, np.int64)
-    total = np.empty(o_n, np.int64)
-    half = np.empty(o_n, np.int64)
-    for o in range(o_n):
-        add[o] = np.int64(bias[o]) - correction[o]
-        left[o] = max(shifts[o], 0)
-        total[o] = max(-shifts[o], 0) + 31
-        half[o] = np.int64(1) << (total[o] - 1)
+    add = bias.astype(np.int64) - correction
+    left, total, half = shift_params(shifts)
     if p_n >= 192 or oblocks == 1:
         chunk = 96
         for item in prange((p_n + chunk - 1) // chunk):

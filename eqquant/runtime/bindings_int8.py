@@ -50,6 +50,17 @@ def int8_path() -> str:
     return next(p for p in PATHS if path_available(p))
 
 
+def choose_gemm(channels: int, eligible: bool):
+    """(the SIMD GEMM module, its path) for a layer of ``channels`` outputs, or (None,
+    "portable") when the CPU has none, the layer is not ``eligible`` (groups, weight zero
+    points) or its width fits no block of a GEMM that cannot pad."""
+    path = int8_path()
+    simd = simd_module(path)
+    if simd is None or not eligible or not (channels % simd.BLOCK == 0 or simd.PADS):
+        return None, "portable"
+    return simd, path
+
+
 class QConv2D(Binding):
     """qnn.conv2d: on a SIMD path (VNNI, AVX2), pixel rows (uint8) times packed weights;
     otherwise int8 im2col + a portable int32 GEMM. Weights and zero points are prepacked
@@ -77,10 +88,7 @@ class QConv2D(Binding):
                 (w.reshape(o, kh, kw).astype(np.int32) - self.zw.reshape(o, 1, 1))
                 .transpose(1, 2, 0))
         # a SIMD GEMM: uint8 activations (int8 shifted by 128) times int8 weights
-        simd = simd_module(int8_path())
-        self.simd = simd if (simd is not None and self.groups == 1 and not self.zw.any()
-                             and (o % simd.BLOCK == 0 or simd.PADS)) else None
-        self.gemm_path = int8_path() if self.simd is not None else "portable"
+        self.simd, self.gemm_path = choose_gemm(o, self.groups == 1 and not self.zw.any())
         if self.simd is not None:
             self.shift = 128 if in_types[0].dtype == "int8" else 0
             # (tap, channel) order, so that each tap of a window is contiguous in NHWC rows
@@ -203,10 +211,7 @@ class QDense(Binding):
         self.zw = np.ascontiguousarray(
             np.broadcast_to(np.asarray(consts[3], np.int32).reshape(-1), (units,)))
         self.zx = np.int32(_const_scalar(consts, 2))
-        simd = simd_module(int8_path())
-        self.simd = simd if (simd is not None and not self.zw.any()
-                             and (units % simd.BLOCK == 0 or simd.PADS)) else None
-        self.gemm_path = int8_path() if self.simd is not None else "portable"
+        self.simd, self.gemm_path = choose_gemm(units, not self.zw.any())
         if self.simd is not None:
             self.shift = 128 if in_types[0].dtype == "int8" else 0
             self.packed, colsum128, self.kp = self.simd.pack(self.w)

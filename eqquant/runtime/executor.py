@@ -64,8 +64,7 @@ class Executor:
                 if node.data is None:
                     raise EvalError(f"meta[relay.Constant][{node.index}] has no value: load "
                                     "the params with the program", node.loc)
-                data = np.asarray(node.data)   # (contiguous; a 0-d constant stays 0-d)
-                self.fixed[s] = data if data.flags.c_contiguous else np.array(data, order="C")
+                self.fixed[s] = _contiguous(node.data)
             elif isinstance(node, Scalar):
                 self.fixed[s] = node.data
             elif isinstance(node, Tuple):
@@ -150,8 +149,7 @@ class Executor:
         for name, (s, t) in self.inputs.items():
             if name not in inputs:
                 raise EvalError(f"no value for input %{name}")
-            arr = check_input(name, inputs[name], t)   # (contiguous; a 0-d array stays 0-d)
-            values[s] = arr if arr.flags.c_contiguous else np.array(arr, order="C")
+            values[s] = _contiguous(check_input(name, inputs[name], t))
         for i, st in enumerate(self.steps):
             t0 = time.perf_counter() if profile else 0.0
             args = [values[s] for s in st.inputs]
@@ -192,3 +190,9 @@ def _copy_out(value):
     if isinstance(value, tuple):
         return tuple(_copy_out(v) for v in value)
     return np.array(value)
+
+
+def _contiguous(value) -> np.ndarray:
+    """A C-contiguous array (np.ascontiguousarray would turn a 0-d array into a 1-d one)."""
+    arr = np.asarray(value)
+    return arr if arr.flags.c_contiguous else np.array(arr, order="C")

@@ -177,6 +177,21 @@ def requantize_acc(v, clamp_lo, clamp_hi, zin, left, multiplier, half, total, zo
     return min(max(v + zout, lo), hi)
 
 
+@njit(cache=True)
+def shift_params(shifts):
+    """(left shift, total right shift, rounding half) per channel: the fixed-point shift of
+    ``requantize_acc`` for each channel's Q31 multiplier shift."""
+    n = shifts.size
+    left = np.empty(n, np.int64)
+    total = np.empty(n, np.int64)
+    half = np.empty(n, np.int64)
+    for o in range(n):
+        left[o] = max(shifts[o], 0)
+        total[o] = max(-shifts[o], 0) + 31
+        half[o] = np.int64(1) << (total[o] - 1)
+    return left, total, half
+
+
 @njit(parallel=True, cache=True)
 def bias_clamp_requantize(acc, bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi,
                           out):
@@ -245,13 +260,7 @@ def depthwise_requantize(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bias, 
     clamp and requantization (as ``bias_clamp_requantize``) in one pass: out (O, oh*ow)
     8-bit."""
     o_n = out.shape[0]
-    left = np.empty(o_n, np.int64)
-    total = np.empty(o_n, np.int64)
-    half = np.empty(o_n, np.int64)
-    for o in range(o_n):
-        left[o] = max(shifts[o], 0)
-        total[o] = max(-shifts[o], 0) + 31
-        half[o] = np.int64(1) << (total[o] - 1)
+    left, total, half = shift_params(shifts)
     for oy in prange(oh):
         acc = np.empty((ow, o_n), np.int32)
         rowbuf = np.empty((x.shape[2], o_n), np.int16)
