@@ -102,6 +102,13 @@ class RuleError(EqquantError):
     kind = "rule error"
 
 
+class IllTypedRewrite(RuleError):
+    """A rewrite made two values of different types equal: the rule is wrong (or its guards
+    too weak). Raised by the engine, naming the rule and the two types."""
+
+    kind = "ill-typed rewrite"
+
+
 class EvalError(EqquantError):
     """The interpreter cannot run the program (missing input, unbound constant...)."""
 

@@ -1,7 +1,10 @@
 """Extraction: greedy and ILP agree on the zoo; on a constructed e-graph where greedy misses
 the saving from sharing, the ILP finds the cheaper DAG."""
+import json
+
 import pytest
 
+from eqquant.egraph.analysis import Typer, type_text
 from eqquant.extract.cost import CostModel, cost_model
 from eqquant.extract.extractors import greedy_dag, ilp
 from eqquant.extract.view import EGraphView
@@ -20,10 +23,17 @@ def test_ilp_and_greedy_agree_on_the_zoo(name):
     assert exact.after.rows == greedy.after.rows
 
 
+T = TensorType((4,), "float32")
+
+
 def _serialized(classes):
-    """egglog's JSON for {class: [(op, [child classes])]} over one input x."""
+    """egglog's JSON for {class: [(op, [child classes])]} over one input x, every class of
+    type T as the type analysis writes it."""
+    text = json.dumps(type_text(T))
     nodes = {"p": {"op": '"x"', "children": [], "eclass": "S-x"},
-             "in": {"op": "Input", "children": ["p"], "eclass": "X"}}
+             "in": {"op": "Input", "children": ["p"], "eclass": "X"},
+             "primitive-String-T": {"op": text, "children": [], "eclass": "String-T"},
+             "tX": {"op": "type-of", "children": ["in"], "eclass": "String-T"}}
     first = {"X": "in"}
     for cls, alternatives in classes.items():
         for i, (op, _) in enumerate(alternatives):
@@ -32,6 +42,7 @@ def _serialized(classes):
         for i, (op, kids) in enumerate(alternatives):
             nodes[f"{cls}{i}"] = {"op": "@" + op, "children": [first[k] for k in kids],
                                   "eclass": cls}
+        nodes["t" + cls] = {"op": "type-of", "children": [first[cls]], "eclass": "String-T"}
     return {"nodes": nodes, "class_data": {}}
 
 
@@ -54,7 +65,7 @@ def test_ilp_beats_greedy_when_sharing_pays():
         "Q": [("nn.relu", ["S"]), ("round", ["X"])],
         "R": [("add", ["P", "Q"])],
     })
-    view = EGraphView(data, {"x": TensorType((4,), "float32")}, {})
+    view = EGraphView(data, Typer({"x": T}, {}))
     g = greedy_dag(view, "R", ByOp())
     e = ilp(view, "R", ByOp())
     assert g.cost == pytest.approx(13.0)
@@ -66,7 +77,7 @@ def test_ilp_beats_greedy_when_sharing_pays():
 def test_cycles_are_never_extracted():
     # C = relu(C) or abs(x): the self-loop must not be chosen even though relu is cheaper
     data = _serialized({"C": [("nn.relu", ["C"]), ("abs", ["X"])]})
-    view = EGraphView(data, {"x": TensorType((4,), "float32")}, {})
+    view = EGraphView(data, Typer({"x": T}, {}))
     for method in (greedy_dag, ilp):
         ex = method(view, "C", ByOp())
         assert ex.choice["C"].op.name == "abs"

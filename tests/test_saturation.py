@@ -5,7 +5,7 @@ from eqquant.egraph.engine import EGraphSession, Limits, parse_schedule
 from eqquant.errors import EqquantError
 from eqquant.ir.builder import Builder
 from eqquant.optimizer import optimize
-from eqquant.rules.loader import parse_rules
+from eqquant.rules.loader import load_rules, parse_rules
 
 AC = parse_rules("""ruleset ac
 # addition commutes and associates: together they generate every bracketing and order
@@ -94,3 +94,75 @@ def test_schedules():
     session = EGraphSession(add_chain(2))
     with pytest.raises(EqquantError, match="not loaded"):
         session.run(parse_schedule("nosuch"))
+
+
+# -- types as an e-graph analysis ------------------------------------------------------------
+
+WRONG_TYPES = """ruleset wrong_types
+
+# Wrong on purpose: a pool changes the shape, so the two sides are not the same value.
+rule pool_is_identity: nn.max_pool2d(?x, ..?a) => ?x
+"""
+
+
+def test_an_ill_typed_rule_is_an_error_naming_the_rule():
+    from eqquant.errors import IllTypedRewrite
+    from eqquant.ir.parser import parse
+    rs = parse_rules(WRONG_TYPES, "wrong_types.rules")
+    m = parse("def @main(%x: Tensor[(1, 4, 8, 8), float32]) {\n"
+              "  %0 = nn.relu(%x);\n"
+              "  nn.max_pool2d(%0, pool_size=[2, 2], strides=[2, 2])\n}")
+    with pytest.raises(IllTypedRewrite) as err:
+        optimize(m, None, ["simplify", rs], schedule="simplify; wrong_types")
+    text = str(err.value)
+    assert "rule 'pool_is_identity' (wrong_types.rules:4:6)" in text
+    assert "Tensor[(1, 4, 4, 4), float32]" in text and "Tensor[(1, 4, 8, 8), float32]" in text
+
+
+def test_the_cli_reports_an_ill_typed_rule_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+    (tmp_path / "wrong_types.rules").write_text(WRONG_TYPES)
+    (tmp_path / "m.ir").write_text("def @main(%x: Tensor[(1, 4, 8, 8), float32]) {\n"
+                                   "  nn.max_pool2d(%x, pool_size=[2, 2], strides=[2, 2])\n}\n")
+    out = tmp_path / "out.ir"
+    proc = subprocess.run([sys.executable, "-m", "eqquant.cli.main", "opt", str(tmp_path / "m.ir"),
+                           "-r", str(tmp_path / "wrong_types.rules"), "-o", str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "pool_is_identity" in proc.stderr and "wrong_types.rules:4:6" in proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["seed004", "mobilenet_v2"])
+def test_the_analysis_types_every_class_as_the_type_checker_does(name):
+    """After quantize saturation, every class the loaded program had carries the type the
+    IR type checker gives its value, and every class has the dtype/shape/rank parts."""
+    import numpy as np
+
+    from eqquant.egraph.engine import Phase
+    from eqquant.ir.typecheck import infer_types
+    from eqquant.ir.nodes import post_order
+    from eqquant.quant.annotate import annotate, calibrate
+    from eqquant.zoo import build
+    m = build(name, image_size=32)
+    fp = optimize(m.module, m.params, ["simplify", "bn_fold", "fusion"]).module
+    x = np.random.default_rng(0).standard_normal(fp.main.params[0].type.shape) \
+        .astype(np.float32)
+    marked = annotate(fp, calibrate(fp, None, [x], "minmax"), "uint8", "max", True)
+    s = EGraphSession(marked)
+    s.add_ruleset(load_rules("quantize"))
+    rep = s.run([Phase("quantize")])
+    assert rep.saturated and rep.matches()
+    view = s.view()
+    flat = s.encoded.module
+    types = infer_types(flat)
+    lets = {v: k for k, v in view.lets.items()}
+    checked = 0
+    for node in post_order(flat.main.body):
+        cls = lets.get(s.encoded.lets[id(node)])
+        if cls is not None:
+            assert view.types[cls] == types[id(node)]
+            checked += 1
+    assert checked > 20
+    assert len(view.types) == view.size()[1]   # every class typed, the new ones too

@@ -6,8 +6,8 @@
     (let $e1 (@nn.relu $e0))
     (let $e2 (@add $e1 $e1))
 
-Loading is one text program (fast: a 2,000-op graph loads in a fraction of a second), with the
-type of every value set beside it for guards and cost models.
+Loading is one text program (fast: a 2,000-op graph loads in a fraction of a second); the
+analyses then give every value its type (``analysis.py``).
 """
 from __future__ import annotations
 
@@ -16,19 +16,8 @@ from dataclasses import dataclass, field
 from ..errors import EqquantError
 from ..ir.nodes import Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var, post_order
 from ..ir.typecheck import infer_types
-from ..ir.types import TensorType, Type
-from ..ops.attrs import format_value
 from ..passes.inline import inline_calls
 from .schema import egg_name, egg_string, encode_attr, scalar_text
-
-
-def type_facts(ref: str, ty: Type) -> list[str]:
-    facts = [f"(set (type-of {ref}) {egg_string(str(ty))})"]
-    if isinstance(ty, TensorType):
-        facts += [f"(set (dtype-of {ref}) {egg_string(ty.dtype)})",
-                  f"(set (shape-of {ref}) {egg_string(format_value(list(ty.shape)))})",
-                  f"(set (rank-of {ref}) {ty.rank})"]
-    return facts
 
 
 def leaf_term(node: Expr) -> str | None:
@@ -58,9 +47,7 @@ class Encoded:
     module: Module | None = None                # the flattened module that was encoded
 
 
-def encode(mod: Module, with_types: bool = False) -> Encoded:
-    """``with_types`` also writes every value's type facts (slow in egglog: the engine writes
-    only those that guards ask for)."""
+def encode(mod: Module) -> Encoded:
     flat = inline_calls(mod)
     types = infer_types(flat)
     lines: list[str] = []
@@ -87,8 +74,6 @@ def encode(mod: Module, with_types: bool = False) -> Encoded:
         enc.lets[id(node)] = name
         enc.nodes[name] = node
         lines.append(f"(let {name} {term})")
-        if with_types:
-            lines += type_facts(name, types[id(node)])
     enc.root = enc.lets[id(flat.main.body)]
     lines.append(f"(is-root {enc.root})")
     enc.program = "\n".join(lines) + "\n"

@@ -6,11 +6,10 @@
     print(report.table())      # per-rule matches, e-graph size, why each phase stopped
 
 A phase runs one ruleset an iteration at a time (then saturates the ``analysis`` rules that
-derive constness) until it saturates or a limit stops it: its own iteration count, the e-node
-limit, or the time limit. A limit that stops a phase is always in the report. For rules with
-dtype/rank/shape guards, companion rules mark the classes whose types a guard needs, and the
-engine writes just those types (inferred in Python from the registry) before each iteration:
-writing every value's type into egglog would cost more than the whole saturation.
+give each new e-node its type and constness, see ``analysis.py``) until it saturates or a
+limit stops it: its own iteration count, the e-node limit, or the time limit. A limit that
+stops a phase is always in the report. A rewrite that makes two values of different types
+equal stops the run with an :class:`~eqquant.errors.IllTypedRewrite` naming the rule.
 """
 from __future__ import annotations
 
@@ -22,13 +21,14 @@ from dataclasses import dataclass, field
 
 from egglog import bindings
 
-from ..errors import EqquantError
+from ..errors import EqquantError, IllTypedRewrite
 from ..extract.view import EGraphView
 from ..ir.nodes import Constant, Module, post_order
 from ..rules.ast import RuleSet
 from ..rules.compile import CompiledRuleset, compile_ruleset
-from .encode import Encoded, encode, list_term, type_facts
-from .schema import LEAVES, egg_name, egg_string, encode_attr, schema
+from . import analysis
+from .encode import Encoded, encode
+from .schema import LEAVES, schema
 
 
 LOAD_CHUNK = 200   # lines of a loaded program per egglog call (see EGraphSession._load)
@@ -125,18 +125,24 @@ class EGraphSession:
         self.rulesets: dict[str, CompiledRuleset] = {}
         self.report = SaturationReport()
         t0 = time.perf_counter()
-        self._run(schema().declarations())
+        self.module = module
         self.encoded: Encoded = encode(module)
-        self._load(self.encoded.program)
-        self._run("(run-schedule (saturate (run analysis)))")
-        self.report.load_seconds = time.perf_counter() - t0
-        self.report.enodes_loaded = self.enodes()
         flat = self.encoded.module
         self.input_types = {p.name: p.type for p in flat.main.params}
         self.constants = {n.index: n for n in post_order(flat.main.body)
                           if isinstance(n, Constant)}
-        self._lets = 0
-        self._demanded = 0
+        self.typer = analysis.Typer(self.input_types,
+                                    {i: c.type for i, c in self.constants.items()})
+        self._run(schema().declarations())
+        self._run(analysis.declarations())
+        self._pairs_seen: set[tuple[str, str]] = set()   # type-conflict rows looked at
+        self._parts_written = 0     # analysis.TYPES entries whose parts the e-graph has
+        self._load(self.encoded.program)
+        self._analyse()
+        self._check_types(None)
+        self.report.load_seconds = time.perf_counter() - t0
+        self.report.enodes_loaded = self.enodes()
+        self.history: list[tuple[str, int]] = []   # (ruleset, iterations) run so far
 
     def _load(self, program: str, chunk: int = LOAD_CHUNK) -> None:
         """Run a long program of top-level commands a chunk of lines at a time: egglog's
@@ -148,10 +154,13 @@ class EGraphSession:
             self._run("\n".join(lines[i:i + chunk]))
 
     def _run(self, text: str):
+        analysis.ACTIVE.append(self.typer)   # (the typer egglog's type rules call)
         try:
             return self.eg.run_program(*self.eg.parse_program(text))
         except bindings.EggSmolError as e:  # a bug of ours, not the user's: say so plainly
             raise EqquantError(f"egglog rejected a generated program: {e}") from None
+        finally:
+            analysis.ACTIVE.pop()
 
     def add_ruleset(self, rs: RuleSet) -> CompiledRuleset:
         if rs.name in self.rulesets:
@@ -174,44 +183,50 @@ class EGraphSession:
 
     def view(self) -> EGraphView:
         data = json.loads(self.eg.serialize([]).to_json())
-        const_types = {i: c.type for i, c in self.constants.items()}
-        return EGraphView(data, self.input_types, const_types)
+        return EGraphView(data, self.typer)
 
-    def write_types(self) -> int:
-        """Write the type facts of the classes guards asked about (``need-types``)."""
-        demanded = self.sizes().get("need-types", 0)
-        if demanded == self._demanded:
-            return 0  # nothing new was asked for
-        self._demanded = demanded
-        v = self.view()
-        wanted = [c for c in v.demanded if c not in v.has_types and c in v.types]
-        if not wanted:
-            return 0
-        names = dict(v.lets)
-        lines: list[str] = []
-        for c in wanted:
-            stack = [c]
-            while stack:  # name the class (and, first, its unnamed operands) with lets
-                top = stack[-1]
-                if top in names:
-                    stack.pop()
-                    continue
-                node = next((n for n in v.classes[top] if n.node_id not in v.bad), None)
-                if node is None:
-                    break
-                missing = [k for k in node.children if k not in names]
-                if missing:
-                    stack.extend(missing)
-                    continue
-                self._lets += 1
-                names[top] = f"$t{self._lets}"
-                lines.append(f"(let {names[top]} {_term(node, names)})")
-                stack.pop()
-            if c in names:
-                lines += type_facts(names[c], v.types[c])
-        if lines:
-            self._load("\n".join(lines))
-        return len(lines)
+    def _analyse(self) -> None:
+        """Saturate the analyses; whenever the typer met types not seen before, give the
+        e-graph their parts (dtype, shape, rank) and saturate again."""
+        while True:
+            self._run("(run-schedule (saturate (run analysis)))")
+            new = list(analysis.TYPES)[self._parts_written:]
+            if not new:
+                return
+            self._parts_written += len(new)
+            facts = analysis.parts_facts(new)
+            if facts:
+                self._run(facts)
+
+    def _new_conflicts(self) -> list[tuple[str, str]]:
+        """Pairs of different types found in one class since the last look (``type-conflict``
+        rows; a weak scalar beside a rank-0 tensor of its class is not one)."""
+        if self.sizes().get("type-conflict", 0) <= len(self._pairs_seen):
+            return []
+        data = json.loads(self.eg.serialize([]).to_json())["nodes"]
+        out = []
+        for n in data.values():
+            if n["op"] == "type-conflict":
+                a, b = (json.loads(data[k]["op"]) for k in n["children"])
+                if (a, b) not in self._pairs_seen:
+                    self._pairs_seen.add((a, b))
+                    if not analysis.agree(a, b):
+                        out.append((a, b))
+        return out
+
+    def _check_types(self, ruleset: str | None) -> None:
+        """Raise IllTypedRewrite if a merge since the last check joined different types."""
+        conflicts = self._new_conflicts()
+        if not conflicts:
+            return
+        (a, b), more = conflicts[0], len({frozenset(p) for p in conflicts}) - 1
+        culprit = _culprit(self, ruleset) if ruleset is not None else None
+        where = (f"rule '{culprit.name}' ({culprit.rule.loc})" if culprit is not None else
+                 f"ruleset '{ruleset}'" if ruleset is not None else "the loaded program")
+        raise IllTypedRewrite(
+            f"{where} made a value of type {a} equal to one of type {b}"
+            + (f" ({more} more such merge(s))" if more else ""),
+            None if culprit is None else culprit.rule.loc)
 
     def run(self, phases: list[Phase]) -> SaturationReport:
         unknown = [p.ruleset for p in phases if p.ruleset not in self.rulesets]
@@ -225,9 +240,6 @@ class EGraphSession:
             t0 = self.clock()
             limit = phase.iterations or self.limits.iterations
             rep.stop = "iteration limit"
-            if rs.needs_types:
-                self._run(f"(run-schedule (saturate (run {rs.demand_ruleset})))")
-                self.write_types()
             before, growth, last = self.enodes(), 1.0, 0.0
             while rep.iterations < limit:
                 # egglog cannot be stopped inside an iteration, so an iteration is not begun
@@ -247,15 +259,13 @@ class EGraphSession:
                 run_report = out[-1].report
                 for name, n in run_report.num_matches_per_rule.items():
                     rep.matches[name] = rep.matches.get(name, 0) + n
-                self._run("(run-schedule (saturate (run analysis)))")
-                new_facts = 0
-                if rs.needs_types:
-                    self._run(f"(run-schedule (saturate (run {rs.demand_ruleset})))")
-                    new_facts = self.write_types()
+                self._analyse()
+                self._check_types(phase.ruleset)
+                self.history.append((phase.ruleset, 1))
                 rep.enodes = self.enodes()
                 growth = rep.enodes / max(before, 1)
                 before, last = rep.enodes, self.clock() - t_iter
-                if not run_report.updated and not new_facts:
+                if not run_report.updated:
                     rep.stop = "saturated"
                     break
                 if rep.enodes > self.limits.nodes:
@@ -267,19 +277,25 @@ class EGraphSession:
         return self.report
 
 
-def _term(node, names: dict[str, str]) -> str | None:
-    """An egglog term for a serialized node whose children are named."""
-    if node.kind == "Input":
-        return f"(Input {egg_string(node.value)})"
-    if node.kind == "Const":
-        return f"(Const {node.value})"
-    if node.kind == "Scalar":
-        return f"(Scalar {egg_string(node.value[0])} {egg_string(node.value[1])})"
-    kids = [names[c] for c in node.children]
-    if node.kind == "GetItem":
-        return f"(GetItem {kids[0]} {node.value})"
-    if node.kind == "MkTuple":
-        return f"(MkTuple {list_term(kids)})"
-    attrs = [encode_attr(a, node.attrs[a.name]) for a in node.op.attrs]
-    return f"({egg_name(node.op)} {' '.join(kids + attrs)})"
 
+
+def _culprit(session: EGraphSession, ruleset: str):
+    """The rule whose union joined two types, found by replaying the session's history up
+    to the failing iteration in a fresh e-graph and running that iteration's rules one at a
+    time (only ever done on the way to an error)."""
+    replay = EGraphSession(session.module, Limits(10 ** 9, 10 ** 9, float("inf")))
+    for rs in session.rulesets.values():
+        replay.add_ruleset(rs.rule_set)
+    for name, n in session.history:
+        replay._run(f"(run {replay.rulesets[name].egg_name} {n})")
+        replay._analyse()
+    replay._new_conflicts()
+    for i, compiled in enumerate(replay.rulesets[ruleset].rules):
+        single = f"{replay.rulesets[ruleset].egg_name}.only{i}"
+        text = compiled.text.replace(f":ruleset {replay.rulesets[ruleset].egg_name} ",
+                                     f":ruleset {single} ")
+        replay._run(f"(ruleset {single})\n{text}\n(run {single} 1)")
+        replay._analyse()
+        if replay._new_conflicts():
+            return compiled
+    return None

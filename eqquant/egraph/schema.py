@@ -6,16 +6,14 @@ whose arguments are its inputs then its attributes in declaration order::
     (@nn.conv2d Expr Expr String String String i64 String String String String String String)
                 data weight strides padding dilation groups channels ...
 
-Attribute values are encoded by kind: ints as ``i64``, booleans as ``bool``, everything else
+Attribute values are encoded by kind: ints as ``i64``, everything else (booleans too)
 as a ``String`` holding its canonical text (``"[1, 1, 1, 1]"``, ``"1e-05"``, ``"OIHW"``), so
 values compare exactly and print back unchanged. Leaves: ``(Input "data")`` for a parameter of
 ``main``, ``(Const 3)`` for ``meta[relay.Constant][3]``, ``(Scalar "1.0" "float32")`` for a
 literal; ``(MkTuple (ECons a (ECons b (ENil))))`` and ``(GetItem t 0)`` for tuples. Names of
 values are never part of a node, so equal computations share one e-node.
 
-Analyses kept beside the nodes: ``type-of`` / ``dtype-of`` / ``shape-of`` / ``rank-of``
-(written from Python for the classes a guard asks about, the ``need-types`` relation; see
-``engine.py``) and ``is-const`` (derived in egglog by rules made here from the registry).
+The analyses kept beside the nodes (types and constness) are declared in ``analysis.py``.
 """
 from __future__ import annotations
 
@@ -24,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from ..ops.attrs import (Attr, AttrKind, BoolKind, DTypeKind, FloatKind, IntKind, StrKind,
+from ..ops.attrs import (Attr, AttrKind, DTypeKind, FloatKind, IntKind, StrKind,
                          format_value)
 from ..ops.registry import OpDef, all_ops
 
@@ -39,9 +37,7 @@ def egg_name(op: OpDef | str) -> str:
 def attr_sort(kind: AttrKind) -> str:
     if isinstance(kind, IntKind):
         return "i64"
-    if isinstance(kind, BoolKind):
-        return "bool"
-    return "String"
+    return "String"   # booleans too ("True"/"False"): every attribute is an i64 or a String
 
 
 def egg_string(text: str) -> str:
@@ -62,8 +58,6 @@ def encode_attr(attr: Attr, value: Any) -> str:
     sort = attr_sort(attr.kind)
     if sort == "i64":
         return str(int(value))
-    if sort == "bool":
-        return "true" if value else "false"
     return egg_string(attr_text(attr.kind, value))
 
 
@@ -73,8 +67,6 @@ def decode_attr(attr: Attr, literal: Any) -> Any:
     sort = attr_sort(kind)
     if sort == "i64":
         return int(literal)
-    if sort == "bool":
-        return literal in (True, "true")
     if isinstance(kind, (StrKind, DTypeKind)):
         return literal
     if isinstance(kind, FloatKind):
@@ -118,41 +110,19 @@ class Schema:
             "(datatype*",
             "  (Expr " + "\n        ".join(ctors) + ")",
             "  (ExprList (ENil) (ECons Expr ExprList)))",
-            # analyses: types are written from Python; all merges keep the first value, since
-            # equal values have equal types
-            "(function type-of (Expr) String :merge old)",
-            "(function dtype-of (Expr) String :merge old)",
-            "(function shape-of (Expr) String :merge old)",
-            "(function rank-of (Expr) i64 :merge old)",
-            "(relation is-const (Expr))",
-            "(relation need-types (Expr))",  # classes a guard wants the types of
-            "(relation is-root (Expr))",     # the program's result
-            "(relation list-const (ExprList))",
-            "(ruleset analysis)",
-            "(rule ((= ?e (Const ?i))) ((is-const ?e)) :ruleset analysis :name \"const:Const\")",
-            "(rule ((= ?e (Scalar ?v ?d))) ((is-const ?e)) :ruleset analysis "
-            ":name \"const:Scalar\")",
-            "(rule ((= ?l (ENil))) ((list-const ?l)) :ruleset analysis :name \"const:ENil\")",
-            "(rule ((= ?l (ECons ?h ?t)) (is-const ?h) (list-const ?t)) ((list-const ?l)) "
-            ":ruleset analysis :name \"const:ECons\")",
-            "(rule ((= ?e (MkTuple ?l)) (list-const ?l)) ((is-const ?e)) :ruleset analysis "
-            ":name \"const:MkTuple\")",
-            "(rule ((= ?e (GetItem ?t ?i)) (is-const ?t)) ((is-const ?e)) :ruleset analysis "
-            ":name \"const:GetItem\")",
         ]
-        for name, op in self.ops.items():
-            args = [f"?a{i}" for i in range(len(op.inputs))]
-            attrs = [f"?t{i}" for i in range(len(op.attrs))]
-            query = [f"(= ?e ({name} {' '.join(args + attrs)}))"]
-            query += [f"(is-const {a})" for a in args]
-            lines.append(f"(rule ({' '.join(query)}) ((is-const ?e)) :ruleset analysis "
-                         f":name \"const:{name}\")")
         return "\n".join(lines) + "\n"
 
     def op(self, ctor: str) -> OpDef | None:
         return self.ops.get(ctor)
 
 
-@lru_cache(maxsize=1)
 def schema() -> Schema:
-    return Schema({egg_name(op): op for op in all_ops().values()})
+    """The schema of the ops registered now (an op registered later gets a new schema)."""
+    return _schema(tuple(all_ops()))
+
+
+@lru_cache(maxsize=4)
+def _schema(names: tuple[str, ...]) -> Schema:
+    ops = all_ops()
+    return Schema({egg_name(ops[n]): ops[n] for n in names})

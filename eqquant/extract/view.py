@@ -5,22 +5,23 @@ and overflow; printing extracted terms is exponential), so eqquant reads the ser
 (``EGraph.serialize(...).to_json()``) into an :class:`EGraphView` and extracts here, where cost
 models see every node's op, attributes, input types and output type.
 
-A class's type is inferred from any of its nodes with the registry's type relations. A *weak*
-scalar (``(Scalar "1e-05" "weak")``, made by a rule) has the type :data:`WEAK` and takes the
-dtype of the operand it is combined with. Nodes whose types do not check (a rule may build
-alternatives that are ill-typed in some context) are marked and never extracted.
+A class's type is the one the e-graph's type analysis gave it (``type-of``, see
+``egraph/analysis.py``). A *weak* scalar (``(Scalar "1e-05" "weak")``, made by a rule) has the
+type :data:`WEAK` and takes the dtype of the operand it is combined with. Nodes whose own types
+do not check (a rule may build alternatives that are ill-typed in some context) are marked
+and never extracted: each node is checked once here, against the analysis's memo.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
-from ..ir.types import TensorType, TupleType, Type
-from ..ops.registry import OpDef, OpTypeError
+from ..egraph.analysis import ILL_TYPED, WEAK, Typer, resolve_weak, type_of_text
 from ..egraph.schema import OP_PREFIX, decode_attr, schema
-
-WEAK = TensorType((), "weak")
+from ..ir.types import Type
+from ..ops.registry import OpDef
 
 
 @dataclass
@@ -31,12 +32,14 @@ class ENode:
     attrs: dict[str, Any] = field(default_factory=dict)
     value: Any = None              # input name, constant index, (text, dtype), item index
     node_id: str = ""
+    attr_texts: tuple[str, ...] = ()   # the attributes as egglog holds them (the typer's key)
 
     @property
     def label(self) -> str:
         return self.op.name if self.op is not None else self.kind
 
 
+@lru_cache(maxsize=65536)   # (the same texts recur across thousands of nodes)
 def _unquote(text: str) -> str:
     if len(text) >= 2 and text[0] == '"' and text[-1] == '"':
         return json.loads(text)
@@ -44,8 +47,9 @@ def _unquote(text: str) -> str:
 
 
 class EGraphView:
-    def __init__(self, data: dict, input_types: dict[str, Type], const_types: dict[int, Type]):
-        self.input_types, self.const_types = input_types, const_types
+    def __init__(self, data: dict, typer: Typer):
+        self.typer = typer
+        self._attr_memo: dict[tuple[int, str], Any] = {}
         nodes = data["nodes"]
         self.node_class = {nid: n["eclass"] for nid, n in nodes.items()}
         self.classes: dict[str, list[ENode]] = {}
@@ -54,18 +58,18 @@ class EGraphView:
                                      for c, d in data.get("class_data", {}).items() if "let" in d}
         lists: dict[str, list[str]] = {}
         sch = schema()
-        self.demanded: set[str] = set()   # classes in need-types
         self.root: str | None = None      # the class of the program's result
-        self.has_types: set[str] = set()  # classes with type facts written
+        self.type_text: dict[str, str] = {}   # class -> the analysis's type text
         for nid, n in nodes.items():
             op, kids = n["op"], n["children"]
             cls = n["eclass"]
-            if op == "need-types":
-                self.demanded.add(nodes[kids[0]]["eclass"])
-            elif op == "is-root":
+            if op == "is-root":
                 self.root = nodes[kids[0]]["eclass"]
             elif op == "type-of":
-                self.has_types.add(nodes[kids[0]]["eclass"])
+                text = _unquote(nodes[f"primitive-{cls}"]["op"]) \
+                    if f"primitive-{cls}" in nodes else None
+                if text is not None and text != ILL_TYPED:
+                    self.type_text[nodes[kids[0]]["eclass"]] = text
             elif op == "ECons":
                 lists[cls] = kids
             elif op == "ENil":
@@ -100,11 +104,16 @@ class EGraphView:
         if op.startswith(OP_PREFIX):
             opdef = sch.op(op)
             k = len(opdef.inputs)
-            attrs = {}
+            attrs, texts = {}, []
             for spec, child in zip(opdef.attrs, kids[k:]):
-                attrs[spec.name] = decode_attr(spec, _unquote(self._prim(nodes, child)))
+                literal = self._prim(nodes, child)
+                key = (id(spec), literal)
+                if key not in self._attr_memo:   # (values are shared, never mutated)
+                    self._attr_memo[key] = decode_attr(spec, _unquote(literal))
+                attrs[spec.name] = self._attr_memo[key]
+                texts.append(_unquote(literal))
             return ENode("op", tuple(self.node_class[c] for c in kids[:k]), opdef, attrs,
-                         node_id=nid)
+                         node_id=nid, attr_texts=tuple(texts))
         if op == "Input":
             return ENode("Input", (), value=_unquote(self._prim(nodes, kids[0])), node_id=nid)
         if op == "Const":
@@ -121,62 +130,45 @@ class EGraphView:
         return None  # analyses (type-of, is-const, ...) and list cells
 
     # -- types and constness -------------------------------------------------------------------
-    def node_type(self, node: ENode) -> Type | None:
-        """The type of ``node`` from its children's types; None if they are not known yet;
-        raises OpTypeError when they do not check."""
-        if node.kind == "Input":
-            return self.input_types[node.value]
-        if node.kind == "Const":
-            return self.const_types[node.value]
-        if node.kind == "Scalar":
-            dtype = node.value[1]
-            return WEAK if dtype == "weak" else TensorType((), dtype)
-        kids = [self.types.get(c) for c in node.children]
+    def _node_ok(self, cls: str, node: ENode) -> bool:
+        """Whether ``node``'s own type (from its operands' class types) is its class's."""
+        kids = [self.type_text.get(c) for c in node.children]
         if any(k is None for k in kids):
-            return None
-        if node.kind == "MkTuple":
-            if any(k == WEAK for k in kids):
-                raise OpTypeError("a weak scalar cannot stand in a tuple")
-            return TupleType(tuple(kids))
-        if node.kind == "GetItem":
-            t = kids[0]
-            if not isinstance(t, TupleType) or node.value >= len(t.fields):
-                raise OpTypeError(f"projection .{node.value} of {t}")
-            return t.fields[node.value]
-        return node.op.type_rel(resolve_weak(kids), node.attrs)
+            return False
+        text = self.typer.node_type(node.label, kids, node.value, node.attr_texts)
+        return text != ILL_TYPED and (text == self.type_text.get(cls) or type_of_text(
+            text) == WEAK)
 
     def _infer(self) -> None:
-        """Types, then constness, by worklists: a node is looked at once all its operand
-        classes are known, so this is linear in the size of the e-graph."""
+        """Check every node, then order the classes operands first and find the constant
+        ones, by worklists: linear in the size of the e-graph."""
+        for cls, text in self.type_text.items():
+            self.types[cls] = type_of_text(text)
         parents: dict[str, list[tuple[str, ENode]]] = {}
         waiting: dict[str, int] = {}
         ready: list[tuple[str, ENode]] = []
         for cls, nodes in self.classes.items():
             for node in nodes:
+                if cls not in self.types or not self._node_ok(cls, node):
+                    self.bad.add(node.node_id)
+                    continue
                 kids = set(node.children)
                 waiting[node.node_id] = len(kids)
                 for k in kids:
                     parents.setdefault(k, []).append((cls, node))
                 if not kids:
                     ready.append((cls, node))
-        typed_queue: list[str] = []
-        while ready or typed_queue:
-            while ready:
-                cls, node = ready.pop()
-                if cls in self.types:
-                    self._check(node)
-                    continue
-                t = self._check(node)
-                if t is not None:
-                    self.types[cls] = t
-                    self.order.append(cls)
-                    typed_queue.append(cls)
-            while typed_queue and not ready:
-                cls = typed_queue.pop()
-                for pcls, pnode in parents.get(cls, ()):
-                    waiting[pnode.node_id] -= 1
-                    if waiting[pnode.node_id] == 0:
-                        ready.append((pcls, pnode))
+        ordered: set[str] = set()
+        while ready:
+            cls, node = ready.pop()
+            if cls in ordered:
+                continue
+            ordered.add(cls)
+            self.order.append(cls)
+            for pcls, pnode in parents.get(cls, ()):
+                waiting[pnode.node_id] -= 1
+                if waiting[pnode.node_id] == 0:
+                    ready.append((pcls, pnode))
         # constness: a class is constant when one of its nodes has only constant operands
         # (const_node: the node that made it so; its operands were constant first, so these
         # choices never form a cycle)
@@ -197,13 +189,6 @@ class EGraphView:
                     queue.append(pcls)
         self.const.update(self.const_node)
 
-    def _check(self, node: ENode) -> Type | None:
-        try:
-            return self.node_type(node)
-        except (OpTypeError, KeyError, IndexError):
-            self.bad.add(node.node_id)
-            return None
-
     def input_types_of(self, node: ENode) -> list[Type]:
         return resolve_weak([self.types[c] for c in node.children])
 
@@ -211,11 +196,3 @@ class EGraphView:
         return sum(len(v) for v in self.classes.values()), len(self.classes)
 
 
-def resolve_weak(types: list[Type]) -> list[Type]:
-    """Weak scalars take the dtype of the first tensor operand that is not weak."""
-    if not any(t == WEAK for t in types):
-        return types
-    strong = next((t for t in types if isinstance(t, TensorType) and t != WEAK), None)
-    if strong is None:
-        raise OpTypeError("no operand gives a dtype to the weak scalar")
-    return [TensorType((), strong.dtype) if t == WEAK else t for t in types]

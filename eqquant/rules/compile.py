@@ -44,23 +44,12 @@ class CompiledRule:
 class CompiledRuleset:
     name: str
     egg_name: str
+    rule_set: RuleSet
     rules: list[CompiledRule] = field(default_factory=list)
-    demand: list[str] = field(default_factory=list)  # rules asking for the types guards read
-
-    @property
-    def needs_types(self) -> bool:
-        return bool(self.demand)
-
-    @property
-    def demand_ruleset(self) -> str:
-        return self.egg_name + ".demand"
 
     @property
     def text(self) -> str:
-        out = f"(ruleset {self.egg_name})\n" + "\n".join(r.text for r in self.rules) + "\n"
-        if self.demand:
-            out += f"(ruleset {self.demand_ruleset})\n" + "\n".join(self.demand) + "\n"
-        return out
+        return f"(ruleset {self.egg_name})\n" + "\n".join(r.text for r in self.rules) + "\n"
 
     def by_name(self) -> dict[str, CompiledRule]:
         return {r.name: r for r in self.rules}
@@ -132,7 +121,7 @@ class _Side:
         elif isinstance(g.value, tuple):
             other = f"({fn} {g.value[2]})"
         elif g.kind == "rank":
-            other = str(g.value)
+            other = egg_string(str(g.value))   # (the analysis keeps ranks as text)
         elif g.kind == "shape":
             other = egg_string(format_value(list(g.value)))
         else:
@@ -140,6 +129,12 @@ class _Side:
         if neg:
             v = f"?_g{next(self.fresh)}"
             return [f"(= {v} ({fn} {g.var}))", f"(!= {v} {other})"]
+        if isinstance(g.value, tuple) and g.value[0] == "of":
+            # shape(?a) == shape(?b): a filter on the two looked-up values, not a join on
+            # them (every class has a shape; most share one, and egglog's planner would join
+            # the two shape tables before the pattern narrows them)
+            v, w = f"?_g{next(self.fresh)}", f"?_g{next(self.fresh)}"
+            return [f"(= {v} ({fn} {g.var}))", f"(= {w} {other})", f'(= {w} (+ {v} ""))']
         return [f"(= ({fn} {g.var}) {other})"]
 
 
@@ -194,35 +189,20 @@ class _Builder:
         return f"({egg_name(op)} {' '.join(args + attrs)})"
 
 
-TYPE_GUARDS = ("dtype", "rank", "shape")
-
 
 def _compile_one(rule: Rule, lhs: Pattern, rhs: Pattern, where: dict[str, Pattern],
-                 ops: dict[str, OpDef], name: str, ruleset: str) -> tuple[CompiledRule, str]:
-    """The egglog rule, and (for rules with type guards) the rule that asks for the types of
-    the guarded classes once everything else matches."""
+                 ops: dict[str, OpDef], name: str, ruleset: str) -> CompiledRule:
     side = _Side(rule, ops)
     facts = [f"(= ?__root {side.query(lhs)})"]
-    plain = [g for g in rule.guards if g.kind not in TYPE_GUARDS]
-    typed = [g for g in rule.guards if g.kind in TYPE_GUARDS]
-    for g in plain:
+    for g in rule.guards:
         facts += side.guard(g)
-    demand = ""
-    if typed:
-        wanted = dict.fromkeys(v for g in typed for v in [g.var] + (
-            [g.value[2]] if isinstance(g.value, tuple) and g.value[0] == "of" else []))
-        demand = (f"(rule ({' '.join(facts)})\n      ("
-                  + " ".join(f"(need-types {v})" for v in wanted)
-                  + f")\n      :ruleset {ruleset}.demand :name {egg_string('demand:' + name)})")
-        for g in typed:
-            facts += side.guard(g)
     term = _Builder(side, where).term(rhs)
     text = (f"(rule ({' '.join(facts)})\n      ((union ?__root {term}))\n"
             f"      :ruleset {ruleset} :name {egg_string(name)})")
-    return CompiledRule(name, rule, text), demand
+    return CompiledRule(name, rule, text)
 
 
-def compile_rule(rule: Rule, ruleset: str) -> list[tuple[CompiledRule, str]]:
+def compile_rule(rule: Rule, ruleset: str) -> list[CompiledRule]:
     out = []
     for ops, suffix in expansions(rule):
         out.append(_compile_one(rule, rule.lhs, rule.rhs, rule.where, ops, rule.name + suffix,
@@ -234,10 +214,7 @@ def compile_rule(rule: Rule, ruleset: str) -> list[tuple[CompiledRule, str]]:
 
 
 def compile_ruleset(rs: RuleSet) -> CompiledRuleset:
-    out = CompiledRuleset(rs.name, egg_ruleset(rs.name))
+    out = CompiledRuleset(rs.name, egg_ruleset(rs.name), rs)
     for rule in rs.rules:
-        for compiled, demand in compile_rule(rule, out.egg_name):
-            out.rules.append(compiled)
-            if demand:
-                out.demand.append(demand)
+        out.rules.extend(compile_rule(rule, out.egg_name))
     return out
