@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from eqquant.ir.interp import run
-from eqquant.ir.nodes import Call, post_order
+from eqquant.core.nodes import Call, post_order
 from eqquant.optimizer import optimize
 from eqquant.zoo import build
 

@@ -51,17 +51,19 @@ def marked(name: str, ops: int):
 
 def measure(mod, repeat: int) -> dict[str, float]:
     from eqquant.egraph.engine import EGraphSession, Phase
+    from eqquant.extract.view import EGraphView
+    from eqquant.rules.compile import compile_ruleset
     from eqquant.rules.loader import load_rules
     rules = load_rules("quantize")
     rows: dict[str, list[float]] = {"load": [], "saturate": [], "view": []}
     for _ in range(repeat):
         t0 = time.perf_counter()
         s = EGraphSession(mod)
-        s.add_ruleset(rules)
+        s.add_ruleset(compile_ruleset(rules))
         t1 = time.perf_counter()
         rep = s.run([Phase("quantize")])
         t2 = time.perf_counter()
-        view = s.view()
+        view = EGraphView.of(s)
         t3 = time.perf_counter()
         rows["load"].append(t1 - t0)
         rows["saturate"].append(t2 - t1)

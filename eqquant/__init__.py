@@ -1,10 +1,12 @@
 """eqquant: fp32 inference graphs to int8 programs by equality saturation.
 
-The package's folders follow the pipeline: ``ir`` (text IR, types, interpreter), ``ops`` (the
-op registry), ``rules`` (the rules language), ``egraph`` (loading programs into egglog and
-saturating), ``extract`` (cost models, extraction), ``passes`` (inlining, constant folding),
-``zoo`` (models), ``cli`` (the command line); ``optimizer.py`` strings saturation, extraction
-and folding together and ``pipeline.py`` runs the stages for ``eqquant demo``.
+The package's folders follow the pipeline, bottom layer first: ``core`` (IR types and
+nodes), ``ops`` (the op registry), ``ir`` (text IR, interpreter), ``egraph`` (loading programs
+into egglog, analyses, saturating), ``rules`` (the rules language), ``extract`` (cost models,
+extraction), ``runtime`` (kernels, executor), ``quant`` (the int8 flow), ``interop`` (ONNX),
+``cli`` (the command line); ``optimizer.py`` strings saturation, extraction and folding
+together and ``pipeline.py`` runs the stages for ``eqquant demo``. A package imports only
+the ones before it (``tests/test_import_graph.py``).
 
 The Python API (``eqquant/api.py``)::
 

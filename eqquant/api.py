@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from .errors import EqquantError
-from .ir.nodes import Module
+from .core.nodes import Module
 
 
 @dataclass

@@ -22,12 +22,14 @@ from .egraph.engine import EGraphSession, Limits, Phase, SaturationReport, parse
 from .extract.cost import CostModel, cost_model
 from .extract.extractors import extract
 from .extract.to_ir import to_module
-from .ir.nodes import Call, Constant, Expr, Module, Scalar, post_order
+from .extract.view import EGraphView
+from .core.nodes import Call, Constant, Expr, Module, Scalar, post_order
 from .ir.params import bind_params, constant_params
 from .ir.typecheck import check_module, infer_types
-from .ir.types import TensorType
+from .core.types import TensorType
 from .passes.fold import fold_constants
 from .rules.ast import RuleSet
+from .rules.compile import compile_ruleset
 from .rules.loader import load_rules
 
 
@@ -119,7 +121,7 @@ def optimize(module: Module, params: Mapping[str, np.ndarray] | None = None,
     t = time.perf_counter()
     session = EGraphSession(mod, limits)
     for rs in rulesets:
-        session.add_ruleset(rs)
+        session.add_ruleset(compile_ruleset(rs))
     seconds["load"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -133,7 +135,7 @@ def optimize(module: Module, params: Mapping[str, np.ndarray] | None = None,
     seconds["saturate"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    view = session.view()
+    view = EGraphView.of(session)
     root = view.root
     ex = extract(view, root, model, extractor)
     out = to_module(view, ex.choice, root, session.encoded)

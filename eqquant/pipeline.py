@@ -20,7 +20,7 @@ import numpy as np
 from .errors import EqquantError
 from .ir.interp import run
 from .ir.loader import load_program, save_program
-from .ir.nodes import Call, post_order
+from .core.nodes import Call, post_order
 from .ir.params import load_params
 from .ir.parser import parse
 from .ir.printer import print_module

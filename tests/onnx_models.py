@@ -13,6 +13,8 @@ class G:
 
     def __init__(self, opset: int = 17):
         self.nodes, self.inits, self.opset, self.n = [], [], opset, 0
+        # one generator per model: a model's weights do not depend on which tests ran first
+        self.rng = np.random.default_rng(7)
 
     def init(self, arr, name=None) -> str:
         self.n += 1
@@ -21,7 +23,7 @@ class G:
         return name
 
     def weight(self, *shape, scale=0.2) -> str:
-        return self.init((RNG.standard_normal(shape) * scale).astype(np.float32))
+        return self.init((self.rng.standard_normal(shape) * scale).astype(np.float32))
 
     def node(self, op, ins, n_out=1, name=None, **attrs):
         self.n += 1

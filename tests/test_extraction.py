@@ -8,7 +8,7 @@ from eqquant.egraph.analysis import Typer, type_text
 from eqquant.extract.cost import CostModel, cost_model
 from eqquant.extract.extractors import greedy_dag, ilp
 from eqquant.extract.view import EGraphView
-from eqquant.ir.types import TensorType
+from eqquant.core.types import TensorType
 from eqquant.optimizer import optimize
 from eqquant.zoo import build
 

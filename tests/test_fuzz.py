@@ -122,8 +122,9 @@ def test_fuzz_rules_files(text):
     from eqquant.egraph.engine import EGraphSession
     from eqquant.ir.parser import parse as parse_ir
     session = EGraphSession(parse_ir("def @main(%x: Tensor[(1, 2), float32]) { nn.relu(%x) }"))
+    from eqquant.rules.compile import compile_ruleset
     try:
-        session.add_ruleset(rs)
+        session.add_ruleset(compile_ruleset(rs))
     except EqquantError as e:
         assert "egglog rejected" not in e.message, e.message   # a bug of ours if it does
         raise

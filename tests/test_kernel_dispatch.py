@@ -33,13 +33,15 @@ def test_a_new_op_bound_to_a_generic_binding_runs_its_own_semantics(binding):
     assert kinds == ["reference"], [(s.label, s.kind) for s in ex.steps]
 
 
-def test_every_registered_op_with_a_kernel_is_one_its_binding_names():
-    """Each activation or binary op a binding serves appears in that binding's table."""
-    from eqquant.runtime import bindings as b
+def test_every_registered_op_with_a_kernel_gives_what_its_binding_reads():
+    """Each activation or binary op names its kernel code in its own registry entry, and no
+    two ops of one binding share a code (one would compute the other's function)."""
+    codes: dict[tuple[str, int], str] = {}
     for op in all_ops().values():
         if op.name.startswith("test."):
-            continue          # this file's own ops, bound on purpose to tables they are not in
-        if op.kernel == "eqquant.runtime.bindings:Activation":
-            assert op.name in b._ACTIVATIONS, op.name
-        if op.kernel == "eqquant.runtime.bindings:Binary":
-            assert op.name in b._BINARY, op.name
+            continue          # this file's own ops, bound on purpose without a code
+        if op.kernel in ("eqquant.runtime.bindings:Activation",
+                         "eqquant.runtime.bindings:Binary"):
+            code = op.kernel_params.get("code")
+            assert isinstance(code, int), op.name
+            assert codes.setdefault((op.kernel, code), op.name) == op.name, op.name

@@ -16,7 +16,7 @@ from conftest import cli_exit  # noqa: E402
 from eqquant.interop.onnx_import import OnnxImportError, import_onnx, valid_name  # noqa: E402
 from eqquant.ir.interp import run  # noqa: E402
 from eqquant.ir.loader import load_program  # noqa: E402
-from eqquant.ir.nodes import Call, post_order  # noqa: E402
+from eqquant.core.nodes import Call, post_order  # noqa: E402
 from eqquant.ir.params import bind_params  # noqa: E402
 from eqquant.ir.parser import parse  # noqa: E402
 from eqquant.ir.printer import print_module  # noqa: E402

@@ -5,7 +5,7 @@ import pytest
 from eqquant.errors import EvalError, ParamsError
 from eqquant.ir.interp import run
 from eqquant.ir.loader import load_program
-from eqquant.ir.nodes import Call, Constant, post_order
+from eqquant.core.nodes import Call, Constant, post_order
 from eqquant.ir.params import bind_params, constant_params, load_params, save_params
 from eqquant.ir.parser import parse
 from eqquant.ir.printer import print_module

@@ -7,7 +7,7 @@ from eqquant.ir.interp import run
 from eqquant.ir.parser import parse
 from eqquant.ir.printer import print_module
 from eqquant.ir.typecheck import check_module
-from eqquant.quant.fixed_point import fixed_point_multiply, quantize_multiplier
+from eqquant.ops.fixed_point import fixed_point_multiply, quantize_multiplier
 
 
 def _run1(op, inputs, consts, **attrs):

@@ -6,7 +6,7 @@ import pytest
 
 from eqquant.quant.calibrate import (CalibrationTable, MinMax, Percentile, Range,
                                      find_scale_by_kl, kl_threshold, weight_scale)
-from eqquant.quant.fixed_point import fixed_point_multiply, quantize_multiplier
+from eqquant.ops.fixed_point import fixed_point_multiply, quantize_multiplier
 
 
 def tvm_fixed_point_multiply(x: int, multiplier: int, shift: int, tonearest=False) -> int:

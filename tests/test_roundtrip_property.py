@@ -4,14 +4,14 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eqquant.ir.nodes import Call, Constant, Function, Var
+from eqquant.core.nodes import Call, Constant, Function, Var
 from eqquant.ir.parser import parse
 from eqquant.ir.printer import print_module
 from eqquant.errors import TypeCheckError
 from eqquant.ir.typecheck import check_module, infer_expr
-from eqquant.ir.types import TensorType
+from eqquant.core.types import TensorType
 from eqquant.ir.builder import Builder
-from eqquant.ir.nodes import freeze_attrs
+from eqquant.core.nodes import freeze_attrs
 
 FLOAT32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
 PARAM_NAME = st.from_regex(r"\A[a-z_][a-z0-9_]{0,5}((::|\.)[a-z_][a-z0-9_]{0,4}|\.[0-9]{1,2}"

@@ -3,7 +3,7 @@
 import numpy as np
 
 from eqquant.ir.interp import run
-from eqquant.ir.nodes import Call, Constant, Function, Module, post_order
+from eqquant.core.nodes import Call, Constant, Function, Module, post_order
 from eqquant.ir.parser import parse
 from eqquant.optimizer import optimize
 from eqquant.rules.check import check_ruleset

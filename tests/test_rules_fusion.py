@@ -3,7 +3,7 @@ PartitionGraph listings."""
 import numpy as np
 
 from eqquant.ir.interp import run
-from eqquant.ir.nodes import Call, Function, Module, post_order, structural_equal
+from eqquant.core.nodes import Call, Function, Module, post_order, structural_equal
 from eqquant.ir.parser import parse
 from eqquant.ir.printer import print_module
 from eqquant.optimizer import optimize

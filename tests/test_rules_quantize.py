@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from eqquant.ir.interp import run
-from eqquant.ir.nodes import Call, post_order
+from eqquant.core.nodes import Call, post_order
 from eqquant.ir.typecheck import infer_types
 from eqquant.optimizer import optimize
 from eqquant.api import calibration_samples, load
@@ -89,7 +89,7 @@ def _normalized_ops(mod):
     """Op names in a canonical order (operands by decreasing height, then in order), without
     the annotations and the casts that do not change the dtype: what TVM's realize output
     and eqquant's realize view both mean, regardless of how their printers order bindings."""
-    from eqquant.ir.nodes import Expr, rewrite
+    from eqquant.core.nodes import Expr, rewrite
     types = infer_types(mod)
 
     def drop(node, kids):
@@ -174,7 +174,7 @@ def test_fixed_point_constants_decompose_as_tvm_does():
     convention); requantization rounds UPWARD (ties toward +inf), TVM's default."""
     import re
     from eqquant.ops.numerics import fixed_point_multiply
-    from eqquant.quant.fixed_point import quantize_multiplier
+    from eqquant.ops.fixed_point import quantize_multiplier
     from conftest import seed_file
     text = seed_file("004").read_text()
     pairs = {(int(m), int(s)) for m, s in re.findall(

@@ -222,7 +222,7 @@ def test_relu6_convolutions_are_bit_exact_on_every_path(monkeypatch, path):
     rng = np.random.default_rng(4)
     samples = [{"x": rng.standard_normal((1, 16, 16, 16)).astype(np.float32)} for _ in range(3)]
     q = quantize(mod, params, samples, "minmax", per_channel=True)
-    from eqquant.ir.nodes import Call, post_order
+    from eqquant.core.nodes import Call, post_order
     acts = [n.attrs["activation"] for n in post_order(q.module.main.body)
             if isinstance(n, Call) and n.op_name == "fused.qconv2d"]
     assert acts.count("clip") == 2

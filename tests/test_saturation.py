@@ -5,6 +5,8 @@ from eqquant.egraph.engine import EGraphSession, Limits, parse_schedule
 from eqquant.errors import EqquantError
 from eqquant.ir.builder import Builder
 from eqquant.optimizer import optimize
+from eqquant.extract.view import EGraphView
+from eqquant.rules.compile import compile_ruleset
 from eqquant.rules.loader import load_rules, parse_rules
 
 AC = parse_rules("""ruleset ac
@@ -25,7 +27,7 @@ def add_chain(n):
 
 def test_non_terminating_ruleset_stops_at_its_limit_with_a_report():
     session = EGraphSession(add_chain(12), Limits(iterations=100, nodes=20_000, seconds=30))
-    session.add_ruleset(AC)
+    session.add_ruleset(compile_ruleset(AC))
     report = session.run(parse_schedule("ac"))
     phase = report.phases[0]
     assert phase.stop == "node limit"
@@ -39,7 +41,7 @@ def test_non_terminating_ruleset_stops_at_its_limit_with_a_report():
 
 def test_iteration_limit_is_reported():
     session = EGraphSession(add_chain(8), Limits(iterations=2))
-    session.add_ruleset(AC)
+    session.add_ruleset(compile_ruleset(AC))
     report = session.run(parse_schedule("ac*2"))
     assert report.phases[0].stop == "iteration limit"
     assert report.phases[0].iterations == 2
@@ -47,7 +49,7 @@ def test_iteration_limit_is_reported():
 
 def test_time_limit_is_reported():
     session = EGraphSession(add_chain(12), Limits(iterations=1000, nodes=10**9, seconds=0.0))
-    session.add_ruleset(AC)
+    session.add_ruleset(compile_ruleset(AC))
     assert session.run(parse_schedule("ac")).phases[0].stop == "time limit"
 
 
@@ -62,7 +64,7 @@ def test_no_iteration_begins_that_would_end_past_the_time_limit():
 
     session = EGraphSession(add_chain(40), Limits(iterations=1000, nodes=10**9, seconds=1.0),
                             clock=clock)
-    session.add_ruleset(AC)
+    session.add_ruleset(compile_ruleset(AC))
     real_run = session._run
 
     def run_and_tick(text):
@@ -142,7 +144,7 @@ def test_the_analysis_types_every_class_as_the_type_checker_does(name):
 
     from eqquant.egraph.engine import Phase
     from eqquant.ir.typecheck import infer_types
-    from eqquant.ir.nodes import post_order
+    from eqquant.core.nodes import post_order
     from eqquant.quant.annotate import annotate, calibrate
     from eqquant.zoo import build
     m = build(name, image_size=32)
@@ -151,10 +153,10 @@ def test_the_analysis_types_every_class_as_the_type_checker_does(name):
         .astype(np.float32)
     marked = annotate(fp, calibrate(fp, None, [x], "minmax"), "uint8", "max", True)
     s = EGraphSession(marked)
-    s.add_ruleset(load_rules("quantize"))
+    s.add_ruleset(compile_ruleset(load_rules("quantize")))
     rep = s.run([Phase("quantize")])
     assert rep.saturated and rep.matches()
-    view = s.view()
+    view = EGraphView.of(s)
     flat = s.encoded.module
     types = infer_types(flat)
     lets = {v: k for k, v in view.lets.items()}

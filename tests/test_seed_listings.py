@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from eqquant.ir.interp import run
-from eqquant.ir.nodes import Call, Constant, iter_functions, post_order
+from eqquant.core.nodes import Call, Constant, iter_functions, post_order
 from eqquant.ir.parser import parse
 from eqquant.ir.printer import print_module
 from eqquant.ir.typecheck import check_module

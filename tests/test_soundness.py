@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eqquant.ir.interp import run
-from eqquant.ir.nodes import Call, post_order
+from eqquant.core.nodes import Call, post_order
 from eqquant.ir.parser import parse
 from eqquant.quant.annotate import annotate
 from eqquant.quant.flow import quantize

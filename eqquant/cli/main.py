@@ -324,7 +324,7 @@ def import_cmd(model, out_dir, shapes):
     """Import an ONNX model as text IR + params."""
     from ..interop.onnx_import import import_onnx
     from ..ir.loader import refuse_overwriting_inputs, save_program
-    from ..ir.nodes import Call, post_order
+    from ..core.nodes import Call, post_order
     refuse_overwriting_inputs(out_dir / (model.stem + ".ir"), model)
     mod, params, notes = import_onnx(model, _parse_shapes(shapes))
     ir_path, npz = save_program(out_dir / (model.stem + ".ir"), mod, params)

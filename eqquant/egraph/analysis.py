@@ -30,7 +30,7 @@ from typing import Any
 
 import pickle
 
-from ..ir.types import TensorType, TupleType, Type
+from ..core.types import TensorType, TupleType, Type
 from ..ops.registry import OpTypeError, all_ops
 from .schema import LEAVES, attr_sort, decode_attr, egg_name, egg_string, schema
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import EqquantError
-from ..ir.nodes import Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var, post_order
+from ..core.nodes import Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var, post_order
 from ..ir.typecheck import infer_types
 from ..passes.inline import inline_calls
 from .schema import egg_name, egg_string, encode_attr, scalar_text

@@ -1,7 +1,7 @@
 """Saturation: a program in an egglog e-graph, rulesets run phase by phase under limits.
 
     session = EGraphSession(module)
-    session.add_ruleset(load_rules("bn_fold"))
+    session.add_ruleset(compile_ruleset(load_rules("bn_fold")))
     report = session.run(parse_schedule("simplify; bn_fold; simplify"))
     print(report.table())      # per-rule matches, e-graph size, why each phase stopped
 
@@ -22,10 +22,7 @@ from dataclasses import dataclass, field
 from egglog import bindings
 
 from ..errors import EqquantError, IllTypedRewrite
-from ..extract.view import EGraphView
-from ..ir.nodes import Constant, Module, post_order
-from ..rules.ast import RuleSet
-from ..rules.compile import CompiledRuleset, compile_ruleset
+from ..core.nodes import Constant, Module, post_order
 from . import analysis
 from .encode import Encoded, encode
 from .schema import LEAVES, schema
@@ -162,12 +159,14 @@ class EGraphSession:
         finally:
             analysis.ACTIVE.pop()
 
-    def add_ruleset(self, rs: RuleSet) -> CompiledRuleset:
-        if rs.name in self.rulesets:
-            return self.rulesets[rs.name]
-        compiled = compile_ruleset(rs)
+    def add_ruleset(self, compiled):
+        """Add a compiled ruleset (``rules.compile.compile_ruleset``: its egglog text, its
+        rules with their names and source locations); the e-graph knows nothing of the
+        rules language."""
+        if compiled.name in self.rulesets:
+            return self.rulesets[compiled.name]
         self._run(compiled.text)
-        self.rulesets[rs.name] = compiled
+        self.rulesets[compiled.name] = compiled
         return compiled
 
     def rule_locations(self) -> dict[str, str]:
@@ -181,9 +180,9 @@ class EGraphSession:
         return sum(n for name, n in self.sizes().items()
                    if name.startswith("@") or name in LEAVES)
 
-    def view(self) -> EGraphView:
-        data = json.loads(self.eg.serialize([]).to_json())
-        return EGraphView(data, self.typer)
+    def serialized(self) -> dict:
+        """The e-graph as egglog serializes it (read by ``extract.view.EGraphView``)."""
+        return json.loads(self.eg.serialize([]).to_json())
 
     def _analyse(self) -> None:
         """Saturate the analyses; whenever the typer met types not seen before, give the
@@ -285,7 +284,7 @@ def _culprit(session: EGraphSession, ruleset: str):
     time (only ever done on the way to an error)."""
     replay = EGraphSession(session.module, Limits(10 ** 9, 10 ** 9, float("inf")))
     for rs in session.rulesets.values():
-        replay.add_ruleset(rs.rule_set)
+        replay.add_ruleset(rs)
     for name, n in session.history:
         replay._run(f"(run {replay.rulesets[name].egg_name} {n})")
         replay._analyse()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..errors import EqquantError
-from ..ir.types import TensorType, TupleType, Type
+from ..core.types import TensorType, TupleType, Type
 from ..ops.registry import OpDef
 
 

@@ -7,9 +7,9 @@ of the operand they are combined with.
 from __future__ import annotations
 
 from ..errors import EqquantError
-from ..ir.nodes import (Call, Constant, Expr, Function, Module, Scalar, Tuple, TupleGetItem,
-                        freeze_attrs)
-from ..ir.types import TensorType
+from ..core.nodes import (Call, Constant, Expr, Function, Module, Scalar, Tuple, TupleGetItem,
+                          freeze_attrs)
+from ..core.types import TensorType
 from ..egraph.encode import Encoded
 from ..egraph.schema import scalar_value
 from .view import WEAK, EGraphView, ENode

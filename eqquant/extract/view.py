@@ -20,7 +20,7 @@ from typing import Any
 
 from ..egraph.analysis import ILL_TYPED, WEAK, Typer, resolve_weak, type_of_text
 from ..egraph.schema import OP_PREFIX, decode_attr, schema
-from ..ir.types import Type
+from ..core.types import Type
 from ..ops.registry import OpDef
 
 
@@ -47,6 +47,11 @@ def _unquote(text: str) -> str:
 
 
 class EGraphView:
+    @classmethod
+    def of(cls, session) -> "EGraphView":
+        """The view of an ``egraph.engine.EGraphSession``, typed by its analysis."""
+        return cls(session.serialized(), session.typer)
+
     def __init__(self, data: dict, typer: Typer):
         self.typer = typer
         self._attr_memo: dict[tuple[int, str], Any] = {}

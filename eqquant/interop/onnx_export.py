@@ -17,17 +17,16 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EqquantError
-from ..ir.nodes import (Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var,
-                        post_order)
+from ..core.nodes import (Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var,
+                          post_order)
 from ..ir.typecheck import infer_types
 from ..passes.inline import inline_calls
 
 OPSET = 17
 
-# IR op -> ONNX op, for ops whose inputs and semantics are the same
-FLOAT_OPS = {"nn.relu": "Relu", "sigmoid": "Sigmoid", "add": "Add", "subtract": "Sub",
-             "multiply": "Mul", "divide": "Div", "nn.global_avg_pool2d": "GlobalAveragePool",
-             "sqrt": "Sqrt", "negative": "Neg", "abs": "Abs"}
+# IR op -> ONNX op, for ops whose inputs and semantics are the same (and that have no ONNX
+# form in the registry yet: see OpDef.onnx)
+FLOAT_OPS = {"nn.global_avg_pool2d": "GlobalAveragePool"}
 PASS_THROUGH = ("nn.dropout", "annotation.stop_fusion", "annotation.cast_hint")
 
 
@@ -149,6 +148,8 @@ class Exporter:
                 getattr(self.type(x), "dtype", "float32") != "float32" for x in node.args[:1]):
             raise EqquantError(f"ONNX export: {op} on {self.type(node.args[0]).dtype} values "
                                "has no QDQ form", node.loc)
+        if node.op.onnx:   # the op's own ONNX form, from its registry entry
+            return node.op.onnx[0].write(self, node, ins)
         if op in ("nn.conv2d", "fused.conv2d"):
             w_t = self.type(node.args[1])
             conv = dict(strides=list(a["strides"]), pads=list(a["padding"]),
@@ -169,11 +170,6 @@ class Exporter:
             return self.act(self.emit("Gemm", ins, transB=1), a)
         if op in FLOAT_OPS:
             return self.emit(FLOAT_OPS[op], ins)
-        if op == "nn.leaky_relu":
-            return self.emit("LeakyRelu", ins, alpha=float(a["alpha"]))
-        if op == "clip":
-            return self.emit("Clip", [ins[0], self.const(np.float32(a["a_min"])),
-                                      self.const(np.float32(a["a_max"]))])
         if op in ("nn.max_pool2d", "nn.avg_pool2d"):
             return self.pool(op, ins[0], a)
         if op == "nn.batch_flatten":

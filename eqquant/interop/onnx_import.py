@@ -26,8 +26,9 @@ import numpy as np
 
 from ..errors import EqquantError
 from ..ir.builder import Builder
-from ..ir.nodes import Call, Expr, Var
-from ..ir.types import DTYPES, TensorType
+from ..core.nodes import Call, Expr, Var
+from ..core.types import DTYPES, TensorType
+from ..ops.registry import onnx_forms
 
 
 class OnnxImportError(EqquantError):
@@ -194,13 +195,18 @@ class Importer:
         if domain_ok and ins and all(not n or n in self.consts for n in ins):
             self._fold(node, ins)
             return
+        forms = onnx_forms()
         conv = CONVERTERS.get(node.op_type) if domain_ok else None
-        if conv is None:
+        form = forms.get(node.op_type) if domain_ok else None
+        if conv is None and form is None:
             raise _NodeError(f"op {node.op_type}"
                              + (f" of domain '{node.domain}'" if not domain_ok else "")
                              + " is not supported (supported: "
-                             + ", ".join(sorted(CONVERTERS)) + ")")
-        outs = conv(self, attrs, ins)
+                             + ", ".join(sorted({*CONVERTERS, *forms})) + ")")
+        # an op's own ONNX form (its registry entry) first; then the converters below, for
+        # ONNX ops that become several IR ops
+        outs = form[1].read(self, form[0], attrs, ins) if form is not None else \
+            conv(self, attrs, ins)
         if not isinstance(outs, (list, tuple)):
             outs = [outs]
         for i, name in enumerate(node.output):
@@ -328,7 +334,8 @@ def _constant_value(attrs) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# Converters: (importer, attrs, input names) -> IR value(s)
+# Converters of ONNX ops that are not one registry op's ONNX form (see OpDef.onnx): an ONNX op
+# read as several IR ops, or with checks of its own: (importer, attrs, input names) -> value(s)
 
 Converter = Callable[[Importer, dict, list], Any]
 CONVERTERS: dict[str, Converter] = {}
@@ -399,35 +406,6 @@ def _batch_norm(im, attrs, ins):
     args = [im.value(n) for n in ins[:5]]
     bn = im.call("nn.batch_norm", *args, axis=1, epsilon=float(attrs.get("epsilon", 1e-5)))
     return im.b.get(bn, 0)
-
-
-def _unary(op):
-    return lambda im, attrs, ins: im.call(op, im.value(ins[0]))
-
-
-CONVERTERS["Relu"] = _unary("nn.relu")
-CONVERTERS["Sigmoid"] = _unary("sigmoid")
-
-
-@converts("LeakyRelu")
-def _leaky(im, attrs, ins):
-    return im.call("nn.leaky_relu", im.value(ins[0]), alpha=float(attrs.get("alpha", 0.01)))
-
-
-@converts("Clip")
-def _clip(im, attrs, ins):
-    lo, hi = attrs.get("min", -np.inf), attrs.get("max", np.inf)
-    for i, what in ((1, "min"), (2, "max")):
-        if len(ins) > i and ins[i]:
-            bound = im.const_scalar(ins[i], f"Clip's {what}")
-            if what == "min":
-                lo = bound
-            else:
-                hi = bound
-    x = im.value(ins[0])
-    if lo == 0 and hi == np.inf:
-        return im.call("nn.relu", x)
-    return im.call("clip", x, a_min=float(lo), a_max=float(hi))
 
 
 def _pool_attrs(im, attrs, x):
@@ -501,14 +479,6 @@ def _matmul(im, attrs, ins):
     flat = im.call("reshape", a, newshape=[-1, at.shape[-1]])
     y = im.call("nn.dense", flat, _t2(im, b))
     return im.call("reshape", y, newshape=list(at.shape[:-1]) + [bt.shape[1]])
-
-
-def _binary(op):
-    return lambda im, attrs, ins: im.call(op, im.value(ins[0]), im.value(ins[1]))
-
-
-for _t, _op in (("Add", "add"), ("Sub", "subtract"), ("Mul", "multiply"), ("Div", "divide")):
-    CONVERTERS[_t] = _binary(_op)
 
 
 @converts("Flatten")

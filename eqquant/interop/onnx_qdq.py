@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import EqquantError
-from ..ir.nodes import Call, Constant
-from ..ir.types import is_int
+from ..core.nodes import Call, Constant
+from ..core.types import is_int
 
 LAYOUT_OPS = ("reshape", "expand_dims", "squeeze", "nn.batch_flatten", "transpose")
 PASS = ("annotation.stop_fusion", "annotation.cast_hint", "nn.dropout")

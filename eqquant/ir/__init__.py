@@ -1,2 +1,3 @@
-"""The text IR: types, nodes, parser, printer, type checker, params and the reference
-interpreter."""
+"""The text IR: parser, printer, type checker, params, outputs and the reference interpreter
+(the types and nodes it reads and writes are in ``eqquant.core``)."""
+from . import printer  # noqa: F401  (gives core.nodes.Module its text form)

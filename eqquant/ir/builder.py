@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from ..ops.registry import get_op
-from .nodes import Call, Expr, Function, Module, Scalar, Tuple, TupleGetItem, Var, freeze_attrs
+from ..core.nodes import Call, Expr, Function, Module, Scalar, Tuple, TupleGetItem, Var, freeze_attrs
 from .typecheck import Inferer
-from .types import TensorType
+from ..core.types import TensorType
 
 
 class Builder:

@@ -15,9 +15,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import EvalError
-from .nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
-                    TupleGetItem, Var, post_order)
-from .types import TensorType, TupleType, Type
+from ..core.nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
+                          TupleGetItem, Var, post_order)
+from ..core.types import TensorType, TupleType, Type
 
 
 @dataclass

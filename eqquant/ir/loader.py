@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EqquantError, ParamsError
-from .nodes import Module
+from ..core.nodes import Module
 from .params import load_params, meta_constants
 from .parser import parse
 

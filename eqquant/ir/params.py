@@ -15,8 +15,8 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import ParamsError
-from .nodes import Constant, Expr, Function, Module, iter_functions, post_order, rewrite
-from .types import TensorType
+from ..core.nodes import Constant, Expr, Function, Module, iter_functions, post_order, rewrite
+from ..core.types import TensorType
 
 _META = re.compile(r"^meta\[relay\.Constant\]\[(\d+)\]$")
 

@@ -29,9 +29,9 @@ from ..errors import (ArityError, AttrError, EqquantError, NameError_, ParseErro
                       TypeCheckError)
 from ..ops.registry import get_op
 from ..resources import grammar_path
-from .nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
-                    TupleGetItem, Var, freeze_attrs)
-from .types import DTYPES, FuncType, TensorType, TupleType, Type
+from ..core.nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
+                          TupleGetItem, Var, freeze_attrs)
+from ..core.types import DTYPES, FuncType, TensorType, TupleType, Type
 from .nesting import check_nesting
 
 _SUFFIX_DTYPE = {"f": "float32", "f16": "float16", "f32": "float32", "f64": "float64",

@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..ops.attrs import format_float, format_value
-from .nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
-                    TupleGetItem, Var, post_order)
-from .types import Type
+from ..core.nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
+                          TupleGetItem, Var, post_order, set_printer)
+from ..core.types import Type
 
 
 def format_scalar(value: Any, dtype: str) -> str:
@@ -144,3 +144,6 @@ def value_labels(fn: Function) -> dict[int, str]:
     labels.update(names)
     labels.setdefault(id(fn.body), "%result")
     return labels
+
+
+set_printer(print_module)   # str(module) and module.show() print the text IR

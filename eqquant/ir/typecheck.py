@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from ..errors import TypeCheckError
 from ..ops.registry import OpTypeError
-from .nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
-                    TupleGetItem, Var, post_order)
-from .types import FuncType, TupleType, Type, size_problem
+from ..core.nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
+                          TupleGetItem, Var, post_order)
+from ..core.types import FuncType, TupleType, Type, size_problem
 
 
 class Inferer:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.types import DTYPES
+from ..core.types import DTYPES
 
 
 class AttrValueError(ValueError):

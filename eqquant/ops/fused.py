@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from ..ir.nodes import Call, Expr, freeze_attrs
-from ..ir.types import TensorType
+from ..core.nodes import Call, Expr, freeze_attrs
+from ..core.types import TensorType
 from . import numerics
 from .attrs import FLOAT_F, Attr, StrKind
 from .nn import CONV2D_ATTRS, conv2d_flops, conv2d_rel, dense, dense_rel

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.types import TensorType, default_compute_dtype
+from ..core.types import TensorType, default_compute_dtype
 from . import numerics
 from .attrs import (BOOL, DTYPE, FLOAT, INT, OPT_INT, OPT_PAIR, PAD_WIDTH, PADDING2D, PAIR, Attr,
                     StrKind)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..ir.types import default_compute_dtype
+from ..core.types import default_compute_dtype
 
 
 def out_size(size: int, k: int, stride: int, dilation: int, pad_before: int, pad_after: int,

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from ..ir.types import TensorType, is_float, is_int
+from ..core.types import TensorType, is_float, is_int
 from . import numerics
 from .attrs import DTYPE_REQUIRED, FLOAT_F, INT, OPT_INT, Attr, DTypeKind, StrKind
 from .nn import CONV2D_ATTRS, conv2d_flops, conv2d_rel, dense_rel
@@ -170,7 +170,7 @@ def _requantize_rel(types, attrs):
 
 def requantize_values(q, in_scale, in_zp, out_scale, out_zp, axis, rounding, out_dtype):
     """The integer arithmetic of qnn.requantize (shared with qnn.add)."""
-    from ..quant.fixed_point import quantize_multiplier
+    from .fixed_point import quantize_multiplier
     q = q.astype(np.int64) - _along(in_zp, q.ndim, axis).astype(np.int64)
     ratio = (np.asarray(in_scale, np.float64).reshape(-1) /
              np.asarray(out_scale, np.float64).reshape(-1))
@@ -378,7 +378,7 @@ def _fqconv(x, w, b, zx, zw, sx, sw, s1, z1, s2, z2, *, activation, a_min, a_max
 
 def _unfuse_qconv(args, attrs):
     """fused.qconv2d as the chain it stands for (the partition and realize views use it)."""
-    from ..ir.nodes import Call, freeze_attrs
+    from ..core.nodes import Call, freeze_attrs
     from .registry import get_op
     x, w, b, zx, zw, sx, sw, s1, z1, s2, z2 = args
     conv_op = get_op("qnn.conv2d")

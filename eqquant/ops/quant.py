@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.types import is_int
+from ..core.types import is_int
 from . import numerics
 from .attrs import BOOL, INT, REQUIRED, Attr, StrKind
 from .registry import ELEMWISE, QUANT, UNARY, OpDef, OpTypeError, register

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import AttrError, UnknownOpError
-from ..ir.types import Type
+from ..core.types import Type
 from .attrs import REQUIRED, Attr, AttrValueError
 
 # Property sets: a rule or a cost model may name a set instead of listing ops.
@@ -49,6 +49,35 @@ class OpTypeError(Exception):
 TypeRel = Callable[[Sequence[Type], Mapping[str, Any]], Type]
 
 
+@dataclass(frozen=True)
+class OnnxForm:
+    """How an op is read from ONNX and written back: one ONNX op (``op_type``) whose inputs
+    are the op's inputs, and ``attrs`` carried over as they are, each (IR name, ONNX name,
+    ONNX default). ``convert`` and ``export`` replace that one-to-one reading where the forms
+    differ; they get the importer or the exporter, whose helpers they call (``im.value``,
+    ``im.call``, ``ex.emit``, ``ex.const``), so nothing here imports onnx.
+
+        OnnxForm("LeakyRelu", attrs=(("alpha", "alpha", 0.01),))
+    """
+
+    op_type: str
+    attrs: tuple[tuple[str, str, Any], ...] = ()
+    convert: Callable[..., Any] | None = None   # (importer, onnx attrs, input names) -> value(s)
+    export: Callable[..., str] | None = None    # (exporter, node, input names) -> output name
+
+    def read(self, im, op: "OpDef", attrs: Mapping[str, Any], ins: Sequence[str]):
+        if self.convert is not None:
+            return self.convert(im, attrs, ins)
+        given = {ir: type(default)(attrs.get(onnx, default)) for ir, onnx, default in self.attrs}
+        return im.call(op.name, *[im.value(n) for n in ins[:len(op.inputs)]], **given)
+
+    def write(self, ex, node, ins: Sequence[str]) -> str:
+        if self.export is not None:
+            return self.export(ex, node, ins)
+        return ex.emit(self.op_type, list(ins),
+                       **{onnx: node.attrs[ir] for ir, onnx, _ in self.attrs})
+
+
 @dataclass(frozen=True, eq=False)
 class OpDef:
     name: str
@@ -67,8 +96,13 @@ class OpDef:
     canonicalize: Callable[..., dict] | None = None
     # a fused op's unfused form: unfuse(args, attrs) -> Expr (the partition view prints it)
     unfuse: Callable[..., Any] | None = None
-    # the CPU kernel binding, "module:Class" (imported only when a program runs)
+    # the CPU kernel binding, "module:Class" (imported only when a program runs), and what
+    # that binding needs from this op (e.g. the elementwise kernel's function): the binding
+    # reads it here, it keeps no table of op names
     kernel: str | None = None
+    kernel_params: Mapping[str, Any] = field(default_factory=dict)
+    # how ONNX writes this op: the first form is the export; every form's op_type imports
+    onnx: tuple[OnnxForm, ...] = ()
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"
@@ -104,7 +138,7 @@ class OpDef:
 
     def printed_attrs(self, attrs: Mapping[str, Any]) -> list[tuple[str, str]]:
         """Attributes that differ from their defaults, in declaration order, as text."""
-        from ..ir.nodes import _values_equal
+        from ..core.nodes import _values_equal
         return [(a.name, a.kind.format(attrs[a.name])) for a in self.attrs
                 if a.name in attrs and (a.default is REQUIRED
                                         or not _values_equal(attrs[a.name], a.default))]
@@ -144,6 +178,19 @@ def has_op(name: str) -> bool:
 def all_ops() -> dict[str, OpDef]:
     _ensure_loaded()
     return dict(_OPS)
+
+
+def onnx_forms() -> dict[str, tuple[OpDef, OnnxForm]]:
+    """ONNX op type -> the op and form that read it."""
+    _ensure_loaded()
+    out: dict[str, tuple[OpDef, OnnxForm]] = {}
+    for op in _OPS.values():
+        for form in op.onnx:
+            if form.op_type in out:
+                raise ValueError(f"ONNX {form.op_type} is read by both "
+                                 f"{out[form.op_type][0].name} and {op.name}")
+            out[form.op_type] = (op, form)
+    return out
 
 
 def ops_with(prop: str) -> list[OpDef]:

@@ -5,27 +5,33 @@ import math
 
 import numpy as np
 
-from ..ir.types import TensorType, TupleType
+from ..core.types import TensorType, TupleType
 from . import numerics
 from .attrs import BOOL, DTYPE_REQUIRED, FLOAT, FLOAT_F, INT, INTS, OPT_INTS, REQUIRED, Attr
 from .registry import (ANNOTATION, BINARY, ELEMWISE, EPILOGUE, IDENTITY, LAYOUT, REDUCE, UNARY,
-                       OpDef, OpTypeError, register)
+                       OnnxForm, OpDef, OpTypeError, register)
 from .typerel import broadcast, float_input, norm_axis, same_as_input, tensor, tuple_of
 
 
-def _unary(name, fn, *, floats_only=False, doc="", kernel=None, props=frozenset()):
+# The elementwise CPU kernel (runtime/bindings.py Activation) computes these by code.
+RELU, CLIP, LEAKY_RELU, SIGMOID = 1, 2, 3, 4
+_ACTIVATION = "eqquant.runtime.bindings:Activation"
+
+
+def _unary(name, fn, *, floats_only=False, doc="", kernel=None, props=frozenset(), onnx=(),
+           kernel_params=None):
     register(OpDef(name, inputs=("data",), props=frozenset({ELEMWISE, UNARY}) | props,
-                   kernel=kernel,
+                   kernel=kernel, kernel_params=kernel_params or {}, onnx=onnx,
                    type_rel=float_input if floats_only else same_as_input,
                    semantics=lambda x, _fn=fn: np.asarray(_fn(x)).astype(x.dtype, copy=False),
                    doc=doc))
 
 
-_unary("nn.relu", lambda x: np.maximum(x, 0), doc="max(x, 0)",
-       kernel="eqquant.runtime.bindings:Activation", props=frozenset({EPILOGUE}))
-_unary("negative", np.negative, doc="-x")
-_unary("abs", np.abs, doc="|x|")
-_unary("sqrt", np.sqrt, floats_only=True, doc="sqrt(x)")
+_unary("nn.relu", lambda x: np.maximum(x, 0), doc="max(x, 0)", props=frozenset({EPILOGUE}),
+       kernel=_ACTIVATION, kernel_params={"code": RELU, "integers": True}, onnx=(OnnxForm("Relu"),))
+_unary("negative", np.negative, doc="-x", onnx=(OnnxForm("Neg"),))
+_unary("abs", np.abs, doc="|x|", onnx=(OnnxForm("Abs"),))
+_unary("sqrt", np.sqrt, floats_only=True, doc="sqrt(x)", onnx=(OnnxForm("Sqrt"),))
 _unary("rsqrt", lambda x: 1 / np.sqrt(x), floats_only=True, doc="1 / sqrt(x)")
 def _sigmoid(x):
     with np.errstate(over="ignore"):   # exp(-x) = inf for x << 0 gives 0, as it should
@@ -33,25 +39,31 @@ def _sigmoid(x):
 
 
 _unary("sigmoid", _sigmoid, floats_only=True, doc="1 / (1 + exp(-x))",
-       kernel="eqquant.runtime.bindings:Activation")
+       kernel=_ACTIVATION, kernel_params={"code": SIGMOID}, onnx=(OnnxForm("Sigmoid"),))
 # TVM lowers round to llvm.nearbyint: ties go to even, as numpy's round does.
 _unary("round", np.round, floats_only=True, doc="round half to even")
 
 
-def _binary(name, fn, doc):
+# The binary elementwise kernel (runtime/bindings.py Binary) computes these by code.
+ADD, SUBTRACT, MULTIPLY, DIVIDE = 0, 1, 2, 3
+
+
+def _binary(name, fn, doc, onnx_type, code):
     register(OpDef(name, inputs=("lhs", "rhs"), props=frozenset({ELEMWISE, BINARY}),
                    kernel="eqquant.runtime.bindings:Binary",
+                   kernel_params={"code": code, "int32": code != DIVIDE},
+                   onnx=(OnnxForm(onnx_type),),
                    type_rel=broadcast,
                    semantics=lambda a, b, _fn=fn: np.asarray(_fn(a, b)).astype(a.dtype, copy=False),
                    doc=doc))
 
 
-_binary("add", np.add, "a + b with numpy broadcasting")
-_binary("subtract", np.subtract, "a - b with numpy broadcasting")
-_binary("multiply", np.multiply, "a * b with numpy broadcasting")
+_binary("add", np.add, "a + b with numpy broadcasting", "Add", ADD)
+_binary("subtract", np.subtract, "a - b with numpy broadcasting", "Sub", SUBTRACT)
+_binary("multiply", np.multiply, "a * b with numpy broadcasting", "Mul", MULTIPLY)
 _binary("divide", lambda a, b: (np.divide(a, b) if a.dtype.kind == "f"
                                 else numerics.trunc_divide(a, b)),
-        "a / b; integers round toward zero")
+        "a / b; integers round toward zero", "Div", DIVIDE)
 
 
 def _clip(x, *, a_min, a_max):
@@ -63,15 +75,37 @@ def _clip(x, *, a_min, a_max):
     return np.clip(x, a_min, a_max).astype(x.dtype)
 
 
+def _clip_from_onnx(im, attrs, ins):
+    """ONNX Clip: bounds as attributes (before opset 11) or constant inputs; Clip(x, 0, inf)
+    is a relu."""
+    lo, hi = attrs.get("min", -np.inf), attrs.get("max", np.inf)
+    for i, what in ((1, "min"), (2, "max")):
+        if len(ins) > i and ins[i]:
+            bound = im.const_scalar(ins[i], f"Clip's {what}")
+            lo, hi = (bound, hi) if what == "min" else (lo, bound)
+    x = im.value(ins[0])
+    if lo == 0 and hi == np.inf:
+        return im.call("nn.relu", x)
+    return im.call("clip", x, a_min=float(lo), a_max=float(hi))
+
+
+def _clip_to_onnx(ex, node, ins):
+    return ex.emit("Clip", [ins[0], ex.const(np.float32(node.attrs["a_min"])),
+                            ex.const(np.float32(node.attrs["a_max"]))])
+
+
 register(OpDef("clip", inputs=("data",), props=frozenset({ELEMWISE, UNARY, EPILOGUE}),
-               kernel="eqquant.runtime.bindings:Activation",
+               kernel=_ACTIVATION, onnx=(OnnxForm("Clip", convert=_clip_from_onnx,
+                                                  export=_clip_to_onnx),),
+               kernel_params={"code": CLIP, "params": lambda a: (a["a_min"], a["a_max"])},
                attrs=(Attr("a_min", FLOAT_F, -math.inf), Attr("a_max", FLOAT_F, math.inf)),
                type_rel=same_as_input, semantics=_clip,
                doc="min(max(x, a_min), a_max); keeps the input dtype"))
 
 
 register(OpDef("nn.leaky_relu", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
-               kernel="eqquant.runtime.bindings:Activation",
+               kernel=_ACTIVATION, onnx=(OnnxForm("LeakyRelu", (("alpha", "alpha", 0.01),)),),
+               kernel_params={"code": LEAKY_RELU, "params": lambda a: (a["alpha"], 0.0)},
                attrs=(Attr("alpha", FLOAT_F, 0.25),), type_rel=float_input,
                semantics=lambda x, *, alpha: np.where(x >= 0, x, x * np.asarray(alpha, x.dtype)),
                doc="x where x >= 0, alpha * x elsewhere (TVM's default alpha is 0.25)"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ..ir.types import TensorType, TupleType, Type, default_compute_dtype, is_float, is_int
+from ..core.types import TensorType, TupleType, Type, default_compute_dtype, is_float, is_int
 from .registry import OpTypeError
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.nodes import (Call, Constant, Expr, Function, Module, Scalar, Tuple, TupleGetItem,
-                        iter_functions, post_order, rewrite)
+from ..core.nodes import (Call, Constant, Expr, Function, Module, Scalar, Tuple, TupleGetItem,
+                          iter_functions, post_order, rewrite)
 from ..ir.params import module_constants
-from ..ir.types import type_of_array
+from ..core.types import type_of_array
 from ..ops.registry import IDENTITY
 
 

@@ -6,7 +6,7 @@ the e-graph sees one flat dataflow graph.
 from __future__ import annotations
 
 from ..errors import EqquantError
-from ..ir.nodes import Call, Expr, Function, GlobalVar, Module, rewrite
+from ..core.nodes import Call, Expr, Function, GlobalVar, Module, rewrite
 
 
 def substitute(body: Expr, env: dict[int, Expr]) -> Expr:

@@ -16,7 +16,7 @@ It is a view: running it (the interpreter inlines composites) gives the same val
 """
 from __future__ import annotations
 
-from ..ir.nodes import Call, Expr, Function, Module, Var, freeze_attrs, post_order, rewrite
+from ..core.nodes import Call, Expr, Function, Module, Var, freeze_attrs, post_order, rewrite
 from ..ir.typecheck import infer_types
 
 # op -> composite name: the seed-004 pattern table

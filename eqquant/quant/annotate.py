@@ -33,11 +33,11 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import EqquantError
-from ..ir.nodes import Call, Constant, Expr, Function, Module, Scalar, Var, freeze_attrs, rewrite
+from ..core.nodes import Call, Constant, Expr, Function, Module, Scalar, Var, freeze_attrs, rewrite
 from ..ir.params import bind_params
 from ..ir.printer import value_labels
 from ..ir.typecheck import infer_types
-from ..ir.types import TensorType
+from ..core.types import TensorType
 from ..ops.registry import COMPUTE, EPILOGUE, SELECTS, OpDef, get_op
 from ..passes.inline import inline_calls
 from .calibrate import OBSERVERS, CalibrationTable, Range
@@ -55,7 +55,7 @@ def as_inputs(sample: Any, fn: Function) -> Mapping[str, np.ndarray]:
 
 
 def _wanted(fn: Function, skip: set[str], labels: dict[int, str]) -> dict[int, str]:
-    from ..ir.nodes import post_order
+    from ..core.nodes import post_order
     types = infer_types(Module({"main": fn}))
     out = {}
     for node in [*fn.params, *post_order(fn.body)]:
@@ -231,7 +231,7 @@ def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
             return marked_params[id(node)]
         if isinstance(node, (Constant, Scalar)):
             return None
-        from ..ir.nodes import rebuild
+        from ..core.nodes import rebuild
         if isinstance(node, Call) and not isinstance(node.op, Expr) and \
                 "weight" in node.op.inputs:
             i = node.op.inputs.index("weight")
@@ -252,7 +252,7 @@ def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
 
 def _readers(fn: Function) -> dict[int, list[Call]]:
     """For each node, the calls that read it."""
-    from ..ir.nodes import post_order
+    from ..core.nodes import post_order
     out: dict[int, list[Call]] = {}
     for node in post_order(fn.body):
         if isinstance(node, Call):

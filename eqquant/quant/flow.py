@@ -16,7 +16,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..ir.nodes import Call, Function, Module, Scalar, freeze_attrs, rewrite
+from ..core.nodes import Call, Function, Module, Scalar, freeze_attrs, rewrite
 from ..ir.params import bind_params
 from ..ir.printer import value_labels
 from ..optimizer import OptimizeResult, optimize
@@ -67,7 +67,7 @@ class QuantizeResult:
     kept_float: list[str] = field(default_factory=list)   # layers left in float, and why
 
     def report(self) -> str:
-        from ..ir.nodes import post_order
+        from ..core.nodes import post_order
         from ..ir.typecheck import infer_types
         types = infer_types(self.module)
         calls = [n for n in post_order(self.module.main.body) if isinstance(n, Call)]

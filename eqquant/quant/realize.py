@@ -18,11 +18,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import EqquantError
-from ..ir.nodes import Call, Constant, Expr, Function, Module, Scalar, freeze_attrs, rewrite
+from ..core.nodes import Call, Constant, Expr, Function, Module, Scalar, freeze_attrs, rewrite
 from ..ir.typecheck import infer_types
 from ..ops.registry import get_op
 from ..ops.numerics import qrange
-from .fixed_point import quantize_multiplier
+from ..ops.fixed_point import quantize_multiplier
 
 
 def _call(name: str, *args: Expr, **attrs) -> Call:

@@ -22,11 +22,11 @@ import numpy as np
 
 from ..errors import EqquantError
 from ..ir.interp import run
-from ..ir.nodes import Call, Expr, Function, Module, Scalar, Tuple, TupleGetItem, Var
-from ..ir.nodes import freeze_attrs
+from ..core.nodes import Call, Expr, Function, Module, Scalar, Tuple, TupleGetItem, Var
+from ..core.nodes import freeze_attrs
 from ..ir.printer import print_expr
 from ..ir.typecheck import Inferer
-from ..ir.types import TensorType
+from ..core.types import TensorType
 from ..ops.attrs import (AttrKind, BoolKind, DTypeKind, FloatKind, IntKind, IntsKind,
                          OptionalKind, REQUIRED, StrKind)
 from ..ops.registry import QUANT, OpDef, OpTypeError
@@ -295,7 +295,7 @@ def _zero_point_dtypes(instance: _Instance, *sides: Expr) -> dict[str, str]:
     that dtype's range): a quant op's ``*_zero_point`` input belongs to the input of the same
     role (``input_`` -> data, ``lhs_``/``rhs_``, ``kernel_`` -> weight), ``output_`` to the
     op's result, a bare ``zero_point`` to the op's ``dtype`` attribute."""
-    from ..ir.nodes import post_order
+    from ..core.nodes import post_order
     roles = {"input": "data", "lhs": "lhs", "rhs": "rhs", "kernel": "weight"}
     out: dict[str, str] = {}
     for side in sides:
@@ -478,7 +478,7 @@ def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
 
 
 def _calls(e: Expr):
-    from ..ir.nodes import post_order
+    from ..core.nodes import post_order
     return [n for n in post_order(e) if isinstance(n, Call)]
 
 

@@ -44,7 +44,6 @@ class CompiledRule:
 class CompiledRuleset:
     name: str
     egg_name: str
-    rule_set: RuleSet
     rules: list[CompiledRule] = field(default_factory=list)
 
     @property
@@ -214,7 +213,7 @@ def compile_rule(rule: Rule, ruleset: str) -> list[CompiledRule]:
 
 
 def compile_ruleset(rs: RuleSet) -> CompiledRuleset:
-    out = CompiledRuleset(rs.name, egg_ruleset(rs.name), rs)
+    out = CompiledRuleset(rs.name, egg_ruleset(rs.name))
     for rule in rs.rules:
         out.rules.extend(compile_rule(rule, out.egg_name))
     return out

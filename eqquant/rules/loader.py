@@ -22,7 +22,7 @@ from ..errors import EqquantError, RuleError, SourceLoc
 from ..ir.nesting import check_nesting
 from ..ir.parser import (CommentSink, _decode_number, _syntax_error_with, _unquote,
                          fit_literal)
-from ..ir.types import DTYPES
+from ..core.types import DTYPES
 from ..ops.attrs import AttrValueError
 from ..ops.registry import BINARY, ELEMWISE, UNARY, all_ops, get_op, has_op
 from ..resources import grammar_path, rules_dir

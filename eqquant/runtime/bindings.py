@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..ir.types import TensorType, Type
+from ..core.types import TensorType, Type
 from ..ops.registry import IDENTITY
 from . import kernels_fp32 as k
 
@@ -249,23 +249,20 @@ class GlobalAvgPool2D(_Averaging):
             k.global_avg_pool(ins[0][b], out[b].reshape(-1))
 
 
-_BINARY = {"add": 0, "subtract": 1, "multiply": 2, "divide": 3}
-
-
 class Binary(Binding):
     """Elementwise add/subtract/multiply/divide: same shapes, or a per-channel operand;
     anything else broadcasts through numpy. float32, or int32 add/subtract/multiply."""
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        if op.name not in _BINARY:
+        if "code" not in op.kernel_params:
             return False
         return _is_f32(*in_types, out_type) or (
-            op.name != "divide" and _same_dtype(in_types, out_type, ("int32",)))
+            op.kernel_params["int32"] and _same_dtype(in_types, out_type, ("int32",)))
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        self.code = _BINARY[op.name]
+        self.code = op.kernel_params["code"]   # (0 add, 1 subtract, 2 multiply, 3 divide)
         a, b = in_types
         self.same = a.shape == b.shape == out_type.shape
         self.channel = (a.shape == out_type.shape and len(a.shape) >= 2 and
@@ -285,36 +282,41 @@ class Binary(Binding):
             (np.add, np.subtract, np.multiply, np.divide)[self.code](a, b, out=out)
 
 
-# The unary activations the elementwise kernel computes, by op: (kernel code, parameters from
-# the attributes). An op not in this table is not bound here (it runs its reference semantics),
-# so a new op can never silently compute another op's function.
-_ACTIVATIONS = {
-    "nn.relu": (1, lambda a: (0.0, 0.0)),
-    "clip": (2, lambda a: (float(a["a_min"]), float(a["a_max"]))),
-    "nn.leaky_relu": (3, lambda a: (float(a["alpha"]), 0.0)),
-    "sigmoid": (4, lambda a: (0.0, 0.0)),
-}
-
-
 class Activation(Binding):
-    """nn.relu (float32 or integers); clip, nn.leaky_relu and sigmoid (float32)."""
+    """The unary activations of the elementwise kernel, by the code the op's registry entry
+    gives (``kernel_params``: ``code``, ``params(attrs) -> (p0, p1)``, ``integers`` when the
+    kernel also takes same-dtype integers); float32 otherwise. An op without a code is not
+    bound here, so an op can never silently compute another op's function."""
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        if op.name not in _ACTIVATIONS:
+        if "code" not in op.kernel_params:
             return False
-        if op.name == "nn.relu":
+        if op.kernel_params.get("integers"):
             return _same_dtype(in_types, out_type)
         return _is_f32(*in_types, out_type)
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        code, params = _ACTIVATIONS[op.name]
-        self.code = code
-        self.p0, self.p1 = params(attrs)
+        self.code = op.kernel_params["code"]
+        params = op.kernel_params.get("params")
+        self.p0, self.p1 = (float(v) for v in params(attrs)) if params else (0.0, 0.0)
 
     def __call__(self, ins, out):
         k.unary(ins[0].reshape(-1), self.code, self.p0, self.p1, out.reshape(-1))
+
+
+class Elementwise(Binding):
+    """A float32 elementwise op with a kernel of its own: ``kernel_params["fn"](x, out)`` on
+    the flattened input and output (a Numba or numpy function; see the registry's OpDef)."""
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return "fn" in op.kernel_params and _is_f32(*in_types, out_type) and \
+            in_types[0].shape == out_type.shape
+
+    def __call__(self, ins, out):
+        self.op.kernel_params["fn"](np.ascontiguousarray(ins[0]).reshape(-1), out.reshape(-1))
 
 
 class Softmax(Binding):

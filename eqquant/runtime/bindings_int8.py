@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.types import TensorType
+from ..core.types import TensorType
+from ..ops.fixed_point import quantize_multiplier
 from ..ops.numerics import qrange
 from .bindings import Binding, _per_channel
 
@@ -246,7 +247,6 @@ class Requantize(Binding):
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        from ..quant.fixed_point import quantize_multiplier
         from . import kernels_int8 as k8
         self.k8 = k8
         z1, s2, z2 = (_const_scalar(consts, i) for i in (2, 3, 4))
@@ -345,7 +345,6 @@ class QAdd(Binding):
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        from ..quant.fixed_point import quantize_multiplier
         from . import kernels_int8 as k8
         self.k8 = k8
         sa, za, sb, zb, so, zo = (float(_const_scalar(consts, i)) for i in range(2, 8))
@@ -380,7 +379,6 @@ class FusedQConv2D(Binding):
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        from ..quant.fixed_point import quantize_multiplier
         from . import kernels_int8 as k8
         self.k8 = k8
         o = in_types[1].shape[0]

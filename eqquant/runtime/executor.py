@@ -20,11 +20,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import EvalError
-from ..ir.nodes import (Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var,
-                        post_order)
+from ..core.nodes import (Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var,
+                          post_order)
 from ..ir.interp import check_input
 from ..ir.typecheck import infer_types
-from ..ir.types import TensorType
+from ..core.types import TensorType
 from ..passes.inline import inline_calls
 
 

@@ -12,10 +12,10 @@ import subprocess
 from pathlib import Path
 
 from ..errors import EqquantError
-from ..ir.nodes import Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var, post_order
+from ..core.nodes import Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var, post_order
 from ..ir.printer import value_labels
 from ..ir.typecheck import infer_types
-from ..ir.types import TensorType, is_int
+from ..core.types import TensorType, is_int
 from ..passes.inline import inline_calls
 
 FILL = {"int": "#c6dbef", "quant": "#fdd0a2", "float": "#eeeeee", "input": "#d9f0d3"}

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from ..ir.builder import Builder
-from ..ir.nodes import Expr, Module
+from ..core.nodes import Expr, Module
 from ..ir.params import atomic_write, save_params
 from ..ir.printer import print_module
 

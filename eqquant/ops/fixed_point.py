@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from ..ops.numerics import fixed_point_multiply
+from .numerics import fixed_point_multiply
 
 __all__ = ["quantize_multiplier", "fixed_point_multiply"]
 

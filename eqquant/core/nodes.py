@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -169,13 +169,20 @@ class Module:
     __hash__ = None  # type: ignore[assignment]
 
     def __str__(self) -> str:
-        from .printer import print_module
-        return print_module(self)
+        return _PRINTER[0](self) if _PRINTER else object.__repr__(self)
 
     def show(self) -> None:
         """Print with every value's inferred type, as TVM's ``mod.show()`` does."""
-        from .printer import print_module
-        print(print_module(self, show_types=True))
+        print(_PRINTER[0](self, show_types=True) if _PRINTER else object.__repr__(self))
+
+
+# The text form of a module, set by ``ir.printer`` when it loads (``eqquant.ir`` loads it):
+# this package sits below the text IR and does not import it.
+_PRINTER: list[Callable[..., str]] = []
+
+
+def set_printer(print_module: Callable[..., str]) -> None:
+    _PRINTER[:] = [print_module]
 
 
 def freeze_attrs(attrs: Mapping[str, Any]) -> Mapping[str, Any]:

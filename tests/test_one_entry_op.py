@@ -1,0 +1,74 @@
+"""Adding an op is one registry entry plus its kernel function: this file registers a unary op
+(ONNX's Softsign, x / (1 + |x|)) with an fp32 Numba kernel and its ONNX form, and nothing else;
+an ONNX model that uses it then imports, runs on the executor's kernel (not the reference)
+and exports back, each step checked against ONNX Runtime."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from eqquant.interop.onnx_export import to_onnx
+from eqquant.interop.onnx_import import import_onnx
+from eqquant.ir.interp import run
+from eqquant.ops.registry import ELEMWISE, UNARY, OnnxForm, OpDef, get_op, has_op, register
+from eqquant.ops.typerel import float_input
+from eqquant.runtime.executor import Executor
+
+
+@numba.njit(cache=False)
+def _softsign_kernel(x, out):
+    for i in range(x.size):
+        out[i] = x[i] / (np.float32(1) + abs(x[i]))
+
+
+def _softsign(x):
+    return (x / (1 + np.abs(x))).astype(x.dtype)
+
+
+# -- the one entry ---------------------------------------------------------------------------
+if not has_op("test.softsign"):
+    register(OpDef("test.softsign", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+                   type_rel=float_input, semantics=_softsign, doc="x / (1 + |x|)",
+                   kernel="eqquant.runtime.bindings:Elementwise",
+                   kernel_params={"fn": _softsign_kernel},
+                   onnx=(OnnxForm("Softsign"),)))
+
+
+def _model() -> onnx.ModelProto:
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Softsign", ["r"], ["s"]),
+             helper.make_node("Add", ["s", "x"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "softsign", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def _ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
+
+
+def test_an_op_registered_here_imports_runs_on_its_kernel_and_exports():
+    x = np.random.default_rng(0).normal(size=(2, 3, 4)).astype(np.float32) * 3
+    model = _model()
+    expected = _ort(model, x)
+    mod, params, _ = import_onnx(model)
+    assert not params
+    assert "test.softsign" in str(mod)
+    ex = Executor(mod)
+    got = ex.run({mod.main.params[0].name: x})
+    step = next(s for s in ex.steps if s.label.startswith("test.softsign"))
+    assert step.kind == "kernel"                       # its own kernel, not the reference
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    ref = run(mod, {mod.main.params[0].name: x})
+    np.testing.assert_allclose(ref, expected, rtol=1e-6, atol=1e-6)
+    back = to_onnx(mod)
+    assert any(n.op_type == "Softsign" for n in back.graph.node)
+    np.testing.assert_allclose(_ort(back, x), expected, rtol=1e-6, atol=1e-6)
+    assert get_op("test.softsign").onnx[0].op_type == "Softsign"
