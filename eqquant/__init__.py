@@ -27,20 +27,27 @@ and the pieces underneath::
 """
 __version__ = "0.1.0"
 
-_API = {
-    "parse": ("eqquant.ir.parser", "parse"),
-    "print_module": ("eqquant.ir.printer", "print_module"),
-    "check_module": ("eqquant.ir.typecheck", "check_module"),
-    "load_program": ("eqquant.ir.loader", "load_program"),
-    "save_program": ("eqquant.ir.loader", "save_program"),
-    "run": ("eqquant.ir.interp", "run"),
-    "optimize": ("eqquant.optimizer", "optimize"),
-    "load": ("eqquant.api", "load"),
-    "quantize": ("eqquant.api", "quantize"),
-    "Model": ("eqquant.api", "Model"),
-    "load_rules": ("eqquant.rules.loader", "load_rules"),
-    "check_rules": ("eqquant.rules.check", "check_ruleset"),
-}
+# the API, imported on first use: name, then module[:attribute] (the attribute is the name
+# unless given)
+_API_TABLE = """
+parse           eqquant.ir.parser
+print_module    eqquant.ir.printer
+check_module    eqquant.ir.typecheck
+load_program    eqquant.ir.loader
+save_program    eqquant.ir.loader
+run             eqquant.ir.interp
+optimize        eqquant.optimizer
+load            eqquant.api
+quantize        eqquant.api
+Model           eqquant.api
+load_rules      eqquant.rules.loader
+check_rules     eqquant.rules.check:check_ruleset
+"""
+_API = {}
+for _name, _where in (line.split() for line in _API_TABLE.strip().splitlines()):
+    _module, _, _attr = _where.partition(":")
+    _API[_name] = (_module, _attr or _name)
+del _name, _where, _module, _attr
 
 
 def __getattr__(name: str):

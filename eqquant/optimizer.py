@@ -26,7 +26,6 @@ from .extract.view import EGraphView
 from .core.nodes import Call, Constant, Expr, Module, Scalar, post_order
 from .ir.params import bind_params, constant_params
 from .ir.typecheck import check_module, infer_types
-from .core.types import TensorType
 from .passes.fold import fold_constants
 from .rules.ast import RuleSet
 from .rules.compile import compile_ruleset
@@ -151,6 +150,3 @@ def optimize(module: Module, params: Mapping[str, np.ndarray] | None = None,
                           program_costs(out, model), model.name, ex.method,
                           session.rule_locations(), seconds, enodes, eclasses)
 
-
-def output_type(mod: Module) -> TensorType:
-    return infer_types(mod)[id(mod.main.body)]

@@ -27,10 +27,6 @@ def is_int(dtype: str) -> bool:
     return dtype.startswith("int") or dtype.startswith("uint")
 
 
-def np_dtype(dtype: str) -> np.dtype:
-    return np.dtype(dtype)
-
-
 class Type:
     """Base class of IR types."""
 

@@ -119,7 +119,7 @@ class EGraphSession:
         self.limits = limits or Limits()
         self.clock = clock          # what the time limit is measured with
         self.eg = bindings.EGraph()
-        self.rulesets: dict[str, CompiledRuleset] = {}
+        self.rulesets: dict = {}    # name -> rules.compile.CompiledRuleset
         self.report = SaturationReport()
         t0 = time.perf_counter()
         self.module = module

@@ -42,19 +42,6 @@ def node_costs(view: EGraphView, model: CostModel) -> dict[str, float]:
     return out
 
 
-def _reachable(view: EGraphView, root: str, costs: dict[str, float]) -> list[str]:
-    seen, stack = {root}, [root]
-    while stack:
-        c = stack.pop()
-        for n in view.classes.get(c, ()):
-            if n.node_id in costs:
-                for k in n.children:
-                    if k not in seen:
-                        seen.add(k)
-                        stack.append(k)
-    return list(seen)
-
-
 def dag_cost(choice: dict[str, ENode], costs: dict[str, float], root: str) -> float:
     seen, stack, total = {root}, [root], 0.0
     while stack:

@@ -132,8 +132,3 @@ def run(mod: Module, inputs: Mapping[str, Any] | None = None,
     with np.errstate(all="ignore"):
         return Interpreter(mod, observe).call_function(fn, args, {})
 
-
-def evaluate(expr: Expr, env: Mapping[int, Any] | None = None) -> Any:
-    """Evaluate a closed expression (constants only, or values given in ``env`` by node id)."""
-    with np.errstate(all="ignore"):
-        return Interpreter(Module({})).eval(expr, env or {})

@@ -14,90 +14,56 @@ chunk at a time, so that each pixel's pair (a_k, a_k+1) is one broadcast 32-bit 
 """
 from __future__ import annotations
 
-from functools import lru_cache
 
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
-from .kernels_int8 import shift_params
-from .llvm_loops import counted_loop, reduction_loop
-from .vnni import _finish, _windows, windows  # noqa: F401  (the shared gather and epilogue)
+from .llvm_loops import (blocks_of_rows, cpu_has, declare, gemm_definition, gemm_intrinsic,
+                         load_vectors, reduction_loop, splat, store_rows)
+# the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
+from .vnni import CHUNK, SMALL, _chunk_windows, _finish, _requantize_params, _windows
+from .vnni import windows  # noqa: F401
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
 ROWS = 6     # pixels per micro-kernel step: 6 x 2 accumulators + 2 weight vectors in ymm
 PANEL = 64   # bytes of packed weights per k-pair and block (16 channels x 2 k x int16)
 
 
-@lru_cache(maxsize=1)
 def available() -> bool:
-    try:
-        import llvmlite.binding as llvm
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        return bool(llvm.get_host_cpu_features().get("avx2"))
-    except Exception:  # noqa: BLE001 - no llvmlite, an odd platform: use the portable path
-        return False
+    return cpu_has("avx2")
 
 
-def define_gemm(mod):
+@gemm_definition("eqquant_avx2_gemm", "i8")
+def define_gemm(mod, fn, args, b):
     """Define (once per LLVM module) ``void eqquant_avx2_gemm(A, lda, B, C, ldc, p0, p1,
     kpairs, oblocks)`` (A int16 rows of lda elements): for each block of 16 output channels,
     pixels p0..p1, ROWS at a time (then one at a time), over all k-pairs."""
     from llvmlite import ir
-    i8p = ir.IntType(8).as_pointer()
     i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
     v8 = ir.VectorType(i32, 8)
     v16 = ir.VectorType(i16, 16)
-    name = "eqquant_avx2_gemm"
-    if name in mod.globals:
-        return mod.globals[name]
-    madd = mod.globals.get("llvm.x86.avx2.pmadd.wd") or ir.Function(
-        mod, ir.FunctionType(v8, [v16, v16]), name="llvm.x86.avx2.pmadd.wd")
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i8p, i64, i8p, i8p, i64, i64, i64,
-                                                          i64, i64]), name=name)
-    fn.linkage = "linkonce_odr"
-    a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, kpairs, oblocks = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    madd = declare(mod, "llvm.x86.avx2.pmadd.wd", ir.FunctionType(v8, [v16, v16]))
+    a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, kpairs, oblocks = args
     c64 = lambda v: ir.Constant(i64, v)  # noqa: E731
-
-    def loop(builder, start, stop, step, name, body):
-        return counted_loop(fn, builder, start, stop, step, name, body)
 
     def micro(bc, p, ob, rows):
         def step(bc, k, accs):
             at = bc.add(bc.mul(ob, bc.mul(kpairs, c64(PANEL))), bc.mul(k, c64(PANEL)))
-            bvs = [bc.load(bc.bitcast(bc.gep(b_ptr, [bc.add(at, c64(32 * j))]),
-                                      v16.as_pointer()), align=1) for j in range(2)]
+            bvs = load_vectors(bc, b_ptr, at, 32, 2, v16, 1)
             new = []
             for r in range(rows):
                 # the int16 pair (a_k, a_k+1) of this pixel's row, broadcast to every lane
                 a_off = bc.mul(bc.add(bc.mul(bc.add(p, c64(r)), lda), bc.mul(k, c64(2))),
                                c64(2))
                 lane = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=2)
-                av = bc.insert_element(ir.Constant(v8, ir.Undefined), lane,
-                                       ir.Constant(i32, 0))
-                av = bc.shuffle_vector(av, ir.Constant(v8, ir.Undefined),
-                                       ir.Constant(v8, [0] * 8))
-                av = bc.bitcast(av, v16)
+                av = bc.bitcast(splat(bc, lane, v8), v16)
                 new.append([bc.add(accs[r][j], bc.call(madd, [av, bvs[j]]))
                             for j in range(2)])
             return new
         accs = reduction_loop(fn, bc, kpairs, rows, 2, v8, step)
-        c32 = bc.bitcast(c_ptr, i32.as_pointer())
-        for r in range(rows):
-            for j in range(2):
-                off = bc.add(bc.mul(bc.add(p, c64(r)), ldc),
-                             bc.add(bc.mul(ob, c64(BLOCK)), c64(8 * j)))
-                bc.store(accs[r][j], bc.bitcast(bc.gep(c32, [off]), v8.as_pointer()), align=4)
+        store_rows(bc, accs, bc.bitcast(c_ptr, i32.as_pointer()), p, ldc, ob, BLOCK)
 
-    def per_block(bb, ob):
-        last = loop(bb, p0, p1, ROWS, "pg", lambda bc, p: micro(bc, p, ob, ROWS))
-        loop(bb, last, p1, 1, "p1", lambda bc, p: micro(bc, p, ob, 1))
-
-    loop(b, c64(0), oblocks, 1, "ob", per_block)
-    b.ret_void()
-    return fn
+    blocks_of_rows(fn, b, p0, p1, oblocks, ROWS, micro)
 
 
 PADS = True   # any number of output channels: the last block is padded with zero weights
@@ -117,21 +83,8 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return packed, (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp
 
 
-@intrinsic
-def gemm_block(typingctx, a, lda, b, c, ldc, p0, p1, kpairs, oblocks):
-    """gemm_block(A address, lda, B address, C address, ldc, p0, p1, kpairs, oblocks)."""
-    sig = types.void(types.intp, types.intp, types.intp, types.intp, types.intp, types.intp,
-                     types.intp, types.intp, types.intp)
-
-    def codegen(context, builder, signature, args):
-        from llvmlite import ir
-        fn = define_gemm(builder.module)
-        i8p = ir.IntType(8).as_pointer()
-        a_, lda_, b_, c_, ldc_, p0_, p1_, kq_, ob_ = args
-        builder.call(fn, [builder.inttoptr(a_, i8p), lda_, builder.inttoptr(b_, i8p),
-                          builder.inttoptr(c_, i8p), ldc_, p0_, p1_, kq_, ob_])
-        return context.get_dummy_value()
-    return sig, codegen
+# gemm_block(A address, lda, B address, C address, ldc, p0, p1, kpairs, oblocks).
+gemm_block = gemm_intrinsic(define_gemm, "i8")
 
 
 @njit(cache=True)
@@ -183,15 +136,11 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
     oblocks, kq = packed.shape[0], packed.shape[1]
     width = oblocks * BLOCK               # the GEMM's (padded) output channels
     kp = kq * 2
-    add = bias.astype(np.int64) - correction
-    left, total, half = shift_params(shifts)
-    if p_n >= 192 or oblocks == 1:
-        chunk = 96
-        for item in prange((p_n + chunk - 1) // chunk):
-            p0 = item * chunk
-            n = min(p_n, p0 + chunk) - p0
-            rows = np.empty((n, kp), np.uint8)
-            _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows)
+    add, left, total, half = _requantize_params(bias, correction, shifts)
+    if p_n >= SMALL or oblocks == 1:
+        for item in prange((p_n + CHUNK - 1) // CHUNK):
+            p0, rows = _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, item, kp)
+            n = rows.shape[0]
             rows16 = np.empty((n, kp), np.int16)
             _widen(rows, rows16)
             acc = np.empty((n, width), np.int32)

@@ -13,79 +13,48 @@ rounding (the tests' tolerance), not bit for bit.
 """
 from __future__ import annotations
 
-from functools import lru_cache
 
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
-from .llvm_loops import counted_loop, reduction_loop
+from .llvm_loops import (blocks_of_rows, cpu_has, declare, gemm_definition, gemm_intrinsic,
+                         load_vectors, reduction_loop, splat, store_rows)
 from .vnni import _windows
 
 BLOCK = 16
 ROWS = 6
 
 
-@lru_cache(maxsize=1)
 def available() -> bool:
-    try:
-        import llvmlite.binding as llvm
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        features = llvm.get_host_cpu_features()
-        return bool(features.get("avx2") and features.get("fma"))
-    except Exception:  # noqa: BLE001 - no llvmlite, an odd platform: keep BLAS
-        return False
+    return cpu_has("avx2") and cpu_has("fma")
 
 
-def define_sgemm(mod):
+@gemm_definition("eqquant_fma_sgemm", "float")
+def define_sgemm(mod, fn, args, b):
     """``void eqquant_fma_sgemm(A, lda, B, C, ldc, p0, p1, k, oblocks)`` (A, B, C float32;
     lda and ldc in elements)."""
     from llvmlite import ir
-    f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-    fp = f32.as_pointer()
+    f32, i64 = ir.FloatType(), ir.IntType(64)
     v8 = ir.VectorType(f32, 8)
-    name = "eqquant_fma_sgemm"
-    if name in mod.globals:
-        return mod.globals[name]
-    fma = mod.globals.get("llvm.fma.v8f32") or ir.Function(
-        mod, ir.FunctionType(v8, [v8, v8, v8]), name="llvm.fma.v8f32")
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [fp, i64, fp, fp, i64, i64, i64, i64,
-                                                          i64]), name=name)
-    fn.linkage = "linkonce_odr"
-    a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, kk, oblocks = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    fma = declare(mod, "llvm.fma.v8f32", ir.FunctionType(v8, [v8, v8, v8]))
+    a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, kk, oblocks = args
     c64 = lambda v: ir.Constant(i64, v)  # noqa: E731
 
     def micro(bc, p, ob, rows):
         def step(bc, k, accs):
             at = bc.add(bc.mul(ob, bc.mul(kk, c64(BLOCK))), bc.mul(k, c64(BLOCK)))
-            bvs = [bc.load(bc.bitcast(bc.gep(b_ptr, [bc.add(at, c64(8 * j))]),
-                                      v8.as_pointer()), align=4) for j in range(2)]
+            bvs = load_vectors(bc, b_ptr, at, 8, 2, v8, 4)
             new = []
             for r in range(rows):
                 a = bc.load(bc.gep(a_ptr, [bc.add(bc.mul(bc.add(p, c64(r)), lda), k)]),
                             align=4)
-                av = bc.insert_element(ir.Constant(v8, ir.Undefined), a, ir.Constant(i32, 0))
-                av = bc.shuffle_vector(av, ir.Constant(v8, ir.Undefined), ir.Constant(
-                    ir.VectorType(i32, 8), [0] * 8))
+                av = splat(bc, a, v8)
                 new.append([bc.call(fma, [av, bvs[j], accs[r][j]]) for j in range(2)])
             return new
         accs = reduction_loop(fn, bc, kk, rows, 2, v8, step)
-        for r in range(rows):
-            for j in range(2):
-                off = bc.add(bc.mul(bc.add(p, c64(r)), ldc),
-                             bc.add(bc.mul(ob, c64(BLOCK)), c64(8 * j)))
-                bc.store(accs[r][j], bc.bitcast(bc.gep(c_ptr, [off]), v8.as_pointer()),
-                         align=4)
+        store_rows(bc, accs, c_ptr, p, ldc, ob, BLOCK)
 
-    def per_block(bb, ob):
-        last = counted_loop(fn, bb, p0, p1, ROWS, "pg", lambda bc, p: micro(bc, p, ob, ROWS))
-        counted_loop(fn, bb, last, p1, 1, "p1", lambda bc, p: micro(bc, p, ob, 1))
-
-    counted_loop(fn, b, c64(0), oblocks, 1, "ob", per_block)
-    b.ret_void()
-    return fn
+    blocks_of_rows(fn, b, p0, p1, oblocks, ROWS, micro)
 
 
 def pack(w: np.ndarray) -> np.ndarray:
@@ -97,20 +66,7 @@ def pack(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(op // BLOCK, BLOCK, k).transpose(0, 2, 1))
 
 
-@intrinsic
-def sgemm_block(typingctx, a, lda, b, c, ldc, p0, p1, k, oblocks):
-    sig = types.void(types.intp, types.intp, types.intp, types.intp, types.intp, types.intp,
-                     types.intp, types.intp, types.intp)
-
-    def codegen(context, builder, signature, args):
-        from llvmlite import ir
-        fn = define_sgemm(builder.module)
-        fp = ir.FloatType().as_pointer()
-        a_, lda_, b_, c_, ldc_, p0_, p1_, k_, ob_ = args
-        builder.call(fn, [builder.inttoptr(a_, fp), lda_, builder.inttoptr(b_, fp),
-                          builder.inttoptr(c_, fp), ldc_, p0_, p1_, k_, ob_])
-        return context.get_dummy_value()
-    return sig, codegen
+sgemm_block = gemm_intrinsic(define_sgemm, "float")
 
 
 @njit(cache=True)

@@ -1,6 +1,10 @@
-"""A counted loop in LLVM IR (llvmlite), for the SIMD GEMMs written by hand (``vnni.py``,
-``avx2.py``)."""
+"""The pieces the hand-written SIMD GEMMs (``vnni.py``, ``avx2.py``, ``fma.py``) share:
+counted and reduction loops in LLVM IR (llvmlite), the loop over output blocks and pixel
+rows, storing an accumulator grid, the Numba intrinsic that calls a GEMM, and the host CPU's
+features."""
 from __future__ import annotations
+
+from functools import lru_cache
 
 
 def counted_loop(fn, builder, start, stop, step: int, name: str, body):
@@ -54,3 +58,114 @@ def reduction_loop(fn, builder, count, rows: int, cols: int, vtype, body):
     builder.branch(head)
     builder.position_at_end(done)
     return accs
+
+
+def gemm_intrinsic(define, element: str):
+    """A Numba intrinsic that calls the GEMM function ``define(module)`` builds, with the
+    arguments every hand-written GEMM here takes: (A, lda, B, C, ldc, p0, p1, k, blocks),
+    A, B and C as integer addresses, passed on as pointers to ``element`` ("i8" or "float")."""
+    from numba import types
+    from numba.extending import intrinsic
+
+    def block(typingctx, a, lda, b, c, ldc, p0, p1, k, blocks):
+        sig = types.void(*([types.intp] * 9))
+
+        def codegen(context, builder, signature, args):
+            from llvmlite import ir
+            fn = define(builder.module)
+            ptr = (ir.FloatType() if element == "float" else ir.IntType(8)).as_pointer()
+            a_, lda_, b_, c_, *rest = args
+            builder.call(fn, [builder.inttoptr(a_, ptr), lda_, builder.inttoptr(b_, ptr),
+                              builder.inttoptr(c_, ptr), *rest])
+            return context.get_dummy_value()
+        return sig, codegen
+    block.__name__ = f"{define.__name__}_block"
+    return intrinsic(block)
+
+
+def blocks_of_rows(fn, builder, p0, p1, blocks, rows: int, micro) -> None:
+    """For each output block ob < ``blocks``: ``micro(builder, p, ob, rows)`` for pixels
+    p0..p1 ``rows`` at a time, then ``micro(builder, p, ob, 1)`` for the rest."""
+    from llvmlite import ir
+
+    def per_block(bb, ob):
+        last = counted_loop(fn, bb, p0, p1, rows, "pg", lambda bc, p: micro(bc, p, ob, rows))
+        counted_loop(fn, bb, last, p1, 1, "p1", lambda bc, p: micro(bc, p, ob, 1))
+
+    counted_loop(fn, builder, ir.Constant(ir.IntType(64), 0), blocks, 1, "ob", per_block)
+
+
+def store_rows(builder, accs, out, p, ldc, ob, block: int, align: int = 4) -> None:
+    """Store the accumulator grid ``accs[r][j]`` (vectors of n lanes) at row p + r, columns
+    ob * block + j * n of ``out`` (a pointer to the lane type, rows ldc apart)."""
+    from llvmlite import ir
+    i64 = ir.IntType(64)
+    for r, row in enumerate(accs):
+        for j, acc in enumerate(row):
+            lanes = acc.type.count
+            off = builder.add(builder.mul(builder.add(p, ir.Constant(i64, r)), ldc),
+                              builder.add(builder.mul(ob, ir.Constant(i64, block)),
+                                          ir.Constant(i64, lanes * j)))
+            builder.store(acc, builder.bitcast(builder.gep(out, [off]), acc.type.as_pointer()),
+                          align=align)
+
+
+@lru_cache(maxsize=None)
+def cpu_has(feature: str) -> bool:
+    """Whether the host CPU has ``feature`` (LLVM's name: "avx2", "fma", "avx512vnni");
+    False where llvmlite cannot tell (the portable kernels are then used)."""
+    try:
+        import llvmlite.binding as llvm
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        return bool(llvm.get_host_cpu_features().get(feature))
+    except Exception:  # noqa: BLE001 - no llvmlite, an odd platform: use the portable path
+        return False
+
+
+def declare(mod, name: str, fntype):
+    """The function ``name`` of ``mod`` (an LLVM intrinsic), declared on first use."""
+    from llvmlite import ir
+    return mod.globals.get(name) or ir.Function(mod, fntype, name=name)
+
+
+def gemm_definition(name: str, element: str):
+    """Decorates ``body(mod, fn, args, builder)``, the code of a GEMM function ``void
+    name(A, lda, B, C, ldc, p0, p1, k, blocks)`` (A, B, C pointers to ``element``, "i8" or
+    "float"; the rest i64), into ``define(mod)``: the function, defined once per LLVM module
+    (each Numba module that calls it carries a copy)."""
+    def deco(body):
+        def define(mod):
+            from llvmlite import ir
+            if name in mod.globals:
+                return mod.globals[name]
+            i64 = ir.IntType(64)
+            ptr = (ir.FloatType() if element == "float" else ir.IntType(8)).as_pointer()
+            fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [ptr, i64, ptr, ptr]
+                                                  + [i64] * 5), name=name)
+            fn.linkage = "linkonce_odr"
+            builder = ir.IRBuilder(fn.append_basic_block("entry"))
+            body(mod, fn, fn.args, builder)
+            builder.ret_void()
+            return fn
+        define.__name__, define.__doc__ = body.__name__, body.__doc__
+        return define
+    return deco
+
+
+def load_vectors(builder, ptr, at, stride: int, n: int, vtype, align: int) -> list:
+    """``n`` vectors of ``vtype`` from ``ptr`` at offsets at, at + stride, ... (in ``ptr``'s
+    elements): a panel of packed weights."""
+    from llvmlite import ir
+    i64 = ir.IntType(64)
+    return [builder.load(builder.bitcast(builder.gep(ptr, [builder.add(at, ir.Constant(
+        i64, stride * j))]), vtype.as_pointer()), align=align) for j in range(n)]
+
+
+def splat(builder, value, vtype):
+    """``value`` in every lane of a ``vtype`` vector (a broadcast pixel)."""
+    from llvmlite import ir
+    i32 = ir.IntType(32)
+    v = builder.insert_element(ir.Constant(vtype, ir.Undefined), value, ir.Constant(i32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vtype, ir.Undefined), ir.Constant(
+        ir.VectorType(i32, vtype.count), [0] * vtype.count))

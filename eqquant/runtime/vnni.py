@@ -16,109 +16,57 @@ rest (a kernel using ``gemm_block`` is only compiled when it is called).
 """
 from __future__ import annotations
 
-from functools import lru_cache
 
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
-from .llvm_loops import counted_loop
+from .llvm_loops import (blocks_of_rows, cpu_has, declare, gemm_definition, gemm_intrinsic,
+                         load_vectors, reduction_loop, splat, store_rows)
 
-from .kernels_int8 import requantize_acc
+from .kernels_int8 import requantize_acc, shift_params
 
 BLOCK = 64  # output channels per register block (4 x 16 lanes)
 PADS = False  # the output channels must be a multiple of BLOCK
 
 
-@lru_cache(maxsize=1)
 def available() -> bool:
-    try:
-        import llvmlite.binding as llvm
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        return bool(llvm.get_host_cpu_features().get("avx512vnni"))
-    except Exception:  # noqa: BLE001 - no llvmlite, an odd platform: use the portable path
-        return False
+    return cpu_has("avx512vnni")
 
 
 ROWS = 6    # pixels per micro-kernel step: 6 x 4 accumulators + 4 weight vectors in zmm
 
 
-def define_gemm(mod):
+@gemm_definition("eqquant_vnni_gemm", "i8")
+def define_gemm(mod, fn, args, b):
     """Define (once per LLVM module) ``void eqquant_vnni_gemm(A, lda, B, C, ldc, p0, p1, kq,
     oblocks)``: for each block of 64 output
     channels (its packed weights contiguous, kept in cache), the pixels p0..p1 go ROWS at a
     time: each step loads 4 weight vectors (64 channels x 4 k) once and uses them for ROWS
     broadcast pixels, ROWS x 4 ``vpdpbusd``; leftover pixels go one at a time."""
     from llvmlite import ir
-    i8p = ir.IntType(8).as_pointer()
     i32, i64 = ir.IntType(32), ir.IntType(64)
     v16 = ir.VectorType(i32, 16)
-    name = "eqquant_vnni_gemm"
-    if name in mod.globals:
-        return mod.globals[name]
-    dp = mod.globals.get("llvm.x86.avx512.vpdpbusd.512") or ir.Function(
-        mod, ir.FunctionType(v16, [v16, v16, v16]), name="llvm.x86.avx512.vpdpbusd.512")
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i8p, i64, i8p, i8p, i64, i64, i64,
-                                                          i64, i64]), name=name)
-    fn.linkage = "linkonce_odr"      # each Numba module that calls it carries a copy
-    a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, kq, oblocks = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    dp = declare(mod, "llvm.x86.avx512.vpdpbusd.512", ir.FunctionType(v16, [v16, v16, v16]))
+    a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, kq, oblocks = args
     c64 = lambda v: ir.Constant(i64, v)  # noqa: E731
-    zeros = ir.Constant(v16, None)
-
-    def loop(builder, start, stop, step, name, body):
-        return counted_loop(fn, builder, start, stop, step, name, body)
 
     def micro(bc, p, ob, rows):
         """rows pixels from p times the 64 channels of block ob, over all of k."""
-        pre = bc.block
-        head = fn.append_basic_block("k.head")
-        work = fn.append_basic_block("k.body")
-        done = fn.append_basic_block("k.done")
-        bc.branch(head)
-        bc.position_at_end(head)
-        k = bc.phi(i64, name="k")
-        k.add_incoming(c64(0), pre)
-        accs = [[bc.phi(v16) for _ in range(4)] for _ in range(rows)]
-        for row in accs:
-            for acc in row:
-                acc.add_incoming(zeros, pre)
-        bc.cbranch(bc.icmp_signed("<", k, kq), work, done)
-        bc.position_at_end(work)
-        panel = bc.mul(ob, bc.mul(kq, c64(BLOCK * 4)))          # this block's weights
-        at = bc.add(panel, bc.mul(k, c64(BLOCK * 4)))
-        bvs = [bc.load(bc.bitcast(bc.gep(b_ptr, [bc.add(at, c64(64 * j))]),
-                                  v16.as_pointer()), align=1) for j in range(4)]
-        new = []
-        for r in range(rows):
-            a_off = bc.add(bc.mul(bc.add(p, c64(r)), lda), bc.mul(k, c64(4)))
-            a32 = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=1)
-            av = bc.insert_element(ir.Constant(v16, ir.Undefined), a32, ir.Constant(i32, 0))
-            av = bc.shuffle_vector(av, ir.Constant(v16, ir.Undefined),
-                                   ir.Constant(v16, [0] * 16))
-            new.append([bc.call(dp, [accs[r][j], av, bvs[j]]) for j in range(4)])
-        k.add_incoming(bc.add(k, c64(1)), bc.block)
-        for r in range(rows):
-            for j in range(4):
-                accs[r][j].add_incoming(new[r][j], bc.block)
-        bc.branch(head)
-        bc.position_at_end(done)
-        c32 = bc.bitcast(c_ptr, i32.as_pointer())
-        for r in range(rows):
-            for j in range(4):
-                off = bc.add(bc.mul(bc.add(p, c64(r)), ldc),
-                             bc.add(bc.mul(ob, c64(BLOCK)), c64(16 * j)))
-                bc.store(accs[r][j], bc.bitcast(bc.gep(c32, [off]), v16.as_pointer()),
-                         align=4)
+        def step(bc, k, accs):
+            panel = bc.mul(ob, bc.mul(kq, c64(BLOCK * 4)))          # this block's weights
+            at = bc.add(panel, bc.mul(k, c64(BLOCK * 4)))
+            bvs = load_vectors(bc, b_ptr, at, 64, 4, v16, 1)
+            new = []
+            for r in range(rows):
+                a_off = bc.add(bc.mul(bc.add(p, c64(r)), lda), bc.mul(k, c64(4)))
+                a32 = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=1)
+                av = splat(bc, a32, v16)
+                new.append([bc.call(dp, [accs[r][j], av, bvs[j]]) for j in range(4)])
+            return new
+        accs = reduction_loop(fn, bc, kq, rows, 4, v16, step)
+        store_rows(bc, accs, bc.bitcast(c_ptr, i32.as_pointer()), p, ldc, ob, BLOCK)
 
-    def per_block(bb, ob):
-        last = loop(bb, p0, p1, ROWS, "pg", lambda bc, p: micro(bc, p, ob, ROWS))
-        loop(bb, last, p1, 1, "p1", lambda bc, p: micro(bc, p, ob, 1))
-
-    loop(b, c64(0), oblocks, 1, "ob", per_block)
-    b.ret_void()
-    return fn
+    blocks_of_rows(fn, b, p0, p1, oblocks, ROWS, micro)
 
 
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -133,22 +81,9 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return packed, (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp
 
 
-@intrinsic
-def gemm_block(typingctx, a, lda, b, c, ldc, p0, p1, kq, oblocks):
-    """gemm_block(A address, lda, B address, C address, ldc, p0, p1, kq, oblocks): C rows
-    p0..p1 = A rows times the packed B (``oblocks`` panels of ``kq`` x 64 x 4 bytes)."""
-    sig = types.void(types.intp, types.intp, types.intp, types.intp, types.intp, types.intp,
-                     types.intp, types.intp, types.intp)
-
-    def codegen(context, builder, signature, args):
-        from llvmlite import ir
-        fn = define_gemm(builder.module)
-        i8p = ir.IntType(8).as_pointer()
-        a_, lda_, b_, c_, ldc_, p0_, p1_, kq_, ob_ = args
-        builder.call(fn, [builder.inttoptr(a_, i8p), lda_, builder.inttoptr(b_, i8p),
-                          builder.inttoptr(c_, i8p), ldc_, p0_, p1_, kq_, ob_])
-        return context.get_dummy_value()
-    return sig, codegen
+# gemm_block(A address, lda, B address, C address, ldc, p0, p1, kq, oblocks): C rows
+# p0..p1 = A rows times the packed B (``oblocks`` panels of ``kq`` x 64 x 4 bytes).
+gemm_block = gemm_intrinsic(define_gemm, "i8")
 
 
 @njit(cache=True)
@@ -178,6 +113,27 @@ def gemm_parallel(a_u8, packed, out):
                        out.ctypes.data + ob * 256, out.shape[1], 0, p, kq, 1)
 
 
+
+
+SMALL = 192   # images with fewer pixels are split by channel blocks instead of by pixels
+CHUNK = 96    # pixels per work item
+
+
+@njit(cache=True)
+def _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, item, kp):
+    """Work item ``item``'s pixels (CHUNK of them from item * CHUNK): (first pixel, their
+    windows gathered into uint8 rows of kp)."""
+    p0 = item * CHUNK
+    rows = np.empty((min(p_n, p0 + CHUNK) - p0, kp), np.uint8)
+    _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows)
+    return p0, rows
+
+
+@njit(cache=True)
+def _requantize_params(bias, correction, shifts):
+    """(bias minus the zero-point correction, then the per-channel fixed-point shifts)."""
+    left, total, half = shift_params(shifts)
+    return bias.astype(np.int64) - correction, left, total, half
 
 
 @njit(cache=True)
@@ -258,22 +214,11 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
     o_n = out.shape[0]
     oblocks, kq = packed.shape[0], packed.shape[1]
     kp = kq * 4
-    add = np.empty(o_n, np.int64)
-    left = np.empty(o_n, np.int64)
-    total = np.empty(o_n, np.int64)
-    half = np.empty(o_n, np.int64)
-    for o in range(o_n):
-        add[o] = np.int64(bias[o]) - correction[o]
-        left[o] = max(shifts[o], 0)
-        total[o] = max(-shifts[o], 0) + 31
-        half[o] = np.int64(1) << (total[o] - 1)
-    if p_n >= 192 or oblocks == 1:
-        chunk = 96
-        for item in prange((p_n + chunk - 1) // chunk):
-            p0 = item * chunk
-            n = min(p_n, p0 + chunk) - p0
-            rows = np.empty((n, kp), np.uint8)
-            _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows)
+    add, left, total, half = _requantize_params(bias, correction, shifts)
+    if p_n >= SMALL or oblocks == 1:
+        for item in prange((p_n + CHUNK - 1) // CHUNK):
+            p0, rows = _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, item, kp)
+            n = rows.shape[0]
             acc = np.empty((n, o_n), np.int32)
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data, acc.ctypes.data, o_n, 0, n,
                        kq, oblocks)
