@@ -7,7 +7,7 @@
       nn.relu(%x)
     }
 
-Lark (``grammar/ir.lark``, LALR) reads the text into a tree; :class:`_Builder` resolves names
+Lark (``grammar/ir.lark``, LALR) reads the text into a tree; :class:`_TreeToModule` resolves names
 scope by scope, looks ops up in the registry, canonicalises attributes and keeps sharing (a
 binding used twice is one node). Block comments reading ``/* ty=T */`` are attached to the value
 they follow and later checked by the type checker.
@@ -138,11 +138,11 @@ def parse(text: str, file: str = "<string>",
     comments = _SINK.items
     _SINK.items = []
     try:
-        return _Builder(text, file, constants or {}, comments, positions).module(tree)
+        return _TreeToModule(text, file, constants or {}, comments, positions).module(tree)
     except _NeedPositions:   # rare: parse again, recording every subtree's position
         tree = _lark(True).parse(text, start="start")
         comments, _SINK.items = _SINK.items, []
-        return _Builder(text, file, constants or {}, comments, True).module(tree)
+        return _TreeToModule(text, file, constants or {}, comments, True).module(tree)
 
 
 class _NeedPositions(Exception):
@@ -160,7 +160,7 @@ def parse_type(text: str, file: str = "<type>", line: int = 1, column: int = 1) 
             err.loc = SourceLoc(file, line + err.loc.line - 1,
                                 (column if err.loc.line == 1 else 1) + err.loc.column - 1)
         raise err from None
-    return _Builder(text, file, {}, []).type(tree)
+    return _TreeToModule(text, file, {}, []).type(tree)
 
 
 def _decode_number(tok: Token) -> tuple[Any, str | None]:
@@ -219,7 +219,7 @@ class _Scope:
         return None
 
 
-class _Builder:
+class _TreeToModule:
     def __init__(self, text: str, file: str, constants: dict[int, np.ndarray],
                  comments: list[Token], positions: bool = True):
         self.text, self.file = text, file

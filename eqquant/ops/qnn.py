@@ -303,8 +303,10 @@ register(OpDef(
     props=frozenset({QUANT}), type_rel=_qadd_rel, semantics=_qadd,
     attrs=(Attr("method", StrKind("method", ("realize", "once")), "realize"),),
     kernel="eqquant.runtime.bindings_int8:QAdd",
-    doc="the sum of two quantized tensors, quantized: realize (TVM: rhs to the lhs scale, "
-        "add, requantize) or once (both to the output scale, one rounding)"))
+    doc="the sum of two quantized tensors, quantized. Not TVM's qnn.add operator: method "
+        "'realize' is what TVM's realize pass writes for an add (rhs requantized to the lhs "
+        "scale, an integer add, a requantize to the output), 'once' sums both at the output "
+        "scale with one rounding (as ONNX Runtime's QLinearAdd)"))
 
 
 # -- clip on quantized values ------------------------------------------------------------------

@@ -392,7 +392,7 @@ def _dtype_attr_vars(p: Pattern, ops: dict[str, OpDef], out: dict[str, tuple[str
     return out
 
 
-def check_rule(rule: Rule, trials: int = 5, seed: int = 0) -> list[RuleCheck]:
+def check_rule_on_samples(rule: Rule, trials: int = 5, seed: int = 0) -> list[RuleCheck]:
     """One result per variant: per op of each op set, and per dtype a free dtype attribute
     can take (``quantize_calibrated[uint8]``); a dtype the rule's ops reject is no variant."""
     import itertools
@@ -526,6 +526,6 @@ def _describe(inst: _Instance, inputs: dict | None = None) -> str:
 def check_ruleset(rs: RuleSet, trials: int = 5, seed: int = 0) -> CheckReport:
     report = CheckReport()
     for rule in rs.rules:
-        report.results += check_rule(rule, trials, seed)
+        report.results += check_rule_on_samples(rule, trials, seed)
     return report
 

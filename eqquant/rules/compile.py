@@ -137,7 +137,7 @@ class _Side:
         return [f"(= ({fn} {g.var}) {other})"]
 
 
-class _Builder:
+class _RightSide:
     """Compiles a right side (or a where binding) to an egglog term."""
 
     def __init__(self, side: _Side, where: dict[str, Pattern]):
@@ -195,7 +195,7 @@ def _compile_one(rule: Rule, lhs: Pattern, rhs: Pattern, where: dict[str, Patter
     facts = [f"(= ?__root {side.query(lhs)})"]
     for g in rule.guards:
         facts += side.guard(g)
-    term = _Builder(side, where).term(rhs)
+    term = _RightSide(side, where).term(rhs)
     text = (f"(rule ({' '.join(facts)})\n      ((union ?__root {term}))\n"
             f"      :ruleset {ruleset} :name {egg_string(name)})")
     return CompiledRule(name, rule, text)

@@ -71,10 +71,10 @@ def parse_rules(text: str, file: str = "<rules>", _stack: tuple[Path, ...] = ())
     except UnexpectedInput as e:
         raise _syntax_error_with(_lark(), e, text, file) from None
     comments = list(_COMMENTS.items)
-    return _Builder(text, file, comments, _stack).ruleset(tree)
+    return _TreeToRules(text, file, comments, _stack).ruleset(tree)
 
 
-class _Builder:
+class _TreeToRules:
     def __init__(self, text: str, file: str, comments: list[Token], stack: tuple[Path, ...]):
         self.text, self.file, self.stack = text, file, stack
         self.comment_lines = {t.line: str(t)[1:].strip() for t in comments}
@@ -183,7 +183,7 @@ class _Builder:
                     rule.positive.append(var)
             else:
                 rule.guards += [self.guard(g) for g in clause.children]
-        check_rule(rule, self)
+        check_rule_form(rule, self)
         from .compile import compile_rule  # compiling now reports errors at load time
         try:
             for variant in dtype_variants(rule):
@@ -365,7 +365,7 @@ def _weaken_attr_vars(p: Pattern, avars: set[str]) -> Pattern:
     return p
 
 
-def _static_dtype(p: Pattern, known: dict[str, str], b: _Builder) -> str | None:
+def _static_dtype(p: Pattern, known: dict[str, str], b: _TreeToRules) -> str | None:
     """The dtype a pattern visibly has (None when it depends on the match); raises on a
     visible mismatch between the operands of an elementwise binary op."""
     if isinstance(p, PLit):
@@ -388,7 +388,9 @@ def _static_dtype(p: Pattern, known: dict[str, str], b: _Builder) -> str | None:
     return None
 
 
-def check_rule(rule: Rule, b: _Builder) -> None:
+def check_rule_form(rule: Rule, b: _TreeToRules) -> None:
+    """The static check of one rule as it loads (its form, variables and dtypes); the random
+    test of what it claims is rules.check.check_rule_on_samples."""
     lhs = rule.lhs
     if not isinstance(lhs, (PCall, PProj)):
         raise b.error("the left side of a rule must be an op call (or a projection of one)",
@@ -462,7 +464,7 @@ def check_rule(rule: Rule, b: _Builder) -> None:
 
 
 def _check_uses(p: Pattern, bound: set[str], avars: dict, sets: dict[str, OpRef],
-                b: _Builder) -> None:
+                b: _TreeToRules) -> None:
     for q in walk(p):
         if isinstance(q, PVar) and q.name not in bound:
             raise b.error(f"{q.name} is not bound by the left side", q.loc)
