@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from ..core.types import TensorType, TupleType, Type, default_compute_dtype, is_float, is_int
 from .registry import OpTypeError
 
@@ -30,14 +32,11 @@ def float_input(types: Sequence[Type], attrs: Mapping[str, Any]) -> Type:
 
 
 def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
-    out = []
-    for i in range(1, max(len(a), len(b)) + 1):
-        x = a[-i] if i <= len(a) else 1
-        y = b[-i] if i <= len(b) else 1
-        if x != y and x != 1 and y != 1:
-            return None
-        out.append(max(x, y) if x != 0 and y != 0 else 0)
-    return tuple(reversed(out))
+    """numpy's broadcast of two shapes, or None where they do not broadcast."""
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(tuple(a), tuple(b)))
+    except ValueError:
+        return None
 
 
 def broadcast(types: Sequence[Type], attrs: Mapping[str, Any]) -> Type:
