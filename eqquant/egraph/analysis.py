@@ -3,16 +3,18 @@
 Types are an e-graph analysis in the sense of egg: each new e-node gets its type once, from
 its operands' types through the registry's type relation, when the ``analysis`` ruleset
 (saturated after loading and after every iteration) first sees it. The relation is Python
-code, so the rule calls it through egglog's ``py-call``::
+code, so the rule calls it through egglog's ``py-call``, with one key string put together in
+egglog (the op, its operands' type texts, its attributes, joined by :data:`SEP`)::
 
     (rule ((= ?e (@nn.relu ?a0)) (= ?y0 (type-of ?a0)))
-          ((let ?r (py-call $typer (py-from-string "nn.relu") (py-from-string ?y0)))
-           (set (type-of ?e) (py-to-string ?r))
-           (set (dtype-of ?e) (py-to-string (py-call $dtype ?r))) ...))
+          ((let ?r (py-to-string (py-call $typer (py-from-string (+ "nn.relu" "␟" ?y0)))))
+           (set (type-of ?e) ?r)
+           (type-seen ?e ?r)))
 
 A type is kept as structured facts beside the class: ``type-of`` (its text,
-``Tensor[(1, 64, 56, 56), float32]``), ``dtype-of``, ``shape-of`` and ``rank-of``, which is
-what guards match. A node whose operands do not fit its type relation gets the text
+``Tensor[(1, 64, 56, 56), float32]``), and ``dtype-of``, ``shape-of`` and ``rank-of``, joined
+from the small ``type-parts`` table the engine writes for each new type text; these are what
+guards match. A node whose operands do not fit its type relation gets the text
 :data:`ILL_TYPED` (a rule may build an alternative that is ill-typed in some context; such a
 node is never extracted). Every type a class was given is also kept in ``type-seen``, so when
 two classes with different types merge, the ``type:conflict`` rule records the pair instead
@@ -25,14 +27,13 @@ its nodes has only constant operands.
 from __future__ import annotations
 
 import base64
+import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
-import pickle
-
 from ..core.types import TensorType, TupleType, Type
 from ..ops.registry import OpTypeError, all_ops
-from .schema import LEAVES, attr_sort, decode_attr, egg_name, egg_string, schema
+from .schema import attr_sort, decode_attr, egg_name, egg_string, schema
 
 WEAK = TensorType((), "weak")   # a weak scalar: takes the dtype of the operand beside it
 ILL_TYPED = "?"                 # the type text of a node whose type relation fails
@@ -186,8 +187,6 @@ def _typed(target: str, call: str) -> list[str]:
             f"(type-seen {target} ?r)"]
 
 
-
-
 def _rule(query: list[str], actions: list[str], name: str) -> str:
     return (f"(rule ({' '.join(query)})\n      ({' '.join(actions)})\n"
             f"      :ruleset analysis :name {egg_string(name)})")
@@ -269,6 +268,3 @@ def declarations() -> str:
         lines.append(_rule([node] + [f"(is-const {a})" for a in args], ["(is-const ?e)"],
                            f"const:{op.name}"))
     return "\n".join(lines) + "\n"
-
-
-ANALYSES = LEAVES  # (re-exported for the engine's size count: the e-node constructors)

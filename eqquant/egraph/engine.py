@@ -139,7 +139,7 @@ class EGraphSession:
         self._check_types(None)
         self.report.load_seconds = time.perf_counter() - t0
         self.report.enodes_loaded = self.enodes()
-        self.history: list[tuple[str, int]] = []   # (ruleset, iterations) run so far
+        self.history: list[str] = []   # the ruleset of each iteration run so far
 
     def _load(self, program: str, chunk: int = LOAD_CHUNK) -> None:
         """Run a long program of top-level commands a chunk of lines at a time: egglog's
@@ -202,7 +202,7 @@ class EGraphSession:
         rows; a weak scalar beside a rank-0 tensor of its class is not one)."""
         if self.sizes().get("type-conflict", 0) <= len(self._pairs_seen):
             return []
-        data = json.loads(self.eg.serialize([]).to_json())["nodes"]
+        data = self.serialized()["nodes"]
         out = []
         for n in data.values():
             if n["op"] == "type-conflict":
@@ -260,7 +260,7 @@ class EGraphSession:
                     rep.matches[name] = rep.matches.get(name, 0) + n
                 self._analyse()
                 self._check_types(phase.ruleset)
-                self.history.append((phase.ruleset, 1))
+                self.history.append(phase.ruleset)
                 rep.enodes = self.enodes()
                 growth = rep.enodes / max(before, 1)
                 before, last = rep.enodes, self.clock() - t_iter
@@ -285,8 +285,8 @@ def _culprit(session: EGraphSession, ruleset: str):
     replay = EGraphSession(session.module, Limits(10 ** 9, 10 ** 9, float("inf")))
     for rs in session.rulesets.values():
         replay.add_ruleset(rs)
-    for name, n in session.history:
-        replay._run(f"(run {replay.rulesets[name].egg_name} {n})")
+    for name in session.history:
+        replay._run(f"(run {replay.rulesets[name].egg_name} 1)")
         replay._analyse()
     replay._new_conflicts()
     for i, compiled in enumerate(replay.rulesets[ruleset].rules):

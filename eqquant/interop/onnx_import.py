@@ -62,6 +62,7 @@ class Importer:
         from onnx import numpy_helper
         self.model = model
         self.source = source
+        self.forms = onnx_forms()   # ONNX op type -> (op, form), from the registry
         self.shapes = {k: tuple(v) for k, v in (shapes or {}).items()}
         self.b = Builder()
         self.values: dict[str, Expr] = {}            # ONNX name -> IR value
@@ -195,7 +196,7 @@ class Importer:
         if domain_ok and ins and all(not n or n in self.consts for n in ins):
             self._fold(node, ins)
             return
-        forms = onnx_forms()
+        forms = self.forms
         conv = CONVERTERS.get(node.op_type) if domain_ok else None
         form = forms.get(node.op_type) if domain_ok else None
         if conv is None and form is None:
