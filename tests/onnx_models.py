@@ -5,7 +5,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-RNG = np.random.default_rng(7)
 
 
 class G:
@@ -34,10 +33,10 @@ class G:
 
     def bn(self, x, c) -> str:
         return self.node("BatchNormalization", [
-            x, self.init(RNG.uniform(0.5, 1.5, c).astype(np.float32)),
-            self.init(RNG.normal(0, 0.1, c).astype(np.float32)),
-            self.init(RNG.normal(0, 0.1, c).astype(np.float32)),
-            self.init(RNG.uniform(0.5, 1.5, c).astype(np.float32))], epsilon=1e-5)
+            x, self.init(self.rng.uniform(0.5, 1.5, c).astype(np.float32)),
+            self.init(self.rng.normal(0, 0.1, c).astype(np.float32)),
+            self.init(self.rng.normal(0, 0.1, c).astype(np.float32)),
+            self.init(self.rng.uniform(0.5, 1.5, c).astype(np.float32))], epsilon=1e-5)
 
     def model(self, inputs, outputs, name="m"):
         ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs]
