@@ -126,3 +126,50 @@ def test_cli_bad_rule_file_no_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "eqquant.cli.main", "rules", "show", str(f)],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "bad.rules:1:9:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_each_kind_of_guard_is_one_frozen_class_that_prints_back_as_written():
+    """Every guard alternative of the grammar is read by one class of eqquant/rules/guards.py;
+    each guard prints back as written, parses to the same guard, compiles to query facts and
+    cannot be changed after it is made (frozen: the load-time check returns guards, it does
+    not patch them)."""
+    import dataclasses
+    import re
+
+    from eqquant.resources import grammar_path
+    from eqquant.rules import guards
+    grammar = grammar_path("rules.lark").read_text()
+    alternatives = set(re.findall(r"->\s*(\w+_guard)\b", grammar)) | {"assumption"}
+    assert alternatives == set(guards.KINDS)
+    src = """
+rule every_guard:
+    qnn.requantize(?q, ?s, ?z, ?s2, ?z2, axis=?a, out_dtype=?d) => ?q
+    if dtype(?q) == int8, rank(?q) != 3, shape(?s) == [1], shape(?q) == shape(?q),
+       dtype(?q) == ?d, const(?s), ?a == 1
+    assuming positive(?s)
+"""
+    rule = parse_rules(src, "g.rules").rules[0]
+    kinds = [type(g).__name__ for g in rule.guards]
+    assert kinds == ["DtypeIs", "RankIs", "ShapeIs", "SameAs", "TypeAttr", "Const", "AttrIs",
+                     "Positive"]
+    text = format_rule(rule)
+    assert "if dtype(?q) == int8, rank(?q) != 3, shape(?s) == [1], shape(?q) == shape(?q), " \
+           "dtype(?q) == ?d, const(?s), ?a == 1" in text and "assuming positive(?s)" in text
+    again = parse_rules(text, "g2.rules").rules[0]
+    assert [str(g) for g in again.guards] == [str(g) for g in rule.guards]
+    assert rule.positive == ["?s"] and rule.needs_types
+    egg = compile_ruleset(parse_rules(src, "g.rules")).rules[0].text
+    assert '(= (dtype-of ?q) "int8")' in egg and "(is-const ?s)" in egg
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rule.guards[0].var = "?z"
+
+
+def test_a_dtype_choice_splits_into_one_variant_per_dtype():
+    src = """
+rule pick:
+    nn.relu(?x) => nn.relu(?x)
+    if dtype(?x) in {int8, uint8}
+"""
+    variants = parse_rules(src, "p.rules").rules
+    assert [v.name for v in variants] == ["pick[int8]", "pick[uint8]"]
+    assert [str(v.guards[0]) for v in variants] == ["dtype(?x) == int8", "dtype(?x) == uint8"]

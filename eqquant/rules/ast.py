@@ -2,7 +2,7 @@
 
 A pattern is a tree of :class:`PCall` (an op or a set of ops, positional sub-patterns, named
 attribute patterns and an optional ``..?rest``), :class:`PVar`, :class:`PLit`, :class:`PTuple`
-and :class:`PProj`. Guards are data too (:class:`Guard`), so a rule prints back as written and
+and :class:`PProj`. Guards are data too (one class per kind, :mod:`eqquant.rules.guards`), so a rule prints back as written and
 "which rule fired" is answered by its name and its ``file:line``.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any, Union
 
 from ..errors import SourceLoc
 from ..ops.registry import OpDef
+from .guards import Guard, Positive
 
 
 @dataclass(frozen=True)
@@ -90,43 +91,14 @@ class PProj:
 Pattern = Union[PVar, PLit, PCall, PTuple, PProj]
 
 
-@dataclass(frozen=True)
-class Guard:
-    """``kind`` is dtype, rank, shape (of ``var``), const (``var`` is a compile-time
-    constant) or attr (``var`` is an attribute variable); ``value`` is a literal,
-    ``("of", fn, var)`` for ``shape(?x) == shape(?y)``, ``("attr", ?a)`` for a comparison with
-    an attribute variable, or a list of dtypes for ``op == "in"`` (split into variants when the
-    file loads)."""
-
-    kind: str
-    var: str
-    op: str = "=="
-    value: Any = None
-    loc: SourceLoc | None = None
-
-    def __str__(self) -> str:
-        if self.kind == "const":
-            return f"const({self.var})"
-        if isinstance(self.value, tuple):
-            rhs = self.value[1] if self.value[0] == "attr" else f"{self.value[1]}({self.value[2]})"
-        elif self.op == "in":
-            rhs = "{" + ", ".join(self.value) + "}"
-        else:
-            rhs = str(self.value)
-        lhs = self.var if self.kind == "attr" else f"{self.kind}({self.var})"
-        return f"{lhs} {self.op} {rhs}"
-
-
 @dataclass
 class Rule:
     name: str
     lhs: Pattern
     rhs: Pattern
     where: dict[str, Pattern] = field(default_factory=dict)
+    # the conditions after ``if`` and the invariants after ``assuming`` (eqquant/rules/guards.py)
     guards: list[Guard] = field(default_factory=list)
-    # invariants of the programs the rule sees (e.g. calibrated scales are positive): the
-    # engine does not test them; the rule checker draws values that satisfy them
-    positive: list[str] = field(default_factory=list)
     bidirectional: bool = False
     # approx rules: {"rtol": r, "atol": a} and optionally "scale": "?s" (tolerances in units
     # of max|?s|, e.g. half a quantization step)
@@ -137,7 +109,13 @@ class Rule:
 
     @property
     def needs_types(self) -> bool:
-        return any(g.kind in ("dtype", "rank", "shape") for g in self.guards)
+        return any(g.needs_types for g in self.guards)
+
+    @property
+    def positive(self) -> list[str]:
+        """The variables the rule assumes positive (the engine does not test them; the rule
+        checker draws them so)."""
+        return [g.var for g in self.guards if isinstance(g, Positive)]
 
 
 @dataclass
@@ -231,8 +209,10 @@ def format_rule(r: Rule) -> str:
     if r.where:
         lines.append("    where " + ", ".join(f"{k} = {format_pattern(v)}"
                                              for k, v in r.where.items()))
-    if r.guards:
-        lines.append("    if " + ", ".join(str(g) for g in r.guards))
-    if r.positive:
-        lines.append("    assuming " + ", ".join(f"positive({v})" for v in r.positive))
+    conditions = [str(g) for g in r.guards if g.in_if]
+    if conditions:
+        lines.append("    if " + ", ".join(conditions))
+    assumed = [str(g) for g in r.guards if not g.in_if]
+    if assumed:
+        lines.append("    assuming " + ", ".join(assumed))
     return "\n".join(lines)

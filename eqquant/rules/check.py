@@ -30,6 +30,7 @@ from ..core.types import TensorType
 from ..ops.attrs import (AttrKind, BoolKind, DTypeKind, FloatKind, IntKind, IntsKind,
                          OptionalKind, REQUIRED, StrKind)
 from ..ops.registry import QUANT, OpDef, OpTypeError
+from .guards import AttrIs
 from .ast import (AttrLit, AttrVar, PCall, PLit, PProj, PTuple, PVar, Pattern, Rule, RuleSet,
                   expansions)
 
@@ -120,27 +121,19 @@ class _Instance:
         self.attrs: dict[str, Any] = {}          # attribute variables
         self.rests: dict[str, dict[str, Any]] = {}
         self.types = Inferer(None)
-        self.rank = {x.var: x.value for x in rule.guards if x.kind == "rank" and x.op == "=="}
-        self.dtype = {x.var: x.value for x in rule.guards
-                      if x.kind == "dtype" and x.op == "==" and isinstance(x.value, str)}
-        self.shape = {x.var: tuple(x.value) for x in rule.guards
-                      if x.kind == "shape" and x.op == "==" and isinstance(x.value, list)}
-        self.attr_eq = {x.var: x.value for x in rule.guards if x.kind == "attr" and x.op == "=="}
+        # what the guards fix, each guard telling the sampler (its class's ``constrain``)
+        self.rank: dict[str, int] = {}
+        self.dtype: dict[str, str] = {}
+        self.shape: dict[str, tuple] = {}
+        self.attr_eq: dict[str, Any] = {}
+        self.attr_ne: dict[str, Any] = {}
+        self.same_shape: dict[str, str] = {}      # shape(?a) == shape(?b), both ways
+        self.shape_attr: dict[str, str] = {}      # shape(?x) == ?s: attribute var -> ?x
+        self.dtype_attr: dict[str, str] = {}
+        self.positive: set[str] = set()           # assuming positive(?s) (names without ?)
+        for g in rule.guards:
+            g.constrain(self)
         self.attr_eq.update(fixed or {})
-        self.attr_ne = {x.var: x.value for x in rule.guards if x.kind == "attr" and x.op == "!="}
-        # shape(?a) == shape(?b): ?b takes ?a's shape once ?a has one (and the reverse)
-        self.same_shape: dict[str, str] = {}
-        for x in rule.guards:
-            if x.kind == "shape" and x.op == "==" and isinstance(x.value, tuple) \
-                    and x.value[0] == "of":
-                self.same_shape[x.var] = x.value[2]
-                self.same_shape[x.value[2]] = x.var
-        self.shape_attr = {x.value[1]: x.var for x in rule.guards if x.kind == "shape"
-                           and x.op == "==" and isinstance(x.value, tuple)
-                           and x.value[0] == "attr"}
-        self.dtype_attr = {x.value[1]: x.var for x in rule.guards if x.kind == "dtype"
-                           and x.op == "==" and isinstance(x.value, tuple)
-                           and x.value[0] == "attr"}
 
     def op_of(self, p: PCall) -> OpDef:
         return self.ops[p.op.label] if p.op.is_set else p.op.ops[0]
@@ -329,7 +322,7 @@ def _inputs(instance: _Instance, rng: np.random.Generator, regime: str,
     whole range, its two ends included (saturation is exercised at both)."""
     from ..ops.numerics import qrange
     out = {}
-    assumed = {v.lstrip("?") for v in instance.rule.positive}
+    assumed = instance.positive
     for v in instance.vars.values():
         t = v.type
         if t.dtype.startswith("float"):
@@ -399,7 +392,7 @@ def check_rule_on_samples(rule: Rule, trials: int = 5, seed: int = 0) -> list[Ru
     results = []
     for ops, variant in expansions(rule):
         free = {k: v for k, v in _dtype_attr_vars(rule.lhs, ops, {}).items()
-                if k not in {g.var for g in rule.guards if g.kind == "attr"}}
+                if k not in {g.var for g in rule.guards if isinstance(g, AttrIs)}}
         if not free:
             results.append(_check_variant(rule, ops, variant, trials, seed))
             continue
@@ -483,28 +476,8 @@ def _calls(e: Expr):
 
 
 def _guards_hold(inst: _Instance, rule: Rule) -> bool:
-    """Every dtype/rank/shape guard, on the instance's variables (the search only aims at
-    them; this decides)."""
-    def of(fn, var):
-        v = inst.vars.get(var)
-        if v is None:
-            return None
-        return {"dtype": v.type.dtype, "rank": len(v.type.shape),
-                "shape": list(v.type.shape)}[fn]
-    for g in rule.guards:
-        if g.kind not in ("dtype", "rank", "shape"):
-            continue
-        left = of(g.kind, g.var)
-        if isinstance(g.value, tuple) and g.value[0] == "of":
-            right = of(g.value[1], g.value[2])
-        elif isinstance(g.value, tuple):
-            right = inst.attrs.get(g.value[1])
-            right = list(right or []) if g.kind == "shape" else right
-        else:
-            right = g.value
-        if (left == right) != (g.op == "=="):
-            return False
-    return True
+    """Every guard, on the instance (the search only aims at them; this decides)."""
+    return all(g.holds(inst) for g in rule.guards)
 
 
 def _short(text: str, n: int = 400) -> str:

@@ -9,7 +9,8 @@
 Attributes the left side does not name become fresh variables (``..?rest`` collects them and
 carries them to calls of the right side); ``where`` bindings are substituted; a rule over an
 op set (``{nn.relu, clip}``) becomes one egglog rule per op; a ``<=>`` rule adds its reverse;
-guards become query facts (``(is-const ?w)``, ``(= (dtype-of ?x) "float32")``). A weak literal
+guards become query facts, each by its class (``(is-const ?w)``, ``(= (dtype-of ?x)
+"float32")``: eqquant/rules/guards.py). A weak literal
 on the right is ``(Scalar "1e-05" "weak")``: its dtype is settled from its operand when the
 program is extracted.
 """
@@ -20,9 +21,9 @@ from dataclasses import dataclass, field
 
 from ..egraph.encode import list_term
 from ..egraph.schema import attr_sort, egg_name, egg_string, encode_attr, scalar_text
-from ..ops.attrs import REQUIRED, format_value
+from ..ops.attrs import REQUIRED
 from ..ops.registry import OpDef
-from .ast import (AttrLit, AttrVar, Guard, PCall, PLit, PProj, PTuple, PVar, Pattern, Rule,
+from .ast import (AttrLit, AttrVar, PCall, PLit, PProj, PTuple, PVar, Pattern, Rule,
                   RuleSet, expansions)
 from ..errors import RuleError
 
@@ -106,36 +107,6 @@ class _Side:
             self.rests[p.rest] = rest
         return f"({egg_name(op)} {' '.join(args + attrs)})"
 
-    def guard(self, g: Guard) -> list[str]:
-        neg = g.op == "!="
-        if g.kind == "const":
-            return [f"(is-const {g.var})"]
-        if g.kind == "attr":
-            op, spec = self.attr_specs[g.var]
-            lit = encode_attr(spec, spec.kind.canonical(g.value))
-            return [f"({'!=' if neg else '='} {g.var} {lit})"]
-        fn = f"{g.kind}-of"
-        if isinstance(g.value, tuple) and g.value[0] == "attr":
-            other = g.value[1]
-        elif isinstance(g.value, tuple):
-            other = f"({fn} {g.value[2]})"
-        elif g.kind == "rank":
-            other = egg_string(str(g.value))   # (the analysis keeps ranks as text)
-        elif g.kind == "shape":
-            other = egg_string(format_value(list(g.value)))
-        else:
-            other = egg_string(g.value)
-        if neg:
-            v = f"?_g{next(self.fresh)}"
-            return [f"(= {v} ({fn} {g.var}))", f"(!= {v} {other})"]
-        if isinstance(g.value, tuple) and g.value[0] == "of":
-            # shape(?a) == shape(?b): a filter on the two looked-up values, not a join on
-            # them (every class has a shape; most share one, and egglog's planner would join
-            # the two shape tables before the pattern narrows them)
-            v, w = f"?_g{next(self.fresh)}", f"?_g{next(self.fresh)}"
-            return [f"(= {v} ({fn} {g.var}))", f"(= {w} {other})", f'(= {w} (+ {v} ""))']
-        return [f"(= ({fn} {g.var}) {other})"]
-
 
 class _RightSide:
     """Compiles a right side (or a where binding) to an egglog term."""
@@ -194,7 +165,7 @@ def _compile_one(rule: Rule, lhs: Pattern, rhs: Pattern, where: dict[str, Patter
     side = _Side(rule, ops)
     facts = [f"(= ?__root {side.query(lhs)})"]
     for g in rule.guards:
-        facts += side.guard(g)
+        facts += g.compile(side)
     term = _RightSide(side, where).term(rhs)
     text = (f"(rule ({' '.join(facts)})\n      ((union ?__root {term}))\n"
             f"      :ruleset {ruleset} :name {egg_string(name)})")

@@ -13,19 +13,20 @@ import math
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedInput
 
 from ..errors import EqquantError, RuleError, SourceLoc
 from ..ir.nesting import check_nesting
-from ..ir.parser import (CommentSink, _decode_number, _syntax_error_with, _unquote,
+from ..ir.parser import (CommentSink, decode_number, _syntax_error_with, _unquote,
                          fit_literal)
-from ..core.types import DTYPES
 from ..ops.attrs import AttrValueError
 from ..ops.registry import BINARY, ELEMWISE, UNARY, all_ops, get_op, has_op
 from ..resources import grammar_path, rules_dir
+from .guards import KINDS, with_choices
 from .ast import (AttrLit, AttrVar, Guard, OpRef, PCall, PLit, PProj, PTuple, PVar, Pattern,
                   Rule, RuleSet, attr_vars, op_sets, pattern_vars, walk)
 
@@ -160,14 +161,14 @@ class _TreeToRules:
                     raise self.error(f"unknown approx option '{key}={raw}' (use rtol=, atol=, "
                                      "scale=?var)", opt)
                 try:
-                    value = float(raw.rstrip("f"))
+                    value, dtype = decode_number(raw)    # the IR's literals, one decoder
                 except ValueError:
-                    value = math.nan
+                    value, dtype = math.nan, None
                 if not (math.isfinite(value) and 0 <= value <= 1e6) or \
-                        re.search(r"[iu]\d+$", raw):
+                        (dtype or "float").startswith(("int", "uint", "bool")):
                     raise self.error(f"approx option {key} takes a non-negative number up to "
                                      f"1e6, got '{raw[:40]}'", opt)
-                rule.approx[key] = value
+                rule.approx[key] = float(value)
         elif opts is not None:
             raise self.error("only an approx rule takes (rtol=..., atol=...)", opts)
         for clause in clauses:
@@ -177,11 +178,7 @@ class _TreeToRules:
                     if var in rule.where:
                         raise self.error(f"{var} is bound twice in where", b)
                     rule.where[var] = pat
-            elif clause.data == "assuming":
-                for a in clause.children:
-                    var = str(a.children[0])
-                    rule.positive.append(var)
-            else:
+            else:          # if ... / assuming ...: guards, each of its kind's class
                 rule.guards += [self.guard(g) for g in clause.children]
         check_rule_form(rule, self)
         from .compile import compile_rule  # compiling now reports errors at load time
@@ -194,45 +191,8 @@ class _TreeToRules:
         return rule
 
     def guard(self, g: Tree) -> Guard:
-        if g.data == "const_guard":
-            return Guard("const", str(g.children[0]), loc=self.loc(g))
-        if g.data == "attr_guard":
-            var, cmp, value = g.children
-            return Guard("attr", str(var), str(cmp), self.attr_value(value), self.loc(g))
-        if g.data == "type_in_guard":
-            fn, var, *names = (str(c) for c in g.children)
-            if fn != "dtype" or any(n not in DTYPES for n in names):
-                raise self.error(f"only dtype(...) in {{...}} is supported, with dtypes "
-                                 f"({', '.join(DTYPES)})", g)
-            return Guard("dtype", var, "in", list(dict.fromkeys(names)), self.loc(g))
-        fn, var, cmp, value = g.children
-        fn = str(fn)
-        if value.data == "g_of":
-            other_fn, other = str(value.children[0]), str(value.children[1])
-            if other_fn != fn:
-                raise self.error(f"cannot compare {fn}(...) with {other_fn}(...)", g)
-            val: Any = ("of", other_fn, other)
-        elif fn == "dtype" and value.data == "g_var":
-            val = ("attr", str(value.children[0]))
-        elif fn == "dtype":
-            if value.data != "g_name" or str(value.children[0]) not in DTYPES:
-                raise self.error(f"dtype(...) compares with a dtype ({', '.join(DTYPES)})", g)
-            val = str(value.children[0])
-        elif fn == "rank":
-            if value.data != "g_number" or not str(value.children[0]).isdigit() or \
-                    len(str(value.children[0])) > 2:
-                raise self.error("rank(...) compares with a rank: an integer from 0 to 99", g)
-            val = int(str(value.children[0]))
-        elif value.data == "g_var":
-            val = ("attr", str(value.children[0]))
-        else:
-            if value.data != "g_ints":
-                raise self.error("shape(...) compares with a list of ints, shape(?y) or an "
-                                 "attribute variable", g)
-            val = [int(v) for v in re.findall(r"-?\d+", str(value.children[0]))]
-            if any(abs(v) >= 2 ** 63 for v in val):
-                raise self.error("bad literal: a shape entry does not fit int64", g)
-        return Guard(fn, str(var), str(cmp), val, self.loc(g))
+        """A guard (or an ``assuming``) by its kind's class (eqquant/rules/guards.py)."""
+        return KINDS[g.data](g.children, self, self.loc(g))
 
     # -- patterns ------------------------------------------------------------------------------
     def pattern(self, t) -> Pattern:
@@ -315,7 +275,7 @@ class _TreeToRules:
         """(value, dtype or None): an unsuffixed (weak) literal takes its operand's dtype
         when the rule applies, so it must fit the widest one (int64, float64) here."""
         try:
-            value, dtype = _decode_number(tok)
+            value, dtype = decode_number(tok)
             if dtype is None:
                 value = fit_literal(value, "float64" if isinstance(value, float) else "int64")
             return value, dtype
@@ -423,40 +383,12 @@ def check_rule_form(rule: Rule, b: _TreeToRules) -> None:
         if missing:
             raise b.error(f"<=>: the right side does not bind {sorted(missing)[0]}, so the rule "
                           "cannot run right to left", rule.rhs.loc)
-    for var in rule.positive:
-        if var not in bound:
-            raise b.error(f"assuming positive({var}): the left side does not bind {var}",
-                          rule.loc)
     scale = (rule.approx or {}).get("scale")
     if scale is not None and scale not in bound:
         raise b.error(f"approx scale {scale} is not a value the left side binds", rule.loc)
-    known: dict[str, str] = {}
-    for g in rule.guards:
-        if g.kind == "attr":
-            if g.var not in avars:
-                raise b.error(f"{g.var} is not an attribute variable of the left side", g.loc)
-            op, key = avars[g.var]
-            if key == "..":
-                raise b.error(f"{g.var} is a ..rest; it cannot be compared", g.loc)
-            for o in op.ops:
-                try:
-                    o.attr_map[key].kind.canonical(g.value.value)
-                except AttrValueError as e:
-                    raise b.error(f"{g.var} is {o.name}'s '{key}', which expects {e}", g.loc) \
-                        from None
-            g_value = g.value.value
-            object.__setattr__(g, "value", g_value)
-            continue
-        if g.var not in bound:
-            raise b.error(f"guard on {g.var}, which the left side does not bind", g.loc)
-        if isinstance(g.value, tuple) and g.value[0] == "attr":
-            if g.kind not in ("shape", "dtype") or g.value[1] not in avars:
-                raise b.error(f"{g.value[1]} is not an attribute variable of the left side "
-                              "(shape(...) and dtype(...) compare with one)", g.loc)
-        elif isinstance(g.value, tuple) and g.value[2] not in bound:
-            raise b.error(f"guard on {g.value[2]}, which the left side does not bind", g.loc)
-        if g.kind == "dtype" and g.op == "==" and isinstance(g.value, str):
-            known[g.var] = g.value
+    ctx = _GuardContext(bound, avars, b.error)
+    rule.guards = [g.check(ctx) for g in rule.guards]
+    known = dict(k for g in rule.guards if (k := g.known_dtype()) is not None)
     _static_dtype(lhs, known, b)
     for pat in rule.where.values():
         _static_dtype(pat, known, b)
@@ -484,22 +416,29 @@ def _check_uses(p: Pattern, bound: set[str], avars: dict, sets: dict[str, OpRef]
 MAX_VARIANTS = 64
 
 
+@dataclass(frozen=True)
+class _GuardContext:
+    """What a guard's load-time check sees: the values and attribute variables the left
+    side binds, and how to raise a located error."""
+
+    bound: set
+    avars: dict
+    error: Callable[..., RuleError]
+
+
 def dtype_variants(rule: Rule) -> list[Rule]:
     """A rule with ``dtype(?x) in {int8, uint8}`` guards as one rule per choice, named
     ``rule[int8]``, ``rule[uint8]`` (each an ordinary rule with a ``==`` guard)."""
-    import itertools
     from dataclasses import replace
-    choices = [g for g in rule.guards if g.op == "in"]
+    choices = [g for g in rule.guards if g.variants() != [g]]
     if not choices:
         return [rule]
-    count = math.prod(len(g.value) for g in choices)
+    count = math.prod(len(g.variants()) for g in choices)
     if count > MAX_VARIANTS:
         raise RuleError(f"rule {rule.name}: its dtype(...) in {{...}} guards make {count} "
                         f"variants, more than {MAX_VARIANTS}; split the rule", rule.loc)
     out = []
-    for combo in itertools.product(*[g.value for g in choices]):
-        pick = dict(zip(map(id, choices), combo))
-        guards = [replace(g, op="==", value=pick[id(g)]) if id(g) in pick else g
-                  for g in rule.guards]
-        out.append(replace(rule, name=f"{rule.name}[{', '.join(combo)}]", guards=guards))
+    for guards in with_choices(rule.guards):
+        picked = [str(g.value) for g, orig in zip(guards, rule.guards) if g is not orig]
+        out.append(replace(rule, name=f"{rule.name}[{', '.join(picked)}]", guards=guards))
     return out

@@ -1,0 +1,390 @@
+"""Guards: the conditions after ``if`` (and ``assuming``) in a rule, one class per kind.
+
+Each class owns everything about its kind: how it is read from the parse tree (``parse``),
+checked when the file loads (``check``), compiled to egglog query facts (``compile``), how the
+rule checker's sampler respects it (``constrain``) and whether an instance satisfies it
+(``holds``). A new kind of guard is one class here, one line in ``KINDS`` and its syntax in
+``grammar/rules.lark``.
+
+    rule requantize_identity:
+        qnn.requantize(?q, ?s, ?z, ?s, ?z, out_dtype=?d)  =>  ?q
+        if dtype(?q) == ?d                     # TypeAttr
+    if const(?w), rank(?x) == 4, shape(?a) == shape(?b), ?axis == 1
+        # Const,     RankIs,         SameAs,                 AttrIs
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..core.types import DTYPES
+from ..errors import SourceLoc
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A condition on the variable ``var`` that the left side binds."""
+
+    var: str
+    loc: SourceLoc | None = None
+    needs_types: ClassVar[bool] = False     # compiled against the type analysis
+    in_if: ClassVar[bool] = True            # printed after ``if`` (else after ``assuming``)
+
+    def check(self, ctx) -> "Guard":
+        """The guard, checked against the rule's left side when the file loads (``ctx``:
+        ``bound`` values, ``avars`` attribute variables, ``error(message, loc)``)."""
+        if self.var not in ctx.bound:
+            raise ctx.error(f"guard on {self.var}, which the left side does not bind", self.loc)
+        return self
+
+    def variants(self) -> list["Guard"]:
+        """The plain guards this one stands for (a choice splits a rule into variants)."""
+        return [self]
+
+    def known_dtype(self) -> tuple[str, str] | None:
+        """(var, dtype) when the guard fixes ``var``'s dtype."""
+        return None
+
+    def compile(self, side) -> list[str]:
+        """egglog query facts; ``side`` gives ``fresh`` names and the ``attr_specs``."""
+        raise NotImplementedError
+
+    def constrain(self, inst) -> None:
+        """Tell the rule checker's sampler (``inst``) what this guard fixes."""
+
+    def holds(self, inst) -> bool:
+        """Whether the sampled instance satisfies the guard (the sampler only aims)."""
+        return True
+
+
+def _compare(side, fn: str, var: str, op: str, other: str) -> list[str]:
+    """``fn(var) op other`` as query facts on the type analysis' ``fn-of`` tables."""
+    if op == "!=":
+        v = f"?_g{next(side.fresh)}"
+        return [f"(= {v} ({fn}-of {var}))", f"(!= {v} {other})"]
+    return [f"(= ({fn}-of {var}) {other})"]
+
+
+def _type_of(inst, fn: str, var: str):
+    v = inst.vars.get(var)
+    if v is None:
+        return None
+    return {"dtype": v.type.dtype, "rank": len(v.type.shape), "shape": list(v.type.shape)}[fn]
+
+
+@dataclass(frozen=True)
+class Const(Guard):
+    """``const(?w)``: ?w is a compile-time constant (a weight, a folded value)."""
+
+    def __str__(self) -> str:
+        return f"const({self.var})"
+
+    def compile(self, side) -> list[str]:
+        return [f"(is-const {self.var})"]
+
+    @classmethod
+    def parse(cls, kids, b, loc) -> "Const":
+        return cls(str(kids[0]), loc)
+
+
+@dataclass(frozen=True)
+class Positive(Guard):
+    """``assuming positive(?s)``: an invariant of the programs the rule sees (calibrated
+    scales are positive). The engine does not test it; the checker draws ?s positive."""
+
+    in_if: ClassVar[bool] = False
+
+    def __str__(self) -> str:
+        return f"positive({self.var})"
+
+    def check(self, ctx) -> "Guard":
+        if self.var not in ctx.bound:
+            raise ctx.error(f"assuming positive({self.var}): the left side does not bind "
+                            f"{self.var}", self.loc)
+        return self
+
+    def compile(self, side) -> list[str]:
+        return []
+
+    def constrain(self, inst) -> None:
+        inst.positive.add(self.var.lstrip("?"))
+
+    @classmethod
+    def parse(cls, kids, b, loc) -> "Positive":
+        return cls(str(kids[0]), loc)
+
+
+@dataclass(frozen=True)
+class AttrIs(Guard):
+    """``?a == value`` / ``?a != value``: an attribute variable compared with a literal."""
+
+    op: str = "=="
+    value: Any = None
+
+    def __str__(self) -> str:
+        return f"{self.var} {self.op} {self.value}"
+
+    def check(self, ctx) -> "Guard":
+        from ..ops.attrs import AttrValueError
+        if self.var not in ctx.avars:
+            raise ctx.error(f"{self.var} is not an attribute variable of the left side",
+                            self.loc)
+        op, key = ctx.avars[self.var]
+        if key == "..":
+            raise ctx.error(f"{self.var} is a ..rest; it cannot be compared", self.loc)
+        for o in op.ops:
+            try:
+                o.attr_map[key].kind.canonical(self.value)
+            except AttrValueError as e:
+                raise ctx.error(f"{self.var} is {o.name}'s '{key}', which expects {e}",
+                                self.loc) from None
+        return self
+
+    def compile(self, side) -> list[str]:
+        from ..egraph.schema import encode_attr
+        _, spec = side.attr_specs[self.var]
+        lit = encode_attr(spec, spec.kind.canonical(self.value))
+        return [f"({'!=' if self.op == '!=' else '='} {self.var} {lit})"]
+
+    def constrain(self, inst) -> None:
+        (inst.attr_eq if self.op == "==" else inst.attr_ne)[self.var] = self.value
+
+    @classmethod
+    def parse(cls, kids, b, loc) -> "AttrIs":
+        var, cmp, value = kids
+        return cls(str(var), loc, str(cmp), b.attr_value(value).value)
+
+
+@dataclass(frozen=True)
+class _TypeGuard(Guard):
+    """``fn(?x) op value`` for a type function fn (dtype, rank, shape)."""
+
+    fn: ClassVar[str] = ""
+    needs_types: ClassVar[bool] = True
+    op: str = "=="
+    value: Any = None
+
+    def __str__(self) -> str:
+        return f"{self.fn}({self.var}) {self.op} {self.rhs()}"
+
+    def rhs(self) -> str:
+        return str(self.value)
+
+    def literal(self) -> str:
+        """The value as the analysis keeps it (an egglog String)."""
+        from ..egraph.schema import egg_string
+        return egg_string(str(self.value))
+
+    def compile(self, side) -> list[str]:
+        return _compare(side, self.fn, self.var, self.op, self.literal())
+
+    def holds(self, inst) -> bool:
+        return (_type_of(inst, self.fn, self.var) == self.value) == (self.op == "==")
+
+
+@dataclass(frozen=True)
+class DtypeIs(_TypeGuard):
+    """``dtype(?x) == int8``."""
+
+    fn: ClassVar[str] = "dtype"
+
+    def known_dtype(self):
+        return (self.var, self.value) if self.op == "==" else None
+
+    def constrain(self, inst) -> None:
+        if self.op == "==":
+            inst.dtype[self.var] = self.value
+
+    @classmethod
+    def parse(cls, fn, var, cmp, value, b, loc) -> "DtypeIs":
+        name = str(value.children[0])
+        if value.data != "g_name" or name not in DTYPES:
+            raise b.error(f"dtype(...) compares with a dtype ({', '.join(DTYPES)})", loc)
+        return cls(var, loc, cmp, name)
+
+
+@dataclass(frozen=True)
+class DtypeIn(Guard):
+    """``dtype(?x) in {int8, uint8}``: the rule stands for one variant per choice (each with
+    a ``dtype(?x) == choice`` guard), made when the file loads."""
+
+    dtypes: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return f"dtype({self.var}) in {{{', '.join(self.dtypes)}}}"
+
+    def variants(self) -> list[Guard]:
+        return [DtypeIs(self.var, self.loc, "==", d) for d in self.dtypes]
+
+    def compile(self, side) -> list[str]:
+        raise AssertionError("a dtype choice is split into variants before it compiles")
+
+    @classmethod
+    def parse(cls, kids, b, loc) -> "DtypeIn":
+        fn, var, *names = (str(c) for c in kids)
+        if fn != "dtype" or any(n not in DTYPES for n in names):
+            raise b.error(f"only dtype(...) in {{...}} is supported, with dtypes "
+                          f"({', '.join(DTYPES)})", loc)
+        return cls(var, loc, tuple(dict.fromkeys(names)))
+
+
+@dataclass(frozen=True)
+class RankIs(_TypeGuard):
+    """``rank(?x) == 4`` (the analysis keeps ranks as text)."""
+
+    fn: ClassVar[str] = "rank"
+
+    def constrain(self, inst) -> None:
+        if self.op == "==":
+            inst.rank[self.var] = self.value
+
+    @classmethod
+    def parse(cls, fn, var, cmp, value, b, loc) -> "RankIs":
+        text = str(value.children[0])
+        if value.data != "g_number" or not text.isdigit() or len(text) > 2:
+            raise b.error("rank(...) compares with a rank: an integer from 0 to 99", loc)
+        return cls(var, loc, cmp, int(text))
+
+
+@dataclass(frozen=True)
+class ShapeIs(_TypeGuard):
+    """``shape(?x) == [1, 64, 1, 1]``."""
+
+    fn: ClassVar[str] = "shape"
+
+    def rhs(self) -> str:
+        return str(list(self.value))
+
+    def literal(self) -> str:
+        from ..egraph.schema import egg_string
+        from ..ops.attrs import format_value
+        return egg_string(format_value(list(self.value)))
+
+    def constrain(self, inst) -> None:
+        if self.op == "==":
+            inst.shape[self.var] = tuple(self.value)
+
+    def holds(self, inst) -> bool:
+        return (_type_of(inst, "shape", self.var) == list(self.value)) == (self.op == "==")
+
+    @classmethod
+    def parse(cls, fn, var, cmp, value, b, loc) -> "ShapeIs":
+        if value.data != "g_ints":
+            raise b.error("shape(...) compares with a list of ints, shape(?y) or an "
+                          "attribute variable", loc)
+        dims = tuple(int(v) for v in re.findall(r"-?\d+", str(value.children[0])))
+        if any(abs(v) >= 2 ** 63 for v in dims):
+            raise b.error("bad literal: a shape entry does not fit int64", loc)
+        return cls(var, loc, cmp, dims)
+
+
+@dataclass(frozen=True)
+class SameAs(Guard):
+    """``shape(?a) == shape(?b)`` (or dtype, rank): two values' types compared."""
+
+    fn: str = "shape"
+    op: str = "=="
+    other: str = ""
+    needs_types: ClassVar[bool] = True
+
+    def __str__(self) -> str:
+        return f"{self.fn}({self.var}) {self.op} {self.fn}({self.other})"
+
+    def check(self, ctx) -> "Guard":
+        super().check(ctx)
+        if self.other not in ctx.bound:
+            raise ctx.error(f"guard on {self.other}, which the left side does not bind",
+                            self.loc)
+        return self
+
+    def compile(self, side) -> list[str]:
+        other = f"({self.fn}-of {self.other})"
+        if self.op == "!=":
+            return _compare(side, self.fn, self.var, self.op, other)
+        # a filter on the two looked-up values, not a join on them (every class has a
+        # shape; most share one, and egglog's planner would join the two shape tables
+        # before the pattern narrows them)
+        v, w = f"?_g{next(side.fresh)}", f"?_g{next(side.fresh)}"
+        return [f"(= {v} ({self.fn}-of {self.var}))", f"(= {w} {other})",
+                f'(= {w} (+ {v} ""))']
+
+    def constrain(self, inst) -> None:
+        if self.fn == "shape" and self.op == "==":
+            inst.same_shape[self.var] = self.other
+            inst.same_shape[self.other] = self.var
+
+    def holds(self, inst) -> bool:
+        same = _type_of(inst, self.fn, self.var) == _type_of(inst, self.fn, self.other)
+        return same == (self.op == "==")
+
+    @classmethod
+    def parse(cls, fn, var, cmp, value, b, loc) -> "SameAs":
+        other_fn, other = str(value.children[0]), str(value.children[1])
+        if other_fn != fn:
+            raise b.error(f"cannot compare {fn}(...) with {other_fn}(...)", loc)
+        return cls(var, loc, fn, cmp, other)
+
+
+@dataclass(frozen=True)
+class TypeAttr(Guard):
+    """``dtype(?x) == ?d`` or ``shape(?x) == ?s``: a type compared with an attribute
+    variable of the left side (a cast's dtype, a reshape's newshape)."""
+
+    fn: str = "dtype"
+    op: str = "=="
+    attr: str = ""
+    needs_types: ClassVar[bool] = True
+
+    def __str__(self) -> str:
+        return f"{self.fn}({self.var}) {self.op} {self.attr}"
+
+    def check(self, ctx) -> "Guard":
+        super().check(ctx)
+        if self.fn not in ("shape", "dtype") or self.attr not in ctx.avars:
+            raise ctx.error(f"{self.attr} is not an attribute variable of the left side "
+                            "(shape(...) and dtype(...) compare with one)", self.loc)
+        return self
+
+    def compile(self, side) -> list[str]:
+        return _compare(side, self.fn, self.var, self.op, self.attr)
+
+    def constrain(self, inst) -> None:
+        if self.op == "==":
+            (inst.shape_attr if self.fn == "shape" else inst.dtype_attr)[self.attr] = self.var
+
+    def holds(self, inst) -> bool:
+        right = inst.attrs.get(self.attr)
+        right = list(right or []) if self.fn == "shape" else right
+        return (_type_of(inst, self.fn, self.var) == right) == (self.op == "==")
+
+    @classmethod
+    def parse(cls, fn, var, cmp, value, b, loc) -> "TypeAttr":
+        return cls(var, loc, fn, cmp, str(value.children[0]))
+
+
+def _type_guard(kids, b, loc) -> Guard:
+    """``fn(?x) op value``: the class is chosen by what the value is."""
+    fn, var, cmp, value = str(kids[0]), str(kids[1]), str(kids[2]), kids[3]
+    if value.data == "g_of":
+        return SameAs.parse(fn, var, cmp, value, b, loc)
+    if value.data == "g_var" and fn in ("dtype", "shape"):
+        return TypeAttr.parse(fn, var, cmp, value, b, loc)
+    kind = {"dtype": DtypeIs, "rank": RankIs, "shape": ShapeIs}[fn]
+    return kind.parse(fn, var, cmp, value, b, loc)
+
+
+# grammar rule (rules.lark) -> reader of its parse-tree children
+KINDS = {
+    "const_guard": Const.parse,
+    "attr_guard": AttrIs.parse,
+    "type_in_guard": DtypeIn.parse,
+    "type_guard": _type_guard,
+    "assumption": Positive.parse,
+}
+
+
+def with_choices(guards: list[Guard]) -> list[list[Guard]]:
+    """Every combination of the guards' variants (one list of plain guards each)."""
+    import itertools
+    return [list(combo) for combo in itertools.product(*[g.variants() for g in guards])]
