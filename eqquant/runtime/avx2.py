@@ -18,8 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .llvm_loops import (blocks_of_rows, cpu_has, declare, gemm_definition, gemm_intrinsic,
-                         load_vectors, reduction_loop, splat, store_rows)
+from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
 from .vnni import CHUNK, SMALL, _chunk_windows, _finish, _requantize_params, _windows
 from .vnni import windows  # noqa: F401
@@ -43,27 +42,18 @@ def define_gemm(mod, fn, args, b):
     v8 = ir.VectorType(i32, 8)
     v16 = ir.VectorType(i16, 16)
     madd = declare(mod, "llvm.x86.avx2.pmadd.wd", ir.FunctionType(v8, [v16, v16]))
-    a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, kpairs, oblocks = args
+    a_ptr = args[0]
     c64 = lambda v: ir.Constant(i64, v)  # noqa: E731
 
-    def micro(bc, p, ob, rows):
-        def step(bc, k, accs):
-            at = bc.add(bc.mul(ob, bc.mul(kpairs, c64(PANEL))), bc.mul(k, c64(PANEL)))
-            bvs = load_vectors(bc, b_ptr, at, 32, 2, v16, 1)
-            new = []
-            for r in range(rows):
-                # the int16 pair (a_k, a_k+1) of this pixel's row, broadcast to every lane
-                a_off = bc.mul(bc.add(bc.mul(bc.add(p, c64(r)), lda), bc.mul(k, c64(2))),
-                               c64(2))
-                lane = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=2)
-                av = bc.bitcast(splat(bc, lane, v8), v16)
-                new.append([bc.add(accs[r][j], bc.call(madd, [av, bvs[j]]))
-                            for j in range(2)])
-            return new
-        accs = reduction_loop(fn, bc, kpairs, rows, 2, v8, step)
-        store_rows(bc, accs, bc.bitcast(c_ptr, i32.as_pointer()), p, ldc, ob, BLOCK)
+    def row_step(bc, start, k, accs, weights):
+        """the int16 pair (a_k, a_k+1) of this pixel's row, broadcast to every lane"""
+        a_off = bc.mul(bc.add(start, bc.mul(k, c64(2))), c64(2))
+        lane = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=2)
+        av = bc.bitcast(splat(bc, lane, v8), v16)
+        return [bc.add(accs[j], bc.call(madd, [av, weights[j]])) for j in range(2)]
 
-    blocks_of_rows(fn, b, p0, p1, oblocks, ROWS, micro)
+    panel_gemm(fn, b, args, rows=ROWS, block=BLOCK, panel=PANEL, weights=(32, 2, v16, 1),
+               accumulators=(2, v8), row_step=row_step, out_lane=i32)
 
 
 PADS = True   # any number of output channels: the last block is padded with zero weights

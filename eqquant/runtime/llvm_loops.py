@@ -95,6 +95,34 @@ def blocks_of_rows(fn, builder, p0, p1, blocks, rows: int, micro) -> None:
     counted_loop(fn, builder, ir.Constant(ir.IntType(64), 0), blocks, 1, "ob", per_block)
 
 
+def panel_gemm(fn, builder, args, *, rows: int, block: int, panel: int, weights: tuple,
+               accumulators: tuple, row_step, out_lane=None) -> None:
+    """The loop nest of every GEMM here, given its arguments ``args`` (A, lda, B, C, ldc, p0,
+    p1, k, blocks): for each block ob of ``block`` output channels, pixels p0..p1 ``rows`` at
+    a time (then one at a time), over k: load the k-th step of the block's weight panel
+    (``panel`` elements of B a step, at ob * k * panel + k * panel) as ``weights`` = (stride,
+    n, vector type, alignment), then for each pixel row r ``row_step(builder, start, k,
+    accs[r], vectors)`` gives the row's new accumulators (``start`` = (p + r) * lda; a grid
+    of ``accumulators`` = (n, vector type) per row, zero at first). The grid is stored in C
+    (bitcast to ``out_lane`` first, where given)."""
+    from llvmlite import ir
+    a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, count, blocks = args
+    c64 = lambda v: ir.Constant(ir.IntType(64), v)  # noqa: E731
+    stride, n, vtype, align = weights
+
+    def micro(bc, p, ob, nrows):
+        def step(bc, k, accs):
+            at = bc.add(bc.mul(ob, bc.mul(count, c64(panel))), bc.mul(k, c64(panel)))
+            vectors = load_vectors(bc, b_ptr, at, stride, n, vtype, align)
+            return [row_step(bc, bc.mul(bc.add(p, c64(r)), lda), k, accs[r], vectors)
+                    for r in range(nrows)]
+        accs = reduction_loop(fn, bc, count, nrows, *accumulators, step)
+        out = c_ptr if out_lane is None else bc.bitcast(c_ptr, out_lane.as_pointer())
+        store_rows(bc, accs, out, p, ldc, ob, block)
+
+    blocks_of_rows(fn, builder, p0, p1, blocks, rows, micro)
+
+
 def store_rows(builder, accs, out, p, ldc, ob, block: int, align: int = 4) -> None:
     """Store the accumulator grid ``accs[r][j]`` (vectors of n lanes) at row p + r, columns
     ob * block + j * n of ``out`` (a pointer to the lane type, rows ldc apart)."""

@@ -20,8 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .llvm_loops import (blocks_of_rows, cpu_has, declare, gemm_definition, gemm_intrinsic,
-                         load_vectors, reduction_loop, splat, store_rows)
+from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 
 from .kernels_int8 import requantize_acc, shift_params
 
@@ -47,26 +46,17 @@ def define_gemm(mod, fn, args, b):
     i32, i64 = ir.IntType(32), ir.IntType(64)
     v16 = ir.VectorType(i32, 16)
     dp = declare(mod, "llvm.x86.avx512.vpdpbusd.512", ir.FunctionType(v16, [v16, v16, v16]))
-    a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, kq, oblocks = args
-    c64 = lambda v: ir.Constant(i64, v)  # noqa: E731
+    a_ptr = args[0]
 
-    def micro(bc, p, ob, rows):
-        """rows pixels from p times the 64 channels of block ob, over all of k."""
-        def step(bc, k, accs):
-            panel = bc.mul(ob, bc.mul(kq, c64(BLOCK * 4)))          # this block's weights
-            at = bc.add(panel, bc.mul(k, c64(BLOCK * 4)))
-            bvs = load_vectors(bc, b_ptr, at, 64, 4, v16, 1)
-            new = []
-            for r in range(rows):
-                a_off = bc.add(bc.mul(bc.add(p, c64(r)), lda), bc.mul(k, c64(4)))
-                a32 = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=1)
-                av = splat(bc, a32, v16)
-                new.append([bc.call(dp, [accs[r][j], av, bvs[j]]) for j in range(4)])
-            return new
-        accs = reduction_loop(fn, bc, kq, rows, 4, v16, step)
-        store_rows(bc, accs, bc.bitcast(c_ptr, i32.as_pointer()), p, ldc, ob, BLOCK)
+    def row_step(bc, start, k, accs, weights):
+        """the 4 bytes (a_k..a_k+3) of this pixel's row, broadcast, times 64 channels x 4 k"""
+        a_off = bc.add(start, bc.mul(k, ir.Constant(i64, 4)))
+        a32 = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=1)
+        av = splat(bc, a32, v16)
+        return [bc.call(dp, [accs[j], av, weights[j]]) for j in range(4)]
 
-    blocks_of_rows(fn, b, p0, p1, oblocks, ROWS, micro)
+    panel_gemm(fn, b, args, rows=ROWS, block=BLOCK, panel=BLOCK * 4, weights=(64, 4, v16, 1),
+               accumulators=(4, v16), row_step=row_step, out_lane=i32)
 
 
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
