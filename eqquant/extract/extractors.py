@@ -261,48 +261,19 @@ def _improve(choice, root, fixed, costs, view: EGraphView, rounds: int = 10):
 
 
 def _cyclic_edges(view: EGraphView, classes: list[str], nodes) -> set[tuple[str, str]]:
-    """Class edges (user, operand) inside a strongly connected component: the only ones that
-    need ordering constraints to forbid cycles (Tarjan's algorithm, iterative)."""
-    succ: dict[str, set[str]] = {c: set() for c in classes}
-    for c, n in nodes:
-        succ[c].update(k for k in n.children if k in succ)
-    index, low, on, stack, comp = {}, {}, set(), [], {}
-    counter = 0
-    for start in classes:
-        if start in index:
-            continue
-        work = [(start, iter(succ[start]))]
-        index[start] = low[start] = counter
-        counter += 1
-        stack.append(start)
-        on.add(start)
-        while work:
-            v, it = work[-1]
-            advanced = False
-            for w in it:
-                if w not in index:
-                    index[w] = low[w] = counter
-                    counter += 1
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(succ[w])))
-                    advanced = True
-                    break
-                if w in on:
-                    low[v] = min(low[v], index[w])
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    comp[w] = v
-                    if w == v:
-                        break
-    return {(c, k) for c, n in nodes for k in n.children if k in comp and comp[c] == comp[k]}
+    """Class edges (user, operand) inside a strongly connected component (scipy's csgraph):
+    the only ones that need ordering constraints to forbid cycles."""
+    import numpy as np
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+    at = {c: i for i, c in enumerate(classes)}
+    edges = [(at[c], at[k]) for c, n in nodes for k in n.children if k in at]
+    rows, cols = (np.array(x, np.int64) for x in zip(*edges)) if edges else \
+        (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    graph = coo_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(classes),) * 2)
+    _, label = connected_components(graph, directed=True, connection="strong")
+    return {(c, k) for c, n in nodes for k in n.children
+            if k in at and label[at[c]] == label[at[k]]}
 
 
 def ilp(view: EGraphView, root: str, model: CostModel, time_limit: float = 60.0) -> Extraction:

@@ -163,8 +163,9 @@ def parse_type(text: str, file: str = "<type>", line: int = 1, column: int = 1) 
     return _TreeToModule(text, file, {}, []).type(tree)
 
 
-def _decode_number(tok: Token) -> tuple[Any, str | None]:
-    """(value, dtype or None when the literal has no suffix)."""
+def decode_number(tok: Token | str) -> tuple[Any, str | None]:
+    """A number literal (``1``, ``0.5f``, ``-3i8``, ``1e-5``) as (value, dtype or None when
+    it has no suffix): the one decoder of the IR's and the rules' literals."""
     m = _NUMBER.match(str(tok))
     if not m:
         raise ValueError(f"bad number {tok}")
@@ -356,7 +357,7 @@ class _TreeToModule:
         if kind == "number":
             tok = tree.children[0]
             try:
-                value, dtype = _decode_number(tok)
+                value, dtype = decode_number(tok)
                 if dtype is None:
                     dtype = "float32" if isinstance(value, float) else "int32"
                     value = fit_literal(value, dtype)
@@ -437,7 +438,7 @@ class _TreeToModule:
         if kind == "a_number":
             tok = tree.children[0]
             try:
-                value, dtype = _decode_number(tok)
+                value, dtype = decode_number(tok)
             except ValueError as e:
                 raise ParseError(f"bad literal: {e}", self.loc(tok)) from None
             if dtype is not None and dtype.startswith("float"):

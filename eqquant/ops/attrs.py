@@ -188,19 +188,10 @@ class OptionalKind(AttrKind):
         return "None" if v is None else self.inner.format(v)
 
 
-@dataclass(frozen=True)
-class AnyKind(AttrKind):
-    """Free-form value (ints, floats, strings, lists); used by function attributes."""
-
-    def canonical(self, v: Any) -> Any:
-        return v
-
-
 INT = IntKind("int")
 FLOAT = FloatKind("float")
 FLOAT_F = FloatKind("float", suffix="f")
 BOOL = BoolKind("bool")
-STR = StrKind("str")
 DTYPE = DTypeKind("dtype")
 DTYPE_REQUIRED = DTypeKind("dtype", allow_empty=False)
 INTS = IntsKind("ints")
@@ -210,7 +201,6 @@ OPT_INT = OptionalKind("int?", INT)
 OPT_INTS = OptionalKind("ints?", IntsKind("ints", scalar_ok=True))
 OPT_PAIR = OptionalKind("pair?", PAIR)
 PAD_WIDTH = NestedIntsKind("pad_width")
-ANY = AnyKind("any")
 
 
 class _Required:
