@@ -186,8 +186,8 @@ def _onnx_model(draw):
     node = nodes[draw(st.integers(0, len(nodes) - 1))]
     kind = draw(st.sampled_from(["op", "attr", "dims", "input"]))
     if kind == "op":
-        from eqquant.interop.onnx_import import CONVERTERS
-        node.op_type = draw(st.sampled_from(sorted(CONVERTERS) + ["Loop", "ConstantOfShape"]))
+        from eqquant.ops.registry import onnx_forms
+        node.op_type = draw(st.sampled_from(sorted(onnx_forms()) + ["Loop", "ConstantOfShape"]))
     elif kind == "attr" and node.attribute:
         a = node.attribute[draw(st.integers(0, len(node.attribute) - 1))]
         value = draw(st.sampled_from([0, -1, 2 ** 31, 2 ** 62, 7]))

@@ -3,7 +3,7 @@
     model = to_onnx(bind_params(mod, params))     # an onnx.ModelProto
     save_onnx(bound, "model.onnx")                # checked, written atomically
 
-fp32 ops map one to one (``FLOAT_OPS`` and the few special cases below). An int8 program (QNN
+Each op is written by its registry entry's ONNX form (``OpDef.onnx``). An int8 program (QNN
 ops, as ``eqquant quantize`` extracts it) is written in ONNX's QDQ form by
 :mod:`eqquant.interop.onnx_qdq`: QuantizeLinear / DequantizeLinear around float ops, uint8
 activations and int8 weights, which ONNX Runtime fuses back into its integer kernels. Every
@@ -20,15 +20,10 @@ from ..errors import EqquantError
 from ..core.nodes import (Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var,
                           post_order)
 from ..ir.typecheck import infer_types
+from ..ops.registry import IDENTITY
 from ..passes.inline import inline_calls
 
 OPSET = 17
-
-# IR op -> ONNX op, for ops whose inputs and semantics are the same (and that have no ONNX
-# form in the registry yet: see OpDef.onnx)
-FLOAT_OPS = {"nn.global_avg_pool2d": "GlobalAveragePool"}
-PASS_THROUGH = ("nn.dropout", "annotation.stop_fusion", "annotation.cast_hint")
-
 
 class Exporter:
     """Walks a module in post order and emits ONNX nodes; ``names`` maps each IR value (by
@@ -67,15 +62,6 @@ class Exporter:
         out = self.fresh(op_type.lower())
         self.nodes.append(helper.make_node(op_type, ins, [out], **attrs))
         return out
-
-    def act(self, x: str, attrs) -> str:
-        a = attrs.get("activation", "none")
-        if a == "relu":
-            return self.emit("Relu", [x])
-        if a == "clip":
-            return self.emit("Clip", [x, self.const(np.float32(attrs["a_min"])),
-                                      self.const(np.float32(attrs["a_max"]))])
-        return x
 
     def type(self, e: Expr):
         return self.types[id(e)]
@@ -141,70 +127,21 @@ class Exporter:
         return self.call(node, [x] + [self.name_of(a) for a in node.args[1:]])
 
     def call(self, node: Call, ins: list | None = None) -> str:
-        op, a = node.op.name, node.attrs
+        """``node`` written by its op's ONNX form (``OpDef.onnx``); an annotation that is the
+        identity passes its input through."""
         checked = ins is None
         ins = ins or [self.name_of(x) for x in node.args]
-        if checked and op not in PASS_THROUGH and any(
-                getattr(self.type(x), "dtype", "float32") != "float32" for x in node.args[:1]):
-            raise EqquantError(f"ONNX export: {op} on {self.type(node.args[0]).dtype} values "
-                               "has no QDQ form", node.loc)
-        if node.op.onnx:   # the op's own ONNX form, from its registry entry
-            return node.op.onnx[0].write(self, node, ins)
-        if op in ("nn.conv2d", "fused.conv2d"):
-            w_t = self.type(node.args[1])
-            conv = dict(strides=list(a["strides"]), pads=list(a["padding"]),
-                        dilations=list(a["dilation"]), group=a["groups"],
-                        kernel_shape=list(w_t.shape[2:]))
-            if op == "nn.conv2d":
-                return self.emit("Conv", ins, **conv)
-            b_t = self.type(node.args[2])
-            if isinstance(node.args[2], Constant) and b_t.size == w_t.shape[0]:
-                bias = self.const(np.asarray(node.args[2].data).reshape(-1))
-                return self.act(self.emit("Conv", [ins[0], ins[1], bias], **conv), a)
-            return self.act(self.emit("Add", [self.emit("Conv", ins[:2], **conv), ins[2]]), a)
-        if op == "nn.batch_norm":
-            return self.emit("BatchNormalization", ins, epsilon=float(a["epsilon"]))
-        if op in ("nn.dense", "fused.dense"):
-            if op == "nn.dense":
-                return self.emit("Gemm", ins[:2], transB=1)
-            return self.act(self.emit("Gemm", ins, transB=1), a)
-        if op in FLOAT_OPS:
-            return self.emit(FLOAT_OPS[op], ins)
-        if op in ("nn.max_pool2d", "nn.avg_pool2d"):
-            return self.pool(op, ins[0], a)
-        if op == "nn.batch_flatten":
-            return self.emit("Flatten", ins, axis=1)
-        if op in ("reshape", "expand_dims", "squeeze"):
-            return self.reshape(ins[0], self.type(node).shape)
-        if op == "transpose":
-            rank = self.type(node.args[0]).rank
-            axes = a["axes"] if a["axes"] is not None else list(range(rank))[::-1]
-            return self.emit("Transpose", ins, perm=[x % rank for x in axes])
-        if op == "concatenate":
-            return self.emit("Concat", list(ins[0]), axis=a["axis"])
-        if op == "nn.pad":
-            width = [list(p) for p in a["pad_width"]]
-            pads = [p[0] for p in width] + [p[1] for p in width]
-            return self.emit("Pad", [ins[0], self.const(np.asarray(pads, np.int64)), ins[1]],
-                             mode=a["pad_mode"])
-        if op == "nn.bias_add":
-            rank = self.type(node.args[0]).rank
-            shape = [1] * rank
-            shape[a["axis"] % rank] = -1
-            return self.emit("Add", [ins[0], self.reshape(ins[1], shape)])
-        if op == "nn.softmax":
-            return self.emit("Softmax", ins, axis=a["axis"])
-        if op in PASS_THROUGH:
+        if IDENTITY in node.op.props:
             return ins[0]
-        raise EqquantError(f"ONNX export: no mapping for {op}", node.loc)
-
-    def pool(self, op: str, x: str, a) -> str:
-        kw = dict(kernel_shape=list(a["pool_size"]), strides=list(a["strides"]),
-                  pads=list(a["padding"]), ceil_mode=int(a["ceil_mode"]))
-        if op == "nn.max_pool2d":
-            return self.emit("MaxPool", [x], dilations=list(a["dilation"]), **kw)
-        return self.emit("AveragePool", [x], count_include_pad=int(a["count_include_pad"]),
-                         **kw)
+        if checked and any(getattr(self.type(x), "dtype", "float32") != "float32"
+                           for x in node.args[:1]):
+            raise EqquantError(f"ONNX export: {node.op.name} on "
+                               f"{self.type(node.args[0]).dtype} values has no QDQ form",
+                               node.loc)
+        if not node.op.onnx:
+            raise EqquantError(f"ONNX export: {node.op.name} has no ONNX form (OpDef.onnx)",
+                               node.loc)
+        return node.op.onnx[0].write(self, node, ins)
 
     def reshape(self, x: str, shape) -> str:
         return self.emit("Reshape", [x, self.const(np.asarray(shape, np.int64))])

@@ -1,6 +1,8 @@
 """Int8 programs to ONNX's QDQ form: what ONNX Runtime's ``quantize_static`` writes.
 
-Each 8-bit value of the program becomes an ONNX uint8 tensor (or int8, on request) carrying the
+This module is the machinery (parameters, dequantized operands, weights); what each op becomes
+is its registry entry's QDQ form (``OnnxForm.qdq``, in ``eqquant/ops/qnn.py`` for the QNN ops)
+or follows from its properties. Each 8-bit value of the program becomes an ONNX uint8 tensor (or int8, on request) carrying the
 same real numbers: an int8 value q with zero point z is written as q + 128 with zero point
 z + 128, which ``DequantizeLinear`` reads back exactly. Each integer op becomes the float op
 between DequantizeLinear and QuantizeLinear, the pattern ONNX Runtime fuses back into
@@ -24,9 +26,8 @@ import numpy as np
 from ..errors import EqquantError
 from ..core.nodes import Call, Constant
 from ..core.types import is_int
+from ..ops.registry import ANNOTATION, IDENTITY, LAYOUT, POOL, QUANT
 
-LAYOUT_OPS = ("reshape", "expand_dims", "squeeze", "nn.batch_flatten", "transpose")
-PASS = ("annotation.stop_fusion", "annotation.cast_hint", "nn.dropout")
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,6 @@ class QDQ:
         self.info: dict[int, Q8 | Acc] = {}
 
     def handles(self, node: Call) -> bool:
-        from ..ops.registry import QUANT
         return QUANT in node.op.props or any(
             is_int(getattr(self.ex.type(a), "dtype", "float32")) and id(a) in self.info
             for a in node.args)
@@ -138,80 +138,53 @@ class QDQ:
                          kernel_shape=list(w_t.shape[2:]))
         return y, acc_scale.reshape(-1, 1, 1) if acc_scale.ndim else acc_scale
 
+    # -- results ---------------------------------------------------------------------------------
+
+    def keep(self, node: Call, q: Q8, name: str) -> str:
+        """``node``'s ONNX value ``name`` is 8-bit with the parameters ``q``."""
+        self.info[id(node)] = q
+        return name
+
+    def accumulate(self, node: Call, scale: np.ndarray, name: str) -> str:
+        """``node``'s ONNX value ``name`` is an int32 accumulator's real value (acc * scale)."""
+        self.info[id(node)] = Acc(np.asarray(scale, np.float32))
+        return name
+
+    def accumulator_scale(self, arg) -> np.ndarray | None:
+        """The scale of ``arg`` if it is an exported int32 accumulator, else None."""
+        info = self.info.get(id(arg))
+        return info.scale if isinstance(info, Acc) else None
+
+    def params(self, arg) -> Q8 | None:
+        """The 8-bit parameters of ``arg`` if it is an exported 8-bit value, else None."""
+        info = self.info.get(id(arg))
+        return info if isinstance(info, Q8) else None
+
+    def unsupported(self, node: Call) -> EqquantError:
+        return EqquantError(f"ONNX export: {node.op.name} on {self.ex.type(node.args[0])} has "
+                            "no QDQ form (export the program eqquant quantize wrote, not its "
+                            "realize view)", node.loc)
+
     # -- ops -------------------------------------------------------------------------------------
 
     def call(self, node: Call) -> str:
+        """An op on 8-bit values or int32 accumulators: its registry entry's QDQ form
+        (``OnnxForm.qdq``) where it has one; else by its properties, on an 8-bit value: an
+        annotation passes it through, a layout op moves its bytes, a pool (which commutes
+        with dequantization) runs on its real value and is quantized with its parameters."""
         self.ex.quantized = True
-        op, a, args = node.op.name, node.attrs, node.args
-        out_t = self.ex.type(node)
-        if op == "qnn.quantize":
-            q = self.q8(node, 1, 2, a["out_dtype"])
-            return self._set(node, q, self.quantize(self.ex.name_of(args[0]), q))
-        if op == "qnn.dequantize":
-            real = self.dq(args[0])
-            return real
-        if op == "fused.qconv2d":
-            y, _ = self.conv(node, bias=2)
-            if a["activation"] in ("relu", "clip"):
-                y = self.ex.act(y, a)
-            q = self.q8(node, 9, 10, a["out_dtype"])
-            return self._set(node, q, self.quantize(y, q))
-        if op == "qnn.conv2d":
-            y, scale = self.conv(node, bias=None)
-            self.info[id(node)] = Acc(scale)
-            return y
-        if op == "qnn.dense":
-            w, sw = self.weight(node, 1, 5, 3)
-            sx = self.scalar(node, 4, "input scale").astype(np.float32)
-            self.info[id(node)] = Acc((sx * sw).astype(np.float32))
-            return self.ex.emit("Gemm", [self.dq(args[0]), w], transB=1)
-        if op == "qnn.requantize":
-            q = self.q8(node, 3, 4, a["out_dtype"])
-            return self._set(node, q, self.quantize(self.dq(args[0]), q))
-        if op == "qnn.add":
-            q = self.q8(node, 6, 7, out_t.dtype)
-            real = self.ex.emit("Add", [self.dq(args[0]), self.dq(args[1])])
-            return self._set(node, q, self.quantize(real, q))
-        first = self.info.get(id(args[0]))
-        if op == "add" and isinstance(first, Acc):
-            b = self.ex.value(args[1])
-            if b is None:
-                raise EqquantError("ONNX export: an int32 accumulator plus a computed value",
-                                   node.loc)
-            self.info[id(node)] = first
-            real_b = (b.astype(np.float64) * first.scale).astype(np.float32)
-            return self.ex.emit("Add", [self.ex.name_of(args[0]), self.ex.const(real_b)])
-        if op == "qnn.clip" and isinstance(first, Acc):
-            self.info[id(node)] = first
-            return self.ex.act(self.ex.name_of(args[0]), {**a, "activation": "clip"})
-        if op == "nn.relu" and isinstance(first, Acc):
-            self.info[id(node)] = first
-            return self.ex.emit("Relu", [self.ex.name_of(args[0])])
-        if isinstance(first, Q8):
-            x = self.ex.name_of(args[0])
-            if op in LAYOUT_OPS:          # moves bytes: runs on the 8-bit tensor itself
-                return self._set(node, first, self.ex.call_on(node, x))
-            if op in PASS:
-                return self._set(node, first, x)
-            if op == "qnn.clip":
-                y = self.ex.act(self.dq(args[0]), {**a, "activation": "clip"})
-                return self._set(node, first, self.quantize(y, first))
-            if op in ("nn.max_pool2d", "nn.avg_pool2d", "nn.relu", "nn.global_avg_pool2d"):
-                real = self.dq(args[0])
-                if op == "nn.relu" and first.zero != 0:
-                    raise EqquantError("ONNX export: relu of an 8-bit value with a zero "
-                                       "point other than 0", node.loc)
-                if op == "nn.relu":
-                    y = self.ex.emit("Relu", [real])
-                elif op == "nn.global_avg_pool2d":
-                    y = self.ex.emit("GlobalAveragePool", [real])
-                else:
-                    y = self.ex.pool(op, real, a)
-                return self._set(node, first, self.quantize(y, first))
-        raise EqquantError(f"ONNX export: {op} on {self.ex.type(args[0])} has no QDQ form "
-                           "(export the program eqquant quantize wrote, not its realize view)",
-                           node.loc)
-
-    def _set(self, node: Call, q: Q8, name: str) -> str:
-        self.info[id(node)] = q
-        return name
+        form = node.op.onnx[0] if node.op.onnx else None
+        if form is not None and form.qdq is not None:
+            return form.qdq(self, node)
+        props = node.op.props
+        q = self.params(node.args[0])
+        if q is not None:
+            x = self.ex.name_of(node.args[0])
+            if IDENTITY in props or (ANNOTATION in props and QUANT not in props):
+                return self.keep(node, q, x)
+            if LAYOUT in props:          # moves bytes: runs on the 8-bit tensor itself
+                return self.keep(node, q, self.ex.call_on(node, x))
+            if POOL in props and form is not None:
+                real = form.write(self.ex, node, [self.dq(node.args[0])])
+                return self.keep(node, q, self.quantize(real, q))
+        raise self.unsupported(node)

@@ -16,7 +16,8 @@ from ..core.types import TensorType
 from . import numerics
 from .attrs import FLOAT_F, Attr, StrKind
 from .nn import CONV2D_ATTRS, conv2d_flops, conv2d_rel, dense, dense_rel
-from .registry import COMPUTE, OpDef, OpTypeError, get_op, register
+from .onnx_conventions import conv_to_onnx
+from .registry import COMPUTE, OnnxForm, OpDef, OpTypeError, get_op, register
 from .typerel import broadcast_shapes, tensor
 
 ACTIVATION = StrKind("activation", ("none", "relu", "clip"))
@@ -35,12 +36,32 @@ def _epilogue_rel(out: TensorType, types, attrs) -> TensorType:
     return TensorType(shape, out.dtype)
 
 
-def _activate(y: np.ndarray, activation: str, a_min: float, a_max: float) -> np.ndarray:
+def epilogue_bounds(attrs) -> tuple[float, float]:
+    """A fused op's activation as the clamp it is, the one form every kernel and the
+    reference apply: none is [-inf, inf], relu [0, inf], clip [a_min, a_max]."""
+    activation = attrs.get("activation", "none")
     if activation == "relu":
-        return np.maximum(y, 0).astype(y.dtype, copy=False)
+        return 0.0, math.inf
     if activation == "clip":
-        return np.clip(y, a_min, a_max).astype(y.dtype, copy=False)
-    return y
+        return float(attrs["a_min"]), float(attrs["a_max"])
+    return -math.inf, math.inf
+
+
+def epilogue_calls(attrs) -> tuple[tuple[str, dict], ...]:
+    """A fused op's activation as the calls it stands for: (), nn.relu, or clip."""
+    activation = attrs.get("activation", "none")
+    if activation == "relu":
+        return (("nn.relu", {}),)
+    if activation == "clip":
+        return (("clip", {"a_min": attrs["a_min"], "a_max": attrs["a_max"]}),)
+    return ()
+
+
+def _activate(y: np.ndarray, activation: str, a_min: float, a_max: float) -> np.ndarray:
+    if activation == "none":
+        return y
+    lo, hi = epilogue_bounds({"activation": activation, "a_min": a_min, "a_max": a_max})
+    return np.clip(y, lo, hi).astype(y.dtype, copy=False)
 
 
 def _unfuse(core: str, core_attrs):
@@ -49,11 +70,8 @@ def _unfuse(core: str, core_attrs):
         y = Call(op=op, args=args[:2], attrs=freeze_attrs(
             op.canonical_attrs({k: attrs[k] for k in core_attrs})))
         y = Call(op=get_op("add"), args=(y, args[2]))
-        if attrs["activation"] == "relu":
-            y = Call(op=get_op("nn.relu"), args=(y,))
-        elif attrs["activation"] == "clip":
-            y = Call(op=get_op("clip"), args=(y,), attrs=freeze_attrs(
-                {"a_min": attrs["a_min"], "a_max": attrs["a_max"]}))
+        for name, act_attrs in epilogue_calls(attrs):
+            y = Call(op=get_op(name), args=(y,), attrs=freeze_attrs(act_attrs))
         return y
     return unfuse
 
@@ -68,10 +86,34 @@ def _dense_semantics(x, w, b, *, activation, a_min, a_max, **attrs):
     return _activate((y + b).astype(y.dtype, copy=False), activation, a_min, a_max)
 
 
+def write_epilogue(ex, x: str, attrs) -> str:
+    """ONNX export: the activation of a fused op applied to the ONNX value ``x``, each
+    activation written by its own op's ONNX form."""
+    for name, act_attrs in epilogue_calls(attrs):
+        op = get_op(name)
+        call = Call(op=op, args=(), attrs=freeze_attrs(op.canonical_attrs(act_attrs)))
+        x = op.onnx[0].write(ex, call, [x])
+    return x
+
+
+def _conv_to_onnx(ex, node, ins):
+    """Conv with its bias input where the bias is a constant vector, else Conv then Add;
+    then the activation."""
+    w_t = ex.type(node.args[1])
+    conv = conv_to_onnx(node.attrs, w_t.shape)
+    bias = ex.value(node.args[2])
+    if bias is not None and bias.size == w_t.shape[0]:
+        y = ex.emit("Conv", [ins[0], ins[1], ex.const(bias.reshape(-1))], **conv)
+    else:
+        y = ex.emit("Add", [ex.emit("Conv", ins[:2], **conv), ins[2]])
+    return write_epilogue(ex, y, node.attrs)
+
+
 CONV_NAMES = tuple(a.name for a in CONV2D_ATTRS)
 register(OpDef(
     "fused.conv2d", inputs=("data", "weight", "bias"), props=frozenset({COMPUTE, FUSED}),
     kernel="eqquant.runtime.bindings:Conv2D",
+    onnx=(OnnxForm("Conv", reads=False, export=_conv_to_onnx),),
     attrs=CONV2D_ATTRS + EPILOGUE_ATTRS,
     type_rel=lambda types, attrs: _epilogue_rel(conv2d_rel(types[:2], attrs), types, attrs),
     semantics=_conv_semantics, flops=conv2d_flops, unfuse=_unfuse("nn.conv2d", CONV_NAMES),
@@ -79,6 +121,8 @@ register(OpDef(
 register(OpDef(
     "fused.dense", inputs=("data", "weight", "bias"), props=frozenset({COMPUTE, FUSED}),
     kernel="eqquant.runtime.bindings:Dense",
+    onnx=(OnnxForm("Gemm", reads=False, export=lambda ex, node, ins: write_epilogue(
+        ex, ex.emit("Gemm", ins, transB=1), node.attrs)),),
     attrs=tuple(a for a in get_op("nn.dense").attrs) + EPILOGUE_ATTRS,
     type_rel=lambda types, attrs: _epilogue_rel(dense_rel(types[:2], attrs), types, attrs),
     semantics=_dense_semantics, unfuse=_unfuse("nn.dense", ("units", "out_dtype")),

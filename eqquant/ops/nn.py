@@ -7,7 +7,8 @@ from ..core.types import TensorType, default_compute_dtype
 from . import numerics
 from .attrs import (BOOL, DTYPE, FLOAT, INT, OPT_INT, OPT_PAIR, PAD_WIDTH, PADDING2D, PAIR, Attr,
                     StrKind)
-from .registry import COMPUTE, POOL, SELECTS, OpDef, OpTypeError, register
+from .onnx_conventions import OnnxFormError, conv_to_onnx, pads, rank4, text, window, window_to_onnx
+from .registry import COMPUTE, POOL, SELECTS, OnnxForm, OpDef, OpTypeError, register
 from .typerel import compute_dtypes, norm_axis, tensor, tuple_of
 
 NCHW = StrKind("layout", choices=("NCHW",))
@@ -52,9 +53,34 @@ def conv2d_flops(ins, out, attrs) -> float:
     return 2.0 * out.size * ins[1].size // ins[1].shape[0]
 
 
+def _conv_from_onnx(im, attrs, ins):
+    """Conv (2-d, NCHW) is nn.conv2d, then nn.bias_add where it has a bias."""
+    x, w = im.value(ins[0]), im.value(ins[1])
+    xt, wt = rank4(im, x, "convolutions"), im.type(w)
+    if wt.rank != 4:
+        raise OnnxFormError(f"the weight has rank {wt.rank}; only 2-d convolutions are "
+                            "supported")
+    kernel = list(attrs.get("kernel_shape", wt.shape[2:]))
+    if tuple(kernel) != tuple(wt.shape[2:]):
+        raise OnnxFormError(f"kernel_shape {kernel} disagrees with the weight's shape "
+                            f"{list(wt.shape)}")
+    strides = list(attrs.get("strides", [1, 1]))
+    dil = list(attrs.get("dilations", [1, 1]))
+    y = im.call("nn.conv2d", x, w, strides=strides, dilation=dil, groups=attrs.get("group", 1),
+                padding=pads(attrs, xt.shape[2:], kernel, strides, dil))
+    if len(ins) > 2 and ins[2]:
+        y = im.call("nn.bias_add", y, im.value(ins[2]), axis=1)
+    return y
+
+
+def _conv_to_onnx(ex, node, ins):
+    return ex.emit("Conv", ins, **conv_to_onnx(node.attrs, ex.type(node.args[1]).shape))
+
+
 register(OpDef(
     "nn.conv2d", inputs=("data", "weight"), props=frozenset({COMPUTE}),
     kernel="eqquant.runtime.bindings:Conv2D", attrs=CONV2D_ATTRS,
+    onnx=(OnnxForm("Conv", convert=_conv_from_onnx, export=_conv_to_onnx),),
     type_rel=conv2d_rel, semantics=numerics.conv2d, flops=conv2d_flops,
     doc="2-D convolution, NCHW data and OIHW weight; groups=C is depthwise"))
 
@@ -87,8 +113,19 @@ def _batch_norm(x, gamma, beta, mean, var, *, axis, epsilon, center, scale):
     return out.astype(x.dtype), mean, var
 
 
+def _batch_norm_from_onnx(im, attrs, ins):
+    if attrs.get("training_mode", 0):
+        raise OnnxFormError("training_mode=1 is not supported: export the model in eval mode")
+    bn = im.call("nn.batch_norm", *[im.value(n) for n in ins[:5]], axis=1,
+                 epsilon=float(attrs.get("epsilon", 1e-5)))
+    return im.b.get(bn, 0)
+
+
 register(OpDef(
     "nn.batch_norm", inputs=("data", "gamma", "beta", "moving_mean", "moving_var"),
+    onnx=(OnnxForm("BatchNormalization", convert=_batch_norm_from_onnx,
+                   export=lambda ex, node, ins: ex.emit("BatchNormalization", ins, epsilon=float(
+                       node.attrs["epsilon"]))),),
     attrs=(Attr("axis", INT, 1), Attr("epsilon", FLOAT, 1e-5), Attr("center", BOOL, True),
            Attr("scale", BOOL, True)),
     type_rel=_batch_norm_rel, semantics=_batch_norm,
@@ -119,14 +156,34 @@ def _pool_rel(types, attrs):
     return TensorType((n, c, oh, ow), x.dtype)
 
 
+def _max_pool_from_onnx(im, attrs, ins):
+    if attrs.get("storage_order", 0):
+        raise OnnxFormError("storage_order=1 (column major indices) is not supported")
+    x = im.value(ins[0])
+    return [im.call("nn.max_pool2d", x, **window(im, attrs, x)), None]   # no indices
+
+
+def _avg_pool_from_onnx(im, attrs, ins):
+    x = im.value(ins[0])
+    return im.call("nn.avg_pool2d", x, **window(im, attrs, x),
+                   count_include_pad=bool(attrs.get("count_include_pad", 0)))
+
+
 register(OpDef("nn.max_pool2d", inputs=("data",), props=frozenset({POOL, SELECTS}),
                kernel="eqquant.runtime.bindings:MaxPool2D", attrs=_POOL_ATTRS,
+               onnx=(OnnxForm("MaxPool", convert=_max_pool_from_onnx, export=lambda ex, node, ins:
+                              ex.emit("MaxPool", ins[:1], dilations=list(node.attrs["dilation"]),
+                                      **window_to_onnx(node.attrs))),),
                type_rel=_pool_rel, semantics=numerics.max_pool2d,
                flops=lambda ins, out, a: float(out.size * a["pool_size"][0] * a["pool_size"][1]),
                doc="maximum over each window (padding never wins)"))
 register(OpDef("nn.avg_pool2d", inputs=("data",), props=frozenset({POOL}),
                kernel="eqquant.runtime.bindings:AvgPool2D",
                attrs=_POOL_ATTRS + (Attr("count_include_pad", BOOL, False),),
+               onnx=(OnnxForm("AveragePool", convert=_avg_pool_from_onnx,
+                              export=lambda ex, node, ins: ex.emit(
+                                  "AveragePool", ins[:1], **window_to_onnx(node.attrs),
+                                  count_include_pad=int(node.attrs["count_include_pad"]))),),
                type_rel=_pool_rel, semantics=numerics.avg_pool2d,
                flops=lambda ins, out, a: float(out.size * a["pool_size"][0] * a["pool_size"][1]),
                doc="mean over each window"))
@@ -142,7 +199,14 @@ def _global_avg_pool(x, *, layout, out_layout):
     return (acc if x.dtype.kind == "f" else np.trunc(acc)).astype(x.dtype)
 
 
+def _global_avg_from_onnx(im, attrs, ins):
+    x = im.value(ins[0])
+    rank4(im, x, "pooling")
+    return im.call("nn.global_avg_pool2d", x)
+
+
 register(OpDef("nn.global_avg_pool2d", inputs=("data",), props=frozenset({POOL}),
+               onnx=(OnnxForm("GlobalAveragePool", convert=_global_avg_from_onnx),),
                kernel="eqquant.runtime.bindings:GlobalAvgPool2D",
                attrs=(Attr("layout", NCHW, "NCHW"), Attr("out_layout", OUT_LAYOUT, "")),
                type_rel=_global_pool_rel, semantics=_global_avg_pool,
@@ -166,7 +230,49 @@ def dense(x, w, *, units, out_dtype, **_ignored):
         out_dtype or default_compute_dtype(str(x.dtype), str(w.dtype)))
 
 
+def _t2(im, x):
+    return im.call("transpose", x, axes=[1, 0])
+
+
+def _gemm_from_onnx(im, attrs, ins):
+    """Gemm: alpha * A' @ B' + beta * C, as nn.dense (B' transposed to (units, K)), times
+    alpha, plus beta * C."""
+    a, b = im.value(ins[0]), im.value(ins[1])
+    for e, what in ((a, "A"), (b, "B")):
+        if im.type(e).rank != 2:
+            raise OnnxFormError(f"{what} has rank {im.type(e).rank}; Gemm takes matrices")
+    if attrs.get("transA", 0):
+        a = _t2(im, a)
+    y = im.call("nn.dense", a, b if attrs.get("transB", 0) else _t2(im, b))
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    if alpha != 1.0:
+        y = im.call("multiply", y, im.scalar(alpha, y))
+    if len(ins) > 2 and ins[2] and beta != 0.0:
+        c = im.value(ins[2])
+        if beta != 1.0:
+            c = im.call("multiply", c, im.scalar(beta, c))
+        y = im.call("add", y, c)
+    return y
+
+
+def _matmul_from_onnx(im, attrs, ins):
+    """MatMul (..., K) x (K, N): nn.dense on the rows, reshaped back."""
+    a, b = im.value(ins[0]), im.value(ins[1])
+    at, bt = im.type(a), im.type(b)
+    if bt.rank != 2 or at.rank < 2:
+        raise OnnxFormError(f"MatMul of ranks {at.rank} and {bt.rank}: only an (..., K) x "
+                            "(K, N) product is supported")
+    if at.rank == 2:
+        return im.call("nn.dense", a, _t2(im, b))
+    flat = im.call("reshape", a, newshape=[-1, at.shape[-1]])
+    y = im.call("nn.dense", flat, _t2(im, b))
+    return im.call("reshape", y, newshape=list(at.shape[:-1]) + [bt.shape[1]])
+
+
 register(OpDef("nn.dense", inputs=("data", "weight"), props=frozenset({COMPUTE}),
+               onnx=(OnnxForm("Gemm", convert=_gemm_from_onnx, export=lambda ex, node, ins:
+                              ex.emit("Gemm", ins[:2], transB=1)),
+                     OnnxForm("MatMul", convert=_matmul_from_onnx)),
                kernel="eqquant.runtime.bindings:Dense",
                attrs=(Attr("units", OPT_INT, None), Attr("out_dtype", DTYPE, "")),
                type_rel=dense_rel, semantics=dense, doc="x @ weight.T, weight is (units, K)",
@@ -188,7 +294,15 @@ def _bias_add(x, b, *, axis):
     return (x + b.reshape(shape)).astype(x.dtype)
 
 
+def _bias_add_to_onnx(ex, node, ins):
+    rank = ex.type(node.args[0]).rank
+    shape = [1] * rank
+    shape[node.attrs["axis"] % rank] = -1
+    return ex.emit("Add", [ins[0], ex.reshape(ins[1], shape)])
+
+
 register(OpDef("nn.bias_add", inputs=("data", "bias"), attrs=(Attr("axis", INT, 1),),
+               onnx=(OnnxForm("Add", reads=False, export=_bias_add_to_onnx),),
                type_rel=_bias_add_rel, semantics=_bias_add, doc="add a vector along axis"))
 
 
@@ -209,7 +323,40 @@ def _pad(x, value, *, pad_width, pad_mode):
     return np.pad(x, pad_width, mode=pad_mode)
 
 
+def _pad_from_onnx(im, attrs, ins):
+    x = im.value(ins[0])
+    rank = im.type(x).rank
+    mode = text(attrs.get("mode", "constant"))
+    if mode not in ("constant", "edge", "reflect"):
+        raise OnnxFormError(f"mode '{mode}' is not one of constant, edge, reflect")
+    if im.opset >= 11:
+        given = im.const_ints(ins[1], "Pad's pads")
+        value = im.const_scalar(ins[2], "Pad's constant_value") if len(ins) > 2 and ins[2] \
+            else 0.0
+        axes = [a % rank for a in im.const_ints(ins[3], "Pad's axes")] \
+            if len(ins) > 3 and ins[3] else list(range(rank))
+    else:
+        given, value, axes = list(attrs["pads"]), float(attrs.get("value", 0.0)), \
+            list(range(rank))
+    if len(given) != 2 * len(axes):
+        raise OnnxFormError(f"pads has {len(given)} values for {len(axes)} axes")
+    width = [[0, 0] for _ in range(rank)]
+    for i, a in enumerate(axes):
+        width[a] = [given[i], given[i + len(axes)]]
+    if any(p < 0 for pair in width for p in pair):
+        raise OnnxFormError(f"negative pads (cropping) are not supported: {given}")
+    return im.call("nn.pad", x, im.scalar(value, x), pad_width=width, pad_mode=mode)
+
+
+def _pad_to_onnx(ex, node, ins):
+    width = [list(p) for p in node.attrs["pad_width"]]
+    begin_end = [p[0] for p in width] + [p[1] for p in width]
+    return ex.emit("Pad", [ins[0], ex.const(np.asarray(begin_end, np.int64)), ins[1]],
+                   mode=node.attrs["pad_mode"])
+
+
 register(OpDef("nn.pad", inputs=("data", "pad_value"), kernel="eqquant.runtime.bindings:Pad",
+               onnx=(OnnxForm("Pad", convert=_pad_from_onnx, export=_pad_to_onnx),),
                attrs=(Attr("pad_width", PAD_WIDTH, []),
                       Attr("pad_mode", StrKind("mode", ("constant", "edge", "reflect")),
                            "constant")),

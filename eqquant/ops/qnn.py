@@ -20,8 +20,10 @@ import numpy as np
 from ..core.types import TensorType, is_float, is_int
 from . import numerics
 from .attrs import DTYPE_REQUIRED, FLOAT_F, INT, OPT_INT, Attr, DTypeKind, StrKind
+from .fused import write_epilogue
 from .nn import CONV2D_ATTRS, conv2d_flops, conv2d_rel, dense_rel
-from .registry import ANNOTATION, COMPUTE, QUANT, OpDef, OpTypeError, register
+from .registry import (ANNOTATION, COMPUTE, QUANT, OnnxForm, OpDef, OpTypeError, get_op,
+                       register)
 from .typerel import broadcast_shapes, tensor
 
 QDTYPE = DTypeKind("dtype", allow_empty=False, choices=("int8", "uint8", "int32"))
@@ -123,7 +125,158 @@ def _quantize(x, scale, zp, *, axis, out_dtype):
     return _saturate(q, out_dtype)
 
 
+# ONNX's QDQ form of each QNN op: ``w`` is the QDQ writer (eqquant/interop/onnx_qdq.py), whose
+# helpers give an operand's real value (w.dq), 8-bit parameters from the op's scale and zero
+# point inputs (w.q8) and record what the ONNX value holds (w.keep: 8-bit; w.accumulate: an
+# int32 accumulator's real value).
+
+def _quantize_qdq(w, node):
+    q = w.q8(node, 1, 2, node.attrs["out_dtype"])
+    return w.keep(node, q, w.quantize(w.ex.name_of(node.args[0]), q))
+
+
+def _requantize_qdq(w, node):
+    q = w.q8(node, 3, 4, node.attrs["out_dtype"])
+    return w.keep(node, q, w.quantize(w.dq(node.args[0]), q))
+
+
+def _qconv_qdq(w, node):
+    y, scale = w.conv(node, bias=None)
+    return w.accumulate(node, scale, y)
+
+
+def _qdense_qdq(w, node):
+    weight, sw = w.weight(node, 1, 5, 3)
+    sx = w.scalar(node, 4, "input scale").astype(np.float32)
+    return w.accumulate(node, sx * sw, w.ex.emit("Gemm", [w.dq(node.args[0]), weight],
+                                                 transB=1))
+
+
+def _qadd_qdq(w, node):
+    q = w.q8(node, 6, 7, w.ex.type(node).dtype)
+    real = w.ex.emit("Add", [w.dq(node.args[0]), w.dq(node.args[1])])
+    return w.keep(node, q, w.quantize(real, q))
+
+
+def _qclip_qdq(w, node):
+    """Clip in real units, on an accumulator's real value or on an 8-bit value's."""
+    clip = {"activation": "clip", "a_min": node.attrs["a_min"], "a_max": node.attrs["a_max"]}
+    x = node.args[0]
+    scale = w.accumulator_scale(x)
+    if scale is not None:
+        return w.accumulate(node, scale, write_epilogue(w.ex, w.ex.name_of(x), clip))
+    q = w.params(x)
+    if q is None:
+        raise w.unsupported(node)
+    return w.keep(node, q, w.quantize(write_epilogue(w.ex, w.dq(x), clip), q))
+
+
+def _fqconv_qdq(w, node):
+    y, _ = w.conv(node, bias=2)
+    q = w.q8(node, 9, 10, node.attrs["out_dtype"])
+    return w.keep(node, q, w.quantize(write_epilogue(w.ex, y, node.attrs), q))
+
+
+# The realize view of each QNN op (TVM's realize output, the seed's final listing): the same
+# values in casts, multiplies, rounds, clips, int32 convolutions and fixed_point_multiply,
+# for symmetric parameters (zero points 0) and per-tensor scales.
+
+class RealizeError(Exception):
+    """An op has no realize form with these parameters (the view adds the location)."""
+
+
+def _call(name: str, *args, **attrs):
+    from ..core.nodes import Call, freeze_attrs
+    op = get_op(name)
+    return Call(op=op, args=args, attrs=freeze_attrs(op.canonical_attrs(attrs)))
+
+
+def _scalar_value(e, what: str) -> float:
+    from ..core.nodes import Constant, Scalar
+    if isinstance(e, Scalar):
+        return float(e.value)
+    if isinstance(e, Constant) and e.data is not None and np.asarray(e.data).size == 1:
+        return float(np.asarray(e.data).reshape(()))
+    raise RealizeError(f"the realize view needs a constant per-tensor {what}")
+
+
+def _symmetric(*zero_points) -> None:
+    for z in zero_points:
+        if _scalar_value(z, "zero point") != 0:
+            raise RealizeError("the realize view takes symmetric quantization (zero points 0)")
+
+
+def _f32(value: float):
+    from ..core.nodes import Scalar
+    return Scalar(value=float(np.float32(value)), dtype="float32")
+
+
+def realize_requantize(q, in_dtype: str, ratio: float, out_dtype: str):
+    """cast(int64); fixed_point_multiply; clip; [cast(int32), when rescaling an int32
+    accumulator, as TVM's realize does]; cast(out_dtype)."""
+    from .fixed_point import quantize_multiplier
+    m, shift = quantize_multiplier(ratio)
+    lo, hi = numerics.qrange(out_dtype)
+    v = _call("cast", q, dtype="int64")
+    v = _call("fixed_point_multiply", v, multiplier=m, shift=shift)
+    v = _call("clip", v, a_min=float(lo), a_max=float(hi))
+    if in_dtype == "int32":
+        v = _call("cast", v, dtype="int32")
+    return _call("cast", v, dtype=out_dtype)
+
+
+def _quantize_realize(args, attrs, in_types, out_type):
+    """multiply(x, 1/s); round; clip; cast"""
+    x, s, z = args
+    _symmetric(z)
+    lo, hi = numerics.qrange(attrs["out_dtype"])
+    v = _call("multiply", x, _f32(1 / _scalar_value(s, "scale")))
+    v = _call("clip", _call("round", v), a_min=float(lo), a_max=float(hi))
+    return _call("cast", v, dtype=attrs["out_dtype"])
+
+
+def _dequantize_realize(args, attrs, in_types, out_type):
+    """cast(float32); multiply(s)"""
+    q, s, z = args
+    _symmetric(z)
+    return _call("multiply", _call("cast", q, dtype="float32"),
+                 _f32(_scalar_value(s, "scale")))
+
+
+def _qconv_realize(args, attrs, in_types, out_type):
+    """nn.conv2d(x, w, ..., out_dtype="int32")"""
+    x, w, zx, zw = args[:4]
+    _symmetric(zx, zw)
+    return _call("nn.conv2d", x, w, **attrs)
+
+
+def _requantize_realize(args, attrs, in_types, out_type):
+    q, s1, z1, s2, z2 = args
+    _symmetric(z1, z2)
+    return realize_requantize(q, in_types[0].dtype, _scalar_value(s1, "scale")
+                              / _scalar_value(s2, "scale"), attrs["out_dtype"])
+
+
+def _qadd_realize(args, attrs, in_types, out_type):
+    """cast(b, int32); fixed_point_multiply (b to a's scale); add(cast(a, int32), .); then
+    the requantize sequence"""
+    from .fixed_point import quantize_multiplier
+    if attrs["method"] != "realize":
+        raise RealizeError("the realize view writes TVM's qnn.add (method realize); this one "
+                           "rounds once (a uint8 program's add)")
+    lhs, rhs, sa, za, sb, zb, so, zo = args
+    _symmetric(za, zb, zo)
+    m, shift = quantize_multiplier(_scalar_value(sb, "scale") / _scalar_value(sa, "scale"))
+    r = _call("fixed_point_multiply", _call("cast", rhs, dtype="int32"), multiplier=m,
+              shift=shift)
+    total = _call("add", _call("cast", lhs, dtype="int32"), _call("cast", r, dtype="int32"))
+    return realize_requantize(total, "int32", _scalar_value(sa, "scale")
+                              / _scalar_value(so, "scale"), str(out_type.dtype))
+
+
 register(OpDef("qnn.quantize", inputs=("data", "output_scale", "output_zero_point"),
+               onnx=(OnnxForm("QuantizeLinear", reads=False, qdq=_quantize_qdq),),
+               realize=_quantize_realize,
                props=frozenset({QUANT}), kernel="eqquant.runtime.bindings_int8:Quantize",
                attrs=(Attr("axis", INT, -1), Attr("out_dtype", QDTYPE, "int8")),
                type_rel=_quantize_rel, semantics=_quantize,
@@ -151,6 +304,9 @@ def _dequantize(q, scale, zp, *, axis):
 
 
 register(OpDef("qnn.dequantize", inputs=("data", "input_scale", "input_zero_point"),
+               onnx=(OnnxForm("DequantizeLinear", reads=False,
+                               qdq=lambda w, node: w.dq(node.args[0])),),
+               realize=_dequantize_realize,
                props=frozenset({QUANT}), attrs=(Attr("axis", INT, -1),),
                kernel="eqquant.runtime.bindings_int8:Dequantize",
                type_rel=_dequantize_rel, semantics=_dequantize,
@@ -196,6 +352,8 @@ def _requantize(q, in_scale, in_zp, out_scale, out_zp, *, axis, rounding, out_dt
 register(OpDef(
     "qnn.requantize",
     inputs=("data", "input_scale", "input_zero_point", "output_scale", "output_zero_point"),
+    onnx=(OnnxForm("QuantizeLinear", reads=False, qdq=_requantize_qdq),),
+    realize=_requantize_realize,
     props=frozenset({QUANT}), kernel="eqquant.runtime.bindings_int8:Requantize",
     attrs=(Attr("axis", INT, -1), Attr("rounding", ROUNDING, "UPWARD"),
            Attr("out_dtype", QDTYPE, "int8")),
@@ -237,14 +395,17 @@ def _qdense(x, w, zx, zw, sx, sw, *, units, out_dtype):
 QINPUTS = ("data", "weight", "input_zero_point", "kernel_zero_point", "input_scale",
            "kernel_scale")
 register(OpDef(
-    "qnn.conv2d", inputs=QINPUTS, props=frozenset({COMPUTE, QUANT}),
+    "qnn.conv2d", inputs=QINPUTS, onnx=(OnnxForm("Conv", reads=False, qdq=_qconv_qdq),),
+                                  realize=_qconv_realize,
+                                  props=frozenset({COMPUTE, QUANT}),
     kernel="eqquant.runtime.bindings_int8:QConv2D",
     attrs=tuple(a for a in CONV2D_ATTRS if a.name != "out_dtype")
     + (Attr("out_dtype", DTYPE_REQUIRED, "int32"),),
     type_rel=_qcompute_rel(conv2d_rel), semantics=_qconv2d, flops=conv2d_flops,
     doc="conv2d of (data - zx) and (weight - zw), accumulated in int32"))
 register(OpDef(
-    "qnn.dense", inputs=QINPUTS, props=frozenset({COMPUTE, QUANT}),
+    "qnn.dense", inputs=QINPUTS, onnx=(OnnxForm("Gemm", reads=False, qdq=_qdense_qdq),),
+                                 props=frozenset({COMPUTE, QUANT}),
     kernel="eqquant.runtime.bindings_int8:QDense",
     attrs=(Attr("units", OPT_INT, None), Attr("out_dtype", DTYPE_REQUIRED, "int32")),
     type_rel=_qcompute_rel(dense_rel), semantics=_qdense,
@@ -300,6 +461,8 @@ def _qadd(a, b, sa, za, sb, zb, so, zo, *, method):
 register(OpDef(
     "qnn.add", inputs=("lhs", "rhs", "lhs_scale", "lhs_zero_point", "rhs_scale",
                        "rhs_zero_point", "output_scale", "output_zero_point"),
+    onnx=(OnnxForm("Add", reads=False, qdq=_qadd_qdq),),
+    realize=_qadd_realize,
     props=frozenset({QUANT}), type_rel=_qadd_rel, semantics=_qadd,
     attrs=(Attr("method", StrKind("method", ("realize", "once")), "realize"),),
     kernel="eqquant.runtime.bindings_int8:QAdd",
@@ -339,6 +502,7 @@ def _qclip(q, scale, zp, *, a_min, a_max, axis):
 
 
 register(OpDef("qnn.clip", inputs=("data", "input_scale", "input_zero_point"),
+               onnx=(OnnxForm("Clip", reads=False, qdq=_qclip_qdq),),
                props=frozenset({QUANT}), kernel="eqquant.runtime.bindings_int8:QClip",
                attrs=(Attr("a_min", FLOAT_F, -math.inf), Attr("a_max", FLOAT_F, math.inf),
                       Attr("axis", INT, -1)),
@@ -401,7 +565,8 @@ def _unfuse_qconv(args, attrs):
 
 
 register(OpDef(
-    "fused.qconv2d", inputs=FQ_INPUTS, props=frozenset({COMPUTE, QUANT}),
+    "fused.qconv2d", inputs=FQ_INPUTS, onnx=(OnnxForm("Conv", reads=False, qdq=_fqconv_qdq),),
+                                       props=frozenset({COMPUTE, QUANT}),
     unfuse=_unfuse_qconv,
     kernel="eqquant.runtime.bindings_int8:FusedQConv2D",
     attrs=tuple(a for a in CONV2D_ATTRS if a.name != "out_dtype")

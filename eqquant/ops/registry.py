@@ -3,15 +3,24 @@
 An entry gives the op's inputs, its attributes with kinds and defaults, its type relation
 (shapes and dtypes of the result from those of the inputs), its reference semantics in numpy and
 the property sets rules and cost models use to cover many ops at once. The parser, the type
-checker, the interpreter, the e-graph schema, the runtime and the cost models all read it; adding
-an op is one ``register(OpDef(...))`` call in ``eqquant/ops/*.py`` and nothing else.
+checker, the interpreter, the e-graph schema, the runtime, the cost models, the ONNX importer and
+exporter (float and QDQ), the quantization flow and the realize view all read it; adding an op is
+one ``register(OpDef(...))`` call in ``eqquant/ops/*.py`` (plus its kernel function, if it has
+one) and nothing else: ``tests/test_one_entry_op.py`` does it from a test file.
 
 Worked example (``eqquant/ops/tensor.py``)::
 
     register(OpDef(
-        "nn.relu", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
-        type_rel=same_as_input, semantics=lambda x: np.maximum(x, 0).astype(x.dtype),
-        doc="max(x, 0)"))
+        "nn.leaky_relu", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+        attrs=(Attr("alpha", FLOAT_F, 0.25),), type_rel=float_input,
+        semantics=lambda x, *, alpha: np.where(x >= 0, x, x * np.asarray(alpha, x.dtype)),
+        kernel="eqquant.runtime.bindings:Activation",          # the CPU kernel binding
+        kernel_params={"code": LEAKY_RELU, "params": lambda a: (a["alpha"], 0.0)},
+        onnx=(OnnxForm("LeakyRelu", (("alpha", "alpha", 0.01),)),),   # import and export
+        doc="x where x >= 0, alpha * x elsewhere"))
+
+Quantization roles are input names (``WEIGHT``, ``BIAS``, ``OUTPUT_SCALE``...); an op's QDQ
+export is ``OnnxForm.qdq`` and its realize form ``OpDef.realize``.
 """
 from __future__ import annotations
 
@@ -37,6 +46,15 @@ SELECTS = "selects"        # every output element is one of the input's elements
 QUANT = "quant"
 
 
+# Quantization roles: an input with one of these names plays that part, whatever its
+# position (the quantization flow, the annotator and the ONNX export read them by role).
+WEIGHT = "weight"                        # a constant the annotator quantizes per channel
+BIAS = "bias"                            # added to the accumulator (bounds its overflow)
+OUTPUT_SCALE = "output_scale"            # the scale and zero point of an 8-bit result
+OUTPUT_ZERO_POINT = "output_zero_point"
+INPUT_SCALE = "input_scale"              # the scale of a quantized input (a QNN op)
+
+
 class OpTypeError(Exception):
     """Raised by a type relation; ``arg`` is the index of the offending input, if one is."""
 
@@ -55,7 +73,10 @@ class OnnxForm:
     are the op's inputs, and ``attrs`` carried over as they are, each (IR name, ONNX name,
     ONNX default). ``convert`` and ``export`` replace that one-to-one reading where the forms
     differ; they get the importer or the exporter, whose helpers they call (``im.value``,
-    ``im.call``, ``ex.emit``, ``ex.const``), so nothing here imports onnx.
+    ``im.call``, ``ex.emit``, ``ex.const``), so nothing here imports onnx. ``reads=False``
+    makes a form export-only (a fused op is written as Conv but Conv reads as nn.conv2d);
+    ``qdq`` writes the op on 8-bit values in ONNX's QuantizeLinear/DequantizeLinear form,
+    through the QDQ writer's helpers (``w.dq``, ``w.q8``, ``w.quantize``, ``w.keep``).
 
         OnnxForm("LeakyRelu", attrs=(("alpha", "alpha", 0.01),))
     """
@@ -64,6 +85,8 @@ class OnnxForm:
     attrs: tuple[tuple[str, str, Any], ...] = ()
     convert: Callable[..., Any] | None = None   # (importer, onnx attrs, input names) -> value(s)
     export: Callable[..., str] | None = None    # (exporter, node, input names) -> output name
+    reads: bool = True
+    qdq: Callable[..., str] | None = None       # (QDQ writer, node) -> output name
 
     def read(self, im, op: "OpDef", attrs: Mapping[str, Any], ins: Sequence[str]):
         if self.convert is not None:
@@ -101,11 +124,20 @@ class OpDef:
     # reads it here, it keeps no table of op names
     kernel: str | None = None
     kernel_params: Mapping[str, Any] = field(default_factory=dict)
-    # how ONNX writes this op: the first form is the export; every form's op_type imports
+    # the realize view's form (TVM's realize output: casts, multiplies, fixed-point
+    # arithmetic): realize(args, attrs, in_types, out_type) -> Expr
+    realize: Callable[..., Any] | None = None
+    # how ONNX writes this op: the first form is the export (float and QDQ); every form
+    # with reads=True imports its op_type
     onnx: tuple[OnnxForm, ...] = ()
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"
+
+    def role(self, name: str) -> int | None:
+        """The position of the input that plays the quantization role ``name`` (WEIGHT,
+        OUTPUT_SCALE, ...), or None."""
+        return self.inputs.index(name) if name in self.inputs else None
 
     @property
     def attr_map(self) -> dict[str, Attr]:
@@ -185,7 +217,7 @@ def onnx_forms() -> dict[str, tuple[OpDef, OnnxForm]]:
     _ensure_loaded()
     out: dict[str, tuple[OpDef, OnnxForm]] = {}
     for op in _OPS.values():
-        for form in op.onnx:
+        for form in (f for f in op.onnx if f.reads):
             if form.op_type in out:
                 raise ValueError(f"ONNX {form.op_type} is read by both "
                                  f"{out[form.op_type][0].name} and {op.name}")

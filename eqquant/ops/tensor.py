@@ -6,8 +6,11 @@ import math
 import numpy as np
 
 from ..core.types import TensorType, TupleType
+from ..errors import EqquantError
 from . import numerics
 from .attrs import BOOL, DTYPE_REQUIRED, FLOAT, FLOAT_F, INT, INTS, OPT_INTS, REQUIRED, Attr
+from .onnx_conventions import OnnxFormError
+from .onnx_conventions import axes as onnx_axes
 from .registry import (ANNOTATION, BINARY, ELEMWISE, EPILOGUE, IDENTITY, LAYOUT, REDUCE, UNARY,
                        OnnxForm, OpDef, OpTypeError, register)
 from .typerel import broadcast, float_input, norm_axis, same_as_input, tensor, tuple_of
@@ -27,8 +30,25 @@ def _unary(name, fn, *, floats_only=False, doc="", kernel=None, props=frozenset(
                    doc=doc))
 
 
+def _relu_qdq(w, node):
+    """ONNX's QDQ form: Relu of an int32 accumulator's real value (its scale is positive), or
+    of an 8-bit value's (exact only where the zero point is 0: relu keeps the integers >= 0)."""
+    x = node.args[0]
+    scale = w.accumulator_scale(x)
+    if scale is not None:
+        return w.accumulate(node, scale, w.ex.emit("Relu", [w.ex.name_of(x)]))
+    q = w.params(x)
+    if q is None:
+        raise w.unsupported(node)
+    if q.zero != 0:
+        raise EqquantError("ONNX export: relu of an 8-bit value with a zero point other than 0",
+                           node.loc)
+    return w.keep(node, q, w.quantize(w.ex.emit("Relu", [w.dq(x)]), q))
+
+
 _unary("nn.relu", lambda x: np.maximum(x, 0), doc="max(x, 0)", props=frozenset({EPILOGUE}),
-       kernel=_ACTIVATION, kernel_params={"code": RELU, "integers": True}, onnx=(OnnxForm("Relu"),))
+       kernel=_ACTIVATION, kernel_params={"code": RELU, "integers": True},
+       onnx=(OnnxForm("Relu", qdq=_relu_qdq),))
 _unary("negative", np.negative, doc="-x", onnx=(OnnxForm("Neg"),))
 _unary("abs", np.abs, doc="|x|", onnx=(OnnxForm("Abs"),))
 _unary("sqrt", np.sqrt, floats_only=True, doc="sqrt(x)", onnx=(OnnxForm("Sqrt"),))
@@ -48,17 +68,31 @@ _unary("round", np.round, floats_only=True, doc="round half to even")
 ADD, SUBTRACT, MULTIPLY, DIVIDE = 0, 1, 2, 3
 
 
-def _binary(name, fn, doc, onnx_type, code):
+def _add_qdq(w, node):
+    """ONNX's QDQ form of an int32 accumulator plus a constant (a bias): the constant at the
+    accumulator's scale, added to its real value."""
+    scale = w.accumulator_scale(node.args[0])
+    if scale is None:
+        raise w.unsupported(node)
+    b = w.ex.value(node.args[1])
+    if b is None:
+        raise EqquantError("ONNX export: an int32 accumulator plus a computed value", node.loc)
+    real_b = (b.astype(np.float64) * scale).astype(np.float32)
+    return w.accumulate(node, scale, w.ex.emit("Add", [w.ex.name_of(node.args[0]),
+                                                      w.ex.const(real_b)]))
+
+
+def _binary(name, fn, doc, onnx_type, code, qdq=None):
     register(OpDef(name, inputs=("lhs", "rhs"), props=frozenset({ELEMWISE, BINARY}),
                    kernel="eqquant.runtime.bindings:Binary",
                    kernel_params={"code": code, "int32": code != DIVIDE},
-                   onnx=(OnnxForm(onnx_type),),
+                   onnx=(OnnxForm(onnx_type, qdq=qdq),),
                    type_rel=broadcast,
                    semantics=lambda a, b, _fn=fn: np.asarray(_fn(a, b)).astype(a.dtype, copy=False),
                    doc=doc))
 
 
-_binary("add", np.add, "a + b with numpy broadcasting", "Add", ADD)
+_binary("add", np.add, "a + b with numpy broadcasting", "Add", ADD, qdq=_add_qdq)
 _binary("subtract", np.subtract, "a - b with numpy broadcasting", "Sub", SUBTRACT)
 _binary("multiply", np.multiply, "a * b with numpy broadcasting", "Mul", MULTIPLY)
 _binary("divide", lambda a, b: (np.divide(a, b) if a.dtype.kind == "f"
@@ -140,7 +174,16 @@ def _dropout_rel(types, attrs):
     return tuple_of(t, t)
 
 
+def _pass_from_onnx(im, attrs, ins):
+    """ONNX Dropout (at inference) and Identity: the value itself (Dropout's mask output is
+    not supported)."""
+    return [im.value(ins[0]), None]
+
+
 register(OpDef("nn.dropout", inputs=("data",), props=frozenset({ANNOTATION}), moves_data=False,
+               onnx=(OnnxForm("Dropout", convert=_pass_from_onnx,
+                              export=lambda ex, node, ins: ins[0]),
+                     OnnxForm("Identity", convert=_pass_from_onnx)),
                attrs=(Attr("rate", FLOAT, 0.5),), type_rel=_dropout_rel,
                semantics=lambda x, *, rate: (x, np.ones_like(x)),
                doc="inference: (data, mask of ones); .0 is the identity"))
@@ -189,7 +232,21 @@ def _reshape_canonical(types, attrs):
                                   for i, d in enumerate(attrs["newshape"])]}
 
 
+def _reshape_from_onnx(im, attrs, ins):
+    shape = im.const_ints(ins[1], "Reshape's shape")
+    if attrs.get("allowzero", 0) and 0 in shape:
+        raise OnnxFormError("allowzero=1 with a 0 in the shape (an empty tensor) is not "
+                            "supported")
+    return im.call("reshape", im.value(ins[0]), newshape=shape)
+
+
+def _to_onnx_reshape(ex, node, ins):
+    """Any op that only reshapes: ONNX Reshape to the result's static shape."""
+    return ex.reshape(ins[0], ex.type(node).shape)
+
+
 register(OpDef("reshape", inputs=("data",), props=frozenset({LAYOUT}), moves_data=False,
+               onnx=(OnnxForm("Reshape", convert=_reshape_from_onnx, export=_to_onnx_reshape),),
                kernel="eqquant.runtime.bindings:View",
                attrs=(Attr("newshape", INTS, REQUIRED),),
                type_rel=_reshape_rel, canonicalize=_reshape_canonical,
@@ -208,7 +265,26 @@ def _expand_dims_rel(types, attrs):
     return TensorType(t.shape[:axis] + (1,) * num + t.shape[axis:], t.dtype)
 
 
+def _unsqueeze_from_onnx(im, attrs, ins):
+    x = im.value(ins[0])
+    given = onnx_axes(im, attrs, ins, "Unsqueeze")
+    if not given:
+        raise OnnxFormError("Unsqueeze needs axes")
+    shape = list(im.type(x).shape)
+    rank = len(shape) + len(given)
+    if any(not -rank <= a < rank for a in given) or len({a % rank for a in given}) != len(given):
+        raise OnnxFormError(f"Unsqueeze axes {list(given)} are out of range or repeated for a "
+                            f"result of rank {rank}")
+    for a in sorted(a % rank for a in given):
+        shape.insert(a, 1)
+    if len(given) == 1:
+        return im.call("expand_dims", x, axis=given[0] % rank)
+    return im.call("reshape", x, newshape=shape)
+
+
 register(OpDef("expand_dims", inputs=("data",), props=frozenset({LAYOUT}), moves_data=False,
+               onnx=(OnnxForm("Unsqueeze", convert=_unsqueeze_from_onnx,
+                              export=_to_onnx_reshape),),
                kernel="eqquant.runtime.bindings:View",
                attrs=(Attr("axis", INT, 0), Attr("num_newaxis", INT, 1)),
                type_rel=_expand_dims_rel,
@@ -235,6 +311,9 @@ def _squeeze_rel(types, attrs):
 
 
 register(OpDef("squeeze", inputs=("data",), props=frozenset({LAYOUT}), moves_data=False,
+               onnx=(OnnxForm("Squeeze", export=_to_onnx_reshape, convert=lambda im, attrs, ins:
+                              im.call("squeeze", im.value(ins[0]),
+                                      axis=onnx_axes(im, attrs, ins, "Squeeze"))),),
                kernel="eqquant.runtime.bindings:View",
                attrs=(Attr("axis", OPT_INTS, None),), type_rel=_squeeze_rel,
                semantics=lambda x, *, axis: np.squeeze(x, tuple(_squeeze_axes(x.shape, axis))),
@@ -255,7 +334,19 @@ def _transpose_rel(types, attrs):
     return TensorType(tuple(t.shape[p] for p in _perm(t.rank, attrs["axes"])), t.dtype)
 
 
+def _transpose_to_onnx(ex, node, ins):
+    rank = ex.type(node.args[0]).rank
+    return ex.emit("Transpose", ins, perm=_perm(rank, node.attrs["axes"]))
+
+
+def _transpose_from_onnx(im, attrs, ins):
+    perm = attrs.get("perm")
+    return im.call("transpose", im.value(ins[0]), axes=list(perm) if perm is not None else None)
+
+
 register(OpDef("transpose", inputs=("data",), props=frozenset({LAYOUT}),
+               onnx=(OnnxForm("Transpose", convert=_transpose_from_onnx,
+                              export=_transpose_to_onnx),),
                attrs=(Attr("axes", OPT_INTS, None),), type_rel=_transpose_rel,
                semantics=lambda x, *, axes: np.transpose(x, _perm(x.ndim, axes)).copy(),
                doc="permute axes (reverse them when axes is None)"))
@@ -268,7 +359,21 @@ def _batch_flatten_rel(types, attrs):
     return TensorType((t.shape[0], int(np.prod(t.shape[1:], dtype=np.int64))), t.dtype)
 
 
+def _flatten_from_onnx(im, attrs, ins):
+    """Flatten at axis 1 is nn.batch_flatten; at any other axis, a reshape."""
+    x = im.value(ins[0])
+    shape = im.type(x).shape
+    axis = attrs.get("axis", 1)
+    axis = axis + len(shape) if axis < 0 else axis
+    if axis == 1 and len(shape) >= 2:
+        return im.call("nn.batch_flatten", x)
+    lead = int(np.prod(shape[:axis], dtype=np.int64))
+    return im.call("reshape", x, newshape=[lead, -1 if shape[axis:] else 1])
+
+
 register(OpDef("nn.batch_flatten", inputs=("data",), props=frozenset({LAYOUT}), moves_data=False,
+               onnx=(OnnxForm("Flatten", convert=_flatten_from_onnx, export=lambda ex, node, ins:
+                              ex.emit("Flatten", ins, axis=1)),),
                kernel="eqquant.runtime.bindings:View",
                type_rel=_batch_flatten_rel,
                semantics=lambda x: x.reshape(x.shape[0], -1), doc="(N, ...) -> (N, prod(...))"))
@@ -291,7 +396,14 @@ def _concat_rel(types, attrs):
     return TensorType(first.shape[:axis] + (size,) + first.shape[axis + 1:], first.dtype)
 
 
+def _concat_from_onnx(im, attrs, ins):
+    parts = [im.value(n) for n in ins if n]
+    return im.call("concatenate", im.b.tuple(*parts), axis=attrs["axis"])
+
+
 register(OpDef("concatenate", inputs=("data",), props=frozenset({LAYOUT}),
+               onnx=(OnnxForm("Concat", convert=_concat_from_onnx, export=lambda ex, node, ins:
+                              ex.emit("Concat", list(ins[0]), axis=node.attrs["axis"])),),
                kernel="eqquant.runtime.bindings:Concatenate",
                attrs=(Attr("axis", INT, 0),), type_rel=_concat_rel,
                semantics=lambda xs, *, axis: np.concatenate(xs, axis=axis),
@@ -346,6 +458,21 @@ def _softmax_rel(types, attrs):
     return t
 
 
+def _softmax_from_onnx(im, attrs, ins):
+    """Softmax over one axis (opset >= 13); before opset 13 over the trailing axes from
+    ``axis`` on, flattened into one."""
+    x = im.value(ins[0])
+    shape = im.type(x).shape
+    axis = attrs.get("axis", -1 if im.opset >= 13 else 1)
+    axis = axis + len(shape) if axis < 0 else axis
+    if im.opset >= 13 or axis == len(shape) - 1:
+        return im.call("nn.softmax", x, axis=axis)
+    flat = im.call("reshape", x, newshape=[int(np.prod(shape[:axis], dtype=np.int64)), -1])
+    return im.call("reshape", im.call("nn.softmax", flat, axis=-1), newshape=list(shape))
+
+
 register(OpDef("nn.softmax", inputs=("data",), attrs=(Attr("axis", INT, -1),),
+               onnx=(OnnxForm("Softmax", convert=_softmax_from_onnx, export=lambda ex, node, ins:
+                              ex.emit("Softmax", ins, axis=node.attrs["axis"])),),
                kernel="eqquant.runtime.bindings:Softmax",
                type_rel=_softmax_rel, semantics=_softmax, doc="exp(x) / sum(exp(x)) over axis"))

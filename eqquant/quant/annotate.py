@@ -38,7 +38,7 @@ from ..ir.params import bind_params
 from ..ir.printer import value_labels
 from ..ir.typecheck import infer_types
 from ..core.types import TensorType
-from ..ops.registry import COMPUTE, EPILOGUE, SELECTS, OpDef, get_op
+from ..ops.registry import BIAS, COMPUTE, EPILOGUE, SELECTS, WEIGHT, OpDef, get_op
 from ..passes.inline import inline_calls
 from .calibrate import OBSERVERS, CalibrationTable, Range
 
@@ -232,9 +232,9 @@ def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
         if isinstance(node, (Constant, Scalar)):
             return None
         from ..core.nodes import rebuild
-        if isinstance(node, Call) and not isinstance(node.op, Expr) and \
-                "weight" in node.op.inputs:
-            i = node.op.inputs.index("weight")
+        i = node.op.role(WEIGHT) if isinstance(node, Call) and \
+            not isinstance(node.op, Expr) else None
+        if i is not None:
             why = accumulator_overflow(node, children, weight_scale, per_channel)
             if why is None:
                 children = children[:i] + (mark_weight(children[i]),) + children[i + 1:]
@@ -289,8 +289,7 @@ def accumulator_overflow(node: Call, children, weight_scale: str, per_channel: b
     channel's bias in accumulator steps (for a fused op), against 2**31 - 1."""
     from ..ops.numerics import qrange
     from .calibrate import weight_scale as numeric_weight_scale
-    ins = node.op.inputs
-    data, w = children[ins.index("data")], children[ins.index("weight")]
+    data, w = children[0], children[node.op.role(WEIGHT)]      # data is an op's first input
     if not (isinstance(w, Constant) and w.data is not None and isinstance(data, Call)
             and data.op_name == "annotation.calibrated"):
         return None
@@ -303,8 +302,8 @@ def accumulator_overflow(node: Call, children, weight_scale: str, per_channel: b
     sw = numeric_weight_scale(w.data, weight_scale, per_channel).astype(np.float64)
     wq = np.clip(np.rint(wd.reshape(wd.shape[0], -1) / sw.reshape(-1, 1)), -127, 127)
     bound = xmax * np.abs(wq).sum(axis=1)
-    if "bias" in ins:
-        b = children[ins.index("bias")]
+    if node.op.role(BIAS) is not None:
+        b = children[node.op.role(BIAS)]
         if isinstance(b, (Constant, Scalar)) and b.data is not None:
             bq = np.abs(np.asarray(b.data, np.float64)).reshape(-1) / (float(sx.value) * sw)
             bound = bound + (bq if bq.size in (1, bound.size) else bq.max())

@@ -16,17 +16,16 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..core.nodes import Call, Function, Module, Scalar, freeze_attrs, rewrite
+from ..core.nodes import Call, Expr, Function, Module, Scalar, freeze_attrs, rewrite
 from ..ir.params import bind_params
 from ..ir.printer import value_labels
+from ..ops.registry import OUTPUT_SCALE, OUTPUT_ZERO_POINT
 from ..optimizer import OptimizeResult, optimize
 from .annotate import annotate, as_inputs, calibrate, qparams
 from .calibrate import CalibrationTable
 
 FP32_RULES = ("simplify", "bn_fold", "fusion")
 FP32_SCHEDULE = "simplify; bn_fold; simplify; fusion"
-# ops whose last two arguments are their output's scale and zero point
-REQUANTIZING = ("qnn.requantize", "qnn.add", "fused.qconv2d")
 
 
 def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
@@ -91,7 +90,7 @@ class QuantizeResult:
 def evaluate(fp32: Module, int8: Module, table: CalibrationTable, dtype: str,
              inputs: Mapping[str, np.ndarray], extra: Sequence[Mapping[str, np.ndarray]] = ()
              ) -> tuple[list[tuple[str, float]], dict]:
-    """SQNR of each requantized value (matched to the calibrated value whose scale it takes)
+    """SQNR of each quantized value (matched to the calibrated value whose scale it takes)
     on ``inputs``, and of the output over ``inputs`` and ``extra``; both programs run on the
     CPU executor."""
     from ..runtime.executor import Executor
@@ -110,12 +109,17 @@ def evaluate(fp32: Module, int8: Module, table: CalibrationTable, dtype: str,
     layers: dict[str, float] = {}
 
     def keep_int(node, value):
-        if isinstance(node, Call) and node.op_name in REQUANTIZING \
-                and isinstance(node.args[-2], Scalar):
-            scale = float(node.args[-2].value)
+        # a quantized value: an op whose result has an output scale and zero point (its
+        # quantization roles)
+        op = node.op if isinstance(node, Call) and not isinstance(node.op, Expr) else None
+        at = op.role(OUTPUT_SCALE) if op is not None else None
+        if at is not None and op.role(OUTPUT_ZERO_POINT) is not None and \
+                isinstance(node.args[at], Scalar):
+            scale = float(node.args[at].value)
             names = by_scale.get(round(scale, 9), [])
             if len(names) == 1 and names[0] in fp_values:
-                deq = (value.astype(np.float64) - float(node.args[-1].value)) * scale
+                zero = float(node.args[op.role(OUTPUT_ZERO_POINT)].value)
+                deq = (value.astype(np.float64) - zero) * scale
                 layers[names[0]] = sqnr_db(fp_values[names[0]], deq)
     ex8 = Executor(int8)
     out = ex8.run(inputs, observe=keep_int)

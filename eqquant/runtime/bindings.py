@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..core.types import TensorType, Type
+from ..ops.fused import epilogue_bounds
 from ..ops.registry import IDENTITY
 from . import kernels_fp32 as k
 
@@ -68,9 +69,7 @@ class Conv2D(Binding):
         self.sh, self.sw = attrs["strides"]
         self.dh, self.dw = attrs["dilation"]
         self.pt, self.pl, self.pb, self.pr = attrs["padding"]
-        self.act = k.ACT_CODES[attrs.get("activation", "none")]
-        self.lo = float(attrs.get("a_min", -np.inf))
-        self.hi = float(attrs.get("a_max", np.inf))
+        self.lo, self.hi = epilogue_bounds(attrs)
         self.depthwise = self.groups == in_types[0].shape[1] == o and cg == 1
         self.pointwise = (kh == kw == 1 and self.sh == self.sw == 1 and
                           attrs["padding"] == [0, 0, 0, 0] and self.groups == 1)
@@ -112,20 +111,19 @@ class Conv2D(Binding):
             for b in range(n):
                 hwc = np.ascontiguousarray(x[b].transpose(1, 2, 0))
                 self.fma.conv(hwc, self.kh, self.kw, self.sh, self.sw, self.pt, self.pl,
-                              self.dh, self.dw, oh, ow, self.packed, self.bias_vec, self.act,
+                              self.dh, self.dw, oh, ow, self.packed, self.bias_vec,
                               np.float32(self.lo), np.float32(self.hi), out[b].reshape(o, -1))
             return
         w = self.w if self.w is not None else self._pack(ins[1])
-        bias = self.bias_vec
-        act = self.act if bias is not None else 0
-        if bias is None:
-            bias = np.zeros(out.shape[1], np.float32)
+        bias, lo, hi = self.bias_vec, self.lo, self.hi
+        if bias is None:   # the bias (then the activation) is added after, not per channel
+            bias, lo, hi = np.zeros(out.shape[1], np.float32), -np.inf, np.inf
         n, c, h, wd = x.shape
         _, o, oh, ow = out.shape
         for b in range(n):
             if self.depthwise:
                 k.depthwise(x[b], w, bias, self.sh, self.sw, self.pt, self.pl, self.dh,
-                            self.dw, act, self.lo, self.hi, out[b])
+                            self.dw, lo, hi, out[b])
                 continue
             g = self.groups
             cg, og = c // g, o // g
@@ -139,11 +137,10 @@ class Conv2D(Binding):
                     k.im2col(xg, self.kh, self.kw, self.sh, self.sw, self.pt, self.pl,
                              self.dh, self.dw, oh, ow, col)
                 np.matmul(w[gi], col, out=y)
-                k.bias_act(y, bias[gi * og:(gi + 1) * og], act, self.lo, self.hi)
+                k.bias_act(y, bias[gi * og:(gi + 1) * og], lo, hi)
         if self.bias_vec is None and len(ins) == 3:  # a bias that is not per channel
             np.add(out, ins[2], out=out)
-            if self.act:
-                np.copyto(out, _activate(out, self.act, self.lo, self.hi))
+            np.clip(out, self.lo, self.hi, out=out)
 
 
 _SCRATCH: list[np.ndarray] = [np.empty(0, np.float32)]
@@ -158,10 +155,6 @@ def _scratch(shape: tuple[int, int]) -> np.ndarray:
     return _SCRATCH[0][:size].reshape(shape)
 
 
-def _activate(y, act, lo, hi):
-    return np.maximum(y, 0) if act == 1 else np.clip(y, lo, hi)
-
-
 class Dense(Binding):
     """nn.dense and fused.dense: GEMM (weight transposed once at load) + epilogue."""
 
@@ -169,9 +162,7 @@ class Dense(Binding):
         super().__init__(op, attrs, in_types, out_type, consts)
         self.wt = np.ascontiguousarray(consts[1].T, dtype=np.float32)
         units = in_types[1].shape[0]
-        self.act = k.ACT_CODES[attrs.get("activation", "none")]
-        self.lo = float(attrs.get("a_min", -np.inf))
-        self.hi = float(attrs.get("a_max", np.inf))
+        self.lo, self.hi = epilogue_bounds(attrs)
         if len(in_types) == 3:
             self.bias = np.ascontiguousarray(np.broadcast_to(consts[2], (units,)),
                                              dtype=np.float32)
@@ -187,15 +178,8 @@ class Dense(Binding):
 
     def __call__(self, ins, out):
         np.matmul(ins[0], self.wt, out=out)
-        _dense_epilogue(out, self.bias, self.act, self.lo, self.hi)
-
-
-def _dense_epilogue(out, bias, act, lo, hi):
-    out += bias
-    if act == 1:
-        np.maximum(out, 0, out=out)
-    elif act == 2:
-        np.clip(out, lo, hi, out=out)
+        out += self.bias
+        np.clip(out, self.lo, self.hi, out=out)
 
 
 def _geometry(attrs):

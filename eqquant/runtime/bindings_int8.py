@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.types import TensorType
+from ..ops.fused import epilogue_bounds
 from ..ops.fixed_point import quantize_multiplier
 from ..ops.numerics import qrange
 from .bindings import Binding, _per_channel
@@ -399,8 +400,8 @@ class FusedQConv2D(Binding):
             from ..ops.qnn import clip_bounds
             lo_c, hi_c = clip_bounds(consts[7], consts[8], attrs["a_min"], attrs["a_max"],
                                      "int32")
-        else:
-            lo_c = np.array([0 if attrs["activation"] == "relu" else i32.min], np.int64)
+        else:     # none or relu: its clamp's lower bound (0 or -inf) in the int32 range
+            lo_c = np.array([max(epilogue_bounds(attrs)[0], i32.min)], np.int64)
             hi_c = np.array([i32.max], np.int64)
         self.clamp_lo = np.ascontiguousarray(np.broadcast_to(lo_c, (o,)), np.int64)
         self.clamp_hi = np.ascontiguousarray(np.broadcast_to(hi_c, (o,)), np.int64)

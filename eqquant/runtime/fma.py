@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .llvm_loops import (blocks_of_rows, cpu_has, declare, gemm_definition, gemm_intrinsic,
-                         load_vectors, reduction_loop, splat, store_rows)
+from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
+from .kernels_fp32 import clamp
 from .vnni import _windows
 
 BLOCK = 16
@@ -34,27 +34,16 @@ def define_sgemm(mod, fn, args, b):
     """``void eqquant_fma_sgemm(A, lda, B, C, ldc, p0, p1, k, oblocks)`` (A, B, C float32;
     lda and ldc in elements)."""
     from llvmlite import ir
-    f32, i64 = ir.FloatType(), ir.IntType(64)
-    v8 = ir.VectorType(f32, 8)
+    v8 = ir.VectorType(ir.FloatType(), 8)
     fma = declare(mod, "llvm.fma.v8f32", ir.FunctionType(v8, [v8, v8, v8]))
-    a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, kk, oblocks = args
-    c64 = lambda v: ir.Constant(i64, v)  # noqa: E731
+    a_ptr = args[0]
 
-    def micro(bc, p, ob, rows):
-        def step(bc, k, accs):
-            at = bc.add(bc.mul(ob, bc.mul(kk, c64(BLOCK))), bc.mul(k, c64(BLOCK)))
-            bvs = load_vectors(bc, b_ptr, at, 8, 2, v8, 4)
-            new = []
-            for r in range(rows):
-                a = bc.load(bc.gep(a_ptr, [bc.add(bc.mul(bc.add(p, c64(r)), lda), k)]),
-                            align=4)
-                av = splat(bc, a, v8)
-                new.append([bc.call(fma, [av, bvs[j], accs[r][j]]) for j in range(2)])
-            return new
-        accs = reduction_loop(fn, bc, kk, rows, 2, v8, step)
-        store_rows(bc, accs, c_ptr, p, ldc, ob, BLOCK)
+    def row_step(bc, start, k, accs, weights):
+        av = splat(bc, bc.load(bc.gep(a_ptr, [bc.add(start, k)]), align=4), v8)
+        return [bc.call(fma, [av, weights[j], accs[j]]) for j in range(2)]
 
-    blocks_of_rows(fn, b, p0, p1, oblocks, ROWS, micro)
+    panel_gemm(fn, b, args, rows=ROWS, block=BLOCK, panel=BLOCK, weights=(8, 2, v8, 4),
+               accumulators=(2, v8), row_step=row_step)
 
 
 def pack(w: np.ndarray) -> np.ndarray:
@@ -77,9 +66,9 @@ def sgemm(a, packed, out):
 
 
 @njit(parallel=True, cache=True)
-def conv(hwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, act, lo, hi, out):
+def conv(hwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, out):
     """A float convolution of one image in one parallel region: hwc (H, W, C) float32 ->
-    out (O, oh*ow): windows, GEMM, bias and activation (0 none, 1 relu, 2 clip to [lo, hi])
+    out (O, oh*ow): windows, GEMM, bias and activation (a clamp to [lo, hi], float32)
     a chunk of pixels at a time."""
     p_n = oh * ow
     o_n = out.shape[0]
@@ -96,9 +85,4 @@ def conv(hwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, act, lo, hi,
         for o in range(o_n):
             b = bias[o]
             for r in range(n):
-                v = acc[r, o] + b
-                if act == 1:
-                    v = max(v, np.float32(0.0))
-                elif act == 2:
-                    v = min(max(v, lo), hi)
-                out[o, p0 + r] = v
+                out[o, p0 + r] = clamp(acc[r, o] + b, lo, hi)

@@ -2,15 +2,20 @@
 
 They are compiled once and cached on disk (``cache=True``: a second process loads them in
 milliseconds) and run in parallel over channels. Convolutions are im2col (Numba) then a BLAS
-GEMM then a fused epilogue (Numba: bias, relu or clip, in one pass over the output); depthwise
-convolutions and pools are direct loops. Activation codes: 0 none, 1 relu, 2 clip.
+GEMM then a fused epilogue (Numba: bias, then the activation as a clamp to [lo, hi], in one
+pass over the output; ``ops.fused.epilogue_bounds`` gives the bounds: none is (-inf, inf),
+relu (0, inf)); depthwise convolutions and pools are direct loops.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
-ACT_CODES = {"none": 0, "relu": 1, "clip": 2}
+
+@njit(inline="always")
+def clamp(v, lo, hi):
+    """The fused epilogue's activation: v clamped to [lo, hi] (NaN stays NaN)."""
+    return min(max(v, lo), hi)
 
 
 @njit(cache=True)
@@ -53,22 +58,18 @@ def im2col(x, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, col):
 
 
 @njit(parallel=True, cache=True)
-def bias_act(y, bias, act, lo, hi):
-    """In place on y: (O, P): y = act(y + bias[o])."""
+def bias_act(y, bias, lo, hi):
+    """In place on y: (O, P): y = clamp(y + bias[o], lo, hi)."""
     rows, cols = y.shape
+    lo32, hi32 = np.float32(lo), np.float32(hi)
     for o in prange(rows):
         b = bias[o]
         for p in range(cols):
-            v = y[o, p] + b
-            if act == 1:
-                v = max(v, 0.0)
-            elif act == 2:
-                v = min(max(v, lo), hi)
-            y[o, p] = v
+            y[o, p] = clamp(y[o, p] + b, lo32, hi32)
 
 
 @njit(parallel=True, cache=True)
-def depthwise(x, w, bias, sh, sw, pt, pl, dh, dw, act, lo, hi, out):
+def depthwise(x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out):
     """x: (C, H, W), w: (C, kh, kw), out: (C, oh, ow); one filter per channel. Row by row:
     each filter tap is swept over the output columns whose input is inside the image, so
     the inner loop has no test; the epilogue runs on the finished row."""
@@ -81,8 +82,7 @@ def depthwise(x, w, bias, sh, sw, pt, pl, dh, dw, act, lo, hi, out):
         b = bias[c]
         for y in range(oh):
             row = out[c, y]
-            for xo in range(ow):
-                row[xo] = b
+            row[:] = b
             for i in range(kh):
                 iy = y * sh - pt + i * dh
                 if iy < 0 or iy >= h:
@@ -94,13 +94,8 @@ def depthwise(x, w, bias, sh, sw, pt, pl, dh, dw, act, lo, hi, out):
                     tap = w[c, i, j]
                     for xo in range(first, last):
                         row[xo] += src[xo * sw + off] * tap
-            if act == 1:
-                for xo in range(ow):
-                    if row[xo] < 0:
-                        row[xo] = 0
-            elif act == 2:
-                for xo in range(ow):
-                    row[xo] = min(max(row[xo], lo32), hi32)
+            for xo in range(ow):
+                row[xo] = clamp(row[xo], lo32, hi32)
 
 
 @njit(parallel=True, cache=True)

@@ -16,6 +16,7 @@ from ..core.nodes import Call, Constant, Expr, Module, Scalar, Tuple, TupleGetIt
 from ..ir.printer import value_labels
 from ..ir.typecheck import infer_types
 from ..core.types import TensorType, is_int
+from ..ops.registry import QUANT
 from ..passes.inline import inline_calls
 
 FILL = {"int": "#c6dbef", "quant": "#fdd0a2", "float": "#eeeeee", "input": "#d9f0d3"}
@@ -45,7 +46,7 @@ def to_dot(mod: Module, name: str = "program") -> str:
         elif isinstance(node, Call):
             consts = sum(isinstance(a, (Constant, Scalar)) for a in node.args)
             text = f"{node.op.name}\n{ty}" + (f"\n+{consts} const" if consts else "")
-            fill = (FILL["quant"] if node.op.name in ("qnn.quantize", "qnn.dequantize")
+            fill = (FILL["quant"] if _crosses(node, t, types)
                     else FILL["int"] if isinstance(t, TensorType) and is_int(t.dtype)
                     else FILL["float"])
         elif isinstance(node, Tuple):
@@ -88,3 +89,12 @@ def write_graph(dot: str, path: str | Path) -> Path:
                                f"{r.stderr.strip()}")
     atomic_write(path, render)
     return path
+
+
+def _crosses(node: Call, t, types) -> bool:
+    """A quantization op between float and integers (a quantize or a dequantize)."""
+    if QUANT not in getattr(node.op, "props", ()) or not node.args:
+        return False
+    src = types.get(id(node.args[0]))
+    return isinstance(t, TensorType) and isinstance(src, TensorType) and \
+        is_int(t.dtype) != is_int(src.dtype)
