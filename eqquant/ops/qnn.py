@@ -88,6 +88,13 @@ def _fake_quantize(x, scale, zp, *, dtype, axis):
     return _dequantize(_quantize(x, scale, zp, axis=axis, out_dtype=dtype), scale, zp, axis=axis)
 
 
+def _calibrated_unfuse(args, attrs):
+    """What the mark means, written out: qnn.dequantize(qnn.quantize(x, s, z), s, z)."""
+    x, s, z = args
+    inner = _call("qnn.quantize", x, s, z, axis=attrs["axis"], out_dtype=attrs["dtype"])
+    return _call("qnn.dequantize", inner, s, z, axis=attrs["axis"])
+
+
 # The mark *is* fake quantization, not the identity: marking a value is the one approximation
 # of the quantization flow (eqquant.quant.annotate makes it), and every rule that acts on the
 # marked program afterwards is an identity of the marked program's semantics (or a rounding
@@ -96,7 +103,7 @@ def _fake_quantize(x, scale, zp, *, dtype, axis):
 register(OpDef("annotation.calibrated", inputs=("data", "scale", "zero_point"),
                props=frozenset({ANNOTATION, QUANT}),
                attrs=(Attr("dtype", QDTYPE, "int8"), Attr("axis", INT, -1)),
-               type_rel=_calibrated_rel, semantics=_fake_quantize,
+               type_rel=_calibrated_rel, semantics=_fake_quantize, unfuse=_calibrated_unfuse,
                flops=lambda ins, out, a: 4.0 * out.size,
                doc="fake quantization: dequantize(quantize(x, scale, zero_point, dtype), scale, "
                    "zero_point); the calibration marks a value with its quantization this way"))

@@ -186,9 +186,15 @@ def register(op: OpDef) -> OpDef:
     return op
 
 
+_LOADED: list[bool] = []
+
+
 def _ensure_loaded() -> None:
-    if not _OPS:
-        from . import fused, nn, qnn, quant, tensor  # noqa: F401  (registration side effects)
+    """Import every op family once (their registrations), whichever module asked first: a
+    family imported on its own (the runtime imports ops.fused) must not hide the others."""
+    if not _LOADED:
+        _LOADED.append(True)
+        from . import nn, tensor, fused, qnn, quant  # noqa: F401  (registration side effects)
 
 
 def get_op(name: str) -> OpDef:

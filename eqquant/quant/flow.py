@@ -16,10 +16,10 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..core.nodes import Call, Expr, Function, Module, Scalar, freeze_attrs, rewrite
+from ..core.nodes import Call, Expr, Function, Module, Scalar, rewrite
 from ..ir.params import bind_params
 from ..ir.printer import value_labels
-from ..ops.registry import OUTPUT_SCALE, OUTPUT_ZERO_POINT
+from ..ops.registry import ANNOTATION, OUTPUT_SCALE, OUTPUT_ZERO_POINT, QUANT
 from ..optimizer import OptimizeResult, optimize
 from .annotate import annotate, as_inputs, calibrate, qparams
 from .calibrate import CalibrationTable
@@ -36,18 +36,12 @@ def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
 
 def expand_calibration(mod: Module) -> Module:
     """Write the calibration marks extraction kept (values it left in float) as what they
-    mean: ``qnn.dequantize(qnn.quantize(x, s, z), s, z)``."""
-    from ..ops.registry import get_op
-    q, dq = get_op("qnn.quantize"), get_op("qnn.dequantize")
-
+    mean (their registry entry's unfused form): ``qnn.dequantize(qnn.quantize(x, s, z), s,
+    z)``."""
     def visit(node, kids):
-        if isinstance(node, Call) and node.op_name == "annotation.calibrated":
-            x, s, z = kids
-            a = dict(node.attrs)
-            inner = Call(op=q, args=(x, s, z), attrs=freeze_attrs(q.canonical_attrs(
-                {"axis": a["axis"], "out_dtype": a["dtype"]})))
-            return Call(op=dq, args=(inner, s, z), attrs=freeze_attrs(dq.canonical_attrs(
-                {"axis": a["axis"]})))
+        if isinstance(node, Call) and not isinstance(node.op, Expr) and node.op.unfuse and \
+                {ANNOTATION, QUANT} <= node.op.props:
+            return node.op.unfuse(kids, node.attrs)
         return None
     fn = mod.main
     return Module({"main": Function(params=fn.params, body=rewrite(fn.body, visit),
