@@ -24,7 +24,7 @@ from eqquant.zoo import build
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["resnet50", "resnet18", "mobilenet_v2",
-                                                    "seed004", "seed000"])
+                                                    "resnet18_stem", "conv_bn"])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--extractor", default="greedy", choices=["greedy", "ilp"])
     args = ap.parse_args()

@@ -1,7 +1,7 @@
 """int8: eqquant against ONNX Runtime's static QDQ quantization, on the same model, weights,
 calibration data and check input, in one run.
 
-    python bench/quantize.py [--models seed004 resnet18] [--calib 16] [--runs 10]
+    python bench/quantize.py [--models resnet18_stem resnet18] [--calib 16] [--runs 10]
                              [--activations uint8|int8]
 
 eqquant: the quantize flow (per-channel minmax, uint8 activations by default), run on the
@@ -32,7 +32,7 @@ from runtime import busy_cores  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["seed004", "resnet18"])
+    ap.add_argument("--models", nargs="+", default=["resnet18_stem", "resnet18"])
     ap.add_argument("--calib", type=int, default=16)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--activations", choices=["uint8", "int8"], default="uint8")

@@ -1,7 +1,7 @@
 """fp32 inference: eqquant (fused, Numba executor) against the reference interpreter and ONNX
 Runtime, on the same zoo weights, in one run.
 
-    python bench/runtime.py [--models seed004 resnet18 resnet50 mobilenet_v2] [--runs 20]
+    python bench/runtime.py [--models resnet18_stem resnet18 resnet50 mobilenet_v2] [--runs 20]
 
 Batch 1, both cores, idle threads sleeping in both runtimes. ONNX Runtime gets the original
 fp32 program (batch norms included: it folds them itself), exported by
@@ -72,7 +72,7 @@ def first_inference(name: str) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+",
-                    default=["seed004", "resnet18", "resnet50", "mobilenet_v2"])
+                    default=["resnet18_stem", "resnet18", "resnet50", "mobilenet_v2"])
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--force", action="store_true", help="run even if the machine is busy")
     args = ap.parse_args()

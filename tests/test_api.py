@@ -6,7 +6,7 @@ from eqquant.zoo import build, write
 
 
 def test_api_round_trip(tmp_path):
-    paths = write(build("seed000", image_size=16), tmp_path)
+    paths = write(build("conv_bn", image_size=16), tmp_path)
     mod, params = eqquant.load_program(paths["ir"])
     result = eqquant.optimize(mod, params, rules=["simplify", "bn_fold"], cost="nodes",
                               extractor="ilp")
@@ -23,7 +23,7 @@ def test_api_round_trip(tmp_path):
 def test_cli_opt_and_extract(tmp_path):
     import subprocess
     import sys
-    paths = write(build("seed004", image_size=32), tmp_path)
+    paths = write(build("resnet18_stem", image_size=32), tmp_path)
     out = tmp_path / "opt.ir"
     r = subprocess.run([sys.executable, "-m", "eqquant.cli.main", "opt", str(paths["ir"]),
                         "-o", str(out), "--schedule", "simplify; bn_fold; simplify"],

@@ -13,7 +13,7 @@ from eqquant.optimizer import optimize
 from eqquant.zoo import build
 
 
-@pytest.mark.parametrize("name", ["seed000", "seed004", "resnet18", "mobilenet_v2"])
+@pytest.mark.parametrize("name", ["conv_bn", "resnet18_stem", "resnet18", "mobilenet_v2"])
 def test_ilp_and_greedy_agree_on_the_zoo(name):
     m = build(name, image_size=64)
     greedy = optimize(m.module, m.params, ["simplify", "bn_fold"], extractor="greedy")

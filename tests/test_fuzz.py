@@ -39,8 +39,8 @@ def _fuzz_settings(n: int):
 def _ir_corpus() -> list[str]:
     from eqquant.zoo.models import build
     return [
-        print_module(build("seed004", image_size=8).module),
-        print_module(build("seed000").module),
+        print_module(build("resnet18_stem", image_size=8).module),
+        print_module(build("conv_bn").module),
         "def @main(%x: Tensor[(1, 4), float32], %w: Tensor[(3, 4), float32]) {\n"
         "  %0 = nn.dense(%x, %w);\n  %1 = nn.relu(%0);\n  (%1, nn.softmax(%1))\n}\n",
         "def @main(%x: Tensor[(1, 2, 4, 4), float32]) {\n"

@@ -45,7 +45,7 @@ def test_load_every_kind_of_source_and_run(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def seed_model():
-    return build("seed004", image_size=32)
+    return build("resnet18_stem", image_size=32)
 
 
 def test_quantize_from_every_kind_of_calibration_data(tmp_path, seed_model):

@@ -19,7 +19,7 @@ def _ort(model, inputs):
     return sess.run(None, inputs)[0]
 
 
-@pytest.mark.parametrize("name", ["seed004", "resnet18", "mobilenet_v2"])
+@pytest.mark.parametrize("name", ["resnet18_stem", "resnet18", "mobilenet_v2"])
 def test_export_original_and_fused(name):
     m = build(name, image_size=64)
     bound = bind_params(m.module, m.params)

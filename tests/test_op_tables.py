@@ -97,9 +97,13 @@ def test_every_op_is_registered_whichever_module_is_imported_first():
     its own (the runtime imports eqquant.ops.fused, which imports nn only)."""
     import subprocess
     import sys
-    for first in ("eqquant.ops.fused", "eqquant.runtime.bindings", "eqquant.ops.qnn"):
+    counts = []
+    for first in ("eqquant.ops.registry", "eqquant.ops.fused", "eqquant.runtime.bindings",
+                  "eqquant.ops.qnn"):
         code = (f"import {first}\nfrom eqquant.ops.registry import all_ops, get_op\n"
                 "get_op('nn.relu'); get_op('qnn.quantize'); print(len(all_ops()))")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
-        assert int(out.stdout) == len(all_ops())
+        counts.append(int(out.stdout))
+    # (this process may hold test ops as well: compare fresh processes with each other)
+    assert len(set(counts)) == 1 and counts[0] >= 40, counts

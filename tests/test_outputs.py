@@ -73,7 +73,7 @@ def test_a_pair_from_two_different_saves_is_refused(tmp_path):
 
 def _model(tmp_path):
     from eqquant.zoo.models import build
-    m = build("seed004", image_size=16)
+    m = build("resnet18_stem", image_size=16)
     path = tmp_path / "model.ir"
     save_program(path, m.module, m.params)
     calib = tmp_path / "calib.npz"

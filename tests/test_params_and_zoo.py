@@ -21,7 +21,7 @@ def test_pickled_npz_is_refused(tmp_path):
 
 
 def test_bind_params_turns_parameters_into_constants(tmp_path):
-    model = build("seed000", image_size=16)
+    model = build("conv_bn", image_size=16)
     bound = bind_params(model.module, model.params)
     assert [p.name for p in bound.main.params] == ["data"]
     consts = [n for n in post_order(bound.main.body) if isinstance(n, Constant)]
@@ -39,7 +39,7 @@ def test_bind_params_turns_parameters_into_constants(tmp_path):
 
 
 def test_bind_params_checks_shapes():
-    model = build("seed000", image_size=16)
+    model = build("conv_bn", image_size=16)
     bad = dict(model.params, gamma=np.zeros(7, np.float32))
     with pytest.raises(ParamsError, match="gamma"):
         bind_params(model.module, bad)
@@ -54,7 +54,8 @@ def test_missing_input_and_constant_value():
         run(mod, {"x": np.ones(2, np.float32)})
 
 
-@pytest.mark.parametrize("name", ["seed000", "seed004", "resnet18", "resnet50", "mobilenet_v2"])
+@pytest.mark.parametrize("name", ["conv_bn", "resnet18_stem", "resnet18", "resnet50",
+                                  "mobilenet_v2"])
 def test_zoo_models(name, tmp_path):
     a, b = build(name, seed=3, image_size=64), build(name, seed=3, image_size=64)
     assert print_module(a.module) == print_module(b.module)
@@ -67,7 +68,7 @@ def test_zoo_models(name, tmp_path):
     assert np.isfinite(out).all() and out.std() > 0
     bns = [n for n in post_order(mod.main.body)
            if isinstance(n, Call) and n.op_name == "nn.batch_norm"]
-    expected_bns = {"seed000": 1, "seed004": 3, "resnet18": 20, "resnet50": 53,
+    expected_bns = {"conv_bn": 1, "resnet18_stem": 3, "resnet18": 20, "resnet50": 53,
                     "mobilenet_v2": 52}[name]
     assert len(bns) == expected_bns
     var = params[bns[0].args[4].name]
@@ -103,3 +104,12 @@ def @main(%x: Tensor[(2), float32]) {
     assert list(flat.functions) == ["main"]
     np.testing.assert_array_equal(run(flat, {"x": x}), [0.0, 4.0])
     assert parse(print_module(mod)) == mod
+
+
+def test_the_seed_names_are_aliases_of_the_descriptive_names():
+    from eqquant.errors import EqquantError
+    assert print_module(build("seed004", image_size=16).module) == \
+        print_module(build("resnet18_stem", image_size=16).module)
+    assert build("seed000", image_size=16).name == "conv_bn"
+    with pytest.raises(EqquantError, match="aliases: seed000, seed004"):
+        build("seed005")

@@ -154,7 +154,7 @@ def test_global_scale_and_array_samples():
     g = GlobalScale()
     g.update(np.array([100.0]))
     assert (g.range().lo, g.range().hi) == (-8.0, 8.0)
-    m = build("seed000", image_size=8)
+    m = build("conv_bn", image_size=8)
     rng = np.random.default_rng(0)
     arrays = [rng.normal(size=(1, 3, 8, 8)).astype("float32") for _ in range(2)]
     table = calibrate(m.module, m.params, arrays, "minmax")

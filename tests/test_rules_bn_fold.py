@@ -27,7 +27,7 @@ def test_every_bn_fold_rule_is_an_identity():
 
 
 def test_seed000_folds_to_one_conv_and_one_add():
-    m = build("seed000")  # params uniform in [0, 1), as in the seed
+    m = build("conv_bn")  # params uniform in [0, 1), as in the seed
     result = optimize(m.module, m.params, ["simplify", "bn_fold"], SCHEDULE)
     ops = calls(result.module)
     assert [c.op_name for c in ops] == ["nn.conv2d", "add"]
@@ -49,7 +49,7 @@ def _without_ret(mod):
 def test_seed004_block_matches_prerequisite_optimize():
     """All three batch norms fold, and the program is TVM's prerequisite_optimize listing of
     seed 004 (same ops, attributes, sharing, constant numbering and shapes)."""
-    m = build("seed004")
+    m = build("resnet18_stem")
     result = optimize(m.module, m.params, ["simplify", "bn_fold"], SCHEDULE)
     assert not any(c.op_name == "nn.batch_norm" for c in calls(result.module))
     expected = parse(listings(seed_file("004"))[1][1])
@@ -94,7 +94,7 @@ def test_dense_batch_norm_folds_into_dense():
 
 
 def test_lone_batch_norm_decomposes():
-    m = build("seed000", image_size=8)
+    m = build("conv_bn", image_size=8)
     from eqquant.ir.builder import Builder
     b = Builder()
     x = b.input("x", (1, 32, 8, 8))

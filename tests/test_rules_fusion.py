@@ -25,7 +25,7 @@ def test_every_fusion_rule_is_an_identity():
 
 
 def fused_seed004():
-    m = build("seed004")
+    m = build("resnet18_stem")
     return m, optimize(m.module, m.params, RULES, SCHEDULE)
 
 

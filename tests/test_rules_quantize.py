@@ -32,7 +32,7 @@ def test_every_quantize_rule_holds_within_its_tolerance():
 
 @pytest.fixture(scope="module")
 def flow():
-    m = build("seed004", image_size=SIZE)
+    m = build("resnet18_stem", image_size=SIZE)
     fp = optimize(m.module, m.params, ["simplify", "bn_fold", "fusion"],
                   "simplify; bn_fold; simplify; fusion")
     rng = np.random.default_rng(0)
@@ -192,7 +192,7 @@ def test_quantize_cli_writes_program_weights_and_table(tmp_path):
     import subprocess
     import sys
     from eqquant.zoo import write
-    paths = write(build("seed004", image_size=32), tmp_path)
+    paths = write(build("resnet18_stem", image_size=32), tmp_path)
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "calib.npz", data=rng.normal(size=(3, 1, 3, 32, 32)).astype("f4"))
     out = tmp_path / "q.ir"

@@ -169,7 +169,7 @@ def test_kernels_are_cached_on_disk():
     """cache=True: compiled kernels are written beside the module, for the next process."""
     import pathlib
     import eqquant.runtime.kernels_fp32 as kernels
-    m = build("seed004", image_size=32)
+    m = build("resnet18_stem", image_size=32)
     r = optimize(m.module, m.params, ["simplify", "bn_fold", "fusion"],
                  "simplify; bn_fold; simplify; fusion")
     Executor(r.module).run(m.inputs)

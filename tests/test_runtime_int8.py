@@ -81,7 +81,7 @@ def test_every_int8_path_agrees_bit_for_bit(monkeypatch, dtype):
     from eqquant.quant.flow import quantize
     from eqquant.runtime.bindings_int8 import PATHS, int8_path, path_available
     from eqquant.zoo import build
-    m = build("seed004", image_size=64)
+    m = build("resnet18_stem", image_size=64)
     rng = np.random.default_rng(0)
     samples = [{"data": rng.normal(size=(1, 3, 64, 64)).astype("float32")} for _ in range(2)]
     r = quantize(m.module, m.params, samples, "minmax", per_channel=True, dtype=dtype)

@@ -136,7 +136,7 @@ def test_the_cli_reports_an_ill_typed_rule_without_a_traceback(tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("name", ["seed004", "mobilenet_v2"])
+@pytest.mark.parametrize("name", ["resnet18_stem", "mobilenet_v2"])
 def test_the_analysis_types_every_class_as_the_type_checker_does(name):
     """After quantize saturation, every class the loaded program had carries the type the
     IR type checker gives its value, and every class has the dtype/shape/rank parts."""

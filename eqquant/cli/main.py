@@ -430,7 +430,7 @@ def rules_check(files, trials, seed):
 
 
 @cli.command()
-@click.option("--model", default="seed004", show_default=True, help="Zoo model to use.")
+@click.option("--model", default="resnet18_stem", show_default=True, help="Zoo model to use.")
 @click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("eqquant-demo"), show_default=True)
 def demo(model: str, out_dir: Path) -> None:

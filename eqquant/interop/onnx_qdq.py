@@ -2,11 +2,11 @@
 
 This module is the machinery (parameters, dequantized operands, weights); what each op becomes
 is its registry entry's QDQ form (``OnnxForm.qdq``, in ``eqquant/ops/qnn.py`` for the QNN ops)
-or follows from its properties. Each 8-bit value of the program becomes an ONNX uint8 tensor (or int8, on request) carrying the
-same real numbers: an int8 value q with zero point z is written as q + 128 with zero point
-z + 128, which ``DequantizeLinear`` reads back exactly. Each integer op becomes the float op
-between DequantizeLinear and QuantizeLinear, the pattern ONNX Runtime fuses back into
-QLinearConv, QLinearAdd and friends:
+or follows from its properties. Each 8-bit value of the program becomes an ONNX uint8 tensor
+(or int8, on request) carrying the same real numbers: an int8 value q with zero point z is
+written as q + 128 with zero point z + 128, which ``DequantizeLinear`` reads back exactly.
+Each integer op becomes the float op between DequantizeLinear and QuantizeLinear, the pattern
+ONNX Runtime fuses back into QLinearConv, QLinearAdd and friends:
 
     fused.qconv2d(x, w, b, ..., s2, z2, activation="relu")
       =>  QuantizeLinear(Relu(Conv(DQ(x), DQ(w int8, sw, axis=0), DQ(b int32, sx*sw))), s2, z2)

@@ -2,8 +2,9 @@
 
 A pattern is a tree of :class:`PCall` (an op or a set of ops, positional sub-patterns, named
 attribute patterns and an optional ``..?rest``), :class:`PVar`, :class:`PLit`, :class:`PTuple`
-and :class:`PProj`. Guards are data too (one class per kind, :mod:`eqquant.rules.guards`), so a rule prints back as written and
-"which rule fired" is answered by its name and its ``file:line``.
+and :class:`PProj`. Guards are data too (one class per kind, :mod:`eqquant.rules.guards`), so
+a rule prints back as written and "which rule fired" is answered by its name and its
+``file:line``.
 """
 from __future__ import annotations
 

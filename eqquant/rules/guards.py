@@ -179,6 +179,10 @@ class _TypeGuard(Guard):
     def compile(self, side) -> list[str]:
         return _compare(side, self.fn, self.var, self.op, self.literal())
 
+    def constrain(self, inst) -> None:
+        if self.op == "==":       # the sampler's table of fixed dtypes, ranks or shapes
+            getattr(inst, self.fn)[self.var] = self.value
+
     def holds(self, inst) -> bool:
         return (_type_of(inst, self.fn, self.var) == self.value) == (self.op == "==")
 
@@ -191,10 +195,6 @@ class DtypeIs(_TypeGuard):
 
     def known_dtype(self):
         return (self.var, self.value) if self.op == "==" else None
-
-    def constrain(self, inst) -> None:
-        if self.op == "==":
-            inst.dtype[self.var] = self.value
 
     @classmethod
     def parse(cls, fn, var, cmp, value, b, loc) -> "DtypeIs":
@@ -235,10 +235,6 @@ class RankIs(_TypeGuard):
 
     fn: ClassVar[str] = "rank"
 
-    def constrain(self, inst) -> None:
-        if self.op == "==":
-            inst.rank[self.var] = self.value
-
     @classmethod
     def parse(cls, fn, var, cmp, value, b, loc) -> "RankIs":
         text = str(value.children[0])
@@ -261,10 +257,6 @@ class ShapeIs(_TypeGuard):
         from ..ops.attrs import format_value
         return egg_string(format_value(list(self.value)))
 
-    def constrain(self, inst) -> None:
-        if self.op == "==":
-            inst.shape[self.var] = tuple(self.value)
-
     def holds(self, inst) -> bool:
         return (_type_of(inst, "shape", self.var) == list(self.value)) == (self.op == "==")
 
@@ -280,8 +272,8 @@ class ShapeIs(_TypeGuard):
 
 
 @dataclass(frozen=True)
-class SameAs(Guard):
-    """``shape(?a) == shape(?b)`` (or dtype, rank): two values' types compared."""
+class _Between(Guard):
+    """``fn(?x) op <other>``: a type compared with something the left side binds."""
 
     fn: str = "shape"
     op: str = "=="
@@ -289,7 +281,18 @@ class SameAs(Guard):
     needs_types: ClassVar[bool] = True
 
     def __str__(self) -> str:
-        return f"{self.fn}({self.var}) {self.op} {self.fn}({self.other})"
+        return f"{self.fn}({self.var}) {self.op} {self.right()}"
+
+    def right(self) -> str:
+        return self.other
+
+
+@dataclass(frozen=True)
+class SameAs(_Between):
+    """``shape(?a) == shape(?b)`` (or dtype, rank): two values' types compared."""
+
+    def right(self) -> str:
+        return f"{self.fn}({self.other})"
 
     def check(self, ctx) -> "Guard":
         super().check(ctx)
@@ -327,34 +330,26 @@ class SameAs(Guard):
 
 
 @dataclass(frozen=True)
-class TypeAttr(Guard):
+class TypeAttr(_Between):
     """``dtype(?x) == ?d`` or ``shape(?x) == ?s``: a type compared with an attribute
     variable of the left side (a cast's dtype, a reshape's newshape)."""
 
-    fn: str = "dtype"
-    op: str = "=="
-    attr: str = ""
-    needs_types: ClassVar[bool] = True
-
-    def __str__(self) -> str:
-        return f"{self.fn}({self.var}) {self.op} {self.attr}"
-
     def check(self, ctx) -> "Guard":
         super().check(ctx)
-        if self.fn not in ("shape", "dtype") or self.attr not in ctx.avars:
-            raise ctx.error(f"{self.attr} is not an attribute variable of the left side "
+        if self.fn not in ("shape", "dtype") or self.other not in ctx.avars:
+            raise ctx.error(f"{self.other} is not an attribute variable of the left side "
                             "(shape(...) and dtype(...) compare with one)", self.loc)
         return self
 
     def compile(self, side) -> list[str]:
-        return _compare(side, self.fn, self.var, self.op, self.attr)
+        return _compare(side, self.fn, self.var, self.op, self.other)
 
     def constrain(self, inst) -> None:
         if self.op == "==":
-            (inst.shape_attr if self.fn == "shape" else inst.dtype_attr)[self.attr] = self.var
+            (inst.shape_attr if self.fn == "shape" else inst.dtype_attr)[self.other] = self.var
 
     def holds(self, inst) -> bool:
-        right = inst.attrs.get(self.attr)
+        right = inst.attrs.get(self.other)
         right = list(right or []) if self.fn == "shape" else right
         return (_type_of(inst, self.fn, self.var) == right) == (self.op == "==")
 

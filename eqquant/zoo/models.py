@@ -82,8 +82,9 @@ class _Net:
         return ZooModel(name, mod, params, inputs)
 
 
-def seed000(seed: int = 0, image_size: int = 224, batch: int = 1) -> ZooModel:
-    """Seed 000: conv2d (3 -> 32, 3x3, padding 1) then batch_norm; params uniform in [0, 1)."""
+def conv_bn(seed: int = 0, image_size: int = 224, batch: int = 1) -> ZooModel:
+    """TVM's FoldBatchnormToConv2D example (the seed document 000): conv2d (3 -> 32, 3x3,
+    padding 1) then batch_norm; params uniform in [0, 1)."""
     n = _Net(seed)
     b, r = n.b, n.rng
     x = b.input("data", (batch, 3, image_size, image_size))
@@ -91,11 +92,12 @@ def seed000(seed: int = 0, image_size: int = 224, batch: int = 1) -> ZooModel:
     y = b.call("nn.conv2d", x, w, strides=[1, 1], padding=[1, 1], dilation=[1, 1], groups=1)
     stats = [b.param(k, n.f32(r.random(32))) for k in ("gamma", "beta", "mean", "variance")]
     y = b.get(b.call("nn.batch_norm", y, *stats, axis=1, epsilon=1e-5), 0)
-    return n.finish("seed000", y, seed)
+    return n.finish("conv_bn", y, seed)
 
 
-def seed004(seed: int = 0, image_size: int = 224, batch: int = 1) -> ZooModel:
-    """Seed 004: ResNet-18's stem and first basic block, named as in the seed's listing."""
+def resnet18_stem(seed: int = 0, image_size: int = 224, batch: int = 1) -> ZooModel:
+    """ResNet-18's stem and first basic block, the program of TVM's auto-quantization
+    example (the seed document 004), its values named as in that listing."""
     n = _Net(seed)
     b = n.b
     x = b.input("data", (batch, 3, image_size, image_size))
@@ -111,7 +113,7 @@ def seed004(seed: int = 0, image_size: int = 224, batch: int = 1) -> ZooModel:
     pool = b.call("nn.max_pool2d", y, pool_size=[3, 3], strides=[2, 2], padding=[1, 1])
     y = n.relu(bn(conv(pool, 1, 64, 3, 1, 1), 1))
     y = bn(conv(y, 2, 64, 3, 1, 1), 2)
-    return n.finish("seed004", b.call("add", y, pool), seed)
+    return n.finish("resnet18_stem", b.call("add", y, pool), seed)
 
 
 def _stem(n: _Net, batch: int, image_size: int) -> Expr:
@@ -200,15 +202,19 @@ def mobilenet_v2(seed: int = 0, image_size: int = 224, batch: int = 1,
 
 
 MODELS: dict[str, Callable[..., ZooModel]] = {
-    "seed000": seed000, "seed004": seed004, "resnet18": resnet18, "resnet50": resnet50,
-    "mobilenet_v2": mobilenet_v2,
+    "conv_bn": conv_bn, "resnet18_stem": resnet18_stem, "resnet18": resnet18,
+    "resnet50": resnet50, "mobilenet_v2": mobilenet_v2,
 }
+# the names of the seed documents' programs, kept for the demo and old scripts
+ALIASES = {"seed000": "conv_bn", "seed004": "resnet18_stem"}
 
 
 def build(name: str, **kwargs) -> ZooModel:
+    name = ALIASES.get(name, name)
     if name not in MODELS:
         from ..errors import EqquantError
-        raise EqquantError(f"no zoo model '{name}' (there are: {', '.join(MODELS)})")
+        raise EqquantError(f"no zoo model '{name}' (there are: {', '.join(MODELS)}; "
+                           f"aliases: {', '.join(ALIASES)})")
     return MODELS[name](**kwargs)
 
 
