@@ -29,6 +29,8 @@ class Exporter:
     """Walks a module in post order and emits ONNX nodes; ``names`` maps each IR value (by
     id) to its ONNX tensor name (a list for a tuple)."""
 
+    opset = OPSET
+
     def __init__(self, mod: Module, activation_dtype: str = "uint8"):
         # a calibration mark is fake quantization, not the identity: written as the
         # quantize/dequantize pair it means
@@ -56,6 +58,13 @@ class Exporter:
         name = self.fresh(prefix)
         self.inits.append(numpy_helper.from_array(np.asarray(arr), name))
         return name
+
+    def emit_many(self, op_type: str, ins: list[str], n: int, **attrs) -> list[str]:
+        """An ONNX node with ``n`` outputs (a tuple-valued op: Split)."""
+        from onnx import helper
+        outs = [self.fresh(op_type.lower()) for _ in range(n)]
+        self.nodes.append(helper.make_node(op_type, ins, outs, **attrs))
+        return outs
 
     def emit(self, op_type: str, ins: list[str], **attrs) -> str:
         from onnx import helper
@@ -133,8 +142,9 @@ class Exporter:
         ins = ins or [self.name_of(x) for x in node.args]
         if IDENTITY in node.op.props:
             return ins[0]
-        if checked and any(getattr(self.type(x), "dtype", "float32") != "float32"
-                           for x in node.args[:1]):
+        first = getattr(self.type(node.args[0]), "dtype", "float32") if node.args else ""
+        if checked and first in ("int8", "uint8") and \
+                getattr(self.type(node), "dtype", "") == first:   # (a cast converts it)
             raise EqquantError(f"ONNX export: {node.op.name} on "
                                f"{self.type(node.args[0]).dtype} values has no QDQ form",
                                node.loc)

@@ -60,6 +60,7 @@ class Importer:
         self.model = model
         self.source = source
         self.forms = onnx_forms()   # ONNX op type -> (op, form), from the registry
+        self.n_outputs = 1          # the outputs of the node being read
         self.shapes = {k: tuple(v) for k, v in (shapes or {}).items()}
         self.b = Builder()
         self.values: dict[str, Expr] = {}            # ONNX name -> IR value
@@ -137,6 +138,18 @@ class Importer:
             raise OnnxFormError(f"expected a tensor, got {t}")
         return t
 
+    def dtype(self, onnx_type: int, what: str) -> str:
+        """An ONNX element type (TensorProto enum) as an IR dtype, or a located error."""
+        from onnx import helper
+        try:
+            dtype = str(helper.tensor_dtype_to_np_dtype(onnx_type))
+        except (KeyError, ValueError, TypeError):
+            raise OnnxFormError(f"{what}: unknown ONNX element type {onnx_type}") from None
+        if dtype not in DTYPES:
+            raise OnnxFormError(f"{what}: {dtype} is not a dtype eqquant has "
+                                f"({', '.join(DTYPES)})")
+        return dtype
+
     def call(self, op: str, *args: Expr, **attrs: Any) -> Call:
         return self.b.call(op, *args, **attrs)
 
@@ -200,6 +213,7 @@ class Importer:
                                 + " is not supported (supported: "
                                 + ", ".join(sorted(self.forms)) + ")")
         op, how = form           # the op whose registry entry reads this ONNX op, and how
+        self.n_outputs = len(node.output)
         outs = how.read(self, op, attrs, ins)
         if not isinstance(outs, (list, tuple)):
             outs = [outs]

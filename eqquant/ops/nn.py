@@ -9,7 +9,7 @@ from .attrs import (BOOL, DTYPE, FLOAT, INT, OPT_INT, OPT_PAIR, PAD_WIDTH, PADDI
                     StrKind)
 from .onnx_conventions import OnnxFormError, conv_to_onnx, pads, rank4, text, window, window_to_onnx
 from .registry import COMPUTE, POOL, SELECTS, OnnxForm, OpDef, OpTypeError, register
-from .typerel import compute_dtypes, norm_axis, tensor, tuple_of
+from .typerel import broadcast_shapes, compute_dtypes, norm_axis, tensor, tuple_of
 
 NCHW = StrKind("layout", choices=("NCHW",))
 OIHW = StrKind("layout", choices=("OIHW",))
@@ -256,12 +256,15 @@ def _gemm_from_onnx(im, attrs, ins):
 
 
 def _matmul_from_onnx(im, attrs, ins):
-    """MatMul (..., K) x (K, N): nn.dense on the rows, reshaped back."""
+    """MatMul (..., K) x (K, N): nn.dense on the rows, reshaped back; (..., M, K) x (..., K,
+    N): nn.batch_matmul."""
     a, b = im.value(ins[0]), im.value(ins[1])
     at, bt = im.type(a), im.type(b)
-    if bt.rank != 2 or at.rank < 2:
-        raise OnnxFormError(f"MatMul of ranks {at.rank} and {bt.rank}: only an (..., K) x "
-                            "(K, N) product is supported")
+    if at.rank < 2 or bt.rank < 2:
+        raise OnnxFormError(f"MatMul of ranks {at.rank} and {bt.rank}: vectors (rank 1) are "
+                            "not supported")
+    if bt.rank > 2:             # two stacks of matrices (attention): batched, broadcast
+        return im.call("nn.batch_matmul", a, b, transpose_b=False)
     if at.rank == 2:
         return im.call("nn.dense", a, _t2(im, b))
     flat = im.call("reshape", a, newshape=[-1, at.shape[-1]])
@@ -361,3 +364,118 @@ register(OpDef("nn.pad", inputs=("data", "pad_value"), kernel="eqquant.runtime.b
                       Attr("pad_mode", StrKind("mode", ("constant", "edge", "reflect")),
                            "constant")),
                type_rel=_pad_rel, semantics=_pad, doc="pad each axis by [before, after]"))
+
+
+# ---- layer norm, batched matmul (transformers) --------------------------------------------
+
+def _layer_norm_rel(types, attrs):
+    x = tensor(types, 0, "data")
+    if not x.dtype.startswith("float"):
+        raise OpTypeError(f"argument 1 ('data') must be a float tensor, got {x.dtype}", 0)
+    c = x.shape[norm_axis(attrs["axis"], x.rank)]
+    for i, name in ((1, "gamma"), (2, "beta")):
+        t = tensor(types, i, name)
+        if t.shape != (c,) or t.dtype != x.dtype:
+            raise OpTypeError(f"argument {i + 1} ('{name}') must be Tensor[({c}), {x.dtype}], "
+                              f"got {t}", arg=i)
+    return x
+
+
+def _layer_norm(x, gamma, beta, *, axis, epsilon, center, scale):
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    v = x.astype(np.float64)
+    mean = v.mean(axis=axis, keepdims=True)
+    var = ((v - mean) ** 2).mean(axis=axis, keepdims=True)
+    out = (v - mean) / np.sqrt(var + epsilon)
+    if scale:
+        out = out * gamma.astype(np.float64).reshape(shape)
+    if center:
+        out = out + beta.astype(np.float64).reshape(shape)
+    return out.astype(x.dtype)
+
+
+def _layer_norm_from_onnx(im, attrs, ins):
+    """LayerNormalization over the last axis (ViT, ConvNeXt); without a bias B, center is off
+    (the scale stands in for the unused beta)."""
+    x = im.value(ins[0])
+    rank = im.type(x).rank
+    axis = attrs.get("axis", -1)
+    if rank == 0 or axis % rank != rank - 1:
+        raise OnnxFormError(f"LayerNormalization over axes {axis}..{rank - 1}: only the last "
+                            "axis is supported")
+    gamma = im.value(ins[1])
+    has_bias = len(ins) > 2 and bool(ins[2])
+    y = im.call("nn.layer_norm", x, gamma, im.value(ins[2]) if has_bias else gamma,
+                axis=rank - 1, epsilon=float(attrs.get("epsilon", 1e-5)), center=has_bias)
+    return [y, None, None]
+
+
+def _layer_norm_to_onnx(ex, node, ins):
+    a = node.attrs
+    if not a["scale"]:
+        raise OnnxFormError("nn.layer_norm with scale=False has no ONNX form here")
+    return ex.emit("LayerNormalization", ins if a["center"] else ins[:2], axis=a["axis"],
+                   epsilon=float(a["epsilon"]))
+
+
+register(OpDef("nn.layer_norm", inputs=("data", "gamma", "beta"),
+               attrs=(Attr("axis", INT, -1), Attr("epsilon", FLOAT, 1e-5),
+                      Attr("center", BOOL, True), Attr("scale", BOOL, True)),
+               type_rel=_layer_norm_rel, semantics=_layer_norm,
+               flops=lambda ins, out, a: 8.0 * ins[0].size,
+               onnx=(OnnxForm("LayerNormalization", convert=_layer_norm_from_onnx,
+                              export=_layer_norm_to_onnx),),
+               doc="(x - mean) / sqrt(var + epsilon) * gamma + beta over axis (float64 inside)"))
+
+
+def _matmul_shapes(a, b, ta: bool, tb: bool):
+    """The (.., M, K) x (.., K, N) shapes after the transposes, and the result's."""
+    if a.rank < 2 or b.rank < 2:
+        raise OpTypeError(f"batch_matmul takes rank >= 2 operands, got {a} and {b}", 1)
+    m, k = a.shape[-2:][::-1] if ta else a.shape[-2:]
+    k2, n = b.shape[-2:][::-1] if tb else b.shape[-2:]
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    if k != k2 or batch is None:
+        raise OpTypeError(f"batch_matmul of {a} and {b} (transpose_a={ta}, transpose_b={tb}):"
+                          " the reduced dimensions or the batch dimensions disagree", 1)
+    return batch + (m, n)
+
+
+def _batch_matmul_rel(types, attrs):
+    a, b = tensor(types, 0, "tensor_a"), tensor(types, 1, "tensor_b")
+    shape = _matmul_shapes(a, b, attrs["transpose_a"], attrs["transpose_b"])
+    return TensorType(shape, compute_dtypes(types, attrs, a, b))
+
+
+def _batch_matmul(a, b, *, transpose_a, transpose_b, out_dtype):
+    acc = numerics.acc_dtype(np.result_type(a.dtype, b.dtype))
+    x, y = a.astype(acc), b.astype(acc)
+    x = np.swapaxes(x, -1, -2) if transpose_a else x
+    y = np.swapaxes(y, -1, -2) if transpose_b else y
+    return np.matmul(x, y).astype(out_dtype or default_compute_dtype(str(a.dtype),
+                                                                     str(b.dtype)))
+
+
+def _batch_matmul_to_onnx(ex, node, ins):
+    def t(name, rank):
+        perm = list(range(rank))
+        perm[-2:] = perm[-2:][::-1]
+        return ex.emit("Transpose", [name], perm=perm)
+    a, b = ins
+    if node.attrs["transpose_a"]:
+        a = t(a, ex.type(node.args[0]).rank)
+    if node.attrs["transpose_b"]:
+        b = t(b, ex.type(node.args[1]).rank)
+    return ex.emit("MatMul", [a, b])
+
+
+register(OpDef("nn.batch_matmul", inputs=("tensor_a", "tensor_b"), props=frozenset({COMPUTE}),
+               attrs=(Attr("transpose_a", BOOL, False), Attr("transpose_b", BOOL, True),
+                      Attr("out_dtype", DTYPE, "")),
+               type_rel=_batch_matmul_rel, semantics=_batch_matmul,
+               flops=lambda ins, out, a: 2.0 * out.size * (
+                   ins[0].shape[-2] if a["transpose_a"] else ins[0].shape[-1]),
+               onnx=(OnnxForm("MatMul", reads=False, export=_batch_matmul_to_onnx),),
+               doc="a @ b over the last two axes (transposed first where asked), the "
+                   "leading axes broadcast as numpy's matmul; Relay's default transpose_b"))

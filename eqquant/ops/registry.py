@@ -91,7 +91,10 @@ class OnnxForm:
     def read(self, im, op: "OpDef", attrs: Mapping[str, Any], ins: Sequence[str]):
         if self.convert is not None:
             return self.convert(im, attrs, ins)
-        given = {ir: type(default)(attrs.get(onnx, default)) for ir, onnx, default in self.attrs}
+        given = {}
+        for ir, onnx, default in self.attrs:
+            value = attrs.get(onnx, default)
+            given[ir] = type(default)(value.decode() if isinstance(value, bytes) else value)
         return im.call(op.name, *[im.value(n) for n in ins[:len(op.inputs)]], **given)
 
     def write(self, ex, node, ins: Sequence[str]) -> str:
@@ -194,7 +197,9 @@ def _ensure_loaded() -> None:
     family imported on its own (the runtime imports ops.fused) must not hide the others."""
     if not _LOADED:
         _LOADED.append(True)
+        # (registration order is the e-graph schema's order: the first families first)
         from . import nn, tensor, fused, qnn, quant  # noqa: F401  (registration side effects)
+        from . import activation, indexing  # noqa: F401
 
 
 def get_op(name: str) -> OpDef:

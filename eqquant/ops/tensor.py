@@ -60,6 +60,8 @@ def _sigmoid(x):
 
 _unary("sigmoid", _sigmoid, floats_only=True, doc="1 / (1 + exp(-x))",
        kernel=_ACTIVATION, kernel_params={"code": SIGMOID}, onnx=(OnnxForm("Sigmoid"),))
+_unary("tanh", np.tanh, floats_only=True, doc="tanh(x)", onnx=(OnnxForm("Tanh"),))
+_unary("exp", np.exp, floats_only=True, doc="exp(x)", onnx=(OnnxForm("Exp"),))
 # TVM lowers round to llvm.nearbyint: ties go to even, as numpy's round does.
 _unary("round", np.round, floats_only=True, doc="round half to even")
 
@@ -150,8 +152,16 @@ def _cast_rel(types, attrs):
     return TensorType(t.shape, attrs["dtype"])
 
 
+def _cast_to_onnx(ex, node, ins):
+    from onnx import helper
+    return ex.emit("Cast", ins, to=helper.np_dtype_to_tensor_dtype(np.dtype(node.attrs["dtype"])))
+
+
 register(OpDef("cast", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
                attrs=(Attr("dtype", DTYPE_REQUIRED, REQUIRED),),
+               onnx=(OnnxForm("Cast", export=_cast_to_onnx, convert=lambda im, attrs, ins:
+                              im.call("cast", im.value(ins[0]),
+                                      dtype=im.dtype(attrs["to"], "Cast's to"))),),
                type_rel=_cast_rel, semantics=lambda x, *, dtype: x.astype(dtype),
                doc="convert to dtype (floats to ints truncate toward zero)"))
 
@@ -429,7 +439,29 @@ def _reduce_rel(types, attrs):
     return TensorType(shape, t.dtype)
 
 
-def _reduction(name, fn, doc):
+def _reduce_onnx(name: str, onnx_type: str, axes_input_from: int) -> OnnxForm:
+    """ONNX's Reduce*: axes as an attribute, or as an input from opset ``axes_input_from``
+    (13 for ReduceSum, 18 for the others); keepdims defaults to 1; no axes means all of them
+    (or, with noop_with_empty_axes, none)."""
+    def convert(im, attrs, ins):
+        given = onnx_axes(im, attrs, ins, onnx_type)
+        x = im.value(ins[0])
+        if not given and attrs.get("noop_with_empty_axes", 0):
+            return x
+        return im.call(name, x, axis=given or None, keepdims=bool(attrs.get("keepdims", 1)))
+
+    def export(ex, node, ins):
+        rank = ex.type(node.args[0]).rank
+        axes = list(_reduce_axes(rank, node.attrs["axis"], node.attrs["exclude"]))
+        keep = int(node.attrs["keepdims"])
+        if axes_input_from <= ex.opset:
+            return ex.emit(onnx_type, [ins[0], ex.const(np.asarray(axes, np.int64))],
+                           keepdims=keep)
+        return ex.emit(onnx_type, [ins[0]], axes=axes, keepdims=keep)
+    return OnnxForm(onnx_type, convert=convert, export=export)
+
+
+def _reduction(name, fn, doc, onnx_type, axes_input_from):
     def sem(x, *, axis, keepdims, exclude, _fn=fn):
         axes = _reduce_axes(x.ndim, axis, exclude)
         return np.asarray(_fn(x, axis=axes, keepdims=keepdims)).astype(x.dtype)
@@ -437,13 +469,14 @@ def _reduction(name, fn, doc):
     register(OpDef(name, inputs=("data",), props=frozenset({REDUCE}),
                    attrs=(Attr("axis", OPT_INTS, None), Attr("keepdims", BOOL, False),
                           Attr("exclude", BOOL, False)),
+                   onnx=(_reduce_onnx(name, onnx_type, axes_input_from),),
                    type_rel=_reduce_rel, semantics=sem, doc=doc))
 
 
-_reduction("max", np.max, "maximum over axis")
-_reduction("min", np.min, "minimum over axis")
-_reduction("sum", np.sum, "sum over axis")
-_reduction("mean", np.mean, "mean over axis")
+_reduction("max", np.max, "maximum over axis", "ReduceMax", 18)
+_reduction("min", np.min, "minimum over axis", "ReduceMin", 18)
+_reduction("sum", np.sum, "sum over axis", "ReduceSum", 13)
+_reduction("mean", np.mean, "mean over axis", "ReduceMean", 18)
 
 
 def _softmax(x, *, axis):

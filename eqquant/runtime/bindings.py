@@ -9,6 +9,7 @@ identities alias their input instead of copying.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -291,8 +292,20 @@ class Activation(Binding):
 
 
 class Elementwise(Binding):
-    """A float32 elementwise op with a kernel of its own: ``kernel_params["fn"](x, out)`` on
-    the flattened input and output (a Numba or numpy function; see the registry's OpDef)."""
+    """A float32 elementwise op with a kernel of its own: ``kernel_params["fn"](x, out,
+    *params)`` on the flattened input and output, ``fn`` a function or its "module:name" (a
+    Numba or numpy function; see the registry's OpDef), ``params`` from
+    ``kernel_params["params"](attrs)`` (none by default)."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        fn = op.kernel_params["fn"]
+        if isinstance(fn, str):
+            module, _, name = fn.partition(":")
+            fn = getattr(importlib.import_module(module), name)
+        self.fn = fn
+        params = op.kernel_params.get("params")
+        self.params = tuple(np.float32(p) for p in params(attrs)) if params else ()
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -300,7 +313,7 @@ class Elementwise(Binding):
             in_types[0].shape == out_type.shape
 
     def __call__(self, ins, out):
-        self.op.kernel_params["fn"](np.ascontiguousarray(ins[0]).reshape(-1), out.reshape(-1))
+        self.fn(np.ascontiguousarray(ins[0]).reshape(-1), out.reshape(-1), *self.params)
 
 
 class Softmax(Binding):

@@ -8,6 +8,8 @@ relu (0, inf)); depthwise convolutions and pools are direct loops.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -270,3 +272,41 @@ def pad_planes(x, value, pt, pl, out):
                     out[p, i, j] = x[p, ii, jj]
                 else:
                     out[p, i, j] = value
+
+
+# ---- elementwise kernels that ops name in their registry entry (kernel_params["fn"]) --------
+
+@njit(parallel=True, cache=True)
+def hardswish(x, out):
+    """x * min(max(x + 3, 0), 6) / 6, as ONNX Runtime computes it: x * hardsigmoid(x) with
+    alpha 1/6, beta 0.5."""
+    alpha, beta = np.float32(1.0 / 6.0), np.float32(0.5)
+    for i in prange(x.size):
+        v = x[i]
+        out[i] = v * min(max(alpha * v + beta, np.float32(0)), np.float32(1))
+
+
+@njit(parallel=True, cache=True)
+def hardsigmoid(x, out, alpha, beta):
+    """max(0, min(1, alpha * x + beta))."""
+    for i in prange(x.size):
+        out[i] = min(max(alpha * x[i] + beta, np.float32(0)), np.float32(1))
+
+
+@njit(parallel=True, cache=True)
+def erf(x, out):
+    """The error function, in float64 then rounded (as the reference)."""
+    for i in prange(x.size):
+        out[i] = math.erf(np.float64(x[i]))
+
+
+@njit(parallel=True, cache=True)
+def gelu(x, out, tanh_form):
+    """0.5 x (1 + erf(x / sqrt 2)), or with tanh_form != 0 the tanh approximation
+    0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))); in float64, then rounded."""
+    for i in prange(x.size):
+        v = np.float64(x[i])
+        if tanh_form != 0:
+            out[i] = 0.5 * v * (1.0 + math.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
+        else:
+            out[i] = 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))

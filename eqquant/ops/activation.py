@@ -1,0 +1,93 @@
+"""Smooth and piecewise activations of mobile and transformer networks: hardswish,
+hardsigmoid, erf, gelu. Each is one entry: reference semantics, type relation, its fp32
+kernel (by name, in ``eqquant/runtime/kernels_fp32.py``) and its ONNX forms."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .attrs import FLOAT_F, Attr, StrKind
+from .registry import ELEMWISE, UNARY, OnnxForm, OpDef, register
+from .typerel import float_input
+
+_KERNEL = "eqquant.runtime.bindings:Elementwise"
+_FNS = "eqquant.runtime.kernels_fp32"
+
+
+def _hardswish(x):
+    """x * hardsigmoid(x) with alpha 1/6 and beta 0.5, in the input's float type (ONNX's
+    definition, which ONNX Runtime computes in this order)."""
+    t = x.dtype.type
+    return (x * np.clip(x * t(1 / 6) + t(0.5), t(0), t(1))).astype(x.dtype)
+
+
+register(OpDef("nn.hardswish", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+               type_rel=float_input, semantics=_hardswish,
+               kernel=_KERNEL, kernel_params={"fn": f"{_FNS}:hardswish"},
+               onnx=(OnnxForm("HardSwish"),),
+               doc="x * relu6(x + 3) / 6 (MobileNet-v3's activation)"))
+
+
+def _hardsigmoid(x, *, alpha, beta):
+    t = x.dtype.type
+    return np.clip(x * t(alpha) + t(beta), t(0), t(1)).astype(x.dtype)
+
+
+register(OpDef("nn.hardsigmoid", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+               attrs=(Attr("alpha", FLOAT_F, 0.2), Attr("beta", FLOAT_F, 0.5)),
+               type_rel=float_input, semantics=_hardsigmoid,
+               kernel=_KERNEL, kernel_params={"fn": f"{_FNS}:hardsigmoid",
+                                              "params": lambda a: (a["alpha"], a["beta"])},
+               onnx=(OnnxForm("HardSigmoid", (("alpha", "alpha", 0.2),
+                                              ("beta", "beta", 0.5))),),
+               doc="max(0, min(1, alpha * x + beta)); ONNX's defaults (PyTorch exports "
+                   "alpha = 1/6)"))
+
+_erf64 = np.frompyfunc(math.erf, 1, 1)
+
+
+def _erf(x):
+    return _erf64(x.astype(np.float64)).astype(x.dtype)
+
+
+register(OpDef("erf", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+               type_rel=float_input, semantics=_erf,
+               kernel=_KERNEL, kernel_params={"fn": f"{_FNS}:erf"},
+               onnx=(OnnxForm("Erf"),), doc="the error function (computed in float64)"))
+
+APPROXIMATE = StrKind("approximate", ("none", "tanh"))
+
+
+def _gelu(x, *, approximate):
+    v = x.astype(np.float64)
+    if approximate == "tanh":
+        out = 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+    else:
+        out = 0.5 * v * (1 + _erf64(v / math.sqrt(2)).astype(np.float64))
+    return out.astype(x.dtype)
+
+
+def _gelu_to_onnx(ex, node, ins):
+    """Opset 17 has no Gelu: the erf form as PyTorch exports it (x * 0.5 * (1 + erf(x /
+    sqrt 2))), or the tanh form op by op."""
+    x = ins[0]
+    c = lambda v: ex.const(np.float32(v))  # noqa: E731
+    if node.attrs["approximate"] == "tanh":
+        cube = ex.emit("Mul", [ex.emit("Mul", [x, x]), x])
+        inner = ex.emit("Add", [x, ex.emit("Mul", [cube, c(0.044715)])])
+        t = ex.emit("Tanh", [ex.emit("Mul", [inner, c(math.sqrt(2 / math.pi))])])
+    else:
+        t = ex.emit("Erf", [ex.emit("Div", [x, c(math.sqrt(2))])])
+    return ex.emit("Mul", [ex.emit("Mul", [x, c(0.5)]), ex.emit("Add", [t, c(1.0)])])
+
+
+register(OpDef("nn.gelu", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+               attrs=(Attr("approximate", APPROXIMATE, "none"),),
+               type_rel=float_input, semantics=_gelu,
+               kernel=_KERNEL, kernel_params={
+                   "fn": f"{_FNS}:gelu",
+                   "params": lambda a: (1.0 if a["approximate"] == "tanh" else 0.0,)},
+               onnx=(OnnxForm("Gelu", (("approximate", "approximate", "none"),),
+                              export=_gelu_to_onnx),),
+               doc="x * Phi(x) (erf form), or its tanh approximation; computed in float64"))

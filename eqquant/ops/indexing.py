@@ -1,0 +1,228 @@
+"""Ops that select, split and repeat: strided_slice, split, broadcast_to, tile (Relay's names
+and semantics), each with its ONNX forms (Slice, Split, Expand, Tile)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.types import TensorType, TupleType
+from .attrs import INT, INTS, OPT_INTS, REQUIRED, Attr
+from .onnx_conventions import OnnxFormError
+from .registry import LAYOUT, OnnxForm, OpDef, OpTypeError, register
+from .typerel import broadcast_shapes, norm_axis, tensor
+
+INT64_MAX = 2 ** 63 - 1
+
+
+# ---- strided_slice ---------------------------------------------------------------------------
+
+def _slices(shape, begin, end, strides, axes):
+    """One Python slice per axis (Python's and ONNX's clamping rules are the same)."""
+    rank = len(shape)
+    axes = list(range(len(begin))) if axes is None else [norm_axis(a, rank) for a in axes]
+    strides = [1] * len(begin) if strides is None else list(strides)
+    if not len(begin) == len(end) == len(strides) == len(axes) or len(set(axes)) != len(axes):
+        raise OpTypeError(f"begin {list(begin)}, end {list(end)}, strides {strides} and axes "
+                          f"{axes} must have one entry per axis, each axis once", 0)
+    if any(s == 0 for s in strides):
+        raise OpTypeError("a stride of 0", 0)
+    out = [slice(None)] * rank
+    for a, b, e, s in zip(axes, begin, end, strides):
+        out[a] = slice(b, e, s)
+    return tuple(out)
+
+
+def _strided_slice_rel(types, attrs):
+    t = tensor(types, 0, "data")
+    cut = _slices(t.shape, attrs["begin"], attrs["end"], attrs["strides"], attrs["axes"])
+    return TensorType(tuple(len(range(*s.indices(d))) for s, d in zip(cut, t.shape)), t.dtype)
+
+
+def _strided_slice(x, *, begin, end, strides, axes):
+    return np.ascontiguousarray(x[_slices(x.shape, begin, end, strides, axes)])
+
+
+def _slice_from_onnx(im, attrs, ins):
+    """Slice (opset >= 10: starts, ends, axes, steps as constant inputs)."""
+    if im.opset < 10:
+        begin, end = list(attrs["starts"]), list(attrs["ends"])
+        axes, steps = attrs.get("axes"), None
+        axes = list(axes) if axes is not None else None
+    else:
+        begin = im.const_ints(ins[1], "Slice's starts")
+        end = im.const_ints(ins[2], "Slice's ends")
+        axes = im.const_ints(ins[3], "Slice's axes") if len(ins) > 3 and ins[3] else None
+        steps = im.const_ints(ins[4], "Slice's steps") if len(ins) > 4 and ins[4] else None
+    clamp = lambda v: [max(min(int(i), INT64_MAX), -INT64_MAX) for i in v]  # noqa: E731
+    return im.call("strided_slice", im.value(ins[0]), begin=clamp(begin), end=clamp(end),
+                   strides=steps, axes=axes)
+
+
+def _slice_to_onnx(ex, node, ins):
+    a = node.attrs
+    n = len(a["begin"])
+    axes = a["axes"] if a["axes"] is not None else list(range(n))
+    steps = a["strides"] if a["strides"] is not None else [1] * n
+    const = lambda v: ex.const(np.asarray(v, np.int64))  # noqa: E731
+    return ex.emit("Slice", [ins[0], const(a["begin"]), const(a["end"]), const(axes),
+                             const(steps)])
+
+
+register(OpDef("strided_slice", inputs=("data",), props=frozenset({LAYOUT}),
+               attrs=(Attr("begin", INTS, REQUIRED), Attr("end", INTS, REQUIRED),
+                      Attr("strides", OPT_INTS, None), Attr("axes", OPT_INTS, None)),
+               type_rel=_strided_slice_rel, semantics=_strided_slice,
+               onnx=(OnnxForm("Slice", convert=_slice_from_onnx, export=_slice_to_onnx),),
+               doc="x[begin:end:strides] on axes (all leading axes when axes is None); "
+                   "indices clamp as Python's and ONNX's do"))
+
+
+# ---- split -----------------------------------------------------------------------------------
+
+def _pieces(dim: int, indices) -> list[tuple[int, int]]:
+    bounds = [0, *indices, dim]
+    if any(b < 0 or b > dim for b in indices) or any(x > y for x, y in zip(bounds, bounds[1:])):
+        raise OpTypeError(f"split points {list(indices)} must rise within 0..{dim}", 0)
+    return list(zip(bounds, bounds[1:]))
+
+
+def _split_rel(types, attrs):
+    t = tensor(types, 0, "data")
+    axis = norm_axis(attrs["axis"], t.rank)
+    return TupleType(tuple(
+        TensorType(t.shape[:axis] + (hi - lo,) + t.shape[axis + 1:], t.dtype)
+        for lo, hi in _pieces(t.shape[axis], attrs["indices"])))
+
+
+def _split(x, *, indices, axis):
+    axis = axis % x.ndim
+    return tuple(np.ascontiguousarray(np.take(x, range(lo, hi), axis=axis))
+                 for lo, hi in _pieces(x.shape[axis], indices))
+
+
+def _split_from_onnx(im, attrs, ins):
+    """Split into the sizes given (input from opset 13, attribute before), or into as many
+    equal parts as the node has outputs (num_outputs from opset 18)."""
+    x = im.value(ins[0])
+    shape = im.type(x).shape
+    axis = attrs.get("axis", 0)
+    if not -len(shape) <= axis < len(shape):
+        raise OnnxFormError(f"axis {axis} is out of range for rank {len(shape)}")
+    axis %= len(shape)
+    if len(ins) > 1 and ins[1]:
+        sizes = im.const_ints(ins[1], "Split's split")
+    elif "split" in attrs:
+        sizes = list(attrs["split"])
+    else:
+        n = attrs.get("num_outputs", im.n_outputs)
+        step = -(-shape[axis] // n)
+        sizes = [min(step, shape[axis] - i * step) for i in range(n)]
+    if sum(sizes) != shape[axis] or any(s < 0 for s in sizes):
+        raise OnnxFormError(f"split sizes {sizes} do not add up to the axis' {shape[axis]}")
+    parts = im.call("split", x, indices=[int(v) for v in np.cumsum(sizes[:-1])],
+                    axis=axis)
+    return [im.b.get(parts, i) for i in range(len(sizes))]
+
+
+def _split_to_onnx(ex, node, ins):
+    shape = ex.type(node.args[0]).shape
+    axis = node.attrs["axis"] % len(shape)
+    sizes = [hi - lo for lo, hi in _pieces(shape[axis], node.attrs["indices"])]
+    return ex.emit_many("Split", [ins[0], ex.const(np.asarray(sizes, np.int64))], len(sizes),
+                        axis=axis)
+
+
+register(OpDef("split", inputs=("data",),
+               attrs=(Attr("indices", INTS, REQUIRED), Attr("axis", INT, 0)),
+               type_rel=_split_rel, semantics=_split,
+               onnx=(OnnxForm("Split", convert=_split_from_onnx, export=_split_to_onnx),),
+               doc="a tuple of the pieces between the split points indices along axis"))
+
+
+# ---- broadcast_to, tile ----------------------------------------------------------------------
+
+def _broadcast_to_rel(types, attrs):
+    t = tensor(types, 0, "data")
+    shape = tuple(attrs["shape"])
+    if broadcast_shapes(t.shape, shape) != shape:
+        raise OpTypeError(f"{t.shape} does not broadcast to {shape}", 0)
+    return TensorType(shape, t.dtype)
+
+
+def _expand_from_onnx(im, attrs, ins):
+    """Expand broadcasts both ways: the result's shape is the broadcast of the two."""
+    x = im.value(ins[0])
+    want = im.const_ints(ins[1], "Expand's shape")
+    shape = broadcast_shapes(im.type(x).shape, tuple(want))
+    if shape is None:
+        raise OnnxFormError(f"{im.type(x).shape} and {tuple(want)} do not broadcast")
+    return im.call("broadcast_to", x, shape=list(shape))
+
+
+register(OpDef("broadcast_to", inputs=("data",), props=frozenset({LAYOUT}),
+               attrs=(Attr("shape", INTS, REQUIRED),), type_rel=_broadcast_to_rel,
+               semantics=lambda x, *, shape: np.ascontiguousarray(np.broadcast_to(x, shape)),
+               onnx=(OnnxForm("Expand", convert=_expand_from_onnx, export=lambda ex, node, ins:
+                              ex.emit("Expand", [ins[0], ex.const(np.asarray(
+                                  node.attrs["shape"], np.int64))])),),
+               doc="numpy broadcasting of data to shape"))
+
+
+def _tile_rel(types, attrs):
+    t = tensor(types, 0, "data")
+    reps = list(attrs["reps"])
+    if len(reps) != t.rank or any(r < 0 for r in reps):
+        raise OpTypeError(f"reps {reps} needs one non-negative count per axis of {t}", 0)
+    return TensorType(tuple(d * r for d, r in zip(t.shape, reps)), t.dtype)
+
+
+register(OpDef("tile", inputs=("data",), props=frozenset({LAYOUT}),
+               attrs=(Attr("reps", INTS, REQUIRED),), type_rel=_tile_rel,
+               semantics=lambda x, *, reps: np.tile(x, reps),
+               onnx=(OnnxForm("Tile", convert=lambda im, attrs, ins: im.call(
+                   "tile", im.value(ins[0]), reps=im.const_ints(ins[1], "Tile's repeats")),
+                   export=lambda ex, node, ins: ex.emit("Tile", [ins[0], ex.const(
+                       np.asarray(node.attrs["reps"], np.int64))])),),
+               doc="repeat data reps[i] times along each axis i"))
+
+
+# ---- take (ONNX Gather with constant indices) ------------------------------------------------
+
+def _take_rel(types, attrs):
+    t = tensor(types, 0, "data")
+    axis = norm_axis(attrs["axis"], t.rank)
+    n = t.shape[axis]
+    if any(not -n <= i < n for i in attrs["indices"]):
+        raise OpTypeError(f"indices {list(attrs['indices'])} out of range for axis {axis} "
+                          f"of size {n}", 0)
+    return TensorType(t.shape[:axis] + (len(attrs["indices"]),) + t.shape[axis + 1:], t.dtype)
+
+
+def _gather_from_onnx(im, attrs, ins):
+    """Gather with constant indices: a scalar index is a one-element slice with its axis
+    squeezed away (ViT's class token), a vector of indices is take."""
+    x = im.value(ins[0])
+    rank = im.type(x).rank
+    axis = attrs.get("axis", 0)
+    if not -rank <= axis < rank:
+        raise OnnxFormError(f"axis {axis} is out of range for rank {rank}")
+    axis %= rank
+    idx = np.asarray(im.const(ins[1], "Gather's indices"))
+    if idx.dtype.kind not in "iu" or idx.ndim > 1:
+        raise OnnxFormError(f"Gather's indices must be an integer scalar or vector, got "
+                            f"{idx.dtype} of shape {idx.shape}")
+    if idx.ndim == 0:
+        i = int(idx) % im.type(x).shape[axis] if im.type(x).shape[axis] else int(idx)
+        part = im.call("strided_slice", x, begin=[i], end=[i + 1], axes=[axis])
+        return im.call("squeeze", part, axis=[axis])
+    return im.call("take", x, indices=[int(v) for v in idx], axis=axis)
+
+
+register(OpDef("take", inputs=("data",), attrs=(Attr("indices", INTS, REQUIRED),
+                                                Attr("axis", INT, 0)),
+               type_rel=_take_rel,
+               semantics=lambda x, *, indices, axis: np.take(x, indices, axis=axis),
+               onnx=(OnnxForm("Gather", convert=_gather_from_onnx, export=lambda ex, node, ins:
+                              ex.emit("Gather", [ins[0], ex.const(np.asarray(
+                                  node.attrs["indices"], np.int64))], axis=node.attrs["axis"])),),
+               doc="the slices at indices along axis (constant indices; negative count from "
+                   "the end)"))
