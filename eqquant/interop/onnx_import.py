@@ -73,9 +73,9 @@ class Importer:
                           1)
         for init in model.graph.initializer:
             size = int(np.prod(list(init.dims), dtype=object))
-            if size > MAX_CONST_ELEMENTS:
+            if size > MAX_INITIALIZER_ELEMENTS:
                 raise OnnxImportError(f"{source}: initializer '{init.name[:80]}' has {size:.3g} "
-                                      f"elements, more than {MAX_CONST_ELEMENTS:.3g}")
+                                      f"elements, more than {MAX_INITIALIZER_ELEMENTS:.3g}")
             try:
                 arr = numpy_helper.to_array(init)
             except Exception as e:  # noqa: BLE001 - onnx raises many kinds on a bad tensor
@@ -285,10 +285,13 @@ class Importer:
 # Constant subgraphs (PyTorch's Shape -> Gather -> Concat -> Reshape chains) are evaluated at
 # import. Only these ops, none with control flow; a result larger than this is refused.
 MAX_CONST_ELEMENTS = 1 << 26
+# An initializer's data is in the file; still, one of more than 1 GB of float32 is refused
+# (VGG's first classifier layer, the largest of the torchvision zoo, holds 1.03e8).
+MAX_INITIALIZER_ELEMENTS = 1 << 28
 FOLDABLE = frozenset({
     "Abs", "Add", "And", "Cast", "Ceil", "Concat", "ConstantOfShape", "Div", "Equal", "Exp",
     "Expand", "Flatten", "Floor", "Gather", "Greater", "Identity", "Less", "Max", "Min",
-    "Mul", "Neg", "Not", "Or", "Pow", "Range", "Reciprocal", "ReduceMax", "ReduceMin",
+    "Mod", "Mul", "Neg", "Not", "Or", "Pow", "Range", "Reciprocal", "ReduceMax", "ReduceMin",
     "ReduceProd", "ReduceSum", "Relu", "Reshape", "Shape", "Sigmoid", "Size", "Slice",
     "Sqrt", "Squeeze", "Sub", "Tile", "Transpose", "Unsqueeze", "Where"})
 

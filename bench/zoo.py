@@ -1,0 +1,172 @@
+"""The torchvision zoo end to end: each model (random weights, non-trivial batch-norm
+statistics) exported by PyTorch to ONNX, imported by eqquant, checked against ONNX Runtime fp32,
+then (with --int8) quantized by eqquant and by ONNX Runtime's quantize_static from the same
+samples, and the two int8 programs set side by side.
+
+    pip install torch==2.13.0 torchvision     # not eqquant dependencies (see the README)
+    python bench/zoo.py [--models resnet18 mobilenet_v3_small ...] [--int8] [--calib 4]
+
+Per model it prints: whether it imports (or the first error), the imported program's max
+relative error against ONNX Runtime fp32 on one N(0, 1) input, and with --int8: the output SQNR
+(dB, against ONNX Runtime fp32) of eqquant's int8 program and of ONNX Runtime's quantize_static
+(QDQ, per-channel, uint8/int8, MinMax), the fraction of conv/dense/matmul MACs eqquant runs in
+integers, the quantize/dequantize pairs left inside the network (not counting the input's
+quantize and the outputs' dequantize), and the share of outputs of eqquant's QDQ export that
+ONNX Runtime computes within one output step. Latency ratios are bench/peers.py's job.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import ort_quantize_static, ort_session  # noqa: E402
+
+MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large",
+          "shufflenet_v2_x1_0", "mnasnet1_0", "squeezenet1_1", "googlenet", "inception_v3",
+          "densenet121", "vgg11_bn", "efficientnet_b0", "regnet_y_400mf", "convnext_tiny",
+          "vit_b_16", "alexnet", "resnext50_32x4d"]
+
+
+def torchvision_models():
+    """torchvision's model zoo without its C extension (which does not load with this
+    PyTorch): its fake-kernel registrations are skipped while it imports."""
+    import torch
+    real = torch.library.register_fake
+    torch.library.register_fake = lambda *a, **k: (lambda fn: fn)
+    try:
+        import torchvision.models as models
+    finally:
+        torch.library.register_fake = real
+    return models
+
+
+def build(name: str, seed: int = 0):
+    import torch
+    torch.manual_seed(seed)
+    models = torchvision_models()
+    kwargs = {"aux_logits": False, "init_weights": True} if name in ("googlenet",
+                                                                     "inception_v3") else {}
+    net = getattr(models, name)(weights=None, **kwargs)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                c = m.num_features
+                m.running_mean.copy_(torch.randn(c, generator=g) * 0.1)
+                m.running_var.copy_(torch.rand(c, generator=g) + 0.5)
+                m.weight.copy_(torch.rand(c, generator=g) + 0.5)
+                m.bias.copy_(torch.randn(c, generator=g) * 0.1)
+            elif isinstance(m, torch.nn.Linear) and not m.weight.any():
+                # (ViT's head starts at zero: its output would be all zeros)
+                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * 0.02)
+    return net.eval()
+
+
+def export(net, size: int) -> bytes:
+    import torch
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (torch.randn(1, 3, size, size),), buf, dynamo=False,
+                          opset_version=17, training=torch.onnx.TrainingMode.PRESERVE,
+                          do_constant_folding=False, input_names=["input"],
+                          output_names=["logits"])
+    return buf.getvalue()
+
+
+def _macs(module) -> tuple[float, float]:
+    """(integer MACs, all MACs) of the program's heavy ops (COMPUTE), from their cost hooks."""
+    from eqquant.core.nodes import Call, post_order
+    from eqquant.ir.typecheck import infer_types
+    from eqquant.ops.registry import COMPUTE
+    types = infer_types(module)
+    done = total = 0.0
+    for n in post_order(module.main.body):
+        if isinstance(n, Call) and not hasattr(n.op, "body") and COMPUTE in n.op.props \
+                and n.op.flops is not None:
+            f = n.op.flops([types[id(a)] for a in n.args], types[id(n)], n.attrs) / 2
+            total += f
+            if str(getattr(types[id(n.args[0])], "dtype", "")).startswith(("int", "uint")):
+                done += f
+    return done, total
+
+
+def one(name: str, args) -> str:
+    import eqquant
+    from eqquant.core.nodes import Call, post_order
+    from eqquant.errors import EqquantError
+    from eqquant.quant.flow import sqnr_db
+    size = 299 if name == "inception_v3" else args.size
+    t0 = time.perf_counter()
+    src = export(build(name), size)
+    rng = np.random.default_rng(0)
+    check = rng.standard_normal((1, 3, size, size)).astype(np.float32)
+    ref = ort_session(src).run(None, {"input": check})[0]
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / f"{name}.onnx"
+        path.write_bytes(src)
+        try:
+            model = eqquant.load(path)
+        except EqquantError as e:
+            return f"{name:20s} no import: {str(e).splitlines()[0][:110]}"
+        got = model.run(check)
+        err = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+        row = f"{name:20s} imports; fp32 max rel err {err:.1e}"
+        if not args.int8:
+            return row + f"  ({time.perf_counter() - t0:.0f} s)"
+        samples = [rng.standard_normal((1, 3, size, size)).astype(np.float32)
+                   for _ in range(args.calib)]
+        try:
+            q = eqquant.quantize(model, samples, mode="minmax", per_channel=True)
+        except EqquantError as e:
+            return row + f"; no int8: {str(e).splitlines()[0][:90]}"
+        eq8 = sqnr_db(ref, q.run(check))
+        ort8 = ort_session(ort_quantize_static(src, [{"input": s} for s in samples]))
+        theirs = sqnr_db(ref, ort8.run(None, {"input": check})[0])
+        module = q.quantized.module
+        calls = [n.op_name for n in post_order(module.main.body) if isinstance(n, Call)]
+        inside = calls.count("qnn.quantize") - 1
+        done, total = _macs(module)
+        qdq = q.export_onnx(Path(d) / f"{name}.int8.onnx")
+        s = ort_session(qdq.read_bytes())
+        theirs_of_ours = s.run(None, {s.get_inputs()[0].name: check})[0]
+        ours = q.run(check)
+        step = float(np.max(np.abs(ours))) / 127
+        agree = float(np.mean(np.abs(ours - theirs_of_ours) <= step))
+        return (row + f"; int8 SQNR {eq8:.1f} dB (ORT {theirs:.1f}); integer MACs "
+                f"{100 * done / max(total, 1):.0f}%; q/dq pairs inside {inside}; QDQ export "
+                f"within one step {100 * agree:.1f}%  ({time.perf_counter() - t0:.0f} s)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=MODELS)
+    ap.add_argument("--int8", action="store_true")
+    ap.add_argument("--calib", type=int, default=4)
+    ap.add_argument("--size", type=int, default=224)
+    args = ap.parse_args()
+    try:
+        import torch
+    except ImportError:
+        sys.exit("this benchmark needs PyTorch: pip install torch==2.13.0 torchvision")
+    torch.set_num_threads(2)
+    import platform
+    print(f"{platform.processor() or platform.machine()}; PyTorch {torch.__version__}")
+    for name in args.models:
+        try:
+            print(one(name, args), flush=True)
+        except Exception as e:  # noqa: BLE001 - a sweep reports and goes on
+            print(f"{name:20s} failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
