@@ -23,7 +23,7 @@ def calls(mod):
 def test_every_bn_fold_rule_is_an_identity():
     report = check_ruleset(load_rules("bn_fold"), trials=4)
     assert report.ok, report.format()
-    assert len(report.results) == 3
+    assert len(report.results) == 4
 
 
 def test_seed000_folds_to_one_conv_and_one_add():
@@ -111,5 +111,27 @@ def test_lone_batch_norm_decomposes():
     assert result.report.matches()["decompose_batch_norm_nchw"] == 1
     assert [c.op_name for c in calls(result.module)] == ["nn.relu", "multiply", "add"]
     xv = np.random.default_rng(1).normal(size=(1, 32, 8, 8)).astype("float32")
+    np.testing.assert_allclose(run(result.module, {"x": xv}), run(mod, {"x": xv}, params),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_conv_with_its_own_bias_then_batch_norm_folds():
+    """PyTorch's Conv2d(bias=True) + BatchNorm2d (VGG-BN): imported as conv2d + bias_add, then
+    batch_norm; the bias goes through the batch norm's affine map and one conv + add is left."""
+    from eqquant.ir.builder import Builder
+    rng = np.random.default_rng(3)
+    b = Builder()
+    x = b.input("x", (1, 4, 6, 6))
+    w = b.param("w", rng.normal(size=(8, 4, 3, 3)).astype("float32"))
+    bias = b.param("b", rng.normal(size=8).astype("float32"))
+    stats = [b.param(k, v.astype("float32")) for k, v in (
+        ("gamma", rng.uniform(0.5, 1.5, 8)), ("beta", rng.normal(size=8)),
+        ("mean", rng.normal(size=8)), ("var", rng.uniform(0.5, 1.5, 8)))]
+    y = b.call("nn.bias_add", b.call("nn.conv2d", x, w, padding=[1, 1, 1, 1]), bias, axis=1)
+    mod, params = b.finish(b.get(b.call("nn.batch_norm", y, *stats), 0))
+    result = optimize(mod, params, ["simplify", "bn_fold"], SCHEDULE)
+    assert result.report.matches()["fold_batch_norm_into_conv2d_with_bias"] == 1
+    assert [c.op_name for c in calls(result.module)] == ["nn.conv2d", "add"]
+    xv = rng.normal(size=(1, 4, 6, 6)).astype("float32")
     np.testing.assert_allclose(run(result.module, {"x": xv}), run(mod, {"x": xv}, params),
                                rtol=1e-5, atol=1e-5)

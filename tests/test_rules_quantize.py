@@ -21,7 +21,7 @@ def test_every_quantize_rule_holds_within_its_tolerance():
     report = check_ruleset(load_rules("quantize"), trials=4)
     assert report.ok, report.format()
     names = [r.rule.name for r in report.results]
-    assert len(names) == 52
+    assert len(names) == 56
     # the central rule is checked for every activation dtype it can take
     assert {"quantize_calibrated[int8]", "quantize_calibrated[uint8]"} <= {
         r.rule.name + r.variant for r in report.results}
@@ -231,3 +231,32 @@ def test_resnet18_per_channel_minmax_sqnr():
     assert "nn.relu" not in ops and ops.count("qnn.requantize") == 1
     assert ops[-2:] == ["qnn.requantize", "qnn.dequantize"]
     assert len(r.layers) >= 20, "per-layer SQNR is reported for the fused convolutions"
+
+
+def test_slices_and_transposes_between_quantized_layers_move_8_bit_values():
+    """ShuffleNet's channel split and shuffle (slice, reshape, transpose) between two int8
+    convolutions: the layout ops run on the 8-bit tensor, with no dequantize/quantize pair
+    around them, and the program computes what the marked program computes."""
+    from eqquant.ir.builder import Builder
+    import eqquant
+    rng = np.random.default_rng(5)
+    b = Builder()
+    x = b.input("x", (1, 64, 28, 28))
+    w1 = b.param("w1", rng.normal(size=(64, 64, 3, 3)).astype("float32"))
+    w2 = b.param("w2", rng.normal(size=(32, 32, 3, 3)).astype("float32"))
+    y = b.call("nn.relu", b.call("nn.conv2d", x, w1, padding=[1, 1, 1, 1]))
+    half = b.call("strided_slice", y, begin=[32], end=[64], axes=[1])
+    shuffled = b.call("reshape", b.call("transpose", b.call(
+        "reshape", half, newshape=[1, 2, 16, 28, 28]), axes=[0, 2, 1, 3, 4]),
+        newshape=[1, 32, 28, 28])
+    mod, params = b.finish(b.call("nn.conv2d", shuffled, w2, padding=[1, 1, 1, 1]))
+    samples = [rng.normal(size=(1, 64, 28, 28)).astype("float32") for _ in range(4)]
+    q = eqquant.quantize(eqquant.load(mod, params), samples, mode="minmax", per_channel=True)
+    module = q.quantized.module
+    types = infer_types(module)
+    layout = [n for n in post_order(module.main.body) if isinstance(n, Call)
+              and n.op_name in ("strided_slice", "transpose", "reshape")]
+    assert layout and all(types[id(n)].dtype in ("int8", "uint8") for n in layout)
+    names = [n.op_name for n in post_order(module.main.body) if isinstance(n, Call)]
+    assert names.count("qnn.quantize") == 1 and names.count("qnn.dequantize") == 1
+    assert q.report().output["sqnr"] > 25

@@ -18,6 +18,8 @@ INT64_MAX = 2 ** 63 - 1
 def _slices(shape, begin, end, strides, axes):
     """One Python slice per axis (Python's and ONNX's clamping rules are the same)."""
     rank = len(shape)
+    if axes is None and len(begin) > rank:
+        raise OpTypeError(f"{len(begin)} begin values for a tensor of rank {rank}", 0)
     axes = list(range(len(begin))) if axes is None else [norm_axis(a, rank) for a in axes]
     strides = [1] * len(begin) if strides is None else list(strides)
     if not len(begin) == len(end) == len(strides) == len(axes) or len(set(axes)) != len(axes):
@@ -143,7 +145,7 @@ register(OpDef("split", inputs=("data",),
 def _broadcast_to_rel(types, attrs):
     t = tensor(types, 0, "data")
     shape = tuple(attrs["shape"])
-    if broadcast_shapes(t.shape, shape) != shape:
+    if any(d < 0 for d in shape) or broadcast_shapes(t.shape, shape) != shape:
         raise OpTypeError(f"{t.shape} does not broadcast to {shape}", 0)
     return TensorType(shape, t.dtype)
 
