@@ -21,7 +21,7 @@ def test_every_quantize_rule_holds_within_its_tolerance():
     report = check_ruleset(load_rules("quantize"), trials=4)
     assert report.ok, report.format()
     names = [r.rule.name for r in report.results]
-    assert len(names) == 56
+    assert len(names) == 74
     # the central rule is checked for every activation dtype it can take
     assert {"quantize_calibrated[int8]", "quantize_calibrated[uint8]"} <= {
         r.rule.name + r.variant for r in report.results}
@@ -260,3 +260,35 @@ def test_slices_and_transposes_between_quantized_layers_move_8_bit_values():
     names = [n.op_name for n in post_order(module.main.body) if isinstance(n, Call)]
     assert names.count("qnn.quantize") == 1 and names.count("qnn.dequantize") == 1
     assert q.report().output["sqnr"] > 25
+
+
+@pytest.mark.parametrize("branches", [2, 3, 4])
+def test_a_concatenation_of_quantized_branches_stays_integer(branches):
+    """SqueezeNet's fire module, Inception's and GoogLeNet's blocks: branches joined by
+    concatenate. Each branch is requantized to the join's parameters and the 8-bit tensors
+    are joined: no dequantize/quantize pair is left around the join."""
+    from eqquant.ir.builder import Builder
+    import eqquant
+    rng = np.random.default_rng(branches)
+    b = Builder()
+    x = b.input("x", (1, 16, 20, 20))
+    parts = []
+    for i in range(branches):
+        w = b.param(f"w{i}", rng.normal(size=(8 + 8 * i, 16, 3, 3)).astype("float32"))
+        parts.append(b.call("nn.relu", b.call("nn.conv2d", x, w, padding=[1, 1, 1, 1])))
+    joined = b.call("concatenate", b.tuple(*parts), axis=1)
+    channels = sum(8 + 8 * i for i in range(branches))
+    w = b.param("wo", rng.normal(size=(16, channels, 1, 1)).astype("float32"))
+    mod, params = b.finish(b.call("nn.conv2d", joined, w))
+    samples = [rng.normal(size=(1, 16, 20, 20)).astype("float32") for _ in range(4)]
+    q = eqquant.quantize(eqquant.load(mod, params), samples, mode="minmax", per_channel=True)
+    module = q.quantized.module
+    types = infer_types(module)
+    concat = [n for n in post_order(module.main.body) if isinstance(n, Call)
+              and n.op_name == "concatenate"]
+    assert len(concat) == 1 and types[id(concat[0])].dtype in ("int8", "uint8")
+    names = [n.op_name for n in post_order(module.main.body) if isinstance(n, Call)]
+    assert names.count("qnn.quantize") == 1 and names.count("qnn.dequantize") == 1
+    assert q.report().output["sqnr"] > 25
+    x0 = samples[0]
+    np.testing.assert_array_equal(q.run(x0), run(module, {"x": x0}))   # executor = reference

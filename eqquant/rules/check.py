@@ -128,9 +128,11 @@ class _Instance:
         self.attr_eq: dict[str, Any] = {}
         self.attr_ne: dict[str, Any] = {}
         self.same_shape: dict[str, str] = {}      # shape(?a) == shape(?b), both ways
+        self.same_dtype: dict[str, str] = {}      # dtype(?a) == dtype(?b), both ways
         self.shape_attr: dict[str, str] = {}      # shape(?x) == ?s: attribute var -> ?x
         self.dtype_attr: dict[str, str] = {}
         self.positive: set[str] = set()           # assuming positive(?s) (names without ?)
+        self.tuple_like: TensorType | None = None  # the previous field of a tuple being built
         for g in rule.guards:
             g.constrain(self)
         self.attr_eq.update(fixed or {})
@@ -140,6 +142,9 @@ class _Instance:
 
     def new_var(self, name: str, shape: tuple[int, ...], hint: set[str] | None = None) -> Var:
         dtype = self.dtype.get(name)
+        partner = self.vars.get(self.same_dtype.get(name, ""))
+        if dtype is None and partner is not None:
+            dtype = partner.type.dtype
         if dtype is None:
             dtype = (self.rng.choice(sorted(hint)) if hint and self.rng.random() < 0.9
                      else self.rng.choice(_DTYPES))
@@ -155,7 +160,11 @@ class _Instance:
             self.types.expr(node)
             return node
         if isinstance(p, PTuple):
-            fields = [self._settle(self.lhs(f), f) for f in p.fields]
+            fields = []
+            for f in p.fields:     # (a tuple's fields are often alike: concatenate's)
+                self.tuple_like = self.types.types.get(id(fields[-1])) if fields else None
+                fields.append(self._settle(self.lhs(f), f))
+            self.tuple_like = None
             node = Tuple(fields=tuple(fields))
             self.types.expr(node)
             return node
@@ -200,6 +209,9 @@ class _Instance:
                 elif self.rng.random() < 0.4 and isinstance(neighbour, TensorType):
                     # like its neighbour (batch-norm statistics): shape and dtype
                     shape, dtypes = neighbour.shape, {neighbour.dtype}
+                elif i == 0 and isinstance(self.tuple_like, TensorType) and \
+                        self.rng.random() < 0.6:
+                    shape = self.tuple_like.shape     # like the tuple's previous field
                 else:
                     shape = _shape_pool(self.rng, self.rank.get(name),
                                         _RANK_HINTS.get((op.name, i)))

@@ -313,9 +313,10 @@ class SameAs(_Between):
                 f'(= {w} (+ {v} ""))']
 
     def constrain(self, inst) -> None:
-        if self.fn == "shape" and self.op == "==":
-            inst.same_shape[self.var] = self.other
-            inst.same_shape[self.other] = self.var
+        if self.fn in ("shape", "dtype") and self.op == "==":
+            same = inst.same_shape if self.fn == "shape" else inst.same_dtype
+            same[self.var] = self.other
+            same[self.other] = self.var
 
     def holds(self, inst) -> bool:
         same = _type_of(inst, self.fn, self.var) == _type_of(inst, self.fn, self.other)
