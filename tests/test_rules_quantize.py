@@ -21,7 +21,7 @@ def test_every_quantize_rule_holds_within_its_tolerance():
     report = check_ruleset(load_rules("quantize"), trials=4)
     assert report.ok, report.format()
     names = [r.rule.name for r in report.results]
-    assert len(names) == 74
+    assert len(names) == 88
     # the central rule is checked for every activation dtype it can take
     assert {"quantize_calibrated[int8]", "quantize_calibrated[uint8]"} <= {
         r.rule.name + r.variant for r in report.results}
@@ -292,3 +292,43 @@ def test_a_concatenation_of_quantized_branches_stays_integer(branches):
     assert q.report().output["sqnr"] > 25
     x0 = samples[0]
     np.testing.assert_array_equal(q.run(x0), run(module, {"x": x0}))   # executor = reference
+
+
+@pytest.mark.parametrize("act", ["nn.hardswish", "sigmoid", "nn.gelu"])
+def test_an_activation_between_quantized_layers_is_a_lookup_table(act, tmp_path):
+    """MobileNet-v3's hardswish, EfficientNet's sigmoid, GELU: between two int8 convolutions
+    the activation is one 256-entry table lookup (qnn.lut, the table folded to a constant);
+    the executor computes the reference's bits, and the QDQ export (a Gather from the table)
+    gives them in ONNX Runtime."""
+    pytest.importorskip("onnxruntime")
+    from eqquant.ir.builder import Builder
+    import eqquant
+    rng = np.random.default_rng(7)
+    b = Builder()
+    x = b.input("x", (1, 32, 16, 16))
+    w1 = b.param("w1", rng.normal(size=(32, 32, 3, 3)).astype("float32"))
+    w2 = b.param("w2", rng.normal(size=(32, 32, 3, 3)).astype("float32"))
+    y = b.call(act, b.call("nn.conv2d", x, w1, padding=[1, 1, 1, 1]))
+    mod, params = b.finish(b.call("nn.conv2d", y, w2, padding=[1, 1, 1, 1]))
+    samples = [rng.normal(size=(1, 32, 16, 16)).astype("float32") for _ in range(4)]
+    q = eqquant.quantize(eqquant.load(mod, params), samples, mode="minmax", per_channel=True)
+    module = q.quantized.module
+    names = [n.op_name for n in post_order(module.main.body) if isinstance(n, Call)]
+    assert names.count("qnn.lut") == 1 and act not in names
+    assert names.count("qnn.quantize") == 1 and names.count("qnn.dequantize") == 1
+    assert q.report().output["sqnr"] > 25
+    x0 = samples[0]
+    ours = q.run(x0)
+    np.testing.assert_array_equal(ours, run(module, {"x": x0}))
+    # the export: the activation alone, so that no ONNX Runtime convolution (inexact on CPUs
+    # without VNNI) stands between the two: its table lookup gives eqquant's bits
+    import onnxruntime as ort
+    b = Builder()
+    x = b.input("x", (1, 32, 16, 16))
+    alone, _ = b.finish(b.call(act, x))
+    q = eqquant.quantize(eqquant.load(alone, {}), samples, mode="minmax", per_channel=True)
+    assert "qnn.lut" in str(q.quantized.module)
+    path = q.export_onnx(tmp_path / "lut.onnx")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    theirs = sess.run(None, {sess.get_inputs()[0].name: x0})[0]
+    np.testing.assert_array_equal(q.run(x0), theirs)

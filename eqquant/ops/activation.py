@@ -44,11 +44,16 @@ register(OpDef("nn.hardsigmoid", inputs=("data",), props=frozenset({ELEMWISE, UN
                doc="max(0, min(1, alpha * x + beta)); ONNX's defaults (PyTorch exports "
                    "alpha = 1/6)"))
 
-_erf64 = np.frompyfunc(math.erf, 1, 1)
+_erf_objects = np.frompyfunc(math.erf, 1, 1)
+
+
+def _erf64(v: np.ndarray) -> np.ndarray:
+    """math.erf elementwise, as a float64 array (0-d arrays too)."""
+    return np.asarray(_erf_objects(np.asarray(v, np.float64)), np.float64)
 
 
 def _erf(x):
-    return _erf64(x.astype(np.float64)).astype(x.dtype)
+    return _erf64(x).astype(x.dtype)
 
 
 register(OpDef("erf", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
@@ -64,7 +69,7 @@ def _gelu(x, *, approximate):
     if approximate == "tanh":
         out = 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
     else:
-        out = 0.5 * v * (1 + _erf64(v / math.sqrt(2)).astype(np.float64))
+        out = 0.5 * v * (1 + _erf64(v / math.sqrt(2)))
     return out.astype(x.dtype)
 
 

@@ -518,6 +518,66 @@ register(OpDef("qnn.clip", inputs=("data", "input_scale", "input_zero_point"),
                    " (a_min, a_max in real units; per channel along axis when s is)"))
 
 
+# -- lookup tables: any function of one 8-bit value --------------------------------------------
+
+EIGHT_BIT = DTypeKind("dtype", allow_empty=False, choices=("int8", "uint8"))
+
+
+def _codes_rel(types, attrs):
+    return TensorType((256,), attrs["dtype"])
+
+
+register(OpDef("qnn.codes", inputs=(), attrs=(Attr("dtype", EIGHT_BIT, "uint8"),),
+               props=frozenset({QUANT}), type_rel=_codes_rel,
+               semantics=lambda *, dtype: np.arange(numerics.qrange(dtype)[0],
+                                                    numerics.qrange(dtype)[1] + 1).astype(dtype),
+               doc="every value of an 8-bit dtype in increasing order (a lookup table's "
+                   "domain); a constant"))
+
+
+def _lut_rel(types, attrs):
+    q = tensor(types, 0, "data")
+    table = tensor(types, 1, "table", rank=1)
+    if q.dtype not in ("int8", "uint8") or table.shape != (256,) or \
+            table.dtype not in ("int8", "uint8"):
+        raise OpTypeError(f"qnn.lut looks an 8-bit tensor up in a table of 256 8-bit values, "
+                          f"got {q} and {table}", 1)
+    _param(types, 2, "output_scale", q, -1, True)
+    _param(types, 3, "output_zero_point", q, -1, False)
+    return TensorType(q.shape, table.dtype)
+
+
+def _lut(q, table, scale, zero_point):
+    return table[q.astype(np.int64) - numerics.qrange(str(q.dtype))[0]]
+
+
+def _lut_qdq(w, node):
+    """ONNX: Gather from the table (as the export writes 8-bit values) at the input's code."""
+    table = w.ex.value(node.args[1])
+    if table is None:
+        raise w.unsupported(node)
+    out_ir = str(table.dtype)
+    q = w.q8(node, 2, 3, out_ir)
+    shift_out = 128 if (out_ir, w.ex.activation_dtype) == ("int8", "uint8") else 0
+    exported = (table.astype(np.int16) + shift_out).astype(
+        w.ex.activation_dtype if out_ir == "int8" else out_ir)
+    in_ir = str(w.ex.type(node.args[0]).dtype)
+    in_exported = w.ex.activation_dtype if in_ir == "int8" else in_ir
+    index = w.ex.emit("Cast", [w.ex.name_of(node.args[0])], to=7)        # int64
+    if in_exported == "int8":
+        index = w.ex.emit("Add", [index, w.ex.const(np.int64(128))])
+    return w.keep(node, q, w.ex.emit("Gather", [w.ex.const(exported, "table"), index]))
+
+
+register(OpDef("qnn.lut", inputs=("data", "table", "output_scale", "output_zero_point"),
+               props=frozenset({QUANT}), type_rel=_lut_rel, semantics=_lut,
+               kernel="eqquant.runtime.bindings_int8:Lut",
+               flops=lambda ins, out, a: float(out.size),
+               onnx=(OnnxForm("Gather", reads=False, qdq=_lut_qdq),),
+               doc="table[q - lowest]: any function of one 8-bit value, tabulated; the output "
+                   "has the scale and zero point given (the table was quantized with them)"))
+
+
 # -- a quantized convolution with its whole epilogue --------------------------------------------
 
 FQ_INPUTS = ("data", "weight", "bias", "input_zero_point", "kernel_zero_point", "input_scale",

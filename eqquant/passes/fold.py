@@ -37,8 +37,8 @@ def fold_constants(mod: Module) -> Module:
         return c
 
     def visit(node: Expr, children):
-        if isinstance(node, Call) and not isinstance(node.op, Expr) and children \
-                and all(_is_value(c) for c in children):
+        if isinstance(node, Call) and not isinstance(node.op, Expr) and \
+                (children or not node.op.inputs) and all(_is_value(c) for c in children):
             if IDENTITY in node.op.props:
                 return children[0]
             out = node.op.semantics(*[_value(c) for c in children], **node.attrs)

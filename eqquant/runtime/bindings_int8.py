@@ -243,6 +243,22 @@ class QDense(Binding):
         out[...] = y.T
 
 
+class Lut(Binding):
+    """qnn.lut: one gather from the 256-entry table per element."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        self.table = np.ascontiguousarray(consts[1])
+        self.offset = -qrange(in_types[0].dtype)[0]
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return 1 in consts
+
+    def __call__(self, ins, out):
+        np.take(self.table, ins[0].astype(np.intp) + self.offset, out=out)
+
+
 class Requantize(Binding):
     """qnn.requantize: per-tensor parameters, or per-channel input scales along axis 1."""
 
