@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import EqquantError
-from ..core.nodes import Call, Constant
+from ..core.nodes import Call, Constant, Tuple
 from ..core.types import is_int
 from ..ops.registry import ANNOTATION, IDENTITY, LAYOUT, POOL, QUANT
 
@@ -37,6 +37,7 @@ class Q8:
     scale: str
     zero_point: str
     zero: int            # the zero point in the program's own dtype
+    step: float = 0.0    # the scale's value
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,11 @@ class QDQ:
         self.info: dict[int, Q8 | Acc] = {}
 
     def handles(self, node: Call) -> bool:
+        """An op on exported integer values (a tuple's fields too: concatenate's)."""
+        values = [f for a in node.args for f in (a.fields if isinstance(a, Tuple) else (a,))]
         return QUANT in node.op.props or any(
             is_int(getattr(self.ex.type(a), "dtype", "float32")) and id(a) in self.info
-            for a in node.args)
+            for a in values)
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -78,7 +81,7 @@ class QDQ:
                                "activations have a QDQ form", node.loc)
         shift = 128 if (ir_dtype, dtype) == ("int8", "uint8") else 0
         zp = np.asarray(int(z) + shift, dtype)
-        return Q8(self.ex.const(s, "scale"), self.ex.const(zp, "zero_point"), int(z))
+        return Q8(self.ex.const(s, "scale"), self.ex.const(zp, "zero_point"), int(z), float(s))
 
     def dq(self, arg) -> str:
         """The real value of an exported integer value."""

@@ -406,14 +406,27 @@ def _concat_rel(types, attrs):
     return TensorType(first.shape[:axis] + (size,) + first.shape[axis + 1:], first.dtype)
 
 
+def _concat_qdq(w, node):
+    """ONNX's QDQ form: 8-bit tensors with one scale and zero point (the integer concat rules
+    requantize every field to the join's) are joined as they are."""
+    fields = getattr(node.args[0], "fields", ())
+    params = [w.params(f) for f in fields]
+    if not params or any(p is None or (p.step, p.zero) != (params[0].step, params[0].zero)
+                         for p in params):
+        raise w.unsupported(node)
+    joined = w.ex.emit("Concat", [w.ex.name_of(f) for f in fields], axis=node.attrs["axis"])
+    return w.keep(node, params[0], joined)
+
+
 def _concat_from_onnx(im, attrs, ins):
     parts = [im.value(n) for n in ins if n]
     return im.call("concatenate", im.b.tuple(*parts), axis=attrs["axis"])
 
 
 register(OpDef("concatenate", inputs=("data",), props=frozenset({LAYOUT}),
-               onnx=(OnnxForm("Concat", convert=_concat_from_onnx, export=lambda ex, node, ins:
-                              ex.emit("Concat", list(ins[0]), axis=node.attrs["axis"])),),
+               onnx=(OnnxForm("Concat", convert=_concat_from_onnx, qdq=_concat_qdq,
+                              export=lambda ex, node, ins: ex.emit("Concat", list(ins[0]),
+                                                                   axis=node.attrs["axis"])),),
                kernel="eqquant.runtime.bindings:Concatenate",
                attrs=(Attr("axis", INT, 0),), type_rel=_concat_rel,
                semantics=lambda xs, *, axis: np.concatenate(xs, axis=axis),
