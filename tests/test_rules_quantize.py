@@ -21,7 +21,7 @@ def test_every_quantize_rule_holds_within_its_tolerance():
     report = check_ruleset(load_rules("quantize"), trials=4)
     assert report.ok, report.format()
     names = [r.rule.name for r in report.results]
-    assert len(names) == 88
+    assert len(names) == 90
     # the central rule is checked for every activation dtype it can take
     assert {"quantize_calibrated[int8]", "quantize_calibrated[uint8]"} <= {
         r.rule.name + r.variant for r in report.results}
@@ -342,3 +342,31 @@ def test_an_activation_between_quantized_layers_is_a_lookup_table(act, tmp_path)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     theirs = sess.run(None, {sess.get_inputs()[0].name: x0})[0]
     np.testing.assert_array_equal(q.run(x0), theirs)
+
+
+def test_squeeze_excitation_gates_multiply_in_integers():
+    """EfficientNet's and MobileNet-v3's squeeze-excitation: a feature map times its sigmoid
+    gate (broadcast over the pixels) is qnn.mul, the exact integer product requantized once;
+    the executor computes the reference's bits and the output is close to fp32."""
+    from eqquant.ir.builder import Builder
+    import eqquant
+    rng = np.random.default_rng(11)
+    b = Builder()
+    x = b.input("x", (1, 32, 16, 16))
+    w1 = b.param("w1", rng.normal(size=(32, 32, 3, 3)).astype("float32"))
+    ws = b.param("ws", rng.normal(size=(32, 32, 1, 1)).astype("float32"))
+    bs = b.param("bs", rng.normal(size=(32,)).astype("float32"))
+    w2 = b.param("w2", rng.normal(size=(32, 32, 3, 3)).astype("float32"))
+    y = b.call("nn.relu", b.call("nn.conv2d", x, w1, padding=[1, 1, 1, 1]))
+    gate = b.call("sigmoid", b.call("nn.bias_add", b.call(
+        "nn.conv2d", b.call("nn.global_avg_pool2d", y), ws), bs, axis=1))
+    mod, params = b.finish(b.call("nn.conv2d", b.call("multiply", y, gate), w2,
+                                  padding=[1, 1, 1, 1]))
+    samples = [rng.normal(size=(1, 32, 16, 16)).astype("float32") for _ in range(4)]
+    q = eqquant.quantize(eqquant.load(mod, params), samples, mode="minmax", per_channel=True)
+    module = q.quantized.module
+    names = [n.op_name for n in post_order(module.main.body) if isinstance(n, Call)]
+    assert "qnn.mul" in names and "multiply" not in names
+    x0 = samples[0]
+    np.testing.assert_array_equal(q.run(x0), run(module, {"x": x0}))
+    assert q.report().output["sqnr"] > 25

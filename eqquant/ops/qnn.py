@@ -27,6 +27,7 @@ from .registry import (ANNOTATION, COMPUTE, QUANT, OnnxForm, OpDef, OpTypeError,
 from .typerel import broadcast_shapes, tensor
 
 QDTYPE = DTypeKind("dtype", allow_empty=False, choices=("int8", "uint8", "int32"))
+EIGHT_BIT_OUT = DTypeKind("out_dtype", allow_empty=False, choices=("int8", "uint8"))
 ROUNDING = StrKind("rounding", ("UPWARD", "TONEAREST"))
 
 
@@ -477,6 +478,52 @@ register(OpDef(
         "'realize' is what TVM's realize pass writes for an add (rhs requantized to the lhs "
         "scale, an integer add, a requantize to the output), 'once' sums both at the output "
         "scale with one rounding (as ONNX Runtime's QLinearAdd)"))
+
+
+# -- the product of two quantized tensors (squeeze-excitation's gate) --------------------------
+
+def _qmul_rel(types, attrs):
+    a, b = tensor(types, 0, "lhs"), tensor(types, 1, "rhs")
+    if a.dtype != b.dtype or a.dtype not in ("int8", "uint8"):
+        raise OpTypeError(f"qnn.mul takes two 8-bit tensors of one dtype, got {a.dtype} and "
+                          f"{b.dtype}", 1)
+    shape = broadcast_shapes(a.shape, b.shape)
+    if shape is None:
+        raise OpTypeError(f"shapes {a.shape} and {b.shape} do not broadcast", 1)
+    for i, (name, fl) in enumerate((("lhs_scale", True), ("lhs_zero_point", False),
+                                    ("rhs_scale", True), ("rhs_zero_point", False),
+                                    ("output_scale", True), ("output_zero_point", False)),
+                                   start=2):
+        if tensor(types, i, name).rank != 0:
+            raise OpTypeError(f"argument {i + 1} ('{name}') must be a scalar", i)
+        _param(types, i, name, a, -1, fl)
+    if attrs["out_dtype"] not in ("int8", "uint8"):
+        raise OpTypeError("out_dtype must be int8 or uint8")
+    return TensorType(shape, attrs["out_dtype"])
+
+
+def _qmul(a, b, sa, za, sb, zb, so, zo, *, out_dtype):
+    """The exact integer product (a - za)(b - zb), rescaled by sa * sb / so in fixed point
+    (one rounding, half up) and saturated."""
+    product = (a.astype(np.int64) - np.int64(za)) * (b.astype(np.int64) - np.int64(zb))
+    scale = np.float64(sa) * np.float64(sb)
+    return requantize_values(product, scale, np.int64(0), so, zo, -1, "UPWARD", out_dtype)
+
+
+def _qmul_qdq(w, node):
+    q = w.q8(node, 6, 7, node.attrs["out_dtype"])
+    real = w.ex.emit("Mul", [w.dq(node.args[0]), w.dq(node.args[1])])
+    return w.keep(node, q, w.quantize(real, q))
+
+
+register(OpDef(
+    "qnn.mul", inputs=("lhs", "rhs", "lhs_scale", "lhs_zero_point", "rhs_scale",
+                       "rhs_zero_point", "output_scale", "output_zero_point"),
+    onnx=(OnnxForm("Mul", reads=False, qdq=_qmul_qdq),),
+    props=frozenset({QUANT}), type_rel=_qmul_rel, semantics=_qmul,
+    attrs=(Attr("out_dtype", EIGHT_BIT_OUT, "uint8"),),
+    doc="the product of two quantized tensors (numpy broadcasting), quantized: the integer "
+        "product of the centred values, requantized once (as ONNX Runtime's QLinearMul)"))
 
 
 # -- clip on quantized values ------------------------------------------------------------------
