@@ -14,8 +14,10 @@ from conftest import REPO
 
 def test_every_shipped_rule_passes():
     files = sorted(rules_dir().glob("*.rules"))
-    assert {f.stem for f in files} >= {"bn_fold", "simplify"}
-    for f in files:
+    assert {f.stem for f in files} >= {"bn_fold", "simplify", "quantize"}
+    # (quantize.rules, the largest, is checked with the same trials, and its variants
+    # counted, by tests/test_rules_quantize.py: not twice)
+    for f in (f for f in files if f.stem != "quantize"):
         report = check_ruleset(load_rules(f), trials=4)
         assert report.ok, report.format()
         assert all(r.trials >= 1 for r in report.results)
