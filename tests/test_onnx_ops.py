@@ -145,11 +145,10 @@ def test_slice(shape, seed, data):
         starts.append(data.draw(st.integers(-dim - 2, dim + 2)))
         ends.append(data.draw(st.sampled_from([2 ** 63 - 1, -(2 ** 63), dim, -1, 0, 1])))
         steps.append(step)
-    want_shape = np.empty(shape)[tuple(
-        slice(s, e, t) if i % rank in [a % rank for a in axes] else slice(None)
-        for i, (s, e, t) in enumerate(zip(*(
-            [dict(zip([a % rank for a in axes], v)).get(i, d) for i in range(rank)]
-            for v, d in ((starts, 0), (ends, None), (steps, 1))))))].shape
+    cut = [slice(None)] * rank
+    for a, b, e, t in zip(axes, starts, ends, steps):
+        cut[a % rank] = slice(b, e, t)
+    want_shape = np.empty(shape)[tuple(cut)].shape
     if 0 in want_shape:
         return                          # ONNX Runtime's empty results are not compared
     inits = [("s", np.asarray(starts, np.int64)), ("e", np.asarray(ends, np.int64)),
