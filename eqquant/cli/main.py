@@ -33,20 +33,35 @@ def cli() -> None:
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--check", is_flag=True, help="Exit 1 if FILE is not in canonical form.")
 @click.option("--in-place", "-i", is_flag=True, help="Rewrite FILE in canonical form.")
-@click.option("--types", is_flag=True, help="Annotate every value with its type.")
-def fmt(file: Path, check: bool, in_place: bool, types: bool) -> None:
-    """Print FILE in canonical form."""
-    from ..ir.loader import read_source
-    from ..ir.params import atomic_write
-    from ..ir.parser import parse
+@click.option("--types", is_flag=True, help="Annotate every value with its type (text IR).")
+@click.option("--to", "to", type=click.Choice(["relay", "relax"]), default=None,
+              help="Print in this format: the text IR (relay) or TVM Relax's TVMScript "
+                   "(relax). Default: FILE's own (.py/.tvmscript files are TVMScript).")
+@click.option("--params", "-p", type=click.Path(dir_okay=False, path_type=Path),
+              help="Weights (.npz) of a TVMScript FILE (it omits its constants); default: "
+                   "the .npz beside FILE, if any.")
+def fmt(file: Path, check: bool, in_place: bool, types: bool, to: str | None,
+        params: Path | None) -> None:
+    """Print FILE in canonical form (or in the other format, with --to)."""
+    from ..ir.loader import default_params_path, is_tvmscript, parse_source, read_source
+    from ..ir.params import atomic_write, load_params
     from ..ir.printer import print_module
+    from ..ir.tvmscript import print_tvmscript
     from ..ir.outputs import DIGEST_PREFIX, recorded_digest
+    own = "relax" if is_tvmscript(file) else "relay"
+    if (check or in_place) and to not in (None, own):
+        _fail(f"--check and --in-place keep {file}'s own format ({own}); --to {to} prints")
     text = read_source(file)
-    mod = parse(text, str(file))
-    out = print_module(mod, show_types=types)
-    digest = recorded_digest(text)
-    if digest is not None:   # a saved program keeps the stamp that ties it to its weights
-        out = f"{DIGEST_PREFIX}{digest}\n{out}"
+    if params is None and own == "relax":
+        params = default_params_path(file)
+    mod = parse_source(text, file, load_params(params) if params is not None else {})
+    if (to or own) == "relax":
+        out = print_tvmscript(mod)
+    else:
+        out = print_module(mod, show_types=types)
+        digest = recorded_digest(text)
+        if digest is not None and own == "relay":   # a saved program keeps its weights' stamp
+            out = f"{DIGEST_PREFIX}{digest}\n{out}"
     if check:
         if out != text:
             _fail(f"{file}: not in canonical form (run: eqquant fmt -i {file})", 1)
@@ -320,13 +335,25 @@ def _parse_shapes(specs) -> dict[str, tuple[int, ...]]:
               help="Folder for the text IR (MODEL's stem + .ir) and its weights (.npz).")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D1,D2,...",
               help="Fix an input's shape (for symbolic dimensions); repeatable.")
-def import_cmd(model, out_dir, shapes):
-    """Import an ONNX model as text IR + params."""
+@click.option("--params", "-p", type=click.Path(dir_okay=False, path_type=Path),
+              help="The constants of a TVMScript MODEL (.npz keyed "
+                   "metadata[\"relax.expr.Constant\"][i]); default: the .npz beside it.")
+def import_cmd(model, out_dir, shapes, params):
+    """Import an ONNX model, or a TVMScript module (.py, .tvmscript), as text IR + params."""
     from ..interop.onnx_import import import_onnx
-    from ..ir.loader import refuse_overwriting_inputs, save_program
+    from ..ir.loader import is_tvmscript, load_program, refuse_overwriting_inputs, save_program
+    from ..ir.params import constant_params
     from ..core.nodes import Call, post_order
-    refuse_overwriting_inputs(out_dir / (model.stem + ".ir"), model)
-    mod, params, notes = import_onnx(model, _parse_shapes(shapes))
+    refuse_overwriting_inputs(out_dir / (model.stem + ".ir"), model, params)
+    if is_tvmscript(model):
+        if shapes:
+            _fail("--shape is for ONNX models (a TVMScript module has static shapes)")
+        mod, _ = load_program(model, params)
+        params, notes = constant_params(mod), []
+    else:
+        if params is not None:
+            _fail("--params is for TVMScript modules (an ONNX model holds its weights)")
+        mod, params, notes = import_onnx(model, _parse_shapes(shapes))
     ir_path, npz = save_program(out_dir / (model.stem + ".ir"), mod, params)
     calls = sum(isinstance(n, Call) for n in post_order(mod.main.body))
     for note in notes:

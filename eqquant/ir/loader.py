@@ -31,10 +31,27 @@ def default_params_path(ir_path: str | Path) -> Path | None:
     return candidate if candidate.exists() else None
 
 
+TVMSCRIPT_SUFFIXES = (".py", ".tvmscript")
+
+
+def is_tvmscript(path: str | Path) -> bool:
+    """Whether ``path`` holds TVM Relax's TVMScript (by its suffix), not the text IR."""
+    return Path(path).suffix in TVMSCRIPT_SUFFIXES
+
+
+def parse_source(text: str, path: str | Path, values) -> Module:
+    """The program in ``text``, read in the format ``path``'s suffix names."""
+    if is_tvmscript(path):
+        from .tvmscript import metadata_constants, parse_tvmscript
+        return parse_tvmscript(text, str(path), metadata_constants(values))
+    return parse(text, str(path), constants=meta_constants(values))
+
+
 def load_program(path: str | Path, params: str | Path | None = None,
                  find_params: bool = True) -> tuple[Module, dict[str, np.ndarray]]:
-    """Parse ``path``; params come from ``params`` or, when ``find_params``, the ``.npz``
-    beside the program. Returns the module (meta constants carry their data) and the params."""
+    """Parse ``path`` (text IR, or TVMScript for a ``.py``/``.tvmscript`` file); params come
+    from ``params`` or, when ``find_params``, the ``.npz`` beside the program. Returns the
+    module (constants carry their data) and the params."""
     text = read_source(path)
     if params is None and find_params:
         params = default_params_path(path)
@@ -42,8 +59,7 @@ def load_program(path: str | Path, params: str | Path | None = None,
             from .outputs import params_for
             params = params_for(Path(path), text, params)
     values = load_params(params) if params is not None else {}
-    mod = parse(text, str(path), constants=meta_constants(values))
-    return mod, values
+    return parse_source(text, path, values), values
 
 
 def load_inputs(path: str | Path, mod: Module, params: dict[str, np.ndarray]

@@ -4,11 +4,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.types import TensorType, default_compute_dtype
+from ..errors import EqquantError
 from . import numerics
 from .attrs import (BOOL, DTYPE, FLOAT, INT, OPT_INT, OPT_PAIR, PAD_WIDTH, PADDING2D, PAIR, Attr,
                     StrKind)
 from .onnx_conventions import OnnxFormError, conv_to_onnx, pads, rank4, text, window, window_to_onnx
-from .registry import COMPUTE, POOL, SELECTS, OnnxForm, OpDef, OpTypeError, register
+from .registry import (COMPUTE, POOL, SELECTS, OnnxForm, OpDef, OpTypeError, RelaxForm,
+                       register)
 from .typerel import broadcast_shapes, compute_dtypes, norm_axis, tensor, tuple_of
 
 NCHW = StrKind("layout", choices=("NCHW",))
@@ -121,8 +123,20 @@ def _batch_norm_from_onnx(im, attrs, ins):
     return im.b.get(bn, 0)
 
 
+def _batch_norm_from_relax(rx, args, kwargs):
+    """Relax's batch norm also says whether it trains (then it would use the batch's own
+    statistics) and its momentum (which only training uses)."""
+    kwargs.pop("momentum", None)
+    if kwargs.pop("training", False):
+        raise EqquantError("R.nn.batch_norm(training=True) normalizes by the batch's own "
+                           "statistics; eqquant runs inference (training=False)")
+    return rx.call("nn.batch_norm", *[rx.value(a, "a batch norm operand") for a in args],
+                   **kwargs)
+
+
 register(OpDef(
     "nn.batch_norm", inputs=("data", "gamma", "beta", "moving_mean", "moving_var"),
+    relax=RelaxForm(read=_batch_norm_from_relax),
     onnx=(OnnxForm("BatchNormalization", convert=_batch_norm_from_onnx,
                    export=lambda ex, node, ins: ex.emit("BatchNormalization", ins, epsilon=float(
                        node.attrs["epsilon"]))),),
@@ -170,6 +184,7 @@ def _avg_pool_from_onnx(im, attrs, ins):
 
 
 register(OpDef("nn.max_pool2d", inputs=("data",), props=frozenset({POOL, SELECTS}),
+               relax=RelaxForm(ignore=("count_include_pad",)),  # padding never wins
                kernel="eqquant.runtime.bindings:MaxPool2D", attrs=_POOL_ATTRS,
                onnx=(OnnxForm("MaxPool", convert=_max_pool_from_onnx, export=lambda ex, node, ins:
                               ex.emit("MaxPool", ins[:1], dilations=list(node.attrs["dilation"]),

@@ -68,6 +68,25 @@ TypeRel = Callable[[Sequence[Type], Mapping[str, Any]], Type]
 
 
 @dataclass(frozen=True)
+class RelaxForm:
+    """How TVM Relax's TVMScript writes an op, where it differs from the default: the name
+    ``R.<op name>`` (``R.nn.conv2d``, ``R.add``), the op's inputs as positional arguments and
+    its attributes as keywords of the same names. ``name`` renames (``R.concat`` for
+    concatenate); ``ignore`` lists Relax keywords with no meaning at inference (a max pool's
+    ``count_include_pad``); ``read(rx, args, kwargs) -> Expr`` builds the op from the call
+    as written (through the reader's ``rx.call`` and ``rx.type``) and ``write(node, types) ->
+    (extra positional texts, keywords)`` prints it back.
+
+        RelaxForm("R.concat")
+    """
+
+    name: str | None = None
+    ignore: tuple[str, ...] = ()
+    read: Callable[..., Any] | None = None
+    write: Callable[..., Any] | None = None
+
+
+@dataclass(frozen=True)
 class OnnxForm:
     """How an op is read from ONNX and written back: one ONNX op (``op_type``) whose inputs
     are the op's inputs, and ``attrs`` carried over as they are, each (IR name, ONNX name,
@@ -133,6 +152,12 @@ class OpDef:
     # how ONNX writes this op: the first form is the export (float and QDQ); every form
     # with reads=True imports its op_type
     onnx: tuple[OnnxForm, ...] = ()
+    # how TVMScript (TVM Relax) writes the op, when not as R.<name> with the same keywords
+    relax: RelaxForm | None = None
+
+    @property
+    def relax_name(self) -> str:
+        return (self.relax.name if self.relax and self.relax.name else None) or f"R.{self.name}"
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"
@@ -221,6 +246,12 @@ def has_op(name: str) -> bool:
 def all_ops() -> dict[str, OpDef]:
     _ensure_loaded()
     return dict(_OPS)
+
+
+def relax_ops() -> dict[str, OpDef]:
+    """TVMScript call name (``R.nn.conv2d``) -> the op it reads as."""
+    _ensure_loaded()
+    return {op.relax_name: op for op in _OPS.values()}
 
 
 def onnx_forms() -> dict[str, tuple[OpDef, OnnxForm]]:

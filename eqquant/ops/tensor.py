@@ -11,7 +11,7 @@ from . import numerics
 from .attrs import BOOL, DTYPE_REQUIRED, FLOAT, FLOAT_F, INT, INTS, OPT_INTS, REQUIRED, Attr
 from .onnx_conventions import OnnxFormError
 from .onnx_conventions import axes as onnx_axes
-from .registry import (ANNOTATION, BINARY, ELEMWISE, EPILOGUE, IDENTITY, LAYOUT, REDUCE, UNARY,
+from .registry import (RelaxForm, ANNOTATION, BINARY, ELEMWISE, EPILOGUE, IDENTITY, LAYOUT, REDUCE, UNARY,
                        OnnxForm, OpDef, OpTypeError, register)
 from .typerel import broadcast, float_input, norm_axis, same_as_input, tensor, tuple_of
 
@@ -255,7 +255,24 @@ def _to_onnx_reshape(ex, node, ins):
     return ex.reshape(ins[0], ex.type(node).shape)
 
 
+def _reshape_from_relax(rx, args, kwargs):
+    """``R.reshape(x, R.shape([1, 32]))``: the shape is the second argument."""
+    shape = kwargs.pop("shape", None)
+    if shape is None and len(args) == 2:
+        shape, args = rx.constant(args[1], "R.reshape's shape"), args[:1]
+    if len(args) != 1 or shape is None or kwargs:
+        raise EqquantError("R.reshape takes a value and its new shape: "
+                           "R.reshape(x, R.shape([d0, d1, ...]))")
+    return rx.call("reshape", rx.value(args[0], "R.reshape's first argument"),
+                   newshape=list(shape))
+
+
+def _reshape_to_relax(node, types):
+    return [f"R.shape({list(node.attrs['newshape'])})"], {}
+
+
 register(OpDef("reshape", inputs=("data",), props=frozenset({LAYOUT}), moves_data=False,
+               relax=RelaxForm(read=_reshape_from_relax, write=_reshape_to_relax),
                onnx=(OnnxForm("Reshape", convert=_reshape_from_onnx, export=_to_onnx_reshape),),
                kernel="eqquant.runtime.bindings:View",
                attrs=(Attr("newshape", INTS, REQUIRED),),
@@ -292,7 +309,40 @@ def _unsqueeze_from_onnx(im, attrs, ins):
     return im.call("reshape", x, newshape=shape)
 
 
+def _expand_dims_from_relax(rx, args, kwargs):
+    """Relax's expand_dims inserts an axis at each of a list of result positions: one run of
+    consecutive positions is expand_dims(axis, num_newaxis); any other set is the reshape
+    to the result's shape (-1 standing for the input's first dimension, so that a vector's
+    channel form reads ``reshape(?k, newshape=[1, -1, 1, 1])``)."""
+    x = rx.value(args[0] if len(args) == 1 else None, "R.expand_dims's argument")
+    axis = kwargs.pop("axis", None)
+    if len(args) != 1 or axis is None or kwargs:
+        raise EqquantError("R.expand_dims takes a value and axis=[...]")
+    given = [axis] if isinstance(axis, int) else list(axis)
+    shape = list(rx.type(x).shape)
+    rank = len(shape) + len(given)
+    if not given or any(not isinstance(a, int) or not -rank <= a < rank for a in given) or \
+            len({a % rank for a in given}) != len(given):
+        raise EqquantError(f"R.expand_dims: axes {given} are out of range or repeated for a "
+                           f"result of rank {rank}")
+    axes = sorted(a % rank for a in given)
+    if axes == list(range(axes[0], axes[0] + len(axes))):
+        return rx.call("expand_dims", x, axis=axes[0], num_newaxis=len(axes))
+    out: list[int] = []
+    dims = iter([-1, *shape[1:]] if shape else [])
+    for i in range(rank):
+        out.append(1 if i in axes else next(dims))
+    return rx.call("reshape", x, newshape=out)
+
+
+def _expand_dims_to_relax(node, types):
+    rank = types[id(node.args[0])].rank
+    a, n = node.attrs["axis"] % (rank + 1), node.attrs["num_newaxis"]
+    return [], {"axis": list(range(a, a + n))}
+
+
 register(OpDef("expand_dims", inputs=("data",), props=frozenset({LAYOUT}), moves_data=False,
+               relax=RelaxForm(read=_expand_dims_from_relax, write=_expand_dims_to_relax),
                onnx=(OnnxForm("Unsqueeze", convert=_unsqueeze_from_onnx,
                               export=_to_onnx_reshape),),
                kernel="eqquant.runtime.bindings:View",
@@ -424,6 +474,7 @@ def _concat_from_onnx(im, attrs, ins):
 
 
 register(OpDef("concatenate", inputs=("data",), props=frozenset({LAYOUT}),
+               relax=RelaxForm("R.concat"),
                onnx=(OnnxForm("Concat", convert=_concat_from_onnx, qdq=_concat_qdq,
                               export=lambda ex, node, ins: ex.emit("Concat", list(ins[0]),
                                                                    axis=node.attrs["axis"])),),
