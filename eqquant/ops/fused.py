@@ -61,6 +61,9 @@ def _activate(y: np.ndarray, activation: str, a_min: float, a_max: float) -> np.
     if activation == "none":
         return y
     lo, hi = epilogue_bounds({"activation": activation, "a_min": a_min, "a_max": a_max})
+    if y.dtype.kind in "iu":     # integers: the integers inside [lo, hi], as clip takes them
+        lo = math.ceil(lo) if math.isfinite(lo) else lo
+        hi = math.floor(hi) if math.isfinite(hi) else hi
     return np.clip(y, lo, hi).astype(y.dtype, copy=False)
 
 
