@@ -101,6 +101,10 @@ class Exporter:
                 inner = self.name_of(node.tuple)
                 self.names[id(node)] = inner[node.index] if isinstance(inner, list) else inner
             elif isinstance(node, Call) and not isinstance(node.op, Expr):
+                layout = node.attrs.get("data_layout", node.attrs.get("layout", "NCHW"))
+                if layout != "NCHW":    # ONNX's convolutions and pools are channels-first
+                    raise EqquantError(f"ONNX export: {node.op.name} with layout {layout}; "
+                                       f"ONNX's Conv and pools are NCHW", node.loc)
                 out = self.qdq.call(node) if self.qdq.handles(node) else self.call(node)
                 self.names[id(node)] = out
             else:

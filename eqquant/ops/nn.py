@@ -13,16 +13,33 @@ from .registry import (COMPUTE, POOL, SELECTS, OnnxForm, OpDef, OpTypeError, Rel
                        register)
 from .typerel import broadcast_shapes, compute_dtypes, norm_axis, tensor, tuple_of
 
-NCHW = StrKind("layout", choices=("NCHW",))
-OIHW = StrKind("layout", choices=("OIHW",))
-OUT_LAYOUT = StrKind("layout", choices=("", "NCHW"))
+DATA_LAYOUT = StrKind("layout", choices=("NCHW", "NHWC"))
+KERNEL_LAYOUT = StrKind("layout", choices=("OIHW", "HWIO"))
+OUT_LAYOUT = StrKind("layout", choices=("", "NCHW", "NHWC"))
+
+
+def data_layout(attrs, key: str = "layout") -> str:
+    """The data layout of a call site, checked: out_layout, where given, is the same."""
+    layout = attrs[key]
+    if attrs.get("out_layout", "") not in ("", layout):
+        raise OpTypeError(f"out_layout={attrs['out_layout']} differs from {key}={layout} "
+                          f"(layout changes are not part of this op)")
+    return layout
+
+
+def channel_axis(attrs, key: str = "layout") -> int:
+    return 1 if attrs[key] == "NCHW" else 3
 
 
 def conv2d_rel(types, attrs):
     x = tensor(types, 0, "data", rank=4)
     w = tensor(types, 1, "weight", rank=4)
-    n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
+    layout, klayout = data_layout(attrs, "data_layout"), attrs["kernel_layout"]
+    if numerics.KERNEL_LAYOUT_OF[layout] != klayout:
+        raise OpTypeError(f"data_layout={layout} takes kernel_layout="
+                          f"{numerics.KERNEL_LAYOUT_OF[layout]}, not {klayout}")
+    n, c, h, wd = numerics.to_nchw(x.shape, layout)
+    o, cg, kh, kw = numerics.to_oihw(w.shape, klayout)
     g = attrs["groups"]
     if g < 1 or c % g or o % g:
         raise OpTypeError(f"groups={g} must divide the {c} input and {o} output channels", 1)
@@ -41,18 +58,21 @@ def conv2d_rel(types, attrs):
     ow = numerics.out_size(wd, kw, sw, dw, pl, pr)
     if oh < 1 or ow < 1:
         raise OpTypeError(f"the {kh}x{kw} kernel does not fit the {h}x{wd} input", arg=1)
-    return TensorType((n, o, oh, ow), compute_dtypes(types, attrs, x, w))
+    return TensorType(numerics.from_nchw((n, o, oh, ow), layout),
+                      compute_dtypes(types, attrs, x, w))
 
 
 CONV2D_ATTRS = (Attr("strides", PAIR, [1, 1]), Attr("padding", PADDING2D, [0, 0, 0, 0]),
                 Attr("dilation", PAIR, [1, 1]), Attr("groups", INT, 1),
                 Attr("channels", OPT_INT, None), Attr("kernel_size", OPT_PAIR, None),
-                Attr("data_layout", NCHW, "NCHW"), Attr("kernel_layout", OIHW, "OIHW"),
+                Attr("data_layout", DATA_LAYOUT, "NCHW"),
+                Attr("kernel_layout", KERNEL_LAYOUT, "OIHW"),
                 Attr("out_layout", OUT_LAYOUT, ""), Attr("out_dtype", DTYPE, ""))
 
 
 def conv2d_flops(ins, out, attrs) -> float:
-    return 2.0 * out.size * ins[1].size // ins[1].shape[0]
+    """Two per multiply-add: each output element reads one weight row (weight / O)."""
+    return 2.0 * out.size * ins[1].size // out.shape[channel_axis(attrs, "data_layout")]
 
 
 def _conv_from_onnx(im, attrs, ins):
@@ -84,7 +104,8 @@ register(OpDef(
     kernel="eqquant.runtime.bindings:Conv2D", attrs=CONV2D_ATTRS,
     onnx=(OnnxForm("Conv", convert=_conv_from_onnx, export=_conv_to_onnx),),
     type_rel=conv2d_rel, semantics=numerics.conv2d, flops=conv2d_flops,
-    doc="2-D convolution, NCHW data and OIHW weight; groups=C is depthwise"))
+    doc="2-D convolution: NCHW data and OIHW weight, or NHWC data and HWIO weight; "
+        "groups=C is depthwise"))
 
 
 def _batch_norm_rel(types, attrs):
@@ -148,13 +169,14 @@ register(OpDef(
 
 _POOL_ATTRS = (Attr("pool_size", PAIR, [1, 1]), Attr("strides", PAIR, [1, 1]),
                Attr("dilation", PAIR, [1, 1]), Attr("padding", PADDING2D, [0, 0, 0, 0]),
-               Attr("layout", NCHW, "NCHW"), Attr("out_layout", OUT_LAYOUT, ""),
+               Attr("layout", DATA_LAYOUT, "NCHW"), Attr("out_layout", OUT_LAYOUT, ""),
                Attr("ceil_mode", BOOL, False))
 
 
 def _pool_rel(types, attrs):
     x = tensor(types, 0, "data", rank=4)
-    n, c, h, w = x.shape
+    layout = data_layout(attrs)
+    n, c, h, w = numerics.to_nchw(x.shape, layout)
     (kh, kw), (sh, sw), (dh, dw) = attrs["pool_size"], attrs["strides"], attrs["dilation"]
     if min(kh, kw, sh, sw, dh, dw) < 1:
         raise OpTypeError("pool_size, strides and dilation must be >= 1")
@@ -167,7 +189,7 @@ def _pool_rel(types, attrs):
     ow = numerics.out_size(w, kw, sw, dw, pl, pr, attrs["ceil_mode"])
     if oh < 1 or ow < 1:
         raise OpTypeError(f"the {kh}x{kw} window does not fit the {h}x{w} input", arg=0)
-    return TensorType((n, c, oh, ow), x.dtype)
+    return TensorType(numerics.from_nchw((n, c, oh, ow), layout), x.dtype)
 
 
 def _max_pool_from_onnx(im, attrs, ins):
@@ -206,11 +228,14 @@ register(OpDef("nn.avg_pool2d", inputs=("data",), props=frozenset({POOL}),
 
 def _global_pool_rel(types, attrs):
     x = tensor(types, 0, "data", rank=4)
-    return TensorType(x.shape[:2] + (1, 1), x.dtype)
+    layout = data_layout(attrs)
+    n, c = numerics.to_nchw(x.shape, layout)[:2]
+    return TensorType(numerics.from_nchw((n, c, 1, 1), layout), x.dtype)
 
 
 def _global_avg_pool(x, *, layout, out_layout):
-    acc = x.astype(numerics.acc_dtype(x.dtype)).mean(axis=(2, 3), keepdims=True)
+    spatial = (2, 3) if layout == "NCHW" else (1, 2)
+    acc = x.astype(numerics.acc_dtype(x.dtype)).mean(axis=spatial, keepdims=True)
     return (acc if x.dtype.kind == "f" else np.trunc(acc)).astype(x.dtype)
 
 
@@ -223,7 +248,7 @@ def _global_avg_from_onnx(im, attrs, ins):
 register(OpDef("nn.global_avg_pool2d", inputs=("data",), props=frozenset({POOL}),
                onnx=(OnnxForm("GlobalAveragePool", convert=_global_avg_from_onnx),),
                kernel="eqquant.runtime.bindings:GlobalAvgPool2D",
-               attrs=(Attr("layout", NCHW, "NCHW"), Attr("out_layout", OUT_LAYOUT, "")),
+               attrs=(Attr("layout", DATA_LAYOUT, "NCHW"), Attr("out_layout", OUT_LAYOUT, "")),
                type_rel=_global_pool_rel, semantics=_global_avg_pool,
                flops=lambda ins, out, a: float(ins[0].size),
                doc="mean over H and W: (N, C, H, W) -> (N, C, 1, 1)"))

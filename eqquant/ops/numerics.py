@@ -51,8 +51,42 @@ def windows(x: np.ndarray, kernel: tuple[int, int], strides, dilation, padding,
     return win[:, :, : (oh - 1) * sh + 1: sh, : (ow - 1) * sw + 1: sw, ::dh, ::dw]
 
 
+# Layouts: NCHW data with OIHW weights, or NHWC (channels last, as TensorFlow and TFLite
+# write programs) with HWIO weights. The arithmetic is done in NCHW/OIHW; these move the axes.
+KERNEL_LAYOUT_OF = {"NCHW": "OIHW", "NHWC": "HWIO"}
+_TO_NCHW = {"NCHW": (0, 1, 2, 3), "NHWC": (0, 3, 1, 2)}
+_FROM_NCHW = {"NCHW": (0, 1, 2, 3), "NHWC": (0, 2, 3, 1)}
+_TO_OIHW = {"OIHW": (0, 1, 2, 3), "HWIO": (3, 2, 0, 1)}
+
+
+def to_nchw(shape_or_array, layout: str):
+    """An NCHW shape (a tuple) or array (a view) of data in ``layout``."""
+    perm = _TO_NCHW[layout]
+    if isinstance(shape_or_array, np.ndarray):
+        return shape_or_array.transpose(perm)
+    return tuple(shape_or_array[i] for i in perm)
+
+
+def from_nchw(shape_or_array, layout: str):
+    perm = _FROM_NCHW[layout]
+    if isinstance(shape_or_array, np.ndarray):
+        return shape_or_array.transpose(perm)
+    return tuple(shape_or_array[i] for i in perm)
+
+
+def to_oihw(shape_or_array, kernel_layout: str):
+    perm = _TO_OIHW[kernel_layout]
+    if isinstance(shape_or_array, np.ndarray):
+        return shape_or_array.transpose(perm)
+    return tuple(shape_or_array[i] for i in perm)
+
+
 def conv2d(x: np.ndarray, w: np.ndarray, *, strides, padding, dilation, groups, out_dtype,
-           **_ignored) -> np.ndarray:
+           data_layout="NCHW", kernel_layout="OIHW", **_ignored) -> np.ndarray:
+    if data_layout != "NCHW" or kernel_layout != "OIHW":
+        y = conv2d(to_nchw(x, data_layout), to_oihw(w, kernel_layout), strides=strides,
+                   padding=padding, dilation=dilation, groups=groups, out_dtype=out_dtype)
+        return np.ascontiguousarray(from_nchw(y, data_layout))
     acc = acc_dtype(np.result_type(x.dtype, w.dtype))
     n, c = x.shape[:2]
     o, cg, kh, kw = w.shape
@@ -84,12 +118,24 @@ def _lowest(dtype: np.dtype):
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
 
+def _channels_last(pool):
+    """A pool over NCHW, run on NHWC data (``layout="NHWC"``) between two transposes."""
+    def run(x, *, layout="NCHW", **attrs):
+        if layout == "NCHW":
+            return pool(x, **attrs)
+        return np.ascontiguousarray(from_nchw(pool(to_nchw(x, layout), **attrs), layout))
+    run.__doc__ = pool.__doc__
+    return run
+
+
+@_channels_last
 def max_pool2d(x: np.ndarray, *, pool_size, strides, dilation, padding, ceil_mode,
                **_ignored) -> np.ndarray:
     win = windows(x, tuple(pool_size), strides, dilation, padding, _lowest(x.dtype), ceil_mode)
     return win.max(axis=(4, 5)).astype(x.dtype)
 
 
+@_channels_last
 def avg_pool2d(x: np.ndarray, *, pool_size, strides, dilation, padding, ceil_mode,
                count_include_pad, **_ignored) -> np.ndarray:
     acc = acc_dtype(x.dtype)

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..core.types import TensorType, Type
 from ..ops.fused import epilogue_bounds
+from ..ops.numerics import from_nchw, to_nchw, to_oihw
 from ..ops.registry import IDENTITY
 from . import kernels_fp32 as k
 
@@ -46,6 +47,51 @@ def _per_channel(bias_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> boo
         and padded[1] in (1, out_shape[1])
 
 
+class _Spatial(Binding):
+    """Convolutions and pools: the kernels work on NCHW; a channels-last call site (NHWC)
+    runs them between two transposes (``compute`` is the NCHW body)."""
+
+    layout_key = "layout"
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        self.nhwc = attrs[self.layout_key] == "NHWC"
+
+    def __call__(self, ins, out):
+        if not self.nhwc:
+            return self.compute(ins, out)
+        x = np.ascontiguousarray(to_nchw(ins[0], "NHWC"))
+        tmp = np.empty(to_nchw(out.shape, "NHWC"), out.dtype)
+        self.compute([x, *ins[1:]], tmp)
+        out[...] = from_nchw(tmp, "NHWC")
+
+    def compute(self, ins, out):
+        raise NotImplementedError
+
+
+def _as_nchw(in_types, out_type, consts):
+    """A channels-last convolution's types and constants as the NCHW kernels see them: data
+    and output NCHW, the weight OIHW, a per-channel bias along axis 1."""
+    def nchw(t):
+        return TensorType(to_nchw(t.shape, "NHWC"), t.dtype)
+    types = [nchw(in_types[0]), TensorType(to_oihw(in_types[1].shape, "HWIO"),
+                                           in_types[1].dtype), *in_types[2:]]
+    consts = dict(consts)
+    if 1 in consts:
+        consts[1] = np.ascontiguousarray(to_oihw(consts[1], "HWIO"))
+    if len(types) == 3:
+        types[2] = TensorType((in_types[2].size, 1, 1), in_types[2].dtype)
+        if 2 in consts:
+            consts[2] = np.asarray(consts[2]).reshape(-1, 1, 1)
+    return types, nchw(out_type), consts
+
+
+def _per_channel_last(bias_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
+    """A bias of an NHWC output that only varies along its last axis."""
+    return all(d == 1 for d in bias_shape[:-1]) and len(bias_shape) <= len(out_shape) and \
+        (not bias_shape or bias_shape[-1] in (1, out_shape[-1]))
+
+
 def fp32_path() -> str:
     """"fma" (the AVX2/FMA GEMM of ``fma.py``) where the CPU has it, else "blas" (im2col +
     numpy's BLAS); EQQUANT_FP32_KERNEL=blas|fma forces one."""
@@ -57,12 +103,16 @@ def fp32_path() -> str:
     return "fma"
 
 
-class Conv2D(Binding):
+class Conv2D(_Spatial):
     """nn.conv2d and fused.conv2d: the FMA GEMM with gather and epilogue fused, or im2col +
     BLAS GEMM + fused epilogue; depthwise: direct."""
 
+    layout_key = "data_layout"
+
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
+        if self.nhwc:
+            in_types, out_type, consts = _as_nchw(in_types, out_type, consts)
         w = consts[1] if 1 in consts else None
         o, cg, kh, kw = in_types[1].shape
         self.kh, self.kw = kh, kw
@@ -102,9 +152,12 @@ class Conv2D(Binding):
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        if attrs["data_layout"] == "NHWC" and len(in_types) == 3 and \
+                not _per_channel_last(in_types[2].shape, out_type.shape):
+            return False
         return _is_f32(*in_types[:2], out_type) and 1 in consts
 
-    def __call__(self, ins, out):
+    def compute(self, ins, out):
         x = ins[0]
         if self.fma is not None:
             n, o = out.shape[:2]
@@ -194,12 +247,12 @@ def _same_dtype(in_types, out_type, dtypes=("float32", "int8", "uint8", "int32")
                for t in (*in_types, out_type))
 
 
-class MaxPool2D(Binding):
+class MaxPool2D(_Spatial):
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return _same_dtype(in_types, out_type)
 
-    def __call__(self, ins, out):
+    def compute(self, ins, out):
         kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = _geometry(self.attrs)
         dtype = out.dtype
         lowest = dtype.type(-np.inf) if dtype.kind == "f" else np.iinfo(dtype).min
@@ -214,14 +267,14 @@ def _pool_dtypes(in_types, out_type) -> bool:
         _same_dtype(in_types, out_type) and out_type.dtype in ("int8", "uint8", "int32"))
 
 
-class _Averaging(Binding):
+class _Averaging(_Spatial):
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return _pool_dtypes(in_types, out_type)
 
 
 class AvgPool2D(_Averaging):
-    def __call__(self, ins, out):
+    def compute(self, ins, out):
         kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = _geometry(self.attrs)
         for b in range(ins[0].shape[0]):
             k.avg_pool(ins[0][b], kh, kw, sh, sw, pt, pl, pb, pr, dh, dw,
@@ -229,7 +282,7 @@ class AvgPool2D(_Averaging):
 
 
 class GlobalAvgPool2D(_Averaging):
-    def __call__(self, ins, out):
+    def compute(self, ins, out):
         for b in range(ins[0].shape[0]):
             k.global_avg_pool(ins[0][b], out[b].reshape(-1))
 

@@ -104,9 +104,11 @@ class QConv2D(Binding):
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        return (1 in consts and 3 in consts and _const_scalar(consts, 2) is not None and
-                in_types[1].dtype == "int8" and in_types[0].dtype in ("int8", "uint8") and
-                out_type.dtype == "int32")
+        # (the quantize rules make NCHW integer convolutions only; an NHWC one written by
+        # hand runs its reference semantics)
+        return (attrs["data_layout"] == "NCHW" and 1 in consts and 3 in consts and
+                _const_scalar(consts, 2) is not None and in_types[1].dtype == "int8" and
+                in_types[0].dtype in ("int8", "uint8") and out_type.dtype == "int32")
 
     def __call__(self, ins, out):
         if self.simd is not None:
