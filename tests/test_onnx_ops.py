@@ -244,3 +244,67 @@ def test_gather_with_constant_indices(shape, seed, data):
     for idx in (scalar, vector):
         node = helper.make_node("Gather", ["x", "i"], ["y"], axis=axis)
         _agree(_model([node], shape, inits=[("i", idx)]), x)
+
+
+@SETTINGS
+@given(n=st.integers(1, 2), c=st.integers(1, 3), h=st.integers(1, 6), w=st.integers(1, 6),
+       seed=st.integers(0, 2 ** 16), mode=st.sampled_from(["nearest", "linear"]),
+       ctm=st.sampled_from(["half_pixel", "pytorch_half_pixel", "align_corners",
+                            "asymmetric"]),
+       nearest=st.sampled_from(["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]),
+       by=st.sampled_from(["scales", "sizes"]), data=st.data())
+def test_resize(n, c, h, w, seed, mode, ctm, nearest, by, data):
+    """Resize as PyTorch exports it (nn.Upsample: nearest/asymmetric/floor, bilinear with
+    pytorch_half_pixel or align_corners) and every other combination of the two modes."""
+    if by == "scales":
+        factor = data.draw(st.sampled_from([0.5, 1.0, 2.0, 3.0]))
+        scales = np.asarray([1, 1, factor, factor], np.float32)
+        if int(h * factor) != h * factor or int(w * factor) != w * factor or \
+                int(h * factor) < 1 or int(w * factor) < 1:
+            scales = np.asarray([1, 1, 2, 2], np.float32)
+        inits = [("roi", np.zeros(0, np.float32)), ("scales", scales)]
+        ins = ["x", "roi", "scales"]
+    else:
+        size = [data.draw(st.integers(1, 9)), data.draw(st.integers(1, 9))]
+        inits = [("roi", np.zeros(0, np.float32)), ("scales", np.zeros(0, np.float32)),
+                 ("sizes", np.asarray([n, c, *size], np.int64))]
+        ins = ["x", "roi", "scales", "sizes"]
+    node = helper.make_node("Resize", ins, ["y"], mode=mode, coordinate_transformation_mode=ctm,
+                            nearest_mode=nearest)
+    mod = _agree(_model([node], (n, c, h, w), inits=inits), _data((n, c, h, w), seed=seed))
+    assert "image.resize2d" in str(mod)
+
+
+@SETTINGS
+@given(n=st.integers(1, 2), groups=st.integers(1, 2), cin=st.integers(1, 3),
+       cout=st.integers(1, 3), h=st.integers(1, 5), w=st.integers(1, 5),
+       k=st.integers(1, 3), stride=st.integers(1, 3), dil=st.integers(1, 2),
+       bias=st.booleans(), seed=st.integers(0, 2 ** 16), data=st.data())
+def test_conv_transpose(n, groups, cin, cout, h, w, k, stride, dil, bias, seed, data):
+    pads = [data.draw(st.integers(0, dil * (k - 1))) for _ in range(4)]
+    out_pad = [data.draw(st.integers(0, stride - 1)) for _ in range(2)]  # (ORT: < stride)
+    rng = np.random.default_rng(seed)
+    weight = rng.normal(size=(cin * groups, cout, k, k)).astype(np.float32)
+    inits = [("w", weight)] + ([("b", rng.normal(size=cout * groups).astype(np.float32))]
+                               if bias else [])
+    node = helper.make_node("ConvTranspose", ["x", "w"] + (["b"] if bias else []), ["y"],
+                            strides=[stride, stride], dilations=[dil, dil], pads=pads,
+                            output_padding=out_pad, group=groups)
+    shape = (n, cin * groups, h, w)
+    mod = _agree(_model([node], shape, inits=inits), _data(shape, seed=seed), tol=1e-4)
+    assert "nn.conv2d_transpose" in str(mod)
+
+
+@SETTINGS
+@given(shape=shapes, seed=st.integers(0, 2 ** 16), data=st.data())
+def test_where_with_a_constant_condition(shape, seed, data):
+    """Where(condition, x, y): the condition a constant (as exporters write masks), y a
+    constant broadcast from the right."""
+    rng = np.random.default_rng(seed)
+    cond_shape = shape[data.draw(st.integers(0, len(shape))):]
+    cond = rng.random(cond_shape) < 0.5
+    other = rng.normal(size=shape[-1:]).astype(np.float32)
+    node = helper.make_node("Where", ["c", "x", "o"], ["y"])
+    mod = _agree(_model([node], shape, inits=[("c", cond), ("o", other)]),
+                 _data(shape, seed=seed))
+    assert "where(" in str(mod)

@@ -21,7 +21,7 @@ def test_every_quantize_rule_holds_within_its_tolerance():
     report = check_ruleset(load_rules("quantize"), trials=4)
     assert report.ok, report.format()
     names = [r.rule.name for r in report.results]
-    assert len(names) == 90
+    assert len(names) == 91
     # the central rule is checked for every activation dtype it can take
     assert {"quantize_calibrated[int8]", "quantize_calibrated[uint8]"} <= {
         r.rule.name + r.variant for r in report.results}
@@ -370,3 +370,39 @@ def test_squeeze_excitation_gates_multiply_in_integers():
     x0 = samples[0]
     np.testing.assert_array_equal(q.run(x0), run(module, {"x": x0}))
     assert q.report().output["sqnr"] > 25
+
+
+def test_a_nearest_upsample_between_quantized_layers_stays_integer(tmp_path):
+    """A decoder's nn.Upsample(scale_factor=2) (ONNX Resize, nearest): it picks 8-bit values,
+    so the program stays integer from one quantize to one dequantize, and the QDQ export
+    resizes the 8-bit tensor itself."""
+    from eqquant.ir.builder import Builder
+    import eqquant
+    rng = np.random.default_rng(3)
+    b = Builder()
+    x = b.input("x", (1, 32, 12, 12))
+    w1 = b.param("w1", rng.normal(size=(32, 32, 3, 3)).astype("float32"))
+    w2 = b.param("w2", rng.normal(size=(32, 32, 3, 3)).astype("float32"))
+    y = b.call("nn.relu", b.call("nn.conv2d", x, w1, padding=[1, 1, 1, 1]))
+    y = b.call("image.resize2d", y, size=[24, 24], method="nearest_neighbor",
+               coordinate_transformation_mode="asymmetric", rounding_method="floor")
+    mod, params = b.finish(b.call("nn.conv2d", y, w2, padding=[1, 1, 1, 1]))
+    samples = [rng.normal(size=(1, 32, 12, 12)).astype("float32") for _ in range(4)]
+    q = eqquant.quantize(eqquant.load(mod, params), samples, mode="minmax", per_channel=True)
+    module = q.quantized.module
+    types = infer_types(module)
+    resize = [n for n in post_order(module.main.body) if isinstance(n, Call)
+              and n.op_name == "image.resize2d"]
+    assert len(resize) == 1 and types[id(resize[0])].dtype == "uint8"
+    names = [n.op_name for n in post_order(module.main.body) if isinstance(n, Call)]
+    assert names.count("qnn.quantize") == 1 and names.count("qnn.dequantize") == 1
+    x0 = samples[0]
+    np.testing.assert_array_equal(q.run(x0), run(module, {"x": x0}))
+    ort = pytest.importorskip("onnxruntime")
+    import onnx
+    from eqquant.quant.flow import sqnr_db
+    path = q.export_onnx(tmp_path / "up.onnx")
+    resize_nodes = [n for n in onnx.load(str(path)).graph.node if n.op_type == "Resize"]
+    assert len(resize_nodes) == 1
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert sqnr_db(q.run(x0), sess.run(None, {sess.get_inputs()[0].name: x0})[0]) > 17

@@ -108,6 +108,84 @@ register(OpDef(
         "groups=C is depthwise"))
 
 
+# ---- conv2d_transpose (ONNX ConvTranspose) -----------------------------------------------------
+
+def conv2d_transpose_rel(types, attrs):
+    x = tensor(types, 0, "data", rank=4)
+    w = tensor(types, 1, "weight", rank=4)
+    n, c, h, wd = x.shape
+    ci, og, kh, kw = w.shape          # IOHW: (input channels, outputs per group, kh, kw)
+    g = attrs["groups"]
+    if g < 1 or c % g or ci != c:
+        raise OpTypeError(f"the weight {w} needs {ci} input channels divisible by groups={g}; "
+                          f"data has {c}", arg=1)
+    (sh, sw), (dh, dw) = attrs["strides"], attrs["dilation"]
+    (oph, opw), (pt, pl, pb, pr) = attrs["output_padding"], attrs["padding"]
+    if min(sh, sw, dh, dw) < 1 or min(pt, pl, pb, pr, oph, opw) < 0:
+        raise OpTypeError("strides and dilation must be >= 1, padding >= 0")
+    if oph >= max(sh, dh) or opw >= max(sw, dw):
+        raise OpTypeError(f"output_padding {[oph, opw]} must be smaller than the stride or "
+                          f"the dilation")
+    oh = (h - 1) * sh - pt - pb + dh * (kh - 1) + oph + 1
+    ow = (wd - 1) * sw - pl - pr + dw * (kw - 1) + opw + 1
+    if oh < 1 or ow < 1:
+        raise OpTypeError(f"padding {attrs['padding']} leaves no output", arg=0)
+    return TensorType((n, og * g, oh, ow), compute_dtypes(types, attrs, x, w))
+
+
+def _conv_transpose_from_onnx(im, attrs, ins):
+    """ConvTranspose (2-d, NCHW, IOHW weight), then nn.bias_add where it has a bias. Padding
+    is given (pads) or none (VALID); output_shape and SAME padding are not read."""
+    x, w = im.value(ins[0]), im.value(ins[1])
+    rank4(im, x, "transposed convolutions")
+    wt = im.type(w)
+    if wt.rank != 4:
+        raise OnnxFormError(f"the weight has rank {wt.rank}; only 2-d transposed "
+                            "convolutions are supported")
+    if "output_shape" in attrs:
+        raise OnnxFormError("ConvTranspose with output_shape is not supported: give pads and "
+                            "output_padding")
+    auto = text(attrs.get("auto_pad", "NOTSET"))
+    if auto not in ("NOTSET", "", "VALID"):
+        raise OnnxFormError(f"ConvTranspose auto_pad={auto} is not supported: give pads")
+    if list(attrs.get("kernel_shape", wt.shape[2:])) != list(wt.shape[2:]):
+        raise OnnxFormError(f"kernel_shape {list(attrs['kernel_shape'])} disagrees with the "
+                            f"weight's shape {list(wt.shape)}")
+    padding = list(attrs.get("pads", [0, 0, 0, 0])) if auto != "VALID" else [0, 0, 0, 0]
+    y = im.call("nn.conv2d_transpose", x, w, strides=list(attrs.get("strides", [1, 1])),
+                padding=padding, dilation=list(attrs.get("dilations", [1, 1])),
+                groups=attrs.get("group", 1),
+                output_padding=list(attrs.get("output_padding", [0, 0])))
+    if len(ins) > 2 and ins[2]:
+        y = im.call("nn.bias_add", y, im.value(ins[2]), axis=1)
+    return y
+
+
+def _conv_transpose_to_onnx(ex, node, ins):
+    a = node.attrs
+    return ex.emit("ConvTranspose", ins, strides=list(a["strides"]), pads=list(a["padding"]),
+                   dilations=list(a["dilation"]), group=a["groups"],
+                   output_padding=list(a["output_padding"]),
+                   kernel_shape=list(ex.type(node.args[1]).shape[2:]))
+
+
+register(OpDef(
+    "nn.conv2d_transpose", inputs=("data", "weight"), props=frozenset({COMPUTE}),
+    attrs=(Attr("strides", PAIR, [1, 1]), Attr("padding", PADDING2D, [0, 0, 0, 0]),
+           Attr("dilation", PAIR, [1, 1]), Attr("groups", INT, 1),
+           Attr("output_padding", PAIR, [0, 0]), Attr("channels", OPT_INT, None),
+           Attr("kernel_size", OPT_PAIR, None),
+           Attr("data_layout", StrKind("layout", choices=("NCHW",)), "NCHW"),
+           Attr("kernel_layout", StrKind("layout", choices=("IOHW",)), "IOHW"),
+           Attr("out_dtype", DTYPE, "")),
+    onnx=(OnnxForm("ConvTranspose", convert=_conv_transpose_from_onnx,
+                   export=_conv_transpose_to_onnx),),
+    type_rel=conv2d_transpose_rel, semantics=numerics.conv2d_transpose,
+    flops=lambda ins, out, a: 2.0 * ins[0].size * ins[1].size // ins[1].shape[0],
+    doc="transposed 2-D convolution (the gradient of conv2d; ONNX ConvTranspose): NCHW data, "
+        "IOHW weight, output_padding extends the bottom and right edges"))
+
+
 def _batch_norm_rel(types, attrs):
     x = tensor(types, 0, "data")
     if not x.dtype.startswith("float"):

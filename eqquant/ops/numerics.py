@@ -175,3 +175,31 @@ def fixed_point_multiply(x: np.ndarray, multiplier: int, shift: int,
     else:
         v = v + half
     return (v >> np.int64(total)).astype(x.dtype)
+
+
+def conv2d_transpose(x: np.ndarray, w: np.ndarray, *, strides, padding, dilation, groups,
+                     output_padding, out_dtype, **_ignored) -> np.ndarray:
+    """The gradient of conv2d with respect to its input (ONNX's ConvTranspose): every input
+    pixel adds its weight window, scaled, to the output. Computed as the stride-1 convolution
+    of the input spread out by the stride (zeros between pixels), padded by the kernel's span
+    less ``padding`` (cropped where that is negative), with each group's weight transposed
+    (IOHW -> OIHW) and flipped."""
+    n, c, h, wd = x.shape
+    ci, og, kh, kw = w.shape
+    g, ig = groups, c // groups
+    (sh, sw), (dh, dw) = strides, dilation
+    pt, pl, pb, pr = padding
+    oph, opw = output_padding
+    acc = acc_dtype(np.result_type(x.dtype, w.dtype))
+    spread = np.zeros((n, c, (h - 1) * sh + 1, (wd - 1) * sw + 1), acc)
+    spread[:, :, ::sh, ::sw] = x
+    before = (dh * (kh - 1) - pt, dw * (kw - 1) - pl)
+    after = (dh * (kh - 1) - pb + oph, dw * (kw - 1) - pr + opw)
+    spread = np.pad(spread, ((0, 0), (0, 0), (max(before[0], 0), max(after[0], 0)),
+                             (max(before[1], 0), max(after[1], 0))))
+    spread = spread[:, :, max(-before[0], 0):spread.shape[2] - max(-after[0], 0),
+                    max(-before[1], 0):spread.shape[3] - max(-after[1], 0)]
+    flipped = w.astype(acc).reshape(g, ig, og, kh, kw).transpose(0, 2, 1, 3, 4)[..., ::-1, ::-1]
+    return conv2d(spread, np.ascontiguousarray(flipped.reshape(g * og, ig, kh, kw)),
+                  strides=[1, 1], padding=[0, 0, 0, 0], dilation=[dh, dw], groups=g,
+                  out_dtype=out_dtype or default_compute_dtype(str(x.dtype), str(w.dtype)))

@@ -224,7 +224,7 @@ def _ensure_loaded() -> None:
         _LOADED.append(True)
         # (registration order is the e-graph schema's order: the first families first)
         from . import nn, tensor, fused, qnn, quant  # noqa: F401  (registration side effects)
-        from . import activation, indexing  # noqa: F401
+        from . import activation, indexing, image  # noqa: F401
 
 
 def get_op(name: str) -> OpDef:

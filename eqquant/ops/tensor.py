@@ -102,6 +102,26 @@ _binary("divide", lambda a, b: (np.divide(a, b) if a.dtype.kind == "f"
         "a / b; integers round toward zero", "Div", DIVIDE)
 
 
+def _where_rel(types, attrs):
+    cond, a, b = (tensor(types, i, n) for i, n in enumerate(("condition", "x", "y")))
+    if cond.dtype != "bool":
+        raise OpTypeError(f"the condition must be bool, not {cond.dtype}", arg=0)
+    if a.dtype != b.dtype:
+        raise OpTypeError(f"x and y have different dtypes: {a.dtype} and {b.dtype}", arg=2)
+    try:
+        shape = np.broadcast_shapes(cond.shape, a.shape, b.shape)
+    except ValueError:
+        raise OpTypeError(f"shapes {cond.shape}, {a.shape} and {b.shape} do not broadcast",
+                          arg=2) from None
+    return TensorType(tuple(int(d) for d in shape), a.dtype)
+
+
+register(OpDef("where", inputs=("condition", "x", "y"), type_rel=_where_rel,
+               semantics=lambda c, a, b: np.where(c, a, b).astype(a.dtype, copy=False),
+               onnx=(OnnxForm("Where"),),
+               doc="x where the condition holds, else y (all three broadcast together)"))
+
+
 def _clip(x, *, a_min, a_max):
     if x.dtype.kind in "iu":
         info = np.iinfo(x.dtype)
