@@ -180,7 +180,10 @@ class EGraphView:
         pending = {n.node_id: len(set(n.children)) for ns in self.classes.values() for n in ns}
         queue = []
         for cls, ns in self.classes.items():
-            leaf = next((n for n in ns if n.kind in ("Const", "Scalar")), None)
+            # (an op without operands, such as qnn.codes, is constant too: its value is fixed
+            # by its attributes)
+            leaf = next((n for n in ns if n.kind in ("Const", "Scalar") or (
+                n.kind == "op" and not n.children and n.node_id not in self.bad)), None)
             if leaf is not None:
                 self.const_node[cls] = leaf
                 queue.append(cls)
