@@ -12,7 +12,9 @@ relative error against ONNX Runtime fp32 on one N(0, 1) input, and with --int8: 
 (QDQ, per-channel, uint8/int8, MinMax), the fraction of conv/dense/matmul MACs eqquant runs in
 integers, the quantize/dequantize pairs left inside the network (not counting the input's
 quantize and the outputs' dequantize), and the share of outputs of eqquant's QDQ export that
-ONNX Runtime computes within one output step. Latency ratios are bench/peers.py's job.
+ONNX Runtime computes within one output step; with --latency also the int8 latency ratio
+eqquant / ONNX Runtime (each system in its own process, rounds alternating, 2 threads, medians;
+bench/peers.py's workers).
 """
 from __future__ import annotations
 
@@ -129,7 +131,8 @@ def one(name: str, args) -> str:
         except EqquantError as e:
             return row + f"; no int8: {str(e).splitlines()[0][:90]}"
         eq8 = sqnr_db(ref, q.run(check))
-        ort8 = ort_session(ort_quantize_static(src, [{"input": s} for s in samples]))
+        ort8_bytes = ort_quantize_static(src, [{"input": s} for s in samples])
+        ort8 = ort_session(ort8_bytes)
         theirs = sqnr_db(ref, ort8.run(None, {"input": check})[0])
         module = q.quantized.module
         calls = [n.op_name for n in post_order(module.main.body) if isinstance(n, Call)]
@@ -141,9 +144,39 @@ def one(name: str, args) -> str:
         ours = q.run(check)
         step = float(np.max(np.abs(ours))) / 127
         agree = float(np.mean(np.abs(ours - theirs_of_ours) <= step))
+        latency = ""
+        if args.latency:
+            ratio = _latency_ratio(q.quantized.module, ort8_bytes, model.module.main.params[0].name,
+                                   check, Path(d), args.rounds)
+            latency = f"; int8 latency eq/ORT {ratio:.2f}"
         return (row + f"; int8 SQNR {eq8:.1f} dB (ORT {theirs:.1f}); integer MACs "
                 f"{100 * done / max(total, 1):.0f}%; q/dq pairs inside {inside}; QDQ export "
-                f"within one step {100 * agree:.1f}%  ({time.perf_counter() - t0:.0f} s)")
+                f"within one step {100 * agree:.1f}%{latency}  "
+                f"({time.perf_counter() - t0:.0f} s)")
+
+
+def _latency_ratio(module, ort_bytes: bytes, input_name: str, x, d: Path, rounds: int) -> float:
+    """Median int8 latency of eqquant's program over ONNX Runtime's quantize_static model,
+    each in its own worker process (bench/peers.py), rounds alternating between the two."""
+    import statistics
+    from eqquant.ir.loader import save_program
+    from peers import Worker
+    ir, _ = save_program(d / "eq.int8.ir", module)
+    ort_path = d / "ort.int8.onnx"
+    ort_path.write_bytes(ort_bytes)
+    inputs = d / "latency.input.npz"
+    np.savez(inputs, **{input_name: x})
+    workers = {"eq": Worker("eqquant int8", ir, inputs), "ort": Worker("ORT int8", ort_path,
+                                                                       inputs)}
+    times: dict[str, list[float]] = {k: [] for k in workers}
+    try:
+        for _ in range(rounds):
+            for k, w in workers.items():
+                times[k] += w.run(2)
+    finally:
+        for w in workers.values():
+            w.close()
+    return statistics.median(times["eq"]) / statistics.median(times["ort"])
 
 
 def main() -> None:
@@ -152,14 +185,19 @@ def main() -> None:
     ap.add_argument("--int8", action="store_true")
     ap.add_argument("--calib", type=int, default=4)
     ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--latency", action="store_true",
+                    help="with --int8: time eqquant's and ONNX Runtime's int8 programs")
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     try:
         import torch
     except ImportError:
         sys.exit("this benchmark needs PyTorch: pip install torch==2.13.0 torchvision")
     torch.set_num_threads(2)
-    import platform
-    print(f"{platform.processor() or platform.machine()}; PyTorch {torch.__version__}")
+    from peers import THREADS, cpu_model
+    from eqquant.runtime.bindings_int8 import int8_path
+    print(f"CPU: {cpu_model()}; {THREADS} threads per system; eqquant int8 kernel path: "
+          f"{int8_path()}; PyTorch {torch.__version__}")
     for name in args.models:
         try:
             print(one(name, args), flush=True)

@@ -625,6 +625,47 @@ register(OpDef("qnn.lut", inputs=("data", "table", "output_scale", "output_zero_
                    "has the scale and zero point given (the table was quantized with them)"))
 
 
+# -- averages of 8-bit values -----------------------------------------------------------------
+# qnn.avg_pool2d and qnn.global_avg_pool2d (TVM's names) take 8-bit values to 8-bit values:
+# each is defined as dequantize, the float pool, quantize (ONNX Runtime's QLinearAveragePool
+# computes the same way), so the rule that introduces one is that definition read backwards.
+
+def _qpool(float_name: str):
+    float_op = get_op(float_name)
+
+    def rel(types, attrs):
+        q = _quantized_input(types, {"axis": -1}, "qnn." + float_name[3:])
+        if q.dtype not in ("int8", "uint8"):
+            raise OpTypeError(f"qnn.{float_name[3:]} averages 8-bit values, got {q.dtype}", 0)
+        _param(types, 3, "output_scale", q, -1, True)
+        _param(types, 4, "output_zero_point", q, -1, False)
+        pool_attrs = {k: v for k, v in attrs.items() if k != "out_dtype"}
+        out = float_op.type_rel([TensorType(q.shape, "float32")], pool_attrs)
+        return TensorType(out.shape, attrs["out_dtype"])
+
+    def semantics(q, s, z, so, zo, *, out_dtype, **pool_attrs):
+        real = float_op.semantics(_dequantize(q, s, z, axis=-1), **pool_attrs)
+        return _quantize(real, so, zo, axis=-1, out_dtype=out_dtype)
+
+    def qdq(w, node):
+        out = w.q8(node, 3, 4, node.attrs["out_dtype"])
+        real = float_op.onnx[0].write(w.ex, node, [w.dq(node.args[0])])
+        return w.keep(node, out, w.quantize(real, out))
+
+    register(OpDef(
+        "qnn." + float_name[3:], inputs=("data", "input_scale", "input_zero_point",
+                                        "output_scale", "output_zero_point"),
+        attrs=float_op.attrs + (Attr("out_dtype", EIGHT_BIT_OUT, "uint8"),),
+        props=frozenset({QUANT}), type_rel=rel, semantics=semantics, flops=float_op.flops,
+        onnx=(OnnxForm(float_op.onnx[0].op_type, reads=False, qdq=qdq),),
+        doc=f"{float_name} of 8-bit values to 8-bit values: quantize({float_name}(dequantize("
+            f"data, input_scale, input_zero_point)), output_scale, output_zero_point)"))
+
+
+_qpool("nn.avg_pool2d")
+_qpool("nn.global_avg_pool2d")
+
+
 # -- a quantized convolution with its whole epilogue --------------------------------------------
 
 FQ_INPUTS = ("data", "weight", "bias", "input_zero_point", "kernel_zero_point", "input_scale",
