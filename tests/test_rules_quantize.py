@@ -406,3 +406,61 @@ def test_a_nearest_upsample_between_quantized_layers_stays_integer(tmp_path):
     assert len(resize_nodes) == 1
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert sqnr_db(q.run(x0), sess.run(None, {sess.get_inputs()[0].name: x0})[0]) > 17
+
+
+def _mbconv_with_se(rng):
+    """EfficientNet's first blocks: stem conv + SiLU, depthwise conv + SiLU, squeeze-excitation
+    (global pool, 1x1 conv + SiLU, 1x1 conv + sigmoid gate, multiply), projection; then an
+    average pool that counts its padding (Inception's) and the classifier's global pool."""
+    from eqquant.ir.builder import Builder
+    b = Builder()
+
+    def conv(x, cin, cout, k, s=1, g=1, name="w"):
+        w = b.param(name, (rng.normal(size=(cout, cin // g, k, k)) *
+                           np.sqrt(2 / (cin // g * k * k))).astype("float32"))
+        bias = b.param(name + ".b", (rng.normal(size=(cout, 1, 1)) * 0.1).astype("float32"))
+        return b.call("add", b.call("nn.conv2d", x, w, strides=[s, s], padding=[k // 2] * 2,
+                                    groups=g), bias)
+
+    def silu(y):
+        return b.call("multiply", y, b.call("sigmoid", y))
+
+    x = b.input("x", (1, 3, 32, 32))
+    y = silu(conv(x, 3, 32, 3, 2, name="stem"))
+    y = silu(conv(y, 32, 32, 3, 1, 32, name="dw"))
+    g = silu(conv(b.call("nn.global_avg_pool2d", y), 32, 8, 1, name="se1"))
+    y = b.call("multiply", y, b.call("sigmoid", conv(g, 8, 32, 1, name="se2")))
+    y = conv(y, 32, 16, 1, name="proj")
+    y = b.call("nn.avg_pool2d", y, pool_size=[3, 3], padding=[1, 1, 1, 1],
+               count_include_pad=True)
+    y = conv(y, 16, 16, 3, name="last")
+    return b.finish(b.call("nn.batch_flatten", b.call("nn.global_avg_pool2d", y)))
+
+
+def test_squeeze_excitation_and_pools_stay_integer(tmp_path):
+    """Gates on tensors of a few values are lookup tables too (their tables are constants),
+    and averages of 8-bit values are 8-bit ops: one quantize at the input, one dequantize at
+    the output, nothing in float between; the executor computes the reference's bits and
+    ONNX Runtime runs the QDQ export."""
+    import eqquant
+    rng = np.random.default_rng(5)
+    mod, params = _mbconv_with_se(rng)
+    samples = [rng.normal(size=(1, 3, 32, 32)).astype("float32") for _ in range(3)]
+    q = eqquant.quantize(eqquant.load(mod, params), samples, mode="minmax", per_channel=True)
+    module = q.quantized.module
+    types = infer_types(module)
+    names = [n.op_name for n in post_order(module.main.body) if isinstance(n, Call)]
+    assert names.count("qnn.quantize") == 1 and names.count("qnn.dequantize") == 1, names
+    floats = [n.op_name for n in post_order(module.main.body) if isinstance(n, Call)
+              and types[id(n)].dtype == "float32" and n.op_name != "qnn.dequantize"]
+    assert floats == ["nn.batch_flatten"] or floats == [], floats
+    assert names.count("qnn.lut") == 4 and "qnn.avg_pool2d" in names
+    assert names.count("qnn.global_avg_pool2d") in (1, 2)
+    assert q.report().output["sqnr"] > 20
+    x0 = samples[0]
+    np.testing.assert_array_equal(q.run(x0), run(module, {"x": x0}))
+    ort = pytest.importorskip("onnxruntime")
+    from eqquant.quant.flow import sqnr_db
+    path = q.export_onnx(tmp_path / "se.onnx")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert sqnr_db(q.run(x0), sess.run(None, {sess.get_inputs()[0].name: x0})[0]) > 17
