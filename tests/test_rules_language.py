@@ -173,3 +173,57 @@ rule pick:
     variants = parse_rules(src, "p.rules").rules
     assert [v.name for v in variants] == ["pick[int8]", "pick[uint8]"]
     assert [str(v.guards[0]) for v in variants] == ["dtype(?x) == int8", "dtype(?x) == uint8"]
+
+
+TUPLES = """ruleset tuples
+# a join's first two inputs, and the rest
+rule first_two:
+    concatenate((?a, ?b, ..?rest), axis=?x) => concatenate((?b, ?a, ..?rest), axis=?x)
+# each field quantized
+rule each:
+    qnn.quantize(concatenate((..?xs), axis=?x), ?s, ?z, axis=-1, out_dtype=?d)
+    => concatenate((qnn.quantize(?e, ?s, ?z, axis=-1, out_dtype=?d) for ?e in ?xs), axis=?x)
+    if rank(?s) == 0, rank(?z) == 0
+"""
+
+
+def test_tuple_rests_and_maps_compile_and_print_back():
+    """``(?a, ..?rest)`` matches a tuple by its first fields and binds the rest (an egglog
+    ExprList); ``(f(?e) for ?e in ?xs)`` builds the tuple of f over the rest's fields: a list
+    constructor unrolled cell by cell by two helper rules of their own ruleset."""
+    rs = parse_rules(TUPLES, "tuples.rules")
+    text = compile_ruleset(rs).text
+    assert "(MkTuple (ECons ?a (ECons ?b ?rest)))" in text
+    assert "(MkTuple (ECons ?b (ECons ?a ?rest)))" in text
+    assert "(ruleset rs.tuples.each)" in text
+    assert "(constructor map.each" in text and "(ExprList Expr Expr String) ExprList)" in text
+    assert ':ruleset rs.tuples.each :name "each/each"' in text and '"each/end"' in text
+    again = parse_rules("\n".join(format_rule(r) for r in rs.rules), "again.rules")
+    assert [format_rule(r) for r in again.rules] == [format_rule(r) for r in rs.rules]
+    assert "for ?e in ?xs" in format_rule(rs.rules[1])
+
+
+@pytest.mark.parametrize("src,word", [
+    ("rule r: concatenate((?a, ..?r), axis=?x) => concatenate((?a, ..?q), axis=?x)\n",
+     "..?q is not the rest"),
+    ("rule r: concatenate((..?xs), axis=?x) => concatenate((nn.relu(?e) for ?e in ?ys), "
+     "axis=?x)\n", "?ys is not the rest"),
+    ("rule r: concatenate((?a, ..?xs), axis=?x) => concatenate((nn.relu(?a) for ?a in ?xs), "
+     "axis=?x)\n", "bound by the left side already"),
+    ("rule r: concatenate((..?xs), axis=?x) => concatenate((nn.relu(?f) for ?e in ?xs), "
+     "axis=?x)\n", "?f is not bound"),
+])
+def test_tuple_rest_and_map_errors(src, word):
+    with pytest.raises(RuleError, match=word.replace("?", r"\?").replace(".", r"\.")):
+        parse_rules("ruleset bad\n" + src, "bad.rules")
+
+
+def test_the_checker_tests_maps_and_rests_on_tuples_of_several_lengths():
+    from eqquant.rules.check import check_ruleset
+    report = check_ruleset(parse_rules(TUPLES, "tuples.rules"), trials=6)
+    by = {r.rule.name + r.variant: r for r in report.results}
+    assert not by["first_two"].ok                  # swapping two inputs changes the join
+    assert all(by[f"each[{d}]"].ok for d in ("int8", "uint8", "int32"))
+    wrong = TUPLES.replace("qnn.quantize(?e, ?s, ?z,", "qnn.quantize(?e, ?s, 0i32,")
+    bad = check_ruleset(parse_rules(wrong, "wrong.rules"), trials=6)
+    assert not all(r.ok for r in bad.results if r.rule.name == "each")

@@ -18,10 +18,12 @@ SIZE = 64
 
 
 def test_every_quantize_rule_holds_within_its_tolerance():
-    report = check_ruleset(load_rules("quantize"), trials=4)
+    rules = load_rules("quantize")
+    report = check_ruleset(rules, trials=4)
     assert report.ok, report.format()
     names = [r.rule.name for r in report.results]
-    assert len(names) == 97
+    assert {r.name for r in rules.rules} == set(names)    # every rule checked, each variant
+    assert all(r.trials >= 1 for r in report.results)
     # the central rule is checked for every activation dtype it can take
     assert {"quantize_calibrated[int8]", "quantize_calibrated[uint8]"} <= {
         r.rule.name + r.variant for r in report.results}
@@ -462,5 +464,51 @@ def test_squeeze_excitation_and_pools_stay_integer(tmp_path):
     ort = pytest.importorskip("onnxruntime")
     from eqquant.quant.flow import sqnr_db
     path = q.export_onnx(tmp_path / "se.onnx")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert sqnr_db(q.run(x0), sess.run(None, {sess.get_inputs()[0].name: x0})[0]) > 17
+
+
+def test_a_dense_block_stays_integer(tmp_path):
+    """DenseNet: each layer joins every earlier output (here up to six inputs, more than any
+    fixed-arity rule would cover), then a batch norm no convolution absorbs, relu and a
+    convolution. The join requantizes each input to its own parameters (one rule over any
+    number of inputs), the batch norm is one lookup table per channel: one quantize at the
+    input, one dequantize at the output."""
+    from eqquant.ir.builder import Builder
+    import eqquant
+    rng = np.random.default_rng(11)
+    b = Builder()
+    x = b.input("x", (1, 8, 12, 12))
+    feats = [x]
+    for i in range(5):
+        cin = 8 * (i + 1)
+        joined = b.call("concatenate", b.tuple(*feats), axis=1) if len(feats) > 1 else feats[0]
+        stats = [b.param(f"bn{i}.{k}", v.astype("float32")) for k, v in (
+            ("g", rng.uniform(0.5, 1.5, cin)), ("b", rng.normal(size=cin) * 0.1),
+            ("m", rng.normal(size=cin) * 0.1), ("v", rng.uniform(0.5, 1.5, cin)))]
+        y = b.call("nn.relu", b.get(b.call("nn.batch_norm", joined, *stats), 0))
+        w = b.param(f"w{i}", (rng.normal(size=(8, cin, 3, 3)) / np.sqrt(cin * 9))
+                    .astype("float32"))
+        feats.append(b.call("nn.conv2d", y, w, padding=[1, 1, 1, 1]))
+    out = b.call("concatenate", b.tuple(*feats), axis=1)
+    w = b.param("wo", (rng.normal(size=(16, 48, 1, 1)) / 7).astype("float32"))
+    mod, params = b.finish(b.call("nn.conv2d", out, w))
+    samples = [rng.normal(size=(1, 8, 12, 12)).astype("float32") for _ in range(3)]
+    q = eqquant.quantize(eqquant.load(mod, params), samples, mode="minmax", per_channel=True)
+    module = q.quantized.module
+    names = [n.op_name for n in post_order(module.main.body) if isinstance(n, Call)]
+    assert names.count("qnn.quantize") == 1 and names.count("qnn.dequantize") == 1, names
+    assert "nn.batch_norm" not in names and names.count("qnn.lut") >= 4
+    types = infer_types(module)
+    joins = [n for n in post_order(module.main.body) if isinstance(n, Call)
+             and n.op_name == "concatenate"]
+    assert len(joins) == 5 and all(types[id(j)].dtype == "uint8" for j in joins)
+    assert max(len(j.args[0].fields) for j in joins) == 6
+    assert q.report().output["sqnr"] > 25
+    x0 = samples[0]
+    np.testing.assert_array_equal(q.run(x0), run(module, {"x": x0}))
+    ort = pytest.importorskip("onnxruntime")
+    from eqquant.quant.flow import sqnr_db
+    path = q.export_onnx(tmp_path / "dense.onnx")
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert sqnr_db(q.run(x0), sess.run(None, {sess.get_inputs()[0].name: x0})[0]) > 17

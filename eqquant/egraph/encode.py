@@ -31,8 +31,10 @@ def leaf_term(node: Expr) -> str | None:
     return None
 
 
-def list_term(items: list[str]) -> str:
-    out = "(ENil)"
+def list_term(items: list[str], tail: str = "(ENil)") -> str:
+    """A cons list of ``items``; ``tail`` ends it (an ExprList variable: the rest of a tuple
+    pattern)."""
+    out = tail
     for item in reversed(items):
         out = f"(ECons {item} {out})"
     return out

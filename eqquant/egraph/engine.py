@@ -254,6 +254,8 @@ class EGraphSession:
                     break
                 t_iter = self.clock()
                 out = self._run(f"(run {rs.egg_name} 1)")
+                if rs.helper_ruleset:     # maps the rules built unroll to their last cell
+                    self._run(f"(run-schedule (saturate (run {rs.helper_ruleset})))")
                 rep.iterations += 1
                 run_report = out[-1].report
                 for name, n in run_report.num_matches_per_rule.items():

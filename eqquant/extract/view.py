@@ -98,6 +98,8 @@ class EGraphView:
         out = []
         while True:
             kids = lists.get(cls)
+            if kids is None:
+                return None
             if not kids:
                 return tuple(out)
             head, tail = kids
@@ -130,8 +132,10 @@ class EGraphView:
             return ENode("GetItem", (self.node_class[kids[0]],),
                          value=int(self._prim(nodes, kids[1])), node_id=nid)
         if op == "MkTuple":
-            return ENode("MkTuple", self._list(self.node_class[kids[0]], nodes, lists),
-                         node_id=nid)
+            fields = self._list(self.node_class[kids[0]], nodes, lists)
+            if fields is None:         # a list not unrolled to its end (a map cut short)
+                return None
+            return ENode("MkTuple", fields, node_id=nid)
         return None  # analyses (type-of, is-const, ...) and list cells
 
     # -- types and constness -------------------------------------------------------------------

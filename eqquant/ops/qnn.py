@@ -584,18 +584,26 @@ register(OpDef("qnn.codes", inputs=(), attrs=(Attr("dtype", EIGHT_BIT, "uint8"),
 
 def _lut_rel(types, attrs):
     q = tensor(types, 0, "data")
-    table = tensor(types, 1, "table", rank=1)
-    if q.dtype not in ("int8", "uint8") or table.shape != (256,) or \
+    table = tensor(types, 1, "table")
+    if q.dtype not in ("int8", "uint8") or table.shape[-1:] != (256,) or table.rank > 2 or \
             table.dtype not in ("int8", "uint8"):
-        raise OpTypeError(f"qnn.lut looks an 8-bit tensor up in a table of 256 8-bit values, "
-                          f"got {q} and {table}", 1)
+        raise OpTypeError(f"qnn.lut looks an 8-bit tensor up in a table of 256 8-bit values "
+                          f"(or one per channel: C x 256), got {q} and {table}", 1)
+    if table.rank == 2 and (not q.rank or table.shape[0] != q.shape[attrs["axis"] % q.rank]):
+        raise OpTypeError(f"a table per channel ({table.shape[0]}) for {q} along axis "
+                          f"{attrs['axis']}", 1)
     _param(types, 2, "output_scale", q, -1, True)
     _param(types, 3, "output_zero_point", q, -1, False)
     return TensorType(q.shape, table.dtype)
 
 
-def _lut(q, table, scale, zero_point):
-    return table[q.astype(np.int64) - numerics.qrange(str(q.dtype))[0]]
+def _lut(q, table, scale, zero_point, *, axis):
+    index = q.astype(np.int64) - numerics.qrange(str(q.dtype))[0]
+    if table.ndim == 1:
+        return table[index]
+    channel = np.arange(table.shape[0]).reshape([-1 if i == axis % q.ndim else 1
+                                                 for i in range(q.ndim)])
+    return table[channel, index]
 
 
 def _lut_qdq(w, node):
@@ -613,16 +621,25 @@ def _lut_qdq(w, node):
     index = w.ex.emit("Cast", [w.ex.name_of(node.args[0])], to=7)        # int64
     if in_exported == "int8":
         index = w.ex.emit("Add", [index, w.ex.const(np.int64(128))])
+    if table.ndim == 2:         # one table per channel: the flat table, at channel * 256 + code
+        shape = w.ex.type(node.args[0]).shape
+        offsets = (np.arange(table.shape[0], dtype=np.int64) * 256).reshape(
+            [-1 if i == node.attrs["axis"] % len(shape) else 1 for i in range(len(shape))])
+        index = w.ex.emit("Add", [index, w.ex.const(offsets)])
+        exported = exported.reshape(-1)
     return w.keep(node, q, w.ex.emit("Gather", [w.ex.const(exported, "table"), index]))
 
 
 register(OpDef("qnn.lut", inputs=("data", "table", "output_scale", "output_zero_point"),
+               attrs=(Attr("axis", INT, 1),),
                props=frozenset({QUANT}), type_rel=_lut_rel, semantics=_lut,
                kernel="eqquant.runtime.bindings_int8:Lut",
                flops=lambda ins, out, a: float(out.size),
                onnx=(OnnxForm("Gather", reads=False, qdq=_lut_qdq),),
-               doc="table[q - lowest]: any function of one 8-bit value, tabulated; the output "
-                   "has the scale and zero point given (the table was quantized with them)"))
+               doc="table[q - lowest]: any function of one 8-bit value, tabulated; with a table "
+                   "per channel (C x 256), table[c, q - lowest] for the channel c along axis; "
+                   "the output has the scale and zero point given (the tables were quantized "
+                   "with them)"))
 
 
 # -- averages of 8-bit values -----------------------------------------------------------------

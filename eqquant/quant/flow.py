@@ -111,7 +111,9 @@ def evaluate(fp32: Module, int8: Module, table: CalibrationTable, dtype: str,
                 isinstance(node.args[at], Scalar):
             scale = float(node.args[at].value)
             names = by_scale.get(round(scale, 9), [])
-            if len(names) == 1 and names[0] in fp_values:
+            # (a join's inputs are requantized to its scale too: the shape tells them apart)
+            if len(names) == 1 and names[0] in fp_values and \
+                    np.shape(fp_values[names[0]]) == np.shape(value):
                 zero = float(node.args[op.role(OUTPUT_ZERO_POINT)].value)
                 deq = (value.astype(np.float64) - zero) * scale
                 layers[names[0]] = sqnr_db(fp_values[names[0]], deq)

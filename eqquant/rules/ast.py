@@ -78,8 +78,11 @@ class PCall:
 
 @dataclass(frozen=True)
 class PTuple:
+    """``(?a, ?b)``; with ``rest`` (``(?a, ..?rest)``) the fields after the named ones."""
+
     fields: tuple["Pattern", ...]
     loc: SourceLoc | None = None
+    rest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,18 @@ class PProj:
     loc: SourceLoc | None = None
 
 
-Pattern = Union[PVar, PLit, PCall, PTuple, PProj]
+@dataclass(frozen=True)
+class PMap:
+    """``(body for ?x in ?xs)`` (right sides only): the tuple of ``body`` for each field ?x of
+    the left side's tuple rest ``..?xs``."""
+
+    body: "Pattern"
+    var: str
+    source: str
+    loc: SourceLoc | None = None
+
+
+Pattern = Union[PVar, PLit, PCall, PTuple, PProj, PMap]
 
 
 @dataclass
@@ -142,11 +156,21 @@ def walk(p: Pattern):
             yield from walk(f)
     elif isinstance(p, PProj):
         yield from walk(p.inner)
+    elif isinstance(p, PMap):
+        yield from walk(p.body)
 
 
 def pattern_vars(p: Pattern) -> list[str]:
-    """Expression variables of a pattern, in order of first appearance."""
-    return list(dict.fromkeys(q.name for q in walk(p) if isinstance(q, PVar)))
+    """Expression variables of a pattern, in order of first appearance (a map's own element
+    variable is not one: it is bound by the map)."""
+    mapped = {q.var for q in walk(p) if isinstance(q, PMap)}
+    return list(dict.fromkeys(q.name for q in walk(p) if isinstance(q, PVar)
+                              and q.name not in mapped))
+
+
+def tuple_rests(p: Pattern) -> list[str]:
+    """The ``..?rest`` names of the tuples in a pattern, in order."""
+    return list(dict.fromkeys(q.rest for q in walk(p) if isinstance(q, PTuple) and q.rest))
 
 
 def attr_vars(p: Pattern) -> dict[str, tuple[OpRef, str]]:
@@ -187,9 +211,12 @@ def format_pattern(p: Pattern) -> str:
         from ..ir.printer import format_scalar
         return format_scalar(p.value, p.dtype) if p.dtype else repr(p.value)
     if isinstance(p, PTuple):
-        return "(" + ", ".join(format_pattern(f) for f in p.fields) + ")"
+        parts = [format_pattern(f) for f in p.fields] + ([f"..{p.rest}"] if p.rest else [])
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 and not p.rest else "") + ")"
     if isinstance(p, PProj):
         return f"{format_pattern(p.inner)}.{p.index}"
+    if isinstance(p, PMap):
+        return f"({format_pattern(p.body)} for {p.var} in {p.source})"
     from ..ops.attrs import format_value
     parts = [format_pattern(a) for a in p.args]
     for k, v in p.attrs:

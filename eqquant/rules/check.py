@@ -31,7 +31,8 @@ from ..ops.attrs import (AttrKind, BoolKind, DTypeKind, FloatKind, IntKind, Ints
                          OptionalKind, REQUIRED, StrKind)
 from ..ops.registry import QUANT, OpDef, OpTypeError
 from .guards import AttrIs
-from .ast import (AttrLit, AttrVar, PCall, PLit, PProj, PTuple, PVar, Pattern, Rule, RuleSet,
+from .ast import (AttrLit, AttrVar, PCall, PLit, PMap, PProj, PTuple, PVar, Pattern, Rule,
+                  RuleSet,
                   expansions)
 
 EXACT_RTOL = 1e-5
@@ -133,6 +134,7 @@ class _Instance:
         self.dtype_attr: dict[str, str] = {}
         self.positive: set[str] = set()           # assuming positive(?s) (names without ?)
         self.tuple_like: TensorType | None = None  # the previous field of a tuple being built
+        self.tuple_rests: dict[str, list[Var]] = {}  # (?a, ..?rest): the fields ?rest drew
         for g in rule.guards:
             g.constrain(self)
         self.attr_eq.update(fixed or {})
@@ -165,6 +167,20 @@ class _Instance:
                 self.tuple_like = self.types.types.get(id(fields[-1])) if fields else None
                 fields.append(self._settle(self.lhs(f), f))
             self.tuple_like = None
+            if p.rest:             # more fields, each like the last one (or like each other)
+                if fields:
+                    like, count = self.types.types.get(id(fields[-1])), self.rng.randint(0, 3)
+                else:
+                    like = self.new_var(p.rest, _shape_pool(self.rng, None), {"float32"}).type
+                    count = self.rng.randint(1, 4)
+                extra = []
+                for i in range(count):
+                    v = Var(name=f"{p.rest.lstrip('?')}_{i}", type=like)
+                    self.vars[v.name] = v
+                    self.types.expr(v)
+                    extra.append(v)
+                self.tuple_rests[p.rest] = extra
+                fields += extra
             node = Tuple(fields=tuple(fields))
             self.types.expr(node)
             return node
@@ -268,7 +284,15 @@ class _Instance:
                 return _Weak(self.attrs[p.var])
             return Scalar(value=p.value, dtype=p.dtype) if p.dtype else _Weak(p.value)
         if isinstance(p, PTuple):
-            return Tuple(fields=tuple(self.rhs(f, where) for f in p.fields))
+            return Tuple(fields=tuple(self.rhs(f, where) for f in p.fields) +
+                         tuple(self.tuple_rests.get(p.rest, ())))
+        if isinstance(p, PMap):
+            fields = []
+            for v in self.tuple_rests[p.source]:
+                self.vars[p.var] = v
+                fields.append(self.rhs(p.body, where))
+            self.vars.pop(p.var, None)
+            return Tuple(fields=tuple(fields))
         if isinstance(p, PProj):
             return TupleGetItem(tuple=self.rhs(p.inner, where), index=p.index)
         op = self.op_of(p)

@@ -23,7 +23,7 @@ from ..egraph.encode import list_term
 from ..egraph.schema import attr_sort, egg_name, egg_string, encode_attr, scalar_text
 from ..ops.attrs import REQUIRED
 from ..ops.registry import OpDef
-from .ast import (AttrLit, AttrVar, PCall, PLit, PProj, PTuple, PVar, Pattern, Rule,
+from .ast import (AttrLit, AttrVar, PCall, PLit, PMap, PProj, PTuple, PVar, Pattern, Rule,
                   RuleSet, expansions)
 from ..errors import RuleError
 
@@ -39,6 +39,10 @@ class CompiledRule:
     name: str         # the egglog rule name: the rule's name, [op] per expansion, "<-" reversed
     rule: Rule
     text: str
+    # a map (f(?x) for ?x in ?xs) is a constructor over lists (declared once) and two rules
+    # that unroll it cell by cell, run to saturation after each iteration of the ruleset
+    decls: str = ""
+    helpers: str = ""
 
 
 @dataclass
@@ -48,8 +52,18 @@ class CompiledRuleset:
     rules: list[CompiledRule] = field(default_factory=list)
 
     @property
+    def helper_ruleset(self) -> str | None:
+        """The ruleset of the maps' unrolling rules, if any rule has a map."""
+        return f"{self.egg_name}.each" if any(r.helpers for r in self.rules) else None
+
+    @property
     def text(self) -> str:
-        return f"(ruleset {self.egg_name})\n" + "\n".join(r.text for r in self.rules) + "\n"
+        head = f"(ruleset {self.egg_name})\n"
+        if self.helper_ruleset:
+            head += f"(ruleset {self.helper_ruleset})\n"
+        parts = [r.decls for r in self.rules if r.decls] + [r.text for r in self.rules] + \
+            [r.helpers for r in self.rules if r.helpers]
+        return head + "\n".join(parts) + "\n"
 
     def by_name(self) -> dict[str, CompiledRule]:
         return {r.name: r for r in self.rules}
@@ -80,7 +94,7 @@ class _Side:
             dtype = egg_string(p.dtype) if p.dtype else f"?_d{next(self.fresh)}"
             return f"(Scalar {text} {dtype})"
         if isinstance(p, PTuple):
-            return f"(MkTuple {list_term([self.query(f) for f in p.fields])})"
+            return f"(MkTuple {list_term([self.query(f) for f in p.fields], _tail(p))})"
         if isinstance(p, PProj):
             return f"(GetItem {self.query(p.inner)} {p.index})"
         op = self.op_of(p)
@@ -108,11 +122,43 @@ class _Side:
         return f"({egg_name(op)} {' '.join(args + attrs)})"
 
 
+def _tail(p: PTuple) -> str:
+    """How a tuple pattern's list ends: its ``..?rest`` (an ExprList variable), or ENil."""
+    return f"?{p.rest.lstrip('?')}" if p.rest else "(ENil)"
+
+
 class _RightSide:
     """Compiles a right side (or a where binding) to an egglog term."""
 
-    def __init__(self, side: _Side, where: dict[str, Pattern]):
+    def __init__(self, side: _Side, where: dict[str, Pattern], name: str = "", ruleset: str = ""):
         self.side, self.where = side, where
+        self.name, self.ruleset = name, ruleset
+        self.decls: list[str] = []
+        self.helpers: list[str] = []
+
+    def map(self, p: PMap) -> str:
+        """``(body for ?x in ?xs)``: a constructor ``map.N`` over the list ?xs and the body's
+        other variables, and two rules that unroll it: on a cell, the body of its head and the
+        map of its tail; on the end, the end."""
+        i = len(self.decls)
+        ctor = "map." + "".join(c if c.isalnum() else "_" for c in self.name) + f".{i}"
+        body_vars = [q.name for q in _walk_vars(p.body) if q.name != p.var]
+        captured = list(dict.fromkeys(v for v in body_vars if v not in self.where))
+        attrs = [v for v in dict.fromkeys(_attr_var_names(p.body))]
+        sorts = ["Expr"] * len(captured) + [self.side.attr_sorts[a] for a in attrs]
+        args = " ".join(captured + attrs)
+        self.decls.append(f"(constructor {ctor} (ExprList {' '.join(sorts)}) ExprList)")
+        head, tail = p.var, "?__tail"
+        body = self.term(p.body)
+        helper = f"{self.ruleset.rsplit(' ', 1)[-1]}.each"
+        self.helpers.append(
+            f"(rule ((= ?__m ({ctor} (ECons {head} {tail}) {args})))\n"
+            f"      ((union ?__m (ECons {body} ({ctor} {tail} {args}))))\n"
+            f"      :ruleset {helper} :name {egg_string(self.name + '/each')})\n"
+            f"(rule ((= ?__m ({ctor} (ENil) {args})))\n"
+            f"      ((union ?__m (ENil)))\n"
+            f"      :ruleset {helper} :name {egg_string(self.name + '/end')})")
+        return f"(MkTuple ({ctor} ?{p.source.lstrip('?')} {args}))"
 
     def term(self, p: Pattern) -> str:
         if isinstance(p, PVar):
@@ -132,7 +178,9 @@ class _RightSide:
                                                     else "int32"))
             return f"(Scalar {egg_string(text)} {egg_string(dtype)})"
         if isinstance(p, PTuple):
-            return f"(MkTuple {list_term([self.term(f) for f in p.fields])})"
+            return f"(MkTuple {list_term([self.term(f) for f in p.fields], _tail(p))})"
+        if isinstance(p, PMap):
+            return self.map(p)
         if isinstance(p, PProj):
             return f"(GetItem {self.term(p.inner)} {p.index})"
         op = self.side.op_of(p)
@@ -166,10 +214,27 @@ def _compile_one(rule: Rule, lhs: Pattern, rhs: Pattern, where: dict[str, Patter
     facts = [f"(= ?__root {side.query(lhs)})"]
     for g in rule.guards:
         facts += g.compile(side)
-    term = _RightSide(side, where).term(rhs)
+    right = _RightSide(side, where, name, ruleset)
+    term = right.term(rhs)
     text = (f"(rule ({' '.join(facts)})\n      ((union ?__root {term}))\n"
             f"      :ruleset {ruleset} :name {egg_string(name)})")
-    return CompiledRule(name, rule, text)
+    return CompiledRule(name, rule, text, "\n".join(right.decls), "\n".join(right.helpers))
+
+
+def _walk_vars(p: Pattern):
+    from .ast import walk
+    return [q for q in walk(p) if isinstance(q, PVar)]
+
+
+def _attr_var_names(p: Pattern):
+    from .ast import walk
+    out = []
+    for q in walk(p):
+        if isinstance(q, PCall):
+            out += [v.name for _, v in q.attrs if isinstance(v, AttrVar)]
+        elif isinstance(q, PLit) and q.var:
+            out.append(q.var)
+    return out
 
 
 def compile_rule(rule: Rule, ruleset: str) -> list[CompiledRule]:

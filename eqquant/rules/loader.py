@@ -27,8 +27,8 @@ from ..ops.attrs import AttrValueError
 from ..ops.registry import BINARY, ELEMWISE, UNARY, all_ops, get_op, has_op
 from ..resources import grammar_path, rules_dir
 from .guards import KINDS, with_choices
-from .ast import (AttrLit, AttrVar, Guard, OpRef, PCall, PLit, PProj, PTuple, PVar, Pattern,
-                  Rule, RuleSet, attr_vars, op_sets, pattern_vars, walk)
+from .ast import (AttrLit, AttrVar, Guard, OpRef, PCall, PLit, PMap, PProj, PTuple, PVar,
+                  Pattern, Rule, RuleSet, attr_vars, op_sets, pattern_vars, tuple_rests, walk)
 
 
 _COMMENTS = CommentSink()
@@ -204,6 +204,12 @@ class _TreeToRules:
             return PLit(value, dtype, self.loc(t.children[0]))
         if kind == "tuple":
             return PTuple(tuple(self.pattern(c) for c in t.children), self.loc(t))
+        if kind == "tuple_rest":
+            *fields, rest = t.children
+            return PTuple(tuple(self.pattern(c) for c in fields), self.loc(t), str(rest))
+        if kind == "tuple_map":
+            body, var, source = t.children
+            return PMap(self.pattern(body), str(var), str(source), self.loc(t))
         if kind == "proj":
             return PProj(self.pattern(t.children[0]), int(str(t.children[1])), self.loc(t))
         if kind == "call":
@@ -319,9 +325,11 @@ def _weaken_attr_vars(p: Pattern, avars: set[str]) -> Pattern:
         return PCall(p.op, tuple(_weaken_attr_vars(a, avars) for a in p.args), p.attrs, p.rest,
                      p.loc)
     if isinstance(p, PTuple):
-        return PTuple(tuple(_weaken_attr_vars(f, avars) for f in p.fields), p.loc)
+        return PTuple(tuple(_weaken_attr_vars(f, avars) for f in p.fields), p.loc, p.rest)
     if isinstance(p, PProj):
         return PProj(_weaken_attr_vars(p.inner, avars), p.index, p.loc)
+    if isinstance(p, PMap):
+        return PMap(_weaken_attr_vars(p.body, avars), p.var, p.source, p.loc)
     return p
 
 
@@ -363,6 +371,26 @@ def check_rule_form(rule: Rule, b: _TreeToRules) -> None:
                       lhs.loc)
     sets = op_sets(lhs)
     bound = set(evars)
+    tails = tuple_rests(lhs)
+    clash = set(tails) & (evars | set(avars))
+    if clash:
+        raise b.error(f"{sorted(clash)[0]} is used both as a tuple's rest and as a variable",
+                      lhs.loc)
+    if any(isinstance(q, PMap) for q in walk(lhs)):
+        raise b.error("a map (... for ?x in ?xs) builds a tuple: it belongs on the right",
+                      lhs.loc)
+    for q in walk(rule.rhs):
+        if isinstance(q, PTuple) and q.rest is not None and q.rest not in tails:
+            raise b.error(f"..{q.rest} is not the rest of a tuple on the left side", q.loc)
+        if isinstance(q, PMap):
+            if q.source not in tails:
+                raise b.error(f"{q.source} is not the rest of a tuple on the left side "
+                              f"(..{q.source})", q.loc)
+            if q.var in evars or q.var in avars or q.var in tails:
+                raise b.error(f"the map's variable {q.var} is bound by the left side already",
+                              q.loc)
+            if any(isinstance(r, PCall) and r.rest for r in walk(q.body)):
+                raise b.error("a map's body cannot carry ..?rest attributes", q.loc)
     for var, pat in list(rule.where.items()):
         if var in bound or var in avars:
             raise b.error(f"where {var} shadows a variable of the left side", pat.loc)
@@ -397,6 +425,7 @@ def check_rule_form(rule: Rule, b: _TreeToRules) -> None:
 
 def _check_uses(p: Pattern, bound: set[str], avars: dict, sets: dict[str, OpRef],
                 b: _TreeToRules) -> None:
+    bound = bound | {q.var for q in walk(p) if isinstance(q, PMap)}
     for q in walk(p):
         if isinstance(q, PVar) and q.name not in bound:
             raise b.error(f"{q.name} is not bound by the left side", q.loc)

@@ -246,12 +246,19 @@ class QDense(Binding):
 
 
 class Lut(Binding):
-    """qnn.lut: one gather from the 256-entry table per element."""
+    """qnn.lut: one gather from the 256-entry table per element (from the flat tables at
+    channel * 256 + code, with a table per channel)."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        self.table = np.ascontiguousarray(consts[1])
+        table = np.asarray(consts[1])
+        self.table = np.ascontiguousarray(table.reshape(-1))
+        shape = in_types[0].shape
         self.offset = -qrange(in_types[0].dtype)[0]
+        if table.ndim == 2:        # (the offsets broadcast the index along the channel axis)
+            self.offset = self.offset + (np.arange(table.shape[0], dtype=np.intp) * 256) \
+                .reshape([-1 if i == attrs["axis"] % len(shape) else 1
+                          for i in range(len(shape))])
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
