@@ -505,3 +505,24 @@ def _runs_as_the_reference_and_in_onnx_runtime(q, x0, path):
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert sqnr_db(q.run(x0), sess.run(None, {sess.get_inputs()[0].name: x0})[0]) > 17
     return path
+
+
+def test_a_join_with_a_constant_exports(tmp_path):
+    """ViT's class token joined to the patch embeddings: the constant is quantized with the
+    join's parameters when the program compiles, and the QDQ export writes it as it is."""
+    from eqquant.ir.builder import Builder
+    import eqquant
+    rng = np.random.default_rng(2)
+    b = Builder()
+    x = b.input("x", (1, 16, 8, 8))
+    w1 = b.param("w1", rng.normal(size=(16, 16, 3, 3)).astype("float32"))
+    y = b.call("nn.relu", b.call("nn.conv2d", x, w1, padding=[1, 1, 1, 1]))
+    token = b.param("token", np.abs(rng.normal(size=(1, 16, 1, 8))).astype("float32"))
+    y = b.call("concatenate", b.tuple(token, y), axis=2)
+    w2 = b.param("w2", rng.normal(size=(16, 16, 3, 3)).astype("float32"))
+    mod, params = b.finish(b.call("nn.conv2d", y, w2, padding=[1, 1, 1, 1]))
+    samples = [rng.normal(size=(1, 16, 8, 8)).astype("float32") for _ in range(3)]
+    q = eqquant.quantize(eqquant.load(mod, params), samples, mode="minmax", per_channel=True)
+    names = [n.op_name for n in post_order(q.quantized.module.main.body) if isinstance(n, Call)]
+    assert names.count("qnn.quantize") == 1 and names.count("qnn.dequantize") == 1, names
+    _runs_as_the_reference_and_in_onnx_runtime(q, samples[0], tmp_path / "token.onnx")

@@ -480,11 +480,19 @@ def _concat_qdq(w, node):
     """ONNX's QDQ form: 8-bit tensors with one scale and zero point (the integer concat rules
     requantize every field to the join's) are joined as they are."""
     fields = getattr(node.args[0], "fields", ())
-    params = [w.params(f) for f in fields]
+    # a constant field (ViT's class token, quantized when the program was compiled) was
+    # quantized with the join's parameters by the same rule: it is written as it is
+    params = [w.params(f) for f in fields if w.ex.value(f) is None]
     if not params or any(p is None or (p.step, p.zero) != (params[0].step, params[0].zero)
                          for p in params):
         raise w.unsupported(node)
-    joined = w.ex.emit("Concat", [w.ex.name_of(f) for f in fields], axis=node.attrs["axis"])
+    names = []
+    for f in fields:
+        value = w.ex.value(f)
+        if value is not None and str(value.dtype) == "int8" != w.ex.activation_dtype:
+            raise w.unsupported(node)     # (an int8 constant where uint8 is exported)
+        names.append(w.ex.name_of(f))
+    joined = w.ex.emit("Concat", names, axis=node.attrs["axis"])
     return w.keep(node, params[0], joined)
 
 
