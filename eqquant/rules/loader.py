@@ -172,7 +172,7 @@ class _TreeToRules:
         elif opts is not None:
             raise self.error("only an approx rule takes (rtol=..., atol=...)", opts)
         for clause in clauses:
-            if clause.data == "where":
+            if clause.data == "where_clause":
                 for b in clause.children:
                     var, pat = str(b.children[0]), self.pattern(b.children[1])
                     if var in rule.where:
