@@ -412,8 +412,6 @@ def py_value(value: Any) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(py_value(v) for v in value) + "]"
-    if isinstance(value, float):
-        return repr(value)
     return repr(value)
 
 

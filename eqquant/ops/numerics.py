@@ -59,26 +59,24 @@ _FROM_NCHW = {"NCHW": (0, 1, 2, 3), "NHWC": (0, 2, 3, 1)}
 _TO_OIHW = {"OIHW": (0, 1, 2, 3), "HWIO": (3, 2, 0, 1)}
 
 
-def to_nchw(shape_or_array, layout: str):
-    """An NCHW shape (a tuple) or array (a view) of data in ``layout``."""
-    perm = _TO_NCHW[layout]
+def _permuted(shape_or_array, perm):
+    """A shape (a tuple) or an array (a view) with its axes in the order ``perm``."""
     if isinstance(shape_or_array, np.ndarray):
         return shape_or_array.transpose(perm)
     return tuple(shape_or_array[i] for i in perm)
+
+
+def to_nchw(shape_or_array, layout: str):
+    """An NCHW shape or array view of data in ``layout``."""
+    return _permuted(shape_or_array, _TO_NCHW[layout])
 
 
 def from_nchw(shape_or_array, layout: str):
-    perm = _FROM_NCHW[layout]
-    if isinstance(shape_or_array, np.ndarray):
-        return shape_or_array.transpose(perm)
-    return tuple(shape_or_array[i] for i in perm)
+    return _permuted(shape_or_array, _FROM_NCHW[layout])
 
 
 def to_oihw(shape_or_array, kernel_layout: str):
-    perm = _TO_OIHW[kernel_layout]
-    if isinstance(shape_or_array, np.ndarray):
-        return shape_or_array.transpose(perm)
-    return tuple(shape_or_array[i] for i in perm)
+    return _permuted(shape_or_array, _TO_OIHW[kernel_layout])
 
 
 def conv2d(x: np.ndarray, w: np.ndarray, *, strides, padding, dilation, groups, out_dtype,

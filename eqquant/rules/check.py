@@ -288,10 +288,12 @@ class _Instance:
                          tuple(self.tuple_rests.get(p.rest, ())))
         if isinstance(p, PMap):
             fields = []
-            for v in self.tuple_rests[p.source]:
-                self.vars[p.var] = v
-                fields.append(self.rhs(p.body, where))
-            self.vars.pop(p.var, None)
+            try:                   # (the map's variable names each field in turn)
+                for v in self.tuple_rests[p.source]:
+                    self.vars[p.var] = v
+                    fields.append(self.rhs(p.body, where))
+            finally:
+                self.vars.pop(p.var, None)
             return Tuple(fields=tuple(fields))
         if isinstance(p, PProj):
             return TupleGetItem(tuple=self.rhs(p.inner, where), index=p.index)

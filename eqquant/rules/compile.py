@@ -24,7 +24,7 @@ from ..egraph.schema import attr_sort, egg_name, egg_string, encode_attr, scalar
 from ..ops.attrs import REQUIRED
 from ..ops.registry import OpDef
 from .ast import (AttrLit, AttrVar, PCall, PLit, PMap, PProj, PTuple, PVar, Pattern, Rule,
-                  RuleSet, expansions)
+                  RuleSet, expansions, walk)
 from ..errors import RuleError
 
 WEAK = "weak"
@@ -32,6 +32,11 @@ WEAK = "weak"
 
 def egg_ruleset(name: str) -> str:
     return f"rs.{name}"
+
+
+def each_ruleset(egg_name: str) -> str:
+    """The ruleset of the rules that unroll a ruleset's maps."""
+    return f"{egg_name}.each"
 
 
 @dataclass
@@ -54,7 +59,7 @@ class CompiledRuleset:
     @property
     def helper_ruleset(self) -> str | None:
         """The ruleset of the maps' unrolling rules, if any rule has a map."""
-        return f"{self.egg_name}.each" if any(r.helpers for r in self.rules) else None
+        return each_ruleset(self.egg_name) if any(r.helpers for r in self.rules) else None
 
     @property
     def text(self) -> str:
@@ -142,15 +147,17 @@ class _RightSide:
         map of its tail; on the end, the end."""
         i = len(self.decls)
         ctor = "map." + "".join(c if c.isalnum() else "_" for c in self.name) + f".{i}"
-        body_vars = [q.name for q in _walk_vars(p.body) if q.name != p.var]
-        captured = list(dict.fromkeys(v for v in body_vars if v not in self.where))
-        attrs = [v for v in dict.fromkeys(_attr_var_names(p.body))]
+        captured = [v for v in self.free_vars(p.body) if v != p.var]
+        attrs = list(dict.fromkeys(
+            [v.name for q in walk(p.body) if isinstance(q, PCall) for _, v in q.attrs
+             if isinstance(v, AttrVar)] +
+            [q.var for q in walk(p.body) if isinstance(q, PLit) and q.var]))
         sorts = ["Expr"] * len(captured) + [self.side.attr_sorts[a] for a in attrs]
         args = " ".join(captured + attrs)
         self.decls.append(f"(constructor {ctor} (ExprList {' '.join(sorts)}) ExprList)")
         head, tail = p.var, "?__tail"
         body = self.term(p.body)
-        helper = f"{self.ruleset.rsplit(' ', 1)[-1]}.each"
+        helper = each_ruleset(self.ruleset)
         self.helpers.append(
             f"(rule ((= ?__m ({ctor} (ECons {head} {tail}) {args})))\n"
             f"      ((union ?__m (ECons {body} ({ctor} {tail} {args}))))\n"
@@ -159,6 +166,14 @@ class _RightSide:
             f"      ((union ?__m (ENil)))\n"
             f"      :ruleset {helper} :name {egg_string(self.name + '/end')})")
         return f"(MkTuple ({ctor} ?{p.source.lstrip('?')} {args}))"
+
+    def free_vars(self, p: Pattern) -> list[str]:
+        """The left side's variables ``p`` reads, through the where bindings it uses."""
+        out: list[str] = []
+        for q in walk(p):
+            if isinstance(q, PVar):
+                out += self.free_vars(self.where[q.name]) if q.name in self.where else [q.name]
+        return list(dict.fromkeys(out))
 
     def term(self, p: Pattern) -> str:
         if isinstance(p, PVar):
@@ -219,22 +234,6 @@ def _compile_one(rule: Rule, lhs: Pattern, rhs: Pattern, where: dict[str, Patter
     text = (f"(rule ({' '.join(facts)})\n      ((union ?__root {term}))\n"
             f"      :ruleset {ruleset} :name {egg_string(name)})")
     return CompiledRule(name, rule, text, "\n".join(right.decls), "\n".join(right.helpers))
-
-
-def _walk_vars(p: Pattern):
-    from .ast import walk
-    return [q for q in walk(p) if isinstance(q, PVar)]
-
-
-def _attr_var_names(p: Pattern):
-    from .ast import walk
-    out = []
-    for q in walk(p):
-        if isinstance(q, PCall):
-            out += [v.name for _, v in q.attrs if isinstance(v, AttrVar)]
-        elif isinstance(q, PLit) and q.var:
-            out.append(q.var)
-    return out
 
 
 def compile_rule(rule: Rule, ruleset: str) -> list[CompiledRule]:
