@@ -133,7 +133,7 @@ class EGraphSession:
         self._run(schema().declarations())
         self._run(analysis.declarations())
         self._pairs_seen: set[tuple[str, str]] = set()   # type-conflict rows looked at
-        self._parts_written = 0     # analysis.TYPES entries whose parts the e-graph has
+        self._parts_written: set[str] = set()     # type texts whose parts the e-graph has
         self._load(self.encoded.program)
         self._analyse()
         self._check_types(None)
@@ -189,10 +189,13 @@ class EGraphSession:
         e-graph their parts (dtype, shape, rank) and saturate again."""
         while True:
             self._run("(run-schedule (saturate (run analysis)))")
-            new = list(analysis.TYPES)[self._parts_written:]
+            # (the types this e-graph's typer produced: analysis.TYPES holds every type the
+            # process has met, thousands in a long session)
+            new = [t for t in dict.fromkeys(self.typer.memo.values())
+                   if t not in self._parts_written]
             if not new:
                 return
-            self._parts_written += len(new)
+            self._parts_written.update(new)
             facts = analysis.parts_facts(new)
             if facts:
                 self._run(facts)

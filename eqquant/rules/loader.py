@@ -13,7 +13,7 @@ import math
 import re
 from functools import lru_cache
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from lark import Lark, Token, Tree
@@ -55,13 +55,25 @@ def resolve_rules_path(name: str | Path, base: Path | None = None) -> Path:
     raise RuleError(f"no rules file '{name}' (looked in {where})")
 
 
+# parsed rule files without includes, by (path, text): a flow loads the same few files for
+# every program it compiles
+_LOADED: dict[tuple[str, str], RuleSet] = {}
+
+
 def load_rules(path: str | Path, _stack: tuple[Path, ...] = ()) -> RuleSet:
     path = resolve_rules_path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise RuleError(f"{path}: cannot read ({e.strerror})") from None
-    return parse_rules(text, str(path), _stack + (path.resolve(),))
+    key = (str(path.resolve()), text)
+    hit = _LOADED.get(key)
+    if hit is None:
+        hit = parse_rules(text, str(path), _stack + (path.resolve(),))
+        if hit.includes:     # (an included file may change on its own: not kept)
+            return hit
+        _LOADED[key] = hit
+    return replace(hit, rules=list(hit.rules), includes=[])
 
 
 def parse_rules(text: str, file: str = "<rules>", _stack: tuple[Path, ...] = ()) -> RuleSet:
