@@ -361,3 +361,29 @@ def test_fused_int8_convolutions_of_any_width_are_bit_exact_on_every_path(
             os.environ.pop("EQQUANT_INT8_KERNEL", None)
         else:
             os.environ["EQQUANT_INT8_KERNEL"] = old
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=4), st.sampled_from(["int8", "uint8"]),
+       st.sampled_from(["int8", "uint8"]), st.booleans(), st.integers(0, 3),
+       st.integers(0, 2 ** 16))
+def test_lookup_table_kernel_is_bit_exact(shape, in_dtype, out_dtype, per_channel, axis, seed):
+    """qnn.lut's kernel (one table, or one per channel along any axis, negative too) reads
+    the reference's table entry for every element, int8 and uint8 in and out."""
+    rng = np.random.default_rng(seed)
+    axis = axis % len(shape) - (len(shape) if seed % 2 else 0)
+    rows = (shape[axis],) if per_channel else ()
+    lo, hi = (-128, 127) if out_dtype == "int8" else (0, 255)
+    table = rng.integers(lo, hi + 1, rows + (256,)).astype(out_dtype)
+    b = Builder()
+    x = b.input("q", tuple(shape), in_dtype)
+    y = b.call("qnn.lut", x, b.param("t", table), b.scalar(0.5), b.scalar(0, "int32"),
+               axis=axis)
+    bound = bind_params(*b.finish(y))
+    ex = Executor(bound)
+    assert [s.label for s in ex.steps] == ["qnn.lut"]
+    qlo, qhi = (-128, 127) if in_dtype == "int8" else (0, 255)
+    xs = {"q": rng.integers(qlo, qhi + 1, shape).astype(in_dtype)}
+    got = ex.run(xs)
+    np.testing.assert_array_equal(got, run(bound, xs))
+    assert got.dtype == np.dtype(out_dtype)

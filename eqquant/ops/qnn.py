@@ -576,8 +576,8 @@ def _codes_rel(types, attrs):
 
 register(OpDef("qnn.codes", inputs=(), attrs=(Attr("dtype", EIGHT_BIT, "uint8"),),
                props=frozenset({QUANT}), type_rel=_codes_rel,
-               semantics=lambda *, dtype: np.arange(numerics.qrange(dtype)[0],
-                                                    numerics.qrange(dtype)[1] + 1).astype(dtype),
+               semantics=lambda *, dtype: np.arange(np.iinfo(dtype).min,
+                                                    np.iinfo(dtype).max + 1).astype(dtype),
                doc="every value of an 8-bit dtype in increasing order (a lookup table's "
                    "domain); a constant"))
 
@@ -598,7 +598,7 @@ def _lut_rel(types, attrs):
 
 
 def _lut(q, table, scale, zero_point, *, axis):
-    index = q.astype(np.int64) - numerics.qrange(str(q.dtype))[0]
+    index = q.astype(np.int64) - np.iinfo(q.dtype).min     # (all 256 codes: -128 too)
     if table.ndim == 1:
         return table[index]
     channel = np.arange(table.shape[0]).reshape([-1 if i == axis % q.ndim else 1

@@ -246,26 +246,31 @@ class QDense(Binding):
 
 
 class Lut(Binding):
-    """qnn.lut: one gather from the 256-entry table per element (from the flat tables at
-    channel * 256 + code, with a table per channel)."""
+    """qnn.lut: one look-up per element, in a table, or in its channel's table (flat tables
+    at channel * 256 + code), on the 8-bit codes as bytes."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
+        from . import kernels_int8 as k8
+        self.k8 = k8
         table = np.asarray(consts[1])
-        self.table = np.ascontiguousarray(table.reshape(-1))
+        self.table = np.ascontiguousarray(table.reshape(-1)).view(np.uint8)
         shape = in_types[0].shape
-        self.offset = -qrange(in_types[0].dtype)[0]
-        if table.ndim == 2:        # (the offsets broadcast the index along the channel axis)
-            self.offset = self.offset + (np.arange(table.shape[0], dtype=np.intp) * 256) \
-                .reshape([-1 if i == attrs["axis"] % len(shape) else 1
-                          for i in range(len(shape))])
+        self.flip = 0x80 if in_types[0].dtype == "int8" else 0
+        self.channels, self.inner = 1, max(int(np.prod(shape, dtype=np.int64)), 1)
+        if table.ndim == 2:
+            axis = attrs["axis"] % len(shape)
+            self.channels = table.shape[0]
+            self.inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return 1 in consts
 
     def __call__(self, ins, out):
-        np.take(self.table, ins[0].astype(np.intp) + self.offset, out=out)
+        codes = np.ascontiguousarray(ins[0]).reshape(-1).view(np.uint8)
+        self.k8.lut(codes, self.flip, self.table, self.channels, self.inner,
+                    out.reshape(-1).view(np.uint8))
 
 
 class Requantize(Binding):

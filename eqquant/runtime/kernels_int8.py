@@ -70,6 +70,26 @@ def quantize(x, scale, zero, lo, hi, out):
 
 
 @njit(parallel=True, cache=True)
+def lut(codes, flip, table, channels, inner, out):
+    """Flat 8-bit codes and output (as uint8 views): out[i] = table[c * 256 + (codes[i] ^
+    flip)], where c = (i // inner) % channels is element i's channel (channels 1: one
+    table); flip 0x80 turns an int8 code into its index (-128 -> 0)."""
+    n = codes.size
+    if n == 0:
+        return
+    if channels == 1:
+        chunk = 16384
+        for b in prange((n + chunk - 1) // chunk):
+            for i in range(b * chunk, min(n, (b + 1) * chunk)):
+                out[i] = table[codes[i] ^ flip]
+    else:
+        for b in prange(n // inner):
+            base = (b % channels) * 256
+            for i in range(b * inner, (b + 1) * inner):
+                out[i] = table[base + (codes[i] ^ flip)]
+
+
+@njit(parallel=True, cache=True)
 def dequantize(q, zero, scale, out):
     for i in prange(q.size):
         out[i] = np.float32(np.int64(q[i]) - zero) * scale
