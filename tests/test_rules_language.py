@@ -74,6 +74,10 @@ BAD = [
      "only dtype"),
     ("dtype against a value", "rule r: add(?x, ?y) => ?x\n    if dtype(?x) == ?y\n", RuleError,
      2, 8, "attribute variable"),
+    ("shape pattern not equal", "rule r: nn.relu(?x) => ?x\n    if shape(?x) != [_, 1]\n",
+     RuleError, 2, 8, "only be matched"),
+    ("shape pattern rest inside", "rule r: nn.relu(?x) => ?x\n    if shape(?x) == [1, .., 2]\n",
+     RuleError, 2, 8, "first or last"),
 ]
 
 
@@ -227,3 +231,42 @@ def test_the_checker_tests_maps_and_rests_on_tuples_of_several_lengths():
     wrong = TUPLES.replace("qnn.quantize(?e, ?s, ?z,", "qnn.quantize(?e, ?s, 0i32,")
     bad = check_ruleset(parse_rules(wrong, "wrong.rules"), trials=6)
     assert not all(r.ok for r in bad.results if r.rule.name == "each")
+
+
+SHAPES = """
+rule per_channel_scale: multiply(?x, ?k) => ?x
+    if shape(?x) == [_, ?n, _, _], shape(?k) == [?n, 1, 1]
+rule along_last_axis: add(?x, ?b) => ?x
+    if shape(?x) == [.., ?n], shape(?b) == [?n]
+"""
+
+
+def test_shape_patterns_print_back_compile_to_size_lookups_and_match_in_the_egraph():
+    """Shape patterns: `_` any size, `?n` one size wherever it is named, `..` any sizes at one
+    end. They compile to look-ups in the type-dim table joined on the size variables, and the
+    e-graph applies a rule only where the sizes agree."""
+    from eqquant.ir.parser import parse
+    from eqquant.optimizer import optimize
+    rs = parse_rules(SHAPES, "s.rules")
+    texts = [format_rule(r) for r in rs.rules]
+    assert "if shape(?x) == [_, ?n, _, _], shape(?k) == [?n, 1, 1]" in texts[0]
+    assert "if shape(?x) == [.., ?n], shape(?b) == [?n]" in texts[1]
+    again = parse_rules("\n".join(texts), "s2.rules")
+    assert [str(g) for r in again.rules for g in r.guards] == \
+        [str(g) for r in rs.rules for g in r.guards]
+    egg = compile_ruleset(rs).text
+    assert "(type-dim ?_g" in egg and " 1 ?_size_n)" in egg and " 0 ?_size_n)" in egg
+    assert " -1 ?_size_n)" in egg and '(= (rank-of ?x) "4")' in egg
+
+    def fired(src):
+        mod = parse(src)
+        return {k for k, v in optimize(mod, None, [rs], cost="nodes").report.matches().items()
+                if v}
+    assert fired("""def @main(%x: Tensor[(1, 3, 2, 2), float32], %k: Tensor[(3, 1, 1), float32],
+                  %b: Tensor[(2), float32]) { (multiply(%x, %k), add(%x, %b)) }""") == \
+        {"per_channel_scale", "along_last_axis"}
+    # (1, 1, 1) broadcasts, but it is not one scale per channel; (2, 1) is not a (C, 1, 1)
+    # vector; a vector along the last axis of another size broadcasts only when it is 1 long
+    assert fired("""def @main(%x: Tensor[(1, 3, 2, 2), float32], %k: Tensor[(1, 1, 1), float32],
+                  %j: Tensor[(2, 1), float32], %b: Tensor[(1), float32]) {
+                  (multiply(%x, %k), multiply(%x, %j), add(%x, %b)) }""") == set()

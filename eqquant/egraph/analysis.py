@@ -75,12 +75,17 @@ def agree(a: str, b: str) -> bool:
 
 def parts_facts(texts) -> str:
     """``type-parts`` facts for tensor type texts: the table the ``type:parts`` rule joins
-    to give each class its dtype, shape and rank without calling Python per class."""
+    to give each class its dtype, shape and rank without calling Python per class; and a
+    ``type-dim`` fact per size."""
     lines = []
     for text in texts:
-        if isinstance(TYPES.get(text), TensorType):
+        t = TYPES.get(text)
+        if isinstance(t, TensorType):
             lines.append(f"(type-parts {egg_string(text)} {egg_string(dtype_part(text))} "
                          f"{egg_string(shape_part(text))} {egg_string(rank_part(text))})")
+            lines.extend(f"(type-dim {egg_string(text)} {i} {d})\n"
+                         f"(type-dim {egg_string(text)} {i - t.rank} {d})"
+                         for i, d in enumerate(t.shape))
     return "\n".join(lines)
 
 
@@ -213,6 +218,9 @@ def declarations() -> str:
         # the dtype, shape and rank of each type text seen so far (a few hundred at most),
         # written by the engine as the typer meets new types: see parts_facts
         "(relation type-parts (String String String String))",
+        # each size of each type text, (text, axis, size), the axis also counted from the
+        # end (-1 the last): what a shape pattern (shape(?k) == [?n, 1, 1]) looks up
+        "(relation type-dim (String i64 i64))",
         "(function dtype-of (Expr) String :merge old)",
         "(function shape-of (Expr) String :merge old)",
         "(function rank-of (Expr) String :merge old)",

@@ -133,6 +133,8 @@ class _Instance:
         self.shape_attr: dict[str, str] = {}      # shape(?x) == ?s: attribute var -> ?x
         self.dtype_attr: dict[str, str] = {}
         self.positive: set[str] = set()           # assuming positive(?s) (names without ?)
+        self.drawn_sizes: dict[str, int] = {}     # a shape pattern's ?n, as the sampler drew it
+        self.sizes: dict[str, int] = {}           # ... and as the guards find it
         self.tuple_like: TensorType | None = None  # the previous field of a tuple being built
         self.tuple_rests: dict[str, list[Var]] = {}  # (?a, ..?rest): the fields ?rest drew
         for g in rule.guards:
@@ -191,6 +193,8 @@ class _Instance:
             return node
         op = self.op_of(p)
         kids = [self.lhs(a) for a in p.args]
+        # a variable met before a sibling that binds it (?x in multiply(?x, f(?x))) is that one
+        kids = [self.vars.get(k.name, k) if isinstance(k, PVar) else k for k in kids]
         free = [i for i, k in enumerate(kids) if isinstance(k, PVar)]
         given = p.attr_map
         for attempt in range(3000):
@@ -219,7 +223,7 @@ class _Instance:
                 partner = self.vars.get(self.same_shape.get(name, ""))
                 dtypes = _DTYPE_HINTS.get((op.name, i))
                 if name in self.shape:
-                    shape = self.shape[name]
+                    shape = self.fixed_shape(name, neighbour)
                 elif partner is not None:
                     shape = partner.type.shape
                 elif self.rng.random() < 0.4 and isinstance(neighbour, TensorType):
@@ -263,11 +267,34 @@ class _Instance:
             return node
         raise _NoInstance(f"no well-typed instance found for {op.name} in {self.rule.name}")
 
+    def fixed_shape(self, name: str, neighbour) -> tuple[int, ...]:
+        """The shape a guard fixes for ``name``. A pattern's free sizes (``_``, ``..``) are
+        drawn, most often as the operand beside it has them (broadcasting aligns from the
+        right); a size variable keeps the size it was first drawn with."""
+        from .guards import REST
+        pattern = list(self.shape[name])
+        like = neighbour.shape if isinstance(neighbour, TensorType) else ()
+        if REST in pattern:
+            fixed = len(pattern) - 1
+            extra = max(len(like) - fixed, 0) if like and self.rng.random() < 0.8 else \
+                self.rng.randint(0, 2)
+            i = pattern.index(REST)
+            pattern[i:i + 1] = [None] * extra
+        out = []
+        for i, d in enumerate(pattern):
+            j = len(like) - len(pattern) + i
+            near = like[j] if 0 <= j < len(like) and self.rng.random() < 0.8 else \
+                self.rng.choice(_DIMS)
+            if isinstance(d, str):
+                out.append(self.drawn_sizes.setdefault(d, near))
+            else:
+                out.append(near if d is None else d)
+        return tuple(out)
+
     def _settle(self, e, p: Pattern) -> Expr:
         if isinstance(e, PVar):
-            v = self.new_var(e.name, self.shape.get(e.name) or _shape_pool(self.rng,
-                                                                            self.rank.get(e.name)),
-                             {"float32"})
+            v = self.new_var(e.name, self.fixed_shape(e.name, None) if e.name in self.shape
+                             else _shape_pool(self.rng, self.rank.get(e.name)), {"float32"})
             self.vars[e.name] = v
             self.types.expr(v)
             return v
@@ -515,6 +542,7 @@ def _calls(e: Expr):
 
 def _guards_hold(inst: _Instance, rule: Rule) -> bool:
     """Every guard, on the instance (the search only aims at them; this decides)."""
+    inst.sizes = {}
     return all(g.holds(inst) for g in rule.guards)
 
 

@@ -9,8 +9,8 @@ rule checker's sampler respects it (``constrain``) and whether an instance satis
     rule requantize_identity:
         qnn.requantize(?q, ?s, ?z, ?s, ?z, out_dtype=?d)  =>  ?q
         if dtype(?q) == ?d                     # TypeAttr
-    if const(?w), rank(?x) == 4, shape(?a) == shape(?b), ?axis == 1
-        # Const,     RankIs,         SameAs,                 AttrIs
+    if const(?w), rank(?x) == 4, shape(?a) == shape(?b), shape(?k) == [_, 1, 1], ?axis == 1
+        # Const,     RankIs,         SameAs,                 ShapeIs,                 AttrIs
 """
 from __future__ import annotations
 
@@ -243,32 +243,95 @@ class RankIs(_TypeGuard):
         return cls(var, loc, cmp, int(text))
 
 
+REST = ".."      # in a shape pattern: any number of sizes
+
+
 @dataclass(frozen=True)
 class ShapeIs(_TypeGuard):
-    """``shape(?x) == [1, 64, 1, 1]``."""
+    """``shape(?x) == [1, 64, 1, 1]``, or a shape pattern: ``_`` is any size, ``?n`` a size
+    variable (the same size wherever the rule's guards name it), and ``..`` at either end
+    any number of sizes::
+
+        if shape(?q) == [_, ?n, _, _], shape(?k) == [?n, 1, 1]     # ?k: one per channel
+        if shape(?x) == [.., ?n], shape(?b) == [?n]                # ?b: along the last axis
+
+    A literal shape is one string comparison on the analysis' ``shape-of``; a pattern is the
+    rank (unless it has ``..``) and one look-up in its ``type-dim`` table per size it names,
+    which egglog joins on the size variables."""
 
     fn: ClassVar[str] = "shape"
 
     def rhs(self) -> str:
-        return str(list(self.value))
+        return "[" + ", ".join("_" if d is None else str(d) for d in self.value) + "]"
 
     def literal(self) -> str:
         from ..egraph.schema import egg_string
         from ..ops.attrs import format_value
         return egg_string(format_value(list(self.value)))
 
+    @property
+    def is_pattern(self) -> bool:
+        return any(not isinstance(d, int) for d in self.value)
+
+    def sizes(self):
+        """(axis, size) for each entry that names a size: axes count from the end when the
+        pattern opens with ``..``."""
+        dims = list(self.value)
+        if dims and dims[0] == REST:
+            return [(i - len(dims), d) for i, d in enumerate(dims[1:], 1)
+                    if d is not None]
+        return [(i, d) for i, d in enumerate(dims) if d is not None and d != REST]
+
+    def compile(self, side) -> list[str]:
+        if not self.is_pattern:
+            return super().compile(side)
+        t = f"?_g{next(side.fresh)}"
+        facts = [f"(= {t} (type-of {self.var}))"]
+        if REST not in self.value:
+            facts.append(f'(= (rank-of {self.var}) "{len(self.value)}")')
+        return facts + [f"(type-dim {t} {i} {size_var(d) if isinstance(d, str) else d})"
+                        for i, d in self.sizes()]
+
+    def fits(self, shape, sizes: dict[str, int]) -> bool:
+        """Whether ``shape`` fits the pattern, binding its size variables in ``sizes``."""
+        if shape is None:
+            return False
+        rest = REST in self.value
+        fixed = len(self.value) - rest
+        if len(shape) < fixed or (not rest and len(shape) != fixed):
+            return False
+        for i, d in self.sizes():
+            n = shape[i]
+            if isinstance(d, str):
+                if sizes.setdefault(d, n) != n:
+                    return False
+            elif d != n:
+                return False
+        return True
+
     def holds(self, inst) -> bool:
-        return (_type_of(inst, "shape", self.var) == list(self.value)) == (self.op == "==")
+        return self.fits(_type_of(inst, "shape", self.var), inst.sizes) == (self.op == "==")
 
     @classmethod
     def parse(cls, fn, var, cmp, value, b, loc) -> "ShapeIs":
         if value.data != "g_ints":
-            raise b.error("shape(...) compares with a list of ints, shape(?y) or an "
-                          "attribute variable", loc)
-        dims = tuple(int(v) for v in re.findall(r"-?\d+", str(value.children[0])))
-        if any(abs(v) >= 2 ** 63 for v in dims):
+            raise b.error("shape(...) compares with a list of sizes (a shape pattern: "
+                          "[1, _, ?n, ..]), shape(?y) or an attribute variable", loc)
+        words = re.findall(r"\.\.|-?\d+|_|\?[A-Za-z_]\w*", str(value.children[0]))
+        dims = tuple(None if w == "_" else w if w[0] in "?." else int(w) for w in words)
+        if any(isinstance(d, int) and abs(d) >= 2 ** 63 for d in dims):
             raise b.error("bad literal: a shape entry does not fit int64", loc)
+        if dims.count(REST) > 1 or REST in dims[1:-1]:
+            raise b.error("a shape pattern has `..` once at most, first or last", loc)
+        if any(not isinstance(d, int) for d in dims) and cmp != "==":
+            raise b.error("a shape pattern with `_`, `..` or a size variable can only be "
+                          "matched (==)", loc)
         return cls(var, loc, cmp, dims)
+
+
+def size_var(name: str) -> str:
+    """The egglog variable of a shape pattern's size variable ``?n``."""
+    return f"?_size_{name.lstrip('?')}"
 
 
 @dataclass(frozen=True)
