@@ -11,7 +11,8 @@ relative error against ONNX Runtime fp32 on one N(0, 1) input, and with --int8: 
 (dB, against ONNX Runtime fp32) of eqquant's int8 program and of ONNX Runtime's quantize_static
 (QDQ, per-channel, uint8/int8, MinMax), the fraction of conv/dense/matmul MACs eqquant runs in
 integers, the quantize/dequantize pairs left inside the network (not counting the input's
-quantize and the outputs' dequantize), and the share of outputs of eqquant's QDQ export that
+quantize and the outputs' dequantize; the pairs around ops that stay float by design, such as
+LayerNorm, counted apart: FLOAT_BY_DESIGN), and the share of outputs of eqquant's QDQ export that
 ONNX Runtime computes within one output step; with --latency also the int8 latency ratio
 eqquant / ONNX Runtime (each system in its own process, rounds alternating, 2 threads, medians;
 bench/peers.py's workers).
@@ -35,6 +36,14 @@ MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "mobilen
           "shufflenet_v2_x1_0", "mnasnet1_0", "squeezenet1_1", "googlenet", "inception_v3",
           "densenet121", "vgg11_bn", "efficientnet_b0", "regnet_y_400mf", "convnext_tiny",
           "vit_b_16", "alexnet", "resnext50_32x4d"]
+
+
+# Ops that stay float by design, with why; the pair around each is counted apart.
+FLOAT_BY_DESIGN = {
+    "nn.layer_norm": "a normalization over a whole row: no 8-bit rule expresses it",
+    "nn.softmax": "an exponential normalized over a row (ViT's attention; the issue allows it)",
+    "nn.batch_matmul": "the product of two activations in attention (the issue allows it)",
+}
 
 
 def torchvision_models():
@@ -135,8 +144,12 @@ def one(name: str, args) -> str:
         ort8 = ort_session(ort8_bytes)
         theirs = sqnr_db(ref, ort8.run(None, {"input": check})[0])
         module = q.quantized.module
-        calls = [n.op_name for n in post_order(module.main.body) if isinstance(n, Call)]
-        inside = calls.count("qnn.quantize") - 1
+        calls = [n for n in post_order(module.main.body) if isinstance(n, Call)]
+        quantizes = [n for n in calls if n.op_name == "qnn.quantize"]
+        # the pairs around ops that stay float by design (no 8-bit rule: see FLOAT_BY_DESIGN)
+        around = sum(isinstance(n.args[0], Call) and n.args[0].op_name in FLOAT_BY_DESIGN
+                     for n in quantizes)
+        inside = len(quantizes) - 1 - around
         done, total = _macs(module)
         qdq = q.export_onnx(Path(d) / f"{name}.int8.onnx")
         s = ort_session(qdq.read_bytes())
@@ -150,7 +163,8 @@ def one(name: str, args) -> str:
                                    check, Path(d), args.rounds)
             latency = f"; int8 latency eq/ORT {ratio:.2f}"
         return (row + f"; int8 SQNR {eq8:.1f} dB (ORT {theirs:.1f}); integer MACs "
-                f"{100 * done / max(total, 1):.0f}%; q/dq pairs inside {inside}; QDQ export "
+                f"{100 * done / max(total, 1):.0f}%; q/dq pairs inside {inside} (+{around} around "
+                f"ops float by design); QDQ export "
                 f"within one step {100 * agree:.1f}%{latency}  "
                 f"({time.perf_counter() - t0:.0f} s)")
 

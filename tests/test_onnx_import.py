@@ -251,3 +251,29 @@ def test_run_command_takes_onnx(tmp_path, capsys):
                       "-o", str(tmp_path / "y.npy")]) == 0
     ref = ort_run(onnx.load(str(DATA / "tiny_resnet.onnx")), {"input.1": x})
     close(np.load(tmp_path / "y.npy"), ref)
+
+
+def test_gelu_as_pytorch_opset17_writes_it_imports_with_literal_scalars_and_becomes_gelu():
+    """PyTorch's opset-17 GELU (Div, Erf, Add, Mul, Mul with rank-0 initializers): the
+    rank-0 constants import as inline literals (as Relay's frontend writes them), so the
+    simplify rules recognise nn.gelu; the program matches ONNX Runtime."""
+    nodes = [helper.make_node("Div", ["x", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "a"],
+                                                                            ["m"]),
+             helper.make_node("Mul", ["m", "half"], ["y"])]
+    inits = [_w("sqrt2", np.float32(np.sqrt(2))), _w("one", np.float32(1)),
+             _w("half", np.float32(0.5))]
+    graph = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [2, 64])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [2, 64])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    mod, params, _ = import_onnx(model)
+    text = print_module(mod)
+    assert "1.4142135f" in text and "0.5f" in text and not params, text
+    x = np.random.default_rng(0).normal(size=(2, 64)).astype("float32") * 3
+    close(run(mod, {"x": x}), ort_run(model, {"x": x}), rel=1e-6)
+    opt = optimize(mod, None, ["simplify"], cost="nodes").module
+    ops = [n.op_name for n in post_order(opt.main.body) if isinstance(n, Call)]
+    assert ops == ["nn.gelu"], ops
+    close(run(opt, {"x": x}), ort_run(model, {"x": x}), rel=1e-6)

@@ -526,3 +526,58 @@ def test_a_join_with_a_constant_exports(tmp_path):
     names = [n.op_name for n in post_order(q.quantized.module.main.body) if isinstance(n, Call)]
     assert names.count("qnn.quantize") == 1 and names.count("qnn.dequantize") == 1, names
     _runs_as_the_reference_and_in_onnx_runtime(q, samples[0], tmp_path / "token.onnx")
+
+
+def test_a_convnext_block_stays_integer_around_its_layer_norm(tmp_path):
+    """ConvNeXt's block as PyTorch exports it: depthwise conv, to NHWC, LayerNorm, a dense
+    layer on the 4-d value with its bias added after (bias + x), GELU written out op by op
+    (x / sqrt 2 and its constants scalars), the second dense layer, back to NCHW, the layer
+    scale (a (C, 1, 1) constant times x) and the residual add. Everything but the LayerNorm
+    (no 8-bit rule) runs in integers: the GELU is one table, each bias and the layer scale a
+    table per channel; the executor computes the reference's bits and ONNX Runtime runs the
+    export."""
+    pytest.importorskip("onnxruntime")
+    from eqquant.ir.builder import Builder
+    import eqquant
+    rng = np.random.default_rng(11)
+    c, h = 16, 8
+    b = Builder()
+    x = b.input("x", (1, c, h, h))
+    p = lambda name, *shape: b.param(name, rng.normal(size=shape).astype("float32"))  # noqa
+    stem = b.call("nn.conv2d", x, p("w0", c, c, 1, 1))
+    y = b.call("nn.conv2d", stem, p("dw", c, 1, 7, 7), padding=[3, 3, 3, 3], groups=c)
+    y = b.call("transpose", y, axes=[0, 2, 3, 1])
+    y = b.call("nn.layer_norm", y, b.param("g", np.ones(c, "float32")),
+               b.param("beta", np.zeros(c, "float32")), axis=3)
+
+    def linear(v, k, n, name):
+        flat = b.call("reshape", v, newshape=[-1, k])
+        out = b.call("nn.dense", flat, p(name, n, k))
+        return b.call("add", p(name + "_b", n), b.call("reshape", out, newshape=[1, h, h, n]))
+    y = linear(y, c, 4 * c, "fc1")
+    erf = b.call("erf", b.call("divide", y, b.scalar(np.float32(np.sqrt(2)))))
+    y = b.call("multiply", b.call("multiply", y, b.call("add", erf, b.scalar(1.0))),
+               b.scalar(0.5))
+    y = linear(y, 4 * c, c, "fc2")
+    y = b.call("transpose", y, axes=[0, 3, 1, 2])
+    scale = b.param("layer_scale", rng.uniform(0.1, 1.0, size=(c, 1, 1)).astype("float32"))
+    y = b.call("add", b.call("multiply", scale, y), stem)
+    mod, params = b.finish(b.call("nn.conv2d", y, p("w1", c, c, 1, 1)))
+    samples = [rng.normal(size=(1, c, h, h)).astype("float32") for _ in range(4)]
+    q = eqquant.quantize(eqquant.load(mod, params), samples, mode="minmax", per_channel=True)
+    module = q.quantized.module
+    names = [n.op_name for n in post_order(module.main.body) if isinstance(n, Call)]
+    assert names.count("qnn.lut") == 4, names          # GELU, two biases, the layer scale
+    assert not {"erf", "divide", "multiply", "add", "nn.gelu"} & set(names), names
+    # one quantize at the input, one dequantize at the output, one pair around the LayerNorm
+    assert names.count("qnn.quantize") == 2 and names.count("qnn.dequantize") == 2
+    assert q.report().output["sqnr"] > 20
+    x0 = samples[0]
+    np.testing.assert_array_equal(q.run(x0), run(module, {"x": x0}))
+    # ONNX Runtime runs the export; its u8 x s8 products (dense layers and convolutions) are
+    # inexact on CPUs without VNNI and four of them stand in a row here: compared in dB
+    import onnxruntime as ort
+    from eqquant.quant.flow import sqnr_db
+    path = q.export_onnx(tmp_path / "convnext.onnx")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert sqnr_db(q.run(x0), sess.run(None, {"x": x0})[0]) > 8

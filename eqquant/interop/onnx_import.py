@@ -98,11 +98,16 @@ class Importer:
         return name
 
     def value(self, name: str) -> Expr:
-        """The IR value of an ONNX name; an initializer becomes a param on first use."""
+        """The IR value of an ONNX name; an initializer becomes a param on first use, or an
+        inline literal when it holds one number of rank 0 (as Relay's frontend writes
+        ``1.41421f``: rules match literals by value, and GELU's constants are such)."""
         if name in self.values:
             return self.values[name]
         if name in self.consts:
             arr = self.consts[name]
+            if arr.ndim == 0 and arr.dtype.kind in "iuf":
+                v = self.values[name] = self.b.scalar(arr.item(), str(arr.dtype))
+                return v
             v = self.b.param(self.fresh_name(name) or f"const_{len(self.values)}", arr)
             self.values[name] = v
             return v

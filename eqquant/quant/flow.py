@@ -81,6 +81,12 @@ class QuantizeResult:
         return "\n".join(lines)
 
 
+def _flat(out) -> np.ndarray:
+    """A program's result (a tensor, or a tuple of them) as one float64 vector."""
+    parts = out if isinstance(out, tuple) else (out,)
+    return np.concatenate([np.asarray(p, np.float64).ravel() for p in parts])
+
+
 def evaluate(fp32: Module, int8: Module, table: CalibrationTable, dtype: str,
              inputs: Mapping[str, np.ndarray], extra: Sequence[Mapping[str, np.ndarray]] = ()
              ) -> tuple[list[tuple[str, float]], dict]:
@@ -119,10 +125,10 @@ def evaluate(fp32: Module, int8: Module, table: CalibrationTable, dtype: str,
                 layers[names[0]] = sqnr_db(fp_values[names[0]], deq)
     ex8 = Executor(int8)
     out = ex8.run(inputs, observe=keep_int)
-    refs, outs = [np.asarray(ref, np.float64).ravel()], [np.asarray(out, np.float64).ravel()]
+    refs, outs = [_flat(ref)], [_flat(out)]
     for more in extra:             # the output's figures over every sample given
-        refs.append(np.asarray(ex32.run(more), np.float64).ravel())
-        outs.append(np.asarray(ex8.run(more), np.float64).ravel())
+        refs.append(_flat(ex32.run(more)))
+        outs.append(_flat(ex8.run(more)))
     r, o = np.concatenate(refs), np.concatenate(outs)
     cosine = float(r @ o / (np.linalg.norm(r) * np.linalg.norm(o) or 1.0))
     order = [labels[k] for k in labels if labels[k] in layers]
@@ -142,7 +148,7 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     table = calibrate(fp, None, samples, mode, skip, progress)
     kept_float: list[str] = []
     result = optimize(annotate(fp, table, dtype, weight_scale, per_channel, kept_float), None,
-                      ["quantize"], cost=cost)
+                      ["simplify", "quantize"], cost=cost)
     int8 = expand_calibration(result.module)
     if check_input is not None:
         layers, output = evaluate(fp, int8, table, dtype, as_inputs(check_input, fp.main))
