@@ -88,3 +88,22 @@ def test_cost_models_are_pluggable_and_named():
     from eqquant.errors import EqquantError
     with pytest.raises(EqquantError, match="unknown cost model"):
         cost_model("gpu")
+
+
+def test_greedy_finds_alternatives_that_read_classes_ordered_later_in_deep_chains():
+    """A chain of 80 layers, each either dear (abs of the layer before) or cheap through two
+    classes ordered after it (negative of relu of add of the layer before): greedy extraction
+    finds the cheap form in every layer however deep the chain (it looks at a class again
+    whenever an operand got cheaper; it used to stop after 50 sweeps in class order, which
+    left ConvNeXt's output quantize-dequantize pair where a requantize was cheaper)."""
+    layers, classes, prev = 80, {}, "X"
+    for i in range(layers):
+        # (listed so that each A is ordered before its C and B)
+        classes[f"B{i}"] = [("add", [prev, prev])]
+        classes[f"C{i}"] = [("round", [prev]), ("nn.relu", [f"B{i}"])]
+        classes[f"A{i}"] = [("abs", [prev]), ("negative", [f"C{i}"])]
+        prev = f"A{i}"
+    view = EGraphView(_serialized(classes), Typer({"x": T}, {}))
+    g = greedy_dag(view, prev, ByOp())
+    assert g.cost == pytest.approx(3.0 * layers)
+    assert all(g.choice[f"A{i}"].op.name == "negative" for i in range(layers))

@@ -12,6 +12,8 @@ choose a cycle. A class that is a constant subexpression costs nothing.
 """
 from __future__ import annotations
 
+import collections
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,37 +113,52 @@ def greedy_dag(view: EGraphView, root: str, model: CostModel) -> Extraction:
         c: (0.0, 1 << bit[c], n) for c, n in view.const_node.items()}
     for c in view.const_node:
         own[bit[c]] = 0.0
-    todo = [c for c in view.order if c not in view.const_node]
-    for _ in range(50):  # a class's total only goes down, so this ends
+    # a worklist: a class is looked at again whenever one of its operands' totals went down
+    # (classes are ordered by their first node that could be built, so a class's other nodes
+    # may read classes ordered after it: sweeping in order until nothing changes took one
+    # sweep per layer of a deep network)
+    users: dict[str, set[str]] = {}
+    for cls, nodes in view.classes.items():
+        for n in nodes:
+            for k in n.children:
+                users.setdefault(k, set()).add(cls)
+    todo = collections.deque(c for c in view.order if c not in view.const_node)
+    queued = set(todo)
+    budget = 1000 * max(len(todo), 1)  # (totals only go down: this ends long before)
+    while todo and budget > 0:
+        budget -= 1
+        cls = todo.popleft()
+        queued.discard(cls)
         changed = False
-        for cls in todo:
-            current = best.get(cls)
-            me = 1 << bit[cls]
-            for n in view.classes[cls]:
-                if n.node_id not in costs:
-                    continue
-                kids = [best.get(k) for k in n.children]
-                if any(k is None or k[1] & me for k in kids):
-                    continue  # an operand is not reachable yet, or this would close a cycle
-                total, mask = costs[n.node_id], me
-                if kids:
-                    base = max(kids, key=lambda k: k[0])
-                    total, mask = total + base[0], mask | base[1]
-                    for k in kids:
-                        new = k[1] & ~mask
-                        mask |= new
-                        while new:           # the classes this operand adds
-                            low = new & -new
-                            total += own[low.bit_length() - 1]
-                            new ^= low
-                if current is None or total < current[0] * (1 - 1e-12):
-                    current = (total, mask, n)
-                    changed = True
-            if current is not None:
-                best[cls] = current
-                own[bit[cls]] = costs[current[2].node_id]
-        if not changed:
-            break
+        current = best.get(cls)
+        me = 1 << bit[cls]
+        for n in view.classes[cls]:
+            if n.node_id not in costs:
+                continue
+            kids = [best.get(k) for k in n.children]
+            if any(k is None or k[1] & me for k in kids):
+                continue  # an operand is not reachable yet, or this would close a cycle
+            total, mask = costs[n.node_id], me
+            if kids:
+                base = max(kids, key=lambda k: k[0])
+                total, mask = total + base[0], mask | base[1]
+                for k in kids:
+                    new = k[1] & ~mask
+                    mask |= new
+                    while new:           # the classes this operand adds
+                        low = new & -new
+                        total += own[low.bit_length() - 1]
+                        new ^= low
+            if current is None or total < current[0] * (1 - 1e-12):
+                current = (total, mask, n)
+                changed = True
+        if current is not None and changed:
+            best[cls] = current
+            own[bit[cls]] = costs[current[2].node_id]
+            for u in users.get(cls, ()):
+                if u not in queued and u not in view.const_node:
+                    queued.add(u)
+                    todo.append(u)
     if root not in best:
         raise EqquantError("extraction found no well-typed program for the result")
     choice = {c: b[2] for c, b in best.items()}
