@@ -26,6 +26,9 @@ from .calibrate import CalibrationTable
 
 FP32_RULES = ("simplify", "bn_fold", "fusion")
 FP32_SCHEDULE = "simplify; bn_fold; simplify; fusion"
+# the marked program: quantize's rules, with simplify's identities beside them (a constant
+# operand written first, GELU written out) so that what a float phase left is found again
+INT8_RULES = ("simplify", "quantize")
 
 
 def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
@@ -148,7 +151,7 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     table = calibrate(fp, None, samples, mode, skip, progress)
     kept_float: list[str] = []
     result = optimize(annotate(fp, table, dtype, weight_scale, per_channel, kept_float), None,
-                      ["simplify", "quantize"], cost=cost)
+                      INT8_RULES, cost=cost)
     int8 = expand_calibration(result.module)
     if check_input is not None:
         layers, output = evaluate(fp, int8, table, dtype, as_inputs(check_input, fp.main))

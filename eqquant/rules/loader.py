@@ -27,8 +27,9 @@ from ..ops.attrs import AttrValueError
 from ..ops.registry import BINARY, ELEMWISE, UNARY, all_ops, get_op, has_op
 from ..resources import grammar_path, rules_dir
 from .guards import KINDS, with_choices
-from .ast import (AttrLit, AttrVar, Guard, OpRef, PCall, PLit, PMap, PProj, PTuple, PVar,
-                  Pattern, Rule, RuleSet, attr_vars, op_sets, pattern_vars, tuple_rests, walk)
+from .ast import (AttrLit, AttrTypeOf, AttrVar, Guard, OpRef, PCall, PLit, PMap, PProj, PTuple,
+                  PVar, Pattern, Rule, RuleSet, attr_vars, op_sets, pattern_vars, tuple_rests,
+                  walk)
 
 
 _COMMENTS = CommentSink()
@@ -73,7 +74,7 @@ def load_rules(path: str | Path, _stack: tuple[Path, ...] = ()) -> RuleSet:
         if hit.includes:     # (an included file may change on its own: not kept)
             return hit
         _LOADED[key] = hit
-    return replace(hit, rules=list(hit.rules), includes=[])
+    return replace(hit, rules=list(hit.rules))
 
 
 def parse_rules(text: str, file: str = "<rules>", _stack: tuple[Path, ...] = ()) -> RuleSet:
@@ -266,7 +267,7 @@ class _TreeToRules:
                 if key in attrs:
                     raise self.error(f"attribute '{key}' is given twice", key_tok)
                 v = self.attr_value(value)
-                if not isinstance(v, AttrVar):
+                if isinstance(v, AttrLit):
                     for o in op.ops:
                         try:
                             v = AttrLit(o.attr_map[key].kind.canonical(v.value), v.loc)
@@ -304,6 +305,11 @@ class _TreeToRules:
         kind = t.data
         if kind == "a_var":
             return AttrVar(str(t.children[0]), self.loc(t))
+        if kind == "a_type_of":
+            fn, var = (str(c) for c in t.children)
+            if fn != "dtype":
+                raise self.error(f"an attribute may be dtype(...) of a value, not {fn}(...)", t)
+            return AttrTypeOf(var, self.loc(t))
         if kind == "a_number":
             value, dtype = self.number(t.children[0])
             if dtype is not None and dtype.startswith("float"):
@@ -320,7 +326,7 @@ class _TreeToRules:
             return AttrLit({"a_true": True, "a_false": False, "a_none": None}[kind],
                            self.loc(t))
         items = [self.attr_value(c) for c in t.children if c is not None]
-        if any(isinstance(i, AttrVar) for i in items):
+        if any(not isinstance(i, AttrLit) for i in items):
             raise self.error("a list attribute cannot hold variables", t)
         return AttrLit([i.value for i in items], self.loc(t))
 
@@ -381,6 +387,11 @@ def check_rule_form(rule: Rule, b: _TreeToRules) -> None:
     if both:
         raise b.error(f"{sorted(both)[0]} is used both as a value and as an attribute",
                       lhs.loc)
+    for q in walk(lhs):
+        for _, v in (q.attrs if isinstance(q, PCall) else ()):
+            if isinstance(v, AttrTypeOf):
+                raise b.error(f"dtype({v.var}) as an attribute stands on the right side only "
+                              "(on the left, match the dtype with a guard)", v.loc)
     sets = op_sets(lhs)
     bound = set(evars)
     tails = tuple_rests(lhs)
@@ -473,7 +484,7 @@ def dtype_variants(rule: Rule) -> list[Rule]:
     from dataclasses import replace
     choices = [g for g in rule.guards if g.variants() != [g]]
     if not choices:
-        return [rule]
+        return [_dtypes_written_in(rule)]
     count = math.prod(len(g.variants()) for g in choices)
     if count > MAX_VARIANTS:
         raise RuleError(f"rule {rule.name}: its dtype(...) in {{...}} guards make {count} "
@@ -481,5 +492,36 @@ def dtype_variants(rule: Rule) -> list[Rule]:
     out = []
     for guards in with_choices(rule.guards):
         picked = [str(g.value) for g, orig in zip(guards, rule.guards) if g is not orig]
-        out.append(replace(rule, name=f"{rule.name}[{', '.join(picked)}]", guards=guards))
+        out.append(_dtypes_written_in(replace(rule, name=f"{rule.name}[{', '.join(picked)}]",
+                                              guards=guards)))
     return out
+
+
+def _dtypes_written_in(rule: Rule) -> Rule:
+    """The rule with each ``dtype(?x)`` attribute of its right side replaced by the dtype its
+    guards fix for ?x (``qnn.codes(dtype=dtype(?q))`` under ``dtype(?q) == int8``)."""
+    known = dict(k for g in rule.guards if (k := g.known_dtype()) is not None)
+
+    def write(p: Pattern) -> Pattern:
+        if isinstance(p, PCall):
+            attrs = []
+            for key, v in p.attrs:
+                if isinstance(v, AttrTypeOf):
+                    if v.var not in known:
+                        raise RuleError(f"dtype({v.var}): no guard fixes {v.var}'s dtype "
+                                        f"(dtype({v.var}) == ... or in {{...}})", v.loc)
+                    v = AttrLit(known[v.var], v.loc)
+                attrs.append((key, v))
+            return replace(p, args=tuple(write(a) for a in p.args), attrs=tuple(attrs))
+        if isinstance(p, PTuple):
+            return replace(p, fields=tuple(write(f) for f in p.fields))
+        if isinstance(p, PProj):
+            return replace(p, inner=write(p.inner))
+        if isinstance(p, PMap):
+            return replace(p, body=write(p.body))
+        return p
+    if not any(isinstance(v, AttrTypeOf) for side in [rule.rhs, *rule.where.values()]
+               for q in walk(side) if isinstance(q, PCall) for _, v in q.attrs):
+        return rule
+    return replace(rule, rhs=write(rule.rhs),
+                   where={k: write(v) for k, v in rule.where.items()})
