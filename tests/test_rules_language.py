@@ -74,6 +74,11 @@ BAD = [
      "only dtype"),
     ("dtype against a value", "rule r: add(?x, ?y) => ?x\n    if dtype(?x) == ?y\n", RuleError,
      2, 8, "attribute variable"),
+    ("dtype attribute on the left", "rule r: qnn.codes(dtype=dtype(?q)) => ?q\n", RuleError,
+     1, 25, "right side only"),
+    ("dtype attribute unfixed",
+     "rule r: nn.relu(?q) => qnn.lut(?q, qnn.codes(dtype=dtype(?q)), 1f, 0i32)\n",
+     RuleError, 1, 52, "no guard fixes"),
     ("shape pattern not equal", "rule r: nn.relu(?x) => ?x\n    if shape(?x) != [_, 1]\n",
      RuleError, 2, 8, "only be matched"),
     ("shape pattern rest inside", "rule r: nn.relu(?x) => ?x\n    if shape(?x) == [1, .., 2]\n",
@@ -270,3 +275,16 @@ def test_shape_patterns_print_back_compile_to_size_lookups_and_match_in_the_egra
     assert fired("""def @main(%x: Tensor[(1, 3, 2, 2), float32], %k: Tensor[(1, 1, 1), float32],
                   %j: Tensor[(2, 1), float32], %b: Tensor[(1), float32]) {
                   (multiply(%x, %k), multiply(%x, %j), add(%x, %b)) }""") == set()
+
+
+def test_an_attribute_on_the_right_may_be_the_dtype_a_guard_fixes():
+    """dtype(?q) as an attribute: written in per dtype variant, so one rule covers int8 and
+    uint8 lookup tables (qnn.codes of the input's dtype)."""
+    src = ("rule table: nn.relu(?q) => qnn.lut(?q, qnn.codes(dtype=dtype(?q)), 1f, 0i32)\n"
+           "    if dtype(?q) in {uint8, int8}\n")
+    rs = parse_rules(src, "t.rules")
+    assert [r.name for r in rs.rules] == ["table[uint8]", "table[int8]"]
+    assert 'qnn.codes(dtype="uint8")' in format_rule(rs.rules[0])
+    assert 'qnn.codes(dtype="int8")' in format_rule(rs.rules[1])
+    text = compile_ruleset(rs).text
+    assert '"uint8"' in text and '"int8"' in text

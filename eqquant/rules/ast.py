@@ -60,7 +60,16 @@ class AttrLit:
     loc: SourceLoc | None = None
 
 
-AttrPat = Union[AttrVar, AttrLit]
+@dataclass(frozen=True)
+class AttrTypeOf:
+    """``dtype(?q)`` as an attribute on the right side: the dtype a guard fixes for ?q,
+    written in when the rule splits into its dtype variants."""
+
+    var: str
+    loc: SourceLoc | None = None
+
+
+AttrPat = Union[AttrVar, AttrLit, AttrTypeOf]
 
 
 @dataclass(frozen=True)
@@ -217,13 +226,21 @@ def format_pattern(p: Pattern) -> str:
         return f"{format_pattern(p.inner)}.{p.index}"
     if isinstance(p, PMap):
         return f"({format_pattern(p.body)} for {p.var} in {p.source})"
-    from ..ops.attrs import format_value
     parts = [format_pattern(a) for a in p.args]
     for k, v in p.attrs:
-        parts.append(f"{k}={v.name if isinstance(v, AttrVar) else format_value(v.value)}")
+        parts.append(f"{k}={format_attr(v)}")
     if p.rest:
         parts.append(f"..{p.rest}")
     return f"{p.op.label}({', '.join(parts)})"
+
+
+def format_attr(v: AttrPat) -> str:
+    from ..ops.attrs import format_value
+    if isinstance(v, AttrVar):
+        return v.name
+    if isinstance(v, AttrTypeOf):
+        return f"dtype({v.var})"
+    return format_value(v.value)
 
 
 def format_rule(r: Rule) -> str:
