@@ -278,44 +278,69 @@ def test_unfused_int8_conv_on_every_path(monkeypatch, path, dtype):
     np.testing.assert_array_equal(ex.run(xs), run(bound, xs))
 
 
+# A convolution NCHW/OIHW as written, or channel-last (NHWC/HWIO, bias and scales along the
+# last axis): the shapes and attributes of each.
+def _image_in(layout, nchw):
+    n, c, h, w = nchw
+    return (n, h, w, c) if layout == "NHWC" else nchw
+
+
+def _kernel_in(layout, oihw):
+    return np.ascontiguousarray(oihw.transpose(2, 3, 1, 0)) if layout == "NHWC" else oihw
+
+
+def _bias_shape(layout, o):
+    return (o,) if layout == "NHWC" else (o, 1, 1)
+
+
+def _channel_axis(layout):
+    return 3 if layout == "NHWC" else 1
+
+
+def _layouts(layout):
+    return dict(data_layout=layout, kernel_layout="HWIO" if layout == "NHWC" else "OIHW")
+
+
 @settings(max_examples=40, deadline=None)
 @given(c=st.integers(2, 13), mult=st.integers(1, 3), k=st.sampled_from([1, 3, 5]),
        stride=st.integers(1, 3), pad=st.integers(0, 2), dil=st.integers(1, 2),
        size=st.integers(3, 11), dtype=st.sampled_from(["int8", "uint8"]),
-       act=st.sampled_from(["none", "relu", "clip"]), seed=st.integers(0, 999))
+       act=st.sampled_from(["none", "relu", "clip"]), seed=st.integers(0, 999),
+       layout=st.sampled_from(["NCHW", "NHWC"]))
 def test_depthwise_int8_convolutions_are_bit_exact(c, mult, k, stride, pad, dil, size, dtype,
-                                                   act, seed):
+                                                   act, seed, layout):
     """Depthwise qnn.conv2d and fused.qconv2d (groups = input channels, channel multipliers,
-    strides, padding, dilation, channel counts that fill no vector) on the direct kernel,
-    against the integer reference."""
+    strides, padding, dilation, channel counts that fill no vector), NCHW and channel-last, on
+    the direct kernel, against the integer reference."""
     rng = np.random.default_rng(seed)
     if (size + 2 * pad - dil * (k - 1) - 1) < 0:
         return
     o = c * mult
     lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
     zx = int(rng.integers(lo, hi)) if dtype == "uint8" else int(rng.integers(-5, 6))
-    w = rng.integers(-128, 128, (o, 1, k, k)).astype("i1")
-    conv = dict(strides=[stride] * 2, padding=[pad] * 4, dilation=[dil] * 2, groups=c)
+    w = _kernel_in(layout, rng.integers(-128, 128, (o, 1, k, k)).astype("i1"))
+    conv = dict(strides=[stride] * 2, padding=[pad] * 4, dilation=[dil] * 2, groups=c,
+                **_layouts(layout))
     b = Builder()
-    x = b.input("x", (2, c, size, size), dtype)
+    x = b.input("x", _image_in(layout, (2, c, size, size)), dtype)
     qa = (b.param("zx", np.array(zx, np.int32)), b.param("zw", np.array(0, np.int32)),
           b.param("sx", np.array(0.05, np.float32)),
           b.param("sw", rng.uniform(0.01, 0.02, o).astype(np.float32)))
     plain = b.call("qnn.conv2d", x, b.param("w", w), *qa, **conv)
-    bias = rng.integers(-500, 500, (o, 1, 1)).astype("i4")
+    bias = rng.integers(-500, 500, _bias_shape(layout, o)).astype("i4")
     s1 = (0.05 * rng.uniform(0.01, 0.02, o)).astype(np.float32)
     extra = dict(a_min=0.0, a_max=2.0) if act == "clip" else {}
     fused = b.call("fused.qconv2d", x, b.param("w2", w), b.param("b", bias), qa[0], qa[1],
                    qa[2], qa[3], b.param("s1", s1), b.param("z1", np.array(0, np.int32)),
                    b.param("s2", np.array(0.1, np.float32)),
                    b.param("z2", np.array(3 if dtype == "uint8" else 0, np.int32)),
-                   **conv, activation=act, out_dtype=dtype, **extra)
+                   **conv, activation=act, out_dtype=dtype, axis=_channel_axis(layout), **extra)
     bound = bind_params(*b.finish(b.tuple(plain, fused)))
     ex = Executor(bound)
     assert not [s.label for s in ex.steps if "reference" in s.label]
     assert all(getattr(getattr(s.fn, "conv", s.fn), "depthwise", False)
                for s in ex.steps if s.label in ("qnn.conv2d", "fused.qconv2d"))
-    xs = {"x": rng.integers(lo, hi, (2, c, size, size)).astype(dtype)}
+    xs = {"x": rng.integers(lo, hi, _image_in(layout, (2, c, size, size))).astype(dtype)}
     for got, want in zip(ex.run(xs), run(bound, xs)):
         np.testing.assert_array_equal(got, want)
 
@@ -324,20 +349,21 @@ def test_depthwise_int8_convolutions_are_bit_exact(c, mult, k, stride, pad, dil,
 @given(c=st.integers(1, 9), o=st.integers(1, 40), k=st.sampled_from([1, 3]),
        stride=st.integers(1, 2), pad=st.integers(0, 1), size=st.integers(3, 15),
        dtype=st.sampled_from(["int8", "uint8"]), act=st.sampled_from(["none", "relu", "clip"]),
-       seed=st.integers(0, 999))
+       seed=st.integers(0, 999), layout=st.sampled_from(["NCHW", "NHWC"]))
 def test_fused_int8_convolutions_of_any_width_are_bit_exact_on_every_path(
-        c, o, k, stride, pad, size, dtype, act, seed):
-    """fused.qconv2d with output channels that fill no SIMD block (AVX2 pads them), on every
-    path the CPU has, against the integer reference."""
+        c, o, k, stride, pad, size, dtype, act, seed, layout):
+    """fused.qconv2d with output channels that fill no SIMD block (AVX2 pads them), NCHW and
+    channel-last, on every path the CPU has, against the integer reference."""
     import os
     from eqquant.runtime.bindings_int8 import PATHS, path_available
     rng = np.random.default_rng(seed)
     lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
     b = Builder()
-    x = b.input("x", (1, c, size, size), dtype)
+    x = b.input("x", _image_in(layout, (1, c, size, size)), dtype)
     extra = dict(a_min=0.0, a_max=2.0) if act == "clip" else {}
-    y = b.call("fused.qconv2d", x, b.param("w", rng.integers(-128, 128, (o, c, k, k)).astype("i1")),
-               b.param("b", rng.integers(-900, 900, (o, 1, 1)).astype("i4")),
+    w = _kernel_in(layout, rng.integers(-128, 128, (o, c, k, k)).astype("i1"))
+    y = b.call("fused.qconv2d", x, b.param("w", w),
+               b.param("b", rng.integers(-900, 900, _bias_shape(layout, o)).astype("i4")),
                b.param("zx", np.array(int(rng.integers(lo, hi)) if dtype == "uint8" else 0,
                                       np.int32)),
                b.param("zw", np.array(0, np.int32)), b.param("sx", np.array(0.05, np.float32)),
@@ -345,9 +371,10 @@ def test_fused_int8_convolutions_of_any_width_are_bit_exact_on_every_path(
                b.param("s1", (0.05 * rng.uniform(0.01, 0.02, o)).astype(np.float32)),
                b.param("z1", np.array(0, np.int32)), b.param("s2", np.array(0.1, np.float32)),
                b.param("z2", np.array(5 if dtype == "uint8" else 0, np.int32)),
-               strides=[stride] * 2, padding=[pad] * 4, activation=act, out_dtype=dtype, **extra)
+               strides=[stride] * 2, padding=[pad] * 4, activation=act, out_dtype=dtype,
+               axis=_channel_axis(layout), **_layouts(layout), **extra)
     bound = bind_params(*b.finish(y))
-    xs = {"x": rng.integers(lo, hi, (1, c, size, size)).astype(dtype)}
+    xs = {"x": rng.integers(lo, hi, _image_in(layout, (1, c, size, size))).astype(dtype)}
     want = run(bound, xs)
     old = os.environ.get("EQQUANT_INT8_KERNEL")
     try:

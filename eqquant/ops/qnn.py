@@ -371,6 +371,12 @@ register(OpDef(
 
 # -- integer compute ---------------------------------------------------------------------------
 
+def _weight_axis(attrs) -> int:
+    """The output-channel axis of a weight: 0 (OIHW, a dense layer's (units, K)), or 3 for
+    HWIO (a channel-last convolution's)."""
+    return 3 if attrs.get("kernel_layout") == "HWIO" else 0
+
+
 def _qcompute_rel(core_rel):
     def rel(types, attrs):
         x = tensor(types, 0, "data")
@@ -379,9 +385,9 @@ def _qcompute_rel(core_rel):
             raise OpTypeError(f"takes int8/uint8 data and weight, got {x.dtype} and {w.dtype}",
                               0)
         _param(types, 2, "input_zero_point", x, 1, False)
-        _param(types, 3, "kernel_zero_point", w, 0, False)
+        _param(types, 3, "kernel_zero_point", w, _weight_axis(attrs), False)
         _param(types, 4, "input_scale", x, 1, True)
-        _param(types, 5, "kernel_scale", w, 0, True)
+        _param(types, 5, "kernel_scale", w, _weight_axis(attrs), True)
         out = core_rel(types[:2], {**attrs, "out_dtype": "int32"})
         return TensorType(out.shape, attrs["out_dtype"])
     return rel
@@ -389,7 +395,7 @@ def _qcompute_rel(core_rel):
 
 def _qconv2d(x, w, zx, zw, sx, sw, **attrs):
     xi = x.astype(np.int64) - np.asarray(zx).astype(np.int64).reshape(())
-    wi = w.astype(np.int64) - _along(zw, w.ndim, 0).astype(np.int64)
+    wi = w.astype(np.int64) - _along(zw, w.ndim, _weight_axis(attrs)).astype(np.int64)
     out_dtype = attrs["out_dtype"]
     return numerics.conv2d(xi, wi, **{**attrs, "out_dtype": "int64"}).astype(out_dtype)
 

@@ -44,6 +44,9 @@ COMPUTE = "compute"        # heavy ops: conv2d, dense
 EPILOGUE = "epilogue"      # an activation a quantized op applies to its accumulator (relu, clip)
 SELECTS = "selects"        # every output element is one of the input's elements (max pools)
 QUANT = "quant"
+# its kernels read and write channels-last (NHWC) data: a call site in another layout pays a
+# transpose of its input and of its output inside the kernel (the cost models charge it)
+CHANNELS_LAST = "channels_last"
 
 
 # Quantization roles: an input with one of these names plays that part, whatever its

@@ -8,7 +8,7 @@ import numpy as np
 from ..core.types import TensorType, TupleType
 from ..errors import EqquantError
 from . import numerics
-from .attrs import BOOL, DTYPE_REQUIRED, FLOAT, FLOAT_F, INT, INTS, OPT_INTS, REQUIRED, Attr
+from .attrs import BOOL, DTYPE_REQUIRED, FLOAT, FLOAT_F, INT, INTS, OPT_INTS, REQUIRED, STR, Attr
 from .onnx_conventions import OnnxFormError
 from .onnx_conventions import axes as onnx_axes
 from .registry import (RelaxForm, ANNOTATION, BINARY, ELEMWISE, EPILOGUE, IDENTITY, LAYOUT, REDUCE, UNARY,
@@ -430,6 +430,46 @@ register(OpDef("transpose", inputs=("data",), props=frozenset({LAYOUT}),
                attrs=(Attr("axes", OPT_INTS, None),), type_rel=_transpose_rel,
                semantics=lambda x, *, axes: np.transpose(x, _perm(x.ndim, axes)).copy(),
                doc="permute axes (reverse them when axes is None)"))
+
+
+def layout_perm(src: str, dst: str) -> list[int]:
+    """The axes of a ``src``-layout tensor in ``dst`` order ("NCHW" -> "NHWC": [0, 2, 3, 1]);
+    a layout is a string of distinct axis letters (TVM's primal layouts; blocked ones such as
+    NCHW8c are not supported)."""
+    for name, layout in (("src_layout", src), ("dst_layout", dst)):
+        if not layout.isalpha() or not layout.isupper() or len(set(layout)) != len(layout):
+            raise OpTypeError(f"{name}={layout!r} is not a layout: distinct capital axis "
+                              "letters, one per axis (blocked layouts such as NCHW8c are not "
+                              "supported)")
+    if sorted(src) != sorted(dst):
+        raise OpTypeError(f"{src} and {dst} name different axes")
+    return [src.index(a) for a in dst]
+
+
+def _layout_transform_rel(types, attrs):
+    t = tensor(types, 0, "data")
+    perm = layout_perm(attrs["src_layout"], attrs["dst_layout"])
+    if t.rank != len(perm):
+        raise OpTypeError(f"src_layout={attrs['src_layout']} has {len(perm)} axes, the data "
+                          f"{t.rank}", arg=0)
+    return TensorType(tuple(t.shape[p] for p in perm), t.dtype)
+
+
+def _layout_transform_to_onnx(ex, node, ins):
+    return ex.emit("Transpose", ins, perm=layout_perm(node.attrs["src_layout"],
+                                                      node.attrs["dst_layout"]))
+
+
+register(OpDef("layout_transform", inputs=("data",), props=frozenset({LAYOUT}),
+               onnx=(OnnxForm("Transpose", reads=False, export=_layout_transform_to_onnx),),
+               kernel="eqquant.runtime.bindings:LayoutTransform",
+               attrs=(Attr("src_layout", STR, REQUIRED), Attr("dst_layout", STR, REQUIRED)),
+               type_rel=_layout_transform_rel,
+               semantics=lambda x, *, src_layout, dst_layout: np.ascontiguousarray(
+                   np.transpose(x, layout_perm(src_layout, dst_layout))),
+               doc="the same tensor with its axes in another order, named by layouts "
+                   '(TVM\'s layout_transform): src_layout="NCHW", dst_layout="NHWC" moves the '
+                   "channels last"))
 
 
 def _batch_flatten_rel(types, attrs):

@@ -118,11 +118,12 @@ def gemm_parallel(a_u8, packed, out):
 
 @njit(parallel=True, cache=True)
 def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, correction, bias,
-                    clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi, out):
+                    clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi, channels_last,
+                    out):
     """A whole fused int8 convolution of one image in one parallel region (as
-    ``vnni.conv_requantize``): gather a chunk of pixels' windows, multiply, finish."""
+    ``vnni.conv_requantize``, out (O, oh*ow), or (oh*ow, O) when ``channels_last``): gather a chunk of pixels' windows, multiply, finish."""
     p_n = oh * ow
-    o_n = out.shape[0]
+    o_n = out.shape[1] if channels_last else out.shape[0]
     oblocks, kq = packed.shape[0], packed.shape[1]
     width = oblocks * BLOCK               # the GEMM's (padded) output channels
     kp = kq * 2
@@ -137,7 +138,7 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
             gemm_block(rows16.ctypes.data, kp, packed.ctypes.data, acc.ctypes.data, width, 0,
                        n, kq, oblocks)
             _finish(acc[:, :o_n], add, clamp_lo, clamp_hi, multipliers, left, total, half, zin,
-                    zout, lo, hi, 0, p0, out)
+                    zout, lo, hi, 0, p0, channels_last, out)
     else:
         rows = np.empty((p_n, kp), np.uint8)
         _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, rows)
@@ -149,4 +150,4 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
                        acc.ctypes.data, BLOCK, 0, p_n, kq, 1)
             cols = min(BLOCK, o_n - ob * BLOCK)
             _finish(acc[:, :cols], add, clamp_lo, clamp_hi, multipliers, left, total, half,
-                    zin, zout, lo, hi, ob * BLOCK, 0, out)
+                    zin, zout, lo, hi, ob * BLOCK, 0, channels_last, out)

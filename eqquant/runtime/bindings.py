@@ -394,6 +394,22 @@ class View(Binding):
         return ins[0].reshape(self.out_type.shape)
 
 
+class LayoutTransform(Binding):
+    """layout_transform: one strided copy (numpy's) into the output."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from ..ops.tensor import layout_perm
+        self.perm = layout_perm(attrs["src_layout"], attrs["dst_layout"])
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return isinstance(out_type, TensorType)
+
+    def __call__(self, ins, out):
+        np.copyto(out, ins[0].transpose(self.perm))
+
+
 class Concatenate(Binding):
     """concatenate: each input copied into its slice of the output."""
 

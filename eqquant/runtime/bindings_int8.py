@@ -12,7 +12,7 @@ from ..core.types import TensorType
 from ..ops.fused import epilogue_bounds
 from ..ops.fixed_point import quantize_multiplier
 from ..ops.numerics import qrange
-from .bindings import Binding, _per_channel
+from .bindings import Binding, _per_channel, _per_channel_last
 
 
 def _const_scalar(consts, i):
@@ -66,13 +66,18 @@ def choose_gemm(channels: int, eligible: bool):
 class QConv2D(Binding):
     """qnn.conv2d: on a SIMD path (VNNI, AVX2), pixel rows (uint8) times packed weights;
     otherwise int8 im2col + a portable int32 GEMM. Weights and zero points are prepacked
-    once."""
+    once. The kernels read images channel-last; an NCHW call site has each image transposed
+    on the way in (the SIMD GEMMs) and the result on the way out, an NHWC one (HWIO weights)
+    is read and written as it is by the fused kernels (``FusedQConv2D``); this unfused op runs
+    an NHWC call site between two transposes."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
         from . import kernels_int8 as k8
+        from ..ops.numerics import to_oihw
         self.k8 = k8
-        w = consts[1]
+        self.channels_last = attrs["data_layout"] == "NHWC"
+        w = np.ascontiguousarray(to_oihw(np.asarray(consts[1]), attrs["kernel_layout"]))
         o, cg, kh, kw = w.shape
         self.kh, self.kw, self.groups = kh, kw, attrs["groups"]
         self.w = np.ascontiguousarray(w.reshape(self.groups, o // self.groups, -1))
@@ -83,7 +88,8 @@ class QConv2D(Binding):
         self.dh, self.dw = attrs["dilation"]
         self.pt, self.pl, _, _ = attrs["padding"]
         # depthwise (one input channel per group, any channel multiplier): a direct kernel
-        self.depthwise = cg == 1 and self.groups == in_types[0].shape[1] and self.groups > 1
+        channels = in_types[0].shape[3 if self.channels_last else 1]
+        self.depthwise = cg == 1 and self.groups == channels and self.groups > 1
         if self.depthwise:
             self.mult = o // self.groups
             self.wdw = np.ascontiguousarray(   # (kh, kw, O): taps along the channels
@@ -98,22 +104,28 @@ class QConv2D(Binding):
             self.packed, colsum128, self.kp = self.simd.pack(w_tap)
             colsum = colsum128 // 128
             self.correction = (colsum * (self.shift + self.zx)).astype(np.int32)
-            self.out_hw = tuple(out_type.shape[2:])
+            self.out_hw = tuple(out_type.shape[1:3] if self.channels_last else
+                                out_type.shape[2:])
             self.pointwise = (kh, kw) == (1, 1) and (self.sh, self.sw) == (1, 1) and \
                 not any(attrs["padding"])
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        # (the quantize rules make NCHW integer convolutions only; an NHWC one written by
-        # hand runs its reference semantics)
-        return (attrs["data_layout"] == "NCHW" and 1 in consts and 3 in consts and
+        return (attrs["data_layout"] in ("NCHW", "NHWC") and 1 in consts and 3 in consts and
                 _const_scalar(consts, 2) is not None and in_types[1].dtype == "int8" and
                 in_types[0].dtype in ("int8", "uint8") and out_type.dtype == "int32")
 
     def __call__(self, ins, out):
         if self.simd is not None:
             return self._simd(ins, out)
-        x = ins[0]
+        if self.channels_last:     # the portable NCHW kernels between two transposes
+            acc = np.empty(out.shape[:1] + (out.shape[3],) + out.shape[1:3], np.int32)
+            self._portable(np.ascontiguousarray(ins[0].transpose(0, 3, 1, 2)), acc)
+            np.copyto(out, acc.transpose(0, 2, 3, 1))
+            return
+        self._portable(ins[0], out)
+
+    def _portable(self, x, out):
         if self.depthwise:
             oh, ow = out.shape[2:]
             for b in range(x.shape[0]):
@@ -135,7 +147,10 @@ class QConv2D(Binding):
                 self.k8.gemm_i8(self.w[gi], self.zw[gi], col, np.int32(self.zx), y)
 
     def hwc(self, x_b: np.ndarray) -> np.ndarray:
-        """One image (C, H, W) channel-last as the unsigned bytes the SIMD GEMM reads."""
+        """One image (C, H, W), or (H, W, C) at an NHWC call site, channel-last as the
+        unsigned bytes the SIMD GEMM reads."""
+        if self.channels_last:       # int8 + 128 as a byte is its bits with the top one flipped
+            return np.bitwise_xor(x_b.view(np.uint8), np.uint8(0x80)) if self.shift else x_b
         if self.shift:
             c, h, w = x_b.shape
             hwc = np.empty((h, w, c), np.uint8)
@@ -147,8 +162,8 @@ class QConv2D(Binding):
         """One image (C, H, W) as the GEMM's left operand: (oh*ow, Kp) uint8 pixel rows in
         (tap, channel) order. A 1x1 convolution with stride 1 and no padding reads the
         channel-last image itself."""
-        c, h, w = x_b.shape
         hwc = self.hwc(x_b)
+        h, w, c = hwc.shape
         if self.pointwise and c == self.kp:
             return hwc.reshape(h * w, c)
         oh, ow = self.out_hw
@@ -166,6 +181,11 @@ class QConv2D(Binding):
 
     def _simd(self, ins, out):
         x = ins[0]
+        if self.channels_last:
+            o = out.shape[3]
+            for b in range(x.shape[0]):
+                out[b].reshape(-1, o)[...] = self.gemm(x[b])[:, :o] - self.correction
+            return
         o = out.shape[1]
         for b in range(x.shape[0]):
             self.k8.finish_gemm(self.gemm(x[b]), self.correction, out[b].reshape(o, -1))
@@ -412,7 +432,8 @@ class FusedQConv2D(Binding):
         super().__init__(op, attrs, in_types, out_type, consts)
         from . import kernels_int8 as k8
         self.k8 = k8
-        o = in_types[1].shape[0]
+        self.channels_last = attrs["data_layout"] == "NHWC"
+        o = out_type.shape[3 if self.channels_last else 1]
         acc_type = TensorType(out_type.shape, "int32")
         self.conv = QConv2D(op, attrs, [in_types[0], in_types[1], in_types[3], in_types[4]],
                             acc_type, {1: consts[1], 2: consts[3], 3: consts[4]})
@@ -440,44 +461,53 @@ class FusedQConv2D(Binding):
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        o = in_types[1].shape[0]
+        o = out_type.shape[3 if attrs["data_layout"] == "NHWC" else 1]
         if not all(i in consts for i in (1, 2, 3, 4, 7, 8, 9, 10)):
             return False
         if not QConv2D.supports(op, attrs, [in_types[0], in_types[1], in_types[3],
                                             in_types[4]], TensorType(out_type.shape, "int32"),
                                 {1: consts[1], 2: consts[3], 3: consts[4]}):
             return False
-        per_channel = (_per_channel(in_types[2].shape, out_type.shape) and
+        last = attrs["data_layout"] == "NHWC"
+        per_channel = ((_per_channel_last if last else _per_channel)(in_types[2].shape,
+                                                                      out_type.shape) and
                        int(np.prod(in_types[2].shape)) in (1, o))
         s1 = np.asarray(consts[7]).reshape(-1)
         return (per_channel and s1.size in (1, o) and attrs["rounding"] == "UPWARD" and
-                (s1.size == 1 or attrs["axis"] % 4 == 1) and
+                (s1.size == 1 or attrs["axis"] % 4 == (3 if last else 1)) and
                 all(_const_scalar(consts, i) is not None for i in (8, 9, 10)))
 
     def __call__(self, ins, out):
-        n, o = out.shape[:2]
-        if self.conv.simd is not None:   # windows, GEMM and epilogue in one parallel region
-            c = self.conv
+        c = self.conv
+        last = self.channels_last
+        n = out.shape[0]
+        o = out.shape[3] if last else out.shape[1]
+        # one image's output as the kernels write it: (O, oh*ow), or (oh*ow, O) channel-last
+        image = (lambda b: out[b].reshape(-1, o)) if last else (lambda b: out[b].reshape(o, -1))
+        if c.simd is not None:   # windows, GEMM and epilogue in one parallel region
             oh, ow = c.out_hw
             for b in range(n):
                 c.simd.conv_requantize(c.hwc(ins[0][b]), c.kh, c.kw, c.sh, c.sw, c.pt, c.pl,
                                        c.dh, c.dw, c.zx + c.shift, oh, ow, c.packed,
                                        c.correction, self.bias, self.clamp_lo, self.clamp_hi,
                                        self.m, self.sh, self.zin, self.zout, self.lo, self.hi,
-                                       out[b].reshape(o, -1))
+                                       last, image(b))
             return
-        c = self.conv
         if c.depthwise:      # the sum, bias, clamp and requantization channel by channel
-            oh, ow = out.shape[2:]
+            oh, ow = (out.shape[1:3] if last else out.shape[2:])
             for b in range(n):
                 self.k8.depthwise_requantize(
                     ins[0][b], c.zx, c.wdw, c.mult, c.sh, c.sw, c.pt, c.pl, c.dh, c.dw, oh, ow,
                     self.bias, self.clamp_lo, self.clamp_hi, self.m, self.sh, self.zin,
-                    self.zout, self.lo, self.hi, out[b].reshape(o, -1))
+                    self.zout, self.lo, self.hi, last, image(b))
             return
+        # the portable GEMM (grouped convolutions, weight zero points, no SIMD path): NCHW
         self.conv([ins[0], ins[1], ins[3], ins[4]], self.acc)
+        acc = np.ascontiguousarray(self.acc.transpose(0, 3, 1, 2)) if last else self.acc
+        res = np.empty(acc.shape, out.dtype) if last else out
         for b in range(n):
-            self.k8.bias_clamp_requantize(self.acc[b].reshape(o, -1), self.bias,
-                                          self.clamp_lo, self.clamp_hi, self.m, self.sh,
-                                          self.zin, self.zout, self.lo, self.hi,
-                                          out[b].reshape(o, -1))
+            self.k8.bias_clamp_requantize(acc[b].reshape(o, -1), self.bias, self.clamp_lo,
+                                          self.clamp_hi, self.m, self.sh, self.zin, self.zout,
+                                          self.lo, self.hi, res[b].reshape(o, -1))
+        if last:
+            np.copyto(out, res.transpose(0, 2, 3, 1))

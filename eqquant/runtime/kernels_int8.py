@@ -231,22 +231,30 @@ def bias_clamp_requantize(acc, bias, clamp_lo, clamp_hi, multipliers, shifts, zi
 
 
 @njit(cache=True)
-def _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf):
-    """acc (ow, O) int32 = output row oy of a depthwise convolution of (x - zx), x (C, H, W)
-    8-bit, wt (kh, kw, O) int32 (weight minus its zero point), output channel o reading input
-    channel o // mult. Each input row it needs is gathered channel-last, minus zx, as int16
-    (rowbuf (W, O)), so that the sums run along the channels, contiguous and vectorised; taps
-    outside the image contribute nothing (they hold zx: x - zx = 0)."""
-    c_in, h, wd = x.shape
+def _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf, channels_last):
+    """acc (ow, O) int32 = output row oy of a depthwise convolution of (x - zx), x 8-bit (C, H,
+    W), or (H, W, C) when ``channels_last``, wt (kh, kw, O) int32 (weight minus its zero
+    point), output channel o reading input channel o // mult. Each input row it needs is
+    gathered channel-last, minus zx, as int16 (rowbuf (W, O)), so that the sums run along the
+    channels, contiguous and vectorised; taps outside the image contribute nothing (they hold
+    zx: x - zx = 0)."""
+    h, wd = (x.shape[0], x.shape[1]) if channels_last else (x.shape[1], x.shape[2])
     kh, kw, o_n = wt.shape
     acc[:, :] = 0
     for i in range(kh):
         iy = oy * sh - pt + i * dh
         if iy < 0 or iy >= h:
             continue
-        for ix in range(wd):
-            for o in range(o_n):
-                rowbuf[ix, o] = np.int16(x[o // mult, iy, ix]) - np.int16(zx)
+        if channels_last:
+            for ix in range(wd):
+                row = x[iy, ix]
+                dst = rowbuf[ix]
+                for o in range(o_n):
+                    dst[o] = np.int16(row[o // mult]) - np.int16(zx)
+        else:
+            for ix in range(wd):
+                for o in range(o_n):
+                    rowbuf[ix, o] = np.int16(x[o // mult, iy, ix]) - np.int16(zx)
         for j in range(kw):
             taps = wt[i, j]
             for ox in range(ow):
@@ -267,7 +275,7 @@ def depthwise_i8(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, out):
     for oy in prange(oh):
         acc = np.empty((ow, o_n), np.int32)
         rowbuf = np.empty((x.shape[2], o_n), np.int16)
-        _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf)
+        _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf, False)
         for o in range(o_n):
             for ox in range(ow):
                 out[o, oy * ow + ox] = acc[ox, o]
@@ -275,20 +283,33 @@ def depthwise_i8(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, out):
 
 @njit(parallel=True, cache=True)
 def depthwise_requantize(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bias, clamp_lo,
-                         clamp_hi, multipliers, shifts, zin, zout, lo, hi, out):
+                         clamp_hi, multipliers, shifts, zin, zout, lo, hi, channels_last, out):
     """fused.qconv2d with groups = input channels: each output row's depthwise sums, bias,
-    clamp and requantization (as ``bias_clamp_requantize``) in one pass: out (O, oh*ow)
-    8-bit."""
-    o_n = out.shape[0]
+    clamp and requantization (as ``bias_clamp_requantize``) in one pass. NCHW: x (C, H, W),
+    out (O, oh*ow); ``channels_last``: x (H, W, C), out (oh*ow, O), every read and write
+    along the channels."""
+    o_n = wt.shape[2]
+    width = x.shape[1] if channels_last else x.shape[2]
     left, total, half = shift_params(shifts)
+    add = bias.astype(np.int64)
     for oy in prange(oh):
         acc = np.empty((ow, o_n), np.int32)
-        rowbuf = np.empty((x.shape[2], o_n), np.int16)
-        _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf)
-        for o in range(o_n):
-            m = multipliers[o]
-            b = np.int64(bias[o])
+        rowbuf = np.empty((width, o_n), np.int16)
+        _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf,
+                       channels_last)
+        if channels_last:
             for ox in range(ow):
-                out[o, oy * ow + ox] = requantize_acc(
-                    np.int64(acc[ox, o]) + b, clamp_lo[o], clamp_hi[o], zin, left[o], m,
-                    half[o], total[o], zout, lo, hi)
+                a = acc[ox]
+                dst = out[oy * ow + ox]
+                for o in range(o_n):
+                    dst[o] = requantize_acc(np.int64(a[o]) + add[o], clamp_lo[o], clamp_hi[o],
+                                            zin, left[o], multipliers[o], half[o], total[o],
+                                            zout, lo, hi)
+        else:
+            for o in range(o_n):
+                m = multipliers[o]
+                b = add[o]
+                for ox in range(ow):
+                    out[o, oy * ow + ox] = requantize_acc(
+                        np.int64(acc[ox, o]) + b, clamp_lo[o], clamp_hi[o], zin, left[o], m,
+                        half[o], total[o], zout, lo, hi)

@@ -128,12 +128,22 @@ def _requantize_params(bias, correction, shifts):
 
 @njit(cache=True)
 def _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout, lo, hi,
-            o0, p0, out):
-    """acc (n, cols) int32 for channels o0.. and pixels p0.. -> out[o, p] 8-bit: minus the
-    zero-point correction, plus the bias (both in ``add``), clamped per channel (relu, clip or
-    nothing), requantized with UPWARD fixed point as ``kernels_int8.requantize`` does. Each
-    row is computed along the channels (contiguous), then written out transposed."""
+            o0, p0, channels_last, out):
+    """acc (n, cols) int32 for channels o0.. and pixels p0.. -> 8-bit out, (O, P) or, when
+    ``channels_last``, (P, O): minus the zero-point correction, plus the bias (both in
+    ``add``), clamped per channel (relu, clip or nothing), requantized with UPWARD fixed point
+    as ``kernels_int8.requantize`` does. Each row is computed along the channels (contiguous);
+    channels-last rows go straight out, NCHW ones are written out transposed."""
     n, cols = acc.shape
+    if channels_last:
+        for r in range(n):
+            dst = out[p0 + r]
+            for oc in range(cols):
+                o = o0 + oc
+                dst[o] = requantize_acc(np.int64(acc[r, oc]) + add[o], clamp_lo[o],
+                                        clamp_hi[o], zin, left[o], multipliers[o], half[o],
+                                        total[o], zout, lo, hi)
+        return
     buf = np.empty((n, cols), np.int64)
     for r in range(n):
         row = buf[r]
@@ -193,15 +203,16 @@ def windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, rows):
 
 @njit(parallel=True, cache=True)
 def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, correction, bias,
-                    clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi, out):
+                    clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi, channels_last,
+                    out):
     """A whole fused int8 convolution of one image in one parallel region: hwc (H, W, C)
-    uint8 -> out (O, oh*ow) 8-bit. Each work item gathers a chunk of pixels' windows into
+    uint8 -> out (O, oh*ow) 8-bit, or (oh*ow, O) when ``channels_last``. Each work item gathers a chunk of pixels' windows into
     rows, multiplies them (``gemm_block``) and finishes them (``_finish``), so the worker
     threads wake once per convolution; a small image
     (fewer than 192 pixels) has its rows gathered once and is split by blocks of 64
     channels instead."""
     p_n = oh * ow
-    o_n = out.shape[0]
+    o_n = out.shape[1] if channels_last else out.shape[0]
     oblocks, kq = packed.shape[0], packed.shape[1]
     kp = kq * 4
     add, left, total, half = _requantize_params(bias, correction, shifts)
@@ -213,7 +224,7 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data, acc.ctypes.data, o_n, 0, n,
                        kq, oblocks)
             _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout,
-                    lo, hi, 0, p0, out)
+                    lo, hi, 0, p0, channels_last, out)
     else:
         rows = np.empty((p_n, kp), np.uint8)
         _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, rows)
@@ -222,4 +233,4 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob * kq * 256,
                        acc.ctypes.data, 64, 0, p_n, kq, 1)
             _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout,
-                    lo, hi, ob * 64, 0, out)
+                    lo, hi, ob * 64, 0, channels_last, out)
