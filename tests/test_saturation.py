@@ -168,3 +168,34 @@ def test_the_analysis_types_every_class_as_the_type_checker_does(name):
             checked += 1
     assert checked > 20
     assert len(view.types) == view.size()[1]   # every class typed, the new ones too
+
+
+def test_a_value_read_many_times_keeps_its_operands_in_the_e_graph():
+    """egglog 13 names the temporaries of a term by variable name and count ("e6" counted to 3
+    is "e63": egglog issue #1006); a program whose early value is read many times, once more
+    after value %63 exists, lost that operand to %63. Every node must come back as it went
+    in."""
+    import numpy as np
+    from eqquant.core.nodes import Scalar
+    from eqquant.ir.printer import print_module
+    b = Builder()
+    x = b.input("x", (8,), "int8")
+    zero = Scalar(value=0, dtype="int32")          # one value, read by every requantize
+    y = x
+    for i in range(40):
+        scale = Scalar(value=float(np.float32(0.5 + i / 100)), dtype="float32")
+        y = b.call("qnn.requantize", y, scale, zero, scale, zero, out_dtype="int8")
+    y = b.call("qnn.add", y, x, Scalar(value=0.25, dtype="float32"), zero,
+               Scalar(value=0.125, dtype="float32"), zero, Scalar(value=0.5, dtype="float32"),
+               zero)
+    mod = b.finish(y)[0]
+    session = EGraphSession(mod)
+    view = EGraphView.of(session)
+    zero_class = next(c for c, ns in view.classes.items()
+                      if any(n.kind == "Scalar" and n.value == ("0", "int32") for n in ns))
+    for nodes in view.classes.values():
+        for n in nodes:
+            if n.op is not None and n.op.name == "qnn.add":
+                assert [n.children[i] for i in (3, 5, 7)] == [zero_class] * 3
+    result = optimize(mod, None, rules=[], fold=False)
+    assert print_module(result.module) == print_module(mod)

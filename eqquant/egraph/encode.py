@@ -1,10 +1,10 @@
-"""A module's ``main`` as an egglog program: one ``(let $eN ...)`` per value, sharing kept.
+"""A module's ``main`` as an egglog program: one ``(let $eN_ ...)`` per value, sharing kept.
 
     %0 = nn.relu(%x);  add(%0, %0)
     ==>
-    (let $e0 (Input "x"))
-    (let $e1 (@nn.relu $e0))
-    (let $e2 (@add $e1 $e1))
+    (let $e0_ (Input "x"))
+    (let $e1_ (@nn.relu $e0_))
+    (let $e2_ (@add $e1_ $e1_))
 
 Loading is one text program (fast: a 2,000-op graph loads in a fraction of a second); the
 analyses then give every value its type (``analysis.py``).
@@ -72,7 +72,7 @@ def encode(mod: Module) -> Encoded:
             else:
                 raise EqquantError(f"cannot load a {type(node).__name__} into the e-graph",
                                    getattr(node, "loc", None))
-        name = f"$e{len(enc.lets)}"
+        name = f"$e{len(enc.lets)}_"   # (ending in "_": see engine.unambiguous_names)
         enc.lets[id(node)] = name
         enc.nodes[name] = node
         lines.append(f"(let {name} {term})")

@@ -28,6 +28,21 @@ from .encode import Encoded, encode
 from .schema import LEAVES, schema
 
 
+# egglog 13 names the temporaries it makes for a rule's or a let's terms by their variable's
+# name and a count (egglog issue #1006, fixed after 13.2): "e6" counted to 3 and "e63" counted
+# to nothing both give "e63", and a term is then built on the wrong operand (a program whose
+# %6 was read three times got %63 for one of them). Names that end in "_" cannot collide that
+# way (a name that is another's plus digits would end in a digit), so every variable and
+# global egglog is given ends in one.
+_NAME = re.compile(r"(?<![A-Za-z0-9_\"])([?$][A-Za-z_][A-Za-z0-9_]*)")
+
+
+def unambiguous_names(text: str) -> str:
+    """``text`` with every ``?variable`` and ``$global`` name ending in "_"."""
+    return _NAME.sub(lambda m: m.group(1) if m.group(1).endswith("_") else m.group(1) + "_",
+                     text)
+
+
 LOAD_CHUNK = 200   # lines of a loaded program per egglog call (see EGraphSession._load)
 
 
@@ -153,7 +168,7 @@ class EGraphSession:
     def _run(self, text: str):
         analysis.ACTIVE.append(self.typer)   # (the typer egglog's type rules call)
         try:
-            return self.eg.run_program(*self.eg.parse_program(text))
+            return self.eg.run_program(*self.eg.parse_program(unambiguous_names(text)))
         except bindings.EggSmolError as e:  # a bug of ours, not the user's: say so plainly
             raise EqquantError(f"egglog rejected a generated program: {e}") from None
         finally:

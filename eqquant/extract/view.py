@@ -58,7 +58,7 @@ class EGraphView:
         nodes = data["nodes"]
         self.node_class = {nid: n["eclass"] for nid, n in nodes.items()}
         self.classes: dict[str, list[ENode]] = {}
-        # a class bound by several lets lists them all: "$e3, $e7"
+        # a class bound by several lets lists them all: "$e3_, $e7_"
         self.lets: dict[str, str] = {c: d["let"].split(",")[0].strip()
                                      for c, d in data.get("class_data", {}).items() if "let" in d}
         lists: dict[str, list[str]] = {}
