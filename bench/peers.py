@@ -116,7 +116,7 @@ def prepare(name: str, calib: int, d: Path) -> dict[str, Path]:
     q = quantize(m.module, m.params, samples, "minmax", per_channel=True)
     files = {"inputs": d / f"{name}.input.npz"}
     np.savez(files["inputs"], data=rng.normal(size=shape).astype("float32"))
-    save_program(d / f"{name}.int8.ir", q.module)
+    save_program(d / f"{name}.int8.ir", q.runnable)   # its layouts chosen for the kernels
     save_program(d / f"{name}.fp32.ir", q.fp32)
     fp32_onnx = to_onnx(q.fp32).SerializeToString()
     (d / f"{name}.fp32.onnx").write_bytes(fp32_onnx)

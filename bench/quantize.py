@@ -53,7 +53,7 @@ def main() -> None:
         check = {"data": rng.normal(size=shape).astype("float32")}
         q = quantize(m.module, m.params, samples, "minmax", per_channel=True,
                      check_input=check, dtype=args.activations)
-        ex8, ex32 = Executor(q.module), Executor(q.fp32)
+        ex8, ex32 = Executor(q.runnable), Executor(q.fp32)
         fp32_bytes = to_onnx(q.fp32).SerializeToString()
         ort8 = ort_session(ort_quantize_static(fp32_bytes, samples))
         ort32 = ort_session(fp32_bytes)

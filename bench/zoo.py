@@ -159,7 +159,8 @@ def one(name: str, args) -> str:
         agree = float(np.mean(np.abs(ours - theirs_of_ours) <= step))
         latency = ""
         if args.latency:
-            ratio = _latency_ratio(q.quantized.module, ort8_bytes, model.module.main.params[0].name,
+            ratio = _latency_ratio(q.quantized.runnable, ort8_bytes,
+                                   model.module.main.params[0].name,
                                    check, Path(d), args.rounds)
             latency = f"; int8 latency eq/ORT {ratio:.2f}"
         return (row + f"; int8 SQNR {eq8:.1f} dB (ORT {theirs:.1f}); integer MACs "

@@ -136,8 +136,14 @@ class Model:
         return path
 
     def export_onnx(self, path: str | Path, activations: str = "uint8") -> Path:
+        """ONNX (QDQ for a quantized model). A quantized model exports its interchange
+        program: the same integers with every value NCHW, as ONNX's Conv and pools take them
+        (``module`` holds the layouts chosen for eqquant's kernels)."""
         from .interop.onnx_export import save_onnx
-        save_onnx(self._bound(), path, activations)
+        if self.quantized is not None:
+            save_onnx(self.quantized.module, path, activations)
+        else:
+            save_onnx(self._bound(), path, activations)
         return Path(path)
 
     def report(self) -> Report:
@@ -249,5 +255,6 @@ def quantize(model: Any, calibration_data: Any, mode: str = "kl_divergence",
         result = run_flow(m.module, m.params, samples, mode, weight_scale, per_channel,
                           dtype=activations, skip=list(skip),
                           progress=(lambda n: b.update(1)) if progress else None)
-    return Model(result.module, {}, f"{m.name}.int8", list(m.notes), dict(m.aliases),
+    # what runs and is saved: the program with its layouts chosen for the CPU kernels
+    return Model(result.runnable, {}, f"{m.name}.int8", list(m.notes), dict(m.aliases),
                  quantized=result)

@@ -84,7 +84,7 @@ def demo(model: str, out_dir: str | Path, echo: Callable[[str], None] = print) -
               "minmax", "max", False, "int8")
     q_paths = stage("write int8 program + realize view", save_program,
                     Path(out_dir) / f"{model}.int8.ir", q.module)
-    save_program(Path(out_dir) / f"{model}.int8.realize.ir", realize_view(q.module))
+    save_program(Path(out_dir) / f"{model}.int8.realize.ir", realize_view(q.quantized.module))
     q_ref = stage("run int8 (reference interpreter)", run, q.module, inputs)
     q_out = stage("run int8 on the executor (first)", q.run, inputs)
     if not np.array_equal(q_out, q_ref):

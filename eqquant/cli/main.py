@@ -280,11 +280,15 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
               show_default=True, help="uint8 (asymmetric, as ONNX Runtime) or int8 "
                                       "(symmetric, as TVM's realize).")
 @click.option("--skip", multiple=True, help="A value not to calibrate (e.g. %3); repeatable.")
+@click.option("--layouts", type=click.Choice(["cpu", "nchw"]), default="cpu", show_default=True,
+              help="cpu: the layouts layout.rules chose for eqquant's kernels (channel-last "
+                   "convolutions); nchw: every value NCHW (the interchange form, as ONNX "
+                   "takes it).")
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The int8 program (.ir); weights go to the .npz and the calibration "
                    "table to the .calib.json beside it.")
 def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activations, skip,
-                 output):
+                 layouts, output):
     """Quantize MODEL (text IR or .onnx) to int8: calibrate, apply the quantize rules,
     report accuracy."""
     import json
@@ -301,12 +305,12 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
     with click.progressbar(length=len(samples), label="calibrating", file=sys.stderr) as bar:
         result = quantize(m.module, m.params, samples, mode, weight_scale, per_channel,
                           dtype=activations, skip=list(skip),
-                          progress=lambda n: bar.update(1))
+                          progress=lambda n: bar.update(1), layouts=layouts == "cpu")
     table_path = output.with_suffix(".calib.json")
     report_path = output.with_suffix(".report.json")
     text = json.dumps(Report.from_result(result).to_json(), indent=1)
     with Outputs() as out:      # the four files appear together, or none does
-        ir_path, npz = save_program(output, result.module, outputs=out)
+        ir_path, npz = save_program(output, result.runnable, outputs=out)
         out.add(table_path, result.table.write)
         out.add(report_path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     click.echo(result.report())

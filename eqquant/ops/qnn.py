@@ -22,7 +22,7 @@ from . import numerics
 from .attrs import DTYPE_REQUIRED, FLOAT_F, INT, OPT_INT, Attr, DTypeKind, StrKind
 from .fused import write_epilogue
 from .nn import CONV2D_ATTRS, conv2d_flops, conv2d_rel, dense_rel
-from .registry import (ANNOTATION, COMPUTE, QUANT, OnnxForm, OpDef, OpTypeError, get_op,
+from .registry import (ANNOTATION, CHANNELS_LAST, COMPUTE, QUANT, OnnxForm, OpDef, OpTypeError, get_op,
                        register)
 from .typerel import broadcast_shapes, tensor
 
@@ -744,7 +744,7 @@ def _unfuse_qconv(args, attrs):
 
 register(OpDef(
     "fused.qconv2d", inputs=FQ_INPUTS, onnx=(OnnxForm("Conv", reads=False, qdq=_fqconv_qdq),),
-                                       props=frozenset({COMPUTE, QUANT}),
+                                       props=frozenset({COMPUTE, QUANT, CHANNELS_LAST}),
     unfuse=_unfuse_qconv,
     kernel="eqquant.runtime.bindings_int8:FusedQConv2D",
     attrs=tuple(a for a in CONV2D_ATTRS if a.name != "out_dtype")

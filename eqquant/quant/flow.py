@@ -16,10 +16,10 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..core.nodes import Call, Expr, Function, Module, Scalar, rewrite
+from ..core.nodes import Call, Expr, Function, Module, Scalar, post_order, rewrite
 from ..ir.params import bind_params
 from ..ir.printer import value_labels
-from ..ops.registry import ANNOTATION, OUTPUT_SCALE, OUTPUT_ZERO_POINT, QUANT
+from ..ops.registry import ANNOTATION, CHANNELS_LAST, OUTPUT_SCALE, OUTPUT_ZERO_POINT, QUANT
 from ..optimizer import OptimizeResult, optimize
 from .annotate import annotate, as_inputs, calibrate, qparams
 from .calibrate import CalibrationTable
@@ -29,6 +29,9 @@ FP32_SCHEDULE = "simplify; bn_fold; simplify; fusion"
 # the marked program: quantize's rules, with simplify's identities beside them (a constant
 # operand written first, GELU written out) so that what a float phase left is found again
 INT8_RULES = ("simplify", "quantize")
+# the int8 program's layouts, chosen for the CPU kernels (exact rules, a phase of its own on
+# the extracted program: the interchange program stays NCHW for ONNX and TVM)
+LAYOUT_RULES = ("layout",)
 
 
 def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
@@ -53,7 +56,7 @@ def expand_calibration(mod: Module) -> Module:
 
 @dataclass
 class QuantizeResult:
-    module: Module                 # int8 program
+    module: Module                 # int8 program, NCHW (the interchange form: ONNX, realize)
     fp32: Module                   # the optimized fp32 program it was made from
     table: CalibrationTable
     optimized: OptimizeResult
@@ -61,6 +64,13 @@ class QuantizeResult:
     output: dict[str, float] = field(default_factory=dict)
     dtype: str = "uint8"           # the activations' dtype
     kept_float: list[str] = field(default_factory=list)   # layers left in float, and why
+    # the same program with its layouts chosen for the CPU kernels (layout.rules): what runs
+    compiled: Module | None = None
+    layouts: OptimizeResult | None = None
+
+    @property
+    def runnable(self) -> Module:
+        return self.compiled if self.compiled is not None else self.module
 
     def report(self) -> str:
         from ..core.nodes import post_order
@@ -81,7 +91,20 @@ class QuantizeResult:
                  if "samples" in o else "")
         lines.append(f"output: SQNR {o['sqnr']:.1f} dB, cosine {o['cosine']:.6f}, "
                      f"max abs error {o['max_abs_error']:.4g}{where}")
+        if self.layouts is not None:
+            lines.append(layout_summary(self.layouts))
         return "\n".join(lines)
+
+
+def layout_summary(result: OptimizeResult) -> str:
+    """One line on the layouts extraction chose: convolutions channel-last, layout changes."""
+    calls = [n for n in post_order(result.module.main.body) if isinstance(n, Call)]
+    convs = [c for c in calls if CHANNELS_LAST in getattr(c.op, "props", ())]
+    last = sum(1 for c in convs if c.attrs.get("data_layout") == "NHWC")
+    changes = sum(1 for c in calls if c.op_name == "layout_transform")
+    return (f"layouts (layout.rules, cost {result.before.total * 1e3:.3f} -> "
+            f"{result.after.total * 1e3:.3f} ms): {last} of {len(convs)} convolutions "
+            f"channel-last, {changes} layout changes")
 
 
 def _flat(out) -> np.ndarray:
@@ -144,7 +167,8 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
              samples: Iterable[Mapping[str, np.ndarray]], mode: str = "kl_divergence",
              weight_scale: str = "max", per_channel: bool = False, dtype: str = "uint8",
              skip: Sequence[str] = (), cost: str = "cpu", progress=None,
-             check_input: Mapping[str, np.ndarray] | None = None) -> QuantizeResult:
+             check_input: Mapping[str, np.ndarray] | None = None,
+             layouts: bool = True) -> QuantizeResult:
     fp = optimize(bind_params(mod, params) if params else mod, None, FP32_RULES,
                   FP32_SCHEDULE, cost=cost).module
     samples = [as_inputs(x, fp.main) for x in samples]
@@ -158,5 +182,7 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     else:   # no held-out input: the output's figures over (up to 8 of) the calibration set
         layers, output = evaluate(fp, int8, table, dtype, samples[0], samples[1:8])
         output["samples"] = min(len(samples), 8)
-    return QuantizeResult(int8, fp, table, result, layers, output, dtype, kept_float)
+    chosen = optimize(int8, None, LAYOUT_RULES, cost=cost) if layouts else None
+    return QuantizeResult(int8, fp, table, result, layers, output, dtype, kept_float,
+                          chosen.module if chosen else None, chosen)
 

@@ -248,16 +248,19 @@ def _same_dtype(in_types, out_type, dtypes=("float32", "int8", "uint8", "int32")
 
 
 class MaxPool2D(_Spatial):
+    """max_pool2d on NCHW (phase planes per channel), or channel-last as it is (NHWC)."""
+
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return _same_dtype(in_types, out_type)
 
-    def compute(self, ins, out):
+    def __call__(self, ins, out):
+        kernel = k.max_pool_channels_last if self.nhwc else k.max_pool
         kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = _geometry(self.attrs)
         dtype = out.dtype
         lowest = dtype.type(-np.inf) if dtype.kind == "f" else np.iinfo(dtype).min
         for b in range(ins[0].shape[0]):
-            k.max_pool(ins[0][b], kh, kw, sh, sw, pt, pl, dh, dw, dtype.type(lowest), out[b])
+            kernel(ins[0][b], kh, kw, sh, sw, pt, pl, dh, dw, dtype.type(lowest), out[b])
 
 
 def _pool_dtypes(in_types, out_type) -> bool:

@@ -494,12 +494,12 @@ class FusedQConv2D(Binding):
                                        last, image(b))
             return
         if c.depthwise:      # the sum, bias, clamp and requantization channel by channel
+            kernel = self.k8.depthwise_channels_last if last else self.k8.depthwise_requantize
             oh, ow = (out.shape[1:3] if last else out.shape[2:])
             for b in range(n):
-                self.k8.depthwise_requantize(
-                    ins[0][b], c.zx, c.wdw, c.mult, c.sh, c.sw, c.pt, c.pl, c.dh, c.dw, oh, ow,
-                    self.bias, self.clamp_lo, self.clamp_hi, self.m, self.sh, self.zin,
-                    self.zout, self.lo, self.hi, last, image(b))
+                kernel(ins[0][b], c.zx, c.wdw, c.mult, c.sh, c.sw, c.pt, c.pl, c.dh, c.dw, oh,
+                       ow, self.bias, self.clamp_lo, self.clamp_hi, self.m, self.sh, self.zin,
+                       self.zout, self.lo, self.hi, image(b))
             return
         # the portable GEMM (grouped convolutions, weight zero points, no SIMD path): NCHW
         self.conv([ins[0], ins[1], ins[3], ins[4]], self.acc)

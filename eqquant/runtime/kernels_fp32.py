@@ -142,6 +142,31 @@ def max_pool(x, kh, kw, sh, sw, pt, pl, dh, dw, lowest, out):
 
 
 @njit(parallel=True, cache=True)
+def max_pool_channels_last(x, kh, kw, sh, sw, pt, pl, dh, dw, lowest, out):
+    """x (H, W, C) -> out (oh, ow, C): each output pixel the running maximum of its window's
+    pixels, along the channels (contiguous: the maxima vectorise); taps outside the image
+    are skipped (padding is the dtype's least value, never a maximum)."""
+    h, w, c_n = x.shape
+    oh, ow, _ = out.shape
+    for y in prange(oh):
+        for xo in range(ow):
+            acc = out[y, xo]
+            for c in range(c_n):
+                acc[c] = lowest
+            for i in range(kh):
+                iy = y * sh - pt + i * dh
+                if iy < 0 or iy >= h:
+                    continue
+                for j in range(kw):
+                    ix = xo * sw - pl + j * dw
+                    if ix < 0 or ix >= w:
+                        continue
+                    src = x[iy, ix]
+                    for c in range(c_n):
+                        acc[c] = max(acc[c], src[c])
+
+
+@njit(parallel=True, cache=True)
 def avg_pool(x, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, out):
     c_in, h, w = x.shape
     _, oh, ow = out.shape

@@ -231,30 +231,22 @@ def bias_clamp_requantize(acc, bias, clamp_lo, clamp_hi, multipliers, shifts, zi
 
 
 @njit(cache=True)
-def _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf, channels_last):
-    """acc (ow, O) int32 = output row oy of a depthwise convolution of (x - zx), x 8-bit (C, H,
-    W), or (H, W, C) when ``channels_last``, wt (kh, kw, O) int32 (weight minus its zero
-    point), output channel o reading input channel o // mult. Each input row it needs is
-    gathered channel-last, minus zx, as int16 (rowbuf (W, O)), so that the sums run along the
-    channels, contiguous and vectorised; taps outside the image contribute nothing (they hold
-    zx: x - zx = 0)."""
-    h, wd = (x.shape[0], x.shape[1]) if channels_last else (x.shape[1], x.shape[2])
+def _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf):
+    """acc (ow, O) int32 = output row oy of a depthwise convolution of (x - zx), x (C, H, W)
+    8-bit, wt (kh, kw, O) int32 (weight minus its zero point), output channel o reading input
+    channel o // mult. Each input row it needs is gathered channel-last, minus zx, as int16
+    (rowbuf (W, O)), so that the sums run along the channels, contiguous and vectorised; taps
+    outside the image contribute nothing (they hold zx: x - zx = 0)."""
+    c_in, h, wd = x.shape
     kh, kw, o_n = wt.shape
     acc[:, :] = 0
     for i in range(kh):
         iy = oy * sh - pt + i * dh
         if iy < 0 or iy >= h:
             continue
-        if channels_last:
-            for ix in range(wd):
-                row = x[iy, ix]
-                dst = rowbuf[ix]
-                for o in range(o_n):
-                    dst[o] = np.int16(row[o // mult]) - np.int16(zx)
-        else:
-            for ix in range(wd):
-                for o in range(o_n):
-                    rowbuf[ix, o] = np.int16(x[o // mult, iy, ix]) - np.int16(zx)
+        for ix in range(wd):
+            for o in range(o_n):
+                rowbuf[ix, o] = np.int16(x[o // mult, iy, ix]) - np.int16(zx)
         for j in range(kw):
             taps = wt[i, j]
             for ox in range(ow):
@@ -275,41 +267,77 @@ def depthwise_i8(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, out):
     for oy in prange(oh):
         acc = np.empty((ow, o_n), np.int32)
         rowbuf = np.empty((x.shape[2], o_n), np.int16)
-        _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf, False)
+        _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf)
         for o in range(o_n):
             for ox in range(ow):
                 out[o, oy * ow + ox] = acc[ox, o]
 
 
+@njit(cache=True)
+def requantize_row(acc, add, clamp_lo, clamp_hi, zin, left, multipliers, half, total, zout, lo,
+                   hi, dst):
+    """dst[c] = requantize_acc(acc[c] + add[c], ...) along one pixel's channels, written as
+    one loop over arrays so that it vectorises (a call per element does not)."""
+    for c in range(acc.size):
+        v = np.int64(acc[c]) + add[c]
+        v = min(max(v, -2147483648), 2147483647)
+        v = min(max(v, clamp_lo[c]), clamp_hi[c])
+        v = (((v - zin) << left[c]) * multipliers[c] + half[c]) >> total[c]
+        dst[c] = min(max(v + zout, lo), hi)
+
+
 @njit(parallel=True, cache=True)
-def depthwise_requantize(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bias, clamp_lo,
-                         clamp_hi, multipliers, shifts, zin, zout, lo, hi, channels_last, out):
-    """fused.qconv2d with groups = input channels: each output row's depthwise sums, bias,
-    clamp and requantization (as ``bias_clamp_requantize``) in one pass. NCHW: x (C, H, W),
-    out (O, oh*ow); ``channels_last``: x (H, W, C), out (oh*ow, O), every read and write
-    along the channels."""
-    o_n = wt.shape[2]
-    width = x.shape[1] if channels_last else x.shape[2]
+def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bias, clamp_lo,
+                            clamp_hi, multipliers, shifts, zin, zout, lo, hi, out):
+    """fused.qconv2d with groups = input channels on channel-last data: x (H, W, C) 8-bit,
+    wt (kh, kw, O) int32 (weight minus its zero point), out (oh*ow, O). Each output pixel
+    sums its taps along the channels (output channel o reads input channel o // mult), then
+    adds the bias, clamps and requantizes the row (``requantize_row``): every loop runs along
+    contiguous channels. Taps outside the image are skipped (they hold zx: x - zx = 0)."""
+    h, w = x.shape[0], x.shape[1]
+    kh, kw, o_n = wt.shape
     left, total, half = shift_params(shifts)
     add = bias.astype(np.int64)
     for oy in prange(oh):
+        acc = np.empty(o_n, np.int32)
+        for ox in range(ow):
+            acc[:] = 0
+            for i in range(kh):
+                iy = oy * sh - pt + i * dh
+                if iy < 0 or iy >= h:
+                    continue
+                for j in range(kw):
+                    ix = ox * sw - pl + j * dw
+                    if ix < 0 or ix >= w:
+                        continue
+                    src = x[iy, ix]
+                    tap = wt[i, j]
+                    if mult == 1:
+                        for c in range(o_n):
+                            acc[c] += tap[c] * (np.int32(src[c]) - zx)
+                    else:
+                        for c in range(o_n):
+                            acc[c] += tap[c] * (np.int32(src[c // mult]) - zx)
+            requantize_row(acc, add, clamp_lo, clamp_hi, zin, left, multipliers, half, total,
+                           zout, lo, hi, out[oy * ow + ox])
+
+
+@njit(parallel=True, cache=True)
+def depthwise_requantize(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bias, clamp_lo,
+                         clamp_hi, multipliers, shifts, zin, zout, lo, hi, out):
+    """fused.qconv2d with groups = input channels on NCHW data: each output row's depthwise
+    sums (``_depthwise_row``), bias, clamp and requantization (as ``bias_clamp_requantize``)
+    in one pass: x (C, H, W), out (O, oh*ow)."""
+    o_n = out.shape[0]
+    left, total, half = shift_params(shifts)
+    for oy in prange(oh):
         acc = np.empty((ow, o_n), np.int32)
-        rowbuf = np.empty((width, o_n), np.int16)
-        _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf,
-                       channels_last)
-        if channels_last:
+        rowbuf = np.empty((x.shape[2], o_n), np.int16)
+        _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf)
+        for o in range(o_n):
+            m = multipliers[o]
+            b = np.int64(bias[o])
             for ox in range(ow):
-                a = acc[ox]
-                dst = out[oy * ow + ox]
-                for o in range(o_n):
-                    dst[o] = requantize_acc(np.int64(a[o]) + add[o], clamp_lo[o], clamp_hi[o],
-                                            zin, left[o], multipliers[o], half[o], total[o],
-                                            zout, lo, hi)
-        else:
-            for o in range(o_n):
-                m = multipliers[o]
-                b = add[o]
-                for ox in range(ow):
-                    out[o, oy * ow + ox] = requantize_acc(
-                        np.int64(acc[ox, o]) + b, clamp_lo[o], clamp_hi[o], zin, left[o], m,
-                        half[o], total[o], zout, lo, hi)
+                out[o, oy * ow + ox] = requantize_acc(
+                    np.int64(acc[ox, o]) + b, clamp_lo[o], clamp_hi[o], zin, left[o], m,
+                    half[o], total[o], zout, lo, hi)

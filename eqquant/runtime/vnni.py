@@ -22,7 +22,7 @@ from numba import njit, prange
 
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 
-from .kernels_int8 import requantize_acc, shift_params
+from .kernels_int8 import requantize_row, shift_params
 
 BLOCK = 64  # output channels per register block (4 x 16 lanes)
 PADS = False  # the output channels must be a multiple of BLOCK
@@ -135,23 +135,16 @@ def _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, z
     as ``kernels_int8.requantize`` does. Each row is computed along the channels (contiguous);
     channels-last rows go straight out, NCHW ones are written out transposed."""
     n, cols = acc.shape
+    part = (add[o0:o0 + cols], clamp_lo[o0:o0 + cols], clamp_hi[o0:o0 + cols], zin,
+            left[o0:o0 + cols], multipliers[o0:o0 + cols], half[o0:o0 + cols],
+            total[o0:o0 + cols], zout, lo, hi)
     if channels_last:
         for r in range(n):
-            dst = out[p0 + r]
-            for oc in range(cols):
-                o = o0 + oc
-                dst[o] = requantize_acc(np.int64(acc[r, oc]) + add[o], clamp_lo[o],
-                                        clamp_hi[o], zin, left[o], multipliers[o], half[o],
-                                        total[o], zout, lo, hi)
+            requantize_row(acc[r], *part, out[p0 + r, o0:o0 + cols])
         return
     buf = np.empty((n, cols), np.int64)
     for r in range(n):
-        row = buf[r]
-        for oc in range(cols):
-            o = o0 + oc
-            row[oc] = requantize_acc(np.int64(acc[r, oc]) + add[o], clamp_lo[o], clamp_hi[o],
-                                     zin, left[o], multipliers[o], half[o], total[o], zout, lo,
-                                     hi)
+        requantize_row(acc[r], *part, buf[r])
     for oc in range(cols):
         for r in range(n):
             out[o0 + oc, p0 + r] = buf[r, oc]

@@ -1,0 +1,120 @@
+"""Layouts chosen by rules: the layout_transform op, the channel-last integer kernels, and
+rules/layout.rules on a whole network (MobileNet-v2 int8 keeps every convolution channel-last
+with no layout change between two of them, and computes the NCHW program's bits)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eqquant.core.nodes import Call, post_order
+from eqquant.errors import TypeCheckError
+from eqquant.ir.builder import Builder
+from eqquant.ir.interp import run
+from eqquant.ir.params import bind_params
+from eqquant.ir.parser import parse
+from eqquant.ir.printer import print_module
+from eqquant.ir.typecheck import check_module
+from eqquant.runtime.executor import Executor
+
+CHANGE = """def @main(%x: Tensor[(2, 3, 4, 5), uint8]) {
+  layout_transform(%x, src_layout="NCHW", dst_layout="NHWC")
+}
+"""
+
+
+def test_layout_transform_types_runs_and_prints_back():
+    mod = parse(CHANGE)
+    assert str(check_module(mod)[id(mod.main.body)]) == "Tensor[(2, 4, 5, 3), uint8]"
+    assert print_module(parse(print_module(mod))) == print_module(mod)
+    x = np.arange(120, dtype=np.uint8).reshape(2, 3, 4, 5)
+    want = x.transpose(0, 2, 3, 1)
+    np.testing.assert_array_equal(run(mod, {"x": x}), want)
+    ex = Executor(mod)
+    assert [s.kind for s in ex.steps] == ["kernel"]
+    np.testing.assert_array_equal(ex.run({"x": x}), want)
+
+
+@pytest.mark.parametrize("src, dst, message", [
+    ("NCHW", "NHWD", "name different axes"),
+    ("NCHW8c", "NHWC", "blocked layouts"),
+    ("NCH", "NHC", "has 3 axes, the data 4"),
+])
+def test_a_bad_layout_is_a_type_error(src, dst, message):
+    with pytest.raises(TypeCheckError, match=message):
+        check_module(parse(CHANGE.replace('src_layout="NCHW", dst_layout="NHWC"',
+                                          f'src_layout="{src}", dst_layout="{dst}"')))
+
+
+def test_layout_transform_exports_as_an_onnx_transpose():
+    pytest.importorskip("onnxruntime")
+    import onnxruntime as ort
+    from eqquant.interop.onnx_export import to_onnx
+    mod = parse(CHANGE.replace("uint8", "float32"))
+    model = to_onnx(mod)
+    assert [n.op_type for n in model.graph.node] == ["Transpose"]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).normal(size=(2, 3, 4, 5)).astype(np.float32)
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], x.transpose(0, 2, 3, 1))
+
+
+@settings(max_examples=30, deadline=None)
+@given(dtype=st.sampled_from(["uint8", "int8", "float32"]), c=st.integers(1, 19),
+       k=st.integers(1, 3), stride=st.integers(1, 2), pad=st.integers(0, 1),
+       dil=st.integers(1, 2), size=st.integers(3, 9), seed=st.integers(0, 99))
+def test_channel_last_max_pool_equals_the_reference(dtype, c, k, stride, pad, dil, size, seed):
+    """nn.max_pool2d with layout NHWC on its channel-last kernel (not the NCHW one between
+    transposes), any dtype, against the reference."""
+    if size + 2 * pad < dil * (k - 1) + 1 or pad >= k:
+        return
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    x = b.input("x", (2, size, size, c), dtype)
+    y = b.call("nn.max_pool2d", x, pool_size=[k, k], strides=[stride] * 2, padding=[pad] * 4,
+               dilation=[dil] * 2, layout="NHWC")
+    mod = b.finish(y)[0]
+    if dtype == "float32":
+        xv = rng.normal(size=(2, size, size, c)).astype(dtype)
+    else:
+        info = np.iinfo(dtype)
+        xv = rng.integers(info.min, int(info.max) + 1, (2, size, size, c)).astype(dtype)
+    np.testing.assert_array_equal(Executor(mod).run({"x": xv}), run(mod, {"x": xv}))
+
+
+@pytest.fixture(scope="module")
+def mobilenet_int8():
+    from eqquant.quant.flow import quantize
+    from eqquant.zoo import build
+    m = build("mobilenet_v2")
+    rng = np.random.default_rng(0)
+    shape = m.module.main.params[0].type.shape
+    samples = [{"data": rng.normal(size=shape).astype("float32")} for _ in range(2)]
+    return quantize(m.module, m.params, samples, "minmax", per_channel=True), shape
+
+
+def test_mobilenet_int8_keeps_every_convolution_channel_last(mobilenet_int8):
+    """The acceptance count: no layout change between two convolutions; one at the input."""
+    q, _ = mobilenet_int8
+    calls = [n for n in post_order(q.compiled.main.body) if isinstance(n, Call)]
+    convs = [c for c in calls if c.op_name == "fused.qconv2d"]
+    assert len(convs) == 52 and all(c.attrs["data_layout"] == "NHWC" for c in convs)
+    changes = [c for c in calls if c.op_name == "layout_transform"]
+    assert len(changes) == 1 and changes[0].args[0].op_name == "qnn.quantize"
+    # nothing between two convolutions: every convolution reads a convolution, a sum, or
+    # the one change at the input
+    for conv in convs:
+        assert conv.args[0].op_name in ("fused.qconv2d", "qnn.add", "layout_transform")
+    assert "channel-last, 1 layout changes" in q.report()
+    assert "52 of 52 convolutions" in q.report()
+
+
+def test_mobilenet_int8_layouts_change_no_bit(mobilenet_int8):
+    """The layout phase is exact: the NHWC program computes the NCHW program's bits, on an
+    input in the calibrated range and on one far outside it."""
+    q, shape = mobilenet_int8
+    rng = np.random.default_rng(5)
+    nchw, nhwc = Executor(q.module), Executor(q.compiled)
+    for scale in (1.0, 40.0):
+        x = {"data": (scale * rng.normal(size=shape)).astype("float32")}
+        np.testing.assert_array_equal(nhwc.run(x), nchw.run(x))
