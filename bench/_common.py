@@ -11,6 +11,36 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 
+def torchvision_models():
+    """torchvision's model zoo without its C extension (which does not load with this
+    PyTorch): its fake-kernel registrations are skipped while it imports."""
+    import torch
+    real = torch.library.register_fake
+    torch.library.register_fake = lambda *a, **k: (lambda fn: fn)
+    try:
+        import torchvision.models as models
+    finally:
+        torch.library.register_fake = real
+    return models
+
+
+def torch_int8(name: str, samples: Sequence[np.ndarray]):
+    """PyTorch's own int8 flow for the torchvision model ``name`` (random weights): FX graph
+    mode with the x86 default qconfig (per-channel int8 weights, uint8 activations, the
+    fbgemm/onednn kernels), calibrated on ``samples``."""
+    import torch
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+    torch.manual_seed(0)
+    net = getattr(torchvision_models(), name)(weights=None).eval()
+    example = (torch.from_numpy(samples[0]),)
+    prepared = prepare_fx(net, get_default_qconfig_mapping("x86"), example)
+    with torch.inference_mode():
+        for s in samples:
+            prepared(torch.from_numpy(s))
+    return convert_fx(prepared)
+
+
 def ort_session(model_bytes: bytes):
     import onnxruntime as ort
     so = ort.SessionOptions()

@@ -37,7 +37,19 @@ def worker(system: str, model: str, inputs: str) -> None:
     """Load ``model`` on ``system``; then for each line "run N" on stdin, run N times and print
     the times (ms) as a JSON list."""
     x = dict(np.load(inputs))
-    if system.startswith("eqquant"):
+    if system.startswith("PyTorch"):
+        import torch
+        torch.set_num_threads(int(THREADS))
+        sys.path.insert(0, str(Path(__file__).parent))
+        from _common import torch_int8
+        calib = np.load(Path(inputs).with_suffix(".calib.npz"))
+        net = torch_int8(model, [calib[k] for k in calib.files])
+        value = torch.from_numpy(next(iter(x.values())))
+
+        def run():
+            with torch.inference_mode():
+                return net(value)
+    elif system.startswith("eqquant"):
         from eqquant.ir.loader import load_program
         from eqquant.ir.params import bind_params
         from eqquant.runtime.executor import Executor
@@ -116,13 +128,15 @@ def prepare(name: str, calib: int, d: Path) -> dict[str, Path]:
     q = quantize(m.module, m.params, samples, "minmax", per_channel=True)
     files = {"inputs": d / f"{name}.input.npz"}
     np.savez(files["inputs"], data=rng.normal(size=shape).astype("float32"))
+    np.savez(d / f"{name}.input.calib.npz", *[s["data"] for s in samples])
     save_program(d / f"{name}.int8.ir", q.runnable)   # its layouts chosen for the kernels
     save_program(d / f"{name}.fp32.ir", q.fp32)
     fp32_onnx = to_onnx(q.fp32).SerializeToString()
     (d / f"{name}.fp32.onnx").write_bytes(fp32_onnx)
     (d / f"{name}.int8.onnx").write_bytes(ort_quantize_static(fp32_onnx, samples))
     files.update({"eqquant int8": d / f"{name}.int8.ir", "eqquant fp32": d / f"{name}.fp32.ir",
-                  "ORT int8": d / f"{name}.int8.onnx", "ORT fp32": d / f"{name}.fp32.onnx"})
+                  "ORT int8": d / f"{name}.int8.onnx", "ORT fp32": d / f"{name}.fp32.onnx",
+                  "PyTorch int8": name})   # torchvision's model of that name
     return files
 
 
@@ -138,15 +152,17 @@ def main() -> None:
     if args.worker:
         return worker(*args.worker)
     from eqquant.runtime.bindings_int8 import int8_path
+    systems = ["eqquant int8", "ORT int8", "eqquant fp32", "ORT fp32"]
     try:
-        import torch  # noqa: F401
-        torch_note = "PyTorch: installed, but its column is not built by this bench yet"
+        import torch
+        torch_note = (f"PyTorch {torch.__version__}: FX int8 with the x86 qconfig on "
+                      "torchvision's model of the same name (random weights; latency only)")
+        systems.insert(2, "PyTorch int8")
     except ImportError:
         torch_note = "PyTorch: not installed (an optional extra of this bench): column skipped"
     print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; {THREADS} threads per system; "
           f"eqquant int8 kernel path: {int8_path()}")
     print(torch_note)
-    systems = ["eqquant int8", "ORT int8", "eqquant fp32", "ORT fp32"]
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
@@ -163,8 +179,10 @@ def main() -> None:
             print(f"{name:13s} {row}", flush=True)
     print("ratios (below 1: eqquant is faster)")
     for name, r in results.items():
+        torch_ratio = (f"int8 eqquant/PyTorch {r['eqquant int8'] / r['PyTorch int8']:5.2f}   "
+                       if "PyTorch int8" in r else "")
         print(f"{name:13s} int8 eqquant/ORT {r['eqquant int8'] / r['ORT int8']:5.2f}   "
-              f"fp32 eqquant/ORT {r['eqquant fp32'] / r['ORT fp32']:5.2f}   "
+              f"{torch_ratio}fp32 eqquant/ORT {r['eqquant fp32'] / r['ORT fp32']:5.2f}   "
               f"eqquant int8/fp32 {r['eqquant int8'] / r['eqquant fp32']:5.2f}")
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import ort_quantize_static, ort_session  # noqa: E402
+from _common import ort_quantize_static, ort_session, torchvision_models  # noqa: E402
 
 MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large",
           "shufflenet_v2_x1_0", "mnasnet1_0", "squeezenet1_1", "googlenet", "inception_v3",
@@ -44,19 +44,6 @@ FLOAT_BY_DESIGN = {
     "nn.softmax": "an exponential normalized over a row (ViT's attention; the issue allows it)",
     "nn.batch_matmul": "the product of two activations in attention (the issue allows it)",
 }
-
-
-def torchvision_models():
-    """torchvision's model zoo without its C extension (which does not load with this
-    PyTorch): its fake-kernel registrations are skipped while it imports."""
-    import torch
-    real = torch.library.register_fake
-    torch.library.register_fake = lambda *a, **k: (lambda fn: fn)
-    try:
-        import torchvision.models as models
-    finally:
-        torch.library.register_fake = real
-    return models
 
 
 def build(name: str, seed: int = 0):

@@ -87,6 +87,7 @@ class OptimizeResult:
             nb, cb = self.before.rows.get(op, (0, 0.0))
             na, ca = self.after.rows.get(op, (0, 0.0))
             lines.append(f"{op:32s} {nb:6d} {fmt(cb)}   {na:6d} {fmt(ca)}")
+        lines += self._layout_changes()
         lines += ["", f"e-graph: {self.enodes} e-nodes in {self.eclasses} classes; "
                   + ("saturated" if self.report.saturated else
                      "LIMIT HIT: " + "; ".join(self.report.limits_hit)),
@@ -99,6 +100,24 @@ class OptimizeResult:
         lines.append("times: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in
                                           self.seconds.items()))
         return "\n".join(lines)
+
+
+    def _layout_changes(self) -> list[str]:
+        """Where the chosen program changes a layout (the ops with a src_layout and a
+        dst_layout), each with the value it reads: empty when it changes none."""
+        from .ir.printer import value_labels
+        fn = self.module.main
+        labels = value_labels(fn)
+        out = []
+        for node in post_order(fn.body):
+            if isinstance(node, Call) and not isinstance(node.op, Expr) and \
+                    {"src_layout", "dst_layout"} <= set(node.attrs):
+                arg = node.args[0]
+                what = arg.op_name if isinstance(arg, Call) else type(arg).__name__.lower()
+                out.append(f"  {labels[id(node)]} = {node.op.name}({labels.get(id(arg), '?')} "
+                           f"({what}), {node.attrs['src_layout']} -> "
+                           f"{node.attrs['dst_layout']})")
+        return ["", "layout changes in the chosen program:", *out] if out else []
 
 
 def _rulesets(rules: Sequence[str | Path | RuleSet]) -> list[RuleSet]:

@@ -20,7 +20,7 @@ from numba import njit, prange
 
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
-from .vnni import CHUNK, SMALL, _chunk_windows, _finish, _requantize_params, _windows
+from .vnni import CHUNK, SMALL, _chunk_windows, _finish, _requantize_params, _rows
 from .vnni import windows  # noqa: F401
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
@@ -121,7 +121,8 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
                     clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi, channels_last,
                     out):
     """A whole fused int8 convolution of one image in one parallel region (as
-    ``vnni.conv_requantize``, out (O, oh*ow), or (oh*ow, O) when ``channels_last``): gather a chunk of pixels' windows, multiply, finish."""
+    ``vnni.conv_requantize``: out (O, oh*ow), or (oh*ow, O) when ``channels_last``): gather a
+    chunk of pixels' windows, widen them, multiply, finish."""
     p_n = oh * ow
     o_n = out.shape[1] if channels_last else out.shape[0]
     oblocks, kq = packed.shape[0], packed.shape[1]
@@ -140,8 +141,7 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
             _finish(acc[:, :o_n], add, clamp_lo, clamp_hi, multipliers, left, total, half, zin,
                     zout, lo, hi, 0, p0, channels_last, out)
     else:
-        rows = np.empty((p_n, kp), np.uint8)
-        _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, rows)
+        rows = _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         rows16 = np.empty((p_n, kp), np.int16)
         _widen(rows, rows16)
         for ob in prange(oblocks):

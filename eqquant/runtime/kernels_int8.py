@@ -273,17 +273,25 @@ def depthwise_i8(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, out):
                 out[o, oy * ow + ox] = acc[ox, o]
 
 
+_SIGN = np.uint64(1 << 63)
+
+
 @njit(cache=True)
 def requantize_row(acc, add, clamp_lo, clamp_hi, zin, left, multipliers, half, total, zout, lo,
                    hi, dst):
     """dst[c] = requantize_acc(acc[c] + add[c], ...) along one pixel's channels, written as
-    one loop over arrays so that it vectorises (a call per element does not)."""
+    one loop over arrays so that it vectorises (a call per element does not). AVX2 has no
+    arithmetic right shift of 64-bit lanes by a per-lane amount, so the rounding shift is
+    taken on the sum moved into the unsigned range (its top bit flipped: + 2^63) and moved
+    back after (- 2^63 >> total): the same floor, the same bits, even where the sum wraps."""
     for c in range(acc.size):
         v = np.int64(acc[c]) + add[c]
         v = min(max(v, -2147483648), 2147483647)
         v = min(max(v, clamp_lo[c]), clamp_hi[c])
-        v = (((v - zin) << left[c]) * multipliers[c] + half[c]) >> total[c]
-        dst[c] = min(max(v + zout, lo), hi)
+        p = ((v - zin) << left[c]) * multipliers[c] + half[c]
+        t = np.uint64(total[c])
+        r = np.int64((np.uint64(p) ^ _SIGN) >> t) - np.int64(_SIGN >> t)
+        dst[c] = min(max(r + zout, lo), hi)
 
 
 @njit(parallel=True, cache=True)

@@ -110,13 +110,26 @@ CHUNK = 96    # pixels per work item
 
 
 @njit(cache=True)
+def _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, n, kp):
+    """Pixel rows p0..p0+n of the GEMM's left operand (uint8, (n, kp)): the image's own rows
+    when the convolution is 1x1 with stride 1 and no padding and its channels fill kp (a
+    view, no copy), else the windows gathered (``_windows``)."""
+    h, w, c = hwc.shape
+    if kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and c == kp and \
+            ow == w:
+        return hwc.reshape(h * w, c)[p0:p0 + n]
+    rows = np.empty((n, kp), np.uint8)
+    _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows)
+    return rows
+
+
+@njit(cache=True)
 def _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, item, kp):
     """Work item ``item``'s pixels (CHUNK of them from item * CHUNK): (first pixel, their
-    windows gathered into uint8 rows of kp)."""
+    rows, ``_rows``)."""
     p0 = item * CHUNK
-    rows = np.empty((min(p_n, p0 + CHUNK) - p0, kp), np.uint8)
-    _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows)
-    return p0, rows
+    return p0, _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0,
+                     min(p_n, p0 + CHUNK) - p0, kp)
 
 
 @njit(cache=True)
@@ -199,8 +212,8 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
                     clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi, channels_last,
                     out):
     """A whole fused int8 convolution of one image in one parallel region: hwc (H, W, C)
-    uint8 -> out (O, oh*ow) 8-bit, or (oh*ow, O) when ``channels_last``. Each work item gathers a chunk of pixels' windows into
-    rows, multiplies them (``gemm_block``) and finishes them (``_finish``), so the worker
+    uint8 -> out (O, oh*ow) 8-bit, or (oh*ow, O) when ``channels_last``. Each work item
+    gathers a chunk of pixels' windows into rows (or reads a pointwise convolution's image), multiplies them (``gemm_block``) and finishes them (``_finish``), so the worker
     threads wake once per convolution; a small image
     (fewer than 192 pixels) has its rows gathered once and is split by blocks of 64
     channels instead."""
@@ -219,8 +232,7 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
             _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout,
                     lo, hi, 0, p0, channels_last, out)
     else:
-        rows = np.empty((p_n, kp), np.uint8)
-        _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, rows)
+        rows = _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         for ob in prange(oblocks):
             acc = np.empty((p_n, 64), np.int32)
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob * kq * 256,
