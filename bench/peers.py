@@ -36,6 +36,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": THREADS, "NUMBA_NUM_THREADS": THREADS,
 def worker(system: str, model: str, inputs: str) -> None:
     """Load ``model`` on ``system``; then for each line "run N" on stdin, run N times and print
     the times (ms) as a JSON list."""
+    import warnings
+    warnings.filterwarnings("ignore")     # (PyTorch's deprecation notes on its quantized ops)
     x = dict(np.load(inputs))
     if system.startswith("PyTorch"):
         import torch

@@ -138,7 +138,7 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
             acc = np.empty((n, width), np.int32)
             gemm_block(rows16.ctypes.data, kp, packed.ctypes.data, acc.ctypes.data, width, 0,
                        n, kq, oblocks)
-            _finish(acc[:, :o_n], add, clamp_lo, clamp_hi, multipliers, left, total, half, zin,
+            _finish(acc, o_n, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin,
                     zout, lo, hi, 0, p0, channels_last, out)
     else:
         rows = _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
@@ -148,6 +148,5 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
             acc = np.empty((p_n, BLOCK), np.int32)
             gemm_block(rows16.ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
                        acc.ctypes.data, BLOCK, 0, p_n, kq, 1)
-            cols = min(BLOCK, o_n - ob * BLOCK)
-            _finish(acc[:, :cols], add, clamp_lo, clamp_hi, multipliers, left, total, half,
-                    zin, zout, lo, hi, ob * BLOCK, 0, channels_last, out)
+            _finish(acc, min(BLOCK, o_n - ob * BLOCK), add, clamp_lo, clamp_hi, multipliers,
+                    left, total, half, zin, zout, lo, hi, ob * BLOCK, 0, channels_last, out)

@@ -278,20 +278,22 @@ _SIGN = np.uint64(1 << 63)
 
 @njit(cache=True)
 def requantize_row(acc, add, clamp_lo, clamp_hi, zin, left, multipliers, half, total, zout, lo,
-                   hi, dst):
-    """dst[c] = requantize_acc(acc[c] + add[c], ...) along one pixel's channels, written as
-    one loop over arrays so that it vectorises (a call per element does not). AVX2 has no
-    arithmetic right shift of 64-bit lanes by a per-lane amount, so the rounding shift is
-    taken on the sum moved into the unsigned range (its top bit flipped: + 2^63) and moved
-    back after (- 2^63 >> total): the same floor, the same bits, even where the sum wraps."""
-    for c in range(acc.size):
-        v = np.int64(acc[c]) + add[c]
+                   hi, dst, o0, cols):
+    """dst[o] = requantize_acc(acc[c] + add[o], ...) for o = o0 + c, c < cols: a run of one
+    pixel's channels, written as one loop over contiguous arrays so that it vectorises (a
+    call per element does not). AVX2 has no arithmetic right shift of 64-bit lanes by a
+    per-lane amount, so the rounding shift is taken on the sum moved into the unsigned range
+    (its top bit flipped: + 2^63) and moved back after (- 2^63 >> total): the same floor, the
+    same bits, even where the sum wraps."""
+    for c in range(cols):
+        o = o0 + c
+        v = np.int64(acc[c]) + add[o]
         v = min(max(v, -2147483648), 2147483647)
-        v = min(max(v, clamp_lo[c]), clamp_hi[c])
-        p = ((v - zin) << left[c]) * multipliers[c] + half[c]
-        t = np.uint64(total[c])
+        v = min(max(v, clamp_lo[o]), clamp_hi[o])
+        p = ((v - zin) << left[o]) * multipliers[o] + half[o]
+        t = np.uint64(total[o])
         r = np.int64((np.uint64(p) ^ _SIGN) >> t) - np.int64(_SIGN >> t)
-        dst[c] = min(max(r + zout, lo), hi)
+        dst[o] = min(max(r + zout, lo), hi)
 
 
 @njit(parallel=True, cache=True)
@@ -327,7 +329,7 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bia
                         for c in range(o_n):
                             acc[c] += tap[c] * (np.int32(src[c // mult]) - zx)
             requantize_row(acc, add, clamp_lo, clamp_hi, zin, left, multipliers, half, total,
-                           zout, lo, hi, out[oy * ow + ox])
+                           zout, lo, hi, out[oy * ow + ox], 0, o_n)
 
 
 @njit(parallel=True, cache=True)

@@ -140,27 +140,27 @@ def _requantize_params(bias, correction, shifts):
 
 
 @njit(cache=True)
-def _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout, lo, hi,
-            o0, p0, channels_last, out):
-    """acc (n, cols) int32 for channels o0.. and pixels p0.. -> 8-bit out, (O, P) or, when
-    ``channels_last``, (P, O): minus the zero-point correction, plus the bias (both in
-    ``add``), clamped per channel (relu, clip or nothing), requantized with UPWARD fixed point
-    as ``kernels_int8.requantize`` does. Each row is computed along the channels (contiguous);
-    channels-last rows go straight out, NCHW ones are written out transposed."""
-    n, cols = acc.shape
-    part = (add[o0:o0 + cols], clamp_lo[o0:o0 + cols], clamp_hi[o0:o0 + cols], zin,
-            left[o0:o0 + cols], multipliers[o0:o0 + cols], half[o0:o0 + cols],
-            total[o0:o0 + cols], zout, lo, hi)
+def _finish(acc, cols, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout, lo,
+            hi, o0, p0, channels_last, out):
+    """acc (n, >= cols) int32 for channels o0..o0+cols and pixels p0.. -> 8-bit out, (O, P)
+    or, when ``channels_last``, (P, O): minus the zero-point correction, plus the bias (both
+    in ``add``), clamped per channel (relu, clip or nothing), requantized with UPWARD fixed
+    point as ``kernels_int8.requantize`` does. Each row is computed along the channels
+    (contiguous: ``requantize_row``); channels-last rows go straight out, NCHW ones are
+    written out transposed."""
+    n = acc.shape[0]
     if channels_last:
         for r in range(n):
-            requantize_row(acc[r], *part, out[p0 + r, o0:o0 + cols])
+            requantize_row(acc[r], add, clamp_lo, clamp_hi, zin, left, multipliers, half, total,
+                           zout, lo, hi, out[p0 + r], o0, cols)
         return
-    buf = np.empty((n, cols), np.int64)
+    buf = np.empty((n, o0 + cols), np.int64)
     for r in range(n):
-        requantize_row(acc[r], *part, buf[r])
-    for oc in range(cols):
+        requantize_row(acc[r], add, clamp_lo, clamp_hi, zin, left, multipliers, half, total,
+                       zout, lo, hi, buf[r], o0, cols)
+    for oc in range(o0, o0 + cols):
         for r in range(n):
-            out[o0 + oc, p0 + r] = buf[r, oc]
+            out[oc, p0 + r] = buf[r, oc]
 
 
 @njit(cache=True)
@@ -229,13 +229,13 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
             acc = np.empty((n, o_n), np.int32)
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data, acc.ctypes.data, o_n, 0, n,
                        kq, oblocks)
-            _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout,
-                    lo, hi, 0, p0, channels_last, out)
+            _finish(acc, o_n, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin,
+                    zout, lo, hi, 0, p0, channels_last, out)
     else:
         rows = _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         for ob in prange(oblocks):
             acc = np.empty((p_n, 64), np.int32)
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob * kq * 256,
                        acc.ctypes.data, 64, 0, p_n, kq, 1)
-            _finish(acc, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout,
-                    lo, hi, ob * 64, 0, channels_last, out)
+            _finish(acc, min(64, o_n - ob * 64), add, clamp_lo, clamp_hi, multipliers, left,
+                    total, half, zin, zout, lo, hi, ob * 64, 0, channels_last, out)
