@@ -122,6 +122,17 @@ def test_sqnr_chart_and_graph_pictures(tmp_path, seed_model):
     np.savez(tmp_path / "c.npz", data=rng.standard_normal((2, 1, 3, 32, 32)).astype("f4"))
     assert cli_exit(["quantize", str(paths["ir"]), "--calib", str(tmp_path / "c.npz"),
                   "--mode", "minmax", "-o", str(tmp_path / "q.ir")]) == 0
+    # the program written has its layouts chosen for the kernels; --layouts nchw writes the
+    # interchange one; both compute the same bits
+    assert 'data_layout="NHWC"' in (tmp_path / "q.ir").read_text()
+    assert cli_exit(["quantize", str(paths["ir"]), "--calib", str(tmp_path / "c.npz"),
+                  "--mode", "minmax", "--layouts", "nchw", "-o", str(tmp_path / "n.ir")]) == 0
+    nchw_text = (tmp_path / "n.ir").read_text()
+    assert "layout_transform" not in nchw_text and 'data_layout="NHWC"' not in nchw_text
+    from eqquant.api import load
+    sample = {"data": rng.standard_normal((1, 3, 32, 32)).astype("f4")}
+    np.testing.assert_array_equal(load(tmp_path / "q.ir").run(sample),
+                                  load(tmp_path / "n.ir").run(sample))
     assert cli_exit(["plot", "sqnr", str(tmp_path / "q.report.json"), "-o",
                   str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").read_bytes().startswith(b"\x89PNG")

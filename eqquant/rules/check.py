@@ -77,6 +77,16 @@ _DTYPE_HINTS: dict[tuple[str, int], set[str]] = {}
 _DTYPES = ("float32", "float32", "float32", "int8", "int32", "uint8")
 
 
+def _role_dtypes(input_name: str) -> set[str] | None:
+    """The dtype an input's name implies (the QNN ops' parameters): a zero point is int32, a
+    scale float32; None for any other input."""
+    if input_name.endswith("zero_point"):
+        return {"int32"}
+    if input_name.endswith("scale"):
+        return {"float32"}
+    return None
+
+
 def _shape_pool(rng, rank: int | None, hint: set[int] | None = None) -> tuple[int, ...]:
     if rank is None:
         rank = rng.choice(sorted(hint)) if hint and rng.random() < 0.9 else rng.choice(_RANKS)
@@ -221,7 +231,7 @@ class _Instance:
                     continue
                 neighbour = self.types.types.get(id(args[i - 1])) if i > 0 else None
                 partner = self.vars.get(self.same_shape.get(name, ""))
-                dtypes = _DTYPE_HINTS.get((op.name, i))
+                dtypes = _DTYPE_HINTS.get((op.name, i)) or _role_dtypes(op.inputs[i])
                 if name in self.shape:
                     shape = self.fixed_shape(name, neighbour)
                 elif partner is not None:
