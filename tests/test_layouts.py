@@ -118,3 +118,35 @@ def test_mobilenet_int8_layouts_change_no_bit(mobilenet_int8):
     for scale in (1.0, 40.0):
         x = {"data": (scale * rng.normal(size=shape)).astype("float32")}
         np.testing.assert_array_equal(nhwc.run(x), nchw.run(x))
+
+
+@pytest.mark.parametrize("groups, channel_last", [(1, True), (16, False), (32, True)])
+def test_convolutions_go_channel_last_where_their_kernels_read_it(groups, channel_last):
+    """Extraction under the CPU cost model moves a chain of dense (groups 1) or depthwise (32
+    groups of one channel) int8 convolutions channel-last and keeps grouped ones (16 groups of
+    2: their kernels run NCHW) as they are; either way the program computes the same bits."""
+    from eqquant.optimizer import optimize
+    rng = np.random.default_rng(groups)
+    c = 32
+    b = Builder()
+    y = b.input("x", (1, c, 28, 28), "uint8")
+    for i in range(3):
+        w = rng.integers(-127, 128, (c, c // groups, 3, 3)).astype("i1")
+        y = b.call("fused.qconv2d", y, b.param(f"w{i}", w),
+                   b.param(f"b{i}", rng.integers(-900, 900, (c, 1, 1)).astype("i4")),
+                   b.param(f"zx{i}", np.array(7, np.int32)),
+                   b.param(f"zw{i}", np.array(0, np.int32)),
+                   b.param(f"sx{i}", np.array(0.05, np.float32)),
+                   b.param(f"sw{i}", rng.uniform(0.01, 0.02, c).astype(np.float32)),
+                   b.param(f"s1{i}", (0.05 * rng.uniform(0.01, 0.02, c)).astype(np.float32)),
+                   b.param(f"z1{i}", np.array(0, np.int32)),
+                   b.param(f"s2{i}", np.array(0.1, np.float32)),
+                   b.param(f"z2{i}", np.array(7, np.int32)), padding=[1, 1, 1, 1],
+                   groups=groups, activation="relu", out_dtype="uint8")
+    mod = bind_params(*b.finish(y))
+    result = optimize(mod, None, ["layout"], cost="cpu")
+    convs = [n for n in post_order(result.module.main.body)
+             if isinstance(n, Call) and n.op_name == "fused.qconv2d"]
+    assert [n.attrs["data_layout"] == "NHWC" for n in convs] == [channel_last] * 3
+    xv = {"x": rng.integers(0, 256, (1, c, 28, 28)).astype("uint8")}
+    np.testing.assert_array_equal(Executor(result.module).run(xv), run(mod, xv))

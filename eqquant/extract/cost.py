@@ -12,8 +12,9 @@ is a constant subexpression costs nothing (it is folded at compile time), and so
   one: what eqquant's own kernels measured on a VNNI machine (``bench/int8_factor.py``:
   resnet18's convolutions 45-47 ms in fp32 and 19-20 ms as fused int8 convolutions, a factor
   of 2.3-2.4; run it to see this machine's). The factor follows the kernels as they improve.
-  An op whose kernels read channel-last data (``CHANNELS_LAST`` in its registry entry) pays
-  the transposes of its input and output at any other layout.
+  An op whose kernels read channel-last data at a call site (``channels_last`` in its
+  registry entry) pays the transposes of its input and output at any other layout, and one
+  whose kernels do not pays them at a channel-last call site.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import EqquantError
 from ..core.types import TensorType, TupleType, Type
-from ..ops.registry import CHANNELS_LAST, OpDef
+from ..ops.registry import OpDef
 
 
 def nbytes(t: Type) -> float:
@@ -75,8 +76,9 @@ class CpuLatency(CostModel):
         dtype = next((t.dtype for t in in_types if isinstance(t, TensorType)), "float32")
         rate = self.peak.get(dtype, 50e9)
         moved = sum(nbytes(t) for t in in_types) + nbytes(out_type)
-        if CHANNELS_LAST in op.props and attrs.get("data_layout", "NHWC") != "NHWC":
-            # its kernels transpose the image on the way in and the result on the way out:
+        if op.channels_last is not None and \
+                (attrs.get("data_layout") == "NHWC") != op.channels_last(attrs, in_types):
+            # the kernels transpose the image on the way in and the result on the way out:
             # each a read and a write
             moved += 2 * (nbytes(in_types[0]) + nbytes(out_type))
         return self.call_overhead + flops / rate + moved / self.bandwidth

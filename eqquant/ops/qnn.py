@@ -22,7 +22,7 @@ from . import numerics
 from .attrs import DTYPE_REQUIRED, FLOAT_F, INT, OPT_INT, Attr, DTypeKind, StrKind
 from .fused import write_epilogue
 from .nn import CONV2D_ATTRS, conv2d_flops, conv2d_rel, dense_rel
-from .registry import (ANNOTATION, CHANNELS_LAST, COMPUTE, QUANT, OnnxForm, OpDef, OpTypeError, get_op,
+from .registry import (ANNOTATION, COMPUTE, QUANT, OnnxForm, OpDef, OpTypeError, get_op,
                        register)
 from .typerel import broadcast_shapes, tensor
 
@@ -720,6 +720,15 @@ def _fqconv(x, w, b, zx, zw, sx, sw, s1, z1, s2, z2, *, activation, a_min, a_max
     return requantize_values(acc, s1, z1, s2, z2, axis, rounding, out_dtype)
 
 
+def _qconv_channels_last(attrs, in_types) -> bool:
+    """The integer convolution kernels read and write channel-last images for a dense
+    convolution (groups 1: the SIMD GEMMs) and a depthwise one (one input channel per group:
+    the direct kernel); a grouped one (ResNeXt's) runs NCHW."""
+    w = in_types[1].shape
+    per_group = w[2] if attrs["kernel_layout"] == "HWIO" else w[1]
+    return attrs["groups"] == 1 or per_group == 1
+
+
 def _unfuse_qconv(args, attrs):
     """fused.qconv2d as the chain it stands for (the partition and realize views use it)."""
     from ..core.nodes import Call, freeze_attrs
@@ -744,7 +753,8 @@ def _unfuse_qconv(args, attrs):
 
 register(OpDef(
     "fused.qconv2d", inputs=FQ_INPUTS, onnx=(OnnxForm("Conv", reads=False, qdq=_fqconv_qdq),),
-                                       props=frozenset({COMPUTE, QUANT, CHANNELS_LAST}),
+                                       props=frozenset({COMPUTE, QUANT}),
+    channels_last=_qconv_channels_last,
     unfuse=_unfuse_qconv,
     kernel="eqquant.runtime.bindings_int8:FusedQConv2D",
     attrs=tuple(a for a in CONV2D_ATTRS if a.name != "out_dtype")

@@ -44,9 +44,6 @@ COMPUTE = "compute"        # heavy ops: conv2d, dense
 EPILOGUE = "epilogue"      # an activation a quantized op applies to its accumulator (relu, clip)
 SELECTS = "selects"        # every output element is one of the input's elements (max pools)
 QUANT = "quant"
-# its kernels read and write channels-last (NHWC) data: a call site in another layout pays a
-# transpose of its input and of its output inside the kernel (the cost models charge it)
-CHANNELS_LAST = "channels_last"
 
 
 # Quantization roles: an input with one of these names plays that part, whatever its
@@ -149,6 +146,11 @@ class OpDef:
     # reads it here, it keeps no table of op names
     kernel: str | None = None
     kernel_params: Mapping[str, Any] = field(default_factory=dict)
+    # whether its kernels read and write channel-last data at a call site of these attributes
+    # and input types: channels_last(attrs, in_types) -> bool (None: layouts do not matter to
+    # them). A call site in the other layout pays the transposes of its input and output
+    # (the cost models charge them; rules/layout.rules offers the other layout)
+    channels_last: Callable[..., bool] | None = None
     # the realize view's form (TVM's realize output: casts, multiplies, fixed-point
     # arithmetic): realize(args, attrs, in_types, out_type) -> Expr
     realize: Callable[..., Any] | None = None

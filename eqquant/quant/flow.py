@@ -19,7 +19,7 @@ import numpy as np
 from ..core.nodes import Call, Expr, Function, Module, Scalar, post_order, rewrite
 from ..ir.params import bind_params
 from ..ir.printer import value_labels
-from ..ops.registry import ANNOTATION, CHANNELS_LAST, OUTPUT_SCALE, OUTPUT_ZERO_POINT, QUANT
+from ..ops.registry import ANNOTATION, OUTPUT_SCALE, OUTPUT_ZERO_POINT, QUANT
 from ..optimizer import OptimizeResult, optimize
 from .annotate import annotate, as_inputs, calibrate, qparams
 from .calibrate import CalibrationTable
@@ -99,7 +99,7 @@ class QuantizeResult:
 def layout_summary(result: OptimizeResult) -> str:
     """One line on the layouts extraction chose: convolutions channel-last, layout changes."""
     calls = [n for n in post_order(result.module.main.body) if isinstance(n, Call)]
-    convs = [c for c in calls if CHANNELS_LAST in getattr(c.op, "props", ())]
+    convs = [c for c in calls if getattr(c.op, "channels_last", None) is not None]
     last = sum(1 for c in convs if c.attrs.get("data_layout") == "NHWC")
     changes = sum(1 for c in calls if c.op_name == "layout_transform")
     return (f"layouts (layout.rules, cost {result.before.total * 1e3:.3f} -> "
