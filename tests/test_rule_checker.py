@@ -39,7 +39,8 @@ def test_wrong_rules_are_rejected_with_counterexamples(wrong_report):
                             "avg_pool2d_counting_padding[uint8]"}
     for name, r in by_name.items():
         assert not r.ok, name
-        assert re.search(r"%\w+: Tensor\[", r.message)  # the instance: variables' shapes
+        # the instance: each variable with its type (a tensor's shape, or a scalar's dtype)
+        assert re.search(r"%\w+: (Tensor\[|float32|u?int\d+)", r.message)
     assert "counterexample" in by_name["wrong_sign_in_shift"].message
     assert "counterexample" in by_name["round_within_a_thousandth"].message
     assert "rtol 0.001" in by_name["round_within_a_thousandth"].message
