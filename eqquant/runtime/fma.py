@@ -90,7 +90,11 @@ def conv(hwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, out)
         acc = np.empty((n, width), np.float32)
         sgemm_block(rows.ctypes.data, k, packed.ctypes.data, acc.ctypes.data, width, 0, n, k,
                     oblocks)
-        for o in range(o_n):
-            b = bias[o]
+        for r in range(n):      # bias and activation along each pixel's row (vectorises)
+            a = acc[r]
+            for o in range(o_n):
+                a[o] = clamp(a[o] + bias[o], lo, hi)
+        for o in range(o_n):    # then written out channel by channel (NCHW)
+            dst = out[o]
             for r in range(n):
-                out[o, p0 + r] = clamp(acc[r, o] + b, lo, hi)
+                dst[p0 + r] = acc[r, o]
