@@ -159,8 +159,8 @@ class QConv2D(Binding):
         return np.ascontiguousarray(x_b.transpose(1, 2, 0))   # uint8 already: numpy's copy
 
     def rows(self, x_b: np.ndarray) -> np.ndarray:
-        """One image (C, H, W) as the GEMM's left operand: (oh*ow, Kp) uint8 pixel rows in
-        (tap, channel) order. A 1x1 convolution with stride 1 and no padding reads the
+        """One image (C, H, W), or (H, W, C) at an NHWC call site, as the GEMM's left operand:
+        (oh*ow, Kp) uint8 pixel rows in (tap, channel) order. A 1x1 convolution with stride 1 and no padding reads the
         channel-last image itself."""
         hwc = self.hwc(x_b)
         h, w, c = hwc.shape
@@ -457,7 +457,10 @@ class FusedQConv2D(Binding):
         self.clamp_lo = np.ascontiguousarray(np.broadcast_to(lo_c, (o,)), np.int64)
         self.clamp_hi = np.ascontiguousarray(np.broadcast_to(hi_c, (o,)), np.int64)
         self.lo, self.hi = qrange(out_type.dtype)
-        self.acc = np.empty(out_type.shape, np.int32)
+        # the portable path's int32 accumulator, NCHW (its kernels' layout)
+        n, *spatial = out_type.shape
+        self.acc = np.empty((n, o, *(spatial[:2] if self.channels_last else spatial[1:])),
+                            np.int32)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -501,13 +504,15 @@ class FusedQConv2D(Binding):
                        ow, self.bias, self.clamp_lo, self.clamp_hi, self.m, self.sh, self.zin,
                        self.zout, self.lo, self.hi, image(b))
             return
-        # the portable GEMM (grouped convolutions, weight zero points, no SIMD path): NCHW
-        self.conv([ins[0], ins[1], ins[3], ins[4]], self.acc)
-        acc = np.ascontiguousarray(self.acc.transpose(0, 3, 1, 2)) if last else self.acc
-        res = np.empty(acc.shape, out.dtype) if last else out
+        # the portable GEMM (grouped convolutions, weight zero points, no SIMD path) runs
+        # NCHW: a channel-last call site transposes its image in and its result out
+        x = np.ascontiguousarray(ins[0].transpose(0, 3, 1, 2)) if last else ins[0]
+        c._portable(x, self.acc)
+        res = np.empty(self.acc.shape, out.dtype) if last else out
         for b in range(n):
-            self.k8.bias_clamp_requantize(acc[b].reshape(o, -1), self.bias, self.clamp_lo,
-                                          self.clamp_hi, self.m, self.sh, self.zin, self.zout,
-                                          self.lo, self.hi, res[b].reshape(o, -1))
+            self.k8.bias_clamp_requantize(self.acc[b].reshape(o, -1), self.bias,
+                                          self.clamp_lo, self.clamp_hi, self.m, self.sh,
+                                          self.zin, self.zout, self.lo, self.hi,
+                                          res[b].reshape(o, -1))
         if last:
             np.copyto(out, res.transpose(0, 2, 3, 1))

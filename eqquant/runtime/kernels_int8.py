@@ -278,9 +278,9 @@ _SIGN = np.uint64(1 << 63)
 
 @njit(cache=True)
 def requantize_row(acc, add, clamp_lo, clamp_hi, zin, left, multipliers, half, total, zout, lo,
-                   hi, dst, o0, cols):
-    """dst[o] = requantize_acc(acc[c] + add[o], ...) for o = o0 + c, c < cols: a run of one
-    pixel's channels, written as one loop over contiguous arrays so that it vectorises (a
+                   hi, dst, o0, cols, d0):
+    """dst[d0 + c] = requantize_acc(acc[c] + add[o], ...) for o = o0 + c, c < cols: a run of
+    one pixel's channels, written as one loop over contiguous arrays so that it vectorises (a
     call per element does not). AVX2 has no arithmetic right shift of 64-bit lanes by a
     per-lane amount, so the rounding shift is taken on the sum moved into the unsigned range
     (its top bit flipped: + 2^63) and moved back after (- 2^63 >> total): the same floor, the
@@ -293,7 +293,7 @@ def requantize_row(acc, add, clamp_lo, clamp_hi, zin, left, multipliers, half, t
         p = ((v - zin) << left[o]) * multipliers[o] + half[o]
         t = np.uint64(total[o])
         r = np.int64((np.uint64(p) ^ _SIGN) >> t) - np.int64(_SIGN >> t)
-        dst[o] = min(max(r + zout, lo), hi)
+        dst[d0 + c] = min(max(r + zout, lo), hi)
 
 
 @njit(parallel=True, cache=True)
@@ -329,7 +329,7 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bia
                         for c in range(o_n):
                             acc[c] += tap[c] * (np.int32(src[c // mult]) - zx)
             requantize_row(acc, add, clamp_lo, clamp_hi, zin, left, multipliers, half, total,
-                           zout, lo, hi, out[oy * ow + ox], 0, o_n)
+                           zout, lo, hi, out[oy * ow + ox], 0, o_n, 0)
 
 
 @njit(parallel=True, cache=True)

@@ -152,15 +152,15 @@ def _finish(acc, cols, add, clamp_lo, clamp_hi, multipliers, left, total, half, 
     if channels_last:
         for r in range(n):
             requantize_row(acc[r], add, clamp_lo, clamp_hi, zin, left, multipliers, half, total,
-                           zout, lo, hi, out[p0 + r], o0, cols)
+                           zout, lo, hi, out[p0 + r], o0, cols, o0)
         return
-    buf = np.empty((n, o0 + cols), np.int64)
+    buf = np.empty((n, cols), np.int64)
     for r in range(n):
         requantize_row(acc[r], add, clamp_lo, clamp_hi, zin, left, multipliers, half, total,
-                       zout, lo, hi, buf[r], o0, cols)
-    for oc in range(o0, o0 + cols):
+                       zout, lo, hi, buf[r], o0, cols, 0)
+    for oc in range(cols):
         for r in range(n):
-            out[oc, p0 + r] = buf[r, oc]
+            out[o0 + oc, p0 + r] = buf[r, oc]
 
 
 @njit(cache=True)
@@ -213,10 +213,10 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
                     out):
     """A whole fused int8 convolution of one image in one parallel region: hwc (H, W, C)
     uint8 -> out (O, oh*ow) 8-bit, or (oh*ow, O) when ``channels_last``. Each work item
-    gathers a chunk of pixels' windows into rows (or reads a pointwise convolution's image), multiplies them (``gemm_block``) and finishes them (``_finish``), so the worker
-    threads wake once per convolution; a small image
-    (fewer than 192 pixels) has its rows gathered once and is split by blocks of 64
-    channels instead."""
+    gathers a chunk of pixels' windows into rows (``_rows``: a pointwise convolution reads the
+    image's own), multiplies them (``gemm_block``) and finishes them (``_finish``), so the
+    worker threads wake once per convolution; a small image (fewer than 192 pixels) has its
+    rows gathered once and is split by blocks of 64 channels instead."""
     p_n = oh * ow
     o_n = out.shape[1] if channels_last else out.shape[0]
     oblocks, kq = packed.shape[0], packed.shape[1]
