@@ -31,13 +31,20 @@ def _cpu_has_vnni() -> bool:
 # (vpmaddubsw), which saturates for large activations and weights (the known "saturation
 # issue" of 8-bit dot products on AVX2/AVX-512 CPUs without VNNI): there ONNX Runtime is not
 # exact, so the bar for agreeing with it is lower, and SQNR between the two is checked too.
+# With VNNI, ONNX Runtime's sums are exact, but it requantizes in float where eqquant uses a
+# fixed-point multiplier: a value one step apart inside a block can move the block's output
+# by two (measured on an AMD EPYC with AVX512-VNNI: 1 of 768 outputs of the downsample block
+# with int8 activations, per channel).
 ORT_EXACT = _cpu_has_vnni()
-AGREEMENT = 0.999 if ORT_EXACT else 0.7
+AGREEMENT = 0.995 if ORT_EXACT else 0.7
 
 
 def _agrees(ours, theirs, step) -> None:
-    share = np.mean(np.abs(ours - theirs) <= step * 1.0001)
+    steps = np.abs(ours - theirs) / step
+    share = np.mean(steps <= 1.0001)
     assert share >= AGREEMENT, share
+    if ORT_EXACT:
+        assert steps.max() <= 2.0001, steps.max()
     if not ORT_EXACT:
         # where ORT saturates, its output is still close to ours as a whole (measured here:
         # 19.3 to 34 dB; per-channel weights use their whole int8 range, so ORT's int16 pair
@@ -47,9 +54,11 @@ def _agrees(ours, theirs, step) -> None:
 
 
 
-def _ort_session(model, optimized=None):
+def _ort_session(model, optimized=None, fuse=True):
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if not fuse:     # each node as written: no QDQ fusion into ONNX Runtime's integer kernels
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if optimized:
         so.optimized_model_filepath = str(optimized)
     return ort.InferenceSession(model.SerializeToString(), so,
@@ -164,8 +173,10 @@ def test_export_command_writes_qdq_and_refuses_the_realize_view(tmp_path, capsys
 
 def test_a_marked_program_exports_its_marks_as_quantize_dequantize_pairs():
     """A calibration mark is fake quantization: exported, each is a QuantizeLinear and a
-    DequantizeLinear (never dropped as an identity), and ONNX Runtime computes the marked
-    program's values."""
+    DequantizeLinear (never dropped as an identity), and ONNX Runtime, running each node as
+    written, computes the marked program's values. (With its graph optimizations it fuses the
+    pairs into integer kernels that round the float bias its own way: on an AMD EPYC with
+    VNNI, 7% of this block's outputs then differ by two steps.)"""
     from eqquant.ir.interp import run
     from eqquant.core.nodes import Call, post_order
     from eqquant.quant.annotate import annotate
@@ -178,10 +189,11 @@ def test_a_marked_program_exports_its_marks_as_quantize_dequantize_pairs():
     kinds = [n.op_type for n in model.graph.node]
     assert marks > 0 and kinds.count("QuantizeLinear") >= marks
     assert kinds.count("DequantizeLinear") >= marks
-    sess = _ort_session(model)
+    sess = _ort_session(model, fuse=False)
     x = tests[0]
     want = run(marked, x)
     got = sess.run(None, {sess.get_inputs()[0].name: next(iter(x.values()))})[0]
     body = marked.main.body
     step = np.float32(body.args[1].value)       # the output mark's scale
-    _agrees(want, got, step)
+    steps = np.abs(want - got) / step
+    assert np.mean(steps <= 1.0001) >= 0.999 and steps.max() <= 1.0001, steps.max()
