@@ -5,8 +5,9 @@ Numba-compiled kernels through an intrinsic (so they cache like any other Numba 
 
 ``vpdpbusd`` multiplies 4 unsigned bytes of A by 4 signed bytes of B and adds the four products
 into one int32 lane, 16 lanes at a time. B is packed once as [O/64][K/4][64][4] (K padded to a
-multiple of 4, O a multiple of 64): one 64-byte load gives 4 k-values for 16 output channels,
-and each block of 64 channels is one contiguous panel that stays in cache. The micro-kernel
+multiple of 4, O padded with zero weights to a multiple of 64): one 64-byte load gives 4
+k-values for 16 output channels, and each block of 64 channels is one contiguous panel that
+stays in cache. The micro-kernel
 keeps 6 pixels x 64 channels in 24 accumulators, so each weight load feeds 6 ``vpdpbusd``; an
 int8 activation x is fed as the byte x + 128 and the product corrected by 128 * sum_k B[k, o]
 (see ``pack``).
@@ -25,7 +26,7 @@ from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel
 from .kernels_int8 import requantize_row, shift_params
 
 BLOCK = 64  # output channels per register block (4 x 16 lanes)
-PADS = False  # the output channels must be a multiple of BLOCK
+PADS = True   # any number of output channels: the last block is padded with zeros
 
 
 def available() -> bool:
@@ -60,14 +61,16 @@ def define_gemm(mod, fn, args, b):
 
 
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """int8 weights (O, K), O a multiple of 64 -> (B packed [O/64][K/4][64][4]: each block of
-    64 output channels contiguous, 128 * column sums (O,), K padded to a multiple of 4)."""
+    """int8 weights (O, K) -> (B packed [ceil(O/64)][Kp/4][64][4]: each block of 64 output
+    channels contiguous, O padded with zero rows; 128 * column sums (O,); Kp: K padded to a
+    multiple of 4). The GEMM's output has the padded width; the padded columns are 0."""
     o, k = w.shape
     kp = -(-k // 4) * 4
-    padded = np.zeros((o, kp), np.int8)
-    padded[:, :k] = w
+    op = -(-o // BLOCK) * BLOCK
+    padded = np.zeros((op, kp), np.int8)
+    padded[:o, :k] = w
     packed = np.ascontiguousarray(
-        padded.reshape(o // BLOCK, BLOCK, kp // 4, 4).transpose(0, 2, 1, 3))
+        padded.reshape(op // BLOCK, BLOCK, kp // 4, 4).transpose(0, 2, 1, 3))
     return packed, (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp
 
 
@@ -220,14 +223,15 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
     p_n = oh * ow
     o_n = out.shape[1] if channels_last else out.shape[0]
     oblocks, kq = packed.shape[0], packed.shape[1]
+    width = oblocks * BLOCK               # the GEMM's (padded) output channels
     kp = kq * 4
     add, left, total, half = _requantize_params(bias, correction, shifts)
     if p_n >= SMALL or oblocks == 1:
         for item in prange((p_n + CHUNK - 1) // CHUNK):
             p0, rows = _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, item, kp)
             n = rows.shape[0]
-            acc = np.empty((n, o_n), np.int32)
-            gemm_block(rows.ctypes.data, kp, packed.ctypes.data, acc.ctypes.data, o_n, 0, n,
+            acc = np.empty((n, width), np.int32)
+            gemm_block(rows.ctypes.data, kp, packed.ctypes.data, acc.ctypes.data, width, 0, n,
                        kq, oblocks)
             _finish(acc, o_n, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin,
                     zout, lo, hi, 0, p0, channels_last, out)

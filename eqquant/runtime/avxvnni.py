@@ -1,0 +1,129 @@
+"""An int8 GEMM on 256-bit VNNI (``vpdpbusd`` on ymm registers: AVX-VNNI, or AVX512-VNNI with
+AVX512-VL): LLVM IR written with llvmlite and emitted into Numba-compiled kernels through an
+intrinsic, like ``vnni.py``, whose interface it shares (pixel rows as unsigned bytes, packed
+weights, the same epilogue).
+
+    C[p, o] = sum_k A[p, k] * B[k, o]     A uint8 (P x K), B int8, C int32
+
+The instruction is the 512-bit kernel's on half the lanes: 4 unsigned bytes of A times 4
+signed bytes of B summed into one int32 lane, exact. Blocks are 16 output channels (two
+vectors of 8 lanes), so it serves CPUs with AVX-VNNI and no AVX-512 (16 vector registers:
+6 pixels x 2 accumulators + 2 weight vectors + the broadcast pixel), and, on a CPU with
+AVX512-VNNI, the layers whose width fills no 64-channel block of ``vnni.py`` (MobileNet's 24,
+96, 144 channels: padded to 16, not to 64). B is packed once as [O/16][K/4][16][4], O padded
+with zero weights to a multiple of 16; an int8 activation x is fed as the byte x + 128 and
+the product corrected by 128 * sum_k B[k, o] (see ``pack``).
+"""
+from __future__ import annotations
+
+
+import numpy as np
+from numba import njit, prange
+
+from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
+# the gather, set-up and epilogue it shares with the 512-bit kernel (windows: re-exported)
+from .vnni import CHUNK, SMALL, _chunk_windows, _finish, _requantize_params, _rows
+from .vnni import windows  # noqa: F401
+
+BLOCK = 16   # output channels per register block (2 x 8 lanes)
+ROWS = 6     # pixels per micro-kernel step
+PANEL = 64   # bytes of packed weights per k-quad and block (16 channels x 4 k)
+PADS = True  # any number of output channels: the last block is padded with zero weights
+
+
+def available() -> bool:
+    return cpu_has("avxvnni") or (cpu_has("avx512vnni") and cpu_has("avx512vl"))
+
+
+@gemm_definition("eqquant_vnni256_gemm", "i8")
+def define_gemm(mod, fn, args, b):
+    """Define (once per LLVM module) ``void eqquant_vnni256_gemm(A, lda, B, C, ldc, p0, p1,
+    kq, oblocks)``: for each block of 16 output channels, pixels p0..p1, ROWS at a time (then
+    one at a time), over all k-quads: 2 weight vectors loaded once per step feed ROWS
+    broadcast pixels."""
+    from llvmlite import ir
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    v8 = ir.VectorType(i32, 8)
+    dp = declare(mod, "llvm.x86.avx512.vpdpbusd.256", ir.FunctionType(v8, [v8, v8, v8]))
+    a_ptr = args[0]
+
+    def row_step(bc, start, k, accs, weights):
+        """the 4 bytes (a_k..a_k+3) of this pixel's row, broadcast, times 16 channels x 4 k"""
+        a_off = bc.add(start, bc.mul(k, ir.Constant(i64, 4)))
+        a32 = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=1)
+        av = splat(bc, a32, v8)
+        return [bc.call(dp, [accs[j], av, weights[j]]) for j in range(2)]
+
+    panel_gemm(fn, b, args, rows=ROWS, block=BLOCK, panel=PANEL, weights=(32, 2, v8, 1),
+               accumulators=(2, v8), row_step=row_step, out_lane=i32)
+
+
+def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """int8 weights (O, K) -> (B packed [ceil(O/16)][Kp/4][16][4], O padded with zero rows;
+    128 * column sums (O,); Kp: K padded to a multiple of 4). The GEMM's output has the
+    padded width; the padded columns are 0."""
+    o, k = w.shape
+    kp = -(-k // 4) * 4
+    op = -(-o // BLOCK) * BLOCK
+    padded = np.zeros((op, kp), np.int8)
+    padded[:o, :k] = w
+    packed = np.ascontiguousarray(
+        padded.reshape(op // BLOCK, BLOCK, kp // 4, 4).transpose(0, 2, 1, 3))
+    return packed, (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp
+
+
+# gemm_block(A address, lda, B address, C address, ldc, p0, p1, kq, oblocks).
+gemm_block = gemm_intrinsic(define_gemm, "i8")
+
+
+@njit(cache=True)
+def gemm(a_u8, packed, out):
+    """out = a_u8 @ B (a_u8: (P, Kp) uint8, out: (P, O') int32, O' the padded width)."""
+    gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data, out.ctypes.data,
+               out.shape[1], 0, a_u8.shape[0], packed.shape[1], packed.shape[0])
+
+
+@njit(parallel=True, cache=True)
+def gemm_parallel(a_u8, packed, out):
+    """``gemm`` over the cores: by chunks of pixels when there are many, by blocks of output
+    channels when the image is small."""
+    p, oblocks, kq = a_u8.shape[0], packed.shape[0], packed.shape[1]
+    if p >= SMALL or oblocks == 1:
+        for t in prange((p + CHUNK - 1) // CHUNK):
+            gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data, out.ctypes.data,
+                       out.shape[1], t * CHUNK, min(p, t * CHUNK + CHUNK), kq, oblocks)
+    else:
+        for ob in prange(oblocks):
+            gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data + ob * kq * PANEL,
+                       out.ctypes.data + ob * BLOCK * 4, out.shape[1], 0, p, kq, 1)
+
+
+@njit(parallel=True, cache=True)
+def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, correction, bias,
+                    clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi, channels_last,
+                    out):
+    """A whole fused int8 convolution of one image in one parallel region (as
+    ``vnni.conv_requantize``: out (O, oh*ow), or (oh*ow, O) when ``channels_last``)."""
+    p_n = oh * ow
+    o_n = out.shape[1] if channels_last else out.shape[0]
+    oblocks, kq = packed.shape[0], packed.shape[1]
+    width = oblocks * BLOCK               # the GEMM's (padded) output channels
+    kp = kq * 4
+    add, left, total, half = _requantize_params(bias, correction, shifts)
+    if p_n >= SMALL or oblocks == 1:
+        for item in prange((p_n + CHUNK - 1) // CHUNK):
+            p0, rows = _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, item, kp)
+            n = rows.shape[0]
+            acc = np.empty((n, width), np.int32)
+            gemm_block(rows.ctypes.data, kp, packed.ctypes.data, acc.ctypes.data, width, 0, n,
+                       kq, oblocks)
+            _finish(acc, o_n, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin,
+                    zout, lo, hi, 0, p0, channels_last, out)
+    else:
+        rows = _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
+        for ob in prange(oblocks):
+            acc = np.empty((p_n, BLOCK), np.int32)
+            gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
+                       acc.ctypes.data, BLOCK, 0, p_n, kq, 1)
+            _finish(acc, min(BLOCK, o_n - ob * BLOCK), add, clamp_lo, clamp_hi, multipliers,
+                    left, total, half, zin, zout, lo, hi, ob * BLOCK, 0, channels_last, out)
