@@ -55,7 +55,8 @@ def program_costs(mod: Module, model: CostModel) -> OpCosts:
             continue
         if isinstance(node, Call) and not isinstance(node.op, Expr):
             in_types = [types[id(a)] for a in node.args]
-            c = model.op_cost(node.op, node.attrs, in_types, types[id(node)])
+            consts = frozenset(i for i, a in enumerate(node.args) if id(a) in const)
+            c = model.instance_cost(node.op, node.attrs, in_types, types[id(node)], consts)
             n, total = out.rows.get(node.op.name, (0, 0.0))
             out.rows[node.op.name] = (n + 1, total + c)
     return out
@@ -74,11 +75,13 @@ class OptimizeResult:
     seconds: dict[str, float]
     enodes: int = 0
     eclasses: int = 0
+    model_summary: str = ""        # where the costs came from (a measured model's counts)
 
     def explain(self) -> str:
-        unit = "s" if self.model == "cpu" else ""
+        unit = "s" if self.model in ("cpu", "measured") else ""
         fmt = (lambda v: f"{v * 1e3:10.3f} ms") if unit == "s" else (lambda v: f"{v:10.0f}")
         lines = [f"cost model {self.model}, extractor {self.extractor}",
+                 *([self.model_summary] if self.model_summary else []),
                  f"cost before {fmt(self.before.total).strip()}, after "
                  f"{fmt(self.after.total).strip()}"
                  + (f" ({self.before.total / self.after.total:.2f}x)" if self.after.total else ""),
@@ -165,7 +168,9 @@ def optimize(module: Module, params: Mapping[str, np.ndarray] | None = None,
     check_module(out)
     seconds["fold"] = time.perf_counter() - t
     enodes, eclasses = view.size()
-    return OptimizeResult(out, constant_params(out), report, program_costs(mod, model),
-                          program_costs(out, model), model.name, ex.method,
-                          session.rule_locations(), seconds, enodes, eclasses)
+    before, after = program_costs(mod, model), program_costs(out, model)
+    model.flush()
+    return OptimizeResult(out, constant_params(out), report, before, after, model.name,
+                          ex.method, session.rule_locations(), seconds, enodes, eclasses,
+                          model.summary() if model.name == "measured" else "")
 

@@ -26,6 +26,15 @@ def seed_file(prefix: str) -> Path:
     return found[0]
 
 
+# The tests never read or write the user's kernel-time cache (runtime/measured_cost.py): with
+# one, the default cost model would be the measured one, and extractions would depend on
+# what this machine timed before.
+import tempfile  # noqa: E402
+import os  # noqa: E402
+
+os.environ["EQQUANT_CACHE_DIR"] = tempfile.mkdtemp(prefix="eqquant-test-cache-")
+
+
 # CI runs a fixed sequence of examples (a red build means a change broke something); a
 # developer's run explores new ones each time.
 import os  # noqa: E402

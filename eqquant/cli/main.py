@@ -199,8 +199,11 @@ def _opt_options(fn):
                      "repeat the option for several."),
         click.option("--schedule", "-s", help='Phases, e.g. "simplify; bn_fold*10; '
                      'simplify" (default: each rule set once, in order), or @FILE.'),
-        click.option("--cost", default="cpu", show_default=True,
-                     type=click.Choice(["cpu", "nodes"]), help="Cost model."),
+        click.option("--cost", default="auto", show_default=True,
+                     type=click.Choice(["auto", "measured", "cpu", "nodes"]),
+                     help="Cost model: measured (this machine's kernel times, timing what "
+                     "the cache lacks), cpu (roofline), nodes; auto: measured from the "
+                     "cache once this machine has one (eqquant profile), else cpu."),
         click.option("--extractor", default="greedy", show_default=True,
                      type=click.Choice(["greedy", "ilp"])),
         click.option("--iterations", default=30, show_default=True,
@@ -221,11 +224,13 @@ def _optimize(model, params, rules, schedule, cost, extractor, iterations, node_
     from ..ir.loader import load_program, read_source
     from ..optimizer import optimize
     from ..rules.loader import load_rules
+    from ..runtime.measured_cost import resolve_cost
     mod, values = load_program(model, params)
     if schedule and schedule.startswith("@"):
         schedule = read_source(schedule[1:])
-    return optimize(mod, values, [load_rules(r) for r in rules], schedule=schedule, cost=cost,
-                    extractor=extractor, limits=Limits(iterations, node_limit, time_limit))
+    return optimize(mod, values, [load_rules(r) for r in rules], schedule=schedule,
+                    cost=resolve_cost(cost), extractor=extractor,
+                    limits=Limits(iterations, node_limit, time_limit))
 
 
 @cli.command()
@@ -243,6 +248,8 @@ def opt(model, params, rules, schedule, cost, extractor, iterations, node_limit,
     ir_path, npz = save_program(output, result.module)
     click.echo(f"wrote {ir_path} and {npz}: cost {result.before.total:.4g} -> "
                f"{result.after.total:.4g} ({result.model})")
+    if result.model_summary:
+        click.echo(result.model_summary)
     if not result.report.saturated:
         click.echo("LIMIT HIT: " + "; ".join(result.report.limits_hit), err=True)
 
@@ -284,11 +291,16 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
               help="cpu: the layouts layout.rules chose for eqquant's kernels (channel-last "
                    "convolutions); nchw: every value NCHW (the interchange form, as ONNX "
                    "takes it).")
+@click.option("--cost", default="auto", show_default=True,
+              type=click.Choice(["auto", "measured", "cpu"]),
+              help="Cost model: measured (this machine's kernel times, timing what the cache "
+                   "lacks), cpu (roofline); auto: measured from the cache once this machine "
+                   "has one (eqquant profile), else cpu.")
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The int8 program (.ir); weights go to the .npz and the calibration "
                    "table to the .calib.json beside it.")
 def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activations, skip,
-                 layouts, output):
+                 layouts, cost, output):
     """Quantize MODEL (text IR or .onnx) to int8: calibrate, apply the quantize rules,
     report accuracy."""
     import json
@@ -304,7 +316,7 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
     samples = calibration_samples(calib, m)
     with click.progressbar(length=len(samples), label="calibrating", file=sys.stderr) as bar:
         result = quantize(m.module, m.params, samples, mode, weight_scale, per_channel,
-                          dtype=activations, skip=list(skip),
+                          dtype=activations, skip=list(skip), cost=cost,
                           progress=lambda n: bar.update(1), layouts=layouts == "cpu")
     table_path = output.with_suffix(".calib.json")
     report_path = output.with_suffix(".report.json")
@@ -316,6 +328,48 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
     click.echo(result.report())
     click.echo(f"wrote {ir_path}, {npz}, {table_path} and {report_path} "
                f"(eqquant plot sqnr {report_path} -o sqnr.png draws it)")
+
+
+@cli.command("profile")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--params", "-p", type=click.Path(dir_okay=False, path_type=Path),
+              help="Weights (.npz) of a text-IR MODEL; default: the .npz beside it, if any.")
+@click.option("--calib", type=click.Path(dir_okay=False, path_type=Path),
+              help="Calibration set (.npz, as for quantize); default: 4 random inputs (the "
+                   "kernels' times depend on shapes and types, not on values).")
+@click.option("--per-channel", is_flag=True, help="One weight scale per output channel.")
+@click.option("--activations", type=click.Choice(["uint8", "int8"]), default="uint8",
+              show_default=True)
+def profile_cmd(model, params, calib, per_channel, activations):
+    """Time on this machine every kernel instance the fp32, int8 and layout e-graphs of MODEL
+    hold, into the kernel-time cache that the measured cost model reads (and that quantize
+    and opt then use by default)."""
+    from ..api import calibration_samples, load
+    from ..runtime.measured_cost import MeasuredCost
+    from ..quant.flow import quantize
+    m = load(model, params)
+    if calib is not None:
+        samples = calibration_samples(calib, m)
+    else:
+        rng = np.random.default_rng(0)
+        samples = [{p.name: rng.standard_normal(p.type.shape).astype(p.type.dtype)
+                    for p in m.module.main.params} for _ in range(4)]
+    count = [0]
+
+    def progress(key):
+        count[0] += 1
+        click.echo(f"\rtimed {count[0]} kernel instances", nl=False, err=True)
+    cost = MeasuredCost(progress=progress)
+    try:
+        quantize(m.module, m.params, samples, "minmax", per_channel=per_channel,
+                 dtype=activations, cost=cost)
+    finally:
+        cost.flush()
+        if count[0]:
+            click.echo("", err=True)
+    click.echo(cost.summary().removeprefix("cost model: "))
+    for key, why in sorted(cost.estimated.items()):
+        click.echo(f"  {key}: {why}")
 
 
 def _parse_shapes(specs) -> dict[str, tuple[int, ...]]:

@@ -7,6 +7,8 @@ Extraction adds these up over the chosen program, counting a shared value once; 
 is a constant subexpression costs nothing (it is folded at compile time), and so do leaves.
 
 - ``nodes``: one per op call, zero for ops that do nothing at run time (annotations, views).
+- ``measured`` and ``auto``: this machine's kernel times (``runtime/measured_cost.py``: they
+  time the kernels, so they live with them).
 - ``cpu``: a roofline-style latency estimate: arithmetic at a peak that depends on the dtype,
   plus the bytes the op reads and writes at memory bandwidth. The int8 peak is 2.4x the fp32
   one: what eqquant's own kernels measured on a VNNI machine (``bench/int8_factor.py``:
@@ -50,6 +52,19 @@ class CostModel:
                 out_type: Type) -> float:
         raise NotImplementedError
 
+    def instance_cost(self, op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type],
+                      out_type: Type, consts: frozenset[int] = frozenset()) -> float:
+        """The cost of a call whose inputs ``consts`` are compile-time constants (a measured
+        model times such a call as the executor runs it: weights prepacked)."""
+        return self.op_cost(op, attrs, in_types, out_type)
+
+    def summary(self) -> str:
+        """One line on where the costs came from (for reports)."""
+        return f"cost model: {self.name}"
+
+    def flush(self) -> None:
+        """Keep what was learnt (a measured model saves its cache)."""
+
 
 class NodeCount(CostModel):
     name = "nodes"
@@ -88,8 +103,11 @@ MODELS = {"nodes": NodeCount, "cpu": CpuLatency}
 
 
 def cost_model(name: str | CostModel) -> CostModel:
+    """A cost model by name: ``nodes`` or ``cpu`` (roofline); ``runtime.measured_cost`` adds
+    ``measured`` and ``auto`` (this machine's kernel times), which need the kernels."""
     if isinstance(name, CostModel):
         return name
     if name not in MODELS:
-        raise EqquantError(f"unknown cost model '{name}' (there are: {', '.join(MODELS)})")
+        raise EqquantError(f"unknown cost model '{name}' (there are: {', '.join(MODELS)}; "
+                           f"measured and auto: runtime.measured_cost.resolve_cost)")
     return MODELS[name]()

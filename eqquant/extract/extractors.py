@@ -39,8 +39,9 @@ def node_costs(view: EGraphView, model: CostModel) -> dict[str, float]:
             if n.kind != "op" or cls in view.const:
                 out[n.node_id] = 0.0
             else:
-                out[n.node_id] = model.op_cost(n.op, n.attrs, view.input_types_of(n),
-                                               view.types[cls])
+                consts = frozenset(i for i, k in enumerate(n.children) if k in view.const)
+                out[n.node_id] = model.instance_cost(n.op, n.attrs, view.input_types_of(n),
+                                                     view.types[cls], consts)
     return out
 
 

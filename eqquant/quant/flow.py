@@ -20,6 +20,7 @@ from ..core.nodes import Call, Expr, Function, Module, Scalar, post_order, rewri
 from ..ir.params import bind_params
 from ..ir.printer import value_labels
 from ..ops.registry import ANNOTATION, OUTPUT_SCALE, OUTPUT_ZERO_POINT, QUANT
+from ..extract.cost import CostModel
 from ..optimizer import OptimizeResult, optimize
 from .annotate import annotate, as_inputs, calibrate, qparams
 from .calibrate import CalibrationTable
@@ -67,6 +68,7 @@ class QuantizeResult:
     # the same program with its layouts chosen for the CPU kernels (layout.rules): what runs
     compiled: Module | None = None
     layouts: OptimizeResult | None = None
+    cost_summary: str = ""         # the cost model, and where its costs came from
 
     @property
     def runnable(self) -> Module:
@@ -83,6 +85,7 @@ class QuantizeResult:
                  f"extracted program: {integer} of {len(calls)} ops compute integers "
                  f"(the cost model chose; cost {self.optimized.before.total * 1e3:.3f} -> "
                  f"{self.optimized.after.total * 1e3:.3f} ms)",
+                 *([self.cost_summary] if self.cost_summary else []),
                  *[f"kept in float: {why}" for why in self.kept_float],
                  f"{'value':12s} {'SQNR dB':>8s}"]
         lines += [f"{name:12s} {db:8.1f}" for name, db in self.layers]
@@ -166,9 +169,11 @@ def evaluate(fp32: Module, int8: Module, table: CalibrationTable, dtype: str,
 def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
              samples: Iterable[Mapping[str, np.ndarray]], mode: str = "kl_divergence",
              weight_scale: str = "max", per_channel: bool = False, dtype: str = "uint8",
-             skip: Sequence[str] = (), cost: str = "cpu", progress=None,
+             skip: Sequence[str] = (), cost: str | CostModel = "auto", progress=None,
              check_input: Mapping[str, np.ndarray] | None = None,
              layouts: bool = True) -> QuantizeResult:
+    from ..runtime.measured_cost import resolve_cost
+    cost = resolve_cost(cost)        # one model for every phase (a measured one counts)
     fp = optimize(bind_params(mod, params) if params else mod, None, FP32_RULES,
                   FP32_SCHEDULE, cost=cost).module
     samples = [as_inputs(x, fp.main) for x in samples]
@@ -184,5 +189,5 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
         output["samples"] = min(len(samples), 8)
     chosen = optimize(int8, None, LAYOUT_RULES, cost=cost) if layouts else None
     return QuantizeResult(int8, fp, table, result, layers, output, dtype, kept_float,
-                          chosen.module if chosen else None, chosen)
+                          chosen.module if chosen else None, chosen, cost.summary())
 

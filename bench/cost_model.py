@@ -1,0 +1,65 @@
+"""How well each cost model predicts a whole program's latency on this machine.
+
+    python bench/cost_model.py [--models resnet18 resnet50 mobilenet_v2]
+
+For each zoo model, its optimized fp32 program and its int8 program (per-channel minmax, the
+layouts chosen for the CPU kernels): the executor's latency (median of warm runs, 2 threads),
+the measured cost model's prediction (the sum of its kernel instances' times, timing what the
+cache lacks) and the roofline model's, each with its error. The kernel-time cache is the
+user's (``EQQUANT_CACHE_DIR`` to keep it apart).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("NUMBA_NUM_THREADS", "2")
+
+import numpy as np  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["resnet18", "resnet50", "mobilenet_v2"])
+    ap.add_argument("--runs", type=int, default=20)
+    args = ap.parse_args()
+    from eqquant.extract.cost import CpuLatency
+    from eqquant.runtime.measured_cost import MeasuredCost, cpu_model
+    from eqquant.optimizer import program_costs
+    from eqquant.quant.flow import quantize
+    from eqquant.runtime.bindings_int8 import int8_path
+    from eqquant.runtime.executor import Executor
+    from eqquant.zoo import build
+    print(f"CPU: {cpu_model()}; int8 kernel path: {int8_path()}; "
+          f"{os.environ['NUMBA_NUM_THREADS']} threads")
+    measured, roofline = MeasuredCost(), CpuLatency()
+    print(f"{'program':22s} {'executor':>10s} {'measured model':>22s} {'roofline model':>22s}")
+    for name in args.models:
+        m = build(name)
+        rng = np.random.default_rng(0)
+        x = {p.name: rng.standard_normal(p.type.shape).astype("float32")
+             for p in m.module.main.params}
+        r = quantize(m.module, m.params, [x], "minmax", per_channel=True, cost="cpu")
+        for label, prog in (("fp32", r.fp32), ("int8", r.runnable)):
+            ex = Executor(prog)
+            for _ in range(3):
+                ex.run(x)
+            times = []
+            for _ in range(args.runs):
+                t = time.perf_counter()
+                ex.run(x)
+                times.append(time.perf_counter() - t)
+            real = float(np.median(times))
+            cells = []
+            for model in (measured, roofline):
+                pred = program_costs(prog, model).total
+                cells.append(f"{pred * 1e3:9.2f} ms ({(pred / real - 1) * 100:+5.0f}%)")
+            print(f"{name + ' ' + label:22s} {real * 1e3:7.2f} ms {cells[0]:>22s} "
+                  f"{cells[1]:>22s}", flush=True)
+    measured.flush()
+    print(measured.summary())
+
+
+if __name__ == "__main__":
+    main()

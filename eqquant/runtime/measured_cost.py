@@ -1,0 +1,179 @@
+"""The measured cost model: each kernel instance's time on this machine, timed once and cached.
+
+    model = MeasuredCost()                 # times what the cache lacks (on the real kernels)
+    model = MeasuredCost(measure=False)    # the cache only: the rest from the roofline model
+    resolve_cost("auto")                   # measured (cache only) once this machine has a
+                                           # cache entry, the roofline model before
+
+A kernel instance is an op with its attributes, input and output types and which inputs are
+compile-time constants (``runtime.timing``). Its time is the median of a few warm calls of the
+executor's own kernel. The times live in one JSON file per user (``EQQUANT_CACHE_DIR``, else
+``$XDG_CACHE_HOME/eqquant``, else ``~/.cache/eqquant``): ``kernel-times.json``, keyed by the
+machine (CPU model, int8 kernel path, threads, eqquant version), so a second compile on the
+same machine times nothing, and a new CPU, path or release starts afresh.
+
+Instances never timed (a cache-only model, or an instance whose timing failed) cost what the
+roofline model (``CpuLatency``) estimates; ``summary()`` says how many did, and the quantize
+and optimize reports print it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..core.types import Type
+from ..extract.cost import CostModel, CpuLatency, cost_model
+from ..ops.registry import OpDef
+
+CACHE_FILE = "kernel-times.json"
+
+
+def cache_dir() -> Path:
+    if os.environ.get("EQQUANT_CACHE_DIR"):
+        return Path(os.environ["EQQUANT_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "eqquant"
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
+def machine_key() -> str:
+    """What a kernel time depends on besides the instance: CPU, int8 path, threads, release."""
+    import numba
+    from importlib.metadata import PackageNotFoundError, version
+    from .bindings_int8 import int8_path
+    try:
+        release = version("eqquant")
+    except PackageNotFoundError:      # (run from a source tree that was never installed)
+        release = "unknown"
+    return (f"{cpu_model()} | int8 {int8_path()} | {numba.get_num_threads()} threads | "
+            f"eqquant {release}")
+
+
+def instance_key(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_type: Type,
+                 consts: frozenset[int]) -> str:
+    shown = ", ".join(f"{k}={attrs[k]!r}" for k in sorted(attrs))
+    kinds = ", ".join(("const " if i in consts else "") + str(t) for i, t in enumerate(in_types))
+    return f"{op.name}[{shown}]({kinds}) -> {out_type}"
+
+
+class KernelTimes:
+    """The cache file: {machine key: {instance key: seconds}}; this machine's table in
+    ``times``. ``save()`` merges into the file as it is now and replaces it atomically."""
+
+    def __init__(self, path: Path | None = None, machine: str | None = None):
+        self.path = path or cache_dir() / CACHE_FILE
+        self.machine = machine or machine_key()
+        self.times: dict[str, float] = dict(self._read().get(self.machine, {}))
+        self.dirty = False
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}     # no cache yet, or a damaged one: it is rebuilt
+
+    def put(self, key: str, seconds: float) -> None:
+        self.times[key] = seconds
+        self.dirty = True
+
+    def save(self) -> None:
+        if not self.dirty:
+            return
+        data = self._read()
+        data.setdefault(self.machine, {}).update(self.times)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=0, sort_keys=True))
+        os.replace(tmp, self.path)
+        self.dirty = False
+
+
+class MeasuredCost(CostModel):
+    """Seconds: the instance's measured time (``KernelTimes``), timed now when ``measure`` and
+    the cache lacks it, else the roofline estimate."""
+
+    name = "measured"
+
+    def __init__(self, times: KernelTimes | None = None, measure: bool = True,
+                 fallback: CostModel | None = None, progress=None):
+        self.times = times if times is not None else KernelTimes()
+        self.measure = measure
+        self.fallback = fallback or CpuLatency()
+        self.progress = progress           # called with each instance key timed
+        self.cached: set[str] = set()      # instances read from the cache
+        self.timed: set[str] = set()       # timed by this model
+        self.estimated: dict[str, str] = {}  # instance -> why it was estimated
+        self._saved = time.monotonic()
+
+    def op_cost(self, op, attrs, in_types, out_type) -> float:
+        return self.instance_cost(op, attrs, in_types, out_type, frozenset())
+
+    def instance_cost(self, op, attrs, in_types, out_type, consts=frozenset()) -> float:
+        if not op.moves_data:
+            return 0.0
+        key = instance_key(op, attrs, in_types, out_type, frozenset(consts))
+        t = self.times.times.get(key)
+        if t is not None:
+            if key not in self.timed:
+                self.cached.add(key)
+            return t
+        if self.measure and key not in self.estimated:
+            from .timing import time_instance
+            try:
+                t = time_instance(op, attrs, in_types, out_type, consts)
+            except Exception as e:  # noqa: BLE001 - an instance that cannot run alone
+                self.estimated[key] = f"not timed: {type(e).__name__}: {e}"
+            else:
+                self.times.put(key, t)
+                self.timed.add(key)
+                if self.progress is not None:
+                    self.progress(key)
+                if time.monotonic() - self._saved > 2.0:
+                    self.flush()
+                return t
+        self.estimated.setdefault(key, "not in the cache")
+        return self.fallback.op_cost(op, attrs, in_types, out_type)
+
+    def flush(self) -> None:
+        self.times.save()
+        self._saved = time.monotonic()
+
+    def summary(self) -> str:
+        return (f"cost model: measured kernel times ({self.times.path}): {len(self.cached)} "
+                f"instances "
+                f"from the cache, {len(self.timed)} timed now, {len(self.estimated)} estimated "
+                f"by the roofline model")
+
+
+def auto_model() -> CostModel:
+    """The measured model (cache only) once this machine has kernel times, else the roofline
+    model."""
+    times = KernelTimes()
+    return MeasuredCost(times, measure=False) if times.times else CpuLatency()
+
+
+COST_NAMES = ("auto", "measured", "cpu", "nodes")
+
+
+def resolve_cost(name: str | CostModel) -> CostModel:
+    """A cost model by name: ``measured`` (timing what the cache lacks), ``auto``
+    (``auto_model``), or one of ``extract.cost``'s (``cpu``, ``nodes``); a model as it is."""
+    if name == "measured":
+        return MeasuredCost()
+    if name == "auto":
+        return auto_model()
+    return cost_model(name)

@@ -1,0 +1,178 @@
+"""The measured cost model: kernel instances timed once on this machine and cached, the cache
+read by later compiles without timing, ``auto`` choosing it once the cache exists, and the
+report saying where the costs came from."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from eqquant.core.types import TensorType
+from eqquant.extract.cost import CostModel, CpuLatency
+from eqquant.runtime.measured_cost import KernelTimes, MeasuredCost, instance_key, resolve_cost
+from eqquant.ops.registry import get_op
+
+
+def _conv_instance():
+    op = get_op("fused.qconv2d")
+    attrs = op.canonical_attrs(dict(strides=[1, 1], padding=[1, 1, 1, 1], activation="relu",
+                                    out_dtype="uint8", axis=1, kernel_size=[3, 3],
+                                    channels=16))
+    t = TensorType
+    ins = [t((1, 8, 12, 12), "uint8"), t((16, 8, 3, 3), "int8"), t((16, 1, 1), "int32"),
+           t((), "int32"), t((), "int32"), t((), "float32"), t((16,), "float32"),
+           t((16,), "float32"), t((), "int32"), t((), "float32"), t((), "int32")]
+    return op, attrs, ins, t((1, 16, 12, 12), "uint8"), frozenset(range(1, 11))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_an_instance_is_timed_once_and_read_back_by_the_next_compile(cache):
+    op, attrs, ins, out, consts = _conv_instance()
+    first = MeasuredCost()
+    t = first.instance_cost(op, attrs, ins, out, consts)
+    assert 0 < t < 1.0 and len(first.timed) == 1 and not first.cached
+    assert first.instance_cost(op, attrs, ins, out, consts) == t      # asked again: no timing
+    assert len(first.timed) == 1
+    first.flush()
+    data = json.loads((cache / "kernel-times.json").read_text())
+    (machine, table), = data.items()
+    assert "eqquant" in machine and "int8" in machine and "threads" in machine
+    assert table == {instance_key(op, attrs, ins, out, consts): t}
+    second = MeasuredCost(measure=False)           # a second compile: the cache only
+    assert second.instance_cost(op, attrs, ins, out, consts) == t
+    assert len(second.cached) == 1 and not second.timed and not second.estimated
+    # the constants are part of the instance: a weight read at run time is another one
+    assert second.instance_cost(op, attrs, ins, out, frozenset()) == \
+        CpuLatency().op_cost(op, attrs, ins, out)
+    assert len(second.estimated) == 1 and "1 estimated by the roofline" in second.summary()
+
+
+def test_another_machine_or_release_starts_afresh(cache):
+    op, attrs, ins, out, consts = _conv_instance()
+    mine = MeasuredCost()
+    mine.instance_cost(op, attrs, ins, out, consts)
+    mine.flush()
+    other = KernelTimes(machine="another CPU | int8 portable | 2 threads | eqquant 0.0")
+    assert other.times == {}
+    other.put("x", 1.0)
+    other.save()                                   # both tables live in the one file
+    assert len(json.loads((cache / "kernel-times.json").read_text())) == 2
+    assert len(KernelTimes().times) == 1
+
+
+def test_a_damaged_cache_is_rebuilt_not_fatal(cache):
+    (cache / "kernel-times.json").write_text("{not json")
+    op, attrs, ins, out, consts = _conv_instance()
+    model = MeasuredCost()
+    model.instance_cost(op, attrs, ins, out, consts)
+    model.flush()
+    assert len(KernelTimes().times) == 1
+
+
+def test_auto_is_the_roofline_model_until_this_machine_has_times(cache):
+    assert isinstance(resolve_cost("auto"), CpuLatency)
+    op, attrs, ins, out, consts = _conv_instance()
+    m = MeasuredCost()
+    m.instance_cost(op, attrs, ins, out, consts)
+    m.flush()
+    auto = resolve_cost("auto")
+    assert isinstance(auto, MeasuredCost) and not auto.measure
+
+
+def test_the_quantize_report_says_where_its_costs_came_from(cache):
+    from eqquant.quant.flow import quantize
+    from eqquant.zoo import build
+    m = build("resnet18_stem", image_size=32)
+    rng = np.random.default_rng(0)
+    samples = [{"data": rng.normal(size=(1, 3, 32, 32)).astype("float32")} for _ in range(2)]
+    r = quantize(m.module, m.params, samples, "minmax", cost="auto")
+    assert "cost model: cpu" in r.report()
+    r = quantize(m.module, m.params, samples, "minmax", cost="measured")
+    timed = len(KernelTimes().times)
+    assert timed > 10 and f"0 instances from the cache, {timed} timed now" in r.report()
+    again = quantize(m.module, m.params, samples, "minmax")          # auto: now measured
+    assert f"{timed} instances from the cache, 0 timed now, 0 estimated" in again.report()
+    from eqquant.ir.printer import print_module     # the same costs: the same program
+    assert print_module(again.module) == print_module(r.module)
+
+
+def test_profile_fills_the_cache_from_the_command_line(cache, tmp_path):
+    from conftest import cli_exit
+    from eqquant.zoo import build, write
+    m = build("resnet18_stem", image_size=32)
+    write(m, tmp_path / "m")
+    ir = next((tmp_path / "m").glob("*.ir"))
+    assert cli_exit(["profile", str(ir)]) == 0
+    assert len(KernelTimes().times) > 10
+
+
+class _FloatOnly(CostModel):
+    """Extraction pinned to float kernels: an op reading or computing integers costs a second
+    more (a mark stays a mark: it costs nothing and is written out as a quantize/dequantize
+    pair, the one place the float program computes integers)."""
+
+    def __init__(self, model):
+        self.model, self.name = model, "float-only"
+
+    def instance_cost(self, op, attrs, in_types, out_type, consts=frozenset()):
+        ints = [t for t in (*in_types, out_type) if getattr(t, "dtype", "float32")
+                in ("int8", "uint8", "int32")]
+        return self.model.instance_cost(op, attrs, in_types, out_type, consts) + \
+            (1.0 if ints and op.moves_data else 0.0)
+
+    def op_cost(self, op, attrs, in_types, out_type):
+        return self.instance_cost(op, attrs, in_types, out_type)
+
+    def summary(self):
+        return self.name
+
+    def flush(self):
+        self.model.flush()
+
+
+def test_with_slow_integer_kernels_the_measured_model_keeps_layers_in_float(cache, monkeypatch):
+    """EQQUANT_INT8_KERNEL=portable (integer convolutions on plain loops): the measured model
+    keeps in float each convolution whose integer kernel it timed slower than the float one,
+    and the program it extracts costs less (in measured kernel times) than the all-int8
+    program of the same marks, and no more than the all-float one. (On the machines measured
+    so far every portable integer convolution was the slower, so the program is all float.)"""
+    from eqquant.core.nodes import Call, Constant, Scalar, post_order
+    from eqquant.ir.typecheck import infer_types
+    from eqquant.optimizer import program_costs
+    from eqquant.quant.flow import quantize
+    from eqquant.zoo import build
+    monkeypatch.setenv("EQQUANT_INT8_KERNEL", "portable")
+    m = build("resnet18_stem", image_size=64)
+    rng = np.random.default_rng(0)
+    samples = [{"data": rng.normal(size=(1, 3, 64, 64)).astype("float32")} for _ in range(2)]
+    measured = MeasuredCost()
+    programs = {name: quantize(m.module, m.params, samples, "minmax", per_channel=True,
+                               cost=cost, layouts=False).module
+                for name, cost in (("mixed", measured), ("int8", "cpu"),
+                                   ("float", _FloatOnly(measured)))}
+
+    def convs(mod):
+        """(is it integer, its measured time) for each convolution, in program order"""
+        types = infer_types(mod)
+        out = []
+        for n in post_order(mod.main.body):
+            if isinstance(n, Call) and n.op_name in ("fused.qconv2d", "fused.conv2d",
+                                                      "nn.conv2d"):
+                consts = frozenset(i for i, a in enumerate(n.args)
+                                   if isinstance(a, (Constant, Scalar)))
+                out.append((n.op_name == "fused.qconv2d", measured.instance_cost(
+                    n.op, n.attrs, [types[id(a)] for a in n.args], types[id(n)], consts)))
+        return out
+    mixed, int8, floating = (convs(programs[k]) for k in ("mixed", "int8", "float"))
+    assert all(q for q, _ in int8) and not any(q for q, _ in floating)
+    assert len(mixed) == len(int8) == len(floating) == 3
+    for (q, _), (_, t_int), (_, t_float) in zip(mixed, int8, floating):
+        assert not (q and t_int > t_float), (t_int, t_float)   # slower in int8: kept float
+    cost = {k: program_costs(p, measured).total for k, p in programs.items()}
+    assert cost["mixed"] < cost["int8"] and cost["mixed"] <= cost["float"] * 1.0001, cost
