@@ -239,9 +239,16 @@ def _samples(data: Any, model: Model) -> list[dict[str, np.ndarray]]:
 def quantize(model: Any, calibration_data: Any, mode: str = "kl_divergence",
              weight_scale: str = "max", per_channel: bool = False,
              activations: str = "uint8", skip: Iterable[str] = (),
-             progress: bool = False) -> Model:
+             progress: bool = False, cost: str = "auto", min_sqnr: float | None = None,
+             budget_ms: float | None = None, keep_fp32: Iterable[str] = (),
+             metric=None, max_drop: float | None = None) -> Model:
     """The int8 model of ``model`` (anything :func:`load` takes), calibrated on
-    ``calibration_data`` (see :func:`calibration_samples`); ``.report()`` gives its accuracy."""
+    ``calibration_data`` (see :func:`calibration_samples`); ``.report()`` gives its accuracy.
+
+    Mixed precision: ``min_sqnr`` (dB at the output), ``budget_ms`` (the most accurate program
+    within that predicted latency), ``keep_fp32`` (values to leave in float, e.g. ``"%3"``),
+    or ``metric`` (a function of ``run(inputs) -> output``, higher is better) with
+    ``max_drop``: which values are quantized is then chosen by extraction."""
     from .quant.flow import quantize as run_flow
     m = load(model)
     samples = calibration_samples(calibration_data, m)
@@ -253,8 +260,10 @@ def quantize(model: Any, calibration_data: Any, mode: str = "kl_divergence",
         if progress else contextlib.nullcontext()
     with bar as b:
         result = run_flow(m.module, m.params, samples, mode, weight_scale, per_channel,
-                          dtype=activations, skip=list(skip),
-                          progress=(lambda n: b.update(1)) if progress else None)
+                          dtype=activations, skip=list(skip), cost=cost,
+                          progress=(lambda n: b.update(1)) if progress else None,
+                          min_sqnr=min_sqnr, budget_ms=budget_ms, keep_fp32=list(keep_fp32),
+                          metric=metric, max_drop=max_drop)
     # what runs and is saved: the program with its layouts chosen for the CPU kernels
     return Model(result.runnable, {}, f"{m.name}.int8", list(m.notes), dict(m.aliases),
                  quantized=result)

@@ -296,11 +296,17 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
               help="Cost model: measured (this machine's kernel times, timing what the cache "
                    "lacks), cpu (roofline); auto: measured from the cache once this machine "
                    "has one (eqquant profile), else cpu.")
+@click.option("--min-sqnr", type=float, help="Mixed precision: the cheapest program whose "
+              "output SQNR (dB, on the calibration set) is at least this.")
+@click.option("--budget-ms", type=float, help="Mixed precision: the most accurate program "
+              "whose predicted latency is at most this.")
+@click.option("--keep-fp32", multiple=True, help="A value to leave in float (e.g. %3); "
+              "repeatable.")
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The int8 program (.ir); weights go to the .npz and the calibration "
                    "table to the .calib.json beside it.")
 def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activations, skip,
-                 layouts, cost, output):
+                 layouts, cost, min_sqnr, budget_ms, keep_fp32, output):
     """Quantize MODEL (text IR or .onnx) to int8: calibrate, apply the quantize rules,
     report accuracy."""
     import json
@@ -317,7 +323,8 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
     with click.progressbar(length=len(samples), label="calibrating", file=sys.stderr) as bar:
         result = quantize(m.module, m.params, samples, mode, weight_scale, per_channel,
                           dtype=activations, skip=list(skip), cost=cost,
-                          progress=lambda n: bar.update(1), layouts=layouts == "cpu")
+                          progress=lambda n: bar.update(1), layouts=layouts == "cpu",
+                          min_sqnr=min_sqnr, budget_ms=budget_ms, keep_fp32=list(keep_fp32))
     table_path = output.with_suffix(".calib.json")
     report_path = output.with_suffix(".report.json")
     text = json.dumps(Report.from_result(result).to_json(), indent=1)

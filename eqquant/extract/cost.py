@@ -99,6 +99,27 @@ class CpuLatency(CostModel):
         return self.call_overhead + flops / rate + moved / self.bandwidth
 
 
+_UNFUSED: dict[tuple, list] = {}
+
+
+def unfused_calls(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type]) -> list:
+    """The calls of an annotation's unfused form (a calibration mark extraction keeps is
+    written out as its quantize/dequantize pair): (op, attrs, input types, output type,
+    which inputs are the annotation's constant-able inputs, by their position there)."""
+    key = (op.name, tuple(sorted((k, repr(v)) for k, v in attrs.items())), tuple(in_types))
+    if key not in _UNFUSED:
+        from ..core.nodes import Call, Function, Module, Var, post_order
+        from ..ir.typecheck import infer_types
+        params = [Var(name=f"in{i}", type=t) for i, t in enumerate(in_types)]
+        body = op.unfuse(params, attrs)
+        types = infer_types(Module({"main": Function(params=params, body=body)}))
+        where = {id(p): i for i, p in enumerate(params)}
+        _UNFUSED[key] = [(c.op, c.attrs, [types[id(a)] for a in c.args], types[id(c)],
+                          {j: where[id(a)] for j, a in enumerate(c.args) if id(a) in where})
+                         for c in post_order(body) if isinstance(c, Call)]
+    return _UNFUSED[key]
+
+
 MODELS = {"nodes": NodeCount, "cpu": CpuLatency}
 
 

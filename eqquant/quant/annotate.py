@@ -38,7 +38,8 @@ from ..ir.params import bind_params
 from ..ir.printer import value_labels
 from ..ir.typecheck import infer_types
 from ..core.types import TensorType
-from ..ops.registry import BIAS, COMPUTE, EPILOGUE, SELECTS, WEIGHT, OpDef, get_op
+from ..ops.registry import (ANNOTATION, BIAS, COMPUTE, EPILOGUE, QUANT, SELECTS, WEIGHT, OpDef,
+                            get_op)
 from ..passes.inline import inline_calls
 from .calibrate import OBSERVERS, CalibrationTable, Range
 
@@ -186,7 +187,7 @@ def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
     """Mark every value the table names with its scale and zero point, and every constant
     weight of a conv2d or dense with its weight scale, unless that layer's int32 accumulator
     could overflow (see :func:`accumulator_overflow`): its weight stays float, so the layer
-    does, and why is appended to ``kept_float``."""
+    does, and why is appended to ``kept_float``. (``mark_labels`` names the marks.)"""
     flat = inline_calls(mod)
     fn = flat.main
     labels = value_labels(fn)
@@ -248,6 +249,36 @@ def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
         body = _share_selected_params(body, op)
     return Module({"main": Function(params=fn.params, body=body, ret_type=fn.ret_type)},
                   version=flat.version)
+
+
+def is_mark(node) -> bool:
+    """A calibration mark: a call of an op that is an annotation and a quantization (its
+    meaning is fake quantization)."""
+    return isinstance(node, Call) and isinstance(node.op, OpDef) and \
+        {ANNOTATION, QUANT} <= node.op.props
+
+
+def mark_labels(marked: Module, mod: Module) -> dict[int, str]:
+    """For each value mark of ``marked`` (by id), the label its value has in ``mod``, the
+    program ``annotate`` marked: the two are walked side by side, a mark standing in
+    ``marked`` where ``mod`` has its value."""
+    labels = value_labels(mod.main)
+    out: dict[int, str] = {}
+    seen: set[int] = set()
+    stack = [(marked.main.body, mod.main.body)]
+    while stack:
+        m, f = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        while is_mark(m) and not is_mark(f):
+            if not isinstance(m.args[0], Constant) and id(f) in labels:
+                out[id(m)] = labels[id(f)]
+            m = m.args[0]
+        kids, fkids = m.children(), f.children()
+        if len(kids) == len(fkids):
+            stack.extend(zip(kids, fkids))
+    return out
 
 
 def _readers(fn: Function) -> dict[int, list[Call]]:

@@ -69,6 +69,7 @@ class QuantizeResult:
     compiled: Module | None = None
     layouts: OptimizeResult | None = None
     cost_summary: str = ""         # the cost model, and where its costs came from
+    mixed: object = None           # quant.mixed.MixedResult, for a mixed-precision program
 
     @property
     def runnable(self) -> Module:
@@ -86,6 +87,7 @@ class QuantizeResult:
                  f"(the cost model chose; cost {self.optimized.before.total * 1e3:.3f} -> "
                  f"{self.optimized.after.total * 1e3:.3f} ms)",
                  *([self.cost_summary] if self.cost_summary else []),
+                 *(self.mixed.report() if self.mixed is not None else []),
                  *[f"kept in float: {why}" for why in self.kept_float],
                  f"{'value':12s} {'SQNR dB':>8s}"]
         lines += [f"{name:12s} {db:8.1f}" for name, db in self.layers]
@@ -171,7 +173,13 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
              weight_scale: str = "max", per_channel: bool = False, dtype: str = "uint8",
              skip: Sequence[str] = (), cost: str | CostModel = "auto", progress=None,
              check_input: Mapping[str, np.ndarray] | None = None,
-             layouts: bool = True) -> QuantizeResult:
+             layouts: bool = True, min_sqnr: float | None = None,
+             budget_ms: float | None = None, keep_fp32: Sequence[str] = (),
+             metric=None, max_drop: float | None = None) -> QuantizeResult:
+    """The int8 program of ``mod``. With ``min_sqnr`` (dB), ``budget_ms``, ``keep_fp32``
+    (values to leave in float) or ``metric`` and ``max_drop``, a mixed-precision program:
+    which values are quantized is chosen by extraction from one saturated e-graph
+    (``quant.mixed``), and the report gives each round of the search."""
     from ..runtime.measured_cost import resolve_cost
     cost = resolve_cost(cost)        # one model for every phase (a measured one counts)
     fp = optimize(bind_params(mod, params) if params else mod, None, FP32_RULES,
@@ -179,9 +187,20 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     samples = [as_inputs(x, fp.main) for x in samples]
     table = calibrate(fp, None, samples, mode, skip, progress)
     kept_float: list[str] = []
-    result = optimize(annotate(fp, table, dtype, weight_scale, per_channel, kept_float), None,
-                      INT8_RULES, cost=cost)
-    int8 = expand_calibration(result.module)
+    marked = annotate(fp, table, dtype, weight_scale, per_channel, kept_float)
+    mixed = None
+    if min_sqnr is not None or budget_ms is not None or keep_fp32 or metric is not None:
+        from .annotate import mark_labels
+        from .mixed import MixedSpace, search
+        space = MixedSpace(marked, cost, names=mark_labels(marked, fp))
+        space.measure_sensitivity(samples[:8])
+        mixed = search(space, min_sqnr, None if budget_ms is None else budget_ms / 1e3,
+                       keep_fp32, metric=metric, max_drop=max_drop)
+        result = _mixed_as_optimized(space, mixed.program, marked, cost)
+        int8 = mixed.program
+    else:
+        result = optimize(marked, None, INT8_RULES, cost=cost)
+        int8 = expand_calibration(result.module)
     if check_input is not None:
         layers, output = evaluate(fp, int8, table, dtype, as_inputs(check_input, fp.main))
     else:   # no held-out input: the output's figures over (up to 8 of) the calibration set
@@ -189,5 +208,16 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
         output["samples"] = min(len(samples), 8)
     chosen = optimize(int8, None, LAYOUT_RULES, cost=cost) if layouts else None
     return QuantizeResult(int8, fp, table, result, layers, output, dtype, kept_float,
-                          chosen.module if chosen else None, chosen, cost.summary())
+                          chosen.module if chosen else None, chosen, cost.summary(), mixed)
+
+
+def _mixed_as_optimized(space, program: Module, marked: Module, cost) -> OptimizeResult:
+    """The mixed search's outcome in the form the report reads (costs before and after)."""
+    from ..optimizer import program_costs
+    from ..ir.params import constant_params
+    enodes = space.session.enodes()
+    return OptimizeResult(program, constant_params(program), space.report,
+                          program_costs(marked, cost), program_costs(program, cost),
+                          cost.name, "mixed (ilp)", space.session.rule_locations(), {},
+                          enodes, 0, cost.summary() if cost.name == "measured" else "")
 

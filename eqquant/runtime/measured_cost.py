@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..core.types import Type
-from ..extract.cost import CostModel, CpuLatency, cost_model
-from ..ops.registry import OpDef
+from ..extract.cost import CostModel, CpuLatency, cost_model, unfused_calls
+from ..ops.registry import ANNOTATION, OpDef
 
 CACHE_FILE = "kernel-times.json"
 
@@ -125,6 +125,11 @@ class MeasuredCost(CostModel):
     def instance_cost(self, op, attrs, in_types, out_type, consts=frozenset()) -> float:
         if not op.moves_data:
             return 0.0
+        if op.unfuse is not None and ANNOTATION in op.props:
+            # a mark kept in float runs as its unfused form (quantize, dequantize): its cost
+            return sum(self.instance_cost(o, a, ins, out, frozenset(
+                j for j, i in where.items() if i in consts))
+                for o, a, ins, out, where in unfused_calls(op, attrs, in_types))
         key = instance_key(op, attrs, in_types, out_type, frozenset(consts))
         t = self.times.times.get(key)
         if t is not None:

@@ -1,0 +1,167 @@
+"""Mixed precision by extraction: the program is cut at its marks, every variant of every
+region saturated in one e-graph, and the choice of marks solved as an integer program. What
+it extracts must be the marked program with exactly the kept marks (never an approximate
+merge of a value with its quantized round trip), on any input."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("scipy")
+
+from eqquant.core.nodes import Call, post_order  # noqa: E402
+from eqquant.errors import EqquantError  # noqa: E402
+from eqquant.extract.cost import CpuLatency  # noqa: E402
+from eqquant.ir.interp import run  # noqa: E402
+from eqquant.ir.parser import parse  # noqa: E402
+from eqquant.quant.annotate import annotate, mark_labels  # noqa: E402
+from eqquant.quant.flow import quantize  # noqa: E402
+from eqquant.quant.mixed import MixedSpace, search  # noqa: E402
+from eqquant.runtime.executor import Executor  # noqa: E402
+
+from soundness_programs import conv_program  # noqa: E402
+
+
+def _space(text, params, shape, dtype, per_channel, seed):
+    rng = np.random.default_rng(seed)
+    samples = [{"x": rng.uniform(0, 1, shape).astype(np.float32)} for _ in range(3)]
+    r = quantize(parse(text), params, samples, "minmax", dtype=dtype, per_channel=per_channel,
+                 cost="cpu")
+    marked = annotate(r.fp32, r.table, dtype, "max", per_channel)
+    space = MixedSpace(marked, CpuLatency(), names=mark_labels(marked, r.fp32))
+    space.measure_sensitivity(samples)
+    return r, space, rng
+
+
+def _ops(mod):
+    return [n.op_name for n in post_order(mod.main.body) if isinstance(n, Call)]
+
+
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.lists(st.sampled_from(["none", "relu", "clip"]), min_size=2, max_size=3),
+       residual=st.booleans(), dtype=st.sampled_from(["uint8", "int8"]),
+       per_channel=st.booleans(), seed=st.integers(0, 2 ** 16), data=st.data())
+def test_a_mixed_program_is_the_marked_program_with_its_kept_marks(layers, residual, dtype,
+                                                                    per_channel, seed, data):
+    rng = np.random.default_rng(seed)
+    text, params = conv_program(rng, 4, layers, residual, False)
+    shape = (1, 4, 6, 6)
+    r, space, rng = _space(text, params, shape, dtype, per_channel, seed)
+    values = space.marked_values()
+    inner = [v for v in values[:-1]]
+    dropped = data.draw(st.lists(st.sampled_from(inner), unique=True, max_size=len(inner)))
+    choice = space.solve(keep_fp32=dropped)
+    assert [v for v in dropped if choice.kept[v]] == []
+    program = space.program(choice)
+    wanted = space.only(keep=[v for v, k in choice.kept.items() if k],
+                        weights_of=[g.label for g in space.regions
+                                    if g.weights and all(choice.variants[g.index][0])])
+    body = program.main.body
+    for scale in (1.0, -3.0, 10.0):      # inside the calibrated range, negative, far outside
+        x = {"x": (rng.uniform(0, 1, shape) * scale).astype(np.float32)}
+        got, want = run(program, x), run(wanted, x)
+        np.testing.assert_array_equal(Executor(program).run(x), got)
+        # the approx rules round differently from the marked program by a step at most
+        # each; a step's difference inside grows through the later layers' weights, but a
+        # fact carried out of the calibrated range (a relu dropped, a clamp moved) would be
+        # tens of steps. A step: the result's scale when it is 8-bit, else 1/255 of its span.
+        if choice.kept[values[-1]]:
+            assert body.op_name == "qnn.dequantize"
+            step = float(body.args[1].value)
+        else:
+            assert body.op_name != "qnn.dequantize"
+            step = float(np.ptp(want)) / 255 or 1.0
+        err = np.abs(got.astype(np.float64) - want) / step
+        assert err.max() <= 8.0 + 1e-6, (dropped, scale, err.max())
+        assert np.mean(err <= 2.0 + 1e-6) >= 0.9, (dropped, scale)
+    if dropped:      # a dropped mark leaves its readers in float
+        assert {"fused.conv2d", "nn.conv2d", "add"} & set(_ops(program))
+
+
+def test_all_int8_is_the_int8_program_bit_for_bit():
+    rng = np.random.default_rng(3)
+    text, params = conv_program(rng, 4, ["relu", "none"], True, True)
+    shape = (1, 4, 6, 6)
+    r, space, rng = _space(text, params, shape, "uint8", True, 3)
+    program = space.program(space.solve(int8_only=True))
+    x = {"x": rng.uniform(-1, 2, shape).astype(np.float32)}
+    np.testing.assert_array_equal(run(program, x), run(r.module, x))
+
+
+def test_every_query_is_answered_from_one_saturation(monkeypatch):
+    from eqquant.egraph import engine
+    count = [0]
+    real = engine.EGraphSession.run
+
+    def counting(self, phases):
+        count[0] += 1
+        return real(self, phases)
+    monkeypatch.setattr(engine.EGraphSession, "run", counting)
+    rng = np.random.default_rng(5)
+    text, params = conv_program(rng, 4, ["relu", "relu", "none"], True, False)
+    shape = (1, 4, 6, 6)
+    r, space, _ = _space(text, params, shape, "uint8", False, 5)
+    before = count[0]
+    first = space.marked_values()[1]
+    answers = [space.solve(int8_only=True), space.solve(), space.solve(min_sqnr=45.0),
+               space.solve(keep_fp32=[first]),
+               space.solve(budget=space.solve(int8_only=True).cost * 1.5)]
+    search(space, min_sqnr=40.0)
+    assert count[0] == before and space.saturations == 1
+    int8, _, strict, pinned, budget = answers
+    assert not int8.floats and pinned.kept[first] is False
+    assert strict.sqnr >= 45.0 and budget.cost <= answers[0].cost * 1.5 + 1e-12
+    assert strict.noise <= int8.noise
+
+
+def test_min_sqnr_is_met_as_measured_and_reported():
+    from eqquant.zoo import build
+    m = build("resnet18_stem", image_size=32)
+    rng = np.random.default_rng(0)
+    samples = [{"data": rng.normal(size=(1, 3, 32, 32)).astype("float32")} for _ in range(4)]
+    full = quantize(m.module, m.params, samples, "minmax", cost="cpu")
+    target = full.output["sqnr"] + 4.0
+    r = quantize(m.module, m.params, samples, "minmax", cost="cpu", min_sqnr=target)
+    assert r.mixed.rounds[-1].measured >= target
+    assert r.output["sqnr"] >= target - 1e-9       # (the report's own measure, same samples)
+    text = r.report()
+    assert "mixed precision" in text and "one saturation" in text and "round 1" in text
+    with pytest.raises(EqquantError, match="no marked value %nope"):
+        quantize(m.module, m.params, samples, "minmax", cost="cpu", keep_fp32=["%nope"])
+
+
+def test_a_user_metric_with_a_largest_drop():
+    from eqquant.zoo import build
+    m = build("resnet18_stem", image_size=32)
+    rng = np.random.default_rng(1)
+    samples = [{"data": rng.normal(size=(1, 3, 32, 32)).astype("float32")} for _ in range(4)]
+    held = [{"data": rng.normal(size=(1, 3, 32, 32)).astype("float32")} for _ in range(4)]
+    ref = [Executor(quantize(m.module, m.params, samples, "minmax", cost="cpu").fp32).run(x)
+           for x in held]
+
+    def metric(run_program):       # minus the mean squared error on held-out inputs
+        return -float(np.mean([np.mean((run_program(x) - y) ** 2) for x, y in zip(held, ref)]))
+    r = quantize(m.module, m.params, samples, "minmax", cost="cpu", metric=metric,
+                 max_drop=1e-3)
+    assert metric(Executor(r.module).run) >= -1e-3
+    assert r.mixed.evaluations >= 2
+
+
+def test_the_command_line_takes_the_queries(tmp_path):
+    from conftest import cli_exit
+    from eqquant.zoo import build, write
+    m = build("resnet18_stem", image_size=32)
+    paths = write(m, tmp_path)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "calib.npz", data=rng.normal(size=(3, 1, 3, 32, 32)).astype("float32"))
+    out = tmp_path / "q.ir"
+    assert cli_exit(["quantize", str(paths["ir"]), "--calib", str(tmp_path / "calib.npz"),
+                     "--mode", "minmax", "--cost", "cpu", "--min-sqnr", "45",
+                     "-o", str(out)]) == 0
+    assert out.exists()
+    assert cli_exit(["quantize", str(paths["ir"]), "--calib", str(tmp_path / "calib.npz"),
+                     "--keep-fp32", "%nope", "-o", str(tmp_path / "r.ir")]) != 0
+    assert not (tmp_path / "r.ir").exists()
