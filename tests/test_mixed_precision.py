@@ -165,3 +165,31 @@ def test_the_command_line_takes_the_queries(tmp_path):
     assert cli_exit(["quantize", str(paths["ir"]), "--calib", str(tmp_path / "calib.npz"),
                      "--keep-fp32", "%nope", "-o", str(tmp_path / "r.ir")]) != 0
     assert not (tmp_path / "r.ir").exists()
+
+
+def test_the_digits_cnn_keeps_its_top1_within_the_drop_allowed():
+    """The small CNN trained on scikit-learn's digits (bench/mixed_precision.py made it): a
+    metric (top-1 on 500 held-out images) and a largest drop of 0.1 point."""
+    pytest.importorskip("onnx")
+    from pathlib import Path
+    from eqquant.api import load
+    data = Path(__file__).parent / "data"
+    d = np.load(data / "digits.npz", allow_pickle=False)
+
+    def batches(images):
+        x = (images.astype(np.float32) / 16.0)[:, None]
+        return [{"image": x[i:i + 50]} for i in range(0, len(x), 50)]
+    calib, val = batches(d["calib"]), batches(d["val"])
+    labels = [d["val_labels"][i:i + 50] for i in range(0, len(d["val_labels"]), 50)]
+
+    def top1(run):
+        return float(np.mean(np.concatenate([np.argmax(run(v), axis=1) == t
+                                             for v, t in zip(val, labels)])))
+    m = load(data / "digits_cnn.onnx")
+    base = top1(Executor(quantize(m.module, m.params, calib[:1], "minmax", cost="cpu",
+                                  layouts=False).fp32).run)
+    assert base > 0.97                       # (it learnt its digits)
+    r = quantize(m.module, m.params, calib, "minmax", per_channel=True, cost="cpu",
+                 metric=top1, max_drop=0.001)
+    assert base - top1(Executor(r.runnable).run) <= 0.001
+    assert r.mixed.evaluations >= 2 and "fused.qconv2d" in _ops(r.module)
