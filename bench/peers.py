@@ -106,14 +106,8 @@ class Worker:
 # -- the parent: prepare every system's files, then alternate ----------------------------------
 
 def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or "unknown"
+    from eqquant.runtime.measured_cost import cpu_model as model
+    return model()
 
 
 def prepare(name: str, calib: int, d: Path) -> dict[str, Path]:

@@ -138,10 +138,11 @@ class _FloatOnly(CostModel):
 
 def test_with_slow_integer_kernels_the_measured_model_keeps_layers_in_float(cache, monkeypatch):
     """EQQUANT_INT8_KERNEL=portable (integer convolutions on plain loops): the measured model
-    keeps in float each convolution whose integer kernel it timed slower than the float one,
-    and the program it extracts costs less (in measured kernel times) than the all-int8
-    program of the same marks, and no more than the all-float one. (On the machines measured
-    so far every portable integer convolution was the slower, so the program is all float.)"""
+    keeps convolutions in float where their integer kernels, timed, are the slower, and the
+    program it extracts costs (in measured kernel times) no more than either the all-int8 or
+    the all-float program of the same marks. (On the machines measured so far every portable
+    integer convolution was the slower; the stem's may stay int8, its input quantized
+    anyway. Greedy extraction missed this: an integer chain pays only as a whole.)"""
     from eqquant.core.nodes import Call, Constant, Scalar, post_order
     from eqquant.ir.typecheck import infer_types
     from eqquant.optimizer import program_costs
@@ -172,7 +173,9 @@ def test_with_slow_integer_kernels_the_measured_model_keeps_layers_in_float(cach
     mixed, int8, floating = (convs(programs[k]) for k in ("mixed", "int8", "float"))
     assert all(q for q, _ in int8) and not any(q for q, _ in floating)
     assert len(mixed) == len(int8) == len(floating) == 3
-    for (q, _), (_, t_int), (_, t_float) in zip(mixed, int8, floating):
-        assert not (q and t_int > t_float), (t_int, t_float)   # slower in int8: kept float
+    # some portable integer convolution is the slower, and extraction leaves layers in float
+    slower = [t_int > t_float for (_, t_int), (_, t_float) in zip(int8, floating)]
+    assert any(slower) and sum(q for q, _ in mixed) < len(mixed)
     cost = {k: program_costs(p, measured).total for k, p in programs.items()}
-    assert cost["mixed"] < cost["int8"] and cost["mixed"] <= cost["float"] * 1.0001, cost
+    # (the ILP extraction: both are programs of the same e-graph, so no better than it)
+    assert cost["mixed"] <= 1.001 * min(cost["int8"], cost["float"]), cost

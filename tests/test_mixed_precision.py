@@ -150,13 +150,19 @@ def test_a_user_metric_with_a_largest_drop():
     assert r.mixed.evaluations >= 2
 
 
-def test_the_command_line_takes_the_queries(tmp_path):
-    from conftest import cli_exit
+def _stem_files(tmp_path):
+    """The ResNet stem's text IR and weights, and a calibration set (calib.npz), in
+    ``tmp_path``."""
     from eqquant.zoo import build, write
-    m = build("resnet18_stem", image_size=32)
-    paths = write(m, tmp_path)
+    paths = write(build("resnet18_stem", image_size=32), tmp_path)
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "calib.npz", data=rng.normal(size=(3, 1, 3, 32, 32)).astype("float32"))
+    return paths
+
+
+def test_the_command_line_takes_the_queries(tmp_path):
+    from conftest import cli_exit
+    paths = _stem_files(tmp_path)
     out = tmp_path / "q.ir"
     assert cli_exit(["quantize", str(paths["ir"]), "--calib", str(tmp_path / "calib.npz"),
                      "--mode", "minmax", "--cost", "cpu", "--min-sqnr", "45",
@@ -165,6 +171,32 @@ def test_the_command_line_takes_the_queries(tmp_path):
     assert cli_exit(["quantize", str(paths["ir"]), "--calib", str(tmp_path / "calib.npz"),
                      "--keep-fp32", "%nope", "-o", str(tmp_path / "r.ir")]) != 0
     assert not (tmp_path / "r.ir").exists()
+    assert cli_exit(["quantize", str(paths["ir"]), "--calib", str(tmp_path / "calib.npz"),
+                     "--int8-only", "--min-sqnr", "40", "-o", str(tmp_path / "r.ir")]) != 0
+
+
+def test_pareto_points_and_the_cost_table_from_the_command_line(tmp_path, capsys):
+    import json
+    from conftest import cli_exit
+    paths = _stem_files(tmp_path)
+    out = tmp_path / "q.ir"
+    assert cli_exit(["quantize", str(paths["ir"]), "--calib", str(tmp_path / "calib.npz"),
+                     "--mode", "minmax", "--cost", "cpu", "--pareto", "--explain",
+                     "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "latency against SQNR (one saturation)" in text
+    assert "predicted ms" in text and "measured ms" in text and "fused.qconv2d" in text
+    points = json.loads(out.with_suffix(".pareto.json").read_text())
+    assert len(points) == 6
+    sqnrs = [p["sqnr"] for p in points]
+    assert sqnrs[-1] >= sqnrs[0] and points[-1]["floats"] >= points[0]["floats"]
+    pytest.importorskip("matplotlib")
+    assert cli_exit(["plot", "pareto", str(out.with_suffix(".pareto.json")),
+                     "-o", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").stat().st_size > 1000
+    (tmp_path / "bad.json").write_text("{}")
+    assert cli_exit(["plot", "pareto", str(tmp_path / "bad.json"), "-o",
+                     str(tmp_path / "q.png")]) != 0
 
 
 def test_the_digits_cnn_keeps_its_top1_within_the_drop_allowed():

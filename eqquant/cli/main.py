@@ -205,7 +205,7 @@ def _opt_options(fn):
                      "the cache lacks), cpu (roofline), nodes; auto: measured from the "
                      "cache once this machine has one (eqquant profile), else cpu."),
         click.option("--extractor", default="greedy", show_default=True,
-                     type=click.Choice(["greedy", "ilp"])),
+                     type=click.Choice(["greedy", "ilp", "best"])),
         click.option("--iterations", default=30, show_default=True,
                      help="Iteration limit per phase."),
         click.option("--node-limit", default=200_000, show_default=True,
@@ -302,11 +302,19 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
               "whose predicted latency is at most this.")
 @click.option("--keep-fp32", multiple=True, help="A value to leave in float (e.g. %3); "
               "repeatable.")
+@click.option("--int8-only", is_flag=True, help="Every calibrated value quantized (the "
+              "default when no accuracy budget is given; with --keep-fp32, all but those).")
+@click.option("--pareto", is_flag=True, help="Also print latency against SQNR for a range of "
+              "budgets (one saturation), and write them to OUT.pareto.json (eqquant plot "
+              "pareto draws them).")
+@click.option("--explain", is_flag=True, help="Print the program's cost per op: the cost "
+              "model's prediction beside the executor's measured time.")
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The int8 program (.ir); weights go to the .npz and the calibration "
                    "table to the .calib.json beside it.")
 def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activations, skip,
-                 layouts, cost, min_sqnr, budget_ms, keep_fp32, output):
+                 layouts, cost, min_sqnr, budget_ms, keep_fp32, int8_only, pareto, explain,
+                 output):
     """Quantize MODEL (text IR or .onnx) to int8: calibrate, apply the quantize rules,
     report accuracy."""
     import json
@@ -316,23 +324,35 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
     from ..ir.outputs import Outputs
     from ..quant.flow import quantize
     refuse_overwriting_inputs(output, model, params, calib)
-    for extra in (".calib.json", ".report.json"):
+    for extra in (".calib.json", ".report.json", ".pareto.json"):
         refuse_overwriting_inputs(output.with_suffix(extra), model, params, calib)
+    if int8_only and (min_sqnr is not None or budget_ms is not None):
+        raise EqquantError("--int8-only takes no accuracy or latency budget "
+                           "(--min-sqnr, --budget-ms)")
     m = load(model, params)
     samples = calibration_samples(calib, m)
     with click.progressbar(length=len(samples), label="calibrating", file=sys.stderr) as bar:
         result = quantize(m.module, m.params, samples, mode, weight_scale, per_channel,
                           dtype=activations, skip=list(skip), cost=cost,
                           progress=lambda n: bar.update(1), layouts=layouts == "cpu",
-                          min_sqnr=min_sqnr, budget_ms=budget_ms, keep_fp32=list(keep_fp32))
+                          min_sqnr=min_sqnr, budget_ms=budget_ms, keep_fp32=list(keep_fp32),
+                          pareto=pareto)
     table_path = output.with_suffix(".calib.json")
     report_path = output.with_suffix(".report.json")
     text = json.dumps(Report.from_result(result).to_json(), indent=1)
-    with Outputs() as out:      # the four files appear together, or none does
+    points = [dict(budget=r.target, floats=r.floats, cost_ms=r.cost * 1e3,
+                   predicted_sqnr=r.predicted, sqnr=r.measured) for r in result.pareto]
+    with Outputs() as out:      # the files appear together, or none does
         ir_path, npz = save_program(output, result.runnable, outputs=out)
         out.add(table_path, result.table.write)
         out.add(report_path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        if pareto:
+            out.add(output.with_suffix(".pareto.json"), lambda tmp: Path(tmp).write_text(
+                json.dumps(points, indent=1), encoding="utf-8"))
     click.echo(result.report())
+    if explain:
+        from ..runtime.measured_cost import cost_table, resolve_cost
+        click.echo(cost_table(result.runnable, resolve_cost(cost), samples[0]))
     click.echo(f"wrote {ir_path}, {npz}, {table_path} and {report_path} "
                f"(eqquant plot sqnr {report_path} -o sqnr.png draws it)")
 
@@ -447,23 +467,43 @@ def plot() -> None:
     """Draw pictures: per-layer SQNR charts and program graphs."""
 
 
+def _read_json(path: Path, what: str, read):
+    """``read`` of the JSON in ``path``; a located error when it is not ``what``."""
+    import json
+
+    from ..ir.loader import read_source
+    try:
+        return read(json.loads(read_source(path)))
+    except (ValueError, KeyError, TypeError) as e:
+        raise EqquantError(f"{path}: not {what} ({e})") from None
+
+
 @plot.command("sqnr")
 @click.argument("report", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The chart: .png, .svg or .pdf.")
 def plot_sqnr(report, output):
     """Bar chart of REPORT (the .report.json eqquant quantize writes)."""
-    import json
-
     from ..api import Report
-    from ..ir.loader import read_source
-    try:
-        data = json.loads(read_source(report))
-        rep = Report.from_json(data)
-    except (ValueError, KeyError, TypeError) as e:
-        raise EqquantError(f"{report}: not a report written by eqquant quantize ({e})") \
-            from None
-    rep.plot(output)
+    _read_json(report, "a report written by eqquant quantize", Report.from_json).plot(output)
+    click.echo(f"wrote {output}")
+
+
+@plot.command("pareto")
+@click.argument("points", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The chart: .png, .svg or .pdf.")
+def plot_pareto(points, output):
+    """Latency against SQNR of POINTS (the .pareto.json eqquant quantize --pareto writes)."""
+    from ..viz.pareto import pareto_chart
+
+    def check(data):
+        if not isinstance(data, list) or not all({"sqnr", "cost_ms", "floats"} <= set(p)
+                                                  for p in data):
+            raise ValueError("a list of points with sqnr, cost_ms and floats")
+        return data
+    pareto_chart(_read_json(points, "points written by eqquant quantize --pareto", check),
+                 output)
     click.echo(f"wrote {output}")
 
 

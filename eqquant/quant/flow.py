@@ -70,6 +70,7 @@ class QuantizeResult:
     layouts: OptimizeResult | None = None
     cost_summary: str = ""         # the cost model, and where its costs came from
     mixed: object = None           # quant.mixed.MixedResult, for a mixed-precision program
+    pareto: list = field(default_factory=list)   # quant.mixed.Round per budget (--pareto)
 
     @property
     def runnable(self) -> Module:
@@ -84,10 +85,13 @@ class QuantizeResult:
             ("int", "uint")))
         lines = [f"calibration {self.table.mode}; {len(self.table.ranges)} values calibrated",
                  f"extracted program: {integer} of {len(calls)} ops compute integers "
-                 f"(the cost model chose; cost {self.optimized.before.total * 1e3:.3f} -> "
+                 f"(the cost model chose, {self.optimized.extractor} extraction; cost "
+                 f"{self.optimized.before.total * 1e3:.3f} -> "
                  f"{self.optimized.after.total * 1e3:.3f} ms)",
                  *([self.cost_summary] if self.cost_summary else []),
                  *(self.mixed.report() if self.mixed is not None else []),
+                 *(["latency against SQNR (one saturation):"] +
+                   [f"  {r}" for r in self.pareto] if self.pareto else []),
                  *[f"kept in float: {why}" for why in self.kept_float],
                  f"{'value':12s} {'SQNR dB':>8s}"]
         lines += [f"{name:12s} {db:8.1f}" for name, db in self.layers]
@@ -175,11 +179,13 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
              check_input: Mapping[str, np.ndarray] | None = None,
              layouts: bool = True, min_sqnr: float | None = None,
              budget_ms: float | None = None, keep_fp32: Sequence[str] = (),
-             metric=None, max_drop: float | None = None) -> QuantizeResult:
+             metric=None, max_drop: float | None = None, pareto: bool = False
+             ) -> QuantizeResult:
     """The int8 program of ``mod``. With ``min_sqnr`` (dB), ``budget_ms``, ``keep_fp32``
     (values to leave in float) or ``metric`` and ``max_drop``, a mixed-precision program:
     which values are quantized is chosen by extraction from one saturated e-graph
-    (``quant.mixed``), and the report gives each round of the search."""
+    (``quant.mixed``), and the report gives each round of the search; ``pareto`` adds the
+    latency/SQNR points of a range of budgets, from the same saturated e-graph."""
     from ..runtime.measured_cost import resolve_cost
     cost = resolve_cost(cost)        # one model for every phase (a measured one counts)
     fp = optimize(bind_params(mod, params) if params else mod, None, FP32_RULES,
@@ -189,17 +195,21 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     kept_float: list[str] = []
     marked = annotate(fp, table, dtype, weight_scale, per_channel, kept_float)
     mixed = None
-    if min_sqnr is not None or budget_ms is not None or keep_fp32 or metric is not None:
+    front = []
+    if min_sqnr is not None or budget_ms is not None or keep_fp32 or metric is not None or \
+            pareto:
         from .annotate import mark_labels
         from .mixed import MixedSpace, search
+        from .mixed import pareto as pareto_points
         space = MixedSpace(marked, cost, names=mark_labels(marked, fp))
         space.measure_sensitivity(samples[:8])
         mixed = search(space, min_sqnr, None if budget_ms is None else budget_ms / 1e3,
                        keep_fp32, metric=metric, max_drop=max_drop)
+        front = pareto_points(space) if pareto else []
         result = _mixed_as_optimized(space, mixed.program, marked, cost)
         int8 = mixed.program
     else:
-        result = optimize(marked, None, INT8_RULES, cost=cost)
+        result = optimize(marked, None, INT8_RULES, cost=cost, extractor="best")
         int8 = expand_calibration(result.module)
     if check_input is not None:
         layers, output = evaluate(fp, int8, table, dtype, as_inputs(check_input, fp.main))
@@ -208,7 +218,8 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
         output["samples"] = min(len(samples), 8)
     chosen = optimize(int8, None, LAYOUT_RULES, cost=cost) if layouts else None
     return QuantizeResult(int8, fp, table, result, layers, output, dtype, kept_float,
-                          chosen.module if chosen else None, chosen, cost.summary(), mixed)
+                          chosen.module if chosen else None, chosen, cost.summary(), mixed,
+                          front)
 
 
 def _mixed_as_optimized(space, program: Module, marked: Module, cost) -> OptimizeResult:

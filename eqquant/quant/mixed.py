@@ -156,7 +156,7 @@ class MixedSpace:
         fields = self._fields(view)
         for region in self.regions:
             for key, at in region.roots.items():
-                ex = extract(view, fields[at], cost)
+                ex = extract(view, fields[at], cost, "best")
                 region.costs[key] = ex.cost
                 region.terms[key] = to_module(view, ex.choice, fields[at],
                                               self.session.encoded).main.body
@@ -516,3 +516,17 @@ def search(space: MixedSpace, min_sqnr: float | None = None, budget: float | Non
             break
         allowed *= 10 ** ((real - min_sqnr) / 10) * 0.9    # the miss, and a margin
     return MixedResult(space, choice, program, out, evaluations)
+
+
+def pareto(space: MixedSpace, points: int = 6, top: float = 50.0) -> list[Round]:
+    """Predicted latency against output SQNR: the cheapest program for ``points`` SQNR floors
+    from the all-int8 program's predicted SQNR to ``top`` dB, each measured; from the one
+    saturated e-graph."""
+    low = space.solve(int8_only=True).sqnr
+    out: list[Round] = []
+    for floor in np.linspace(low, max(top, low), points):
+        choice = space.solve(min_sqnr=float(floor))
+        program = space.program(choice)
+        out.append(Round(f"SQNR >= {floor:.1f} dB", len(choice.floats), choice.cost,
+                         choice.sqnr, measured_sqnr(space, program)))
+    return out

@@ -20,7 +20,8 @@ from numba import njit, prange
 
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
-from .vnni import CHUNK, SMALL, _chunk_windows, _finish, _requantize_params, _rows
+from .vnni import (CHUNK, SMALL, _chunk_windows, _finish, _requantize_params, _rows,
+                   pack_panels)
 from .vnni import windows  # noqa: F401
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
@@ -60,17 +61,9 @@ PADS = True   # any number of output channels: the last block is padded with zer
 
 
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """int8 weights (O, K) -> (B packed int16 [ceil(O/16)][Kp/2][16][2], O padded with zero
-    rows to a multiple of 16; 128 * column sums (O,); Kp: K padded to a multiple of 4, as the
-    rows are). The GEMM's output has the padded width; the padded columns are 0."""
-    o, k = w.shape
-    kp = -(-k // 4) * 4
-    op = -(-o // BLOCK) * BLOCK
-    padded = np.zeros((op, kp), np.int16)
-    padded[:o, :k] = w
-    packed = np.ascontiguousarray(
-        padded.reshape(op // BLOCK, BLOCK, kp // 2, 2).transpose(0, 2, 1, 3))
-    return packed, (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp
+    """int8 weights (O, K) -> [ceil(O/16)][Kp/2][16][2] int16 panels (``vnni.pack_panels``):
+    one 32-byte load gives 2 k-values for 8 output channels."""
+    return pack_panels(w, BLOCK, 2, np.int16)
 
 
 # gemm_block(A address, lda, B address, C address, ldc, p0, p1, kpairs, oblocks).

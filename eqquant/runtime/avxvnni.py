@@ -12,7 +12,8 @@ vectors of 8 lanes), so it serves CPUs with AVX-VNNI and no AVX-512 (16 vector r
 AVX512-VNNI, the layers whose width fills no 64-channel block of ``vnni.py`` (MobileNet's 24,
 96, 144 channels: padded to 16, not to 64). B is packed once as [O/16][K/4][16][4], O padded
 with zero weights to a multiple of 16; an int8 activation x is fed as the byte x + 128 and
-the product corrected by 128 * sum_k B[k, o] (see ``pack``).
+the product corrected by 128 * sum_k B[k, o] (see ``pack``). The drivers below repeat the
+512-bit kernel's: each calls its own GEMM, an intrinsic bound when Numba compiles it.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from numba import njit, prange
 
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 # the gather, set-up and epilogue it shares with the 512-bit kernel (windows: re-exported)
-from .vnni import CHUNK, SMALL, _chunk_windows, _finish, _requantize_params, _rows
+from .vnni import (CHUNK, SMALL, _chunk_windows, _finish, _requantize_params, _rows,
+                   pack_panels)
 from .vnni import windows  # noqa: F401
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
@@ -59,17 +61,8 @@ def define_gemm(mod, fn, args, b):
 
 
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """int8 weights (O, K) -> (B packed [ceil(O/16)][Kp/4][16][4], O padded with zero rows;
-    128 * column sums (O,); Kp: K padded to a multiple of 4). The GEMM's output has the
-    padded width; the padded columns are 0."""
-    o, k = w.shape
-    kp = -(-k // 4) * 4
-    op = -(-o // BLOCK) * BLOCK
-    padded = np.zeros((op, kp), np.int8)
-    padded[:o, :k] = w
-    packed = np.ascontiguousarray(
-        padded.reshape(op // BLOCK, BLOCK, kp // 4, 4).transpose(0, 2, 1, 3))
-    return packed, (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp
+    """int8 weights (O, K) -> [ceil(O/16)][Kp/4][16][4] int8 panels (``vnni.pack_panels``)."""
+    return pack_panels(w, BLOCK, 4, np.int8)
 
 
 # gemm_block(A address, lda, B address, C address, ldc, p0, p1, kq, oblocks).

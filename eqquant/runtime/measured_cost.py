@@ -182,3 +182,40 @@ def resolve_cost(name: str | CostModel) -> CostModel:
     if name == "auto":
         return auto_model()
     return cost_model(name)
+
+
+def cost_table(module, model: CostModel, inputs, runs: int = 10) -> str:
+    """Per op of ``module``: its calls, the cost model's predicted time and the executor's
+    measured one (median over ``runs`` profiled runs), side by side."""
+    import numpy as np
+    from ..core.nodes import Constant, Scalar
+    from ..ir.typecheck import infer_types
+    from .executor import Executor
+    ex = Executor(module)
+    ex.run(inputs)
+    for _ in range(runs):
+        ex.run(inputs, profile=True)
+    types = infer_types(ex.module)
+    rows: dict[str, list[float]] = {}
+    for st in ex.steps:
+        node = st.node
+        op = getattr(node, "op", None)
+        if not isinstance(op, OpDef) or not st.seconds:
+            continue
+        consts = frozenset(i for i, a in enumerate(node.args)
+                           if isinstance(a, (Constant, Scalar)))
+        predicted = model.instance_cost(op, node.attrs, [types[id(a)] for a in node.args],
+                                        types[id(node)], consts)
+        row = rows.setdefault(op.name, [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += predicted
+        row[2] += float(np.median(st.seconds))
+    model.flush()
+    lines = [f"{'op':28s} {'calls':>5s} {'predicted ms':>13s} {'measured ms':>12s}"]
+    for name, (n, pred, meas) in sorted(rows.items(), key=lambda kv: -kv[1][2]):
+        lines.append(f"{name:28s} {n:5d} {pred * 1e3:13.3f} {meas * 1e3:12.3f}")
+    total_p = sum(r[1] for r in rows.values())
+    total_m = sum(r[2] for r in rows.values())
+    lines.append(f"{'total':28s} {'':5s} {total_p * 1e3:13.3f} {total_m * 1e3:12.3f}  "
+                 f"({model.name} model)")
+    return "\n".join(lines)

@@ -60,18 +60,25 @@ def define_gemm(mod, fn, args, b):
                accumulators=(4, v16), row_step=row_step, out_lane=i32)
 
 
-def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """int8 weights (O, K) -> (B packed [ceil(O/64)][Kp/4][64][4]: each block of 64 output
-    channels contiguous, O padded with zero rows; 128 * column sums (O,); Kp: K padded to a
-    multiple of 4). The GEMM's output has the padded width; the padded columns are 0."""
+def pack_panels(w: np.ndarray, block: int, group: int, dtype) -> tuple:
+    """int8 weights (O, K) -> (B packed [ceil(O/block)][Kp/group][block][group] as ``dtype``:
+    each block of output channels one contiguous panel, O padded with zero rows; 128 * column
+    sums (O,); Kp: K padded to a multiple of 4). The GEMMs' output has the padded width; the
+    padded columns are 0. (The SIMD GEMMs' shared layout: ``group`` k-values of one channel
+    are one lane's operands.)"""
     o, k = w.shape
     kp = -(-k // 4) * 4
-    op = -(-o // BLOCK) * BLOCK
-    padded = np.zeros((op, kp), np.int8)
+    op = -(-o // block) * block
+    padded = np.zeros((op, kp), dtype)
     padded[:o, :k] = w
     packed = np.ascontiguousarray(
-        padded.reshape(op // BLOCK, BLOCK, kp // 4, 4).transpose(0, 2, 1, 3))
+        padded.reshape(op // block, block, kp // group, group).transpose(0, 2, 1, 3))
     return packed, (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp
+
+
+def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """int8 weights (O, K) -> [ceil(O/64)][Kp/4][64][4] int8 panels (``pack_panels``)."""
+    return pack_panels(w, BLOCK, 4, np.int8)
 
 
 # gemm_block(A address, lda, B address, C address, ldc, p0, p1, kq, oblocks): C rows

@@ -41,11 +41,18 @@ def sqnr_chart(report, path: str | Path | None = None):
     ax.set_title(title, fontsize=9)
     ax.legend(loc="lower right", fontsize=7)
     fig.tight_layout()
-    if path is not None:
-        from ..ir.params import atomic_write
-        path = Path(path)
-        fmt = path.suffix.lstrip(".").lower() or "png"
-        if fmt not in ("png", "svg", "pdf"):
-            raise EqquantError(f"{path}: charts are written as .png, .svg or .pdf")
-        atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=120))
+    save_chart(fig, path)
     return fig
+
+
+def save_chart(fig, path: str | Path | None) -> None:
+    """Write ``fig`` to ``path`` (.png, .svg or .pdf by the suffix; replaced only once it is
+    drawn), when a path is given."""
+    if path is None:
+        return
+    from ..ir.params import atomic_write
+    path = Path(path)
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    if fmt not in ("png", "svg", "pdf"):
+        raise EqquantError(f"{path}: charts are written as .png, .svg or .pdf")
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=120))
