@@ -320,7 +320,13 @@ def ilp(view: EGraphView, root: str, model: CostModel, time_limit: float = 60.0)
     cyclic = _cyclic_edges(view, free, [(c, n) for c, n in nodes])
     cost_vec = np.zeros(nn + nc)
     cost_vec[:nn] = [costs[n.node_id] for _, n in nodes]
-    cost_vec[:nn] += 1e-12  # among equal costs, fewer nodes
+    # HiGHS stops within an absolute gap of 1e-6 of the objective: costs in seconds (a node
+    # is microseconds) would all lie inside it. Scaled so that the dearest node costs 1000,
+    # the gap is a billionth of a node.
+    top = float(cost_vec.max()) if nn else 0.0
+    if top > 0:
+        cost_vec[:nn] *= 1e3 / top
+    cost_vec[:nn] += 1e-6  # among equal costs, fewer nodes
     by_class: dict[str, list[int]] = {}
     for j, (c, _) in enumerate(nodes):
         by_class.setdefault(c, []).append(j)
@@ -372,17 +378,19 @@ def ilp(view: EGraphView, root: str, model: CostModel, time_limit: float = 60.0)
 
 
 def best_of_both(view: EGraphView, root: str, model: CostModel) -> Extraction:
-    """Greedy, and the ILP when scipy's HiGHS is installed (the ``ilp`` extra): the cheaper of
-    the two (``method`` says which). Greedy can miss a chain of integer ops that pays only as
-    a whole, which the ILP weighs at once; the ILP's program has come out dearer than
-    greedy's on a few small programs (a max pool after a convolution: 8.65 against 8.33 us),
-    so neither alone is kept."""
-    ex = greedy_dag(view, root, model)
+    """The ILP when scipy's HiGHS is installed (the ``ilp`` extra), and greedy where it is not
+    or where the ILP stopped before proving its program optimal (a time limit): then the
+    cheaper of the two. ``method`` says which. Greedy can miss a chain of integer ops that
+    pays only as a whole, which the ILP weighs at once."""
     try:
         import scipy.optimize  # noqa: F401
     except ImportError:
+        ex = greedy_dag(view, root, model)
         return Extraction(ex.choice, ex.cost, "greedy (no scipy for the ILP)")
     exact = ilp(view, root, model)
+    if exact.method == "ilp":
+        return exact
+    ex = greedy_dag(view, root, model)
     return exact if exact.cost < ex.cost else ex
 
 
