@@ -225,3 +225,14 @@ def test_the_digits_cnn_keeps_its_top1_within_the_drop_allowed():
                  metric=top1, max_drop=0.001)
     assert base - top1(Executor(r.runnable).run) <= 0.001
     assert r.mixed.evaluations >= 2 and "fused.qconv2d" in _ops(r.module)
+
+
+def test_a_budget_before_the_sensitivities_is_a_clear_error():
+    rng = np.random.default_rng(2)
+    text, params = conv_program(rng, 4, ["relu"], False, False)
+    samples = [{"x": rng.uniform(0, 1, (1, 4, 6, 6)).astype(np.float32)} for _ in range(2)]
+    r = quantize(parse(text), params, samples, "minmax", cost="cpu")
+    space = MixedSpace(annotate(r.fp32, r.table, "uint8", "max", False), CpuLatency())
+    assert not space.solve(int8_only=True).floats          # no budget: no noise needed
+    with pytest.raises(EqquantError, match="measure_sensitivity first"):
+        space.solve(min_sqnr=40.0)

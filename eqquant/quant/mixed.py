@@ -108,6 +108,10 @@ class MixedSpace:
         from ..rules.compile import compile_ruleset
         self.marked = inline_calls(marked)
         self.cost = cost
+        # what measure_sensitivity learns: the unmarked program's outputs and their power
+        self.samples: list = []
+        self.refs: list[np.ndarray] = []
+        self.signal = 0.0
         fn = self.marked.main
         self.types = infer_types(self.marked)
         labels = value_labels(fn)
@@ -284,6 +288,10 @@ class MixedSpace:
         except ImportError:
             raise EqquantError("mixed precision needs scipy's HiGHS: pip install "
                                "'eqquant[ilp]'") from None
+        if (min_sqnr is not None or max_noise is not None or budget is not None) and \
+                not self.refs:
+            raise EqquantError("an accuracy or latency budget needs each mark's noise: "
+                               "call measure_sensitivity first")
         keep_fp32 = set(keep_fp32)
         unknown = keep_fp32 - {r.label for r in self.regions if r.mark is not None}
         if unknown:
@@ -406,7 +414,7 @@ class MixedSpace:
             if r.mark is None:
                 continue
             key = choice.variants[r.index]
-            alone = self.sqnr_of(r.noise) if getattr(self, "signal", 0) else float("nan")
+            alone = self.sqnr_of(r.noise) if self.refs else float("nan")
             lines.append(f"{r.label:10s} {'int8' if choice.kept[r.label] else 'float':>9s} "
                          f"{alone:15.1f} {r.costs[key] * 1e3:9.3f}")
         return "\n".join(lines)
@@ -487,7 +495,7 @@ def search(space: MixedSpace, min_sqnr: float | None = None, budget: float | Non
             evaluations += 1
             out.append(Round(f"SQNR >= {floor:.1f} dB", len(choice.floats), choice.cost,
                              choice.sqnr, score))
-            if base - score <= max_drop or not choice.kept or not any(choice.kept.values()):
+            if base - score <= max_drop or not any(choice.kept.values()):
                 break
             floor = max(floor, choice.sqnr) + 3.0
             choice = space.solve(min_sqnr=floor, **pins)

@@ -63,9 +63,10 @@ def choose_gemm(channels: int, eligible: bool):
     channels) takes the 256-bit kernel: measured on an AMD EPYC with AVX512-VNNI, 16 and 24
     channels ran 1.3-1.5x faster on it, 96-160 channels 1.2-1.35x slower than padded."""
     path = int8_path()
-    if path == "vnni" and -(-channels // 64) * 64 >= 2 * (-(-channels // 16) * 16) and \
-            path_available("avxvnni"):
-        path = "avxvnni"
+    if path == "vnni" and path_available("avxvnni"):
+        wide, narrow = simd_module("vnni").BLOCK, simd_module("avxvnni").BLOCK
+        if -(-channels // wide) * wide >= 2 * (-(-channels // narrow) * narrow):
+            path = "avxvnni"
     simd = simd_module(path)
     if simd is None or not eligible or not (channels % simd.BLOCK == 0 or simd.PADS):
         return None, "portable"
