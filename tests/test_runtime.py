@@ -24,16 +24,31 @@ def _check(mod, params, inputs, kernel_ops):
 
 
 conv_cases = st.fixed_dictionaries({
-    "kind": st.sampled_from(["dense", "grouped", "depthwise", "pointwise"]),
+    "kind": st.sampled_from(["dense", "grouped", "depthwise", "pointwise", "wide"]),
     "c": st.integers(1, 6), "o": st.integers(1, 6), "hw": st.integers(5, 12),
     "k": st.integers(1, 5), "stride": st.integers(1, 3), "pad": st.integers(0, 2),
     "dil": st.integers(1, 2), "act": st.sampled_from(["none", "relu", "clip"]),
-    "fused": st.booleans(), "seed": st.integers(0, 999)})
+    "fused": st.booleans(), "nhwc": st.booleans(), "seed": st.integers(0, 999)})
+
+
+def _on_every_fp32_path(check):
+    """``check()`` on each float convolution path this CPU runs (EQQUANT_FP32_KERNEL)."""
+    import os
+    from eqquant.runtime.bindings import fp32_paths
+    for path in fp32_paths():
+        os.environ["EQQUANT_FP32_KERNEL"] = path
+        try:
+            check()
+        finally:
+            del os.environ["EQQUANT_FP32_KERNEL"]
 
 
 @settings(max_examples=40, deadline=None)
 @given(conv_cases)
 def test_conv2d_kernel(case):
+    """Every fp32 convolution path against the reference: dense, grouped, depthwise, 1x1,
+    and wide ones (33-80 output channels: several GEMM blocks, the last one partial, split
+    between work items), NCHW or channel-last (NHWC data, HWIO weight, a bias per channel)."""
     rng = np.random.default_rng(case["seed"])
     c, o, k = case["c"], case["o"], case["k"]
     groups = 1
@@ -43,44 +58,90 @@ def test_conv2d_kernel(case):
         o, groups = c, c
     elif case["kind"] == "pointwise":
         k, case["stride"], case["pad"] = 1, 1, 0
+    elif case["kind"] == "wide":
+        o = 33 + 8 * o
+    nhwc = case["nhwc"] and groups == 1
     hw = max(case["hw"], case["dil"] * (k - 1) + 1)
     b = Builder()
-    x = b.input("x", (2, c, hw, hw))
-    w = b.param("w", rng.normal(size=(o, c // groups, k, k)).astype("float32"))
+    x = b.input("x", (2, hw, hw, c) if nhwc else (2, c, hw, hw))
+    weight = rng.normal(size=(o, c // groups, k, k)).astype("float32")
+    w = b.param("w", np.ascontiguousarray(weight.transpose(2, 3, 1, 0)) if nhwc else weight)
     attrs = dict(strides=[case["stride"]] * 2, padding=[case["pad"]] * 2,
                  dilation=[case["dil"]] * 2, groups=groups)
+    if nhwc:
+        attrs.update(data_layout="NHWC", kernel_layout="HWIO")
     if case["fused"]:
-        bias = b.param("b", rng.normal(size=(o, 1, 1)).astype("float32"))
+        bias = b.param("b", rng.normal(size=(o,) if nhwc else (o, 1, 1)).astype("float32"))
         y = b.call("fused.conv2d", x, w, bias, activation=case["act"], a_min=-0.5, a_max=0.7,
                    **attrs)
     else:
         y = b.call("nn.conv2d", x, w, **attrs)
     mod, params = b.finish(y)
-    xs = {"x": rng.normal(size=(2, c, hw, hw)).astype("float32")}
-    _check(mod, params, xs, ["fused.conv2d" if case["fused"] else "nn.conv2d"])
-    # and on the other fp32 path (im2col + BLAS, or the FMA GEMM where the CPU has it)
-    import os
-    from eqquant.runtime.bindings import fp32_path
-    other = "blas" if fp32_path() == "fma" else "fma"
-    os.environ["EQQUANT_FP32_KERNEL"] = other
-    try:
-        _check(mod, params, xs, ["fused.conv2d" if case["fused"] else "nn.conv2d"])
-    finally:
-        del os.environ["EQQUANT_FP32_KERNEL"]
+    xs = {"x": rng.normal(size=x.type.shape).astype("float32")}
+    _on_every_fp32_path(lambda: _check(mod, params, xs, ["fused.conv2d" if case["fused"]
+                                                         else "nn.conv2d"]))
 
 
-def test_the_fma_conv_path_is_chosen_where_the_cpu_has_it(monkeypatch):
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 100), st.integers(1, 80),
+       st.sampled_from(["none", "relu", "clip"]), st.integers(0, 999))
+def test_dense_kernel(batch, k, units, act, seed):
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    x = b.input("x", (batch, k))
+    y = b.call("fused.dense", x, b.param("w", rng.normal(size=(units, k)).astype("float32")),
+               b.param("b", rng.normal(size=(units,)).astype("float32")), activation=act,
+               a_min=-0.5, a_max=0.7)
+    mod, params = b.finish(y)
+    xs = {"x": rng.normal(size=(batch, k)).astype("float32")}
+    _on_every_fp32_path(lambda: _check(mod, params, xs, ["fused.dense"]))
+
+
+def test_the_fastest_fp32_path_is_chosen_and_a_missing_one_refused(monkeypatch):
+    from eqquant.errors import EqquantError
     from eqquant.runtime import fma
-    from eqquant.runtime.bindings import fp32_path
+    from eqquant.runtime.bindings import FP32_PATHS, fp32_path, fp32_paths
     b = Builder()
     x = b.input("x", (1, 3, 8, 8))
     y = b.call("fused.conv2d", x, b.param("w", np.ones((20, 3, 3, 3), np.float32)),
                b.param("b", np.ones((20, 1, 1), np.float32)), padding=[1, 1])
     bound = bind_params(*b.finish(y))
-    assert (Executor(bound).steps[0].fn.fma is not None) == fma.available()
-    assert fp32_path() == ("fma" if fma.available() else "blas")
+    expected = [p for p in FP32_PATHS if p == "blas" or fma.available(p)]
+    assert fp32_paths() == expected and fp32_path() == expected[0]
+    step = Executor(bound).steps[0].fn
+    assert (step.fma is not None) == fma.available("fma")
+    if step.fma is not None:     # packed for the chosen GEMM's block of channels
+        assert step.packed.shape[2] == fma.block_of(fp32_path())
     monkeypatch.setenv("EQQUANT_FP32_KERNEL", "blas")
     assert Executor(bound).steps[0].fn.fma is None
+    missing = [p for p in FP32_PATHS if p not in expected]
+    for path in missing + ["avx1024"]:
+        monkeypatch.setenv("EQQUANT_FP32_KERNEL", path)
+        with pytest.raises(EqquantError, match="EQQUANT_FP32_KERNEL"):
+            Executor(bound)
+
+
+def test_float_programs_keep_blas_threads_out(monkeypatch):
+    """On the FMA paths no float op calls numpy's BLAS: OpenBLAS's own threads spin for a
+    tenth of a second after each call and took half the cores from the next convolutions
+    (resnet18 fp32 ran 37 ms instead of 21)."""
+    from eqquant.runtime import bindings
+    if bindings.fp32_path() == "blas":
+        pytest.skip("this CPU has no AVX2/FMA: the float GEMM is BLAS's")
+    m = build("resnet18", image_size=64)
+    bound = bind_params(m.module, m.params)
+    x = {"data": np.random.default_rng(0).normal(size=(1, 3, 64, 64)).astype("float32")}
+    fused = optimize(bound, None, ["simplify", "bn_fold", "fusion"],
+                     "simplify; bn_fold; simplify; fusion").module
+    ex = Executor(fused)
+
+    def no_blas(*args, **kwargs):
+        raise AssertionError("numpy's matmul (BLAS) was called")
+    monkeypatch.setattr(bindings.np, "matmul", no_blas)
+    monkeypatch.setattr(np, "dot", no_blas)
+    out = ex.run(x)
+    monkeypatch.undo()
+    np.testing.assert_allclose(out, run(bound, x), rtol=1e-3, atol=1e-3)
 
 
 pool_cases = st.fixed_dictionaries({
@@ -166,13 +227,19 @@ def test_memory_plan_reuses_buffers():
 
 
 def test_kernels_are_cached_on_disk():
-    """cache=True: compiled kernels are written beside the module, for the next process."""
+    """cache=True: compiled kernels are written to disk (beside the module, or under
+    NUMBA_CACHE_DIR), for the next process."""
     import pathlib
     import eqquant.runtime.kernels_fp32 as kernels
+    from eqquant.runtime import fma
+    from eqquant.runtime.bindings import fp32_path
     m = build("resnet18_stem", image_size=32)
     r = optimize(m.module, m.params, ["simplify", "bn_fold", "fusion"],
                  "simplify; bn_fold; simplify; fusion")
     Executor(r.module).run(m.inputs)
-    cache = pathlib.Path(kernels.__file__).parent / "__pycache__"
-    index = {p.name.split(".")[1].rsplit("-", 1)[0] for p in cache.glob("kernels_fp32.*.nbi")}
-    assert {"im2col", "bias_act", "max_pool"} <= index
+    conv_module, conv = (kernels, "im2col") if fp32_path() == "blas" else (fma, "conv")
+    for module, name in ((kernels, "max_pool"), (conv_module, conv)):
+        cache = pathlib.Path(getattr(module, name)._cache._cache_path)
+        stem = pathlib.Path(module.__file__).stem
+        index = {p.name.split(".")[1].rsplit("-", 1)[0] for p in cache.glob(f"{stem}.*.nbi")}
+        assert name in index, (cache, index)

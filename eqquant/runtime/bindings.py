@@ -92,15 +92,28 @@ def _per_channel_last(bias_shape: tuple[int, ...], out_shape: tuple[int, ...]) -
         (not bias_shape or bias_shape[-1] in (1, out_shape[-1]))
 
 
-def fp32_path() -> str:
-    """"fma" (the AVX2/FMA GEMM of ``fma.py``) where the CPU has it, else "blas" (im2col +
-    numpy's BLAS); EQQUANT_FP32_KERNEL=blas|fma forces one."""
-    import os
+FP32_PATHS = ("avx512", "fma", "blas")
+
+
+def fp32_paths() -> list[str]:
+    """The float convolution paths this CPU runs, fastest first: "avx512" and "fma" (the
+    512- and 256-bit FMA GEMMs of ``fma.py``), "blas" (im2col + numpy's BLAS) everywhere."""
     from . import fma
+    return [p for p in FP32_PATHS if p == "blas" or fma.available(p)]
+
+
+def fp32_path() -> str:
+    """The float convolution path: the fastest this CPU runs, or EQQUANT_FP32_KERNEL's
+    (avx512|fma|blas; a path the CPU lacks is an error, not a silent fallback)."""
+    import os
+    from ..errors import EqquantError
     chosen = os.environ.get("EQQUANT_FP32_KERNEL", "")
-    if chosen == "blas" or not fma.available():
-        return "blas"
-    return "fma"
+    paths = fp32_paths()
+    if not chosen:
+        return paths[0]
+    if chosen not in paths:
+        raise EqquantError(f"EQQUANT_FP32_KERNEL={chosen}: this CPU runs {', '.join(paths)}")
+    return chosen
 
 
 class Conv2D(_Spatial):
@@ -136,12 +149,13 @@ class Conv2D(_Spatial):
         # an FMA GEMM with the window gather and the epilogue in one parallel region, where
         # the CPU has AVX2 and FMA (EQQUANT_FP32_KERNEL=blas keeps im2col + BLAS)
         self.fma = None
-        if fp32_path() == "fma" and w is not None and self.groups == 1 and \
+        path = fp32_path()
+        if path != "blas" and w is not None and self.groups == 1 and \
                 not self.depthwise and self.bias_vec is not None:
             from . import fma
             self.fma = fma
             self.packed = fma.pack(np.ascontiguousarray(   # (tap, channel): as rows gather
-                w.transpose(0, 2, 3, 1).reshape(o, -1), dtype=np.float32))
+                w.transpose(0, 2, 3, 1).reshape(o, -1), dtype=np.float32), path)
 
     def _pack(self, w: np.ndarray) -> np.ndarray:
         o = w.shape[0]
@@ -157,6 +171,17 @@ class Conv2D(_Spatial):
             return False
         return _is_f32(*in_types[:2], out_type) and 1 in consts
 
+    def __call__(self, ins, out):
+        if self.fma is None or not self.nhwc:
+            return super().__call__(ins, out)
+        x = ins[0]      # channel-last as the FMA kernels read and write
+        n, oh, ow, o = out.shape
+        for b in range(n):
+            self.fma.conv(np.ascontiguousarray(x[b]), self.kh, self.kw, self.sh, self.sw,
+                          self.pt, self.pl, self.dh, self.dw, oh, ow, self.packed,
+                          self.bias_vec, np.float32(self.lo), np.float32(self.hi), True,
+                          out[b].reshape(oh * ow, o))
+
     def compute(self, ins, out):
         x = ins[0]
         if self.fma is not None:
@@ -166,7 +191,8 @@ class Conv2D(_Spatial):
                 hwc = np.ascontiguousarray(x[b].transpose(1, 2, 0))
                 self.fma.conv(hwc, self.kh, self.kw, self.sh, self.sw, self.pt, self.pl,
                               self.dh, self.dw, oh, ow, self.packed, self.bias_vec,
-                              np.float32(self.lo), np.float32(self.hi), out[b].reshape(o, -1))
+                              np.float32(self.lo), np.float32(self.hi), False,
+                              out[b].reshape(o, -1))
             return
         w = self.w if self.w is not None else self._pack(ins[1])
         bias, lo, hi = self.bias_vec, self.lo, self.hi
@@ -210,11 +236,14 @@ def _scratch(shape: tuple[int, int]) -> np.ndarray:
 
 
 class Dense(Binding):
-    """nn.dense and fused.dense: GEMM (weight transposed once at load) + epilogue."""
+    """nn.dense and fused.dense: the FMA GEMM with its epilogue (a 1x1 convolution of a
+    one-row image), or BLAS GEMM (weight transposed once at load) + epilogue on the "blas"
+    path. (The FMA GEMM keeps BLAS's own thread pool out of the program: OpenBLAS's threads
+    spin for a tenth of a second after each call, and took half the cores from the
+    convolutions that followed.)"""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        self.wt = np.ascontiguousarray(consts[1].T, dtype=np.float32)
         units = in_types[1].shape[0]
         self.lo, self.hi = epilogue_bounds(attrs)
         if len(in_types) == 3:
@@ -222,6 +251,14 @@ class Dense(Binding):
                                              dtype=np.float32)
         else:
             self.bias = np.zeros(units, np.float32)
+        path = fp32_path()
+        self.fma = None
+        if path == "blas":
+            self.wt = np.ascontiguousarray(consts[1].T, dtype=np.float32)
+        else:
+            from . import fma
+            self.fma = fma
+            self.packed = fma.pack(np.ascontiguousarray(consts[1], dtype=np.float32), path)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -231,6 +268,12 @@ class Dense(Binding):
                                       and consts[2].ndim <= 1)
 
     def __call__(self, ins, out):
+        if self.fma is not None:
+            x = np.ascontiguousarray(ins[0])
+            n = x.shape[0]
+            self.fma.conv(x.reshape(1, n, -1), 1, 1, 1, 1, 0, 0, 1, 1, 1, n, self.packed,
+                          self.bias, np.float32(self.lo), np.float32(self.hi), True, out)
+            return
         np.matmul(ins[0], self.wt, out=out)
         out += self.bias
         np.clip(out, self.lo, self.hi, out=out)

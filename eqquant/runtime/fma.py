@@ -1,100 +1,160 @@
-"""An fp32 GEMM on AVX2 with FMA, for the float convolutions: LLVM IR written with llvmlite and
-emitted into Numba kernels through an intrinsic, as the int8 GEMMs are (``avx2.py``).
+"""fp32 GEMMs with fused multiply-add for the float convolutions, 256-bit (AVX2 + FMA) and
+512-bit (AVX-512F): LLVM IR written with llvmlite and emitted into Numba kernels through an
+intrinsic, as the int8 GEMMs are (``avx2.py``, ``vnni.py``).
 
     C[p, o] = sum_k A[p, k] * B[k, o]     A, B, C float32
 
-B is packed once as [O/16][K][16] (the last block padded with zero weights): one k gives two
-8-lane vectors of 16 output channels. The micro-kernel keeps 6 pixels x 16 channels in 12
-accumulators; each step broadcasts one value of A per pixel and does 12 fused multiply-adds.
-A convolution gathers each chunk of pixels' windows from the channel-last image into rows,
-multiplies them and adds the bias and activation in the same parallel region. The sums run
-in another order than im2col + BLAS does: results agree with the reference to float32
-rounding (the tests' tolerance), not bit for bit.
+B is packed once as [O/block][K][block] (the last block padded with zero weights): one k gives
+two vectors of ``block`` output channels together. The micro-kernel keeps ``rows`` pixels x
+``block`` channels in 2 x rows accumulators; each step broadcasts one value of A per pixel and
+does 2 x rows fused multiply-adds. The widths:
+
+    path     vector      block  rows   accumulators
+    fma      8 floats     16     6      12 ymm (of 16)
+    avx512   16 floats    32     8      16 zmm (of 32)
+
+A convolution gathers each work item's pixel windows from the channel-last image into rows,
+multiplies them and adds the bias and activation in one parallel region, and writes channel-
+last (NHWC, straight along each row) or NCHW. The sums run in another order than im2col +
+BLAS does: results agree with the reference to float32 rounding (the tests' tolerance), not
+bit for bit.
 """
 from __future__ import annotations
-
 
 import numpy as np
 from numba import njit, prange
 
-from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 from .kernels_fp32 import clamp
+from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 from .vnni import _windows
 
-BLOCK = 16
-ROWS = 6
+# path -> (floats per vector, pixel rows per micro-kernel); a block is two vectors
+WIDTHS = {"fma": (8, 6), "avx512": (16, 8)}
+CHUNK = 96      # pixels per work item
+ITEMS = 8       # work items wanted per convolution: small images split by channels too
 
 
-def available() -> bool:
-    return cpu_has("avx2") and cpu_has("fma")
+def available(path: str = "fma") -> bool:
+    """Whether the CPU runs the ``path`` GEMM: AVX2 and FMA, or AVX-512F."""
+    return cpu_has("avx2") and cpu_has("fma") and (path == "fma" or cpu_has("avx512f"))
 
 
-@gemm_definition("eqquant_fma_sgemm", "float")
-def define_sgemm(mod, fn, args, b):
-    """``void eqquant_fma_sgemm(A, lda, B, C, ldc, p0, p1, k, oblocks)`` (A, B, C float32;
-    lda and ldc in elements)."""
-    from llvmlite import ir
-    v8 = ir.VectorType(ir.FloatType(), 8)
-    fma = declare(mod, "llvm.fma.v8f32", ir.FunctionType(v8, [v8, v8, v8]))
-    a_ptr = args[0]
-
-    def row_step(bc, start, k, accs, weights):
-        av = splat(bc, bc.load(bc.gep(a_ptr, [bc.add(start, k)]), align=4), v8)
-        return [bc.call(fma, [av, weights[j], accs[j]]) for j in range(2)]
-
-    panel_gemm(fn, b, args, rows=ROWS, block=BLOCK, panel=BLOCK, weights=(8, 2, v8, 4),
-               accumulators=(2, v8), row_step=row_step)
+def block_of(path: str) -> int:
+    """The output channels one panel of the ``path`` GEMM holds."""
+    return 2 * WIDTHS[path][0]
 
 
-def pack(w: np.ndarray) -> np.ndarray:
-    """float32 weights (O, K) -> B packed [ceil(O/16)][K][16] (zero rows pad the last block)."""
+def _define(path: str):
+    lanes, rows = WIDTHS[path]
+
+    @gemm_definition(f"eqquant_{path}_sgemm", "float")
+    def define_sgemm(mod, fn, args, b):
+        """``void eqquant_<path>_sgemm(A, lda, B, C, ldc, p0, p1, k, oblocks)`` (A, B, C
+        float32; lda and ldc in elements)."""
+        from llvmlite import ir
+        vt = ir.VectorType(ir.FloatType(), lanes)
+        fma = declare(mod, f"llvm.fma.v{lanes}f32", ir.FunctionType(vt, [vt, vt, vt]))
+        a_ptr = args[0]
+
+        def row_step(bc, start, k, accs, weights):
+            av = splat(bc, bc.load(bc.gep(a_ptr, [bc.add(start, k)]), align=4), vt)
+            return [bc.call(fma, [av, weights[j], accs[j]]) for j in range(2)]
+
+        panel_gemm(fn, b, args, rows=rows, block=2 * lanes, panel=2 * lanes,
+                   weights=(lanes, 2, vt, 4), accumulators=(2, vt), row_step=row_step)
+    return define_sgemm
+
+
+sgemm256_block = gemm_intrinsic(_define("fma"), "float")
+sgemm512_block = gemm_intrinsic(_define("avx512"), "float")
+
+
+def pack(w: np.ndarray, path: str = "fma") -> np.ndarray:
+    """float32 weights (O, K) -> B packed [ceil(O/block)][K][block] for the ``path`` GEMM
+    (zero rows pad the last block)."""
+    block = block_of(path)
     o, k = w.shape
-    op = -(-o // BLOCK) * BLOCK
+    op = -(-o // block) * block
     padded = np.zeros((op, k), np.float32)
     padded[:o] = w
-    return np.ascontiguousarray(padded.reshape(op // BLOCK, BLOCK, k).transpose(0, 2, 1))
+    return np.ascontiguousarray(padded.reshape(op // block, block, k).transpose(0, 2, 1))
 
 
-sgemm_block = gemm_intrinsic(define_sgemm, "float")
+@njit(cache=True)
+def _sgemm(a, lda, packed, ob0, ob1, c, ldc, n):
+    """c[:n, :] = a[:n] @ the packed blocks ob0..ob1 (the GEMM of the packing's width)."""
+    k, block = packed.shape[1], packed.shape[2]
+    b = packed.ctypes.data + ob0 * k * block * 4
+    if block == 32:
+        sgemm512_block(a, lda, b, c, ldc, 0, n, k, ob1 - ob0)
+    else:
+        sgemm256_block(a, lda, b, c, ldc, 0, n, k, ob1 - ob0)
 
 
 @njit(cache=True)
 def sgemm(a, packed, out):
     """out (P, O') = a (P, K) @ B, O' the padded width."""
-    sgemm_block(a.ctypes.data, a.shape[1], packed.ctypes.data, out.ctypes.data, out.shape[1],
-                0, a.shape[0], packed.shape[1], packed.shape[0])
+    _sgemm(a.ctypes.data, a.shape[1], packed, 0, packed.shape[0], out.ctypes.data,
+           out.shape[1], a.shape[0])
+
+
+@njit(cache=True)
+def _finish(acc, bias, lo, hi, o0, cols, p0, channels_last, out):
+    """acc (n, >= cols): channels o0..o0+cols of pixels p0.. plus the bias, clamped to
+    [lo, hi], into out (P, O) channel-last (along each row) or (O, P)."""
+    n = acc.shape[0]
+    if channels_last:
+        for r in range(n):
+            a = acc[r]
+            dst = out[p0 + r]
+            for o in range(cols):
+                dst[o0 + o] = clamp(a[o] + bias[o0 + o], lo, hi)
+        return
+    for r in range(n):          # bias and activation along each pixel's row (vectorises)
+        a = acc[r]
+        for o in range(cols):
+            a[o] = clamp(a[o] + bias[o0 + o], lo, hi)
+    for o in range(cols):       # then written out channel by channel
+        dst = out[o0 + o]
+        for r in range(n):
+            dst[p0 + r] = acc[r, o]
 
 
 @njit(parallel=True, cache=True)
-def conv(hwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, out):
+def conv(hwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, channels_last,
+         out):
     """A float convolution of one image in one parallel region: hwc (H, W, C) float32 ->
-    out (O, oh*ow): windows, GEMM, bias and activation (a clamp to [lo, hi], float32)
-    a chunk of pixels at a time. A 1x1 convolution with stride 1 and no padding multiplies
-    the image's own rows (no copy)."""
+    out (oh*ow, O) when ``channels_last``, else (O, oh*ow). Work items are chunks of pixels,
+    and of output blocks where a small image gives fewer than ITEMS chunks; each gathers its
+    pixels' windows into rows (a 1x1 convolution with stride 1 and no padding multiplies the
+    image's own rows), multiplies them and finishes them (bias, clamp to [lo, hi], write)."""
     p_n = oh * ow
-    o_n = out.shape[0]
-    oblocks, k = packed.shape[0], packed.shape[1]
-    width = oblocks * BLOCK
+    o_n = out.shape[1] if channels_last else out.shape[0]
+    oblocks, k, block = packed.shape[0], packed.shape[1], packed.shape[2]
     h, w, c = hwc.shape
     pointwise = kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
         ow == w and c == k
     flat = hwc.reshape(h * w, c)
-    for item in prange((p_n + 95) // 96):
-        p0 = item * 96
-        n = min(p_n, p0 + 96) - p0
+    chunks = (p_n + CHUNK - 1) // CHUNK
+    groups = 1
+    while chunks * groups < ITEMS and groups * 2 <= oblocks:
+        groups *= 2
+    per_group = (oblocks + groups - 1) // groups
+    for item in prange(chunks * groups):
+        chunk, g = item // groups, item % groups
+        p0 = chunk * CHUNK
+        n = min(p_n, p0 + CHUNK) - p0
+        ob0 = g * per_group
+        ob1 = min(oblocks, ob0 + per_group)
+        if ob0 >= ob1:
+            continue
         if pointwise:
             rows = flat[p0:p0 + n]
         else:
             rows = np.empty((n, k), np.float32)
             _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p0, rows)
+        width = (ob1 - ob0) * block
         acc = np.empty((n, width), np.float32)
-        sgemm_block(rows.ctypes.data, k, packed.ctypes.data, acc.ctypes.data, width, 0, n, k,
-                    oblocks)
-        for r in range(n):      # bias and activation along each pixel's row (vectorises)
-            a = acc[r]
-            for o in range(o_n):
-                a[o] = clamp(a[o] + bias[o], lo, hi)
-        for o in range(o_n):    # then written out channel by channel (NCHW)
-            dst = out[o]
-            for r in range(n):
-                dst[p0 + r] = acc[r, o]
+        _sgemm(rows.ctypes.data, k, packed, ob0, ob1, acc.ctypes.data, width, n)
+        o0 = ob0 * block
+        _finish(acc, bias, lo, hi, o0, min(width, o_n - o0), p0, channels_last, out)

@@ -50,15 +50,18 @@ def cpu_model() -> str:
 
 
 def machine_key() -> str:
-    """What a kernel time depends on besides the instance: CPU, int8 path, threads, release."""
+    """What a kernel time depends on besides the instance: CPU, int8 and fp32 paths, threads,
+    release."""
     import numba
     from importlib.metadata import PackageNotFoundError, version
+    from .bindings import fp32_path
     from .bindings_int8 import int8_path
     try:
         release = version("eqquant")
     except PackageNotFoundError:      # (run from a source tree that was never installed)
         release = "unknown"
-    return (f"{cpu_model()} | int8 {int8_path()} | {numba.get_num_threads()} threads | "
+    return (f"{cpu_model()} | int8 {int8_path()} | fp32 {fp32_path()} | "
+            f"{numba.get_num_threads()} threads | "
             f"eqquant {release}")
 
 
