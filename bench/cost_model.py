@@ -27,11 +27,12 @@ def main() -> None:
     from eqquant.extract.cost import CpuLatency
     from eqquant.runtime.measured_cost import MeasuredCost, cpu_model
     from eqquant.optimizer import program_costs
-    from eqquant.quant.flow import quantize
+    from eqquant.quant.flow import compile_layouts, quantize
+    from eqquant.runtime.bindings import fp32_path
     from eqquant.runtime.bindings_int8 import int8_path
     from eqquant.runtime.executor import Executor
     from eqquant.zoo import build
-    print(f"CPU: {cpu_model()}; int8 kernel path: {int8_path()}; "
+    print(f"CPU: {cpu_model()}; kernel paths: int8 {int8_path()}, fp32 {fp32_path()}; "
           f"{os.environ['NUMBA_NUM_THREADS']} threads")
     measured, roofline = MeasuredCost(), CpuLatency()
     print(f"{'program':22s} {'executor':>10s} {'measured model':>22s} {'roofline model':>22s}")
@@ -41,7 +42,8 @@ def main() -> None:
         x = {p.name: rng.standard_normal(p.type.shape).astype("float32")
              for p in m.module.main.params}
         r = quantize(m.module, m.params, [x], "minmax", per_channel=True, cost="cpu")
-        for label, prog in (("fp32", r.fp32), ("int8", r.runnable)):
+        fp32 = compile_layouts(r.fp32, "cpu").module    # the layouts that run, as int8's
+        for label, prog in (("fp32", fp32), ("int8", r.runnable)):
             ex = Executor(prog)
             for _ in range(3):
                 ex.run(x)

@@ -115,7 +115,7 @@ def prepare(name: str, calib: int, d: Path) -> dict[str, Path]:
     from _common import ort_quantize_static
     from eqquant.interop.onnx_export import to_onnx
     from eqquant.ir.loader import save_program
-    from eqquant.quant.flow import quantize
+    from eqquant.quant.flow import compile_layouts, quantize
     from eqquant.zoo import build
     m = build(name)
     rng = np.random.default_rng(0)
@@ -126,7 +126,7 @@ def prepare(name: str, calib: int, d: Path) -> dict[str, Path]:
     np.savez(files["inputs"], data=rng.normal(size=shape).astype("float32"))
     np.savez(d / f"{name}.input.calib.npz", *[s["data"] for s in samples])
     save_program(d / f"{name}.int8.ir", q.runnable)   # its layouts chosen for the kernels
-    save_program(d / f"{name}.fp32.ir", q.fp32)
+    save_program(d / f"{name}.fp32.ir", compile_layouts(q.fp32).module)   # likewise
     fp32_onnx = to_onnx(q.fp32).SerializeToString()
     (d / f"{name}.fp32.onnx").write_bytes(fp32_onnx)
     (d / f"{name}.int8.onnx").write_bytes(ort_quantize_static(fp32_onnx, samples))
@@ -147,6 +147,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         return worker(*args.worker)
+    from eqquant.runtime.bindings import fp32_path
     from eqquant.runtime.bindings_int8 import int8_path
     systems = ["eqquant int8", "ORT int8", "eqquant fp32", "ORT fp32"]
     try:
@@ -157,7 +158,7 @@ def main() -> None:
     except ImportError:
         torch_note = "PyTorch: not installed (an optional extra of this bench): column skipped"
     print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; {THREADS} threads per system; "
-          f"eqquant int8 kernel path: {int8_path()}")
+          f"eqquant kernel paths: int8 {int8_path()}, fp32 {fp32_path()}")
     print(torch_note)
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -58,7 +58,9 @@ def demo(model: str, out_dir: str | Path, echo: Callable[[str], None] = print) -
                    ["simplify", "bn_fold", "fusion"], "simplify; bn_fold; simplify; fusion")
     opt_paths = stage("write optimized program", save_program,
                       Path(out_dir) / f"{model}.opt.ir", result.module)
-    ex = stage("load on the CPU executor", Executor, result.module)
+    from .quant.flow import compile_layouts, layout_summary
+    runnable = stage("choose layouts (layout.rules)", compile_layouts, result.module, "cpu")
+    ex = stage("load on the CPU executor", Executor, runnable.module)
     stage("run on the executor (first)", ex.run, inputs)
     out = stage("run on the executor (warm)", ex.run, inputs)
     err = float(np.max(np.abs(out - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
@@ -67,6 +69,7 @@ def demo(model: str, out_dir: str | Path, echo: Callable[[str], None] = print) -
     for line in result.explain().splitlines():
         echo("  " + line)
     echo("")
+    echo(f"  {layout_summary(runnable)}")
     echo(f"  executor (fused, Numba) vs reference interpreter on the original: max relative "
          f"difference {err:.2e}")
     echo(f"  wrote {opt_paths[0]}")

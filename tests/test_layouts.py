@@ -150,3 +150,26 @@ def test_convolutions_go_channel_last_where_their_kernels_read_it(groups, channe
     assert [n.attrs["data_layout"] == "NHWC" for n in convs] == [channel_last] * 3
     xv = {"x": rng.integers(0, 256, (1, c, 28, 28)).astype("uint8")}
     np.testing.assert_array_equal(Executor(result.module).run(xv), run(mod, xv))
+
+
+def test_float_resnet_runs_channel_last_with_one_change_at_the_input():
+    """The float program's layouts: every convolution channel-last (the FMA kernels' layout)
+    under the CPU cost model, one layout change (at the input; the global pool's one-pixel
+    output is flattened as it is), and the same numbers as the NCHW program (exact rules;
+    the kernels sum in the same order either way) on an input far outside any range seen."""
+    from eqquant.quant.flow import FP32_RULES, FP32_SCHEDULE, compile_layouts
+    from eqquant.optimizer import optimize
+    from eqquant.zoo import build
+    m = build("resnet18", image_size=64)
+    fp = optimize(bind_params(m.module, m.params), None, FP32_RULES, FP32_SCHEDULE).module
+    result = compile_layouts(fp, "cpu")
+    calls = [n for n in post_order(result.module.main.body) if isinstance(n, Call)]
+    convs = [c for c in calls if c.op_name == "fused.conv2d"]
+    assert len(convs) == 20 and all(c.attrs["data_layout"] == "NHWC" for c in convs)
+    changes = [c for c in calls if c.op_name == "layout_transform"]
+    assert len(changes) == 1 and changes[0].args[0] is result.module.main.params[0]
+    x = {"data": (30 * np.random.default_rng(2).normal(size=(1, 3, 64, 64))).astype("f4")}
+    np.testing.assert_allclose(Executor(result.module).run(x), Executor(fp).run(x),
+                               rtol=1e-5, atol=1e-4 * 30)
+    np.testing.assert_allclose(Executor(result.module).run(x), run(fp, x), rtol=1e-3,
+                               atol=1e-2 * 30)

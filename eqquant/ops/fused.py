@@ -15,7 +15,7 @@ from ..core.nodes import Call, Expr, freeze_attrs
 from ..core.types import TensorType
 from . import numerics
 from .attrs import FLOAT_F, Attr, StrKind
-from .nn import CONV2D_ATTRS, conv2d_flops, conv2d_rel, dense, dense_rel
+from .nn import CONV2D_ATTRS, conv2d_flops, conv2d_rel, conv_channels_last, dense, dense_rel
 from .onnx_conventions import conv_to_onnx
 from .registry import COMPUTE, OnnxForm, OpDef, OpTypeError, get_op, register
 from .typerel import broadcast_shapes, tensor
@@ -115,7 +115,7 @@ def _conv_to_onnx(ex, node, ins):
 CONV_NAMES = tuple(a.name for a in CONV2D_ATTRS)
 register(OpDef(
     "fused.conv2d", inputs=("data", "weight", "bias"), props=frozenset({COMPUTE, FUSED}),
-    kernel="eqquant.runtime.bindings:Conv2D",
+    kernel="eqquant.runtime.bindings:Conv2D", channels_last=conv_channels_last,
     onnx=(OnnxForm("Conv", reads=False, export=_conv_to_onnx),),
     attrs=CONV2D_ATTRS + EPILOGUE_ATTRS,
     type_rel=lambda types, attrs: _epilogue_rel(conv2d_rel(types[:2], attrs), types, attrs),

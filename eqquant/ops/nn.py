@@ -99,9 +99,17 @@ def _conv_to_onnx(ex, node, ins):
     return ex.emit("Conv", ins, **conv_to_onnx(node.attrs, ex.type(node.args[1]).shape))
 
 
+def conv_channels_last(attrs, in_types) -> bool:
+    """The float convolution kernels read and write channel-last images for a dense
+    convolution (groups 1: the FMA GEMMs, on every CPU with AVX2); depthwise and grouped ones
+    run NCHW."""
+    return attrs["groups"] == 1
+
+
 register(OpDef(
     "nn.conv2d", inputs=("data", "weight"), props=frozenset({COMPUTE}),
     kernel="eqquant.runtime.bindings:Conv2D", attrs=CONV2D_ATTRS,
+    channels_last=conv_channels_last,
     onnx=(OnnxForm("Conv", convert=_conv_from_onnx, export=_conv_to_onnx),),
     type_rel=conv2d_rel, semantics=numerics.conv2d, flops=conv2d_flops,
     doc="2-D convolution: NCHW data and OIHW weight, or NHWC data and HWIO weight; "

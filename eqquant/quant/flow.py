@@ -216,10 +216,19 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     else:   # no held-out input: the output's figures over (up to 8 of) the calibration set
         layers, output = evaluate(fp, int8, table, dtype, samples[0], samples[1:8])
         output["samples"] = min(len(samples), 8)
-    chosen = optimize(int8, None, LAYOUT_RULES, cost=cost) if layouts else None
+    chosen = compile_layouts(int8, cost) if layouts else None
     return QuantizeResult(int8, fp, table, result, layers, output, dtype, kept_float,
                           chosen.module if chosen else None, chosen, cost.summary(), mixed,
                           front)
+
+
+def compile_layouts(mod: Module, cost: str | CostModel = "auto") -> OptimizeResult:
+    """``mod`` (float or integer) with its layouts chosen for the CPU kernels by
+    ``rules/layout.rules`` (exact rules: the same numbers): convolutions channel-last where
+    their kernels read it, layout changes where they pay. What runs; the NCHW form stays
+    the interchange one (ONNX)."""
+    from ..runtime.measured_cost import resolve_cost
+    return optimize(mod, None, LAYOUT_RULES, cost=resolve_cost(cost))
 
 
 def _mixed_as_optimized(space, program: Module, marked: Module, cost) -> OptimizeResult:
