@@ -64,9 +64,8 @@ def worker(system: str, model: str, inputs: str) -> None:
         so.intra_op_num_threads = int(THREADS)
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
-        # no spinning after a run: spinning threads would take the cores from the system
-        # whose round comes next (eqquant's threads sleep too: OMP_WAIT_POLICY=PASSIVE)
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # ONNX Runtime's defaults otherwise: its workers spin while a run waits for work, as
+        # eqquant's OpenMP workers spin a moment between the ops of a program
         sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
         name = sess.get_inputs()[0].name
         value = next(iter(x.values()))

@@ -243,3 +243,26 @@ def test_kernels_are_cached_on_disk():
         stem = pathlib.Path(module.__file__).stem
         index = {p.name.split(".")[1].rsplit("-", 1)[0] for p in cache.glob(f"{stem}.*.nbi")}
         assert name in index, (cache, index)
+
+
+@pytest.mark.parametrize("fp32_kernel, user_policy", [("", ""), ("blas", ""),
+                                                      ("blas", "ACTIVE")])
+def test_openmp_threads_sleep_at_once_only_beside_blas(fp32_kernel, user_policy):
+    """One thread pool: OpenMP's workers keep libgomp's default (a moment's spin between
+    ops) unless float convolutions run on numpy's BLAS, whose threads they would starve;
+    a policy the user set stays."""
+    import os
+    import subprocess
+    import sys
+    from eqquant.runtime.llvm_loops import cpu_has
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "EQQUANT_FP32_KERNEL")}
+    if fp32_kernel:
+        env["EQQUANT_FP32_KERNEL"] = fp32_kernel
+    if user_policy:
+        env["OMP_WAIT_POLICY"] = user_policy
+    out = subprocess.run([sys.executable, "-c", "import os, eqquant.runtime; "
+                          "print(os.environ.get('OMP_WAIT_POLICY', 'default'))"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    blas = fp32_kernel == "blas" or not (cpu_has("avx2") and cpu_has("fma"))
+    assert out == (user_policy or ("PASSIVE" if blas else "default"))
