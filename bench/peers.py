@@ -7,10 +7,12 @@ fp32 program and eqquant's int8 program (per-channel minmax, uint8 activations, 
 ONNX Runtime on eqquant's fp32 ONNX export and on its own static QDQ quantization of it (the
 same calibration data, per-channel, u8/s8, MinMax), and PyTorch when it is installed (an
 optional extra for this bench: its column is skipped otherwise). Every system runs in a
-process of its own (two runtimes in one process fight over threads), with 2 threads; the
-rounds alternate between the systems, so that the machine's changing load hits all of them
-alike, and each figure is the median over the rounds. The CPU model and eqquant's int8 kernel
-path are printed first, the ratios eqquant / ONNX Runtime (and / PyTorch) last.
+process of its own (two runtimes in one process fight over threads), with 2 threads and its
+own threading defaults; the rounds alternate between the systems, so that the machine's
+changing load hits all of them alike, half a second apart (so that one system's spinning
+threads have stopped before the next one runs), each after one untimed run, and each figure
+is the median over the rounds. The CPU model and eqquant's kernel paths are printed first,
+the ratios eqquant / ONNX Runtime (and / PyTorch) last.
 """
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ from pathlib import Path
 import numpy as np
 
 THREADS = "2"
+# seconds between two systems' rounds: OpenMP (libgomp, PyTorch's Intel OpenMP: 200 ms) and ONNX
+# Runtime workers spin a while after a run, and would take the cores from the next system
+SETTLE = 0.5
 ENV = {**os.environ, "OMP_NUM_THREADS": THREADS, "NUMBA_NUM_THREADS": THREADS,
        "MKL_NUM_THREADS": THREADS, "OPENBLAS_NUM_THREADS": THREADS}
 
@@ -74,6 +79,7 @@ def worker(system: str, model: str, inputs: str) -> None:
     print(json.dumps("ready"), flush=True)
     for line in sys.stdin:
         n = int(line.split()[1])
+        run()       # wakes this system's threads, untimed
         times = []
         for _ in range(n):
             t0 = time.perf_counter()
@@ -167,6 +173,7 @@ def main() -> None:
             times: dict[str, list[float]] = {s: [] for s in systems}
             for _ in range(args.rounds):
                 for s, w in workers.items():         # rounds alternate between the systems
+                    time.sleep(SETTLE)   # the last system's threads stop spinning first
                     times[s] += w.run(args.per_round)
             for w in workers.values():
                 w.close()

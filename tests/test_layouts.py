@@ -36,6 +36,23 @@ def test_layout_transform_types_runs_and_prints_back():
     np.testing.assert_array_equal(ex.run({"x": x}), want)
 
 
+@pytest.mark.parametrize("shape, src, dst, dtype", [
+    ((2, 3, 37, 41), "NCHW", "NHWC", "uint8"), ((1, 40, 33, 35), "NCHW", "NHWC", "float32"),
+    ((2, 33, 35, 70), "NHWC", "NCHW", "int8"), ((1, 5, 6, 7), "NCHW", "HWCN", "float32")])
+def test_the_layout_change_kernel_moves_every_value(shape, src, dst, dtype):
+    """NCHW <-> NHWC run as tiled plane transposes (several 32 x 32 tiles, partial ones at
+    the edges); any other permutation as numpy's copy."""
+    from eqquant.ops.tensor import layout_perm
+    text = CHANGE.replace("(2, 3, 4, 5), uint8", f"{shape}, {dtype}").replace(
+        'src_layout="NCHW", dst_layout="NHWC"', f'src_layout="{src}", dst_layout="{dst}"')
+    mod = parse(text)
+    x = np.random.default_rng(0).integers(-128, 128, shape).astype(dtype)
+    ex = Executor(mod)
+    assert ex.steps[0].kind == "kernel"
+    assert (ex.steps[0].fn.plane is not None) == (dst in ("NCHW", "NHWC"))
+    np.testing.assert_array_equal(ex.run({"x": x}), x.transpose(layout_perm(src, dst)))
+
+
 @pytest.mark.parametrize("src, dst, message", [
     ("NCHW", "NHWD", "name different axes"),
     ("NCHW8c", "NHWC", "blocked layouts"),

@@ -441,19 +441,30 @@ class View(Binding):
 
 
 class LayoutTransform(Binding):
-    """layout_transform: one strided copy (numpy's) into the output."""
+    """layout_transform: channels moved last or first (NCHW <-> NHWC) as a tiled transpose
+    of each image's (C, HW) plane; any other permutation one strided copy (numpy's)."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
         from ..ops.tensor import layout_perm
         self.perm = layout_perm(attrs["src_layout"], attrs["dst_layout"])
+        self.plane = None
+        shape = in_types[0].shape
+        if self.perm == [0, 2, 3, 1]:       # (N, C, HW) -> (N, HW, C)
+            self.plane = (shape[0], shape[1], shape[2] * shape[3])
+        elif self.perm == [0, 3, 1, 2]:     # (N, HW, C) -> (N, C, HW)
+            self.plane = (shape[0], shape[1] * shape[2], shape[3])
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return isinstance(out_type, TensorType)
 
     def __call__(self, ins, out):
-        np.copyto(out, ins[0].transpose(self.perm))
+        if self.plane is None:
+            np.copyto(out, ins[0].transpose(self.perm))
+            return
+        n, a, b = self.plane
+        k.transpose_planes(ins[0].reshape(n, a, b), out.reshape(n, b, a))
 
 
 class Concatenate(Binding):

@@ -302,6 +302,23 @@ def copy_rows(src, dst):
 
 
 @njit(parallel=True, cache=True)
+def transpose_planes(src, dst):
+    """dst[n, j, i] = src[n, i, j] for src (N, A, B), any dtype: NCHW <-> NHWC as (N, C, HW)
+    <-> (N, HW, C). Tiles of 32 x 32, the tiles of each plane's columns in parallel."""
+    planes, a, b = src.shape
+    tiles = (b + 31) // 32
+    for t in prange(planes * tiles):
+        n = t // tiles
+        j0 = (t % tiles) * 32
+        j1 = min(b, j0 + 32)
+        for i0 in range(0, a, 32):
+            i1 = min(a, i0 + 32)
+            for j in range(j0, j1):
+                for i in range(i0, i1):
+                    dst[n, j, i] = src[n, i, j]
+
+
+@njit(parallel=True, cache=True)
 def pad_planes(x, value, pt, pl, out):
     """x: (P, H, W) planes into out: (P, H + pt + pb, W + pl + pr), the border = value."""
     planes, h, w = x.shape

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .kernels_fp32 import inside
+
 
 @njit(parallel=True, cache=True)
 def im2col_i8(x, zero, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, col):
@@ -300,36 +302,38 @@ def requantize_row(acc, add, clamp_lo, clamp_hi, zin, left, multipliers, half, t
 def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bias, clamp_lo,
                             clamp_hi, multipliers, shifts, zin, zout, lo, hi, out):
     """fused.qconv2d with groups = input channels on channel-last data: x (H, W, C) 8-bit,
-    wt (kh, kw, O) int32 (weight minus its zero point), out (oh*ow, O). Each output pixel
-    sums its taps along the channels (output channel o reads input channel o // mult), then
-    adds the bias, clamps and requantizes the row (``requantize_row``): every loop runs along
-    contiguous channels. Taps outside the image are skipped (they hold zx: x - zx = 0)."""
+    wt (kh, kw, O) int32 (weight minus its zero point), out (oh*ow, O). One output row per
+    work item: each tap is swept along the row's pixels whose input lies inside the image
+    (``inside``: no bounds test in the loop; taps outside hold zx, x - zx = 0), summing along
+    the contiguous channels (output channel o reads input channel o // mult); then each
+    pixel's bias, clamp and requantization (``requantize_row``)."""
     h, w = x.shape[0], x.shape[1]
     kh, kw, o_n = wt.shape
     left, total, half = shift_params(shifts)
     add = bias.astype(np.int64)
     for oy in prange(oh):
-        acc = np.empty(o_n, np.int32)
-        for ox in range(ow):
-            acc[:] = 0
-            for i in range(kh):
-                iy = oy * sh - pt + i * dh
-                if iy < 0 or iy >= h:
-                    continue
-                for j in range(kw):
-                    ix = ox * sw - pl + j * dw
-                    if ix < 0 or ix >= w:
-                        continue
-                    src = x[iy, ix]
-                    tap = wt[i, j]
+        acc = np.zeros((ow, o_n), np.int32)
+        for i in range(kh):
+            iy = oy * sh - pt + i * dh
+            if iy < 0 or iy >= h:
+                continue
+            row = x[iy]
+            for j in range(kw):
+                offset = j * dw - pl
+                first, last = inside(ow, sw, offset, w)
+                tap = wt[i, j]
+                for ox in range(first, last):
+                    src = row[ox * sw + offset]
+                    a = acc[ox]
                     if mult == 1:
                         for c in range(o_n):
-                            acc[c] += tap[c] * (np.int32(src[c]) - zx)
+                            a[c] += tap[c] * (np.int32(src[c]) - zx)
                     else:
                         for c in range(o_n):
-                            acc[c] += tap[c] * (np.int32(src[c // mult]) - zx)
-            requantize_row(acc, add, clamp_lo, clamp_hi, zin, left, multipliers, half, total,
-                           zout, lo, hi, out[oy * ow + ox], 0, o_n, 0)
+                            a[c] += tap[c] * (np.int32(src[c // mult]) - zx)
+        for ox in range(ow):
+            requantize_row(acc[ox], add, clamp_lo, clamp_hi, zin, left, multipliers, half,
+                           total, zout, lo, hi, out[oy * ow + ox], 0, o_n, 0)
 
 
 @njit(parallel=True, cache=True)
