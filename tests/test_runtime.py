@@ -48,7 +48,8 @@ def _on_every_fp32_path(check):
 def test_conv2d_kernel(case):
     """Every fp32 convolution path against the reference: dense, grouped, depthwise, 1x1,
     and wide ones (33-80 output channels: several GEMM blocks, the last one partial, split
-    between work items), NCHW or channel-last (NHWC data, HWIO weight, a bias per channel)."""
+    between work items), NCHW or channel-last (NHWC data, HWIO weight, a bias per channel:
+    the dense and depthwise kernels read it as it is, a grouped one between transposes)."""
     rng = np.random.default_rng(case["seed"])
     c, o, k = case["c"], case["o"], case["k"]
     groups = 1
@@ -60,7 +61,7 @@ def test_conv2d_kernel(case):
         k, case["stride"], case["pad"] = 1, 1, 0
     elif case["kind"] == "wide":
         o = 33 + 8 * o
-    nhwc = case["nhwc"] and groups == 1
+    nhwc = case["nhwc"]
     hw = max(case["hw"], case["dil"] * (k - 1) + 1)
     b = Builder()
     x = b.input("x", (2, hw, hw, c) if nhwc else (2, c, hw, hw))

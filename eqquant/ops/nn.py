@@ -101,9 +101,11 @@ def _conv_to_onnx(ex, node, ins):
 
 def conv_channels_last(attrs, in_types) -> bool:
     """The float convolution kernels read and write channel-last images for a dense
-    convolution (groups 1: the FMA GEMMs, on every CPU with AVX2); depthwise and grouped ones
-    run NCHW."""
-    return attrs["groups"] == 1
+    convolution (groups 1: the FMA GEMMs, on every CPU with AVX2) and a depthwise one (one
+    channel in and out per group: the direct kernel); other grouped ones run NCHW."""
+    w = in_types[1].shape
+    per_group, out = (w[2], w[3]) if attrs["kernel_layout"] == "HWIO" else (w[1], w[0])
+    return attrs["groups"] == 1 or (per_group == 1 and out == attrs["groups"])
 
 
 register(OpDef(

@@ -146,6 +146,9 @@ class Conv2D(_Spatial):
                 consts[2].reshape(-1), (o,)), dtype=np.float32)
         elif len(in_types) == 2:
             self.bias_vec = np.zeros(o, np.float32)
+        self.taps = None    # a channel-last depthwise convolution's (kh, kw, C) weights
+        if self.nhwc and self.depthwise and self.bias_vec is not None:
+            self.taps = np.ascontiguousarray(self.w.transpose(1, 2, 0))
         # an FMA GEMM with the window gather and the epilogue in one parallel region, where
         # the CPU has AVX2 and FMA (EQQUANT_FP32_KERNEL=blas keeps im2col + BLAS)
         self.fma = None
@@ -172,6 +175,12 @@ class Conv2D(_Spatial):
         return _is_f32(*in_types[:2], out_type) and 1 in consts
 
     def __call__(self, ins, out):
+        if self.taps is not None:       # depthwise, channel-last as its kernel reads
+            for b in range(out.shape[0]):
+                k.depthwise_channels_last(ins[0][b], self.taps, self.bias_vec, self.sh, self.sw,
+                                          self.pt, self.pl, self.dh, self.dw, self.lo,
+                                          self.hi, out[b])
+            return
         if self.fma is None or not self.nhwc:
             return super().__call__(ins, out)
         x = ins[0]      # channel-last as the FMA kernels read and write

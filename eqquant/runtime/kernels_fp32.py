@@ -71,6 +71,43 @@ def bias_act(y, bias, lo, hi):
 
 
 @njit(parallel=True, cache=True)
+def depthwise_channels_last(x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out):
+    """x: (H, W, C), w: (kh, kw, C), out: (oh, ow, C); one filter per channel. One output row
+    per work item: the row's sums start at the bias, each tap is swept along the pixels whose
+    input lies inside the image (``inside``: no test in the loop), every inner loop runs
+    along the contiguous channels; then the clamp to [lo, hi]."""
+    h, wd, c_n = x.shape
+    kh, kw, _ = w.shape
+    oh, ow, _ = out.shape
+    lo32 = np.float32(lo)
+    hi32 = np.float32(hi)
+    for y in prange(oh):
+        acc = np.empty((ow, c_n), np.float32)
+        for xo in range(ow):
+            acc[xo, :] = bias
+        for i in range(kh):
+            iy = y * sh - pt + i * dh
+            if iy < 0 or iy >= h:
+                continue
+            src = x[iy]
+            for j in range(kw):
+                off = j * dw - pl
+                first, last = inside(ow, sw, off, wd)
+                tap = w[i, j]
+                for xo in range(first, last):
+                    pixel = src[xo * sw + off]
+                    a = acc[xo]
+                    for c in range(c_n):
+                        a[c] += pixel[c] * tap[c]
+        row = out[y]
+        for xo in range(ow):
+            a = acc[xo]
+            dst = row[xo]
+            for c in range(c_n):
+                dst[c] = clamp(a[c], lo32, hi32)
+
+
+@njit(parallel=True, cache=True)
 def depthwise(x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out):
     """x: (C, H, W), w: (C, kh, kw), out: (C, oh, ow); one filter per channel. Row by row:
     each filter tap is swept over the output columns whose input is inside the image, so
