@@ -97,3 +97,24 @@ def time_alternating(runners: Mapping[str, Callable[[], object]], runs: int) -> 
             f()
             times[k].append(time.perf_counter() - t0)
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+def executor_latency(ex, x, runs: int = 20, rounds: int = 1, pause: float = 1.0) -> float:
+    """Seconds per run of an eqquant Executor on ``x``: the median of ``runs`` warm runs; with
+    several ``rounds`` (``pause`` seconds apart) the least of their medians, the latency on
+    a quiet machine (this one is shared: a neighbour's load doubled one round's median at
+    times)."""
+    for _ in range(3):
+        ex.run(x)
+    medians = []
+    for r in range(rounds):
+        if r:
+            time.sleep(pause)
+            ex.run(x)
+        times = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            ex.run(x)
+            times.append(time.perf_counter() - t)
+        medians.append(float(np.median(times)))
+    return min(medians)

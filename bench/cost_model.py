@@ -3,8 +3,8 @@
     python bench/cost_model.py [--models resnet18 resnet50 mobilenet_v2]
 
 For each zoo model, its optimized fp32 program and its int8 program (per-channel minmax, the
-layouts chosen for the CPU kernels): the executor's latency (median of warm runs, 2 threads),
-the measured cost model's prediction (the sum of its kernel instances' times, timing what the
+layouts chosen for the CPU kernels): the executor's latency (the least of 5 rounds' medians of
+warm runs, 2 threads: the machine is shared), the measured cost model's prediction (the sum of its kernel instances' times, timing what the
 cache lacks) and the roofline model's, each with its error. The kernel-time cache is the
 user's (``EQQUANT_CACHE_DIR`` to keep it apart).
 """
@@ -12,17 +12,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
+import sys
+from pathlib import Path
 
 os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 
 import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import executor_latency  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["resnet18", "resnet50", "mobilenet_v2"])
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     from eqquant.extract.cost import CpuLatency
     from eqquant.runtime.measured_cost import MeasuredCost, cpu_model
@@ -45,17 +50,11 @@ def main() -> None:
         fp32 = compile_layouts(r.fp32, "cpu").module    # the layouts that run, as int8's
         for label, prog in (("fp32", fp32), ("int8", r.runnable)):
             ex = Executor(prog)
-            for _ in range(3):
-                ex.run(x)
-            times = []
-            for _ in range(args.runs):
-                t = time.perf_counter()
-                ex.run(x)
-                times.append(time.perf_counter() - t)
-            real = float(np.median(times))
+            ex.run(x)
+            predicted = [program_costs(prog, model).total for model in (measured, roofline)]
+            real = executor_latency(ex, x, args.runs, args.rounds)   # on a quiet machine
             cells = []
-            for model in (measured, roofline):
-                pred = program_costs(prog, model).total
+            for pred in predicted:
                 cells.append(f"{pred * 1e3:9.2f} ms ({(pred / real - 1) * 100:+5.0f}%)")
             print(f"{name + ' ' + label:22s} {real * 1e3:7.2f} ms {cells[0]:>22s} "
                   f"{cells[1]:>22s}", flush=True)

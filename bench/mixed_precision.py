@@ -32,6 +32,9 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import executor_latency  # noqa: E402
+
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 BATCH = 50
 
@@ -88,15 +91,7 @@ def digits_data():
 
 def latency(program, x, runs: int = 30) -> float:
     from eqquant.runtime.executor import Executor
-    ex = Executor(program)
-    for _ in range(3):
-        ex.run(x)
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        ex.run(x)
-        times.append(time.perf_counter() - t)
-    return float(np.median(times)) * 1e3
+    return executor_latency(Executor(program), x, runs) * 1e3
 
 
 def greedy(space, evaluate, ok):

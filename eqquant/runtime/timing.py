@@ -70,27 +70,32 @@ _FLUSH: list[np.ndarray] = []
 _SCRATCH = np.zeros(64, np.int64)
 
 
-def evict_caches() -> None:
-    """Write a buffer larger than the last-level cache: what the previous calls left in the
-    caches (the instance's prepacked weights among them) is gone, as it is when a program's
-    other layers have run in between."""
-    if not _FLUSH:
-        size = 32 << 20
-        try:
-            text = open("/sys/devices/system/cpu/cpu0/cache/index3/size").read().strip()
-            size = int(text[:-1]) << (10 if text.endswith("K") else 20)
-        except (OSError, ValueError):
-            pass
-        _FLUSH.append(np.zeros(2 * size // 8, np.int64))
-    _FLUSH[0] += 1
+def _cache_size(index: int, default: int) -> int:
+    try:
+        text = open(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size").read().strip()
+        return int(text[:-1]) << (10 if text.endswith("K") else 20)
+    except (OSError, ValueError):
+        return default
 
 
 @njit(parallel=True, cache=True)
-def _wake(scratch):
-    """A parallel region that does nothing much: the worker threads awake again after the
-    single-threaded eviction, as they are between the layers of a program."""
-    for i in prange(scratch.shape[0]):
-        scratch[i] += 1
+def _touch(buf):
+    """Each worker writes its share of ``buf`` (on a small one: a parallel region that
+    does little but leave the workers awake, spinning, as they are between a program's
+    layers)."""
+    for i in prange(buf.shape[0]):
+        buf[i] += 1
+
+
+def evict_caches() -> None:
+    """The workers write as many bytes as the last-level cache holds, each its share: what
+    the previous calls left in the caches (the instance's prepacked weights among them) is
+    gone from the cores' own caches and mostly from the shared one, as it is when a program's
+    other layers have run in between (a network's weights and activations together pass
+    about that much through the cache between two uses of one layer's weights)."""
+    if not _FLUSH:
+        _FLUSH.append(np.zeros(_cache_size(3, 32 << 20) // 8, np.int64))
+    _touch(_FLUSH[0])
 
 
 def time_instance(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type],
@@ -109,11 +114,11 @@ def time_instance(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type],
             # warm (the layer before has just written them), the output buffer too (the
             # executor's pool hands out the buffer freed last)
             evict_caches()
-            _wake(_SCRATCH)
             for a in reads:
                 a.sum()
             for a in writes:
                 a.fill(0)
+            _touch(_SCRATCH)     # last: the workers still spin when the call starts
             t0 = time.perf_counter()
             call()
             times.append(time.perf_counter() - t0)
