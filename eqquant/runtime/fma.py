@@ -101,23 +101,26 @@ def sgemm(a, packed, out):
 @njit(cache=True)
 def _finish(acc, bias, lo, hi, o0, cols, p0, channels_last, out):
     """acc (n, >= cols): channels o0..o0+cols of pixels p0.. plus the bias, clamped to
-    [lo, hi], into out (P, O) channel-last (along each row) or (O, P)."""
+    [lo, hi], into out (P, O) channel-last (along each row) or (O, P). Every loop indexes
+    slices from 0 by its counter (Numba then knows no index is negative, and the loops
+    vectorise: an offset index kept them scalar, a third of a 1x1 convolution's time)."""
     n = acc.shape[0]
+    b = bias[o0:o0 + cols]
     if channels_last:
         for r in range(n):
             a = acc[r]
-            dst = out[p0 + r]
+            dst = out[p0 + r, o0:o0 + cols]
             for o in range(cols):
-                dst[o0 + o] = clamp(a[o] + bias[o0 + o], lo, hi)
+                dst[o] = clamp(a[o] + b[o], lo, hi)
         return
-    for r in range(n):          # bias and activation along each pixel's row (vectorises)
+    for r in range(n):          # bias and activation along each pixel's row
         a = acc[r]
         for o in range(cols):
-            a[o] = clamp(a[o] + bias[o0 + o], lo, hi)
+            a[o] = clamp(a[o] + b[o], lo, hi)
     for o in range(cols):       # then written out channel by channel
-        dst = out[o0 + o]
+        dst = out[o0 + o, p0:p0 + n]
         for r in range(n):
-            dst[p0 + r] = acc[r, o]
+            dst[r] = acc[r, o]
 
 
 @njit(parallel=True, cache=True)
