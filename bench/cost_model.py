@@ -4,8 +4,9 @@
 
 For each zoo model, its optimized fp32 program and its int8 program (per-channel minmax, the
 layouts chosen for the CPU kernels): the executor's latency (the least of 5 rounds' medians of
-warm runs, 2 threads: the machine is shared), the measured cost model's prediction (the sum of its kernel instances' times, timing what the
-cache lacks) and the roofline model's, each with its error. The kernel-time cache is the
+warm runs, 2 threads: the machine is shared), the measured cost model's prediction (the sum of
+its kernel instances' times, timing what the cache lacks) and the roofline model's, each with
+its error. The kernel-time cache is the
 user's (``EQQUANT_CACHE_DIR`` to keep it apart).
 """
 from __future__ import annotations

@@ -352,14 +352,15 @@ def test_depthwise_int8_convolutions_are_bit_exact(c, mult, k, stride, pad, dil,
 
 
 @settings(max_examples=30, deadline=None)
-@given(c=st.integers(1, 9), o=st.integers(1, 40), k=st.sampled_from([1, 3]),
-       stride=st.integers(1, 2), pad=st.integers(0, 1), size=st.integers(3, 15),
+@given(c=st.integers(1, 9), o=st.integers(1, 150), k=st.sampled_from([1, 3]),
+       stride=st.integers(1, 2), pad=st.integers(0, 1), size=st.integers(3, 22),
        dtype=st.sampled_from(["int8", "uint8"]), act=st.sampled_from(["none", "relu", "clip"]),
        seed=st.integers(0, 999), layout=st.sampled_from(["NCHW", "NHWC"]))
 def test_fused_int8_convolutions_of_any_width_are_bit_exact_on_every_path(
         c, o, k, stride, pad, size, dtype, act, seed, layout):
     """fused.qconv2d with output channels that fill no SIMD block (AVX2 pads them), NCHW and
-    channel-last, on every path the CPU has, against the integer reference."""
+    channel-last, on every path the CPU has, against the integer reference; images of 192 to
+    484 pixels make too few chunks to share out, and are split by channel blocks too."""
     import os
     from eqquant.runtime.bindings_int8 import PATHS, path_available
     rng = np.random.default_rng(seed)

@@ -21,7 +21,7 @@ from numba import njit, prange
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
 from .vnni import (CHUNK, SMALL, _chunk_windows, _finish, _requantize_params, _rows,
-                   pack_panels)
+                   pack_panels, work_split)
 from .vnni import windows  # noqa: F401
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
@@ -119,20 +119,26 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
     p_n = oh * ow
     o_n = out.shape[1] if channels_last else out.shape[0]
     oblocks, kq = packed.shape[0], packed.shape[1]
-    width = oblocks * BLOCK               # the GEMM's (padded) output channels
     kp = kq * 2
     add, left, total, half = _requantize_params(bias, correction, shifts)
     if p_n >= SMALL or oblocks == 1:
-        for item in prange((p_n + CHUNK - 1) // CHUNK):
-            p0, rows = _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, item, kp)
+        chunks, groups, per_group = work_split(p_n, oblocks)
+        for item in prange(chunks * groups):
+            ob0 = (item % groups) * per_group
+            ob1 = min(oblocks, ob0 + per_group)
+            if ob0 >= ob1:
+                continue
+            p0, rows = _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
+                                      item // groups, kp)
             n = rows.shape[0]
             rows16 = np.empty((n, kp), np.int16)
             _widen(rows, rows16)
-            acc = np.empty((n, width), np.int32)
-            gemm_block(rows16.ctypes.data, kp, packed.ctypes.data, acc.ctypes.data, width, 0,
-                       n, kq, oblocks)
-            _finish(acc, o_n, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin,
-                    zout, lo, hi, 0, p0, channels_last, out)
+            cols = (ob1 - ob0) * BLOCK
+            acc = np.empty((n, cols), np.int32)
+            gemm_block(rows16.ctypes.data, kp, packed.ctypes.data + ob0 * kq * PANEL,
+                       acc.ctypes.data, cols, 0, n, kq, ob1 - ob0)
+            _finish(acc, min(cols, o_n - ob0 * BLOCK), add, clamp_lo, clamp_hi, multipliers,
+                    left, total, half, zin, zout, lo, hi, ob0 * BLOCK, p0, channels_last, out)
     else:
         rows = _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         rows16 = np.empty((p_n, kp), np.int16)

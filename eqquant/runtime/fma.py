@@ -26,12 +26,10 @@ from numba import njit, prange
 
 from .kernels_fp32 import clamp
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
-from .vnni import _windows
+from .vnni import CHUNK, _windows, work_split
 
 # path -> (floats per vector, pixel rows per micro-kernel); a block is two vectors
 WIDTHS = {"fma": (8, 6), "avx512": (16, 8)}
-CHUNK = 96      # pixels per work item
-ITEMS = 8       # work items wanted per convolution: small images split by channels too
 
 
 def available(path: str = "fma") -> bool:
@@ -128,7 +126,7 @@ def conv(hwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, chan
          out):
     """A float convolution of one image in one parallel region: hwc (H, W, C) float32 ->
     out (oh*ow, O) when ``channels_last``, else (O, oh*ow). Work items are chunks of pixels,
-    and of output blocks where a small image gives fewer than ITEMS chunks; each gathers its
+    and of output blocks where a small image gives few chunks (``work_split``); each gathers its
     pixels' windows into rows (a 1x1 convolution with stride 1 and no padding multiplies the
     image's own rows), multiplies them and finishes them (bias, clamp to [lo, hi], write)."""
     p_n = oh * ow
@@ -138,11 +136,7 @@ def conv(hwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, chan
     pointwise = kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
         ow == w and c == k
     flat = hwc.reshape(h * w, c)
-    chunks = (p_n + CHUNK - 1) // CHUNK
-    groups = 1
-    while chunks * groups < ITEMS and groups * 2 <= oblocks:
-        groups *= 2
-    per_group = (oblocks + groups - 1) // groups
+    chunks, groups, per_group = work_split(p_n, oblocks)
     for item in prange(chunks * groups):
         chunk, g = item // groups, item % groups
         p0 = chunk * CHUNK

@@ -133,6 +133,21 @@ def _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, n, kp):
     return rows
 
 
+ITEMS = 8     # work items wanted: an image of fewer chunks is split by channel blocks too
+
+
+@njit(cache=True)
+def work_split(p_n, oblocks):
+    """(chunks of CHUNK pixels, groups of channel blocks, blocks per group): each chunk split
+    into as many groups (a power of two, at most the blocks) as make ITEMS work items, so
+    that a 14 x 14 image's 3 chunks do not leave one worker the work of two."""
+    chunks = (p_n + CHUNK - 1) // CHUNK
+    groups = 1
+    while chunks * groups < ITEMS and groups * 2 <= oblocks:
+        groups *= 2
+    return chunks, groups, (oblocks + groups - 1) // groups
+
+
 @njit(cache=True)
 def _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, item, kp):
     """Work item ``item``'s pixels (CHUNK of them from item * CHUNK): (first pixel, their
@@ -157,17 +172,22 @@ def _finish(acc, cols, add, clamp_lo, clamp_hi, multipliers, left, total, half, 
     in ``add``), clamped per channel (relu, clip or nothing), requantized with UPWARD fixed
     point as ``kernels_int8.requantize`` does. Each row is computed along the channels
     (contiguous: ``requantize_row``); channels-last rows go straight out, NCHW ones are
-    written out transposed."""
+    written out transposed. The per-channel parameters are sliced to o0..o0+cols first, so
+    that ``requantize_row`` indexes from 0 (an offset index may be negative as far as Numba
+    knows, and kept its loop scalar: twice the time of a whole convolution)."""
     n = acc.shape[0]
+    e = o0 + cols
+    add, clamp_lo, clamp_hi = add[o0:e], clamp_lo[o0:e], clamp_hi[o0:e]
+    multipliers, left, total, half = multipliers[o0:e], left[o0:e], total[o0:e], half[o0:e]
     if channels_last:
         for r in range(n):
             requantize_row(acc[r], add, clamp_lo, clamp_hi, zin, left, multipliers, half, total,
-                           zout, lo, hi, out[p0 + r], o0, cols, o0)
+                           zout, lo, hi, out[p0 + r, o0:e], 0, cols, 0)
         return
     buf = np.empty((n, cols), np.int64)
     for r in range(n):
         requantize_row(acc[r], add, clamp_lo, clamp_hi, zin, left, multipliers, half, total,
-                       zout, lo, hi, buf[r], o0, cols, 0)
+                       zout, lo, hi, buf[r], 0, cols, 0)
     for oc in range(cols):
         for r in range(n):
             out[o0 + oc, p0 + r] = buf[r, oc]
@@ -230,18 +250,24 @@ def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, co
     p_n = oh * ow
     o_n = out.shape[1] if channels_last else out.shape[0]
     oblocks, kq = packed.shape[0], packed.shape[1]
-    width = oblocks * BLOCK               # the GEMM's (padded) output channels
     kp = kq * 4
     add, left, total, half = _requantize_params(bias, correction, shifts)
     if p_n >= SMALL or oblocks == 1:
-        for item in prange((p_n + CHUNK - 1) // CHUNK):
-            p0, rows = _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, item, kp)
+        chunks, groups, per_group = work_split(p_n, oblocks)
+        for item in prange(chunks * groups):
+            ob0 = (item % groups) * per_group
+            ob1 = min(oblocks, ob0 + per_group)
+            if ob0 >= ob1:
+                continue
+            p0, rows = _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
+                                      item // groups, kp)
             n = rows.shape[0]
-            acc = np.empty((n, width), np.int32)
-            gemm_block(rows.ctypes.data, kp, packed.ctypes.data, acc.ctypes.data, width, 0, n,
-                       kq, oblocks)
-            _finish(acc, o_n, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin,
-                    zout, lo, hi, 0, p0, channels_last, out)
+            cols = (ob1 - ob0) * BLOCK
+            acc = np.empty((n, cols), np.int32)
+            gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob0 * kq * 256,
+                       acc.ctypes.data, cols, 0, n, kq, ob1 - ob0)
+            _finish(acc, min(cols, o_n - ob0 * BLOCK), add, clamp_lo, clamp_hi, multipliers,
+                    left, total, half, zin, zout, lo, hi, ob0 * BLOCK, p0, channels_last, out)
     else:
         rows = _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         for ob in prange(oblocks):
