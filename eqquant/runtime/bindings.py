@@ -117,8 +117,10 @@ def fp32_path() -> str:
 
 
 class Conv2D(_Spatial):
-    """nn.conv2d and fused.conv2d: the FMA GEMM with gather and epilogue fused, or im2col +
-    BLAS GEMM + fused epilogue; depthwise: direct."""
+    """nn.conv2d and fused.conv2d: the FMA GEMM with gather and epilogue fused (``fma.py``),
+    or im2col + BLAS GEMM + fused epilogue on the "blas" path; depthwise: direct. A dense or
+    depthwise convolution at a channel-last call site (NHWC) runs as it is on its kernel;
+    other NHWC call sites run between two transposes."""
 
     layout_key = "data_layout"
 
