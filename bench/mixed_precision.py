@@ -8,7 +8,8 @@ program eqquant extracts (``quantize(..., min_sqnr=...)``, or ``metric=..., max_
 the digits CNN's top-1 accuracy) beside the greedy baseline's (NNCF's
 ``quantize_with_accuracy_control``: start from all int8, revert the most sensitive quantized
 value to float, evaluate the whole program, repeat until the budget holds): each with its
-measured latency (executor, 2 threads, median), its accuracy (output SQNR against fp32 on
+measured latency (executor, 2 threads, median; the program's layouts chosen for the kernels
+first, as ``quantize`` does), its accuracy (output SQNR against fp32 on
 the calibration inputs, or top-1), and the number of full evaluations it needed. Both use the
 same per-value sensitivities and the same extraction of each program's kernels.
 
@@ -90,8 +91,10 @@ def digits_data():
 
 
 def latency(program, x, runs: int = 30) -> float:
+    """ms per run of ``program`` with its layouts chosen for the kernels (as it would run)."""
+    from eqquant.quant.flow import compile_layouts
     from eqquant.runtime.executor import Executor
-    return executor_latency(Executor(program), x, runs) * 1e3
+    return executor_latency(Executor(compile_layouts(program, "cpu").module), x, runs) * 1e3
 
 
 def greedy(space, evaluate, ok):
