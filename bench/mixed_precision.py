@@ -115,6 +115,7 @@ def greedy(space, evaluate, ok):
 
 def run_model(name: str) -> None:
     from eqquant.api import load
+    from eqquant.extract.cost import LaidOut
     from eqquant.quant.annotate import annotate, mark_labels
     from eqquant.quant.flow import _flat, quantize, sqnr_db
     from eqquant.quant.mixed import MixedSpace, search
@@ -137,7 +138,7 @@ def run_model(name: str) -> None:
     full = quantize(m.module, m.params, calib, "minmax", per_channel=per_channel, cost=cost)
     fp32 = full.fp32
     marked = annotate(fp32, full.table, "uint8", "max", per_channel)
-    space = MixedSpace(marked, cost, names=mark_labels(marked, fp32))
+    space = MixedSpace(marked, LaidOut(cost), names=mark_labels(marked, fp32))   # as quantize
     space.measure_sensitivity(calib[:8])
     print(f"{name}: {len(space.marked_values())} marked values; one saturation and the "
           f"sensitivities took {time.perf_counter() - t:.1f} s ({cost.summary()})")

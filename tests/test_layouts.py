@@ -190,3 +190,43 @@ def test_float_resnet_runs_channel_last_with_one_change_at_the_input():
                                rtol=1e-5, atol=1e-4 * 30)
     np.testing.assert_allclose(Executor(result.module).run(x), run(fp, x), rtol=1e-3,
                                atol=1e-2 * 30)
+
+
+def test_a_cost_model_as_laid_out_takes_off_the_transposes_the_layout_phase_removes():
+    """LaidOut (the mixed-precision search's view): an NCHW call site of an op whose kernels
+    read channel-last data costs the model's price less the model's own price of the two
+    layout changes its kernels make; a site already in the kernels' layout, and an op whose
+    kernels do not care, cost what the model says."""
+    from eqquant.core.types import TensorType
+    from eqquant.extract.cost import CpuLatency, LaidOut
+    from eqquant.ops.registry import get_op
+    cpu = CpuLatency()
+    laid = LaidOut(cpu)
+    conv = get_op("fused.conv2d")
+    x, y = TensorType((1, 64, 56, 56), "float32"), TensorType((1, 64, 56, 56), "float32")
+    nchw = conv.canonical_attrs({"padding": [1, 1, 1, 1]})
+    types = [x, TensorType((64, 64, 3, 3), "float32"), TensorType((64, 1, 1), "float32")]
+    change = get_op("layout_transform")
+    to_nhwc = change.canonical_attrs({"src_layout": "NCHW", "dst_layout": "NHWC"})
+    moved = TensorType((1, 56, 56, 64), "float32")
+    changes = 2 * cpu.instance_cost(change, to_nhwc, [x], moved)
+    assert laid.instance_cost(conv, nchw, types, y) == pytest.approx(
+        cpu.instance_cost(conv, nchw, types, y) - changes)
+    assert laid.instance_cost(conv, nchw, types, y) < cpu.instance_cost(conv, nchw, types, y)
+    nhwc = conv.canonical_attrs({"padding": [1, 1, 1, 1], "data_layout": "NHWC",
+                                 "kernel_layout": "HWIO"})
+    nhwc_types = [moved, TensorType((3, 3, 64, 64), "float32"), TensorType((64,), "float32")]
+    assert laid.instance_cost(conv, nhwc, nhwc_types, moved) == \
+        cpu.instance_cost(conv, nhwc, nhwc_types, moved)
+    relu = get_op("nn.relu")
+    assert laid.instance_cost(relu, {}, [x], y) == cpu.instance_cost(relu, {}, [x], y)
+    # the max pool's channel-last kernel is its fast one: an NCHW site pays the transposes
+    pool = get_op("nn.max_pool2d")
+    p_nchw = pool.canonical_attrs({"pool_size": [3, 3], "strides": [2, 2],
+                                   "padding": [1, 1, 1, 1]})
+    p_nhwc = pool.canonical_attrs({"pool_size": [3, 3], "strides": [2, 2],
+                                   "padding": [1, 1, 1, 1], "layout": "NHWC"})
+    half, half_nhwc = TensorType((1, 64, 28, 28), "float32"), TensorType((1, 28, 28, 64),
+                                                                         "float32")
+    assert cpu.instance_cost(pool, p_nchw, [x], half) > \
+        cpu.instance_cost(pool, p_nhwc, [moved], half_nhwc)

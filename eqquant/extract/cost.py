@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import EqquantError
 from ..core.types import TensorType, TupleType, Type
-from ..ops.registry import OpDef
+from ..ops.registry import OpDef, site_layout
 
 
 def nbytes(t: Type) -> float:
@@ -91,12 +91,56 @@ class CpuLatency(CostModel):
         dtype = next((t.dtype for t in in_types if isinstance(t, TensorType)), "float32")
         rate = self.peak.get(dtype, 50e9)
         moved = sum(nbytes(t) for t in in_types) + nbytes(out_type)
-        if op.channels_last is not None and \
-                (attrs.get("data_layout") == "NHWC") != op.channels_last(attrs, in_types):
+        if op.channels_last is not None and site_layout(attrs) in ("NCHW", "NHWC") and \
+                (site_layout(attrs) == "NHWC") != op.channels_last(attrs, in_types):
             # the kernels transpose the image on the way in and the result on the way out:
             # each a read and a write
             moved += 2 * (nbytes(in_types[0]) + nbytes(out_type))
         return self.call_overhead + flops / rate + moved / self.bandwidth
+
+
+class LaidOut(CostModel):
+    """``model``'s costs for a program whose layouts are chosen after extraction (the layout
+    phase, ``rules/layout.rules``): a call site in a layout its kernels do not read
+    (``channels_last`` in its registry entry) costs what it will cost once the layout phase
+    has put it in the one they read: ``model``'s cost there, less ``model``'s own cost of the
+    two layout changes its kernels make (the image, input 0, on the way in; the result on the
+    way out). Float and integer alternatives are weighed this way before the layouts are
+    chosen: an NCHW float convolution's transposes move four times the bytes of an int8 one's,
+    and would tip the choice toward integers that the channel-last program does not need."""
+
+    def __init__(self, model: CostModel):
+        self.model = model
+        self.name = model.name
+
+    def op_cost(self, op, attrs, in_types, out_type) -> float:
+        return self.instance_cost(op, attrs, in_types, out_type)
+
+    def instance_cost(self, op, attrs, in_types, out_type, consts=frozenset()) -> float:
+        cost = self.model.instance_cost(op, attrs, in_types, out_type, consts)
+        layout = site_layout(attrs)
+        if op.channels_last is None or layout not in ("NCHW", "NHWC") or \
+                not isinstance(in_types[0], TensorType) or len(in_types[0].shape) != 4 or \
+                (layout == "NHWC") == op.channels_last(attrs, in_types):
+            return cost
+        other = "NCHW" if layout == "NHWC" else "NHWC"
+        moves = sum(self._change(t, layout, other) for t in (in_types[0], out_type))
+        return max(cost - moves, 0.0)
+
+    def _change(self, t: Type, src: str, dst: str) -> float:
+        """``model``'s cost of moving a value of type ``t`` from layout src to dst."""
+        from ..ops.registry import get_op
+        from ..ops.tensor import layout_perm
+        op = get_op("layout_transform")
+        attrs = op.canonical_attrs({"src_layout": src, "dst_layout": dst})
+        moved = TensorType(tuple(t.shape[i] for i in layout_perm(src, dst)), t.dtype)
+        return self.model.instance_cost(op, attrs, [t], moved, frozenset())
+
+    def summary(self) -> str:
+        return self.model.summary() + " (each op costed in the layout it will run in)"
+
+    def flush(self) -> None:
+        self.model.flush()
 
 
 _UNFUSED: dict[tuple, list] = {}

@@ -293,7 +293,15 @@ def _avg_pool_from_onnx(im, attrs, ins):
                    count_include_pad=bool(attrs.get("count_include_pad", 0)))
 
 
+def _max_pool_channels_last(attrs, in_types) -> bool:
+    """The channel-last max-pool kernel (every loop along the contiguous channels) is the
+    fast one; the NCHW one sweeps each channel's plane (resnet18's stem pool: 0.16 against
+    0.9-1.6 ms)."""
+    return True
+
+
 register(OpDef("nn.max_pool2d", inputs=("data",), props=frozenset({POOL, SELECTS}),
+               channels_last=_max_pool_channels_last,
                relax=RelaxForm(ignore=("count_include_pad",)),  # padding never wins
                kernel="eqquant.runtime.bindings:MaxPool2D", attrs=_POOL_ATTRS,
                onnx=(OnnxForm("MaxPool", convert=_max_pool_from_onnx, export=lambda ex, node, ins:

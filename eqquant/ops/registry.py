@@ -148,8 +148,8 @@ class OpDef:
     kernel_params: Mapping[str, Any] = field(default_factory=dict)
     # whether its kernels read and write channel-last data at a call site of these attributes
     # and input types: channels_last(attrs, in_types) -> bool (None: layouts do not matter to
-    # them). A call site in the other layout pays the transposes of its input and output
-    # (the cost models charge them; rules/layout.rules offers the other layout)
+    # them). A call site in the other layout (``site_layout``) pays the transposes of its
+    # input and output (the cost models charge them; rules/layout.rules offers the other)
     channels_last: Callable[..., bool] | None = None
     # the realize view's form (TVM's realize output: casts, multiplies, fixed-point
     # arithmetic): realize(args, attrs, in_types, out_type) -> Expr
@@ -210,6 +210,12 @@ class OpDef:
 
 
 _OPS: dict[str, OpDef] = {}
+
+
+def site_layout(attrs: Mapping[str, Any]) -> str | None:
+    """The layout of a call site's image: a convolution's ``data_layout``, a pool's
+    ``layout`` (None for an op that has neither)."""
+    return attrs.get("data_layout", attrs.get("layout"))
 
 
 def register(op: OpDef) -> OpDef:

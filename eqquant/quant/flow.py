@@ -20,7 +20,7 @@ from ..core.nodes import Call, Expr, Function, Module, Scalar, post_order, rewri
 from ..ir.params import bind_params
 from ..ir.printer import value_labels
 from ..ops.registry import ANNOTATION, OUTPUT_SCALE, OUTPUT_ZERO_POINT, QUANT
-from ..extract.cost import CostModel
+from ..extract.cost import CostModel, LaidOut
 from ..optimizer import OptimizeResult, optimize
 from .annotate import annotate, as_inputs, calibrate, qparams
 from .calibrate import CalibrationTable
@@ -201,12 +201,16 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
         from .annotate import mark_labels
         from .mixed import MixedSpace, search
         from .mixed import pareto as pareto_points
-        space = MixedSpace(marked, cost, names=mark_labels(marked, fp))
+        # which values stay float, each op costed in the layout the layout phase will give
+        # it (the default extraction, every mark kept, is costed as written: near an op the
+        # layout rules do not move, a join, the layout phase leaves NCHW as it is)
+        weigh = LaidOut(cost) if layouts else cost
+        space = MixedSpace(marked, weigh, names=mark_labels(marked, fp))
         space.measure_sensitivity(samples[:8])
         mixed = search(space, min_sqnr, None if budget_ms is None else budget_ms / 1e3,
                        keep_fp32, metric=metric, max_drop=max_drop)
         front = pareto_points(space) if pareto else []
-        result = _mixed_as_optimized(space, mixed.program, marked, cost)
+        result = _mixed_as_optimized(space, mixed.program, marked, weigh)
         int8 = mixed.program
     else:
         result = optimize(marked, None, INT8_RULES, cost=cost, extractor="best")
