@@ -101,8 +101,10 @@ def evict_caches() -> None:
 def time_instance(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type],
                   out_type: Type, consts: frozenset[int] | set[int] = frozenset(),
                   min_calls: int = 5, budget: float = 0.05) -> float:
-    """Seconds per call of the instance: the median of at least ``min_calls`` calls (more
-    while the whole timing stays under ``budget`` seconds, up to 50)."""
+    """Seconds per call of the instance on a quiet machine: at least ``min_calls`` calls
+    (more while the whole timing stays under ``budget`` seconds, up to 50), in consecutive
+    groups of 5; the least of the groups' medians (a neighbour's burst of load inflates the
+    groups it overlaps, as it does the rounds ``bench/cost_model.py`` takes the least of)."""
     with np.errstate(all="ignore"):          # (random values: a variance may be negative)
         call, reads, writes = runner(op, attrs, in_types, out_type, consts)
         call()                               # compile (or load) the kernel
@@ -122,4 +124,5 @@ def time_instance(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type],
             t0 = time.perf_counter()
             call()
             times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    groups = [times[i:i + 5] for i in range(0, len(times) - 4, 5)] or [times]
+    return float(min(np.median(g) for g in groups))
