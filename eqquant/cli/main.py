@@ -478,10 +478,15 @@ def _read_json(path: Path, what: str, read):
         raise EqquantError(f"{path}: not {what} ({e})") from None
 
 
+# where a chart goes (every plot command but the graph's)
+_CHART_OUTPUT = click.option("--output", "-o", required=True,
+                             type=click.Path(dir_okay=False, path_type=Path),
+                             help="The chart: .png, .svg or .pdf.")
+
+
 @plot.command("sqnr")
 @click.argument("report", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="The chart: .png, .svg or .pdf.")
+@_CHART_OUTPUT
 def plot_sqnr(report, output):
     """Bar chart of REPORT (the .report.json eqquant quantize writes)."""
     from ..api import Report
@@ -491,8 +496,7 @@ def plot_sqnr(report, output):
 
 @plot.command("pareto")
 @click.argument("points", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="The chart: .png, .svg or .pdf.")
+@_CHART_OUTPUT
 def plot_pareto(points, output):
     """Latency against SQNR of POINTS (the .pareto.json eqquant quantize --pareto writes)."""
     from ..viz.pareto import pareto_chart

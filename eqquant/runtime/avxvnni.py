@@ -23,9 +23,9 @@ from numba import njit, prange
 
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 # the gather, set-up and epilogue it shares with the 512-bit kernel (windows: re-exported)
-from .vnni import (CHUNK, SMALL, _chunk_windows, _finish, _requantize_params, _rows,
-                   pack_panels, work_split)
-from .vnni import windows  # noqa: F401
+from .gather import CHUNK, SMALL, _chunk_windows, _rows, work_split
+from .gather import windows  # noqa: F401
+from .vnni import _finish, _requantize_params, pack_panels
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
 ROWS = 6     # pixels per micro-kernel step

@@ -26,7 +26,7 @@ from numba import njit, prange
 
 from .kernels_fp32 import clamp
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
-from .vnni import CHUNK, _windows, work_split
+from .gather import CHUNK, _windows, work_split
 
 # path -> (floats per vector, pixel rows per micro-kernel); a block is two vectors
 WIDTHS = {"fma": (8, 6), "avx512": (16, 8)}
