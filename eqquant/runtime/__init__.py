@@ -1,7 +1,8 @@
 """The CPU runtime: Numba kernels (``kernels_fp32.py``, ``kernels_int8.py``), the SIMD GEMMs
 generated with llvmlite (``fma.py`` for float, ``vnni.py``, ``avxvnni.py``, ``avx2.py`` for
-int8), their bindings to registry ops (``bindings.py``, ``bindings_int8.py``) and the executor
-with its memory plan (``executor.py``).
+int8) and the window gather and work split their drivers share (``gather.py``), their
+bindings to registry ops (``bindings.py``, ``bindings_int8.py``) and the executor with its
+memory plan (``executor.py``).
 
 One thread pool runs every kernel: Numba's OpenMP workers, which spin a moment after each
 parallel region before they sleep (libgomp's default), so the next op of a program finds
