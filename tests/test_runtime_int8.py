@@ -355,18 +355,20 @@ def test_depthwise_int8_convolutions_are_bit_exact(c, mult, k, stride, pad, dil,
 @given(c=st.integers(1, 9), o=st.integers(1, 150), k=st.sampled_from([1, 3]),
        stride=st.integers(1, 2), pad=st.integers(0, 1), size=st.integers(3, 22),
        dtype=st.sampled_from(["int8", "uint8"]), act=st.sampled_from(["none", "relu", "clip"]),
-       seed=st.integers(0, 999), layout=st.sampled_from(["NCHW", "NHWC"]))
+       seed=st.integers(0, 999), layout=st.sampled_from(["NCHW", "NHWC"]),
+       batch=st.integers(1, 3))
 def test_fused_int8_convolutions_of_any_width_are_bit_exact_on_every_path(
-        c, o, k, stride, pad, size, dtype, act, seed, layout):
+        c, o, k, stride, pad, size, dtype, act, seed, layout, batch):
     """fused.qconv2d with output channels that fill no SIMD block (AVX2 pads them), NCHW and
     channel-last, on every path the CPU has, against the integer reference; images of 192 to
-    484 pixels make too few chunks to share out, and are split by channel blocks too."""
+    484 pixels make too few chunks to share out, and are split by channel blocks too; the
+    images of a batch are work items of one kernel call."""
     import os
     from eqquant.runtime.bindings_int8 import PATHS, path_available
     rng = np.random.default_rng(seed)
     lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
     b = Builder()
-    x = b.input("x", _image_in(layout, (1, c, size, size)), dtype)
+    x = b.input("x", _image_in(layout, (batch, c, size, size)), dtype)
     extra = dict(a_min=0.0, a_max=2.0) if act == "clip" else {}
     w = _kernel_in(layout, rng.integers(-128, 128, (o, c, k, k)).astype("i1"))
     y = b.call("fused.qconv2d", x, b.param("w", w),
@@ -381,7 +383,7 @@ def test_fused_int8_convolutions_of_any_width_are_bit_exact_on_every_path(
                strides=[stride] * 2, padding=[pad] * 4, activation=act, out_dtype=dtype,
                axis=_channel_axis(layout), **_layouts(layout), **extra)
     bound = bind_params(*b.finish(y))
-    xs = {"x": rng.integers(lo, hi, _image_in(layout, (1, c, size, size))).astype(dtype)}
+    xs = {"x": rng.integers(lo, hi, _image_in(layout, (batch, c, size, size))).astype(dtype)}
     want = run(bound, xs)
     old = os.environ.get("EQQUANT_INT8_KERNEL")
     try:

@@ -185,25 +185,20 @@ class Conv2D(_Spatial):
             return
         if self.fma is None or not self.nhwc:
             return super().__call__(ins, out)
-        x = ins[0]      # channel-last as the FMA kernels read and write
-        n, oh, ow, o = out.shape
-        for b in range(n):
-            self.fma.conv(np.ascontiguousarray(x[b]), self.kh, self.kw, self.sh, self.sw,
-                          self.pt, self.pl, self.dh, self.dw, oh, ow, self.packed,
-                          self.bias_vec, np.float32(self.lo), np.float32(self.hi), True,
-                          out[b].reshape(oh * ow, o))
+        n, oh, ow, o = out.shape    # channel-last as the FMA kernels read and write
+        self.fma.conv(np.ascontiguousarray(ins[0]), self.kh, self.kw, self.sh, self.sw,
+                      self.pt, self.pl, self.dh, self.dw, oh, ow, self.packed, self.bias_vec,
+                      np.float32(self.lo), np.float32(self.hi), True,
+                      out.reshape(n, oh * ow, o))
 
     def compute(self, ins, out):
         x = ins[0]
         if self.fma is not None:
-            n, o = out.shape[:2]
-            oh, ow = out.shape[2:]
-            for b in range(n):
-                hwc = np.ascontiguousarray(x[b].transpose(1, 2, 0))
-                self.fma.conv(hwc, self.kh, self.kw, self.sh, self.sw, self.pt, self.pl,
-                              self.dh, self.dw, oh, ow, self.packed, self.bias_vec,
-                              np.float32(self.lo), np.float32(self.hi), False,
-                              out[b].reshape(o, -1))
+            n, o, oh, ow = out.shape
+            self.fma.conv(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), self.kh, self.kw,
+                          self.sh, self.sw, self.pt, self.pl, self.dh, self.dw, oh, ow,
+                          self.packed, self.bias_vec, np.float32(self.lo), np.float32(self.hi),
+                          False, out.reshape(n, o, oh * ow))
             return
         w = self.w if self.w is not None else self._pack(ins[1])
         bias, lo, hi = self.bias_vec, self.lo, self.hi
@@ -282,8 +277,9 @@ class Dense(Binding):
         if self.fma is not None:
             x = np.ascontiguousarray(ins[0])
             n = x.shape[0]
-            self.fma.conv(x.reshape(1, n, -1), 1, 1, 1, 1, 0, 0, 1, 1, 1, n, self.packed,
-                          self.bias, np.float32(self.lo), np.float32(self.hi), True, out)
+            self.fma.conv(x.reshape(1, 1, n, -1), 1, 1, 1, 1, 0, 0, 1, 1, 1, n, self.packed,
+                          self.bias, np.float32(self.lo), np.float32(self.hi), True,
+                          out.reshape(1, n, -1))
             return
         np.matmul(ins[0], self.wt, out=out)
         out += self.bias

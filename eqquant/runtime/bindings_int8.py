@@ -156,17 +156,22 @@ class QConv2D(Binding):
                 y = out[b, gi * og:(gi + 1) * og].reshape(og, oh * ow)
                 self.k8.gemm_i8(self.w[gi], self.zw[gi], col, np.int32(self.zx), y)
 
-    def hwc(self, x_b: np.ndarray) -> np.ndarray:
-        """One image (C, H, W), or (H, W, C) at an NHWC call site, channel-last as the
+    def nhwc(self, x: np.ndarray) -> np.ndarray:
+        """A batch (N, C, H, W), or (N, H, W, C) at an NHWC call site, channel-last as the
         unsigned bytes the SIMD GEMM reads."""
         if self.channels_last:       # int8 + 128 as a byte is its bits with the top one flipped
-            return np.bitwise_xor(x_b.view(np.uint8), np.uint8(0x80)) if self.shift else x_b
+            return np.bitwise_xor(x.view(np.uint8), np.uint8(0x80)) if self.shift else x
         if self.shift:
-            c, h, w = x_b.shape
-            hwc = np.empty((h, w, c), np.uint8)
-            self.k8.to_hwc(x_b, self.shift, hwc)
-            return hwc
-        return np.ascontiguousarray(x_b.transpose(1, 2, 0))   # uint8 already: numpy's copy
+            n, c, h, w = x.shape
+            nhwc = np.empty((n, h, w, c), np.uint8)
+            for b in range(n):
+                self.k8.to_hwc(x[b], self.shift, nhwc[b])
+            return nhwc
+        return np.ascontiguousarray(x.transpose(0, 2, 3, 1))   # uint8 already: numpy's copy
+
+    def hwc(self, x_b: np.ndarray) -> np.ndarray:
+        """One image (C, H, W), or (H, W, C) at an NHWC call site (``nhwc``)."""
+        return self.nhwc(x_b[None])[0]
 
     def rows(self, x_b: np.ndarray) -> np.ndarray:
         """One image (C, H, W), or (H, W, C) at an NHWC call site, as the GEMM's left operand:
@@ -497,14 +502,13 @@ class FusedQConv2D(Binding):
         o = out.shape[3] if last else out.shape[1]
         # one image's output as the kernels write it: (O, oh*ow), or (oh*ow, O) channel-last
         image = (lambda b: out[b].reshape(-1, o)) if last else (lambda b: out[b].reshape(o, -1))
-        if c.simd is not None:   # windows, GEMM and epilogue in one parallel region
+        if c.simd is not None:   # the batch's windows, GEMM and epilogue in one region
             oh, ow = c.out_hw
-            for b in range(n):
-                c.simd.conv_requantize(c.hwc(ins[0][b]), c.kh, c.kw, c.sh, c.sw, c.pt, c.pl,
-                                       c.dh, c.dw, c.zx + c.shift, oh, ow, c.packed,
-                                       c.correction, self.bias, self.clamp_lo, self.clamp_hi,
-                                       self.m, self.sh, self.zin, self.zout, self.lo, self.hi,
-                                       last, image(b))
+            c.simd.conv_requantize(c.nhwc(ins[0]), c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, c.dh,
+                                   c.dw, c.zx + c.shift, oh, ow, c.packed, c.correction,
+                                   self.bias, self.clamp_lo, self.clamp_hi, self.m, self.sh,
+                                   self.zin, self.zout, self.lo, self.hi, last,
+                                   out.reshape((n, -1, o) if last else (n, o, -1)))
             return
         if c.depthwise:      # the sum, bias, clamp and requantization channel by channel
             kernel = self.k8.depthwise_channels_last if last else self.k8.depthwise_requantize

@@ -122,31 +122,33 @@ def _finish(acc, bias, lo, hi, o0, cols, p0, channels_last, out):
 
 
 @njit(parallel=True, cache=True)
-def conv(hwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, channels_last,
+def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, channels_last,
          out):
-    """A float convolution of one image in one parallel region: hwc (H, W, C) float32 ->
-    out (oh*ow, O) when ``channels_last``, else (O, oh*ow). Work items are chunks of pixels,
-    and of output blocks where a small image gives few chunks (``work_split``); each gathers its
-    pixels' windows into rows (a 1x1 convolution with stride 1 and no padding multiplies the
-    image's own rows), multiplies them and finishes them (bias, clamp to [lo, hi], write)."""
-    p_n = oh * ow
-    o_n = out.shape[1] if channels_last else out.shape[0]
+    """A float convolution of a batch in one parallel region: nhwc (N, H, W, C) float32 ->
+    out (N, oh*ow, O) when ``channels_last``, else (N, O, oh*ow). Work items are chunks of
+    one image's pixels, and of output blocks where the batch gives few chunks
+    (``work_split``); each gathers its pixels' windows into rows (a 1x1 convolution with
+    stride 1 and no padding multiplies the image's own rows), multiplies them and finishes
+    them (bias, clamp to [lo, hi], write)."""
+    images, p_n = nhwc.shape[0], oh * ow
+    o_n = out.shape[2] if channels_last else out.shape[1]
     oblocks, k, block = packed.shape[0], packed.shape[1], packed.shape[2]
-    h, w, c = hwc.shape
+    h, w, c = nhwc.shape[1], nhwc.shape[2], nhwc.shape[3]
     pointwise = kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
         ow == w and c == k
-    flat = hwc.reshape(h * w, c)
-    chunks, groups, per_group = work_split(p_n, oblocks)
-    for item in prange(chunks * groups):
-        chunk, g = item // groups, item % groups
+    chunks, groups, per_group = work_split(images, p_n, oblocks)
+    for item in prange(images * chunks * groups):
+        b, rest = item // (chunks * groups), item % (chunks * groups)
+        chunk, g = rest // groups, rest % groups
         p0 = chunk * CHUNK
         n = min(p_n, p0 + CHUNK) - p0
         ob0 = g * per_group
         ob1 = min(oblocks, ob0 + per_group)
         if ob0 >= ob1:
             continue
+        hwc = nhwc[b]
         if pointwise:
-            rows = flat[p0:p0 + n]
+            rows = hwc.reshape(h * w, c)[p0:p0 + n]
         else:
             rows = np.empty((n, k), np.float32)
             _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p0, rows)
@@ -154,4 +156,4 @@ def conv(hwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, chan
         acc = np.empty((n, width), np.float32)
         _sgemm(rows.ctypes.data, k, packed, ob0, ob1, acc.ctypes.data, width, n)
         o0 = ob0 * block
-        _finish(acc, bias, lo, hi, o0, min(width, o_n - o0), p0, channels_last, out)
+        _finish(acc, bias, lo, hi, o0, min(width, o_n - o0), p0, channels_last, out[b])

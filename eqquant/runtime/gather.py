@@ -1,7 +1,8 @@
 """The left operand of the convolution GEMMs (int8 and fp32 alike): each output pixel's
 window of a channel-last image gathered into one row (taps in (tap, channel) order), and how
 a convolution's work is shared out: chunks of CHUNK pixels, and on an image of few chunks
-also groups of output-channel blocks (``work_split``). The SIMD drivers (``vnni.py``,
+also groups of output-channel blocks (``work_split``); the images of a batch are the work
+items of one parallel region. The SIMD drivers (``vnni.py``,
 ``avxvnni.py``, ``avx2.py``, ``fma.py``) call these from their parallel regions."""
 from __future__ import annotations
 
@@ -31,13 +32,15 @@ ITEMS = 8     # work items wanted: an image of fewer chunks is split by channel 
 
 
 @njit(cache=True)
-def work_split(p_n, oblocks):
-    """(chunks of CHUNK pixels, groups of channel blocks, blocks per group): each chunk split
-    into as many groups (a power of two, at most the blocks) as make ITEMS work items, so
-    that a 14 x 14 image's 3 chunks do not leave one worker the work of two."""
+def work_split(images, p_n, oblocks):
+    """(chunks of CHUNK pixels per image, groups of channel blocks, blocks per group) for a
+    batch of ``images`` images of ``p_n`` output pixels: every chunk split into as many groups
+    (a power of two, at most the blocks) as make ITEMS work items, so that a 14 x 14 image's 3
+    chunks do not leave one worker the work of two. Work item i is image i // (chunks *
+    groups), its chunk (i % (chunks * groups)) // groups and its group i % groups."""
     chunks = (p_n + CHUNK - 1) // CHUNK
     groups = 1
-    while chunks * groups < ITEMS and groups * 2 <= oblocks:
+    while images * chunks * groups < ITEMS and groups * 2 <= oblocks:
         groups *= 2
     return chunks, groups, (oblocks + groups - 1) // groups
 

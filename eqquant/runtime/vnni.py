@@ -151,41 +151,44 @@ def _finish(acc, cols, add, clamp_lo, clamp_hi, multipliers, left, total, half, 
 
 
 @njit(parallel=True, cache=True)
-def conv_requantize(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, correction, bias,
-                    clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi, channels_last,
-                    out):
-    """A whole fused int8 convolution of one image in one parallel region: hwc (H, W, C)
-    uint8 -> out (O, oh*ow) 8-bit, or (oh*ow, O) when ``channels_last``. Each work item
-    gathers a chunk of pixels' windows into rows (``_rows``: a pointwise convolution reads the
-    image's own), multiplies them (``gemm_block``) and finishes them (``_finish``), so the
-    worker threads wake once per convolution; a small image (fewer than 192 pixels) has its
-    rows gathered once and is split by blocks of 64 channels instead."""
-    p_n = oh * ow
-    o_n = out.shape[1] if channels_last else out.shape[0]
+def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, correction,
+                    bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi,
+                    channels_last, out):
+    """A whole fused int8 convolution of a batch in one parallel region: nhwc (N, H, W, C)
+    uint8 -> out (N, O, oh*ow) 8-bit, or (N, oh*ow, O) when ``channels_last``. Each work item
+    gathers a chunk of one image's pixels' windows into rows (``_rows``: a pointwise
+    convolution reads the image's own), multiplies them (``gemm_block``) and finishes them
+    (``_finish``), so the worker threads wake once per convolution; a lone small image (fewer
+    than 192 pixels) has its rows gathered once and is split by blocks of 64 channels
+    instead."""
+    images, p_n = nhwc.shape[0], oh * ow
+    o_n = out.shape[2] if channels_last else out.shape[1]
     oblocks, kq = packed.shape[0], packed.shape[1]
     kp = kq * 4
     add, left, total, half = _requantize_params(bias, correction, shifts)
-    if p_n >= SMALL or oblocks == 1:
-        chunks, groups, per_group = work_split(p_n, oblocks)
-        for item in prange(chunks * groups):
-            ob0 = (item % groups) * per_group
+    if images > 1 or p_n >= SMALL or oblocks == 1:
+        chunks, groups, per_group = work_split(images, p_n, oblocks)
+        for item in prange(images * chunks * groups):
+            b, rest = item // (chunks * groups), item % (chunks * groups)
+            ob0 = (rest % groups) * per_group
             ob1 = min(oblocks, ob0 + per_group)
             if ob0 >= ob1:
                 continue
-            p0, rows = _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
-                                      item // groups, kp)
+            p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
+                                      rest // groups, kp)
             n = rows.shape[0]
             cols = (ob1 - ob0) * BLOCK
             acc = np.empty((n, cols), np.int32)
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob0 * kq * 256,
                        acc.ctypes.data, cols, 0, n, kq, ob1 - ob0)
             _finish(acc, min(cols, o_n - ob0 * BLOCK), add, clamp_lo, clamp_hi, multipliers,
-                    left, total, half, zin, zout, lo, hi, ob0 * BLOCK, p0, channels_last, out)
+                    left, total, half, zin, zout, lo, hi, ob0 * BLOCK, p0, channels_last,
+                    out[b])
     else:
-        rows = _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
+        rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         for ob in prange(oblocks):
             acc = np.empty((p_n, 64), np.int32)
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob * kq * 256,
                        acc.ctypes.data, 64, 0, p_n, kq, 1)
             _finish(acc, min(64, o_n - ob * 64), add, clamp_lo, clamp_hi, multipliers, left,
-                    total, half, zin, zout, lo, hi, ob * 64, 0, channels_last, out)
+                    total, half, zin, zout, lo, hi, ob * 64, 0, channels_last, out[0])
