@@ -4,6 +4,7 @@ report saying where the costs came from."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,6 +65,24 @@ def test_another_machine_or_release_starts_afresh(cache):
     other.save()                                   # both tables live in the one file
     assert len(json.loads((cache / "kernel-times.json").read_text())) == 2
     assert len(KernelTimes().times) == 1
+
+
+def test_a_changed_kernel_starts_afresh(cache, tmp_path, monkeypatch):
+    """The machine key holds a digest of the runtime's source: an edited kernel (a new
+    release, or a working tree) is another machine, its times not the old kernel's."""
+    import shutil
+    import eqquant.runtime.measured_cost as mc
+    here = mc.machine_key()
+    assert f"kernels {mc.kernels_digest()}" in here
+    copy = tmp_path / "runtime"
+    shutil.copytree(Path(mc.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "fma.py").write_text((copy / "fma.py").read_text() + "\n# a changed kernel\n")
+    mc.kernels_digest.cache_clear()
+    monkeypatch.setattr(mc, "__file__", str(copy / "measured_cost.py"))
+    try:
+        assert mc.machine_key() != here
+    finally:
+        mc.kernels_digest.cache_clear()
 
 
 def test_a_damaged_cache_is_rebuilt_not_fatal(cache):

@@ -9,8 +9,9 @@ A kernel instance is an op with its attributes, input and output types and which
 compile-time constants (``runtime.timing``). Its time is the median of a few warm calls of the
 executor's own kernel. The times live in one JSON file per user (``EQQUANT_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/eqquant``, else ``~/.cache/eqquant``): ``kernel-times.json``, keyed by the
-machine (CPU model, int8 kernel path, threads, eqquant version), so a second compile on the
-same machine times nothing, and a new CPU, path or release starts afresh.
+machine (CPU model, int8 and fp32 kernel paths, threads, eqquant version, a digest of the
+kernels' source), so a second compile on the same machine times nothing, and a new CPU, path,
+release or kernel starts afresh.
 
 Instances never timed (a cache-only model, or an instance whose timing failed) cost what the
 roofline model (``CpuLatency``) estimates; ``summary()`` says how many did, and the quantize
@@ -18,6 +19,8 @@ and optimize reports print it.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import time
@@ -49,9 +52,19 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.lru_cache(maxsize=None)
+def kernels_digest() -> str:
+    """A digest of the runtime's source (this package's folder): a kernel changed since a time
+    was cached, in a release or in a working tree, makes that time another machine's."""
+    h = hashlib.sha1()
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def machine_key() -> str:
     """What a kernel time depends on besides the instance: CPU, int8 and fp32 paths, threads,
-    release."""
+    release and the kernels' source."""
     import numba
     from importlib.metadata import PackageNotFoundError, version
     from .bindings import fp32_path
@@ -62,7 +75,7 @@ def machine_key() -> str:
         release = "unknown"
     return (f"{cpu_model()} | int8 {int8_path()} | fp32 {fp32_path()} | "
             f"{numba.get_num_threads()} threads | "
-            f"eqquant {release}")
+            f"eqquant {release} | kernels {kernels_digest()}")
 
 
 def instance_key(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_type: Type,
