@@ -99,6 +99,29 @@ def time_alternating(runners: Mapping[str, Callable[[], object]], runs: int) -> 
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
+def latencies_alternating(runners: Mapping[str, Callable[[], object]], runs: int = 20,
+                          rounds: int = 5, pause: float = 0.5) -> dict[str, float]:
+    """Seconds per run of each runner on a quiet machine: in each round (``pause`` seconds
+    apart) every runner in turn gives the median of ``runs`` warm runs; each keeps the least of
+    its rounds' medians. Programs compared with each other are timed this way, never one after
+    the other (a neighbour's load moved one program's median by 5% between minutes)."""
+    best = {k: float("inf") for k in runners}
+    for f in runners.values():
+        f()
+    for r in range(rounds):
+        if r:
+            time.sleep(pause)
+        for k, f in runners.items():
+            f()
+            times = []
+            for _ in range(runs):
+                t = time.perf_counter()
+                f()
+                times.append(time.perf_counter() - t)
+            best[k] = min(best[k], float(np.median(times)))
+    return best
+
+
 def executor_latency(ex, x, runs: int = 20, rounds: int = 1, pause: float = 1.0) -> float:
     """Seconds per run of an eqquant Executor on ``x``: the median of ``runs`` warm runs; with
     several ``rounds`` (``pause`` seconds apart) the least of their medians, the latency on

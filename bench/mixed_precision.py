@@ -8,8 +8,9 @@ program eqquant extracts (``quantize(..., min_sqnr=...)``, or ``metric=..., max_
 the digits CNN's top-1 accuracy) beside the greedy baseline's (NNCF's
 ``quantize_with_accuracy_control``: start from all int8, revert the most sensitive quantized
 value to float, evaluate the whole program, repeat until the budget holds): each with its
-measured latency (executor, 2 threads, median; the program's layouts chosen for the kernels
-first, as ``quantize`` does), its accuracy (output SQNR against fp32 on
+measured latency (executor, 2 threads; all programs of a model timed in turns, 5 rounds,
+each program's least round median; its layouts chosen for the kernels first, as ``quantize``
+does), its accuracy (output SQNR against fp32 on
 the calibration inputs, or top-1), and the number of full evaluations it needed. Both use the
 same per-value sensitivities and the same extraction of each program's kernels.
 
@@ -34,7 +35,7 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import executor_latency  # noqa: E402
+from _common import latencies_alternating  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 BATCH = 50
@@ -90,11 +91,16 @@ def digits_data():
         0, len(labels) - BATCH + 1, BATCH)]
 
 
-def latency(program, x, runs: int = 30) -> float:
-    """ms per run of ``program`` with its layouts chosen for the kernels (as it would run)."""
+def latencies(programs, x, cost) -> dict[str, float]:
+    """ms per run of each program with its layouts chosen for the kernels by ``cost`` (as
+    ``quantize`` runs it), the programs timed in turns (``latencies_alternating``)."""
     from eqquant.quant.flow import compile_layouts
     from eqquant.runtime.executor import Executor
-    return executor_latency(Executor(compile_layouts(program, "cpu").module), x, runs) * 1e3
+    runners = {}
+    for label, program in programs.items():
+        ex = Executor(compile_layouts(program, cost).module)
+        runners[label] = lambda ex=ex: ex.run(x)
+    return {k: v * 1e3 for k, v in latencies_alternating(runners).items()}
 
 
 def greedy(space, evaluate, ok):
@@ -151,15 +157,14 @@ def run_model(name: str) -> None:
         def top1(program) -> float:
             return accuracy(Executor(program).run)
         base = top1(fp32)
-        rows = [("fp32", latency(fp32, x), base * 100, 1),
-                ("int8 (all)", latency(full.module, x), top1(full.module) * 100, 1)]
+        rows = [("fp32", fp32, base * 100, 1),
+                ("int8 (all)", full.module, top1(full.module) * 100, 1)]
         for drop in (0.001, 0.005, 0.02):
             res = search(space, metric=accuracy, max_drop=drop)
-            rows.append((f"eqquant, drop <= {drop * 100:.1f} pt", latency(res.program, x),
+            rows.append((f"eqquant, drop <= {drop * 100:.1f} pt", res.program,
                          top1(res.program) * 100, res.evaluations))
             program, score, n = greedy(space, top1, lambda s: base - s <= drop)
-            rows.append((f"greedy,  drop <= {drop * 100:.1f} pt", latency(program, x),
-                         score * 100, n + 1))
+            rows.append((f"greedy,  drop <= {drop * 100:.1f} pt", program, score * 100, n + 1))
         unit = "top-1 %"
     else:
         refs = [_flat(Executor(fp32).run(v)) for v in calib]
@@ -169,19 +174,19 @@ def run_model(name: str) -> None:
             return sqnr_db(np.concatenate(refs), np.concatenate([_flat(ex.run(v))
                                                                  for v in calib]))
         low = sqnr(full.module)
-        rows = [("fp32", latency(fp32, x), float("inf"), 0),
-                ("int8 (all)", latency(full.module, x), low, 1)]
+        rows = [("fp32", fp32, float("inf"), 0), ("int8 (all)", full.module, low, 1)]
         for target in np.linspace(low + (50 - low) / 4, 50, 3):
             res = search(space, min_sqnr=float(target))
-            rows.append((f"eqquant, SQNR >= {target:.1f}", latency(res.program, x),
-                         sqnr(res.program), res.evaluations))
+            rows.append((f"eqquant, SQNR >= {target:.1f}", res.program, sqnr(res.program),
+                         res.evaluations))
             program, score, n = greedy(space, sqnr, lambda s: s >= target)
-            rows.append((f"greedy,  SQNR >= {target:.1f}", latency(program, x), score, n))
+            rows.append((f"greedy,  SQNR >= {target:.1f}", program, score, n))
         unit = "SQNR dB"
+    ms = latencies({label: program for label, program, _, _ in rows}, x, cost)
     cost.flush()
     print(f"{'program':28s} {'latency ms':>10s} {unit:>9s} {'evaluations':>12s}")
-    for label, ms, acc, n in rows:
-        print(f"{label:28s} {ms:10.3f} {acc:9.2f} {n:12d}")
+    for label, _, acc, n in rows:
+        print(f"{label:28s} {ms[label]:10.3f} {acc:9.2f} {n:12d}")
 
 
 def main() -> None:

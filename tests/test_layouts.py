@@ -192,6 +192,36 @@ def test_float_resnet_runs_channel_last_with_one_change_at_the_input():
                                atol=1e-2 * 30)
 
 
+def test_a_convolution_left_apart_from_its_bias_is_fused_again_and_laid_out():
+    """An earlier extraction may leave a convolution and its bias apart (their timings within
+    each other's noise): the layout phase finds the fusion again (exact rules) and runs the
+    whole chain channel-last, with a layout change at the input only; a convolution with no
+    bias to fuse (nn.conv2d, then a pool) goes channel-last too."""
+    from eqquant.quant.flow import compile_layouts
+    rng = np.random.default_rng(0)
+    b = Builder()
+    y = b.input("x", (1, 16, 20, 20))
+    for i in range(2):
+        w = rng.normal(size=(16, 16, 3, 3)).astype("f4")
+        y = b.call("add", b.call("nn.conv2d", y, b.param(f"w{i}", w), padding=[1, 1]),
+                   b.param(f"b{i}", rng.normal(size=(16, 1, 1)).astype("f4")))
+        y = b.call("nn.relu", y)
+    y = b.call("nn.conv2d", y, b.param("w2", rng.normal(size=(16, 16, 3, 3)).astype("f4")),
+               padding=[1, 1])
+    y = b.call("nn.global_avg_pool2d", y)
+    mod = bind_params(*b.finish(y))
+    result = compile_layouts(mod, "cpu").module
+    calls = [n for n in post_order(result.main.body) if isinstance(n, Call)]
+    convs = [c for c in calls if c.op_name in ("fused.conv2d", "nn.conv2d")]
+    assert [c.op_name for c in convs] == ["fused.conv2d"] * 2 + ["nn.conv2d"]
+    assert all(c.attrs["data_layout"] == "NHWC" for c in convs)
+    changes = [c for c in calls if c.op_name == "layout_transform" and
+               c.attrs["dst_layout"] == "NHWC"]
+    assert len(changes) == 1 and changes[0].args[0] is result.main.params[0]
+    x = {"x": (30 * rng.normal(size=(1, 16, 20, 20))).astype("f4")}
+    np.testing.assert_allclose(Executor(result).run(x), run(mod, x), rtol=1e-3, atol=1e-1)
+
+
 def test_a_cost_model_as_laid_out_takes_off_the_transposes_the_layout_phase_removes():
     """LaidOut (the mixed-precision search's view): an NCHW call site of an op whose kernels
     read channel-last data costs the model's price less the model's own price of the two
