@@ -222,6 +222,44 @@ def test_a_convolution_left_apart_from_its_bias_is_fused_again_and_laid_out():
     np.testing.assert_allclose(Executor(result).run(x), run(mod, x), rtol=1e-3, atol=1e-1)
 
 
+def test_an_integer_layer_inside_a_float_chain_stays_channel_last():
+    """A mixed program's integer island (quantize, an integer convolution summing in int32,
+    its bias, a dequantize by the product of the scales) between float convolutions: the
+    quantize, the integer convolution, its bias and the dequantize commute with the layout
+    change (exact rules), so the whole chain runs channel-last with one change at the input,
+    and computes what the NCHW program computes."""
+    from eqquant.quant.flow import compile_layouts
+    rng = np.random.default_rng(1)
+    b = Builder()
+    x = b.input("x", (1, 16, 20, 20))
+
+    def float_conv(y, i):
+        return b.call("fused.conv2d", y, b.param(f"w{i}", rng.normal(
+            size=(16, 16, 3, 3)).astype("f4")), b.param(f"b{i}", rng.normal(
+                size=(16, 1, 1)).astype("f4")), padding=[1, 1], activation="relu")
+    y = float_conv(x, 0)
+    q = b.call("qnn.quantize", y, b.param("s", np.array(0.05, "f4")),
+               b.param("z", np.array(0, "i4")), out_dtype="uint8")
+    acc = b.call("qnn.conv2d", q, b.param("wq", rng.integers(-127, 128, (16, 16, 3, 3))
+                                          .astype("i1")),
+                 b.param("zx", np.array(0, "i4")), b.param("zw", np.array(0, "i4")),
+                 b.param("sx", np.array(0.05, "f4")), b.param("sw", np.array(0.01, "f4")),
+                 padding=[1, 1], out_dtype="int32")
+    acc = b.call("add", acc, b.param("bq", rng.integers(-500, 500, (16, 1, 1)).astype("i4")))
+    y = b.call("qnn.dequantize", acc, b.param("s2", np.array(0.0005, "f4")),
+               b.param("z2", np.array(0, "i4")), axis=1)
+    mod = bind_params(*b.finish(float_conv(y, 1)))
+    result = compile_layouts(mod, "cpu").module
+    calls = [n for n in post_order(result.main.body) if isinstance(n, Call)]
+    assert [c.attrs["data_layout"] for c in calls if "conv2d" in c.op_name] == ["NHWC"] * 3
+    to_nhwc = [c for c in calls if c.op_name == "layout_transform" and
+               c.attrs["dst_layout"] == "NHWC"]
+    assert len(to_nhwc) == 1 and to_nhwc[0].args[0] is result.main.params[0]
+    xv = {"x": rng.normal(size=(1, 16, 20, 20)).astype("f4")}
+    np.testing.assert_allclose(Executor(result).run(xv), Executor(mod).run(xv), rtol=1e-5,
+                               atol=1e-4)
+
+
 def test_a_cost_model_as_laid_out_takes_off_the_transposes_the_layout_phase_removes():
     """LaidOut (the mixed-precision search's view): an NCHW call site of an op whose kernels
     read channel-last data costs the model's price less the model's own price of the two

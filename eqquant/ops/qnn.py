@@ -408,10 +408,20 @@ def _qdense(x, w, zx, zw, sx, sw, *, units, out_dtype):
 
 QINPUTS = ("data", "weight", "input_zero_point", "kernel_zero_point", "input_scale",
            "kernel_scale")
+def _qconv_channels_last(attrs, in_types) -> bool:
+    """The integer convolution kernels read and write channel-last images for a dense
+    convolution (groups 1: the SIMD GEMMs) and a depthwise one (one input channel per group:
+    the direct kernel); a grouped one (ResNeXt's) runs NCHW."""
+    w = in_types[1].shape
+    per_group = w[2] if attrs["kernel_layout"] == "HWIO" else w[1]
+    return attrs["groups"] == 1 or per_group == 1
+
+
 register(OpDef(
     "qnn.conv2d", inputs=QINPUTS, onnx=(OnnxForm("Conv", reads=False, qdq=_qconv_qdq),),
                                   realize=_qconv_realize,
                                   props=frozenset({COMPUTE, QUANT}),
+    channels_last=_qconv_channels_last,
     kernel="eqquant.runtime.bindings_int8:QConv2D",
     attrs=tuple(a for a in CONV2D_ATTRS if a.name != "out_dtype")
     + (Attr("out_dtype", DTYPE_REQUIRED, "int32"),),
@@ -718,15 +728,6 @@ def _fqconv(x, w, b, zx, zw, sx, sw, s1, z1, s2, z2, *, activation, a_min, a_max
     elif activation == "clip":
         acc = _qclip(acc, s1, z1, a_min=a_min, a_max=a_max, axis=axis)
     return requantize_values(acc, s1, z1, s2, z2, axis, rounding, out_dtype)
-
-
-def _qconv_channels_last(attrs, in_types) -> bool:
-    """The integer convolution kernels read and write channel-last images for a dense
-    convolution (groups 1: the SIMD GEMMs) and a depthwise one (one input channel per group:
-    the direct kernel); a grouped one (ResNeXt's) runs NCHW."""
-    w = in_types[1].shape
-    per_group = w[2] if attrs["kernel_layout"] == "HWIO" else w[1]
-    return attrs["groups"] == 1 or per_group == 1
 
 
 def _unfuse_qconv(args, attrs):
