@@ -198,3 +198,40 @@ def test_with_slow_integer_kernels_the_measured_model_keeps_layers_in_float(cach
     cost = {k: program_costs(p, measured).total for k, p in programs.items()}
     # (the ILP extraction: both are programs of the same e-graph, so no better than it)
     assert cost["mixed"] <= 1.001 * min(cost["int8"], cost["float"]), cost
+
+
+def test_with_slow_integer_kernels_mixed_precision_weighs_them_in_the_layout_they_read(
+        cache, monkeypatch):
+    """The mixed-precision search (``min_sqnr``) under EQQUANT_INT8_KERNEL=portable: its
+    layout-aware weighing (``LaidOut``) takes the binding's word that the portable integer
+    GEMM reads NCHW (no channel-last transposes to take off), so it leaves the layers whose
+    integer kernels are the slower in float. Laid out as it runs, its program costs no more
+    than the fp32 program nor the all-int8 one. (With the registry's static claim,
+    channel-last, MobileNet-v2's mixed program at 25 dB kept an integer layer that looked
+    cheap: 4.2 ms predicted against the fp32 program's 3.9, and slower as it ran.)"""
+    from eqquant.core.nodes import Call, post_order
+    from eqquant.extract.cost import LaidOut
+    from eqquant.optimizer import program_costs
+    from eqquant.quant.flow import compile_layouts, quantize
+    from eqquant.zoo import build
+    monkeypatch.setenv("EQQUANT_INT8_KERNEL", "portable")
+    m = build("resnet18_stem", image_size=64)
+    rng = np.random.default_rng(0)
+    samples = [{"data": rng.normal(size=(1, 3, 64, 64)).astype("float32")} for _ in range(2)]
+    measured = MeasuredCost()
+    op = get_op("fused.qconv2d")
+    dense = op.canonical_attrs({"padding": [1, 1, 1, 1]})
+    ins = [TensorType((1, 64, 16, 16), "uint8"), TensorType((64, 64, 3, 3), "int8")]
+    assert op.channels_last(dense, ins) and not measured.reads_channels_last(op, dense, ins)
+    assert LaidOut(measured).reads_channels_last(op, dense, ins) is False
+    full = quantize(m.module, m.params, samples, "minmax", per_channel=True, cost="cpu")
+    mixed = quantize(m.module, m.params, samples, "minmax", per_channel=True, cost=measured,
+                     min_sqnr=full.output["sqnr"] - 3)
+    assert mixed.output["sqnr"] >= full.output["sqnr"] - 3
+    cost = {k: program_costs(compile_layouts(p, measured).module, measured).total
+            for k, p in (("mixed", mixed.module), ("int8", full.module),
+                         ("fp32", full.fp32))}
+    assert cost["mixed"] <= 1.02 * min(cost["int8"], cost["fp32"]), cost
+    assert cost["int8"] > 1.5 * cost["fp32"], cost        # the portable kernels: slower
+    assert "fused.qconv2d" not in [n.op_name for n in post_order(mixed.module.main.body)
+                                   if isinstance(n, Call)]

@@ -58,6 +58,13 @@ class CostModel:
         model times such a call as the executor runs it: weights prepacked)."""
         return self.op_cost(op, attrs, in_types, out_type)
 
+    def reads_channels_last(self, op: OpDef, attrs: Mapping[str, Any],
+                            in_types: Sequence[Type]) -> bool | None:
+        """Whether the kernels this model prices read ``op``'s image channel-last (None:
+        layouts do not matter to them): the registry's word (``channels_last``), unless the
+        model knows the machine's kernels better."""
+        return None if op.channels_last is None else op.channels_last(attrs, in_types)
+
     def summary(self) -> str:
         """One line on where the costs came from (for reports)."""
         return f"cost model: {self.name}"
@@ -119,9 +126,11 @@ class LaidOut(CostModel):
     def instance_cost(self, op, attrs, in_types, out_type, consts=frozenset()) -> float:
         cost = self.model.instance_cost(op, attrs, in_types, out_type, consts)
         layout = site_layout(attrs)
-        if op.channels_last is None or layout not in ("NCHW", "NHWC") or \
-                not isinstance(in_types[0], TensorType) or len(in_types[0].shape) != 4 or \
-                (layout == "NHWC") == op.channels_last(attrs, in_types):
+        if layout not in ("NCHW", "NHWC") or not isinstance(in_types[0], TensorType) or \
+                len(in_types[0].shape) != 4:
+            return cost
+        reads = self.model.reads_channels_last(op, attrs, in_types)
+        if reads is None or (layout == "NHWC") == reads:
             return cost
         other = "NCHW" if layout == "NHWC" else "NHWC"
         moves = sum(self._change(t, layout, other) for t in (in_types[0], out_type))
@@ -135,6 +144,9 @@ class LaidOut(CostModel):
         attrs = op.canonical_attrs({"src_layout": src, "dst_layout": dst})
         moved = TensorType(tuple(t.shape[i] for i in layout_perm(src, dst)), t.dtype)
         return self.model.instance_cost(op, attrs, [t], moved, frozenset())
+
+    def reads_channels_last(self, op, attrs, in_types) -> bool | None:
+        return self.model.reads_channels_last(op, attrs, in_types)
 
     def summary(self) -> str:
         return self.model.summary() + " (each op costed in the layout it will run in)"

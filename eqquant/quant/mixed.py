@@ -94,8 +94,8 @@ class Choice:
 class MixedSpace:
     """Every mixed program of one marked program, in one saturated e-graph."""
 
-    def __init__(self, marked: Module, cost: CostModel, rules: Sequence[str] = ("simplify",
-                                                                                "quantize"),
+    def __init__(self, marked: Module, cost: CostModel,
+                 rules: Sequence[str] = ("simplify", "quantize", "fusion"),
                  limits=None, names: Mapping[int, str] | None = None):
         """``names``: each value mark's label (by id) as the user knows it (``mark_labels``:
         the label in the program that was marked); else the marked program's labels."""

@@ -79,7 +79,15 @@ class QConv2D(Binding):
     once. The kernels read images channel-last; an NCHW call site has each image transposed
     on the way in (the SIMD GEMMs) and the result on the way out, an NHWC one (HWIO weights)
     is read and written as it is by the fused kernels (``FusedQConv2D``); this unfused op runs
-    an NHWC call site between two transposes."""
+    an NHWC call site between two transposes on the portable path."""
+
+    @classmethod
+    def reads_channels_last(cls, attrs, in_types) -> bool:
+        """On this machine: the depthwise kernel and the SIMD GEMMs read channel-last
+        images, the portable GEMM (no SIMD path, or one forced) NCHW ones."""
+        w = in_types[1].shape
+        per_group = w[2] if attrs["kernel_layout"] == "HWIO" else w[1]
+        return (per_group == 1 and attrs["groups"] > 1) or int8_path() != "portable"
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
@@ -442,6 +450,10 @@ class FusedQConv2D(Binding):
     """fused.qconv2d: the qnn.conv2d kernel (a SIMD path, the depthwise kernel or portable
     loops) with one pass adding the bias, applying relu or clip and requantizing per channel
     to 8 bits (inside the same parallel region on the SIMD and depthwise paths)."""
+
+    @classmethod
+    def reads_channels_last(cls, attrs, in_types) -> bool:
+        return QConv2D.reads_channels_last(attrs, in_types)
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)

@@ -138,6 +138,18 @@ class MeasuredCost(CostModel):
     def op_cost(self, op, attrs, in_types, out_type) -> float:
         return self.instance_cost(op, attrs, in_types, out_type, frozenset())
 
+    def reads_channels_last(self, op, attrs, in_types) -> bool | None:
+        """The registry's word, or the binding's where it knows this machine's kernels
+        better (``reads_channels_last`` on its class: an integer convolution on the portable
+        path reads NCHW)."""
+        reads = super().reads_channels_last(op, attrs, in_types)
+        if reads and op.kernel:
+            from .executor import _binding_class
+            claim = getattr(_binding_class(op.kernel), "reads_channels_last", None)
+            if claim is not None:
+                return claim(attrs, in_types)
+        return reads
+
     def instance_cost(self, op, attrs, in_types, out_type, consts=frozenset()) -> float:
         if not op.moves_data:
             return 0.0
