@@ -1,7 +1,7 @@
 """The integer kernels (portable Numba path) are bit-exact against the integer reference."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from eqquant.ir.builder import Builder
@@ -423,3 +423,32 @@ def test_lookup_table_kernel_is_bit_exact(shape, in_dtype, out_dtype, per_channe
     got = ex.run(xs)
     np.testing.assert_array_equal(got, run(bound, xs))
     assert got.dtype == np.dtype(out_dtype)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 2), c=st.integers(1, 40), h=st.integers(1, 9), w=st.integers(1, 9),
+       layout=st.sampled_from(["NCHW", "NHWC"]), dtype=st.sampled_from(["int8", "uint8"]),
+       out_dtype=st.sampled_from(["int8", "uint8"]), seed=st.integers(0, 2 ** 16))
+@example(n=1, c=1280, h=7, w=7, layout="NHWC", dtype="uint8", out_dtype="uint8", seed=1)
+@example(n=1, c=3, h=224, w=224, layout="NCHW", dtype="int8", out_dtype="int8", seed=2)
+def test_the_integer_global_average_is_bit_exact(n, c, h, w, layout, dtype, out_dtype, seed):
+    """qnn.global_avg_pool2d's kernel (one pass per channel, a float64 sum of the dequantized
+    values) against the reference (dequantize, float mean, quantize), any layout and sizes,
+    scales and zero points drawn: the same codes."""
+    rng = np.random.default_rng(seed)
+    lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
+    shape = (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
+    b = Builder()
+    x = b.input("x", shape, dtype)
+    y = b.call("qnn.global_avg_pool2d", x,
+               b.param("s", np.array(rng.uniform(1e-3, 0.5), np.float32)),
+               b.param("z", np.array(rng.integers(lo, hi), np.int32)),
+               b.param("so", np.array(rng.uniform(1e-3, 0.5), np.float32)),
+               b.param("zo", np.array(rng.integers(0, 256) if out_dtype == "uint8" else
+                                      rng.integers(-128, 128), np.int32)),
+               layout=layout, out_dtype=out_dtype)
+    bound = bind_params(*b.finish(y))
+    xs = {"x": rng.integers(lo, hi, shape).astype(dtype)}
+    ex = Executor(bound)
+    assert [s.label for s in ex.steps if "global" in s.label] == ["qnn.global_avg_pool2d"]
+    np.testing.assert_array_equal(ex.run(xs), run(bound, xs))

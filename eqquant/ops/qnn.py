@@ -663,7 +663,7 @@ register(OpDef("qnn.lut", inputs=("data", "table", "output_scale", "output_zero_
 # each is defined as dequantize, the float pool, quantize (ONNX Runtime's QLinearAveragePool
 # computes the same way), so the rule that introduces one is that definition read backwards.
 
-def _qpool(float_name: str):
+def _qpool(float_name: str, kernel: str | None = None):
     float_op = get_op(float_name)
 
     def rel(types, attrs):
@@ -690,13 +690,13 @@ def _qpool(float_name: str):
                                         "output_scale", "output_zero_point"),
         attrs=float_op.attrs + (Attr("out_dtype", EIGHT_BIT_OUT, "uint8"),),
         props=frozenset({QUANT}), type_rel=rel, semantics=semantics, flops=float_op.flops,
-        onnx=(OnnxForm(float_op.onnx[0].op_type, reads=False, qdq=qdq),),
+        onnx=(OnnxForm(float_op.onnx[0].op_type, reads=False, qdq=qdq),), kernel=kernel,
         doc=f"{float_name} of 8-bit values to 8-bit values: quantize({float_name}(dequantize("
             f"data, input_scale, input_zero_point)), output_scale, output_zero_point)"))
 
 
 _qpool("nn.avg_pool2d")
-_qpool("nn.global_avg_pool2d")
+_qpool("nn.global_avg_pool2d", kernel="eqquant.runtime.bindings_int8:GlobalAverage")
 
 
 # -- a quantized convolution with its whole epilogue --------------------------------------------

@@ -542,3 +542,38 @@ class FusedQConv2D(Binding):
                                           res[b].reshape(o, -1))
         if last:
             np.copyto(out, res.transpose(0, 2, 3, 1))
+
+
+class GlobalAverage(Binding):
+    """qnn.global_avg_pool2d with one scale and zero point in and out: one pass summing each
+    channel's dequantized values (``kernels_int8.global_average``: the same bits as the
+    reference's float64 mean), NHWC read as it is, NCHW through a transpose of its
+    (N, C, P) view."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from . import kernels_int8 as k8
+        self.k8 = k8
+        self.nhwc = attrs["layout"] == "NHWC"
+        self.s = np.float32(_const_scalar(consts, 1))
+        self.z = np.int64(_const_scalar(consts, 2))
+        self.so = np.float32(_const_scalar(consts, 3))
+        self.zo = np.int64(_const_scalar(consts, 4))
+        self.lo, self.hi = (np.int64(v) for v in qrange(out_type.dtype))
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        shape = in_types[0].shape
+        pixels = shape[1] * shape[2] if attrs["layout"] == "NHWC" else shape[2] * shape[3]
+        return (attrs["layout"] in ("NCHW", "NHWC") and len(shape) == 4 and
+                in_types[0].dtype in ("int8", "uint8") and pixels < 1 << 20 and
+                all(_const_scalar(consts, i) is not None for i in (1, 2, 3, 4)))
+
+    def __call__(self, ins, out):
+        x = ins[0]
+        n = x.shape[0]
+        c = x.shape[3] if self.nhwc else x.shape[1]
+        npc = x.reshape(n, -1, c) if self.nhwc else \
+            np.ascontiguousarray(x.reshape(n, c, -1).transpose(0, 2, 1))
+        self.k8.global_average(npc, self.s, self.z, self.so, self.zo, self.lo, self.hi,
+                               out.reshape(n, c))

@@ -355,3 +355,24 @@ def depthwise_requantize(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bias, 
                 out[o, oy * ow + ox] = requantize_acc(
                     np.int64(acc[ox, o]) + b, clamp_lo[o], clamp_hi[o], zin, left[o], m,
                     half[o], total[o], zout, lo, hi)
+
+
+@njit(parallel=True, cache=True)
+def global_average(x, s, z, so, zo, lo, hi, out):
+    """qnn.global_avg_pool2d on x (N, P, C) 8-bit (P the pixels) -> out (N, C): for each
+    channel, the mean of the dequantized values (float32((q - z) * s)), then quantized with
+    (so, zo), saturated to [lo, hi]. The reference takes the mean of the float32 values in
+    float64; their sum is exact in any order (each a float32 multiple of the smallest one's
+    ulp, 8 bits of spread, so fewer than 2^21 of them fill no float64 mantissa), so summing
+    them in float64 here, divided by P and rounded to float32, gives the same bits."""
+    n, p_n, c_n = x.shape
+    for b in prange(n):
+        acc = np.zeros(c_n, np.float64)
+        for p in range(p_n):
+            row = x[b, p]
+            for c in range(c_n):
+                acc[c] += np.float64(np.float32(np.int64(row[c]) - z) * s)
+        for c in range(c_n):
+            mean = np.float32(acc[c] / p_n)
+            q = np.int64(np.rint(mean / so)) + zo
+            out[b, c] = min(max(q, lo), hi)
