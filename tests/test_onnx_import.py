@@ -161,6 +161,10 @@ BAD = {
         "s", np.ones((2, 2), np.int64))]), "must be a vector of integers"),
     "pad pads float": (_single("Pad", ["x", "p"], inits=[_w(
         "p", np.zeros(8, np.float32))]), "must be a vector of integers"),
+    # found by the fuzz suite: a string attribute whose bytes are not text
+    "string attribute not utf-8": (_single("Conv", ["x", "w"], auto_pad=b"\xff\xffER",
+                                           inits=[_w("w", np.ones((2, 3, 1, 1), np.float32))]),
+                                   "not UTF-8 text"),
 }
 
 

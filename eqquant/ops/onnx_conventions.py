@@ -12,8 +12,14 @@ class OnnxFormError(Exception):
 
 
 def text(value: Any) -> Any:
-    """An ONNX string attribute as ``str`` (onnx gives bytes)."""
-    return value.decode() if isinstance(value, bytes) else value
+    """An ONNX string attribute as ``str`` (onnx gives bytes; bytes that are not UTF-8 are
+    a damaged model, said as such)."""
+    if not isinstance(value, bytes):
+        return value
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        raise OnnxFormError(f"a string attribute is not UTF-8 text: {value[:40]!r}") from None
 
 
 def rank4(im, x, what: str):
