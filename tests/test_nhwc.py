@@ -129,3 +129,23 @@ def test_onnx_export_refuses_channels_last():
                                       "b": np.zeros(8, np.float32)})
     with pytest.raises(EqquantError, match="NHWC"):
         to_onnx(mod)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 2), c=st.integers(1, 70), h=st.integers(1, 9), w=st.integers(1, 9),
+       seed=st.integers(0, 2 ** 16))
+def test_the_channel_last_global_average_sums_as_the_nchw_one(n, c, h, w, seed):
+    """nn.global_avg_pool2d read channel-last (each pixel's channels a row) adds each
+    channel's values in the order the NCHW kernel does: the same bits, on values spread over
+    many orders of magnitude (where the order of a float sum shows)."""
+    rng = np.random.default_rng(seed)
+    x = (rng.normal(size=(n, c, h, w)) * 10.0 ** rng.integers(-6, 7, (n, c, h, w))
+         ).astype("f4")
+    outs = []
+    for layout in ("NCHW", "NHWC"):
+        b = Builder()
+        v = b.input("x", x.shape if layout == "NCHW" else (n, h, w, c))
+        mod, params = b.finish(b.call("nn.global_avg_pool2d", v, layout=layout))
+        xv = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+        outs.append(Executor(mod).run({"x": xv}).reshape(n, c))
+    np.testing.assert_array_equal(outs[1], outs[0])

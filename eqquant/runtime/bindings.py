@@ -335,6 +335,13 @@ class AvgPool2D(_Averaging):
 
 
 class GlobalAvgPool2D(_Averaging):
+    def __call__(self, ins, out):
+        if not self.nhwc:
+            return self.compute(ins, out)
+        x = ins[0]          # channel-last: each pixel's channels summed as a row
+        for b in range(x.shape[0]):
+            k.global_avg_pool_channels_last(x[b].reshape(-1, x.shape[3]), out[b].reshape(-1))
+
     def compute(self, ins, out):
         for b in range(ins[0].shape[0]):
             k.global_avg_pool(ins[0][b], out[b].reshape(-1))

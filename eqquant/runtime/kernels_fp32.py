@@ -255,6 +255,20 @@ def global_avg_pool(x, out):
         out[c] = s / (h * w)
 
 
+@njit(cache=True)
+def global_avg_pool_channels_last(x, out):
+    """x: (H*W, C) -> out: (C,): each pixel's row added along the channels (contiguous), in
+    the pixels' order, as ``global_avg_pool`` adds each channel's plane: the same sums."""
+    p_n, c_n = x.shape
+    acc = np.zeros(c_n, np.float64)
+    for p in range(p_n):
+        row = x[p]
+        for c in range(c_n):
+            acc[c] += row[c]
+    for c in range(c_n):
+        out[c] = acc[c] / p_n
+
+
 @njit(parallel=True, cache=True)
 def binary_same(a, b, op, act, out):
     """Flat arrays of one size: out = act(a op b); op 0 add, 1 subtract, 2 multiply,
