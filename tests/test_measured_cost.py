@@ -235,3 +235,32 @@ def test_with_slow_integer_kernels_mixed_precision_weighs_them_in_the_layout_the
     assert cost["int8"] > 1.5 * cost["fp32"], cost        # the portable kernels: slower
     assert "fused.qconv2d" not in [n.op_name for n in post_order(mixed.module.main.body)
                                    if isinstance(n, Call)]
+
+
+class _FusionDear(CostModel):
+    """The roofline model with every fused op priced ten times over: a model under which
+    leaving epilogues apart looks cheaper (as measured times within noise of each other
+    can make it look)."""
+    name = "fusion-dear"
+
+    def instance_cost(self, op, attrs, in_types, out_type, consts=frozenset()):
+        c = CpuLatency().op_cost(op, attrs, in_types, out_type)
+        return 10 * c if op.name.startswith("fused.") else c
+
+    def op_cost(self, op, attrs, in_types, out_type):
+        return self.instance_cost(op, attrs, in_types, out_type)
+
+
+def test_the_float_phase_fuses_whatever_model_chooses_the_kernels():
+    """quantize's float phase (batch norms folded, epilogues fused) is structural: it fuses
+    every convolution with its bias and relu whatever cost model the caller gives, so no
+    convolution's parts are marked and quantized one by one."""
+    from eqquant.core.nodes import Call, post_order
+    from eqquant.quant.flow import quantize
+    from eqquant.zoo import build
+    m = build("resnet18_stem", image_size=32)
+    rng = np.random.default_rng(0)
+    samples = [{"data": rng.normal(size=(1, 3, 32, 32)).astype("float32")}]
+    r = quantize(m.module, m.params, samples, "minmax", cost=_FusionDear(), layouts=False)
+    ops = [n.op_name for n in post_order(r.fp32.main.body) if isinstance(n, Call)]
+    assert ops.count("fused.conv2d") == 3 and "nn.conv2d" not in ops and "nn.relu" not in ops
