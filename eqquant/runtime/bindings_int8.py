@@ -83,11 +83,11 @@ class QConv2D(Binding):
 
     @classmethod
     def reads_channels_last(cls, attrs, in_types) -> bool:
-        """On this machine: the depthwise kernel and the SIMD GEMMs read channel-last
-        images, the portable GEMM (no SIMD path, or one forced) NCHW ones."""
-        w = in_types[1].shape
-        per_group = w[2] if attrs["kernel_layout"] == "HWIO" else w[1]
-        return (per_group == 1 and attrs["groups"] > 1) or int8_path() != "portable"
+        """This machine's refinement of the registry's claim (asked only where the registry
+        says channel-last: a dense or a depthwise convolution): the depthwise kernel and the
+        SIMD GEMMs read channel-last images, the portable GEMM (no SIMD path, or one forced)
+        NCHW ones."""
+        return attrs["groups"] > 1 or int8_path() != "portable"
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
