@@ -29,15 +29,18 @@ def seed_file(prefix: str) -> Path:
 # The tests never read or write the user's kernel-time cache (runtime/measured_cost.py): with
 # one, the default cost model would be the measured one, and extractions would depend on
 # what this machine timed before.
-import tempfile  # noqa: E402
+import atexit  # noqa: E402
 import os  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 
-os.environ["EQQUANT_CACHE_DIR"] = tempfile.mkdtemp(prefix="eqquant-test-cache-")
+_TEST_CACHE = tempfile.mkdtemp(prefix="eqquant-test-cache-")
+os.environ["EQQUANT_CACHE_DIR"] = _TEST_CACHE
+atexit.register(shutil.rmtree, _TEST_CACHE, ignore_errors=True)
 
 
 # CI runs a fixed sequence of examples (a red build means a change broke something); a
 # developer's run explores new ones each time.
-import os  # noqa: E402
 
 from hypothesis import settings  # noqa: E402
 
