@@ -112,7 +112,7 @@ def gemm_parallel(a_u8, packed, out):
 @njit(parallel=True, cache=True)
 def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, correction,
                     bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi,
-                    channels_last, out):
+                    channels_last, out, threads):
     """A whole fused int8 convolution of a batch in one parallel region (as
     ``vnni.conv_requantize``: out (N, O, oh*ow), or (N, oh*ow, O) when ``channels_last``):
     gather a chunk of pixels' windows, widen them, multiply, finish."""
@@ -120,9 +120,10 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
     o_n = out.shape[2] if channels_last else out.shape[1]
     oblocks, kq = packed.shape[0], packed.shape[1]
     kp = kq * 2
-    add, left, total, half = _requantize_params(bias, correction, shifts)
+    params = _requantize_params(bias, correction, clamp_lo, clamp_hi, multipliers, shifts,
+                                zin, zout)
     if images > 1 or p_n >= SMALL or oblocks == 1:
-        chunks, groups, per_group = work_split(images, p_n, oblocks)
+        chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         for item in prange(images * chunks * groups):
             b, rest = item // (chunks * groups), item % (chunks * groups)
             ob0 = (rest % groups) * per_group
@@ -130,7 +131,7 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
             if ob0 >= ob1:
                 continue
             p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
-                                      rest // groups, kp)
+                                      rest // groups, chunks, kp)
             n = rows.shape[0]
             rows16 = np.empty((n, kp), np.int16)
             _widen(rows, rows16)
@@ -138,9 +139,8 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
             acc = np.empty((n, cols), np.int32)
             gemm_block(rows16.ctypes.data, kp, packed.ctypes.data + ob0 * kq * PANEL,
                        acc.ctypes.data, cols, 0, n, kq, ob1 - ob0)
-            _finish(acc, min(cols, o_n - ob0 * BLOCK), add, clamp_lo, clamp_hi, multipliers,
-                    left, total, half, zin, zout, lo, hi, ob0 * BLOCK, p0, channels_last,
-                    out[b])
+            _finish(acc, min(cols, o_n - ob0 * BLOCK), params, lo, hi, ob0 * BLOCK, p0,
+                    channels_last, out[b])
     else:
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         rows16 = np.empty((p_n, kp), np.int16)
@@ -149,5 +149,5 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
             acc = np.empty((p_n, BLOCK), np.int32)
             gemm_block(rows16.ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
                        acc.ctypes.data, BLOCK, 0, p_n, kq, 1)
-            _finish(acc, min(BLOCK, o_n - ob * BLOCK), add, clamp_lo, clamp_hi, multipliers,
-                    left, total, half, zin, zout, lo, hi, ob * BLOCK, 0, channels_last, out[0])
+            _finish(acc, min(BLOCK, o_n - ob * BLOCK), params, lo, hi, ob * BLOCK, 0,
+                    channels_last, out[0])

@@ -13,6 +13,7 @@ import importlib
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from numba import get_num_threads
 
 from ..core.types import TensorType, Type
 from ..ops.fused import epilogue_bounds
@@ -189,7 +190,7 @@ class Conv2D(_Spatial):
         self.fma.conv(np.ascontiguousarray(ins[0]), self.kh, self.kw, self.sh, self.sw,
                       self.pt, self.pl, self.dh, self.dw, oh, ow, self.packed, self.bias_vec,
                       np.float32(self.lo), np.float32(self.hi), True,
-                      out.reshape(n, oh * ow, o))
+                      out.reshape(n, oh * ow, o), get_num_threads())
 
     def compute(self, ins, out):
         x = ins[0]
@@ -198,7 +199,7 @@ class Conv2D(_Spatial):
             self.fma.conv(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), self.kh, self.kw,
                           self.sh, self.sw, self.pt, self.pl, self.dh, self.dw, oh, ow,
                           self.packed, self.bias_vec, np.float32(self.lo), np.float32(self.hi),
-                          False, out.reshape(n, o, oh * ow))
+                          False, out.reshape(n, o, oh * ow), get_num_threads())
             return
         w = self.w if self.w is not None else self._pack(ins[1])
         bias, lo, hi = self.bias_vec, self.lo, self.hi
@@ -279,7 +280,7 @@ class Dense(Binding):
             n = x.shape[0]
             self.fma.conv(x.reshape(1, 1, n, -1), 1, 1, 1, 1, 0, 0, 1, 1, 1, n, self.packed,
                           self.bias, np.float32(self.lo), np.float32(self.hi), True,
-                          out.reshape(1, n, -1))
+                          out.reshape(1, n, -1), get_num_threads())
             return
         np.matmul(ins[0], self.wt, out=out)
         out += self.bias

@@ -7,6 +7,7 @@ Numba loops (``kernels_int8.py``); every path gives the reference's bits. See ``
 from __future__ import annotations
 
 import numpy as np
+from numba import get_num_threads
 
 from ..core.types import TensorType
 from ..ops.fused import epilogue_bounds
@@ -520,7 +521,8 @@ class FusedQConv2D(Binding):
                                    c.dw, c.zx + c.shift, oh, ow, c.packed, c.correction,
                                    self.bias, self.clamp_lo, self.clamp_hi, self.m, self.sh,
                                    self.zin, self.zout, self.lo, self.hi, last,
-                                   out.reshape((n, -1, o) if last else (n, o, -1)))
+                                   out.reshape((n, -1, o) if last else (n, o, -1)),
+                                   get_num_threads())
             return
         if c.depthwise:      # the sum, bias, clamp and requantization channel by channel
             kernel = self.k8.depthwise_channels_last if last else self.k8.depthwise_requantize

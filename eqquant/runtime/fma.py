@@ -26,7 +26,7 @@ from numba import njit, prange
 
 from .kernels_fp32 import clamp
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
-from .gather import CHUNK, _windows, work_split
+from .gather import _windows, chunk_bounds, work_split
 
 # path -> (floats per vector, pixel rows per micro-kernel); a block is two vectors
 WIDTHS = {"fma": (8, 6), "avx512": (16, 8)}
@@ -123,7 +123,7 @@ def _finish(acc, bias, lo, hi, o0, cols, p0, channels_last, out):
 
 @njit(parallel=True, cache=True)
 def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, channels_last,
-         out):
+         out, threads):
     """A float convolution of a batch in one parallel region: nhwc (N, H, W, C) float32 ->
     out (N, oh*ow, O) when ``channels_last``, else (N, O, oh*ow). Work items are chunks of
     one image's pixels, and of output blocks where the batch gives few chunks
@@ -136,12 +136,12 @@ def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, cha
     h, w, c = nhwc.shape[1], nhwc.shape[2], nhwc.shape[3]
     pointwise = kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
         ow == w and c == k
-    chunks, groups, per_group = work_split(images, p_n, oblocks)
+    chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
     for item in prange(images * chunks * groups):
         b, rest = item // (chunks * groups), item % (chunks * groups)
         chunk, g = rest // groups, rest % groups
-        p0 = chunk * CHUNK
-        n = min(p_n, p0 + CHUNK) - p0
+        p0, p1 = chunk_bounds(p_n, chunks, chunk)
+        n = p1 - p0
         ob0 = g * per_group
         ob1 = min(oblocks, ob0 + per_group)
         if ob0 >= ob1:

@@ -1,13 +1,17 @@
 """The left operand of the convolution GEMMs (int8 and fp32 alike): each output pixel's
 window of a channel-last image gathered into one row (taps in (tap, channel) order), and how
-a convolution's work is shared out: chunks of CHUNK pixels, and on an image of few chunks
-also groups of output-channel blocks (``work_split``); the images of a batch are the work
-items of one parallel region. The SIMD drivers (``vnni.py``,
+a convolution's work is shared out: chunks of about CHUNK pixels, and on an image of few
+chunks also groups of output-channel blocks (``work_split``, ``chunk_bounds``); the images of
+a batch are the work items of one parallel region. The SIMD drivers (``vnni.py``,
 ``avxvnni.py``, ``avx2.py``, ``fma.py``) call these from their parallel regions."""
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+
+from .llvm_loops import memcpy_intrinsic
+
+_copy = memcpy_intrinsic()
 
 
 SMALL = 192   # images with fewer pixels are split by channel blocks instead of by pixels
@@ -28,30 +32,49 @@ def _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, n, kp):
     return rows
 
 
-ITEMS = 8     # work items wanted: an image of fewer chunks is split by channel blocks too
+ITEMS = 4     # work items wanted per thread: an image of fewer chunks is split by channel blocks
+ROWS = 8      # chunks start at multiples of ROWS pixels (whole row groups of the micro-kernels)
 
 
 @njit(cache=True)
-def work_split(images, p_n, oblocks):
-    """(chunks of CHUNK pixels per image, groups of channel blocks, blocks per group) for a
-    batch of ``images`` images of ``p_n`` output pixels: every chunk split into as many groups
-    (a power of two, at most the blocks) as make ITEMS work items, so that a 14 x 14 image's 3
-    chunks do not leave one worker the work of two. Work item i is image i // (chunks *
-    groups), its chunk (i % (chunks * groups)) // groups and its group i % groups."""
+def work_split(images, p_n, oblocks, threads):
+    """(chunks per image, groups of channel blocks, blocks per group) for a batch of
+    ``images`` images of ``p_n`` output pixels on ``threads`` threads (the caller's
+    ``numba.get_num_threads()``: called in a kernel, it would stop Numba caching it). Work
+    item i is image i // (chunks * groups), chunk (i % (chunks * groups)) // groups (its
+    pixels: ``chunk_bounds``) and group i % groups. Every chunk is split into as many groups
+    (about a power of two, at most the blocks, none empty) as make ITEMS items per thread,
+    and the chunks are as many as make the item count a multiple of the threads, all of
+    about one size: Numba's parallel loops give each thread an equal run of consecutive
+    items, so items of unequal work (a 14 x 14 image cut in 96, 96 and 4 pixels) left one
+    thread three quarters of a convolution."""
     chunks = (p_n + CHUNK - 1) // CHUNK
     groups = 1
-    while images * chunks * groups < ITEMS and groups * 2 <= oblocks:
+    while images * chunks * groups < ITEMS * threads and groups * 2 <= oblocks:
         groups *= 2
-    return chunks, groups, (oblocks + groups - 1) // groups
+    per_group = (oblocks + groups - 1) // groups
+    groups = (oblocks + per_group - 1) // per_group     # none empty (5 blocks: 2, 2, 1)
+    while (images * chunks * groups) % threads != 0 and (chunks + 1) * ROWS <= p_n:
+        chunks += 1
+    return chunks, groups, per_group
 
 
 @njit(cache=True)
-def _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, item, kp):
-    """Work item ``item``'s pixels (CHUNK of them from item * CHUNK): (first pixel, their
-    rows, ``_rows``)."""
-    p0 = item * CHUNK
-    return p0, _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0,
-                     min(p_n, p0 + CHUNK) - p0, kp)
+def chunk_bounds(p_n, chunks, chunk):
+    """The pixels [p0, p1) of chunk ``chunk`` of ``chunks`` (``work_split``): equal shares of
+    the ``p_n`` pixels, each starting at a multiple of ROWS (none empty while chunks * ROWS
+    <= p_n)."""
+    p0 = 0 if chunk == 0 else (chunk * p_n // chunks) // ROWS * ROWS
+    p1 = p_n if chunk == chunks - 1 else ((chunk + 1) * p_n // chunks) // ROWS * ROWS
+    return p0, p1
+
+
+@njit(cache=True)
+def _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, chunk, chunks, kp):
+    """Chunk ``chunk`` of ``chunks`` of an image's pixels (``chunk_bounds``): (its first
+    pixel, its rows, ``_rows``)."""
+    p0, p1 = chunk_bounds(p_n, chunks, chunk)
+    return p0, _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1 - p0, kp)
 
 
 @njit(cache=True)
@@ -71,10 +94,8 @@ def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
             ix0 = xo * sw - pl
             if dw == 1 and iy >= 0 and iy < h and ix0 >= 0 and ix0 + kw <= w:
                 # the kernel row lies inside the image: one contiguous copy of kw pixels
-                src = flat[iy, ix0 * c_in:ix0 * c_in + span]
-                dst = rows[r, i * span:(i + 1) * span]
-                for t in range(span):
-                    dst[t] = src[t]
+                _copy(rows[r, i * span:].ctypes.data, flat[iy, ix0 * c_in:].ctypes.data,
+                      span * rows.itemsize)
                 continue
             for j in range(kw):
                 ix = xo * sw - pl + j * dw

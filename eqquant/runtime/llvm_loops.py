@@ -83,6 +83,26 @@ def gemm_intrinsic(define, element: str):
     return intrinsic(block)
 
 
+def memcpy_intrinsic():
+    """A Numba intrinsic ``copy(dst, src, nbytes)`` (addresses as integers): LLVM's memcpy.
+    A loop of Numba's copying a few dozen bytes (a 7 x 7 stem's kernel row of 3 channels) is
+    vectorised for 64 bytes a step and runs in its scalar remainder; memcpy copies short runs
+    in a few overlapping vector moves."""
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    def copy(typingctx, dst, src, nbytes):
+        def codegen(context, builder, signature, args):
+            from llvmlite import ir
+            ptr = ir.IntType(8).as_pointer()
+            d, s, n = args
+            cgutils.raw_memcpy(builder, builder.inttoptr(d, ptr), builder.inttoptr(s, ptr), n, 1)
+            return context.get_dummy_value()
+        return types.void(types.intp, types.intp, types.intp), codegen
+    return intrinsic(copy)
+
+
 def blocks_of_rows(fn, builder, p0, p1, blocks, rows: int, micro) -> None:
     """For each output block ob < ``blocks``: ``micro(builder, p, ob, rows)`` for pixels
     p0..p1 ``rows`` at a time, then ``micro(builder, p, ob, 1)`` for the rest."""

@@ -24,7 +24,7 @@ from numba import njit, prange
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, windows, work_split  # noqa: F401
-from .kernels_int8 import requantize_row, shift_params
+from .kernels_int8 import epilogue_params, requantize_rows
 
 BLOCK = 64  # output channels per register block (4 x 16 lanes)
 PADS = True   # any number of output channels: the last block is padded with zeros
@@ -115,36 +115,27 @@ def gemm_parallel(a_u8, packed, out):
 
 
 @njit(cache=True)
-def _requantize_params(bias, correction, shifts):
-    """(bias minus the zero-point correction, then the per-channel fixed-point shifts)."""
-    left, total, half = shift_params(shifts)
-    return bias.astype(np.int64) - correction, left, total, half
+def _requantize_params(bias, correction, clamp_lo, clamp_hi, multipliers, shifts, zin, zout):
+    """The epilogue's per-channel constants (``epilogue_params``), the bias minus the
+    zero-point correction."""
+    return epilogue_params(bias.astype(np.int64) - correction, clamp_lo, clamp_hi, multipliers,
+                           shifts, zin, zout)
 
 
 @njit(cache=True)
-def _finish(acc, cols, add, clamp_lo, clamp_hi, multipliers, left, total, half, zin, zout, lo,
-            hi, o0, p0, channels_last, out):
+def _finish(acc, cols, params, lo, hi, o0, p0, channels_last, out):
     """acc (n, >= cols) int32 for channels o0..o0+cols and pixels p0.. -> 8-bit out, (O, P)
-    or, when ``channels_last``, (P, O): minus the zero-point correction, plus the bias (both
-    in ``add``), clamped per channel (relu, clip or nothing), requantized with UPWARD fixed
-    point as ``kernels_int8.requantize`` does. Each row is computed along the channels
-    (contiguous: ``requantize_row``); channels-last rows go straight out, NCHW ones are
-    written out transposed. The per-channel parameters are sliced to o0..o0+cols first, so
-    that ``requantize_row`` indexes from 0 (an offset index may be negative as far as Numba
-    knows, and kept its loop scalar: twice the time of a whole convolution)."""
+    or, when ``channels_last``, (P, O): minus the zero-point correction, plus the bias,
+    clamped per channel (relu, clip or nothing), requantized with UPWARD fixed point as
+    ``kernels_int8.requantize`` does (``requantize_rows``, ``params`` from
+    ``_requantize_params``). Channel-last rows go straight out, NCHW ones are written out
+    transposed."""
     n = acc.shape[0]
-    e = o0 + cols
-    add, clamp_lo, clamp_hi = add[o0:e], clamp_lo[o0:e], clamp_hi[o0:e]
-    multipliers, left, total, half = multipliers[o0:e], left[o0:e], total[o0:e], half[o0:e]
     if channels_last:
-        for r in range(n):
-            requantize_row(acc[r], add, clamp_lo, clamp_hi, zin, left, multipliers, half, total,
-                           zout, lo, hi, out[p0 + r, o0:e], 0, cols, 0)
+        requantize_rows(acc, params, o0, cols, lo, hi, out, p0, o0)
         return
     buf = np.empty((n, cols), np.int64)
-    for r in range(n):
-        requantize_row(acc[r], add, clamp_lo, clamp_hi, zin, left, multipliers, half, total,
-                       zout, lo, hi, buf[r], 0, cols, 0)
+    requantize_rows(acc, params, o0, cols, lo, hi, buf, 0, 0)
     for oc in range(cols):
         for r in range(n):
             out[o0 + oc, p0 + r] = buf[r, oc]
@@ -153,7 +144,7 @@ def _finish(acc, cols, add, clamp_lo, clamp_hi, multipliers, left, total, half, 
 @njit(parallel=True, cache=True)
 def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, correction,
                     bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi,
-                    channels_last, out):
+                    channels_last, out, threads):
     """A whole fused int8 convolution of a batch in one parallel region: nhwc (N, H, W, C)
     uint8 -> out (N, O, oh*ow) 8-bit, or (N, oh*ow, O) when ``channels_last``. Each work item
     gathers a chunk of one image's pixels' windows into rows (``_rows``: a pointwise
@@ -165,9 +156,10 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
     o_n = out.shape[2] if channels_last else out.shape[1]
     oblocks, kq = packed.shape[0], packed.shape[1]
     kp = kq * 4
-    add, left, total, half = _requantize_params(bias, correction, shifts)
+    params = _requantize_params(bias, correction, clamp_lo, clamp_hi, multipliers, shifts,
+                                zin, zout)
     if images > 1 or p_n >= SMALL or oblocks == 1:
-        chunks, groups, per_group = work_split(images, p_n, oblocks)
+        chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         for item in prange(images * chunks * groups):
             b, rest = item // (chunks * groups), item % (chunks * groups)
             ob0 = (rest % groups) * per_group
@@ -175,20 +167,19 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
             if ob0 >= ob1:
                 continue
             p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
-                                      rest // groups, kp)
+                                      rest // groups, chunks, kp)
             n = rows.shape[0]
             cols = (ob1 - ob0) * BLOCK
             acc = np.empty((n, cols), np.int32)
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob0 * kq * 256,
                        acc.ctypes.data, cols, 0, n, kq, ob1 - ob0)
-            _finish(acc, min(cols, o_n - ob0 * BLOCK), add, clamp_lo, clamp_hi, multipliers,
-                    left, total, half, zin, zout, lo, hi, ob0 * BLOCK, p0, channels_last,
-                    out[b])
+            _finish(acc, min(cols, o_n - ob0 * BLOCK), params, lo, hi, ob0 * BLOCK, p0,
+                    channels_last, out[b])
     else:
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         for ob in prange(oblocks):
             acc = np.empty((p_n, 64), np.int32)
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob * kq * 256,
                        acc.ctypes.data, 64, 0, p_n, kq, 1)
-            _finish(acc, min(64, o_n - ob * 64), add, clamp_lo, clamp_hi, multipliers, left,
-                    total, half, zin, zout, lo, hi, ob * 64, 0, channels_last, out[0])
+            _finish(acc, min(64, o_n - ob * 64), params, lo, hi, ob * 64, 0, channels_last,
+                    out[0])

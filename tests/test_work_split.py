@@ -1,0 +1,70 @@
+"""How a convolution's work is shared out (runtime/gather.py): every pixel of every image in
+exactly one chunk, chunks of about one size on whole micro-kernel row groups, and as many
+work items as give each thread of Numba's static schedule an equal run."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eqquant.runtime.gather import ROWS, chunk_bounds, work_split
+
+
+@settings(max_examples=300, deadline=None)
+@given(images=st.integers(1, 4), p_n=st.integers(1, 13000), oblocks=st.integers(1, 40),
+       threads=st.integers(1, 8))
+def test_chunks_cover_every_pixel_once_in_equal_shares(images, p_n, oblocks, threads):
+    chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
+    assert groups * per_group >= oblocks and (groups - 1) * per_group < oblocks  # none empty
+    bounds = [chunk_bounds(p_n, chunks, c) for c in range(chunks)]
+    assert bounds[0][0] == 0 and bounds[-1][1] == p_n
+    for (a0, a1), (b0, _) in zip(bounds, bounds[1:]):
+        assert a1 == b0                       # contiguous, no pixel twice or never
+    sizes = [p1 - p0 for p0, p1 in bounds]
+    assert min(sizes) > 0
+    assert all(p0 % ROWS == 0 for p0, _ in bounds)
+    assert max(sizes) - min(sizes) <= 2 * ROWS, sizes
+    items = images * chunks * groups
+    # a multiple of the threads, unless the pixels cannot be cut finer
+    assert items % threads == 0 or (chunks + 1) * ROWS > p_n
+
+
+def test_a_14x14_image_is_no_longer_three_quarters_one_threads():
+    """The case that was measured: 196 pixels, 8 blocks, 2 threads. Under a static schedule
+    (each thread an equal run of consecutive items), the threads' pixel-block work differs
+    by less than a tenth."""
+    chunks, groups, per_group = work_split(1, 196, 8, 2)
+    work = []
+    for item in range(chunks * groups):
+        p0, p1 = chunk_bounds(196, chunks, item // groups)
+        g = item % groups
+        work.append((p1 - p0) * (min(8, (g + 1) * per_group) - g * per_group))
+    half = len(work) // 2
+    assert len(work) % 2 == 0
+    assert abs(sum(work[:half]) - sum(work[half:])) < 0.1 * sum(work) / 2, work
+
+
+def test_a_float_convolution_gives_the_same_bits_on_any_number_of_threads():
+    """The split changes with the threads; each output's sum, in the GEMM's order, does not
+    (integer sums are exact in any order, and the int8 paths are checked against the
+    reference elsewhere)."""
+    from eqquant.ir.builder import Builder
+    from eqquant.ir.params import bind_params
+    from eqquant.runtime.executor import Executor
+    rng = np.random.default_rng(3)
+    b = Builder()
+    x = b.input("x", (2, 40, 14, 14))
+    y = b.call("fused.conv2d", x, b.param("w", rng.normal(size=(72, 40, 3, 3)).astype("f4")),
+               b.param("b", rng.normal(size=(72, 1, 1)).astype("f4")), padding=[1, 1])
+    ex = Executor(bind_params(*b.finish(y)))
+    xs = {"x": rng.normal(size=(2, 40, 14, 14)).astype(np.float32)}
+    before = numba.get_num_threads()
+    runs = []
+    try:
+        for threads in sorted({1, before}):
+            numba.set_num_threads(threads)
+            runs.append(ex.run(xs).tobytes())
+    finally:
+        numba.set_num_threads(before)
+    assert len(set(runs)) == 1
