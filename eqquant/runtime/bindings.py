@@ -20,6 +20,7 @@ from ..ops.fused import epilogue_bounds
 from ..ops.numerics import from_nchw, to_nchw, to_oihw
 from ..ops.registry import IDENTITY
 from . import kernels_fp32 as k
+from . import memory
 
 
 def _is_f32(*types: Type) -> bool:
@@ -151,7 +152,7 @@ class Conv2D(_Spatial):
             self.bias_vec = np.zeros(o, np.float32)
         self.taps = None    # a channel-last depthwise convolution's (kh, kw, C) weights
         if self.nhwc and self.depthwise and self.bias_vec is not None:
-            self.taps = np.ascontiguousarray(self.w.transpose(1, 2, 0))
+            self.taps = memory.aligned(np.ascontiguousarray(self.w.transpose(1, 2, 0)))
         # an FMA GEMM with the window gather and the epilogue in one parallel region, where
         # the CPU has AVX2 and FMA (EQQUANT_FP32_KERNEL=blas keeps im2col + BLAS)
         self.fma = None

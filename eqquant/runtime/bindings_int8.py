@@ -13,6 +13,7 @@ from ..core.types import TensorType
 from ..ops.fused import epilogue_bounds
 from ..ops.fixed_point import quantize_multiplier
 from ..ops.numerics import qrange
+from . import memory
 from .bindings import Binding, _per_channel, _per_channel_last
 
 
@@ -111,9 +112,9 @@ class QConv2D(Binding):
         self.depthwise = cg == 1 and self.groups == channels and self.groups > 1
         if self.depthwise:
             self.mult = o // self.groups
-            self.wdw = np.ascontiguousarray(   # (kh, kw, O): taps along the channels
-                (w.reshape(o, kh, kw).astype(np.int32) - self.zw.reshape(o, 1, 1))
-                .transpose(1, 2, 0))
+            self.wdw = memory.aligned(np.ascontiguousarray(   # (kh, kw, O): taps along
+                (w.reshape(o, kh, kw).astype(np.int32) - self.zw.reshape(o, 1, 1))   # channels
+                .transpose(1, 2, 0)))
         # a SIMD GEMM: uint8 activations (int8 shifted by 128) times int8 weights
         self.simd, self.gemm_path = choose_gemm(o, self.groups == 1 and not self.zw.any())
         if self.simd is not None:

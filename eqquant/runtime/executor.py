@@ -26,6 +26,7 @@ from ..ir.interp import check_input
 from ..ir.typecheck import infer_types
 from ..core.types import TensorType
 from ..passes.inline import inline_calls
+from . import memory
 
 
 def _binding_class(path: str):
@@ -117,7 +118,7 @@ class Executor:
             t = self.types[st.output]
             if st.kind == "kernel" and isinstance(t, TensorType):
                 key = (t.shape, t.dtype)
-                buf = pool[key].pop() if pool.get(key) else np.empty(t.shape, t.dtype)
+                buf = pool[key].pop() if pool.get(key) else memory.empty(t.shape, t.dtype)
                 self.buffers[i] = buf
                 storage[st.output] = next_storage
                 buffers[next_storage] = buf

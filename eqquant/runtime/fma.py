@@ -27,6 +27,7 @@ from numba import njit, prange
 from .kernels_fp32 import clamp
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 from .gather import _windows, chunk_bounds, windows, work_split
+from .memory import aligned
 
 # path -> (floats per vector, pixel rows per micro-kernel); a block is two vectors
 WIDTHS = {"fma": (8, 6), "avx512": (16, 8)}
@@ -75,7 +76,7 @@ def pack(w: np.ndarray, path: str = "fma") -> np.ndarray:
     op = -(-o // block) * block
     padded = np.zeros((op, k), np.float32)
     padded[:o] = w
-    return np.ascontiguousarray(padded.reshape(op // block, block, k).transpose(0, 2, 1))
+    return aligned(np.ascontiguousarray(padded.reshape(op // block, block, k).transpose(0, 2, 1)))
 
 
 @njit(cache=True)

@@ -13,6 +13,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .depthwise_simd import sweep_float
+
 
 @njit(inline="always")
 def clamp(v, lo, hi):
@@ -70,39 +72,60 @@ def bias_act(y, bias, lo, hi):
             y[o, p] = clamp(y[o, p] + b, lo32, hi32)
 
 
+@njit(cache=True)
+def kernel_rows(y, sh, pt, dh, kh, h):
+    """The kernel rows [i0, i1) whose input row, y * sh - pt + i * dh, lies in [0, h)."""
+    i0 = 0
+    while i0 < kh and y * sh - pt + i0 * dh < 0:
+        i0 += 1
+    i1 = kh
+    while i1 > i0 and y * sh - pt + (i1 - 1) * dh >= h:
+        i1 -= 1
+    return i0, i1
+
+
+@njit(cache=True)
+def interior(ow, sw, pl, dw, kw, wd):
+    """The output columns [first, last) all of whose kw taps lie inside a row of wd pixels
+    (first >= last when there are none)."""
+    first = inside(ow, sw, -pl, wd)[0]
+    last = inside(ow, sw, (kw - 1) * dw - pl, wd)[1]
+    return first, max(first, last)
+
+
 @njit(parallel=True, cache=True)
 def depthwise_channels_last(x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out):
-    """x: (H, W, C), w: (kh, kw, C), out: (oh, ow, C); one filter per channel. One output row
-    per work item: the row's sums start at the bias, each tap is swept along the pixels whose
-    input lies inside the image (``inside``: no test in the loop), every inner loop runs
-    along the contiguous channels; then the clamp to [lo, hi]."""
+    """x: (H, W, C), w: (kh, kw, C), out: (oh, ow, C); one filter per channel; all three
+    C-contiguous. One output row per work item: the pixels all of whose taps lie inside the
+    row go to the SIMD sweep (``depthwise_simd``: 16 channels at a time, the sums in
+    registers across the taps, then the clamp to [lo, hi]); the few at the borders are
+    summed here over their inside taps, in the same order (kernel row, then column)."""
     h, wd, c_n = x.shape
     kh, kw, _ = w.shape
     oh, ow, _ = out.shape
     lo32 = np.float32(lo)
     hi32 = np.float32(hi)
+    first, last = interior(ow, sw, pl, dw, kw, wd)
     for y in prange(oh):
-        acc = np.empty((ow, c_n), np.float32)
+        i0, i1 = kernel_rows(y, sh, pt, dh, kh, h)
+        if i1 > i0 and last > first:
+            sweep_float(x[y * sh - pt + i0 * dh].ctypes.data, w[i0].ctypes.data,
+                        bias.ctypes.data, out[y].ctypes.data, first, last, c_n, i1 - i0,
+                        dh * wd * c_n, kw, sw, dw, -pl, 0, lo32, hi32)
         for xo in range(ow):
-            acc[xo, :] = bias
-        for i in range(kh):
-            iy = y * sh - pt + i * dh
-            if iy < 0 or iy >= h:
+            if first <= xo < last and i1 > i0:
                 continue
-            src = x[iy]
-            for j in range(kw):
-                off = j * dw - pl
-                first, last = inside(ow, sw, off, wd)
-                tap = w[i, j]
-                for xo in range(first, last):
-                    pixel = src[xo * sw + off]
-                    a = acc[xo]
-                    for c in range(c_n):
-                        a[c] += pixel[c] * tap[c]
-        row = out[y]
-        for xo in range(ow):
-            a = acc[xo]
-            dst = row[xo]
+            a = bias.copy()
+            for i in range(i0, i1):
+                src = x[y * sh - pt + i * dh]
+                for j in range(kw):
+                    ix = xo * sw - pl + j * dw
+                    if ix >= 0 and ix < wd:
+                        pixel = src[ix]
+                        tap = w[i, j]
+                        for c in range(c_n):
+                            a[c] += pixel[c] * tap[c]
+            dst = out[y, xo]
             for c in range(c_n):
                 dst[c] = clamp(a[c], lo32, hi32)
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .kernels_fp32 import inside
+from .depthwise_simd import sweep_i8, sweep_u8
+from .kernels_fp32 import inside, interior, kernel_rows
 
 
 @njit(parallel=True, cache=True)
@@ -335,39 +336,62 @@ def requantize_rows(acc, params, o0, cols, lo, hi, dst, r0, d0):
                              lo), hi)
 
 
+@njit(cache=True)
+def _taps_along(acc, row, tap, ox0, ox1, sw, offset, zx, mult):
+    """acc[ox] += tap * (row[ox * sw + offset] - zx) for ox0 <= ox < ox1, along the channels
+    (output channel o reads input channel o // mult)."""
+    o_n = acc.shape[1]
+    for ox in range(ox0, ox1):
+        src = row[ox * sw + offset]
+        a = acc[ox]
+        if mult == 1:
+            for c in range(o_n):
+                a[c] += tap[c] * (np.int32(src[c]) - zx)
+        else:
+            for c in range(o_n):
+                a[c] += tap[c] * (np.int32(src[c // mult]) - zx)
+
+
 @njit(parallel=True, cache=True)
 def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bias, clamp_lo,
                             clamp_hi, multipliers, shifts, zin, zout, lo, hi, out):
     """fused.qconv2d with groups = input channels on channel-last data: x (H, W, C) 8-bit,
-    wt (kh, kw, O) int32 (weight minus its zero point), out (oh*ow, O). One output row per
-    work item: each tap is swept along the row's pixels whose input lies inside the image
-    (``inside``: no bounds test in the loop; taps outside hold zx, x - zx = 0), summing along
-    the contiguous channels (output channel o reads input channel o // mult); then each
-    row's bias, clamp and requantization (``requantize_rows``)."""
+    wt (kh, kw, O) int32 (weight minus its zero point), out (oh*ow, O), all C-contiguous.
+    One output row per work item: with one output channel per input channel, the pixels all
+    of whose taps lie inside the row are summed by the SIMD sweep (``depthwise_simd``: 16
+    channels at a time, the sums in registers across the taps); the rest (the borders, or
+    every pixel with a channel multiplier) tap by tap along the channels (``_taps_along``:
+    taps outside the image hold zx, x - zx = 0, and are skipped); then the row's bias, clamp
+    and requantization (``requantize_rows``). Integer sums: the same in any order."""
     h, w = x.shape[0], x.shape[1]
     kh, kw, o_n = wt.shape
     params = epilogue_params(bias.astype(np.int64), clamp_lo, clamp_hi, multipliers, shifts,
                              zin, zout)
+    signed = np.iinfo(x.dtype).min < 0
+    first, last = interior(ow, sw, pl, dw, kw, w)
     for oy in prange(oh):
         acc = np.zeros((ow, o_n), np.int32)
-        for i in range(kh):
-            iy = oy * sh - pt + i * dh
-            if iy < 0 or iy >= h:
-                continue
-            row = x[iy]
+        i0, i1 = kernel_rows(oy, sh, pt, dh, kh, h)
+        swept = mult == 1 and i1 > i0 and last > first
+        if swept:
+            args = (x[oy * sh - pt + i0 * dh].ctypes.data, wt[i0].ctypes.data,
+                    wt.ctypes.data, acc.ctypes.data, first, last, o_n, i1 - i0, dh * w * o_n,
+                    kw, sw, dw, -pl, zx, np.float32(0.0), np.float32(0.0))
+            if signed:
+                sweep_i8(*args)
+            else:
+                sweep_u8(*args)
+        for i in range(i0, i1):
+            row = x[oy * sh - pt + i * dh]
             for j in range(kw):
                 offset = j * dw - pl
-                first, last = inside(ow, sw, offset, w)
+                f, l_ = inside(ow, sw, offset, w)
                 tap = wt[i, j]
-                for ox in range(first, last):
-                    src = row[ox * sw + offset]
-                    a = acc[ox]
-                    if mult == 1:
-                        for c in range(o_n):
-                            a[c] += tap[c] * (np.int32(src[c]) - zx)
-                    else:
-                        for c in range(o_n):
-                            a[c] += tap[c] * (np.int32(src[c // mult]) - zx)
+                if swept:       # the border pixels only
+                    _taps_along(acc, row, tap, f, min(l_, first), sw, offset, zx, mult)
+                    _taps_along(acc, row, tap, max(f, last), l_, sw, offset, zx, mult)
+                else:
+                    _taps_along(acc, row, tap, f, l_, sw, offset, zx, mult)
         requantize_rows(acc, params, 0, o_n, lo, hi, out, oy * ow, 0)
 
 

@@ -25,6 +25,7 @@ from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel
 
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, windows, work_split  # noqa: F401
 from .kernels_int8 import epilogue_params, requantize_rows
+from .memory import aligned
 
 BLOCK = 64  # output channels per register block (4 x 16 lanes)
 PADS = True   # any number of output channels: the last block is padded with zeros
@@ -74,7 +75,7 @@ def pack_panels(w: np.ndarray, block: int, group: int, dtype) -> tuple:
     padded[:o, :k] = w
     packed = np.ascontiguousarray(
         padded.reshape(op // block, block, kp // group, group).transpose(0, 2, 1, 3))
-    return packed, (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp
+    return aligned(packed), (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp
 
 
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
