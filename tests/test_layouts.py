@@ -38,10 +38,12 @@ def test_layout_transform_types_runs_and_prints_back():
 
 @pytest.mark.parametrize("shape, src, dst, dtype", [
     ((2, 3, 37, 41), "NCHW", "NHWC", "uint8"), ((1, 40, 33, 35), "NCHW", "NHWC", "float32"),
-    ((2, 33, 35, 70), "NHWC", "NCHW", "int8"), ((1, 5, 6, 7), "NCHW", "HWCN", "float32")])
+    ((2, 33, 35, 70), "NHWC", "NCHW", "int8"), ((1, 5, 6, 7), "NCHW", "HWCN", "float32"),
+    ((2, 3, 40, 30), "NCHW", "NHWC", "float32")])
 def test_the_layout_change_kernel_moves_every_value(shape, src, dst, dtype):
     """NCHW <-> NHWC run as tiled plane transposes (several 32 x 32 tiles, partial ones at
-    the edges); any other permutation as numpy's copy."""
+    the edges; three channels interleaved in runs of 1024 pixels, the last partial); any
+    other permutation as numpy's copy."""
     from eqquant.ops.tensor import layout_perm
     text = CHANGE.replace("(2, 3, 4, 5), uint8", f"{shape}, {dtype}").replace(
         'src_layout="NCHW", dst_layout="NHWC"', f'src_layout="{src}", dst_layout="{dst}"')

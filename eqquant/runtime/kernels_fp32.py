@@ -378,8 +378,24 @@ def copy_rows(src, dst):
 @njit(parallel=True, cache=True)
 def transpose_planes(src, dst):
     """dst[n, j, i] = src[n, i, j] for src (N, A, B), any dtype: NCHW <-> NHWC as (N, C, HW)
-    <-> (N, HW, C). Tiles of 32 x 32, the tiles of each plane's columns in parallel."""
+    <-> (N, HW, C). Tiles of 32 x 32, the tiles of each plane's columns in parallel; three
+    rows (an RGB image moved channel-last) are interleaved along runs of 1024 columns with
+    the stride a literal 3, which LLVM vectorises (the tiles' inner loop of 3 did not: 0.11
+    ms for a 224 x 224 image)."""
     planes, a, b = src.shape
+    if a == 3:
+        runs = (b + 1023) // 1024
+        for t in prange(planes * runs):
+            n = t // runs
+            j0 = (t % runs) * 1024
+            j1 = min(b, j0 + 1024)
+            r0, r1, r2 = src[n, 0, j0:j1], src[n, 1, j0:j1], src[n, 2, j0:j1]
+            d = dst[n].reshape(-1)[3 * j0:3 * j1]
+            for j in range(j1 - j0):
+                d[3 * j] = r0[j]
+                d[3 * j + 1] = r1[j]
+                d[3 * j + 2] = r2[j]
+        return
     tiles = (b + 31) // 32
     for t in prange(planes * tiles):
         n = t // tiles
