@@ -85,7 +85,10 @@ def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
     n, kp = rows.shape
     k = kh * kw * c_in
     span = kw * c_in
-    flat = hwc.reshape(h, w * c_in)      # one image row: its pixels' channels, contiguous
+    size = rows.itemsize
+    if not (hwc.flags.c_contiguous and rows.flags.c_contiguous):
+        raise ValueError("_windows reads and writes C-contiguous arrays")
+    src, dst = hwc.ctypes.data, rows.ctypes.data
     for r in range(n):
         y = (p0 + r) // ow
         xo = (p0 + r) - y * ow
@@ -94,8 +97,9 @@ def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
             ix0 = xo * sw - pl
             if dw == 1 and iy >= 0 and iy < h and ix0 >= 0 and ix0 + kw <= w:
                 # the kernel row lies inside the image: one contiguous copy of kw pixels
-                _copy(rows[r, i * span:].ctypes.data, flat[iy, ix0 * c_in:].ctypes.data,
-                      span * rows.itemsize)
+                # (addresses worked out here: two slices a copy cost as much as the copy)
+                _copy(dst + (r * kp + i * span) * size, src + (iy * w + ix0) * c_in * size,
+                      span * size)
                 continue
             for j in range(kw):
                 ix = xo * sw - pl + j * dw
