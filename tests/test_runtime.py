@@ -83,6 +83,46 @@ def test_conv2d_kernel(case):
                                                          else "nn.conv2d"]))
 
 
+@settings(max_examples=10, deadline=None)
+@given(c=st.integers(2, 20), o=st.integers(1, 100), k=st.sampled_from([1, 3]),
+       act=st.sampled_from(["none", "relu", "clip"]), seed=st.integers(0, 999))
+def test_float_sums_finished_in_registers_give_the_bits_finished_in_memory(c, o, k, act, seed):
+    """A channel-last convolution finishes its whole blocks of channels in the GEMM's
+    registers (bias, clamp, store); an NCHW one stores the sums and finishes them after
+    (``fma._finish``). Same sums, same bias, same clamp: the same bits, on each FMA path."""
+    from eqquant.runtime.bindings import fp32_path
+    if fp32_path() == "blas":
+        pytest.skip("this CPU has no AVX2/FMA: the float GEMM is BLAS's")
+    rng = np.random.default_rng(seed)
+    weight = rng.normal(size=(o, c, k, k)).astype("float32")
+    bias = rng.normal(size=o).astype("float32")
+    image = rng.normal(size=(2, c, 9, 9)).astype("float32")
+    _on_every_fp32_path(lambda: _same_bits_either_layout(weight, bias, image, act))
+
+
+def _same_bits_either_layout(weight, bias, image, act):
+    from eqquant.runtime.bindings import fp32_path
+    if fp32_path() == "blas":       # (no FMA GEMM on this path: nothing finishes in registers)
+        return
+    o, c, k, _ = weight.shape
+    outs = []
+    for nhwc in (False, True):
+        b = Builder()
+        x = b.input("x", (2, 9, 9, c) if nhwc else (2, c, 9, 9))
+        w = b.param("w", np.ascontiguousarray(weight.transpose(2, 3, 1, 0)) if nhwc else weight)
+        attrs = dict(padding=[k // 2] * 2)
+        if nhwc:
+            attrs.update(data_layout="NHWC", kernel_layout="HWIO")
+        y = b.call("fused.conv2d", x, w, b.param("b", bias if nhwc else bias.reshape(o, 1, 1)),
+                   activation=act, a_min=-0.5, a_max=0.7, **attrs)
+        ex = Executor(bind_params(*b.finish(y)))
+        assert ex.steps[-1].fn.fma is not None
+        got = ex.run({"x": np.ascontiguousarray(image.transpose(0, 2, 3, 1)) if nhwc
+                      else image})
+        outs.append(got.transpose(0, 3, 1, 2) if nhwc else got)
+    assert np.ascontiguousarray(outs[0]).tobytes() == np.ascontiguousarray(outs[1]).tobytes()
+
+
 @settings(max_examples=30, deadline=None)
 @given(c=st.integers(1, 40), k=st.sampled_from([1, 3, 5]), stride=st.integers(1, 2),
        pad=st.integers(0, 2), dil=st.integers(1, 2), hw=st.integers(3, 12),

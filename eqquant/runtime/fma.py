@@ -43,29 +43,52 @@ def block_of(path: str) -> int:
     return 2 * WIDTHS[path][0]
 
 
-def _define(path: str):
+def _define(path: str, epilogue: bool = False):
     lanes, rows = WIDTHS[path]
+    name = f"eqquant_{path}_sgemm" + ("_bias_clamp" if epilogue else "")
 
-    @gemm_definition(f"eqquant_{path}_sgemm", "float")
+    @gemm_definition(name, "float", ("ptr", "f32", "f32") if epilogue else ())
     def define_sgemm(mod, fn, args, b):
         """``void eqquant_<path>_sgemm(A, lda, B, C, ldc, p0, p1, k, oblocks)`` (A, B, C
-        float32; lda and ldc in elements)."""
+        float32; lda and ldc in elements); ``..._bias_clamp(..., bias, lo, hi)`` adds the
+        bias to each sum and clamps it to [lo, hi] before storing it, as ``_finish`` does
+        (the same bits), so that the sums never go through memory."""
         from llvmlite import ir
         vt = ir.VectorType(ir.FloatType(), lanes)
         fma = declare(mod, f"llvm.fma.v{lanes}f32", ir.FunctionType(vt, [vt, vt, vt]))
-        a_ptr = args[0]
+        a_ptr, c_ptr, ldc = args[0], args[3], args[4]
 
         def row_step(bc, start, k, accs, weights):
             av = splat(bc, bc.load(bc.gep(a_ptr, [bc.add(start, k)]), align=4), vt)
             return [bc.call(fma, [av, weights[j], accs[j]]) for j in range(2)]
 
+        def finish(bc, accs, p, ob):
+            """each sum plus its channel's bias, then max(., lo) and min(., hi) as
+            ``kernels_fp32.clamp``, stored in C's row p + r"""
+            bias, lo, hi = args[9], splat(bc, args[10], vt), splat(bc, args[11], vt)
+            i64 = ir.IntType(64)
+            for r, row in enumerate(accs):
+                for j, acc in enumerate(row):
+                    col = bc.add(bc.mul(ob, ir.Constant(i64, 2 * lanes)),
+                                 ir.Constant(i64, lanes * j))
+                    v = bc.fadd(acc, bc.load(bc.bitcast(bc.gep(bias, [col]), vt.as_pointer()),
+                                             align=4))
+                    v = bc.select(bc.fcmp_ordered(">", lo, v), lo, v)
+                    v = bc.select(bc.fcmp_ordered("<", hi, v), hi, v)
+                    at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
+                    bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), vt.as_pointer()), align=4)
+
         panel_gemm(fn, b, args, rows=rows, block=2 * lanes, panel=2 * lanes,
-                   weights=(lanes, 2, vt, 4), accumulators=(2, vt), row_step=row_step)
+                   weights=(lanes, 2, vt, 4), accumulators=(2, vt), row_step=row_step,
+                   finish=finish if epilogue else None)
     return define_sgemm
 
 
 sgemm256_block = gemm_intrinsic(_define("fma"), "float")
 sgemm512_block = gemm_intrinsic(_define("avx512"), "float")
+# the same GEMMs finishing the sums: (..., bias address, lo, hi)
+sgemm256_finish = gemm_intrinsic(_define("fma", True), "float", ("ptr", "f32", "f32"))
+sgemm512_finish = gemm_intrinsic(_define("avx512", True), "float", ("ptr", "f32", "f32"))
 
 
 def pack(w: np.ndarray, path: str = "fma") -> np.ndarray:
@@ -88,6 +111,19 @@ def _sgemm(a, lda, packed, ob0, ob1, c, ldc, n):
         sgemm512_block(a, lda, b, c, ldc, 0, n, k, ob1 - ob0)
     else:
         sgemm256_block(a, lda, b, c, ldc, 0, n, k, ob1 - ob0)
+
+
+@njit(cache=True)
+def _sgemm_finish(a, lda, packed, ob0, ob1, c, ldc, n, bias, lo, hi):
+    """c[:n, :] = clamp(a[:n] @ the packed blocks ob0..ob1 + bias[ob0 * block:], lo, hi),
+    finished in registers (c: the address of the first block's first column)."""
+    k, block = packed.shape[1], packed.shape[2]
+    b = packed.ctypes.data + ob0 * k * block * 4
+    bias_at = bias.ctypes.data + ob0 * block * 4
+    if block == 32:
+        sgemm512_finish(a, lda, b, c, ldc, 0, n, k, ob1 - ob0, bias_at, lo, hi)
+    else:
+        sgemm256_finish(a, lda, b, c, ldc, 0, n, k, ob1 - ob0, bias_at, lo, hi)
 
 
 @njit(cache=True)
@@ -162,6 +198,14 @@ def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, cha
         else:
             rows = np.empty((n, k), np.float32)
             _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p0, rows)
+        if channels_last:   # whole blocks finished in registers, straight into out
+            whole = min(ob1, o_n // block)
+            if whole > ob0:
+                _sgemm_finish(rows.ctypes.data, k, packed, ob0, whole,
+                              out[b, p0:].ctypes.data + ob0 * block * 4, o_n, n, bias, lo, hi)
+                ob0 = whole
+            if ob0 >= ob1:
+                continue
         width = (ob1 - ob0) * block
         acc = np.empty((n, width), np.float32)
         _sgemm(rows.ctypes.data, k, packed, ob0, ob1, acc.ctypes.data, width, n)

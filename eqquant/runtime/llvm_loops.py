@@ -60,25 +60,38 @@ def reduction_loop(fn, builder, count, rows: int, cols: int, vtype, body):
     return accs
 
 
-def gemm_intrinsic(define, element: str):
+def gemm_intrinsic(define, element: str, extra: tuple = ()):
     """A Numba intrinsic that calls the GEMM function ``define(module)`` builds, with the
     arguments every hand-written GEMM here takes: (A, lda, B, C, ldc, p0, p1, k, blocks),
-    A, B and C as integer addresses, passed on as pointers to ``element`` ("i8" or "float")."""
+    A, B and C as integer addresses, passed on as pointers to ``element`` ("i8" or "float"),
+    then ``extra`` ones (``gemm_definition``'s: "ptr" an address passed on as a pointer to
+    ``element``, "f32" a float32)."""
     from numba import types
     from numba.extending import intrinsic
 
-    def block(typingctx, a, lda, b, c, ldc, p0, p1, k, blocks):
-        sig = types.void(*([types.intp] * 9))
+    sig = types.void(*([types.intp] * 9),
+                     *[types.intp if e == "ptr" else types.float32 for e in extra])
 
-        def codegen(context, builder, signature, args):
-            from llvmlite import ir
-            fn = define(builder.module)
-            ptr = (ir.FloatType() if element == "float" else ir.IntType(8)).as_pointer()
-            a_, lda_, b_, c_, *rest = args
-            builder.call(fn, [builder.inttoptr(a_, ptr), lda_, builder.inttoptr(b_, ptr),
-                              builder.inttoptr(c_, ptr), *rest])
-            return context.get_dummy_value()
-        return sig, codegen
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        fn = define(builder.module)
+        ptr = (ir.FloatType() if element == "float" else ir.IntType(8)).as_pointer()
+        a_, lda_, b_, c_, *rest = args[:9]
+        tail = [builder.inttoptr(v, ptr) if e == "ptr" else v
+                for v, e in zip(args[9:], extra)]
+        builder.call(fn, [builder.inttoptr(a_, ptr), lda_, builder.inttoptr(b_, ptr),
+                          builder.inttoptr(c_, ptr), *rest, *tail])
+        return context.get_dummy_value()
+
+    # (Numba's intrinsics take no *args: one typing function per count of arguments)
+    if not extra:
+        def block(typingctx, a, lda, b, c, ldc, p0, p1, k, blocks):
+            return sig, codegen
+    elif len(extra) == 3:
+        def block(typingctx, a, lda, b, c, ldc, p0, p1, k, blocks, e0, e1, e2):
+            return sig, codegen
+    else:
+        raise ValueError(f"a GEMM with {len(extra)} extra arguments")
     block.__name__ = f"{define.__name__}_block"
     return intrinsic(block)
 
@@ -116,7 +129,7 @@ def blocks_of_rows(fn, builder, p0, p1, blocks, rows: int, micro) -> None:
 
 
 def panel_gemm(fn, builder, args, *, rows: int, block: int, panel: int, weights: tuple,
-               accumulators: tuple, row_step, out_lane=None) -> None:
+               accumulators: tuple, row_step, out_lane=None, finish=None) -> None:
     """The loop nest of every GEMM here, given its arguments ``args`` (A, lda, B, C, ldc, p0,
     p1, k, blocks): for each block ob of ``block`` output channels, pixels p0..p1 ``rows`` at
     a time (then one at a time), over k: load the k-th step of the block's weight panel
@@ -124,9 +137,10 @@ def panel_gemm(fn, builder, args, *, rows: int, block: int, panel: int, weights:
     n, vector type, alignment), then for each pixel row r ``row_step(builder, start, k,
     accs[r], vectors)`` gives the row's new accumulators (``start`` = (p + r) * lda; a grid
     of ``accumulators`` = (n, vector type) per row, zero at first). The grid is stored in C
-    (bitcast to ``out_lane`` first, where given)."""
+    (bitcast to ``out_lane`` first, where given), or handed to ``finish(builder, accs, p,
+    ob)``, which stores it its own way (a fused epilogue)."""
     from llvmlite import ir
-    a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, count, blocks = args
+    a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, count, blocks = args[:9]
     c64 = lambda v: ir.Constant(ir.IntType(64), v)  # noqa: E731
     stride, n, vtype, align = weights
 
@@ -137,6 +151,9 @@ def panel_gemm(fn, builder, args, *, rows: int, block: int, panel: int, weights:
             return [row_step(bc, bc.mul(bc.add(p, c64(r)), lda), k, accs[r], vectors)
                     for r in range(nrows)]
         accs = reduction_loop(fn, bc, count, nrows, *accumulators, step)
+        if finish is not None:
+            finish(bc, accs, p, ob)
+            return
         out = c_ptr if out_lane is None else bc.bitcast(c_ptr, out_lane.as_pointer())
         store_rows(bc, accs, out, p, ldc, ob, block)
 
@@ -177,11 +194,12 @@ def declare(mod, name: str, fntype):
     return mod.globals.get(name) or ir.Function(mod, fntype, name=name)
 
 
-def gemm_definition(name: str, element: str):
+def gemm_definition(name: str, element: str, extra: tuple = ()):
     """Decorates ``body(mod, fn, args, builder)``, the code of a GEMM function ``void
-    name(A, lda, B, C, ldc, p0, p1, k, blocks)`` (A, B, C pointers to ``element``, "i8" or
-    "float"; the rest i64), into ``define(mod)``: the function, defined once per LLVM module
-    (each Numba module that calls it carries a copy)."""
+    name(A, lda, B, C, ldc, p0, p1, k, blocks, *extra)`` (A, B, C pointers to ``element``,
+    "i8" or "float"; the rest i64; ``extra``: "ptr" one more pointer to ``element``, "f32" a
+    float), into ``define(mod)``: the function, defined once per LLVM module (each Numba
+    module that calls it carries a copy)."""
     def deco(body):
         def define(mod):
             from llvmlite import ir
@@ -189,8 +207,9 @@ def gemm_definition(name: str, element: str):
                 return mod.globals[name]
             i64 = ir.IntType(64)
             ptr = (ir.FloatType() if element == "float" else ir.IntType(8)).as_pointer()
+            more = [ptr if e == "ptr" else ir.FloatType() for e in extra]
             fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [ptr, i64, ptr, ptr]
-                                                  + [i64] * 5), name=name)
+                                                  + [i64] * 5 + more), name=name)
             fn.linkage = "linkonce_odr"
             builder = ir.IRBuilder(fn.append_basic_block("entry"))
             body(mod, fn, fn.args, builder)
