@@ -65,12 +65,12 @@ def gemm_intrinsic(define, element: str, extra: tuple = ()):
     arguments every hand-written GEMM here takes: (A, lda, B, C, ldc, p0, p1, k, blocks),
     A, B and C as integer addresses, passed on as pointers to ``element`` ("i8" or "float"),
     then ``extra`` ones (``gemm_definition``'s: "ptr" an address passed on as a pointer to
-    ``element``, "f32" a float32)."""
+    ``element``, "f32" a float32, "i64" an integer)."""
     from numba import types
     from numba.extending import intrinsic
 
     sig = types.void(*([types.intp] * 9),
-                     *[types.intp if e == "ptr" else types.float32 for e in extra])
+                     *[types.float32 if e == "f32" else types.intp for e in extra])
 
     def codegen(context, builder, signature, args):
         from llvmlite import ir
@@ -89,6 +89,9 @@ def gemm_intrinsic(define, element: str, extra: tuple = ()):
             return sig, codegen
     elif len(extra) == 3:
         def block(typingctx, a, lda, b, c, ldc, p0, p1, k, blocks, e0, e1, e2):
+            return sig, codegen
+    elif len(extra) == 4:
+        def block(typingctx, a, lda, b, c, ldc, p0, p1, k, blocks, e0, e1, e2, e3):
             return sig, codegen
     else:
         raise ValueError(f"a GEMM with {len(extra)} extra arguments")
@@ -198,7 +201,7 @@ def gemm_definition(name: str, element: str, extra: tuple = ()):
     """Decorates ``body(mod, fn, args, builder)``, the code of a GEMM function ``void
     name(A, lda, B, C, ldc, p0, p1, k, blocks, *extra)`` (A, B, C pointers to ``element``,
     "i8" or "float"; the rest i64; ``extra``: "ptr" one more pointer to ``element``, "f32" a
-    float), into ``define(mod)``: the function, defined once per LLVM module (each Numba
+    float, "i64" an integer), into ``define(mod)``: the function, defined once per LLVM module (each Numba
     module that calls it carries a copy)."""
     def deco(body):
         def define(mod):
@@ -207,7 +210,8 @@ def gemm_definition(name: str, element: str, extra: tuple = ()):
                 return mod.globals[name]
             i64 = ir.IntType(64)
             ptr = (ir.FloatType() if element == "float" else ir.IntType(8)).as_pointer()
-            more = [ptr if e == "ptr" else ir.FloatType() for e in extra]
+            more = [ptr if e == "ptr" else ir.FloatType() if e == "f32" else i64
+                    for e in extra]
             fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [ptr, i64, ptr, ptr]
                                                   + [i64] * 5 + more), name=name)
             fn.linkage = "linkonce_odr"

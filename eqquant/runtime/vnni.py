@@ -38,28 +38,77 @@ def available() -> bool:
 ROWS = 6    # pixels per micro-kernel step: 6 x 4 accumulators + 4 weight vectors in zmm
 
 
-@gemm_definition("eqquant_vnni_gemm", "i8")
-def define_gemm(mod, fn, args, b):
-    """Define (once per LLVM module) ``void eqquant_vnni_gemm(A, lda, B, C, ldc, p0, p1, kq,
-    oblocks)``: for each block of 64 output
-    channels (its packed weights contiguous, kept in cache), the pixels p0..p1 go ROWS at a
-    time: each step loads 4 weight vectors (64 channels x 4 k) once and uses them for ROWS
-    broadcast pixels, ROWS x 4 ``vpdpbusd``; leftover pixels go one at a time."""
+def _define(epilogue: bool = False):
+    @gemm_definition("eqquant_vnni_gemm" + ("_requantize" if epilogue else ""), "i8",
+                     ("ptr", "i64", "i64", "i64") if epilogue else ())
+    def define_gemm(mod, fn, args, b):
+        """Define (once per LLVM module) ``void eqquant_vnni_gemm(A, lda, B, C, ldc, p0, p1,
+        kq, oblocks)``: for each block of 64 output channels (its packed weights contiguous,
+        kept in cache), the pixels p0..p1 go ROWS at a time: each step loads 4 weight vectors
+        (64 channels x 4 k) once and uses them for ROWS broadcast pixels, ROWS x 4
+        ``vpdpbusd``; leftover pixels go one at a time. ``..._requantize(..., params,
+        stride, lo, hi)`` finishes each sum in registers as ``kernels_int8.requantize_rows``
+        does, bit for bit (``params``: ``epilogue_params`` from the first block's channel,
+        rows ``stride`` int64 apart), and stores 8-bit values into C (rows ldc bytes
+        apart)."""
+        from llvmlite import ir
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        v16 = ir.VectorType(i32, 16)
+        dp = declare(mod, "llvm.x86.avx512.vpdpbusd.512",
+                     ir.FunctionType(v16, [v16, v16, v16]))
+        a_ptr = args[0]
+
+        def row_step(bc, start, k, accs, weights):
+            """the 4 bytes (a_k..a_k+3) of this pixel's row, broadcast, times 64 channels x
+            4 k"""
+            a_off = bc.add(start, bc.mul(k, ir.Constant(i64, 4)))
+            a32 = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=1)
+            av = splat(bc, a32, v16)
+            return [bc.call(dp, [accs[j], av, weights[j]]) for j in range(4)]
+
+        panel_gemm(fn, b, args, rows=ROWS, block=BLOCK, panel=BLOCK * 4,
+                   weights=(64, 4, v16, 1), accumulators=(4, v16), row_step=row_step,
+                   out_lane=i32, finish=_requantize_in_registers(args) if epilogue else None)
+    return define_gemm
+
+
+def _requantize_in_registers(args):
+    """``panel_gemm``'s finish for the requantizing GEMM: each int32 sum widened to int64,
+    then ``requantize_rows``'s steps with its constants (ADD, LO, ..., BACK) loaded per 16
+    channels, the result truncated to 8 bits and stored."""
     from llvmlite import ir
-    i32, i64 = ir.IntType(32), ir.IntType(64)
-    v16 = ir.VectorType(i32, 16)
-    dp = declare(mod, "llvm.x86.avx512.vpdpbusd.512", ir.FunctionType(v16, [v16, v16, v16]))
-    a_ptr = args[0]
+    from .kernels_int8 import ADD, BACK, HI, LEFT, LO, MULT, OFFSET, TOTAL
+    i8, i64 = ir.IntType(8), ir.IntType(64)
+    w64, w8 = ir.VectorType(i64, 16), ir.VectorType(i8, 16)
+    c_ptr, ldc = args[3], args[4]
+    params, stride, lo, hi = args[9:13]
+    sign = ir.Constant(w64, [-(1 << 63)] * 16)
 
-    def row_step(bc, start, k, accs, weights):
-        """the 4 bytes (a_k..a_k+3) of this pixel's row, broadcast, times 64 channels x 4 k"""
-        a_off = bc.add(start, bc.mul(k, ir.Constant(i64, 4)))
-        a32 = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=1)
-        av = splat(bc, a32, v16)
-        return [bc.call(dp, [accs[j], av, weights[j]]) for j in range(4)]
+    def finish(bc, accs, p, ob):
+        table = bc.bitcast(params, i64.as_pointer())
+        lo_v, hi_v = splat(bc, lo, w64), splat(bc, hi, w64)
 
-    panel_gemm(fn, b, args, rows=ROWS, block=BLOCK, panel=BLOCK * 4, weights=(64, 4, v16, 1),
-               accumulators=(4, v16), row_step=row_step, out_lane=i32)
+        def const(name, col):
+            at = bc.add(bc.mul(stride, ir.Constant(i64, name)), col)
+            return bc.load(bc.bitcast(bc.gep(table, [at]), w64.as_pointer()), align=8)
+
+        def clamp(v, low, high):
+            v = bc.select(bc.icmp_signed(">", low, v), low, v)
+            return bc.select(bc.icmp_signed("<", high, v), high, v)
+
+        for j in range(4):
+            col = bc.add(bc.mul(ob, ir.Constant(i64, BLOCK)), ir.Constant(i64, 16 * j))
+            add, c_lo, c_hi = const(ADD, col), const(LO, col), const(HI, col)
+            left, mult, off = const(LEFT, col), const(MULT, col), const(OFFSET, col)
+            total, back = const(TOTAL, col), const(BACK, col)
+            for r, row in enumerate(accs):
+                v = clamp(bc.add(bc.sext(row[j], w64), add), c_lo, c_hi)
+                v = bc.add(bc.mul(bc.shl(v, left), mult), off)
+                v = bc.sub(bc.lshr(bc.xor(v, sign), total), back)
+                v = bc.trunc(clamp(v, lo_v, hi_v), w8)
+                at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
+                bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), w8.as_pointer()), align=1)
+    return finish
 
 
 def pack_panels(w: np.ndarray, block: int, group: int, dtype) -> tuple:
@@ -85,7 +134,9 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
 
 # gemm_block(A address, lda, B address, C address, ldc, p0, p1, kq, oblocks): C rows
 # p0..p1 = A rows times the packed B (``oblocks`` panels of ``kq`` x 64 x 4 bytes).
-gemm_block = gemm_intrinsic(define_gemm, "i8")
+gemm_block = gemm_intrinsic(_define(), "i8")
+# gemm_requantize(..., params address, params stride, lo, hi): the same, requantized to 8 bits
+gemm_requantize = gemm_intrinsic(_define(True), "i8", ("ptr", "i64", "i64", "i64"))
 
 
 @njit(cache=True)
@@ -142,6 +193,16 @@ def _finish(acc, cols, params, lo, hi, o0, p0, channels_last, out):
             out[o0 + oc, p0 + r] = buf[r, oc]
 
 
+@njit(cache=True)
+def _gemm_requantize(rows, kp, packed, ob0, ob1, out, n, params, lo, hi):
+    """out[:n, ob0 * 64:ob1 * 64] = the rows times the packed blocks ob0..ob1, requantized
+    in registers (``gemm_requantize``; out (P, O) 8-bit, channel-last)."""
+    kq = packed.shape[1]
+    gemm_requantize(rows.ctypes.data, kp, packed.ctypes.data + ob0 * kq * 256,
+                    out.ctypes.data + ob0 * BLOCK, out.shape[1], 0, n, kq, ob1 - ob0,
+                    params.ctypes.data + ob0 * BLOCK * 8, params.shape[1], lo, hi)
+
+
 @njit(parallel=True, cache=True)
 def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, correction,
                     bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi,
@@ -170,6 +231,14 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
             p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
                                       rest // groups, chunks, kp)
             n = rows.shape[0]
+            if channels_last:   # whole blocks requantized in registers, straight into out
+                whole = min(ob1, o_n // BLOCK)
+                if whole > ob0:
+                    _gemm_requantize(rows, kp, packed, ob0, whole, out[b, p0:], n, params,
+                                     lo, hi)
+                    ob0 = whole
+                if ob0 >= ob1:
+                    continue
             cols = (ob1 - ob0) * BLOCK
             acc = np.empty((n, cols), np.int32)
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob0 * kq * 256,
@@ -179,6 +248,9 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
     else:
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         for ob in prange(oblocks):
+            if channels_last and (ob + 1) * BLOCK <= o_n:
+                _gemm_requantize(rows, kp, packed, ob, ob + 1, out[0], p_n, params, lo, hi)
+                continue
             acc = np.empty((p_n, 64), np.int32)
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob * kq * 256,
                        acc.ctypes.data, 64, 0, p_n, kq, 1)
