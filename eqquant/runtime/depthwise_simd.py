@@ -18,8 +18,9 @@ arithmetic needs. Two element types:
   ``kernels_fp32.clamp`` does (NaN stays NaN); a multiply then an add, never fused, in
   the taps' order (i, then j): the same bits as the Numba kernel's loop.
 - ``u8`` / ``i8``: x 8-bit, w int32 (weights minus their zero point), init 0, tap(x) =
-  x - zx, the sum an int32 row for the epilogue (``kernels_int8.requantize_rows``):
-  integer sums, exact in any order.
+  x - zx, integer sums (exact in any order) requantized in registers (``requantize_ir``,
+  the bits of ``kernels_int8.requantize_rows``; init: the constants' table) and stored as
+  8 bits.
 """
 from __future__ import annotations
 
@@ -30,13 +31,16 @@ UNROLLED = 3  # a 3 x 3 kernel with its three rows inside the image: the taps un
 
 def _define(kind: str):
     """``define(mod)``: the function ``eqquant_dw_<kind>(x, w, init, out, x0, x1, c_n,
-    rows, rstride, kw, sw, dw, off, zx, lo, hi)``: x the address of the first inside kernel
-    row's input row, rstride the elements from one inside kernel row's input row to the
-    next, w the address of that kernel row's taps (kh, kw, C), init the bias (float; unused
-    for integers), out the output row (ow, C), off the input column of pixel 0's first tap;
-    zx the input zero point (integers), lo and hi the clamp (floats); the rest int64."""
+    rows, rstride, kw, sw, dw, off, zx, lo, hi, stride, qlo, qhi)``: x the address of the
+    first inside kernel row's input row, rstride the elements from one inside kernel row's
+    input row to the next, w the address of that kernel row's taps (kh, kw, C), init the
+    bias (float) or the requantization's constants (integers: ``epilogue_params``, rows
+    ``stride`` apart), out the output row (ow, C), off the input column of pixel 0's first
+    tap; zx the input zero point (integers); lo and hi the float clamp, qlo and qhi the 8-bit
+    range; the rest int64."""
     def define(mod):
         from llvmlite import ir
+        from .requantize_ir import requantize_vector
         name = f"eqquant_dw_{kind}"
         if name in mod.globals:
             return mod.globals[name]
@@ -44,11 +48,11 @@ def _define(kind: str):
         elem = f32 if kind == "float" else ir.IntType(8)
         acc_t = f32 if kind == "float" else i32
         fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [
-            elem.as_pointer(), acc_t.as_pointer(), acc_t.as_pointer(), acc_t.as_pointer()]
-            + [i64] * 10 + [f32, f32]), name=name)
+            elem.as_pointer(), acc_t.as_pointer(), acc_t.as_pointer(), elem.as_pointer()]
+            + [i64] * 10 + [f32, f32] + [i64] * 3), name=name)
         fn.linkage = "linkonce_odr"
         (xp, wp, initp, outp, x0, x1, c_n, rows, rstride, kw, sw, dw, off, zx, lo,
-         hi) = fn.args
+         hi, stride, qlo, qhi) = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         c64 = lambda v: ir.Constant(i64, v)  # noqa: E731
 
@@ -130,8 +134,11 @@ def _define(kind: str):
                     lo_v, hi_v = splat(bd, lo, vt), splat(bd, hi, vt)
                     acc = bd.select(bd.fcmp_ordered(">", lo_v, acc), lo_v, acc)
                     acc = bd.select(bd.fcmp_ordered("<", hi_v, acc), hi_v, acc)
+                else:
+                    table = bd.bitcast(initp, ir.IntType(8).as_pointer())
+                    acc = requantize_vector(bd, acc, table, stride, c0, qlo, qhi)
                 at = bd.add(bd.mul(bd.add(x, c64(p)), c_n), c0)
-                bd.store(acc, bd.bitcast(bd.gep(outp, [at]), vt.as_pointer()), align=1)
+                bd.store(acc, bd.bitcast(bd.gep(outp, [at]), acc.type.as_pointer()), align=1)
 
         def channels(bd, x, n, taps):
             """every channel of pixels x..x+n: 16 at a time, then one at a time"""
@@ -158,14 +165,16 @@ def _define(kind: str):
 
 def _intrinsic(kind: str):
     """The Numba intrinsic ``sweep(x, w, init, out, x0, x1, c_n, rows, rstride, kw, sw, dw,
-    off, zx, lo, hi)`` calling ``eqquant_dw_<kind>`` (addresses as integers)."""
+    off, zx, lo, hi, stride, qlo, qhi)`` calling ``eqquant_dw_<kind>`` (addresses as
+    integers)."""
     from numba import types
     from numba.extending import intrinsic
     define = _define(kind)
 
     def sweep(typingctx, x, w, init, out, x0, x1, c_n, rows, rstride, kw, sw, dw, off, zx,
-              lo, hi):
-        sig = types.void(*([types.intp] * 14), types.float32, types.float32)
+              lo, hi, stride, qlo, qhi):
+        sig = types.void(*([types.intp] * 14), types.float32, types.float32,
+                         *([types.intp] * 3))
 
         def codegen(context, builder, signature, args):
             from llvmlite import ir

@@ -12,6 +12,8 @@ from numba import njit, prange
 
 from .depthwise_simd import sweep_i8, sweep_u8
 from .kernels_fp32 import inside, interior, kernel_rows
+# the rows of ``epilogue_params`` (requantize_ir.py emits the same steps in LLVM IR)
+from .requantize_ir import ADD, BACK, HI, LEFT, LO, MULT, OFFSET, TOTAL
 
 
 @njit(parallel=True, cache=True)
@@ -279,10 +281,6 @@ def depthwise_i8(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, out):
 _SIGN = np.uint64(1 << 63)
 
 
-# the rows of ``epilogue_params``: one per-channel constant of the requantization each
-ADD, LO, HI, LEFT, MULT, OFFSET, TOTAL, BACK = range(8)
-
-
 @njit(cache=True)
 def epilogue_params(add, clamp_lo, clamp_hi, multipliers, shifts, zin, zout):
     """The per-channel constants of ``requantize_acc`` for the vectorised epilogue
@@ -358,11 +356,12 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bia
     """fused.qconv2d with groups = input channels on channel-last data: x (H, W, C) 8-bit,
     wt (kh, kw, O) int32 (weight minus its zero point), out (oh*ow, O), all C-contiguous.
     One output row per work item: with one output channel per input channel, the pixels all
-    of whose taps lie inside the row are summed by the SIMD sweep (``depthwise_simd``: 16
-    channels at a time, the sums in registers across the taps); the rest (the borders, or
-    every pixel with a channel multiplier) tap by tap along the channels (``_taps_along``:
-    taps outside the image hold zx, x - zx = 0, and are skipped); then the row's bias, clamp
-    and requantization (``requantize_rows``). Integer sums: the same in any order."""
+    of whose taps lie inside the row are summed and requantized by the SIMD sweep
+    (``depthwise_simd``: 16 channels at a time, the sums in registers across the taps and
+    through the epilogue); the rest (the borders, or every pixel with a channel multiplier)
+    tap by tap along the channels (``_taps_along``: taps outside the image hold zx, x - zx =
+    0, and are skipped), then their bias, clamp and requantization (``requantize_rows``).
+    Integer sums: the same in any order."""
     h, w = x.shape[0], x.shape[1]
     kh, kw, o_n = wt.shape
     params = epilogue_params(bias.astype(np.int64), clamp_lo, clamp_hi, multipliers, shifts,
@@ -373,10 +372,11 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bia
         acc = np.zeros((ow, o_n), np.int32)
         i0, i1 = kernel_rows(oy, sh, pt, dh, kh, h)
         swept = mult == 1 and i1 > i0 and last > first
-        if swept:
+        if swept:       # the inside pixels summed and requantized straight into out
             args = (x[oy * sh - pt + i0 * dh].ctypes.data, wt[i0].ctypes.data,
-                    wt.ctypes.data, acc.ctypes.data, first, last, o_n, i1 - i0, dh * w * o_n,
-                    kw, sw, dw, -pl, zx, np.float32(0.0), np.float32(0.0))
+                    params.ctypes.data, out[oy * ow].ctypes.data, first, last, o_n, i1 - i0,
+                    dh * w * o_n, kw, sw, dw, -pl, zx, np.float32(0.0), np.float32(0.0),
+                    params.shape[1], lo, hi)
             if signed:
                 sweep_i8(*args)
             else:
@@ -392,7 +392,11 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bia
                     _taps_along(acc, row, tap, max(f, last), l_, sw, offset, zx, mult)
                 else:
                     _taps_along(acc, row, tap, f, l_, sw, offset, zx, mult)
-        requantize_rows(acc, params, 0, o_n, lo, hi, out, oy * ow, 0)
+        if swept:
+            requantize_rows(acc[:first], params, 0, o_n, lo, hi, out, oy * ow, 0)
+            requantize_rows(acc[last:], params, 0, o_n, lo, hi, out, oy * ow + last, 0)
+        else:
+            requantize_rows(acc, params, 0, o_n, lo, hi, out, oy * ow, 0)
 
 
 @njit(parallel=True, cache=True)

@@ -201,8 +201,8 @@ def gemm_definition(name: str, element: str, extra: tuple = ()):
     """Decorates ``body(mod, fn, args, builder)``, the code of a GEMM function ``void
     name(A, lda, B, C, ldc, p0, p1, k, blocks, *extra)`` (A, B, C pointers to ``element``,
     "i8" or "float"; the rest i64; ``extra``: "ptr" one more pointer to ``element``, "f32" a
-    float, "i64" an integer), into ``define(mod)``: the function, defined once per LLVM module (each Numba
-    module that calls it carries a copy)."""
+    float, "i64" an integer), into ``define(mod)``: the function, defined once per LLVM
+    module (each Numba module that calls it carries a copy)."""
     def deco(body):
         def define(mod):
             from llvmlite import ir

@@ -73,41 +73,21 @@ def _define(epilogue: bool = False):
 
 
 def _requantize_in_registers(args):
-    """``panel_gemm``'s finish for the requantizing GEMM: each int32 sum widened to int64,
-    then ``requantize_rows``'s steps with its constants (ADD, LO, ..., BACK) loaded per 16
-    channels, the result truncated to 8 bits and stored."""
+    """``panel_gemm``'s finish for the requantizing GEMM: each row's 4 vectors of 16 sums
+    requantized (``requantize_ir``) and stored as 8 bits."""
     from llvmlite import ir
-    from .kernels_int8 import ADD, BACK, HI, LEFT, LO, MULT, OFFSET, TOTAL
-    i8, i64 = ir.IntType(8), ir.IntType(64)
-    w64, w8 = ir.VectorType(i64, 16), ir.VectorType(i8, 16)
+    from .requantize_ir import requantize_vector
+    i64 = ir.IntType(64)
     c_ptr, ldc = args[3], args[4]
     params, stride, lo, hi = args[9:13]
-    sign = ir.Constant(w64, [-(1 << 63)] * 16)
 
     def finish(bc, accs, p, ob):
-        table = bc.bitcast(params, i64.as_pointer())
-        lo_v, hi_v = splat(bc, lo, w64), splat(bc, hi, w64)
-
-        def const(name, col):
-            at = bc.add(bc.mul(stride, ir.Constant(i64, name)), col)
-            return bc.load(bc.bitcast(bc.gep(table, [at]), w64.as_pointer()), align=8)
-
-        def clamp(v, low, high):
-            v = bc.select(bc.icmp_signed(">", low, v), low, v)
-            return bc.select(bc.icmp_signed("<", high, v), high, v)
-
         for j in range(4):
             col = bc.add(bc.mul(ob, ir.Constant(i64, BLOCK)), ir.Constant(i64, 16 * j))
-            add, c_lo, c_hi = const(ADD, col), const(LO, col), const(HI, col)
-            left, mult, off = const(LEFT, col), const(MULT, col), const(OFFSET, col)
-            total, back = const(TOTAL, col), const(BACK, col)
             for r, row in enumerate(accs):
-                v = clamp(bc.add(bc.sext(row[j], w64), add), c_lo, c_hi)
-                v = bc.add(bc.mul(bc.shl(v, left), mult), off)
-                v = bc.sub(bc.lshr(bc.xor(v, sign), total), back)
-                v = bc.trunc(clamp(v, lo_v, hi_v), w8)
+                v = requantize_vector(bc, row[j], params, stride, col, lo, hi)
                 at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
-                bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), w8.as_pointer()), align=1)
+                bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), v.type.as_pointer()), align=1)
     return finish
 
 

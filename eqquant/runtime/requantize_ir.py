@@ -1,0 +1,40 @@
+"""The integer epilogue in LLVM IR, for kernels that finish their int32 sums in registers
+(the VNNI GEMM, the depthwise sweep): ``kernels_int8.requantize_rows``'s steps on a vector
+of sums, with the per-channel constants of ``epilogue_params`` (an (8, O) int64 table whose
+rows are named here), giving the same bits.
+
+    v = clamp(sum + ADD, LO, HI)                      the int32 saturation and the activation
+    p = (v << LEFT) * MULT + OFFSET                   the fixed-point multiply, zero point in
+    r = ((p ^ 2^63) >>> TOTAL) - BACK                 rounding shift; the output zero point
+    out = clamp(r, lo, hi), 8 bits
+"""
+from __future__ import annotations
+
+# the rows of ``kernels_int8.epilogue_params``: one per-channel constant each
+ADD, LO, HI, LEFT, MULT, OFFSET, TOTAL, BACK = range(8)
+
+
+def requantize_vector(bc, sums, table, stride, col, lo, hi):
+    """The 8-bit values of ``sums`` (a vector of n int32, channels col..col+n), emitted with
+    builder ``bc``: ``table`` an i8 pointer to the constants of channel 0 (row r of channel
+    c at r * stride + c, int64), ``lo`` and ``hi`` i64 values."""
+    from llvmlite import ir
+    from .llvm_loops import splat
+    n = sums.type.count
+    i8, i64 = ir.IntType(8), ir.IntType(64)
+    w64 = ir.VectorType(i64, n)
+    table = bc.bitcast(table, i64.as_pointer())
+
+    def const(row):
+        at = bc.add(bc.mul(stride, ir.Constant(i64, row)), col)
+        return bc.load(bc.bitcast(bc.gep(table, [at]), w64.as_pointer()), align=8)
+
+    def clamp(v, low, high):
+        v = bc.select(bc.icmp_signed(">", low, v), low, v)
+        return bc.select(bc.icmp_signed("<", high, v), high, v)
+
+    v = clamp(bc.add(bc.sext(sums, w64), const(ADD)), const(LO), const(HI))
+    v = bc.add(bc.mul(bc.shl(v, const(LEFT)), const(MULT)), const(OFFSET))
+    v = bc.xor(v, ir.Constant(w64, [-(1 << 63)] * n))
+    v = bc.sub(bc.lshr(v, const(TOTAL)), const(BACK))
+    return bc.trunc(clamp(v, splat(bc, lo, w64), splat(bc, hi, w64)), ir.VectorType(i8, n))
