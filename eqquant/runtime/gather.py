@@ -77,6 +77,26 @@ def _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, chunk, chu
     return p0, _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1 - p0, kp)
 
 
+@njit(inline="always")
+def _copy_run(dst, src, nbytes, room, left):
+    """Copy nbytes from src to dst; where the ``room`` bytes from dst (to the end of its row)
+    and the ``left`` bytes from src (to the end of the image) allow, as one move of a fixed
+    size of 16 to 256 bytes: LLVM inlines a memcpy of known size as a few vector moves, a
+    call to memcpy for 21 bytes (a 7 x 7 stem's kernel row of 3 channels) cost more than the
+    copy. The bytes moved past nbytes land where the row's next kernel row or its K padding
+    is written after; nothing outside the row is touched."""
+    if nbytes <= 16 and room >= 16 and left >= 16:
+        _copy(dst, src, 16)
+    elif nbytes <= 32 and room >= 32 and left >= 32:
+        _copy(dst, src, 32)
+    elif nbytes <= 64 and room >= 64 and left >= 64:
+        _copy(dst, src, 64)
+    elif nbytes <= 128 and room >= 128 and left >= 128:
+        _copy(dst, src, 128)
+    else:
+        _copy(dst, src, nbytes)
+
+
 @njit(cache=True)
 def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
     """Pixel rows p0.. of the image's windows (taps in (tap, channel) order, ``pad`` outside
@@ -98,8 +118,8 @@ def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
             if dw == 1 and iy >= 0 and iy < h and ix0 >= 0 and ix0 + kw <= w:
                 # the kernel row lies inside the image: one contiguous copy of kw pixels
                 # (addresses worked out here: two slices a copy cost as much as the copy)
-                _copy(dst + (r * kp + i * span) * size, src + (iy * w + ix0) * c_in * size,
-                      span * size)
+                _copy_run(dst + (r * kp + i * span) * size, src + (iy * w + ix0) * c_in * size,
+                          span * size, (kp - i * span) * size, (h * w - iy * w - ix0) * c_in * size)
                 continue
             for j in range(kw):
                 ix = xo * sw - pl + j * dw
