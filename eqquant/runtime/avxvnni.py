@@ -25,7 +25,7 @@ from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel
 # the gather, set-up and epilogue it shares with the 512-bit kernel (windows: re-exported)
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, work_split
 from .gather import windows  # noqa: F401
-from .vnni import _finish, _requantize_params, pack_panels
+from .vnni import _finish, _requantize_params, pack_panels, requantize_finish
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
 ROWS = 6     # pixels per micro-kernel step
@@ -37,27 +37,33 @@ def available() -> bool:
     return cpu_has("avxvnni") or (cpu_has("avx512vnni") and cpu_has("avx512vl"))
 
 
-@gemm_definition("eqquant_vnni256_gemm", "i8")
-def define_gemm(mod, fn, args, b):
-    """Define (once per LLVM module) ``void eqquant_vnni256_gemm(A, lda, B, C, ldc, p0, p1,
-    kq, oblocks)``: for each block of 16 output channels, pixels p0..p1, ROWS at a time (then
-    one at a time), over all k-quads: 2 weight vectors loaded once per step feed ROWS
-    broadcast pixels."""
-    from llvmlite import ir
-    i32, i64 = ir.IntType(32), ir.IntType(64)
-    v8 = ir.VectorType(i32, 8)
-    dp = declare(mod, "llvm.x86.avx512.vpdpbusd.256", ir.FunctionType(v8, [v8, v8, v8]))
-    a_ptr = args[0]
+def _define(epilogue: bool = False):
+    @gemm_definition("eqquant_vnni256_gemm" + ("_requantize" if epilogue else ""), "i8",
+                     ("ptr", "i64", "i64", "i64") if epilogue else ())
+    def define_gemm(mod, fn, args, b):
+        """Define (once per LLVM module) ``void eqquant_vnni256_gemm(A, lda, B, C, ldc, p0,
+        p1, kq, oblocks)``: for each block of 16 output channels, pixels p0..p1, ROWS at a
+        time (then one at a time), over all k-quads: 2 weight vectors loaded once per step
+        feed ROWS broadcast pixels. ``..._requantize(..., params, stride, lo, hi)``
+        requantizes in registers and stores 8 bits (as ``vnni``'s)."""
+        from llvmlite import ir
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        v8 = ir.VectorType(i32, 8)
+        dp = declare(mod, "llvm.x86.avx512.vpdpbusd.256", ir.FunctionType(v8, [v8, v8, v8]))
+        a_ptr = args[0]
 
-    def row_step(bc, start, k, accs, weights):
-        """the 4 bytes (a_k..a_k+3) of this pixel's row, broadcast, times 16 channels x 4 k"""
-        a_off = bc.add(start, bc.mul(k, ir.Constant(i64, 4)))
-        a32 = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=1)
-        av = splat(bc, a32, v8)
-        return [bc.call(dp, [accs[j], av, weights[j]]) for j in range(2)]
+        def row_step(bc, start, k, accs, weights):
+            """the 4 bytes (a_k..a_k+3) of this pixel's row, broadcast, times 16 channels x
+            4 k"""
+            a_off = bc.add(start, bc.mul(k, ir.Constant(i64, 4)))
+            a32 = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=1)
+            av = splat(bc, a32, v8)
+            return [bc.call(dp, [accs[j], av, weights[j]]) for j in range(2)]
 
-    panel_gemm(fn, b, args, rows=ROWS, block=BLOCK, panel=PANEL, weights=(32, 2, v8, 1),
-               accumulators=(2, v8), row_step=row_step, out_lane=i32)
+        panel_gemm(fn, b, args, rows=ROWS, block=BLOCK, panel=PANEL, weights=(32, 2, v8, 1),
+                   accumulators=(2, v8), row_step=row_step, out_lane=i32,
+                   finish=requantize_finish(args, BLOCK) if epilogue else None)
+    return define_gemm
 
 
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -66,7 +72,19 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 # gemm_block(A address, lda, B address, C address, ldc, p0, p1, kq, oblocks).
-gemm_block = gemm_intrinsic(define_gemm, "i8")
+gemm_block = gemm_intrinsic(_define(), "i8")
+# gemm_requantize(..., params address, params stride, lo, hi): requantized to 8 bits
+gemm_requantize = gemm_intrinsic(_define(True), "i8", ("ptr", "i64", "i64", "i64"))
+
+
+@njit(cache=True)
+def _gemm_requantize(rows, kp, packed, ob0, ob1, out, n, params, lo, hi):
+    """out[:n, ob0 * 16:ob1 * 16] = the rows times the packed blocks ob0..ob1, requantized
+    in registers (out (P, O) 8-bit, channel-last)."""
+    kq = packed.shape[1]
+    gemm_requantize(rows.ctypes.data, kp, packed.ctypes.data + ob0 * kq * PANEL,
+                    out.ctypes.data + ob0 * BLOCK, out.shape[1], 0, n, kq, ob1 - ob0,
+                    params.ctypes.data + ob0 * BLOCK * 8, params.shape[1], lo, hi)
 
 
 @njit(cache=True)
@@ -114,6 +132,14 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
             p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
                                       rest // groups, chunks, kp)
             n = rows.shape[0]
+            if channels_last:   # whole blocks requantized in registers, straight into out
+                whole = min(ob1, o_n // BLOCK)
+                if whole > ob0:
+                    _gemm_requantize(rows, kp, packed, ob0, whole, out[b, p0:], n, params,
+                                     lo, hi)
+                    ob0 = whole
+                if ob0 >= ob1:
+                    continue
             cols = (ob1 - ob0) * BLOCK
             acc = np.empty((n, cols), np.int32)
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob0 * kq * PANEL,
@@ -123,6 +149,9 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
     else:
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         for ob in prange(oblocks):
+            if channels_last and (ob + 1) * BLOCK <= o_n:
+                _gemm_requantize(rows, kp, packed, ob, ob + 1, out[0], p_n, params, lo, hi)
+                continue
             acc = np.empty((p_n, BLOCK), np.int32)
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
                        acc.ctypes.data, BLOCK, 0, p_n, kq, 1)

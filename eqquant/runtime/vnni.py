@@ -68,13 +68,14 @@ def _define(epilogue: bool = False):
 
         panel_gemm(fn, b, args, rows=ROWS, block=BLOCK, panel=BLOCK * 4,
                    weights=(64, 4, v16, 1), accumulators=(4, v16), row_step=row_step,
-                   out_lane=i32, finish=_requantize_in_registers(args) if epilogue else None)
+                   out_lane=i32, finish=requantize_finish(args, BLOCK) if epilogue else None)
     return define_gemm
 
 
-def _requantize_in_registers(args):
-    """``panel_gemm``'s finish for the requantizing GEMM: each row's 4 vectors of 16 sums
-    requantized (``requantize_ir``) and stored as 8 bits."""
+def requantize_finish(args, block: int):
+    """``panel_gemm``'s finish for a requantizing GEMM of ``block`` channels a block: each
+    row's sum vectors requantized (``requantize_ir``) and stored as 8 bits in C, rows ldc
+    bytes apart (args: the GEMM's, then params, stride, lo, hi)."""
     from llvmlite import ir
     from .requantize_ir import requantize_vector
     i64 = ir.IntType(64)
@@ -82,8 +83,9 @@ def _requantize_in_registers(args):
     params, stride, lo, hi = args[9:13]
 
     def finish(bc, accs, p, ob):
-        for j in range(4):
-            col = bc.add(bc.mul(ob, ir.Constant(i64, BLOCK)), ir.Constant(i64, 16 * j))
+        lanes = accs[0][0].type.count
+        for j in range(len(accs[0])):
+            col = bc.add(bc.mul(ob, ir.Constant(i64, block)), ir.Constant(i64, lanes * j))
             for r, row in enumerate(accs):
                 v = requantize_vector(bc, row[j], params, stride, col, lo, hi)
                 at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
