@@ -358,6 +358,14 @@ def test_depthwise_int8_convolutions_are_bit_exact(c, mult, k, stride, pad, dil,
        dtype=st.sampled_from(["int8", "uint8"]), act=st.sampled_from(["none", "relu", "clip"]),
        seed=st.integers(0, 999), layout=st.sampled_from(["NCHW", "NHWC"]),
        batch=st.integers(1, 3))
+# channel-last widths whose last block is partial but fills whole vectors (requantized in
+# the GEMM's registers, vector by vector) or does not (24 on the 64-wide GEMM)
+@example(c=5, o=96, k=1, stride=1, pad=0, size=14, dtype="uint8", act="relu", seed=1,
+         layout="NHWC", batch=1)
+@example(c=7, o=24, k=3, stride=2, pad=1, size=15, dtype="int8", act="clip", seed=2,
+         layout="NHWC", batch=2)
+@example(c=3, o=144, k=3, stride=1, pad=1, size=9, dtype="uint8", act="none", seed=3,
+         layout="NHWC", batch=1)
 def test_fused_int8_convolutions_of_any_width_are_bit_exact_on_every_path(
         c, o, k, stride, pad, size, dtype, act, seed, layout, batch):
     """fused.qconv2d with output channels that fill no SIMD block (AVX2 pads them), NCHW and

@@ -39,7 +39,7 @@ def available() -> bool:
 
 def _define(epilogue: bool = False):
     @gemm_definition("eqquant_vnni256_gemm" + ("_requantize" if epilogue else ""), "i8",
-                     ("ptr", "i64", "i64", "i64") if epilogue else ())
+                     ("ptr", "i64", "i64", "i64", "i64") if epilogue else ())
     def define_gemm(mod, fn, args, b):
         """Define (once per LLVM module) ``void eqquant_vnni256_gemm(A, lda, B, C, ldc, p0,
         p1, kq, oblocks)``: for each block of 16 output channels, pixels p0..p1, ROWS at a
@@ -74,17 +74,18 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
 # gemm_block(A address, lda, B address, C address, ldc, p0, p1, kq, oblocks).
 gemm_block = gemm_intrinsic(_define(), "i8")
 # gemm_requantize(..., params address, params stride, lo, hi): requantized to 8 bits
-gemm_requantize = gemm_intrinsic(_define(True), "i8", ("ptr", "i64", "i64", "i64"))
+gemm_requantize = gemm_intrinsic(_define(True), "i8", ("ptr", "i64", "i64", "i64", "i64"))
 
 
 @njit(cache=True)
 def _gemm_requantize(rows, kp, packed, ob0, ob1, out, n, params, lo, hi):
-    """out[:n, ob0 * 16:ob1 * 16] = the rows times the packed blocks ob0..ob1, requantized
-    in registers (out (P, O) 8-bit, channel-last)."""
+    """out[:n, ob0 * 16:ob1 * 16] (those of its columns out has) = the rows times the
+    packed blocks ob0..ob1, requantized in registers (out (P, O) 8-bit, channel-last)."""
     kq = packed.shape[1]
     gemm_requantize(rows.ctypes.data, kp, packed.ctypes.data + ob0 * kq * PANEL,
                     out.ctypes.data + ob0 * BLOCK, out.shape[1], 0, n, kq, ob1 - ob0,
-                    params.ctypes.data + ob0 * BLOCK * 8, params.shape[1], lo, hi)
+                    params.ctypes.data + ob0 * BLOCK * 8, params.shape[1], lo, hi,
+                    out.shape[1] - ob0 * BLOCK)
 
 
 @njit(cache=True)
@@ -132,8 +133,9 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
             p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
                                       rest // groups, chunks, kp)
             n = rows.shape[0]
-            if channels_last:   # whole blocks requantized in registers, straight into out
-                whole = min(ob1, o_n // BLOCK)
+            if channels_last:   # blocks requantized in registers, straight into out (all
+                # of them when the channels fill whole vectors)
+                whole = ob1 if o_n % 8 == 0 else min(ob1, o_n // BLOCK)
                 if whole > ob0:
                     _gemm_requantize(rows, kp, packed, ob0, whole, out[b, p0:], n, params,
                                      lo, hi)
@@ -149,7 +151,7 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
     else:
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         for ob in prange(oblocks):
-            if channels_last and (ob + 1) * BLOCK <= o_n:
+            if channels_last and ((ob + 1) * BLOCK <= o_n or o_n % 8 == 0):
                 _gemm_requantize(rows, kp, packed, ob, ob + 1, out[0], p_n, params, lo, hi)
                 continue
             acc = np.empty((p_n, BLOCK), np.int32)

@@ -40,7 +40,7 @@ ROWS = 6    # pixels per micro-kernel step: 6 x 4 accumulators + 4 weight vector
 
 def _define(epilogue: bool = False):
     @gemm_definition("eqquant_vnni_gemm" + ("_requantize" if epilogue else ""), "i8",
-                     ("ptr", "i64", "i64", "i64") if epilogue else ())
+                     ("ptr", "i64", "i64", "i64", "i64") if epilogue else ())
     def define_gemm(mod, fn, args, b):
         """Define (once per LLVM module) ``void eqquant_vnni_gemm(A, lda, B, C, ldc, p0, p1,
         kq, oblocks)``: for each block of 64 output channels (its packed weights contiguous,
@@ -75,21 +75,25 @@ def _define(epilogue: bool = False):
 def requantize_finish(args, block: int):
     """``panel_gemm``'s finish for a requantizing GEMM of ``block`` channels a block: each
     row's sum vectors requantized (``requantize_ir``) and stored as 8 bits in C, rows ldc
-    bytes apart (args: the GEMM's, then params, stride, lo, hi)."""
+    bytes apart, those of the first ``valid`` channels only (args: the GEMM's, then params,
+    stride, lo, hi, valid): a last block of 96 channels stores 2 of its 4 vectors."""
     from llvmlite import ir
     from .requantize_ir import requantize_vector
     i64 = ir.IntType(64)
     c_ptr, ldc = args[3], args[4]
-    params, stride, lo, hi = args[9:13]
+    params, stride, lo, hi, valid = args[9:14]
 
     def finish(bc, accs, p, ob):
         lanes = accs[0][0].type.count
         for j in range(len(accs[0])):
             col = bc.add(bc.mul(ob, ir.Constant(i64, block)), ir.Constant(i64, lanes * j))
-            for r, row in enumerate(accs):
-                v = requantize_vector(bc, row[j], params, stride, col, lo, hi)
-                at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
-                bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), v.type.as_pointer()), align=1)
+            inside = bc.icmp_signed("<=", bc.add(col, ir.Constant(i64, lanes)), valid)
+            with bc.if_then(inside, likely=True):
+                for r, row in enumerate(accs):
+                    v = requantize_vector(bc, row[j], params, stride, col, lo, hi)
+                    at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
+                    bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), v.type.as_pointer()),
+                             align=1)
     return finish
 
 
@@ -118,7 +122,7 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
 # p0..p1 = A rows times the packed B (``oblocks`` panels of ``kq`` x 64 x 4 bytes).
 gemm_block = gemm_intrinsic(_define(), "i8")
 # gemm_requantize(..., params address, params stride, lo, hi): the same, requantized to 8 bits
-gemm_requantize = gemm_intrinsic(_define(True), "i8", ("ptr", "i64", "i64", "i64"))
+gemm_requantize = gemm_intrinsic(_define(True), "i8", ("ptr", "i64", "i64", "i64", "i64"))
 
 
 @njit(cache=True)
@@ -177,12 +181,14 @@ def _finish(acc, cols, params, lo, hi, o0, p0, channels_last, out):
 
 @njit(cache=True)
 def _gemm_requantize(rows, kp, packed, ob0, ob1, out, n, params, lo, hi):
-    """out[:n, ob0 * 64:ob1 * 64] = the rows times the packed blocks ob0..ob1, requantized
-    in registers (``gemm_requantize``; out (P, O) 8-bit, channel-last)."""
+    """out[:n, ob0 * 64:ob1 * 64] (those of its columns out has) = the rows times the
+    packed blocks ob0..ob1, requantized in registers (``gemm_requantize``; out (P, O)
+    8-bit, channel-last)."""
     kq = packed.shape[1]
     gemm_requantize(rows.ctypes.data, kp, packed.ctypes.data + ob0 * kq * 256,
                     out.ctypes.data + ob0 * BLOCK, out.shape[1], 0, n, kq, ob1 - ob0,
-                    params.ctypes.data + ob0 * BLOCK * 8, params.shape[1], lo, hi)
+                    params.ctypes.data + ob0 * BLOCK * 8, params.shape[1], lo, hi,
+                    out.shape[1] - ob0 * BLOCK)
 
 
 @njit(parallel=True, cache=True)
@@ -213,8 +219,9 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
             p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
                                       rest // groups, chunks, kp)
             n = rows.shape[0]
-            if channels_last:   # whole blocks requantized in registers, straight into out
-                whole = min(ob1, o_n // BLOCK)
+            if channels_last:   # blocks requantized in registers, straight into out (all
+                # of them when the channels fill whole vectors)
+                whole = ob1 if o_n % 16 == 0 else min(ob1, o_n // BLOCK)
                 if whole > ob0:
                     _gemm_requantize(rows, kp, packed, ob0, whole, out[b, p0:], n, params,
                                      lo, hi)
@@ -230,7 +237,7 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
     else:
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         for ob in prange(oblocks):
-            if channels_last and (ob + 1) * BLOCK <= o_n:
+            if channels_last and ((ob + 1) * BLOCK <= o_n or o_n % 16 == 0):
                 _gemm_requantize(rows, kp, packed, ob, ob + 1, out[0], p_n, params, lo, hi)
                 continue
             acc = np.empty((p_n, 64), np.int32)
