@@ -1,7 +1,7 @@
 """The Numba kernels against the reference interpreter, and the executor on whole models."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from eqquant.ir.builder import Builder
@@ -86,6 +86,10 @@ def test_conv2d_kernel(case):
 @settings(max_examples=10, deadline=None)
 @given(c=st.integers(2, 20), o=st.integers(1, 100), k=st.sampled_from([1, 3]),
        act=st.sampled_from(["none", "relu", "clip"]), seed=st.integers(0, 999))
+# a last block of whole vectors on both widths (48), on the 256-bit one only (40), none (20)
+@example(c=3, o=48, k=3, act="relu", seed=1)
+@example(c=5, o=40, k=1, act="clip", seed=2)
+@example(c=4, o=20, k=3, act="none", seed=3)
 def test_float_sums_finished_in_registers_give_the_bits_finished_in_memory(c, o, k, act, seed):
     """A channel-last convolution finishes its whole blocks of channels in the GEMM's
     registers (bias, clamp, store); an NCHW one stores the sums and finishes them after

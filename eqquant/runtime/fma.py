@@ -47,12 +47,14 @@ def _define(path: str, epilogue: bool = False):
     lanes, rows = WIDTHS[path]
     name = f"eqquant_{path}_sgemm" + ("_bias_clamp" if epilogue else "")
 
-    @gemm_definition(name, "float", ("ptr", "f32", "f32") if epilogue else ())
+    @gemm_definition(name, "float", ("ptr", "f32", "f32", "i64") if epilogue else ())
     def define_sgemm(mod, fn, args, b):
         """``void eqquant_<path>_sgemm(A, lda, B, C, ldc, p0, p1, k, oblocks)`` (A, B, C
-        float32; lda and ldc in elements); ``..._bias_clamp(..., bias, lo, hi)`` adds the
-        bias to each sum and clamps it to [lo, hi] before storing it, as ``_finish`` does
-        (the same bits), so that the sums never go through memory."""
+        float32; lda and ldc in elements); ``..._bias_clamp(..., bias, lo, hi, valid)`` adds
+        the bias to each sum and clamps it to [lo, hi] before storing it, as ``_finish``
+        does (the same bits), so that the sums never go through memory; it stores the
+        vectors of the first ``valid`` channels only (a last block of 144 channels: one of
+        its two)."""
         from llvmlite import ir
         vt = ir.VectorType(ir.FloatType(), lanes)
         fma = declare(mod, f"llvm.fma.v{lanes}f32", ir.FunctionType(vt, [vt, vt, vt]))
@@ -67,16 +69,17 @@ def _define(path: str, epilogue: bool = False):
             ``kernels_fp32.clamp``, stored in C's row p + r"""
             bias, lo, hi = args[9], splat(bc, args[10], vt), splat(bc, args[11], vt)
             i64 = ir.IntType(64)
-            for r, row in enumerate(accs):
-                for j, acc in enumerate(row):
-                    col = bc.add(bc.mul(ob, ir.Constant(i64, 2 * lanes)),
-                                 ir.Constant(i64, lanes * j))
-                    v = bc.fadd(acc, bc.load(bc.bitcast(bc.gep(bias, [col]), vt.as_pointer()),
-                                             align=4))
-                    v = bc.select(bc.fcmp_ordered(">", lo, v), lo, v)
-                    v = bc.select(bc.fcmp_ordered("<", hi, v), hi, v)
-                    at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
-                    bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), vt.as_pointer()), align=4)
+            for j in range(2):
+                col = bc.add(bc.mul(ob, ir.Constant(i64, 2 * lanes)), ir.Constant(i64, lanes * j))
+                inside = bc.icmp_signed("<=", bc.add(col, ir.Constant(i64, lanes)), args[12])
+                with bc.if_then(inside, likely=True):
+                    b_v = bc.load(bc.bitcast(bc.gep(bias, [col]), vt.as_pointer()), align=4)
+                    for r, row in enumerate(accs):
+                        v = bc.fadd(row[j], b_v)
+                        v = bc.select(bc.fcmp_ordered(">", lo, v), lo, v)
+                        v = bc.select(bc.fcmp_ordered("<", hi, v), hi, v)
+                        at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
+                        bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), vt.as_pointer()), align=4)
 
         panel_gemm(fn, b, args, rows=rows, block=2 * lanes, panel=2 * lanes,
                    weights=(lanes, 2, vt, 4), accumulators=(2, vt), row_step=row_step,
@@ -86,9 +89,9 @@ def _define(path: str, epilogue: bool = False):
 
 sgemm256_block = gemm_intrinsic(_define("fma"), "float")
 sgemm512_block = gemm_intrinsic(_define("avx512"), "float")
-# the same GEMMs finishing the sums: (..., bias address, lo, hi)
-sgemm256_finish = gemm_intrinsic(_define("fma", True), "float", ("ptr", "f32", "f32"))
-sgemm512_finish = gemm_intrinsic(_define("avx512", True), "float", ("ptr", "f32", "f32"))
+# the same GEMMs finishing the sums: (..., bias address, lo, hi, valid channels)
+sgemm256_finish = gemm_intrinsic(_define("fma", True), "float", ("ptr", "f32", "f32", "i64"))
+sgemm512_finish = gemm_intrinsic(_define("avx512", True), "float", ("ptr", "f32", "f32", "i64"))
 
 
 def pack(w: np.ndarray, path: str = "fma") -> np.ndarray:
@@ -116,14 +119,16 @@ def _sgemm(a, lda, packed, ob0, ob1, c, ldc, n):
 @njit(cache=True)
 def _sgemm_finish(a, lda, packed, ob0, ob1, c, ldc, n, bias, lo, hi):
     """c[:n, :] = clamp(a[:n] @ the packed blocks ob0..ob1 + bias[ob0 * block:], lo, hi),
-    finished in registers (c: the address of the first block's first column)."""
+    finished in registers, for the ldc - ob0 * block columns c has from the first block's
+    (c: that column's address)."""
     k, block = packed.shape[1], packed.shape[2]
     b = packed.ctypes.data + ob0 * k * block * 4
     bias_at = bias.ctypes.data + ob0 * block * 4
+    valid = ldc - ob0 * block
     if block == 32:
-        sgemm512_finish(a, lda, b, c, ldc, 0, n, k, ob1 - ob0, bias_at, lo, hi)
+        sgemm512_finish(a, lda, b, c, ldc, 0, n, k, ob1 - ob0, bias_at, lo, hi, valid)
     else:
-        sgemm256_finish(a, lda, b, c, ldc, 0, n, k, ob1 - ob0, bias_at, lo, hi)
+        sgemm256_finish(a, lda, b, c, ldc, 0, n, k, ob1 - ob0, bias_at, lo, hi, valid)
 
 
 @njit(cache=True)
@@ -198,8 +203,9 @@ def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, cha
         else:
             rows = np.empty((n, k), np.float32)
             _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p0, rows)
-        if channels_last:   # whole blocks finished in registers, straight into out
-            whole = min(ob1, o_n // block)
+        if channels_last:   # blocks finished in registers, straight into out (all of them
+            # when the channels fill whole vectors)
+            whole = ob1 if o_n % (block // 2) == 0 else min(ob1, o_n // block)
             if whole > ob0:
                 _sgemm_finish(rows.ctypes.data, k, packed, ob0, whole,
                               out[b, p0:].ctypes.data + ob0 * block * 4, o_n, n, bias, lo, hi)

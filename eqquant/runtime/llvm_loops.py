@@ -90,6 +90,9 @@ def gemm_intrinsic(define, element: str, extra: tuple = ()):
     elif len(extra) == 3:
         def block(typingctx, a, lda, b, c, ldc, p0, p1, k, blocks, e0, e1, e2):
             return sig, codegen
+    elif len(extra) == 4:
+        def block(typingctx, a, lda, b, c, ldc, p0, p1, k, blocks, e0, e1, e2, e3):
+            return sig, codegen
     elif len(extra) == 5:
         def block(typingctx, a, lda, b, c, ldc, p0, p1, k, blocks, e0, e1, e2, e3, e4):
             return sig, codegen
