@@ -23,7 +23,7 @@ from numba import njit, prange
 
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 # the gather, set-up and epilogue it shares with the 512-bit kernel (windows: re-exported)
-from .gather import CHUNK, SMALL, _chunk_windows, _rows, work_split
+from .gather import CHUNK, SMALL, _chunk_windows, _rows, shared_windows, work_split
 from .gather import windows  # noqa: F401
 from .vnni import _finish, _requantize_params, pack_panels, requantize_finish
 
@@ -124,6 +124,7 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
                                 zin, zout)
     if images > 1 or p_n >= SMALL or oblocks == 1:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
+        shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
         for item in prange(images * chunks * groups):
             b, rest = item // (chunks * groups), item % (chunks * groups)
             ob0 = (rest % groups) * per_group
@@ -131,7 +132,7 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
             if ob0 >= ob1:
                 continue
             p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
-                                      rest // groups, chunks, kp)
+                                      rest // groups, chunks, kp, shared)
             n = rows.shape[0]
             if channels_last:   # blocks requantized in registers, straight into out (all
                 # of them when the channels fill whole vectors)

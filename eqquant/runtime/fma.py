@@ -26,7 +26,7 @@ from numba import njit, prange
 
 from .kernels_fp32 import clamp
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
-from .gather import _windows, chunk_bounds, windows, work_split
+from .gather import _windows, chunk_bounds, shared_windows, work_split
 from .memory import aligned
 
 # path -> (floats per vector, pixel rows per micro-kernel); a block is two vectors
@@ -170,9 +170,9 @@ def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, cha
     out (N, oh*ow, O) when ``channels_last``, else (N, O, oh*ow). Work items are chunks of
     one image's pixels, and of output blocks where the batch gives few chunks
     (``work_split``); each gathers its pixels' windows into rows (a 1x1 convolution with
-    stride 1 and no padding multiplies the image's own rows; a lone image of one chunk has
-    them gathered once, before), multiplies them and finishes them (bias, clamp to [lo,
-    hi], write)."""
+    stride 1 and no padding multiplies the image's own rows; a lone image split by channel
+    groups has them gathered once, before), multiplies them and finishes them (bias, clamp
+    to [lo, hi], write)."""
     images, p_n = nhwc.shape[0], oh * ow
     o_n = out.shape[2] if channels_last else out.shape[1]
     oblocks, k, block = packed.shape[0], packed.shape[1], packed.shape[2]
@@ -180,12 +180,9 @@ def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, cha
     pointwise = kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
         ow == w and c == k
     chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
-    # one image of few pixels split by channel groups: its windows gathered once, in
-    # parallel, not once per group (a 7 x 7 layer's 49 rows of 4608 floats, eight times)
-    shared = np.empty((p_n if images == 1 and chunks == 1 and groups > 1 and not pointwise
-                       else 0, k), np.float32)
-    if shared.shape[0]:
-        windows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, shared)
+    # one image split by channel groups too: its windows gathered once (``shared_windows``)
+    shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p_n,
+                            groups, k)
     for item in prange(images * chunks * groups):
         b, rest = item // (chunks * groups), item % (chunks * groups)
         chunk, g = rest // groups, rest % groups
@@ -199,7 +196,7 @@ def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, cha
         if pointwise:
             rows = hwc.reshape(h * w, c)[p0:p0 + n]
         elif shared.shape[0]:
-            rows = shared
+            rows = shared[p0:p0 + n]
         else:
             rows = np.empty((n, k), np.float32)
             _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p0, rows)
