@@ -115,7 +115,9 @@ def depthwise_channels_last(x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out):
         for xo in range(ow):
             if first <= xo < last and i1 > i0:
                 continue
-            a = bias.copy()
+            a = out[y, xo]      # summed in place (float32, as a buffer would be), no buffer
+            for c in range(c_n):
+                a[c] = bias[c]
             for i in range(i0, i1):
                 src = x[y * sh - pt + i * dh]
                 for j in range(kw):
@@ -125,9 +127,8 @@ def depthwise_channels_last(x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out):
                         tap = w[i, j]
                         for c in range(c_n):
                             a[c] += pixel[c] * tap[c]
-            dst = out[y, xo]
             for c in range(c_n):
-                dst[c] = clamp(a[c], lo32, hi32)
+                a[c] = clamp(a[c], lo32, hi32)
 
 
 @njit(parallel=True, cache=True)

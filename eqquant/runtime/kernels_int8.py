@@ -369,9 +369,13 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bia
     signed = np.iinfo(x.dtype).min < 0
     first, last = interior(ow, sw, pl, dw, kw, w)
     for oy in prange(oh):
-        acc = np.zeros((ow, o_n), np.int32)
         i0, i1 = kernel_rows(oy, sh, pt, dh, kh, h)
         swept = mult == 1 and i1 > i0 and last > first
+        acc = np.empty((ow, o_n), np.int32)     # sums of the pixels not swept, from 0
+        for ox in range(ow):
+            if not (swept and first <= ox < last):
+                for c in range(o_n):
+                    acc[ox, c] = 0
         if swept:       # the inside pixels summed and requantized straight into out
             args = (x[oy * sh - pt + i0 * dh].ctypes.data, wt[i0].ctypes.data,
                     params.ctypes.data, out[oy * ow].ctypes.data, first, last, o_n, i1 - i0,
