@@ -40,7 +40,7 @@ def _define(kind: str):
     range; the rest int64."""
     def define(mod):
         from llvmlite import ir
-        from .requantize_ir import requantize_vector
+        from .requantize_ir import load_constants, requantize_vector
         name = f"eqquant_dw_{kind}"
         if name in mod.globals:
             return mod.globals[name]
@@ -129,14 +129,16 @@ def _define(kind: str):
                 accs = [init] * n
                 for i in range(taps):
                     accs = tap_row(bd, c64(i), accs)
+            if kind != "float":
+                constants = load_constants(bd, bd.bitcast(initp, ir.IntType(8).as_pointer()),
+                                           stride, c0, lanes)
             for p, acc in enumerate(accs):
                 if kind == "float":     # max(v, lo) then min(., hi), as Numba's clamp
                     lo_v, hi_v = splat(bd, lo, vt), splat(bd, hi, vt)
                     acc = bd.select(bd.fcmp_ordered(">", lo_v, acc), lo_v, acc)
                     acc = bd.select(bd.fcmp_ordered("<", hi_v, acc), hi_v, acc)
                 else:
-                    table = bd.bitcast(initp, ir.IntType(8).as_pointer())
-                    acc = requantize_vector(bd, acc, table, stride, c0, qlo, qhi)
+                    acc = requantize_vector(bd, acc, constants, qlo, qhi)
                 at = bd.add(bd.mul(bd.add(x, c64(p)), c_n), c0)
                 bd.store(acc, bd.bitcast(bd.gep(outp, [at]), acc.type.as_pointer()), align=1)
 

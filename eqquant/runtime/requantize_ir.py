@@ -14,27 +14,40 @@ from __future__ import annotations
 ADD, LO, HI, LEFT, MULT, OFFSET, TOTAL, BACK = range(8)
 
 
-def requantize_vector(bc, sums, table, stride, col, lo, hi):
-    """The 8-bit values of ``sums`` (a vector of n int32, channels col..col+n), emitted with
-    builder ``bc``: ``table`` an i8 pointer to the constants of channel 0 (row r of channel
-    c at r * stride + c, int64), ``lo`` and ``hi`` i64 values."""
+def load_constants(bc, table, stride, col, n: int) -> tuple:
+    """The 8 constants (ADD .. BACK) of channels col..col+n as vectors of n int64, emitted
+    with builder ``bc``: ``table`` an i8 pointer to the constants of channel 0 (row r of
+    channel c at r * stride + c). Loaded once for all the rows a kernel finishes (a store of
+    8-bit results between two loads of the table may alias it, as far as LLVM knows, so it
+    would load them again for every row)."""
     from llvmlite import ir
-    from .llvm_loops import splat
-    n = sums.type.count
-    i8, i64 = ir.IntType(8), ir.IntType(64)
+    i64 = ir.IntType(64)
     w64 = ir.VectorType(i64, n)
     table = bc.bitcast(table, i64.as_pointer())
 
     def const(row):
         at = bc.add(bc.mul(stride, ir.Constant(i64, row)), col)
         return bc.load(bc.bitcast(bc.gep(table, [at]), w64.as_pointer()), align=8)
+    return tuple(const(row) for row in (ADD, LO, HI, LEFT, MULT, OFFSET, TOTAL, BACK))
+
+
+def requantize_vector(bc, sums, constants, lo, hi):
+    """The 8-bit values of ``sums`` (a vector of n int32), emitted with builder ``bc``:
+    ``constants`` from ``load_constants`` for the same channels, ``lo`` and ``hi`` i64
+    values."""
+    from llvmlite import ir
+    from .llvm_loops import splat
+    n = sums.type.count
+    i8, i64 = ir.IntType(8), ir.IntType(64)
+    w64 = ir.VectorType(i64, n)
+    add, c_lo, c_hi, left, mult, offset, total, back = constants
 
     def clamp(v, low, high):
         v = bc.select(bc.icmp_signed(">", low, v), low, v)
         return bc.select(bc.icmp_signed("<", high, v), high, v)
 
-    v = clamp(bc.add(bc.sext(sums, w64), const(ADD)), const(LO), const(HI))
-    v = bc.add(bc.mul(bc.shl(v, const(LEFT)), const(MULT)), const(OFFSET))
+    v = clamp(bc.add(bc.sext(sums, w64), add), c_lo, c_hi)
+    v = bc.add(bc.mul(bc.shl(v, left), mult), offset)
     v = bc.xor(v, ir.Constant(w64, [-(1 << 63)] * n))
-    v = bc.sub(bc.lshr(v, const(TOTAL)), const(BACK))
+    v = bc.sub(bc.lshr(v, total), back)
     return bc.trunc(clamp(v, splat(bc, lo, w64), splat(bc, hi, w64)), ir.VectorType(i8, n))

@@ -79,7 +79,7 @@ def requantize_finish(args, block: int):
     bytes apart, those of the first ``valid`` channels only (args: the GEMM's, then params,
     stride, lo, hi, valid): a last block of 96 channels stores 2 of its 4 vectors."""
     from llvmlite import ir
-    from .requantize_ir import requantize_vector
+    from .requantize_ir import load_constants, requantize_vector
     i64 = ir.IntType(64)
     c_ptr, ldc = args[3], args[4]
     params, stride, lo, hi, valid = args[9:14]
@@ -90,8 +90,9 @@ def requantize_finish(args, block: int):
             col = bc.add(bc.mul(ob, ir.Constant(i64, block)), ir.Constant(i64, lanes * j))
             inside = bc.icmp_signed("<=", bc.add(col, ir.Constant(i64, lanes)), valid)
             with bc.if_then(inside, likely=True):
+                constants = load_constants(bc, params, stride, col, lanes)
                 for r, row in enumerate(accs):
-                    v = requantize_vector(bc, row[j], params, stride, col, lo, hi)
+                    v = requantize_vector(bc, row[j], constants, lo, hi)
                     at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
                     bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), v.type.as_pointer()),
                              align=1)
