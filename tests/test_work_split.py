@@ -68,3 +68,22 @@ def test_a_float_convolution_gives_the_same_bits_on_any_number_of_threads():
     finally:
         numba.set_num_threads(before)
     assert len(set(runs)) == 1
+
+
+def test_a_cached_kernel_is_stamped_with_the_whole_runtime_source():
+    """Numba checks a cached kernel against its own file only; the runtime's kernels are
+    built from several files (an LLVM GEMM, the gather), so each carries a digest of the
+    folder's source too, and a change to any of them compiles it again."""
+    from numba.core import caching
+
+    from eqquant.runtime import kernels_int8, source_digest
+    impl = caching.CompileResultCacheImpl(kernels_int8.depthwise_channels_last.py_func)
+    stamp = impl.locator.get_source_stamp()
+    assert isinstance(stamp, tuple) and stamp[1] == source_digest()
+    outside = caching.CompileResultCacheImpl(_defined_elsewhere)
+    assert not (isinstance(outside.locator.get_source_stamp(), tuple) and
+                outside.locator.get_source_stamp()[-1] == source_digest())
+
+
+def _defined_elsewhere(x):
+    return x

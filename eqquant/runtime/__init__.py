@@ -11,8 +11,54 @@ a quarter of resnet18's int8 time and half of MobileNet-v2's. Only where float c
 run on numpy's BLAS (a CPU without AVX2 and FMA, or ``EQQUANT_FP32_KERNEL=blas``), whose
 OpenBLAS threads fight spinning OpenMP ones for the cores, are the OpenMP threads told to
 sleep when idle. A policy the user set is kept either way.
+
+Numba checks a cached kernel against its own file only, while the kernels here are built
+from several (a driver in ``vnni.py`` compiles in the gather of ``gather.py``, the LLVM GEMM
+of ``llvm_loops.py``, the epilogue of ``requantize_ir.py``): after a change to one of those,
+the cache would hand back the old kernel. Every kernel cached from this folder is stamped
+with a digest of the whole folder's source (``source_digest``) besides its own file's.
 """
+import hashlib
 import os
+from functools import lru_cache
+
+_FOLDER = os.path.dirname(os.path.abspath(__file__))
+
+
+@lru_cache(maxsize=None)
+def source_digest(folder: str = _FOLDER) -> str:
+    """A digest of the runtime's source (every ``.py`` file of ``folder``, this one)."""
+    h = hashlib.sha1()
+    for name in sorted(f for f in os.listdir(folder) if f.endswith(".py")):
+        with open(os.path.join(folder, name), "rb") as fh:
+            h.update(name.encode() + b"\0" + fh.read())
+    return h.hexdigest()[:12]
+
+
+def _stamp_kernel_caches() -> None:
+    """Wrap each of Numba's cache locators so that a kernel defined in this folder carries
+    ``source_digest()`` in its source stamp (kernels defined elsewhere are left alone)."""
+    from numba.core import caching
+    impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl   # (Numba < 0.61)
+    if any(getattr(cls, "_eqquant_stamped", False) for cls in impl._locator_classes):
+        return
+
+    def stamped(cls):
+        class Stamped(cls):
+            _eqquant_stamped = True
+
+            def get_source_stamp(self):
+                stamp = super().get_source_stamp()
+                py_file = getattr(self, "_py_file", None)
+                if py_file and os.path.dirname(os.path.abspath(py_file)) == _FOLDER:
+                    return stamp, source_digest()
+                return stamp
+        Stamped.__name__ = Stamped.__qualname__ = cls.__name__
+        return Stamped
+    impl._locator_classes = [stamped(cls) for cls in impl._locator_classes]
+
+
+_stamp_kernel_caches()
 
 
 def _blas_runs_float_convolutions() -> bool:

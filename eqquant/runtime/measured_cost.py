@@ -20,7 +20,6 @@ and optimize reports print it.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import time
@@ -54,12 +53,11 @@ def cpu_model() -> str:
 
 @functools.lru_cache(maxsize=None)
 def kernels_digest() -> str:
-    """A digest of the runtime's source (this package's folder): a kernel changed since a time
-    was cached, in a release or in a working tree, makes that time another machine's."""
-    h = hashlib.sha1()
-    for f in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:12]
+    """A digest of the runtime's source (this module's folder, ``source_digest``): a kernel
+    changed since a time was cached, in a release or in a working tree, makes that time
+    another machine's."""
+    from . import source_digest
+    return source_digest(str(Path(__file__).parent))
 
 
 def machine_key() -> str:
