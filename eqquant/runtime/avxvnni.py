@@ -21,11 +21,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
+from .llvm_loops import cpu_has, gemm_intrinsic
 # the gather, set-up and epilogue it shares with the 512-bit kernel (windows: re-exported)
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, shared_windows, work_split
 from .gather import windows  # noqa: F401
-from .vnni import _finish, _requantize_params, pack_panels, requantize_finish
+from .vnni import _finish, _requantize_params, define_vpdpbusd, pack_panels
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
 ROWS = 6     # pixels per micro-kernel step
@@ -38,32 +38,9 @@ def available() -> bool:
 
 
 def _define(epilogue: bool = False):
-    @gemm_definition("eqquant_vnni256_gemm" + ("_requantize" if epilogue else ""), "i8",
-                     ("ptr", "i64", "i64", "i64", "i64") if epilogue else ())
-    def define_gemm(mod, fn, args, b):
-        """Define (once per LLVM module) ``void eqquant_vnni256_gemm(A, lda, B, C, ldc, p0,
-        p1, kq, oblocks)``: for each block of 16 output channels, pixels p0..p1, ROWS at a
-        time (then one at a time), over all k-quads: 2 weight vectors loaded once per step
-        feed ROWS broadcast pixels. ``..._requantize(..., params, stride, lo, hi)``
-        requantizes in registers and stores 8 bits (as ``vnni``'s)."""
-        from llvmlite import ir
-        i32, i64 = ir.IntType(32), ir.IntType(64)
-        v8 = ir.VectorType(i32, 8)
-        dp = declare(mod, "llvm.x86.avx512.vpdpbusd.256", ir.FunctionType(v8, [v8, v8, v8]))
-        a_ptr = args[0]
-
-        def row_step(bc, start, k, accs, weights):
-            """the 4 bytes (a_k..a_k+3) of this pixel's row, broadcast, times 16 channels x
-            4 k"""
-            a_off = bc.add(start, bc.mul(k, ir.Constant(i64, 4)))
-            a32 = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=1)
-            av = splat(bc, a32, v8)
-            return [bc.call(dp, [accs[j], av, weights[j]]) for j in range(2)]
-
-        panel_gemm(fn, b, args, rows=ROWS, block=BLOCK, panel=PANEL, weights=(32, 2, v8, 1),
-                   accumulators=(2, v8), row_step=row_step, out_lane=i32,
-                   finish=requantize_finish(args, BLOCK) if epilogue else None)
-    return define_gemm
+    """The 256-bit GEMM: blocks of 16 channels (2 x 8 lanes), ROWS at a time
+    (``vnni.define_vpdpbusd``)."""
+    return define_vpdpbusd("eqquant_vnni256_gemm", 8, 2, ROWS, epilogue)
 
 
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:

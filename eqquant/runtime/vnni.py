@@ -39,38 +39,45 @@ def available() -> bool:
 ROWS = 6    # pixels per micro-kernel step: 6 x 4 accumulators + 4 weight vectors in zmm
 
 
-def _define(epilogue: bool = False):
-    @gemm_definition("eqquant_vnni_gemm" + ("_requantize" if epilogue else ""), "i8",
+def define_vpdpbusd(name: str, lanes: int, vectors: int, rows: int, epilogue: bool):
+    """Define (once per LLVM module) ``void <name>(A, lda, B, C, ldc, p0, p1, kq, oblocks)``,
+    a ``vpdpbusd`` GEMM on vectors of ``lanes`` int32 (16: zmm, AVX512-VNNI; 8: ymm, AVX-VNNI),
+    blocks of ``vectors`` x ``lanes`` output channels: for each block (its packed weights
+    contiguous, kept in cache), the pixels p0..p1 go ``rows`` at a time: each step loads
+    the block's weight vectors (its channels x 4 k) once and uses them for ``rows``
+    broadcast pixels; leftover pixels go one at a time. With ``epilogue``,
+    ``<name>_requantize(..., params, stride, lo, hi, valid)`` finishes each sum in registers
+    as ``kernels_int8.requantize_rows`` does, bit for bit (``requantize_finish``), and
+    stores 8-bit values into C (rows ldc bytes apart)."""
+    @gemm_definition(name + ("_requantize" if epilogue else ""), "i8",
                      ("ptr", "i64", "i64", "i64", "i64") if epilogue else ())
     def define_gemm(mod, fn, args, b):
-        """Define (once per LLVM module) ``void eqquant_vnni_gemm(A, lda, B, C, ldc, p0, p1,
-        kq, oblocks)``: for each block of 64 output channels (its packed weights contiguous,
-        kept in cache), the pixels p0..p1 go ROWS at a time: each step loads 4 weight vectors
-        (64 channels x 4 k) once and uses them for ROWS broadcast pixels, ROWS x 4
-        ``vpdpbusd``; leftover pixels go one at a time. ``..._requantize(..., params,
-        stride, lo, hi)`` finishes each sum in registers as ``kernels_int8.requantize_rows``
-        does, bit for bit (``params``: ``epilogue_params`` from the first block's channel,
-        rows ``stride`` int64 apart), and stores 8-bit values into C (rows ldc bytes
-        apart)."""
         from llvmlite import ir
         i32, i64 = ir.IntType(32), ir.IntType(64)
-        v16 = ir.VectorType(i32, 16)
-        dp = declare(mod, "llvm.x86.avx512.vpdpbusd.512",
-                     ir.FunctionType(v16, [v16, v16, v16]))
+        vt = ir.VectorType(i32, lanes)
+        dp = declare(mod, f"llvm.x86.avx512.vpdpbusd.{32 * lanes}",
+                     ir.FunctionType(vt, [vt, vt, vt]))
         a_ptr = args[0]
 
         def row_step(bc, start, k, accs, weights):
-            """the 4 bytes (a_k..a_k+3) of this pixel's row, broadcast, times 64 channels x
-            4 k"""
+            """the 4 bytes (a_k..a_k+3) of this pixel's row, broadcast, times the block's
+            channels x 4 k"""
             a_off = bc.add(start, bc.mul(k, ir.Constant(i64, 4)))
             a32 = bc.load(bc.bitcast(bc.gep(a_ptr, [a_off]), i32.as_pointer()), align=1)
-            av = splat(bc, a32, v16)
-            return [bc.call(dp, [accs[j], av, weights[j]]) for j in range(4)]
+            av = splat(bc, a32, vt)
+            return [bc.call(dp, [accs[j], av, weights[j]]) for j in range(vectors)]
 
-        panel_gemm(fn, b, args, rows=ROWS, block=BLOCK, panel=BLOCK * 4,
-                   weights=(64, 4, v16, 1), accumulators=(4, v16), row_step=row_step,
-                   out_lane=i32, finish=requantize_finish(args, BLOCK) if epilogue else None)
+        block = lanes * vectors
+        panel_gemm(fn, b, args, rows=rows, block=block, panel=block * 4,
+                   weights=(lanes * 4, vectors, vt, 1), accumulators=(vectors, vt),
+                   row_step=row_step, out_lane=i32,
+                   finish=requantize_finish(args, block) if epilogue else None)
     return define_gemm
+
+
+def _define(epilogue: bool = False):
+    """The 512-bit GEMM: blocks of 64 channels, ROWS x 4 accumulators (``define_vpdpbusd``)."""
+    return define_vpdpbusd("eqquant_vnni_gemm", 16, 4, ROWS, epilogue)
 
 
 def requantize_finish(args, block: int):
