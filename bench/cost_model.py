@@ -6,7 +6,8 @@ For each zoo model, its optimized fp32 program and its int8 program (per-channel
 layouts chosen for the CPU kernels): the executor's latency (the least of 5 rounds' medians of
 warm runs, 2 threads: the machine is shared), the measured cost model's prediction (the sum of
 its kernel instances' times, timing what the cache lacks) and the roofline model's, each with
-its error. The kernel-time cache is the
+its error. A program whose weights fit in a quarter of the last-level cache has its kernels
+timed with the weights in that cache (``weights_resident``). The kernel-time cache is the
 user's (``EQQUANT_CACHE_DIR`` to keep it apart).
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     from eqquant.extract.cost import CpuLatency
-    from eqquant.runtime.measured_cost import MeasuredCost, cpu_model
+    from eqquant.runtime.measured_cost import MeasuredCost, cpu_model, weights_resident
     from eqquant.optimizer import program_costs
     from eqquant.quant.flow import compile_layouts, quantize
     from eqquant.runtime.bindings import fp32_path
@@ -41,6 +42,7 @@ def main() -> None:
     print(f"CPU: {cpu_model()}; kernel paths: int8 {int8_path()}, fp32 {fp32_path()}; "
           f"{os.environ['NUMBA_NUM_THREADS']} threads")
     measured, roofline = MeasuredCost(), CpuLatency()
+    resident = MeasuredCost(measured.times, resident=True)
     print(f"{'program':22s} {'executor':>10s} {'measured model':>22s} {'roofline model':>22s}")
     for name in args.models:
         m = build(name)
@@ -52,15 +54,19 @@ def main() -> None:
         for label, prog in (("fp32", fp32), ("int8", r.runnable)):
             ex = Executor(prog)
             ex.run(x)
-            predicted = [program_costs(prog, model).total for model in (measured, roofline)]
+            # weights that fit in the last-level cache are timed there (weights_resident)
+            model = resident if weights_resident(prog) else measured
+            predicted = [program_costs(prog, m).total for m in (model, roofline)]
             real = executor_latency(ex, x, args.runs, args.rounds)   # on a quiet machine
             cells = []
             for pred in predicted:
                 cells.append(f"{pred * 1e3:9.2f} ms ({(pred / real - 1) * 100:+5.0f}%)")
             print(f"{name + ' ' + label:22s} {real * 1e3:7.2f} ms {cells[0]:>22s} "
-                  f"{cells[1]:>22s}", flush=True)
+                  f"{cells[1]:>22s}{'  (weights resident)' if model is resident else ''}",
+                  flush=True)
     measured.flush()
     print(measured.summary())
+    print(resident.summary().replace("cost model:", "with weights resident:"))
 
 
 if __name__ == "__main__":

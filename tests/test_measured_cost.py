@@ -264,3 +264,28 @@ def test_the_float_phase_fuses_whatever_model_chooses_the_kernels():
     r = quantize(m.module, m.params, samples, "minmax", cost=_FusionDear(), layouts=False)
     ops = [n.op_name for n in post_order(r.fp32.main.body) if isinstance(n, Call)]
     assert ops.count("fused.conv2d") == 3 and "nn.conv2d" not in ops and "nn.relu" not in ops
+
+
+def test_weights_that_fit_the_last_level_cache_are_timed_there_under_their_own_key(cache):
+    """A program whose weights take at most a quarter of the last-level cache keeps them
+    there between runs; its kernels are timed so (``resident``), each a time of its own
+    beside the time with the weights out of the caches."""
+    from eqquant.ir.builder import Builder
+    from eqquant.ir.params import bind_params
+    from eqquant.runtime.measured_cost import weights_resident
+    from eqquant.runtime.timing import last_level_cache_bytes
+
+    def program(units):
+        b = Builder()
+        x = b.input("x", (1, 64))
+        y = b.call("nn.dense", x, b.param("w", np.zeros((units, 64), np.float32)))
+        return bind_params(*b.finish(y))
+    llc = last_level_cache_bytes()
+    assert weights_resident(program(16))
+    assert not weights_resident(program(llc // (64 * 4 * 2)))     # half the cache
+    op, attrs, ins, out, consts = _conv_instance()
+    cold, warm = MeasuredCost(), MeasuredCost(resident=True)
+    cold.instance_cost(op, attrs, ins, out, consts)
+    warm.instance_cost(op, attrs, ins, out, consts)
+    assert len(cold.timed) == len(warm.timed) == 1 and cold.timed != warm.timed
+    assert all(k.endswith("| weights resident") for k in warm.timed)
