@@ -51,7 +51,8 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
 # gemm_block(A address, lda, B address, C address, ldc, p0, p1, kq, oblocks).
 gemm_block = gemm_intrinsic(_define(), "i8")
 # gemm_requantize(..., params address, params stride, lo, hi): requantized to 8 bits
-gemm_requantize = gemm_intrinsic(_define(True), "i8", ("ptr", "i64", "i64", "i64", "i64"))
+gemm_requantize = gemm_intrinsic(_define(True), "i8",
+                                 ("ptr", "i64", "i64", "i64", "i64"))
 
 
 @njit(cache=True)

@@ -31,6 +31,8 @@ from .memory import aligned
 
 # path -> (floats per vector, pixel rows per micro-kernel); a block is two vectors
 WIDTHS = {"fma": (8, 6), "avx512": (16, 8)}
+# the finishing GEMMs' extra arguments: the bias's address, lo, hi, the valid channels
+FINISH_ARGS = ("ptr", "f32", "f32", "i64")
 
 
 def available(path: str = "fma") -> bool:
@@ -47,7 +49,7 @@ def _define(path: str, epilogue: bool = False):
     lanes, rows = WIDTHS[path]
     name = f"eqquant_{path}_sgemm" + ("_bias_clamp" if epilogue else "")
 
-    @gemm_definition(name, "float", ("ptr", "f32", "f32", "i64") if epilogue else ())
+    @gemm_definition(name, "float", FINISH_ARGS if epilogue else ())
     def define_sgemm(mod, fn, args, b):
         """``void eqquant_<path>_sgemm(A, lda, B, C, ldc, p0, p1, k, oblocks)`` (A, B, C
         float32; lda and ldc in elements); ``..._bias_clamp(..., bias, lo, hi, valid)`` adds
@@ -90,8 +92,8 @@ def _define(path: str, epilogue: bool = False):
 sgemm256_block = gemm_intrinsic(_define("fma"), "float")
 sgemm512_block = gemm_intrinsic(_define("avx512"), "float")
 # the same GEMMs finishing the sums: (..., bias address, lo, hi, valid channels)
-sgemm256_finish = gemm_intrinsic(_define("fma", True), "float", ("ptr", "f32", "f32", "i64"))
-sgemm512_finish = gemm_intrinsic(_define("avx512", True), "float", ("ptr", "f32", "f32", "i64"))
+sgemm256_finish = gemm_intrinsic(_define("fma", True), "float", FINISH_ARGS)
+sgemm512_finish = gemm_intrinsic(_define("avx512", True), "float", FINISH_ARGS)
 
 
 def pack(w: np.ndarray, path: str = "fma") -> np.ndarray:

@@ -87,9 +87,6 @@ def gemm_intrinsic(define, element: str, extra: tuple = ()):
     if not extra:
         def block(typingctx, a, lda, b, c, ldc, p0, p1, k, blocks):
             return sig, codegen
-    elif len(extra) == 3:
-        def block(typingctx, a, lda, b, c, ldc, p0, p1, k, blocks, e0, e1, e2):
-            return sig, codegen
     elif len(extra) == 4:
         def block(typingctx, a, lda, b, c, ldc, p0, p1, k, blocks, e0, e1, e2, e3):
             return sig, codegen

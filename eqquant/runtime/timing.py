@@ -69,7 +69,7 @@ def _data_inputs(values: Sequence[Any], consts) -> list[np.ndarray]:
     return [v for i, v in enumerate(values) if i not in consts and isinstance(v, np.ndarray)]
 
 
-_FLUSH: list[np.ndarray] = []
+_FLUSH: dict[bool, np.ndarray] = {}   # resident -> the buffer written to evict
 _SCRATCH = np.zeros(64, np.int64)
 
 
@@ -100,13 +100,10 @@ def evict_caches(resident: bool = False) -> None:
     the last-level cache (MobileNet-v2's 3.5 MB of int8 weights in 32 MB) finds them there
     at each layer, and timing its small layers with their weights in memory added 10 us
     to each (``MeasuredCost``'s ``resident``)."""
-    size = 4 * _cache_size(2, 1 << 20) if resident else _cache_size(3, 32 << 20)
-    while len(_FLUSH) < 2:
-        _FLUSH.append(None)
-    slot = 1 if resident else 0
-    if _FLUSH[slot] is None:
-        _FLUSH[slot] = np.zeros(size // 8, np.int64)
-    _touch(_FLUSH[slot])
+    if resident not in _FLUSH:
+        size = 4 * _cache_size(2, 1 << 20) if resident else last_level_cache_bytes()
+        _FLUSH[resident] = np.zeros(size // 8, np.int64)
+    _touch(_FLUSH[resident])
 
 
 def last_level_cache_bytes() -> int:

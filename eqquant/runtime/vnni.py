@@ -131,7 +131,8 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
 # p0..p1 = A rows times the packed B (``oblocks`` panels of ``kq`` x 64 x 4 bytes).
 gemm_block = gemm_intrinsic(_define(), "i8")
 # gemm_requantize(..., params address, params stride, lo, hi): the same, requantized to 8 bits
-gemm_requantize = gemm_intrinsic(_define(True), "i8", ("ptr", "i64", "i64", "i64", "i64"))
+gemm_requantize = gemm_intrinsic(_define(True), "i8",
+                                 ("ptr", "i64", "i64", "i64", "i64"))
 
 
 @njit(cache=True)
