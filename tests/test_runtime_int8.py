@@ -165,6 +165,25 @@ def test_int8_dense_is_bit_exact(n, k, units, unsigned, zx, per_unit, seed):
         _check_dense(n, k, units_, unsigned, zx, per_unit_, seed)
 
 
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 300), st.integers(1, 40), st.booleans(),
+       st.sampled_from([0, 3, -128, 255, 40000, -70000]), st.booleans(), st.integers(0, 999))
+def test_portable_int8_dense_is_bit_exact(n, k, units, unsigned, zx, per_unit, seed):
+    """EQQUANT_INT8_KERNEL=portable: the dot-product kernel (``dense_i8``), its image less
+    the zero point in 16 bits, or in 32 where a zero point far outside the data's range
+    would overflow them; long rows (the vectorized loop and its remainder), sums that wrap."""
+    import os
+    before = os.environ.get("EQQUANT_INT8_KERNEL")
+    os.environ["EQQUANT_INT8_KERNEL"] = "portable"   # (hypothesis: no monkeypatch fixture)
+    try:
+        _check_dense(n, k, units, unsigned, zx - (128 if unsigned else 0), per_unit, seed)
+    finally:
+        if before is None:
+            del os.environ["EQQUANT_INT8_KERNEL"]
+        else:
+            os.environ["EQQUANT_INT8_KERNEL"] = before
+
+
 def _check_dense(n, k, units, unsigned, zx, per_unit, seed):
     rng = np.random.default_rng(seed)
     xdt = "uint8" if unsigned else "int8"

@@ -248,8 +248,8 @@ class QClip(Binding):
 class QDense(Binding):
     """qnn.dense: (N, K) int8/uint8 times (units, K) int8 weights, int32 out, zero points
     folded in: the SIMD GEMM (rows of unsigned bytes, as for convolutions) when the CPU has
-    one, the weights' zero points are 0 and the units a multiple of its block; the portable
-    GEMM else."""
+    one, the weights' zero points are 0 and the units a multiple of its block; else the
+    portable kernel, one dot product along K per output (``dense_i8``)."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
@@ -265,6 +265,9 @@ class QDense(Binding):
             self.shift = 128 if in_types[0].dtype == "int8" else 0
             self.packed, colsum128, self.kp = self.simd.pack(self.w)
             self.correction = (colsum128 // 128 * (self.shift + int(self.zx))).astype(np.int32)
+        else:      # the image less its zero point, in 16 bits where the differences fit
+            wide = abs(int(self.zx)) > 32000
+            self.shifted = np.empty(in_types[0].shape, np.int32 if wide else np.int16)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -284,10 +287,7 @@ class QDense(Binding):
                 out[...] = acc[:, :out.shape[1]]
             out -= self.correction
             return
-        col = np.ascontiguousarray(ins[0].T)
-        y = np.empty((self.w.shape[0], col.shape[1]), np.int32)
-        self.k8.gemm_i8(self.w, self.zw, col, self.zx, y)
-        out[...] = y.T
+        self.k8.dense_i8(ins[0], self.zx, self.w, self.zw, self.shifted, out)
 
 
 class Lut(Binding):
