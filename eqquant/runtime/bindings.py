@@ -49,6 +49,27 @@ def _per_channel(bias_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> boo
         and padded[1] in (1, out_shape[1])
 
 
+def moved(x: np.ndarray, to_last: bool = True) -> np.ndarray:
+    """A new, aligned copy of the image ``x`` moved channel-last ((N, C, H, W) -> (N, H, W,
+    C)), or back with ``to_last=False``, as ``layout_transform`` moves it
+    (``transpose_planes``): a kernel called at a call site in the layout it does not read then
+    pays for its transposes what the layout phase's would cost (numpy's strided copy of a byte
+    image is several times slower, and made NCHW sites of integer kernels look dear)."""
+    n = x.shape[0]
+    out = memory.empty((n, *x.shape[2:], x.shape[1]) if to_last else
+                       (n, x.shape[3], *x.shape[1:3]), x.dtype)
+    move_into(x, out, to_last)
+    return out
+
+
+def move_into(src: np.ndarray, out: np.ndarray, to_last: bool = True) -> None:
+    """``src`` written into ``out``, the same image in the other layout."""
+    n = src.shape[0]
+    a, b = (src.shape[1], src.size // (n * src.shape[1])) if to_last else \
+        (src.size // (n * src.shape[3]), src.shape[3])
+    k.transpose_planes(np.ascontiguousarray(src).reshape(n, a, b), out.reshape(n, b, a))
+
+
 class _Spatial(Binding):
     """Convolutions and pools: the kernels work on NCHW; a channels-last call site (NHWC)
     runs them between two transposes (``compute`` is the NCHW body)."""
@@ -197,7 +218,7 @@ class Conv2D(_Spatial):
         x = ins[0]
         if self.fma is not None:
             n, o, oh, ow = out.shape
-            self.fma.conv(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), self.kh, self.kw,
+            self.fma.conv(moved(x), self.kh, self.kw,
                           self.sh, self.sw, self.pt, self.pl, self.dh, self.dw, oh, ow,
                           self.packed, self.bias_vec, np.float32(self.lo), np.float32(self.hi),
                           False, out.reshape(n, o, oh * ow), get_num_threads())

@@ -14,7 +14,7 @@ from ..ops.fused import epilogue_bounds
 from ..ops.fixed_point import quantize_multiplier
 from ..ops.numerics import qrange
 from . import memory
-from .bindings import Binding, _per_channel, _per_channel_last
+from .bindings import Binding, _per_channel, _per_channel_last, move_into, moved
 
 
 def _const_scalar(consts, i):
@@ -140,8 +140,8 @@ class QConv2D(Binding):
             return self._simd(ins, out)
         if self.channels_last:     # the portable NCHW kernels between two transposes
             acc = np.empty(out.shape[:1] + (out.shape[3],) + out.shape[1:3], np.int32)
-            self._portable(np.ascontiguousarray(ins[0].transpose(0, 3, 1, 2)), acc)
-            np.copyto(out, acc.transpose(0, 2, 3, 1))
+            self._portable(moved(ins[0], to_last=False), acc)
+            move_into(acc, out)
             return
         self._portable(ins[0], out)
 
@@ -177,7 +177,7 @@ class QConv2D(Binding):
             for b in range(n):
                 self.k8.to_hwc(x[b], self.shift, nhwc[b])
             return nhwc
-        return np.ascontiguousarray(x.transpose(0, 2, 3, 1))   # uint8 already: numpy's copy
+        return moved(x)                  # uint8 already: moved as it is
 
     def hwc(self, x_b: np.ndarray) -> np.ndarray:
         """One image (C, H, W), or (H, W, C) at an NHWC call site (``nhwc``)."""
@@ -514,8 +514,6 @@ class FusedQConv2D(Binding):
         last = self.channels_last
         n = out.shape[0]
         o = out.shape[3] if last else out.shape[1]
-        # one image's output as the kernels write it: (O, oh*ow), or (oh*ow, O) channel-last
-        image = (lambda b: out[b].reshape(-1, o)) if last else (lambda b: out[b].reshape(o, -1))
         if c.simd is not None:   # the batch's windows, GEMM and epilogue in one region
             oh, ow = c.out_hw
             c.simd.conv_requantize(c.nhwc(ins[0]), c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, c.dh,
@@ -526,16 +524,21 @@ class FusedQConv2D(Binding):
                                    get_num_threads())
             return
         if c.depthwise:      # the sum, bias, clamp and requantization channel by channel
-            kernel = self.k8.depthwise_channels_last if last else self.k8.depthwise_requantize
-            oh, ow = (out.shape[1:3] if last else out.shape[2:])
+            # (channel-last: an NCHW call site moves its 8-bit image in and its result out)
+            x = ins[0] if last else moved(ins[0])
+            res = out if last else memory.empty((n, *out.shape[2:], o), out.dtype)
+            oh, ow = res.shape[1:3]
             for b in range(n):
-                kernel(ins[0][b], c.zx, c.wdw, c.mult, c.sh, c.sw, c.pt, c.pl, c.dh, c.dw, oh,
-                       ow, self.bias, self.clamp_lo, self.clamp_hi, self.m, self.sh, self.zin,
-                       self.zout, self.lo, self.hi, image(b))
+                self.k8.depthwise_channels_last(
+                    x[b], c.zx, c.wdw, c.mult, c.sh, c.sw, c.pt, c.pl, c.dh, c.dw, oh, ow,
+                    self.bias, self.clamp_lo, self.clamp_hi, self.m, self.sh, self.zin,
+                    self.zout, self.lo, self.hi, res[b].reshape(-1, o))
+            if not last:
+                move_into(res, out, to_last=False)
             return
         # the portable GEMM (grouped convolutions, weight zero points, no SIMD path) runs
         # NCHW: a channel-last call site transposes its image in and its result out
-        x = np.ascontiguousarray(ins[0].transpose(0, 3, 1, 2)) if last else ins[0]
+        x = moved(ins[0], to_last=False) if last else ins[0]
         c._portable(x, self.acc)
         res = np.empty(self.acc.shape, out.dtype) if last else out
         for b in range(n):
@@ -544,7 +547,7 @@ class FusedQConv2D(Binding):
                                           self.zin, self.zout, self.lo, self.hi,
                                           res[b].reshape(o, -1))
         if last:
-            np.copyto(out, res.transpose(0, 2, 3, 1))
+            move_into(res, out)
 
 
 class GlobalAverage(Binding):

@@ -427,27 +427,6 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bia
 
 
 @njit(parallel=True, cache=True)
-def depthwise_requantize(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bias, clamp_lo,
-                         clamp_hi, multipliers, shifts, zin, zout, lo, hi, out):
-    """fused.qconv2d with groups = input channels on NCHW data: each output row's depthwise
-    sums (``_depthwise_row``), bias, clamp and requantization (as ``bias_clamp_requantize``)
-    in one pass: x (C, H, W), out (O, oh*ow)."""
-    o_n = out.shape[0]
-    left, total, half = shift_params(shifts)
-    for oy in prange(oh):
-        acc = np.empty((ow, o_n), np.int32)
-        rowbuf = np.empty((x.shape[2], o_n), np.int16)
-        _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf)
-        for o in range(o_n):
-            m = multipliers[o]
-            b = np.int64(bias[o])
-            for ox in range(ow):
-                out[o, oy * ow + ox] = requantize_acc(
-                    np.int64(acc[ox, o]) + b, clamp_lo[o], clamp_hi[o], zin, left[o], m,
-                    half[o], total[o], zout, lo, hi)
-
-
-@njit(parallel=True, cache=True)
 def global_average(x, s, z, so, zo, lo, hi, out):
     """qnn.global_avg_pool2d on x (N, P, C) 8-bit (P the pixels) -> out (N, C): for each
     channel, the mean of the dequantized values (float32((q - z) * s)), then quantized with
