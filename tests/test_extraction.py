@@ -131,3 +131,21 @@ def test_the_ilp_is_never_dearer_than_greedy_on_int8_programs():
         exact = optimize(marked, None, INT8_RULES, extractor="ilp")
         assert exact.extractor == "ilp"
         assert exact.after.total <= greedy.after.total * (1 + 1e-9), (layers, residual, pool)
+
+
+def test_local_improvement_orders_operands_first_and_refuses_a_cycle():
+    """The improvement pass's program order puts every class after its operands even when
+    one is pushed first by a user that reaches it later (root -> (y, x), x -> y), so that a
+    switch of y to a node reading x is seen to close a cycle. (Ordered as pushed, x came
+    before y: MobileNet-v2's layout phase once took x = layout_transform(y), y =
+    layout_transform(x), and building that program ran out of memory.)"""
+    from types import SimpleNamespace as Node
+    from eqquant.extract.extractors import _Program
+    node = lambda i, *kids: Node(node_id=i, children=kids)  # noqa: E731
+    choice = {"r": node("nr", "y", "x"), "x": node("nx", "y"), "y": node("ny")}
+    costs = {"nr": 1.0, "nx": 1.0, "ny": 1.0, "ny2": 0.1}
+    prog = _Program(choice, "r", frozenset(), costs)
+    assert prog.topo["y"] < prog.topo["x"] < prog.topo["r"]
+    assert prog.refs == {"r": 1, "x": 1, "y": 2} and prog.total == 3.0
+    assert prog.reaches("x", "y")
+    assert prog.delta("y", node("ny2", "x")) is None      # y reading x: a cycle

@@ -166,6 +166,8 @@ def greedy_dag(view: EGraphView, root: str, model: CostModel) -> Extraction:
     fixed = view.const_node  # cost 0 and never on a cycle: not entered while searching
 
     choice = _improve(choice, root, fixed, costs, view)
+    if _acyclic_used(choice, root, fixed) is None:
+        raise EqquantError("internal: greedy extraction chose a cycle")
     used = _used(choice, root)
     return Extraction(used, dag_cost(used, costs, root), "greedy")
 
@@ -190,18 +192,25 @@ class _Program:
         refs: dict[str, int] = {self.root: 1}
         order: list[str] = []
         stack = [(self.root, False)]
-        seen = {self.root}
+        expanded: set[str] = set()
         while stack:
             c, done = stack.pop()
             if done:
                 order.append(c)
                 continue
+            # (a class takes its place when it is expanded, not when first pushed: one pushed
+            # by a user and reached first through another must still come after its
+            # operands, or ``reaches`` skips it and lets a switch close a cycle)
+            if c in expanded:
+                continue
+            expanded.add(c)
             stack.append((c, True))
             for k in self.kids(c):
-                refs[k] = refs.get(k, 0) + 1
-                if k not in seen:
-                    seen.add(k)
+                if k not in expanded:
                     stack.append((k, False))
+        for c in expanded:
+            for k in self.kids(c):
+                refs[k] = refs.get(k, 0) + 1
         self.refs = refs
         self.topo = {c: i for i, c in enumerate(order)}
         self.total = sum(self.cost_of(c) for c in refs)
