@@ -40,6 +40,15 @@ class Binding:
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return _is_f32(*in_types, out_type)
 
+    def scratch(self, name: str, shape, dtype) -> np.ndarray:
+        """An aligned buffer of this call site's, made on its first run and reused (the
+        executor runs one op at a time): a fresh array per run pays its page faults anew."""
+        buffers = self.__dict__.setdefault("_scratch", {})
+        buf = buffers.get(name)
+        if buf is None or buf.shape != tuple(shape) or buf.dtype != np.dtype(dtype):
+            buf = buffers[name] = memory.empty(tuple(shape), dtype)
+        return buf
+
 
 def _per_channel(bias_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
     """A bias that only varies along axis 1 of the output (and does not widen it)."""
@@ -49,15 +58,16 @@ def _per_channel(bias_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> boo
         and padded[1] in (1, out_shape[1])
 
 
-def moved(x: np.ndarray, to_last: bool = True) -> np.ndarray:
+def moved(x: np.ndarray, to_last: bool = True, out: np.ndarray | None = None) -> np.ndarray:
     """A new, aligned copy of the image ``x`` moved channel-last ((N, C, H, W) -> (N, H, W,
     C)), or back with ``to_last=False``, as ``layout_transform`` moves it
     (``transpose_planes``): a kernel called at a call site in the layout it does not read then
     pays for its transposes what the layout phase's would cost (numpy's strided copy of a byte
     image is several times slower, and made NCHW sites of integer kernels look dear)."""
     n = x.shape[0]
-    out = memory.empty((n, *x.shape[2:], x.shape[1]) if to_last else
-                       (n, x.shape[3], *x.shape[1:3]), x.dtype)
+    if out is None:
+        out = memory.empty((n, *x.shape[2:], x.shape[1]) if to_last else
+                           (n, x.shape[3], *x.shape[1:3]), x.dtype)
     move_into(x, out, to_last)
     return out
 
@@ -216,12 +226,15 @@ class Conv2D(_Spatial):
 
     def compute(self, ins, out):
         x = ins[0]
-        if self.fma is not None:
+        if self.fma is not None:   # channel-last, between two moves (``moved``)
             n, o, oh, ow = out.shape
-            self.fma.conv(moved(x), self.kh, self.kw,
+            res = self.scratch("result", (n, oh, ow, o), np.float32)
+            x = moved(x, out=self.scratch("image", (n, *x.shape[2:], x.shape[1]), x.dtype))
+            self.fma.conv(x, self.kh, self.kw,
                           self.sh, self.sw, self.pt, self.pl, self.dh, self.dw, oh, ow,
                           self.packed, self.bias_vec, np.float32(self.lo), np.float32(self.hi),
-                          False, out.reshape(n, o, oh * ow), get_num_threads())
+                          True, res.reshape(n, oh * ow, o), get_num_threads())
+            move_into(res, out, to_last=False)
             return
         w = self.w if self.w is not None else self._pack(ins[1])
         bias, lo, hi = self.bias_vec, self.lo, self.hi

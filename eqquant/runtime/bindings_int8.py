@@ -171,13 +171,13 @@ class QConv2D(Binding):
         unsigned bytes the SIMD GEMM reads."""
         if self.channels_last:       # int8 + 128 as a byte is its bits with the top one flipped
             return np.bitwise_xor(x.view(np.uint8), np.uint8(0x80)) if self.shift else x
+        n, c, h, w = x.shape
+        nhwc = self.scratch("image", (n, h, w, c), np.uint8)
         if self.shift:
-            n, c, h, w = x.shape
-            nhwc = np.empty((n, h, w, c), np.uint8)
             for b in range(n):
                 self.k8.to_hwc(x[b], self.shift, nhwc[b])
             return nhwc
-        return moved(x)                  # uint8 already: moved as it is
+        return moved(x, out=nhwc)        # uint8 already: moved as it is
 
     def hwc(self, x_b: np.ndarray) -> np.ndarray:
         """One image (C, H, W), or (H, W, C) at an NHWC call site (``nhwc``)."""
@@ -516,17 +516,22 @@ class FusedQConv2D(Binding):
         o = out.shape[3] if last else out.shape[1]
         if c.simd is not None:   # the batch's windows, GEMM and epilogue in one region
             oh, ow = c.out_hw
+            # (channel-last: an NCHW call site moves its result out, as the layout phase's
+            # layout_transform would, so that the site costs the channel-last one and moves)
+            res = out if last else self.scratch("result", (n, oh, ow, o), out.dtype)
             c.simd.conv_requantize(c.nhwc(ins[0]), c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, c.dh,
                                    c.dw, c.zx + c.shift, oh, ow, c.packed, c.correction,
                                    self.bias, self.clamp_lo, self.clamp_hi, self.m, self.sh,
-                                   self.zin, self.zout, self.lo, self.hi, last,
-                                   out.reshape((n, -1, o) if last else (n, o, -1)),
-                                   get_num_threads())
+                                   self.zin, self.zout, self.lo, self.hi, True,
+                                   res.reshape(n, -1, o), get_num_threads())
+            if not last:
+                move_into(res, out, to_last=False)
             return
         if c.depthwise:      # the sum, bias, clamp and requantization channel by channel
             # (channel-last: an NCHW call site moves its 8-bit image in and its result out)
-            x = ins[0] if last else moved(ins[0])
-            res = out if last else memory.empty((n, *out.shape[2:], o), out.dtype)
+            x = ins[0] if last else moved(ins[0], out=self.scratch(
+                "image", (n, *ins[0].shape[2:], ins[0].shape[1]), ins[0].dtype))
+            res = out if last else self.scratch("result", (n, *out.shape[2:], o), out.dtype)
             oh, ow = res.shape[1:3]
             for b in range(n):
                 self.k8.depthwise_channels_last(
