@@ -289,3 +289,26 @@ def test_weights_that_fit_the_last_level_cache_are_timed_there_under_their_own_k
     warm.instance_cost(op, attrs, ins, out, consts)
     assert len(cold.timed) == len(warm.timed) == 1 and cold.timed != warm.timed
     assert all(k.endswith("| weights resident") for k in warm.timed)
+
+
+def test_a_placed_model_times_each_kernel_as_its_precisions_program_holds_weights(cache):
+    """``for_weights(float bytes, int8 bytes)``, as ``quantize`` places its model: a kernel
+    with integer weights is timed as the integer program holds them (here in the cache), one
+    with float weights as the float program does (here out of it), sharing one table."""
+    from eqquant.runtime.timing import last_level_cache_bytes
+    llc = last_level_cache_bytes()
+    op, attrs, ins, out, consts = _conv_instance()            # int8 weights
+    fop = get_op("fused.conv2d")
+    fattrs = fop.canonical_attrs(dict(padding=[1, 1, 1, 1]))
+    fins = [TensorType((1, 8, 12, 12), "float32"), TensorType((16, 8, 3, 3), "float32"),
+            TensorType((16, 1, 1), "float32")]
+    fout = TensorType((1, 16, 12, 12), "float32")
+    model = MeasuredCost()
+    placed = model.for_weights(llc, llc // 8)
+    assert placed.resident_by == {"float": False, "int": True} and not model.resident_by
+    placed.instance_cost(op, attrs, ins, out, consts)
+    placed.instance_cost(fop, fattrs, fins, fout, frozenset({1, 2}))
+    keys = sorted(placed.timed)
+    assert len(keys) == 2 and placed.timed is model.timed      # one table, one count
+    assert [k.endswith("| weights resident") for k in keys] == \
+        [k.startswith("fused.qconv2d") for k in keys]

@@ -225,11 +225,15 @@ def _optimize(model, params, rules, schedule, cost, extractor, iterations, node_
     from ..optimizer import optimize
     from ..rules.loader import load_rules
     from ..runtime.measured_cost import resolve_cost
+    from ..extract.cost import constant_bytes
+    from ..ir.params import bind_params
     mod, values = load_program(model, params)
     if schedule and schedule.startswith("@"):
         schedule = read_source(schedule[1:])
-    return optimize(mod, values, [load_rules(r) for r in rules], schedule=schedule,
-                    cost=resolve_cost(cost), extractor=extractor,
+    bound = bind_params(mod, values) if values else mod
+    return optimize(bound, None, [load_rules(r) for r in rules], schedule=schedule,
+                    cost=resolve_cost(cost).for_weights(constant_bytes(bound)),
+                    extractor=extractor,
                     limits=Limits(iterations, node_limit, time_limit))
 
 

@@ -37,6 +37,13 @@ def nbytes(t: Type) -> float:
     return 0.0
 
 
+def constant_bytes(mod) -> int:
+    """The bytes of a program's constants (its weights), each counted once."""
+    from ..core.nodes import Constant, post_order
+    return int(sum(nbytes(n.type) for n in post_order(mod.main.body)
+                   if isinstance(n, Constant)))
+
+
 def output_size(t: Type) -> float:
     if isinstance(t, TensorType):
         return float(t.size)
@@ -64,6 +71,12 @@ class CostModel:
         layouts do not matter to them): the registry's word (``channels_last``), unless the
         model knows the machine's kernels better."""
         return None if op.channels_last is None else op.channels_last(attrs, in_types)
+
+    def for_weights(self, weight_bytes: int, int8_bytes: int | None = None) -> "CostModel":
+        """This model for a program holding ``weight_bytes`` of weights (``constant_bytes``;
+        ``int8_bytes`` in its integer form): a measured model times its kernels with them in
+        the last-level cache where they fit there; other models do not care."""
+        return self
 
     def summary(self) -> str:
         """One line on where the costs came from (for reports)."""
@@ -147,6 +160,16 @@ class LaidOut(CostModel):
 
     def reads_channels_last(self, op, attrs, in_types) -> bool | None:
         return self.model.reads_channels_last(op, attrs, in_types)
+
+    def for_weights(self, weight_bytes: int, int8_bytes: int | None = None) -> CostModel:
+        placed = self.model.for_weights(weight_bytes, int8_bytes)
+        return self if placed is self.model else LaidOut(placed)
+
+    def summary(self) -> str:
+        return self.model.summary()
+
+    def flush(self) -> None:
+        self.model.flush()
 
     def summary(self) -> str:
         return self.model.summary() + " (each op costed in the layout it will run in)"

@@ -20,7 +20,7 @@ from ..core.nodes import Call, Expr, Function, Module, Scalar, post_order, rewri
 from ..ir.params import bind_params
 from ..ir.printer import value_labels
 from ..ops.registry import ANNOTATION, OUTPUT_SCALE, OUTPUT_ZERO_POINT, QUANT
-from ..extract.cost import CostModel, LaidOut
+from ..extract.cost import CostModel, LaidOut, constant_bytes
 from ..optimizer import OptimizeResult, optimize
 from .annotate import annotate, as_inputs, calibrate, qparams
 from .calibrate import CalibrationTable
@@ -197,6 +197,9 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     # marked and quantized on its own.
     fp = optimize(bind_params(mod, params) if params else mod, None, FP32_RULES,
                   FP32_SCHEDULE, cost="cpu").module
+    # a measured model times each kernel with its weights where a program of that precision
+    # holds them: in the last-level cache if they fit there (int8: a quarter of the bytes)
+    cost = cost.for_weights(constant_bytes(fp), constant_bytes(fp) // 4)
     samples = [as_inputs(x, fp.main) for x in samples]
     table = calibrate(fp, None, samples, mode, skip, progress)
     kept_float: list[str] = []

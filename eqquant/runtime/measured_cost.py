@@ -19,6 +19,7 @@ and optimize reports print it.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
@@ -26,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..core.types import Type
-from ..extract.cost import CostModel, CpuLatency, cost_model, unfused_calls
+from ..core.types import TensorType, Type
+from ..extract.cost import CostModel, CpuLatency, constant_bytes, cost_model, unfused_calls
 from ..ops.registry import ANNOTATION, OpDef
 
 CACHE_FILE = "kernel-times.json"
@@ -124,12 +125,13 @@ def weights_resident(mod) -> bool:
     last-level cache, so that between two runs, with the activations passing through too,
     they stay in it: MobileNet-v2 int8 (3.5 MB in 32 MB) does, its fp32 program (14 MB) and
     resnet18 int8 (11 MB) do not, as their measured times show."""
-    import numpy as np
-    from ..core.nodes import Constant, post_order
+    return fits_last_level_cache(constant_bytes(mod))
+
+
+def fits_last_level_cache(weight_bytes: int) -> bool:
+    """Whether ``weight_bytes`` of weights take at most 1 / RESIDENT_SHARE of that cache."""
     from .timing import last_level_cache_bytes
-    weights = sum(int(np.prod(n.type.shape)) * np.dtype(n.type.dtype).itemsize
-                  for n in post_order(mod.main.body) if isinstance(n, Constant))
-    return weights * RESIDENT_SHARE <= last_level_cache_bytes()
+    return weight_bytes * RESIDENT_SHARE <= last_level_cache_bytes()
 
 
 class MeasuredCost(CostModel):
@@ -144,6 +146,7 @@ class MeasuredCost(CostModel):
     def __init__(self, times: KernelTimes | None = None, measure: bool = True,
                  fallback: CostModel | None = None, progress=None, resident: bool = False):
         self.resident = resident
+        self.resident_by: dict[str, bool] = {}    # by weight kind, once placed (for_weights)
         self.times = times if times is not None else KernelTimes()
         self.measure = measure
         self.fallback = fallback or CpuLatency()
@@ -152,6 +155,28 @@ class MeasuredCost(CostModel):
         self.timed: set[str] = set()       # timed by this model
         self.estimated: dict[str, str] = {}  # instance -> why it was estimated
         self._saved = time.monotonic()
+
+    def for_weights(self, weight_bytes: int, int8_bytes: int | None = None) -> "MeasuredCost":
+        """A model sharing this one's times and counts whose kernels are timed as a program
+        of ``weight_bytes`` of weights runs (``fits_last_level_cache``); with ``int8_bytes``,
+        a kernel with integer weights as the integer program of that many bytes runs (a mixed
+        extraction weighs both: MobileNet-v2's int8 weights stay in the cache between runs,
+        its float ones do not)."""
+        placed = copy.copy(self)
+        placed.resident_by = {
+            "float": fits_last_level_cache(weight_bytes),
+            "int": fits_last_level_cache(weight_bytes if int8_bytes is None else int8_bytes)}
+        return placed
+
+    def _resident(self, in_types, consts) -> bool:
+        """Whether this instance is timed with its weights (its constant tensors of rank 2
+        and more) in the last-level cache."""
+        if not self.resident_by:
+            return self.resident
+        kinds = {"float" if t.dtype.startswith("float") else "int"
+                 for i, t in enumerate(in_types) if i in consts and
+                 isinstance(t, TensorType) and len(t.shape) >= 2}
+        return self.resident_by["int" if kinds == {"int"} else "float"]
 
     def op_cost(self, op, attrs, in_types, out_type) -> float:
         return self.instance_cost(op, attrs, in_types, out_type, frozenset())
@@ -177,7 +202,8 @@ class MeasuredCost(CostModel):
                 j for j, i in where.items() if i in consts))
                 for o, a, ins, out, where in unfused_calls(op, attrs, in_types))
         key = instance_key(op, attrs, in_types, out_type, frozenset(consts))
-        if self.resident:
+        resident = self._resident(in_types, consts)
+        if resident:
             key += " | weights resident"
         t = self.times.times.get(key)
         if t is not None:
@@ -187,8 +213,7 @@ class MeasuredCost(CostModel):
         if self.measure and key not in self.estimated:
             from .timing import time_instance
             try:
-                t = time_instance(op, attrs, in_types, out_type, consts,
-                                  resident=self.resident)
+                t = time_instance(op, attrs, in_types, out_type, consts, resident=resident)
             except Exception as e:  # noqa: BLE001 - an instance that cannot run alone
                 self.estimated[key] = f"not timed: {type(e).__name__}: {e}"
             else:
