@@ -206,15 +206,13 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     marked = annotate(fp, table, dtype, weight_scale, per_channel, kept_float)
     mixed = None
     front = []
+    # float or integer, each op costed as the layout phase will lay it out (LaidOut)
+    weigh = LaidOut(cost) if layouts else cost
     if min_sqnr is not None or budget_ms is not None or keep_fp32 or metric is not None or \
             pareto:
         from .annotate import mark_labels
         from .mixed import MixedSpace, search
         from .mixed import pareto as pareto_points
-        # which values stay float, each op costed in the layout the layout phase will give
-        # it (the default extraction, every mark kept, is costed as written: near an op the
-        # layout rules do not move, a join, the layout phase leaves NCHW as it is)
-        weigh = LaidOut(cost) if layouts else cost
         space = MixedSpace(marked, weigh, names=mark_labels(marked, fp))
         space.measure_sensitivity(samples[:8])
         mixed = search(space, min_sqnr, None if budget_ms is None else budget_ms / 1e3,
@@ -223,7 +221,7 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
         result = _mixed_as_optimized(space, mixed.program, marked, weigh)
         int8 = mixed.program
     else:
-        result = optimize(marked, None, INT8_RULES, cost=cost, extractor="best")
+        result = optimize(marked, None, INT8_RULES, cost=weigh, extractor="best")
         int8 = expand_calibration(result.module)
     if check_input is not None:
         layers, output = evaluate(fp, int8, table, dtype, as_inputs(check_input, fp.main))
