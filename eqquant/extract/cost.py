@@ -147,11 +147,12 @@ def channels_last_instance(op: OpDef, attrs: Mapping[str, Any], in_types: Sequen
         types.append(t)
     out = TensorType(tuple(out_type.shape[a] for a in to_last), out_type.dtype)
     try:
-        if op.type_rel(types, op.canonical_attrs(new)) != out:
+        new = op.canonical_attrs(new)
+        if op.type_rel(types, new) != out:
             return None
     except Exception:  # noqa: BLE001 - any refusal of the type relation: not this way
         return None
-    return op.canonical_attrs(new), types, out
+    return new, types, out
 
 
 class LaidOut(CostModel):
@@ -205,12 +206,6 @@ class LaidOut(CostModel):
     def for_weights(self, weight_bytes: int, int8_bytes: int | None = None) -> CostModel:
         placed = self.model.for_weights(weight_bytes, int8_bytes)
         return self if placed is self.model else LaidOut(placed)
-
-    def summary(self) -> str:
-        return self.model.summary()
-
-    def flush(self) -> None:
-        self.model.flush()
 
     def summary(self) -> str:
         return self.model.summary() + " (each op costed in the layout it will run in)"
