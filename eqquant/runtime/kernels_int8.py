@@ -70,10 +70,18 @@ def dense_i8(x, zx, w, zw, xs, out):
             sums[n] += v
     for o in prange(w.shape[0]):
         for n in range(n_):
-            acc = np.int32(0)
-            for k in range(k_):
-                acc += np.int32(w[o, k]) * np.int32(xs[n, k])
-            out[n, o] = acc - zw[o] * sums[n]
+            out[n, o] = _dot_i32(w[o], xs[n]) - zw[o] * sums[n]
+
+
+@njit(cache=True)
+def _dot_i32(a, b):
+    """sum(a * b) wrapped to int32 at every step: held to 32 bits, LLVM's vectorized
+    reduction multiplies 16-bit pairs (vpmaddwd; vpdpwssd with VNNI). Summed in int64, as
+    Numba types a product of two int32, it took vpmulld: 2048x2048 0.10 -> 0.045 ms."""
+    acc = np.int32(0)
+    for k in range(a.shape[0]):
+        acc = np.int32(acc + np.int32(a[k]) * np.int32(b[k]))
+    return acc
 
 
 @njit(parallel=True, cache=True)
