@@ -200,6 +200,62 @@ def test_with_slow_integer_kernels_the_measured_model_keeps_layers_in_float(cach
     assert cost["mixed"] <= 1.001 * min(cost["int8"], cost["float"]), cost
 
 
+def test_with_slow_integer_convolutions_the_extracted_program_beats_all_int8_and_all_fp32(
+        cache, monkeypatch):
+    """EQQUANT_INT8_KERNEL=portable on a VGG-shaped net (``vgg_small``: three convolution
+    stages, then a classifier of 48 MB float weights). Timed on this machine, the portable
+    integer convolutions are slower than the float ones, and the integer classifier (a
+    quarter of the bytes to read) faster than the float one. The measured model leaves every
+    convolution whose integer kernel is the slower in float, keeps the classifier in
+    integers, and the program it extracts costs less than both the all-int8 program and the
+    all-fp32 one: a choice neither uniform precision can make. (Costs are the measured
+    kernel times the programs are made of, each program laid out as it runs; the wall
+    times are bench/portable_mixed.py's.)"""
+    from eqquant.core.nodes import Call, Constant, Scalar, post_order
+    from eqquant.extract.cost import constant_bytes
+    from eqquant.ir.typecheck import infer_types
+    from eqquant.optimizer import program_costs
+    from eqquant.quant.flow import compile_layouts, quantize
+    from eqquant.zoo import build
+    monkeypatch.setenv("EQQUANT_INT8_KERNEL", "portable")
+    m = build("vgg_small")
+    rng = np.random.default_rng(0)
+    samples = [{"data": rng.normal(size=(1, 3, 64, 64)).astype("float32")} for _ in range(2)]
+    measured = MeasuredCost()
+    mixed = quantize(m.module, m.params, samples, "minmax", per_channel=True, cost=measured)
+    full = quantize(m.module, m.params, samples, "minmax", per_channel=True, cost="cpu")
+    placed = measured.for_weights(constant_bytes(full.fp32), constant_bytes(full.fp32) // 4)
+    programs = {"mixed": mixed.runnable, "int8": full.runnable,
+                "fp32": compile_layouts(full.fp32, placed).module}
+    kinds = {"fused.qconv2d": ("conv", True), "fused.conv2d": ("conv", False),
+             "nn.conv2d": ("conv", False), "qnn.dense": ("dense", True),
+             "fused.dense": ("dense", False), "nn.dense": ("dense", False)}
+
+    def layers(mod):
+        """(conv or dense, is it integer, its kernel's measured time) in program order"""
+        types = infer_types(mod)
+        out = []
+        for n in post_order(mod.main.body):
+            if isinstance(n, Call) and n.op_name in kinds:
+                consts = frozenset(i for i, a in enumerate(n.args)
+                                   if isinstance(a, (Constant, Scalar)))
+                out.append((*kinds[n.op_name], placed.instance_cost(
+                    n.op, n.attrs, [types[id(a)] for a in n.args], types[id(n)], consts)))
+        return out
+    got = {k: layers(p) for k, p in programs.items()}
+    assert [k for k, _, _ in got["mixed"]] == ["conv"] * 3 + ["dense"] * 3
+    assert all(q for _, q, _ in got["int8"]) and not any(q for _, q, _ in got["fp32"])
+    for (kind, q, _), (_, _, t_int), (_, _, t_float) in zip(*got.values()):
+        if t_int > t_float:                     # the integer kernel is the slower: float
+            assert not q, (kind, t_int, t_float)
+    assert all(t_i > t_f for (k, _, t_i), (_, _, t_f) in zip(got["int8"], got["fp32"])
+               if k == "conv")                  # (every portable convolution is)
+    assert [q for _, q, _ in got["mixed"][3:5]] == [True, True]     # the 2048-wide layers
+    cost = {k: program_costs(p, placed).total for k, p in programs.items()}
+    assert cost["mixed"] < min(cost["int8"], cost["fp32"]), cost
+    assert mixed.output["sqnr"] >= full.output["sqnr"] - 3     # (its noise: another mix)
+
+
 def test_with_slow_integer_kernels_mixed_precision_weighs_them_in_the_layout_they_read(
         cache, monkeypatch):
     """The mixed-precision search (``min_sqnr``) under EQQUANT_INT8_KERNEL=portable: its

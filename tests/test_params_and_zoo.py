@@ -55,7 +55,7 @@ def test_missing_input_and_constant_value():
 
 
 @pytest.mark.parametrize("name", ["conv_bn", "resnet18_stem", "resnet18", "resnet50",
-                                  "mobilenet_v2"])
+                                  "mobilenet_v2", "vgg_small"])
 def test_zoo_models(name, tmp_path):
     a, b = build(name, seed=3, image_size=64), build(name, seed=3, image_size=64)
     assert print_module(a.module) == print_module(b.module)
@@ -69,7 +69,7 @@ def test_zoo_models(name, tmp_path):
     bns = [n for n in post_order(mod.main.body)
            if isinstance(n, Call) and n.op_name == "nn.batch_norm"]
     expected_bns = {"conv_bn": 1, "resnet18_stem": 3, "resnet18": 20, "resnet50": 53,
-                    "mobilenet_v2": 52}[name]
+                    "mobilenet_v2": 52, "vgg_small": 3}[name]
     assert len(bns) == expected_bns
     var = params[bns[0].args[4].name]
     assert var.std() > 0 and not np.allclose(var, 1)  # non-trivial statistics

@@ -201,9 +201,38 @@ def mobilenet_v2(seed: int = 0, image_size: int = 224, batch: int = 1,
     return n.finish("mobilenet_v2", x, seed)
 
 
+def vgg_small(seed: int = 0, image_size: int = 64, batch: int = 1, classes: int = 10,
+              hidden: int = 2048) -> ZooModel:
+    """VGG's shape at a small scale: three stages of a 3x3 convolution, batch norm, relu and
+    a 2x2 max pool, then a fully-connected classifier that holds most of the weights (as
+    VGG-16's holds nine tenths of its). At the default 64x64, 4096 -> hidden -> hidden ->
+    classes: 48 MB of float weights, a batch-1 network bound by memory in its classifier
+    and by arithmetic in its convolutions."""
+    n = _Net(seed)
+    b = n.b
+    x = b.input("data", (batch, 3, image_size, image_size))
+    cin = 3
+    for i, c in enumerate((32, 64, 64)):
+        x = n.relu(n.bn(n.conv(x, f"features.{i}.conv.weight", cin, c, 3, 1, 1),
+                        f"features.{i}.bn", c))
+        x = b.call("nn.max_pool2d", x, pool_size=[2, 2], strides=[2, 2])
+        cin = c
+    x = b.call("nn.batch_flatten", x)
+    k = cin * (image_size // 8) ** 2
+    for i, units in enumerate((hidden, hidden, classes)):
+        w = n.f32(n.rng.normal(0, np.sqrt(2.0 / k), (units, k)))
+        x = b.call("nn.dense", x, b.param(f"classifier.{i}.weight", w), units=units)
+        x = b.call("nn.bias_add", x, b.param(f"classifier.{i}.bias",
+                                             n.f32(n.rng.normal(0, 0.01, units))))
+        if i < 2:
+            x = n.relu(x)
+        k = units
+    return n.finish("vgg_small", x, seed)
+
+
 MODELS: dict[str, Callable[..., ZooModel]] = {
     "conv_bn": conv_bn, "resnet18_stem": resnet18_stem, "resnet18": resnet18,
-    "resnet50": resnet50, "mobilenet_v2": mobilenet_v2,
+    "resnet50": resnet50, "mobilenet_v2": mobilenet_v2, "vgg_small": vgg_small,
 }
 # the names of the seed documents' programs, kept for the demo and old scripts
 ALIASES = {"seed000": "conv_bn", "seed004": "resnet18_stem"}
