@@ -112,12 +112,12 @@ def gemm_parallel(a_u8, packed, out):
 @njit(parallel=True, cache=True)
 def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, correction,
                     bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi,
-                    channels_last, out, threads):
+                    out, threads):
     """A whole fused int8 convolution of a batch in one parallel region (as
-    ``vnni.conv_requantize``: out (N, O, oh*ow), or (N, oh*ow, O) when ``channels_last``):
+    ``vnni.conv_requantize``: out (N, oh*ow, O), channel-last):
     gather a chunk of pixels' windows, widen them, multiply, finish."""
     images, p_n = nhwc.shape[0], oh * ow
-    o_n = out.shape[2] if channels_last else out.shape[1]
+    o_n = out.shape[2]
     oblocks, kq = packed.shape[0], packed.shape[1]
     kp = kq * 2
     params = _requantize_params(bias, correction, clamp_lo, clamp_hi, multipliers, shifts,
@@ -141,7 +141,7 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
             gemm_block(rows16.ctypes.data, kp, packed.ctypes.data + ob0 * kq * PANEL,
                        acc.ctypes.data, cols, 0, n, kq, ob1 - ob0)
             _finish(acc, min(cols, o_n - ob0 * BLOCK), params, lo, hi, ob0 * BLOCK, p0,
-                    channels_last, out[b])
+                    out[b])
     else:
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         rows16 = np.empty((p_n, kp), np.int16)
@@ -151,4 +151,4 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
             gemm_block(rows16.ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
                        acc.ctypes.data, BLOCK, 0, p_n, kq, 1)
             _finish(acc, min(BLOCK, o_n - ob * BLOCK), params, lo, hi, ob * BLOCK, 0,
-                    channels_last, out[0])
+                    out[0])

@@ -91,11 +91,11 @@ def gemm_parallel(a_u8, packed, out):
 @njit(parallel=True, cache=True)
 def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, correction,
                     bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi,
-                    channels_last, out, threads):
+                    out, threads):
     """A whole fused int8 convolution of a batch in one parallel region (as
-    ``vnni.conv_requantize``: out (N, O, oh*ow), or (N, oh*ow, O) when ``channels_last``)."""
+    ``vnni.conv_requantize``: out (N, oh*ow, O), channel-last)."""
     images, p_n = nhwc.shape[0], oh * ow
-    o_n = out.shape[2] if channels_last else out.shape[1]
+    o_n = out.shape[2]
     oblocks, kq = packed.shape[0], packed.shape[1]
     kp = kq * 4
     params = _requantize_params(bias, correction, clamp_lo, clamp_hi, multipliers, shifts,
@@ -112,29 +112,29 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
             p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
                                       rest // groups, chunks, kp, shared)
             n = rows.shape[0]
-            if channels_last:   # blocks requantized in registers, straight into out (all
-                # of them when the channels fill whole vectors)
-                whole = ob1 if o_n % 8 == 0 else min(ob1, o_n // BLOCK)
-                if whole > ob0:
-                    _gemm_requantize(rows, kp, packed, ob0, whole, out[b, p0:], n, params,
-                                     lo, hi)
-                    ob0 = whole
-                if ob0 >= ob1:
-                    continue
+            # blocks requantized in registers, straight into out (all of them when the
+            # channels fill whole vectors)
+            whole = ob1 if o_n % 8 == 0 else min(ob1, o_n // BLOCK)
+            if whole > ob0:
+                _gemm_requantize(rows, kp, packed, ob0, whole, out[b, p0:], n, params, lo,
+                                 hi)
+                ob0 = whole
+            if ob0 >= ob1:
+                continue
             cols = (ob1 - ob0) * BLOCK
             acc = np.empty((n, cols), np.int32)
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob0 * kq * PANEL,
                        acc.ctypes.data, cols, 0, n, kq, ob1 - ob0)
             _finish(acc, min(cols, o_n - ob0 * BLOCK), params, lo, hi, ob0 * BLOCK, p0,
-                    channels_last, out[b])
+                    out[b])
     else:
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         for ob in prange(oblocks):
-            if channels_last and ((ob + 1) * BLOCK <= o_n or o_n % 8 == 0):
+            if (ob + 1) * BLOCK <= o_n or o_n % 8 == 0:
                 _gemm_requantize(rows, kp, packed, ob, ob + 1, out[0], p_n, params, lo, hi)
                 continue
             acc = np.empty((p_n, BLOCK), np.int32)
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
                        acc.ctypes.data, BLOCK, 0, p_n, kq, 1)
             _finish(acc, min(BLOCK, o_n - ob * BLOCK), params, lo, hi, ob * BLOCK, 0,
-                    channels_last, out[0])
+                    out[0])

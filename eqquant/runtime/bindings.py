@@ -221,8 +221,8 @@ class Conv2D(_Spatial):
         n, oh, ow, o = out.shape    # channel-last as the FMA kernels read and write
         self.fma.conv(np.ascontiguousarray(ins[0]), self.kh, self.kw, self.sh, self.sw,
                       self.pt, self.pl, self.dh, self.dw, oh, ow, self.packed, self.bias_vec,
-                      np.float32(self.lo), np.float32(self.hi), True,
-                      out.reshape(n, oh * ow, o), get_num_threads())
+                      np.float32(self.lo), np.float32(self.hi), out.reshape(n, oh * ow, o),
+                      get_num_threads())
 
     def compute(self, ins, out):
         x = ins[0]
@@ -233,7 +233,7 @@ class Conv2D(_Spatial):
             self.fma.conv(x, self.kh, self.kw,
                           self.sh, self.sw, self.pt, self.pl, self.dh, self.dw, oh, ow,
                           self.packed, self.bias_vec, np.float32(self.lo), np.float32(self.hi),
-                          True, res.reshape(n, oh * ow, o), get_num_threads())
+                          res.reshape(n, oh * ow, o), get_num_threads())
             move_into(res, out, to_last=False)
             return
         w = self.w if self.w is not None else self._pack(ins[1])
@@ -314,7 +314,7 @@ class Dense(Binding):
             x = np.ascontiguousarray(ins[0])
             n = x.shape[0]
             self.fma.conv(x.reshape(1, 1, n, -1), 1, 1, 1, 1, 0, 0, 1, 1, 1, n, self.packed,
-                          self.bias, np.float32(self.lo), np.float32(self.hi), True,
+                          self.bias, np.float32(self.lo), np.float32(self.hi),
                           out.reshape(1, n, -1), get_num_threads())
             return
         np.matmul(ins[0], self.wt, out=out)

@@ -522,7 +522,7 @@ class FusedQConv2D(Binding):
             c.simd.conv_requantize(c.nhwc(ins[0]), c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, c.dh,
                                    c.dw, c.zx + c.shift, oh, ow, c.packed, c.correction,
                                    self.bias, self.clamp_lo, self.clamp_hi, self.m, self.sh,
-                                   self.zin, self.zout, self.lo, self.hi, True,
+                                   self.zin, self.zout, self.lo, self.hi,
                                    res.reshape(n, -1, o), get_num_threads())
             if not last:
                 move_into(res, out, to_last=False)

@@ -141,42 +141,30 @@ def sgemm(a, packed, out):
 
 
 @njit(cache=True)
-def _finish(acc, bias, lo, hi, o0, cols, p0, channels_last, out):
+def _finish(acc, bias, lo, hi, o0, cols, p0, out):
     """acc (n, >= cols): channels o0..o0+cols of pixels p0.. plus the bias, clamped to
-    [lo, hi], into out (P, O) channel-last (along each row) or (O, P). Every loop indexes
-    slices from 0 by its counter (Numba then knows no index is negative, and the loops
-    vectorise: an offset index kept them scalar, a third of a 1x1 convolution's time)."""
-    n = acc.shape[0]
+    [lo, hi], into out (P, O) channel-last, along each row. Every loop indexes slices from 0
+    by its counter (Numba then knows no index is negative, and the loops vectorise: an
+    offset index kept them scalar, a third of a 1x1 convolution's time)."""
     b = bias[o0:o0 + cols]
-    if channels_last:
-        for r in range(n):
-            a = acc[r]
-            dst = out[p0 + r, o0:o0 + cols]
-            for o in range(cols):
-                dst[o] = clamp(a[o] + b[o], lo, hi)
-        return
-    for r in range(n):          # bias and activation along each pixel's row
+    for r in range(acc.shape[0]):
         a = acc[r]
+        dst = out[p0 + r, o0:o0 + cols]
         for o in range(cols):
-            a[o] = clamp(a[o] + b[o], lo, hi)
-    for o in range(cols):       # then written out channel by channel
-        dst = out[o0 + o, p0:p0 + n]
-        for r in range(n):
-            dst[r] = acc[r, o]
+            dst[o] = clamp(a[o] + b[o], lo, hi)
 
 
 @njit(parallel=True, cache=True)
-def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, channels_last,
-         out, threads):
+def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, out, threads):
     """A float convolution of a batch in one parallel region: nhwc (N, H, W, C) float32 ->
-    out (N, oh*ow, O) when ``channels_last``, else (N, O, oh*ow). Work items are chunks of
+    out (N, oh*ow, O), channel-last (an NCHW call site moves it). Work items are chunks of
     one image's pixels, and of output blocks where the batch gives few chunks
     (``work_split``); each gathers its pixels' windows into rows (a 1x1 convolution with
     stride 1 and no padding multiplies the image's own rows; a lone image split by channel
     groups has them gathered once, before), multiplies them and finishes them (bias, clamp
     to [lo, hi], write)."""
     images, p_n = nhwc.shape[0], oh * ow
-    o_n = out.shape[2] if channels_last else out.shape[1]
+    o_n = out.shape[2]
     oblocks, k, block = packed.shape[0], packed.shape[1], packed.shape[2]
     h, w, c = nhwc.shape[1], nhwc.shape[2], nhwc.shape[3]
     pointwise = kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
@@ -202,17 +190,17 @@ def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, cha
         else:
             rows = np.empty((n, k), np.float32)
             _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p0, rows)
-        if channels_last:   # blocks finished in registers, straight into out (all of them
-            # when the channels fill whole vectors)
-            whole = ob1 if o_n % (block // 2) == 0 else min(ob1, o_n // block)
-            if whole > ob0:
-                _sgemm_finish(rows.ctypes.data, k, packed, ob0, whole,
-                              out[b, p0:].ctypes.data + ob0 * block * 4, o_n, n, bias, lo, hi)
-                ob0 = whole
-            if ob0 >= ob1:
-                continue
+        # blocks finished in registers, straight into out (all of them when the channels
+        # fill whole vectors)
+        whole = ob1 if o_n % (block // 2) == 0 else min(ob1, o_n // block)
+        if whole > ob0:
+            _sgemm_finish(rows.ctypes.data, k, packed, ob0, whole,
+                          out[b, p0:].ctypes.data + ob0 * block * 4, o_n, n, bias, lo, hi)
+            ob0 = whole
+        if ob0 >= ob1:
+            continue
         width = (ob1 - ob0) * block
         acc = np.empty((n, width), np.float32)
         _sgemm(rows.ctypes.data, k, packed, ob0, ob1, acc.ctypes.data, width, n)
         o0 = ob0 * block
-        _finish(acc, bias, lo, hi, o0, min(width, o_n - o0), p0, channels_last, out[b])
+        _finish(acc, bias, lo, hi, o0, min(width, o_n - o0), p0, out[b])

@@ -171,22 +171,12 @@ def _requantize_params(bias, correction, clamp_lo, clamp_hi, multipliers, shifts
 
 
 @njit(cache=True)
-def _finish(acc, cols, params, lo, hi, o0, p0, channels_last, out):
-    """acc (n, >= cols) int32 for channels o0..o0+cols and pixels p0.. -> 8-bit out, (O, P)
-    or, when ``channels_last``, (P, O): minus the zero-point correction, plus the bias,
-    clamped per channel (relu, clip or nothing), requantized with UPWARD fixed point as
-    ``kernels_int8.requantize`` does (``requantize_rows``, ``params`` from
-    ``_requantize_params``). Channel-last rows go straight out, NCHW ones are written out
-    transposed."""
-    n = acc.shape[0]
-    if channels_last:
-        requantize_rows(acc, params, o0, cols, lo, hi, out, p0, o0)
-        return
-    buf = np.empty((n, cols), np.int64)
-    requantize_rows(acc, params, o0, cols, lo, hi, buf, 0, 0)
-    for oc in range(cols):
-        for r in range(n):
-            out[o0 + oc, p0 + r] = buf[r, oc]
+def _finish(acc, cols, params, lo, hi, o0, p0, out):
+    """acc (n, >= cols) int32 for channels o0..o0+cols and pixels p0.. -> 8-bit out (P, O):
+    minus the zero-point correction, plus the bias, clamped per channel (relu, clip or
+    nothing), requantized with UPWARD fixed point as ``kernels_int8.requantize`` does
+    (``requantize_rows``, ``params`` from ``_requantize_params``)."""
+    requantize_rows(acc, params, o0, cols, lo, hi, out, p0, o0)
 
 
 @njit(cache=True)
@@ -204,16 +194,16 @@ def _gemm_requantize(rows, kp, packed, ob0, ob1, out, n, params, lo, hi):
 @njit(parallel=True, cache=True)
 def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, correction,
                     bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi,
-                    channels_last, out, threads):
+                    out, threads):
     """A whole fused int8 convolution of a batch in one parallel region: nhwc (N, H, W, C)
-    uint8 -> out (N, O, oh*ow) 8-bit, or (N, oh*ow, O) when ``channels_last``. Each work item
+    uint8 -> out (N, oh*ow, O) 8-bit, channel-last (an NCHW call site moves it). Each work item
     gathers a chunk of one image's pixels' windows into rows (``_rows``: a pointwise
     convolution reads the image's own), multiplies them (``gemm_block``) and finishes them
     (``_finish``), so the worker threads wake once per convolution; a lone small image (fewer
     than 192 pixels) has its rows gathered once and is split by blocks of 64 channels
     instead."""
     images, p_n = nhwc.shape[0], oh * ow
-    o_n = out.shape[2] if channels_last else out.shape[1]
+    o_n = out.shape[2]
     oblocks, kq = packed.shape[0], packed.shape[1]
     kp = kq * 4
     params = _requantize_params(bias, correction, clamp_lo, clamp_hi, multipliers, shifts,
@@ -230,29 +220,28 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
             p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
                                       rest // groups, chunks, kp, shared)
             n = rows.shape[0]
-            if channels_last:   # blocks requantized in registers, straight into out (all
-                # of them when the channels fill whole vectors)
-                whole = ob1 if o_n % 16 == 0 else min(ob1, o_n // BLOCK)
-                if whole > ob0:
-                    _gemm_requantize(rows, kp, packed, ob0, whole, out[b, p0:], n, params,
-                                     lo, hi)
-                    ob0 = whole
-                if ob0 >= ob1:
-                    continue
+            # blocks requantized in registers, straight into out (all of them when the
+            # channels fill whole vectors)
+            whole = ob1 if o_n % 16 == 0 else min(ob1, o_n // BLOCK)
+            if whole > ob0:
+                _gemm_requantize(rows, kp, packed, ob0, whole, out[b, p0:], n, params, lo,
+                                 hi)
+                ob0 = whole
+            if ob0 >= ob1:
+                continue
             cols = (ob1 - ob0) * BLOCK
             acc = np.empty((n, cols), np.int32)
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob0 * kq * 256,
                        acc.ctypes.data, cols, 0, n, kq, ob1 - ob0)
             _finish(acc, min(cols, o_n - ob0 * BLOCK), params, lo, hi, ob0 * BLOCK, p0,
-                    channels_last, out[b])
+                    out[b])
     else:
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         for ob in prange(oblocks):
-            if channels_last and ((ob + 1) * BLOCK <= o_n or o_n % 16 == 0):
+            if (ob + 1) * BLOCK <= o_n or o_n % 16 == 0:
                 _gemm_requantize(rows, kp, packed, ob, ob + 1, out[0], p_n, params, lo, hi)
                 continue
             acc = np.empty((p_n, 64), np.int32)
             gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob * kq * 256,
                        acc.ctypes.data, 64, 0, p_n, kq, 1)
-            _finish(acc, min(64, o_n - ob * 64), params, lo, hi, ob * 64, 0, channels_last,
-                    out[0])
+            _finish(acc, min(64, o_n - ob * 64), params, lo, hi, ob * 64, 0, out[0])
