@@ -91,6 +91,67 @@ def test_all_int8_is_the_int8_program_bit_for_bit():
     np.testing.assert_array_equal(run(program, x), run(r.module, x))
 
 
+@pytest.mark.parametrize("dtype,per_channel", [("uint8", True), ("int8", False)])
+def test_each_marks_noise_is_that_of_the_program_with_it_alone(dtype, per_channel):
+    """measure_sensitivity runs the unmarked program once per sample and then, for each mark,
+    only what reads the marked value (or the layer reading the marked weights): the noise
+    equals, bit for bit, the noise of the whole program with that one mark run on its own
+    executor (the definition), on inputs inside and far outside the calibrated range."""
+    from eqquant.passes.fold import fold_constants
+    from eqquant.quant.flow import _flat
+    from eqquant.zoo import build
+    m = build("resnet18_stem", image_size=32, seed=1)
+    rng = np.random.default_rng(1)
+    calib = [{"data": rng.normal(size=(1, 3, 32, 32)).astype(np.float32)} for _ in range(2)]
+    r = quantize(m.module, m.params, calib, "minmax", dtype=dtype, per_channel=per_channel,
+                 cost="cpu")
+    marked = annotate(r.fp32, r.table, dtype, "max", per_channel)
+    space = MixedSpace(marked, CpuLatency(), names=mark_labels(marked, r.fp32))
+    samples = calib[:1] + [{"data": (10 * rng.normal(size=(1, 3, 32, 32))).astype(np.float32)}]
+    space.measure_sensitivity(samples)
+    refs = [_flat(Executor(space.only()).run(x)) for x in samples]
+
+    def noise(mod):
+        ex = Executor(fold_constants(mod))
+        return sum(float(np.sum((_flat(ex.run(x)) - ref) ** 2)) for x, ref in zip(samples, refs))
+    assert all(np.array_equal(a, b) for a, b in zip(space.refs, refs))
+    regions = [g for g in space.regions if g.mark is not None or g.weights]
+    assert sum(1 for g in regions if g.weights) >= 3 and sum(g.mark is not None
+                                                               for g in regions) >= 3
+    for g in regions:
+        if g.mark is not None:
+            assert g.noise == noise(space.only(keep=[g.label])) > 0, g.label
+        if g.weights:
+            assert g.weight_noise == noise(space.only(weights_of=[g.label])) > 0, g.label
+
+
+def test_a_rerun_changes_only_what_reads_the_changed_value():
+    """Executor.rerun: steps reading no changed value are not run again (their kernels are
+    not called), and the result is the full run's of the program so changed."""
+    text = """def @main(%x: Tensor[(4), float32]) {
+  %0 = nn.relu(%x);
+  %1 = add(%x, 1f);
+  multiply(%0, %1)
+}
+"""
+    mod = parse(text)
+    ex = Executor(mod)
+    x = np.array([-1, 0, 2, 3], np.float32)
+    trace = ex.trace({"x": x})
+    np.testing.assert_array_equal(ex.rerun(trace), ex.run({"x": x}))
+    relu = mod.main.body.args[0]
+    calls = []
+    for st in ex.steps:
+        real = st.fn
+        if st.kind == "kernel":
+            st.fn = (lambda a, o, _f=real, _l=st.label: (calls.append(_l), _f(a, o)))
+        elif st.kind == "reference":
+            st.fn = (lambda *a, _f=real, _l=st.label: (calls.append(_l), _f(*a))[1])
+    got = ex.rerun(trace, {ex.slot(relu): np.full(4, 2, np.float32)})
+    np.testing.assert_array_equal(got, 2 * (x + 1))
+    assert len(calls) == 1 and "multiply" in calls[0]
+
+
 def test_every_query_is_answered_from_one_saturation(monkeypatch):
     from eqquant.egraph import engine
     count = [0]

@@ -36,7 +36,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..core.nodes import (Call, Constant, Expr, Function, Module, Tuple, TupleGetItem, Var,
+from ..core.nodes import (Call, Constant, Expr, Function, Module, Scalar, Tuple, TupleGetItem, Var,
                           post_order)
 from ..core.types import TensorType
 from ..errors import EqquantError
@@ -50,6 +50,17 @@ MAX_INPUTS = 4     # a region reading more marks than this has two variants: all
 
 def _is_weight_mark(node) -> bool:
     return _is_mark(node) and isinstance(node.args[0], Constant)
+
+
+def _constant_value(expr: Expr):
+    """The value of an expression of constants, evaluated as constant folding does."""
+    if isinstance(expr, (Constant, Scalar)):
+        return expr.data
+    from ..passes.fold import fold_constants
+    folded = fold_constants(Module({"main": Function(params=(), body=expr)})).main.body
+    if not isinstance(folded, (Constant, Scalar)):
+        raise EqquantError(f"a mark's operand is not a constant: {type(expr).__name__}")
+    return folded.data
 
 
 @dataclass
@@ -232,45 +243,92 @@ class MixedSpace:
     def only(self, keep: Iterable[str] = (), weights_of: Iterable[str] = ()) -> Module:
         """The marked program with only the activation marks ``keep`` (value labels) and the
         weight marks of the regions ``weights_of``: the rest dropped."""
+        return self._dropping(keep, weights_of)[0]
+
+    def _dropping(self, keep: Iterable[str] = (), weights_of: Iterable[str] = ()
+                  ) -> tuple[Module, dict[int, tuple[Expr, int]]]:
+        """``only``'s program, and where each dropped mark went: by the mark's id, the node
+        that reads it in the new program and the operand position (an activation mark's:
+        the node it marked, position -1)."""
         keep, weights_of = set(keep), set(weights_of)
         marks = {id(r.mark): r.label in keep for r in self.regions if r.mark is not None}
         wmarks = {id(w): r.label in weights_of for r in self.regions for w in r.weights}
-        from ..core.nodes import rewrite
+        from ..core.nodes import rebuild, rewrite
+        where: dict[int, tuple[Expr, int]] = {}
+
+        def dropped(node) -> bool:
+            return _is_mark(node) and not (wmarks.get(id(node), False)
+                                           if _is_weight_mark(node) else
+                                           marks.get(id(node), False))
 
         def visit(node, kids):
-            if _is_mark(node):
-                on = wmarks.get(id(node), False) if _is_weight_mark(node) else \
-                    marks.get(id(node), False)
-                if not on:
-                    return kids[0]
+            if dropped(node):
+                if not _is_weight_mark(node):
+                    where[id(node)] = (kids[0], -1)
+                return kids[0]
+            if isinstance(node, Call) and any(_is_weight_mark(a) and dropped(a)
+                                              for a in node.args):
+                new = rebuild(node, kids)
+                for j, a in enumerate(node.args):
+                    if _is_weight_mark(a) and dropped(a):
+                        where[id(a)] = (new, j)
+                return new
             return None
         fn = self.marked.main
         return Module({"main": Function(params=fn.params, body=rewrite(fn.body, visit),
-                                        ret_type=fn.ret_type)}, version=self.marked.version)
+                                        ret_type=fn.ret_type)},
+                      version=self.marked.version), where
 
     def measure_sensitivity(self, samples: Sequence[Mapping[str, np.ndarray]],
                             progress=None) -> None:
         """For each mark alone (each value's, and each layer's weights'), the output noise it
         causes: the sum over ``samples`` of the squared difference between the program with
-        that mark only and the program with none, run on the executor."""
+        that mark only and the program with none, run on the executor. The unmarked program
+        runs once per sample, every value kept (``Executor.trace``); each mark then runs
+        again only the ops downstream of it (``Executor.rerun``): the marked value is the
+        mark applied to the kept one, a layer's marked weights are bound to that layer alone.
+        The same kernels on the same operands: the noise of the program with the one mark,
+        bit for bit."""
         from ..runtime.executor import Executor
         from .flow import _flat
-        reference = Executor(self.only())
-        self.refs = [_flat(reference.run(x)) for x in samples]
-        self.signal = float(sum(np.sum(r ** 2) for r in self.refs))
-        self.samples = list(samples)
+        program, where = self._dropping()
+        ex = Executor(program)
 
-        def noise(mod) -> float:
-            ex = Executor(mod)
-            return float(sum(np.sum((_flat(ex.run(x)) - r) ** 2)
-                             for x, r in zip(samples, self.refs)))
+        def apply(mark: Call, value):
+            """The mark's fake quantization of ``value`` (its scale and zero point are
+            constant expressions: folded, as a weight mark is in the program's folding)."""
+            if id(mark) not in operands:
+                operands[id(mark)] = [_constant_value(a) for a in mark.args[1:]]
+            return np.asarray(mark.op.semantics(value, *operands[id(mark)], **mark.attrs))
+        operands: dict[int, list] = {}
+        changes = []         # (region, its mark's value slot or None, its weights' steps)
         for region in self.regions:
-            if region.mark is not None:
-                region.noise = noise(self.only(keep=[region.label]))
-            if region.weights:
-                region.weight_noise = noise(self.only(weights_of=[region.label]))
-            if progress is not None:
-                progress(region.label)
+            value = None if region.mark is None else ex.slot(where[id(region.mark)][0])
+            steps, consts = {}, {}
+            for w in region.weights:
+                node, position = where[id(w)]
+                i, step, extra = ex.with_constant(node, position, apply(w, w.args[0].data))
+                steps[i] = step
+                consts.update(extra)
+            changes.append((region, value, steps, consts))
+        self.samples = list(samples)
+        self.refs = []
+        for region, *_ in changes:
+            region.noise = region.weight_noise = 0.0
+        for n, x in enumerate(samples):
+            trace = ex.trace(x)
+            ref = _flat(trace[ex.out_slot])
+            self.refs.append(ref)
+            for region, value, steps, consts in changes:
+                if value is not None:
+                    out = ex.rerun(trace, {value: apply(region.mark, trace[value])})
+                    region.noise += float(np.sum((_flat(out) - ref) ** 2))
+                if steps:
+                    out = ex.rerun(trace, consts, steps)
+                    region.weight_noise += float(np.sum((_flat(out) - ref) ** 2))
+                if progress is not None and n == len(samples) - 1:
+                    progress(region.label)
+        self.signal = float(sum(np.sum(r ** 2) for r in self.refs))
 
     # -- choosing -------------------------------------------------------------------------------
 

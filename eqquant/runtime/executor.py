@@ -3,6 +3,8 @@
     ex = Executor(module)            # bound module: constants carry their data
     y = ex.run({"data": x})
     print(ex.profile_table())        # after run(..., profile=True)
+    t = ex.trace({"data": x})        # every value of a run, kept
+    y2 = ex.rerun(t, {ex.slot(v): v2})   # one value changed: only what reads it runs again
 
 At load, calls are inlined and put in dependency order; each op gets the binding its registry
 entry names (weights prepacked once), or its reference semantics where no binding fits. Each
@@ -21,10 +23,10 @@ import numpy as np
 
 from ..errors import EvalError
 from ..core.nodes import (Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var,
-                          post_order)
+                          post_order, rebuild)
 from ..ir.interp import check_input
 from ..ir.typecheck import infer_types
-from ..core.types import TensorType
+from ..core.types import TensorType, type_of_array
 from ..passes.inline import inline_calls
 from . import memory
 
@@ -81,14 +83,17 @@ class Executor:
                                                                                 None))
         self.out_slot = slot[id(body)]
         self.types = {slot[id(n)]: types[id(n)] for n in order}
+        self.slots = slot                  # id(node of self.module) -> its value's slot
+        self.step_of = {st.output: i for i, st in enumerate(self.steps)}
         self._plan()
 
-    def _step(self, node: Call, slot: dict[int, int], types) -> Step:
+    def _step(self, node: Call, slot: dict[int, int], types, fixed=None) -> Step:
         op = node.op
+        fixed = self.fixed if fixed is None else fixed
         ins = [slot[id(a)] for a in node.args]
         in_types = [types[id(a)] for a in node.args]
         out_type = types[id(node)]
-        consts = {i: self.fixed[s] for i, s in enumerate(ins) if s in self.fixed}
+        consts = {i: fixed[s] for i, s in enumerate(ins) if s in fixed}
         if op.kernel:
             cls = _binding_class(op.kernel)
             if cls.supports(op, node.attrs, in_types, out_type, consts):
@@ -153,24 +158,87 @@ class Executor:
             values[s] = _contiguous(check_input(name, inputs[name], t))
         for i, st in enumerate(self.steps):
             t0 = time.perf_counter() if profile else 0.0
-            args = [values[s] for s in st.inputs]
-            if st.kind == "kernel":
-                out = self.buffers[i]
-                st.fn(args, out)
-            elif st.kind == "view":
-                out = st.fn(args)
-            elif st.kind == "tuple":
-                out = tuple(args)
-            elif st.kind == "getitem":
-                out = args[0][st.extra]
-            else:
-                out = st.fn(*args)
-            values[st.output] = out
+            out = values[st.output] = self._compute(i, st, values)
             if observe is not None:
                 observe(st.node, out)
             if profile:
                 st.seconds.append(time.perf_counter() - t0)
         return _copy_out(values[self.out_slot])
+
+    def _compute(self, i: int, st: Step, values: list) -> Any:
+        args = [values[s] for s in st.inputs]
+        if st.kind == "kernel":
+            out = self.buffers[i]
+            st.fn(args, out)
+            return out
+        if st.kind == "view":
+            return st.fn(args)
+        if st.kind == "tuple":
+            return tuple(args)
+        if st.kind == "getitem":
+            return args[0][st.extra]
+        return st.fn(*args)
+
+    # -- partial runs: a run's values kept, one changed, only what reads it run again --------
+
+    def slot(self, node: Expr) -> int:
+        """The slot of ``node``'s value (a node of the module the executor was made from)."""
+        if id(node) not in self.slots:
+            raise EvalError(f"{type(node).__name__} is not a value of this executor's program",
+                            getattr(node, "loc", None))
+        return self.slots[id(node)]
+
+    def trace(self, inputs: Mapping[str, np.ndarray]) -> list[Any]:
+        """Every value of a run on ``inputs``, by slot (copied: the buffers are reused)."""
+        kept: list[Any] = [None] * len(self.types)
+        for s, v in self.fixed.items():
+            kept[s] = v
+
+        def keep(node, value):
+            kept[self.slots[id(node)]] = _copy_out(value)
+        self.run(inputs, observe=keep)
+        for name, (s, _) in self.inputs.items():
+            kept[s] = _contiguous(inputs[name])
+        return kept
+
+    def rerun(self, trace: list[Any], values: Mapping[int, Any] | None = None,
+              steps: Mapping[int, Step] | None = None) -> Any:
+        """The output of the run ``trace`` kept with the slots in ``values`` holding other
+        values and the steps in ``steps`` (index -> a step computing the same value another
+        way: ``with_constant``) replaced: those steps and every step reading a changed value
+        run again, the rest is read from the trace. Equal to a full run of the program so
+        changed, bit for bit (the same kernels on the same operands)."""
+        values, steps = values or {}, steps or {}
+        vals = list(trace)
+        vals += [None] * (max(values, default=-1) + 1 - len(vals))
+        changed = set()
+        for s, v in values.items():
+            vals[s] = v
+            changed.add(s)
+        for i, st in enumerate(self.steps):
+            st = steps.get(i, st)
+            if i in steps or not changed.isdisjoint(st.inputs):
+                vals[st.output] = self._compute(i, st, vals)
+                changed.add(st.output)
+        return _copy_out(vals[self.out_slot])
+
+    def with_constant(self, node: Call, position: int,
+                      value: np.ndarray) -> tuple[int, Step, dict[int, np.ndarray]]:
+        """The step computing ``node`` with its operand ``position`` the constant ``value``
+        (bound and prepacked as at load): its index, the step, and the new constant's slot
+        with its value, for ``rerun``'s ``steps`` and ``values``."""
+        value = _contiguous(value)
+        const = Constant(index=-1, type=type_of_array(value), data=value)
+        args = list(node.args)
+        args[position] = const
+        call = rebuild(node, tuple(args))
+        extra = len(self.types)
+        slots = {id(a): self.slot(a) for a in node.args}
+        slots[id(const)], slots[id(call)] = extra, self.slot(node)
+        types = {id(a): self.types[slots[id(a)]] for a in node.args}
+        types[id(const)], types[id(call)] = const.type, self.types[self.slot(node)]
+        step = self._step(call, slots, types, {**self.fixed, extra: value})
+        return self.step_of[self.slot(node)], step, {extra: value}
 
     def profile_table(self) -> str:
         rows: dict[str, list[float]] = {}
