@@ -205,10 +205,12 @@ def test_with_slow_integer_convolutions_the_extracted_program_beats_all_int8_and
     """EQQUANT_INT8_KERNEL=portable on a VGG-shaped net (``vgg_small``: three convolution
     stages, then a classifier of 48 MB float weights). Timed on this machine, the portable
     integer convolutions are slower than the float ones, and the integer classifier (a
-    quarter of the bytes to read) faster than the float one. The measured model leaves every
-    convolution whose integer kernel is the slower in float, keeps the classifier in
-    integers, and the program it extracts costs less than both the all-int8 program and the
-    all-fp32 one: a choice neither uniform precision can make. (Costs are the measured
+    quarter of the bytes to read) faster than the float one. The measured model leaves the
+    convolutions past the stem in float, keeps the classifier in integers, and the program
+    it extracts costs less than both the all-int8 program and the all-fp32 one: a choice
+    neither uniform precision can make. (The stem may go either way: its input is marked
+    anyway, and its integer kernel, three channels deep, costs about what the float one
+    does with the quantize/dequantize pair of its marked output. Costs are the measured
     kernel times the programs are made of, each program laid out as it runs; the wall
     times are bench/portable_mixed.py's.)"""
     from eqquant.core.nodes import Call, Constant, Scalar, post_order
@@ -245,11 +247,10 @@ def test_with_slow_integer_convolutions_the_extracted_program_beats_all_int8_and
     got = {k: layers(p) for k, p in programs.items()}
     assert [k for k, _, _ in got["mixed"]] == ["conv"] * 3 + ["dense"] * 3
     assert all(q for _, q, _ in got["int8"]) and not any(q for _, q, _ in got["fp32"])
-    for (kind, q, _), (_, _, t_int), (_, _, t_float) in zip(*got.values()):
-        if t_int > t_float:                     # the integer kernel is the slower: float
-            assert not q, (kind, t_int, t_float)
+    # every portable integer convolution is the slower, and past the stem each is float
     assert all(t_i > t_f for (k, _, t_i), (_, _, t_f) in zip(got["int8"], got["fp32"])
-               if k == "conv")                  # (every portable convolution is)
+               if k == "conv")
+    assert [q for _, q, _ in got["mixed"][1:3]] == [False, False]
     assert [q for _, q, _ in got["mixed"][3:5]] == [True, True]     # the 2048-wide layers
     cost = {k: program_costs(p, placed).total for k, p in programs.items()}
     assert cost["mixed"] < min(cost["int8"], cost["fp32"]), cost
