@@ -152,6 +152,38 @@ def test_a_rerun_changes_only_what_reads_the_changed_value():
     assert len(calls) == 1 and "multiply" in calls[0]
 
 
+def test_a_rerun_with_two_layers_bound_to_other_weights_is_that_program_run():
+    """Executor.with_constant twice in one rerun (a region holding two layers' weights):
+    each new constant has a slot of its own, and the result is the full run's of the
+    program with both weights replaced, bit for bit."""
+    from eqquant.ir.builder import Builder
+    from eqquant.ir.params import bind_params
+    from eqquant.passes.fold import fold_constants
+    rng = np.random.default_rng(5)
+    w1, w2 = (rng.normal(size=s).astype(np.float32) for s in ((16, 8), (4, 16)))
+
+    def program(a, b):
+        bl = Builder()
+        x = bl.input("x", (2, 8))
+        y = bl.call("nn.dense", bl.call("nn.relu", bl.call("nn.dense", x, bl.param("w1", a),
+                                                          units=16)),
+                    bl.param("w2", b), units=4)
+        mod, params = bl.finish(y)
+        return fold_constants(bind_params(mod, params))
+    ex = Executor(program(w1, w2))
+    x = {"x": rng.normal(size=(2, 8)).astype(np.float32)}
+    trace = ex.trace(x)
+    body = ex.module.main.body
+    dense2, dense1 = body, body.args[0].args[0]
+    v1, v2 = w1 * 0.5 + 1, w2[::-1].copy()
+    i1, s1, c1 = ex.with_constant(dense1, 1, v1)
+    i2, s2, c2 = ex.with_constant(dense2, 1, v2)
+    assert set(c1).isdisjoint(c2)
+    got = ex.rerun(trace, {**c1, **c2}, {i1: s1, i2: s2})
+    np.testing.assert_array_equal(got, Executor(program(v1, v2)).run(x))
+    assert not np.array_equal(got, ex.run(x))
+
+
 def test_every_query_is_answered_from_one_saturation(monkeypatch):
     from eqquant.egraph import engine
     count = [0]

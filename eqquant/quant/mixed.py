@@ -36,8 +36,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..core.nodes import (Call, Constant, Expr, Function, Module, Scalar, Tuple, TupleGetItem, Var,
-                          post_order)
+from ..core.nodes import (Call, Constant, Expr, Function, Module, Scalar, Tuple, TupleGetItem,
+                          Var, post_order)
 from ..core.types import TensorType
 from ..errors import EqquantError
 from ..extract.cost import CostModel
@@ -293,6 +293,7 @@ class MixedSpace:
         from .flow import _flat
         program, where = self._dropping()
         ex = Executor(program)
+        operands: dict[int, list] = {}      # each mark's scale and zero point, evaluated once
 
         def apply(mark: Call, value):
             """The mark's fake quantization of ``value`` (its scale and zero point are
@@ -300,7 +301,6 @@ class MixedSpace:
             if id(mark) not in operands:
                 operands[id(mark)] = [_constant_value(a) for a in mark.args[1:]]
             return np.asarray(mark.op.semantics(value, *operands[id(mark)], **mark.attrs))
-        operands: dict[int, list] = {}
         changes = []         # (region, its mark's value slot or None, its weights' steps)
         for region in self.regions:
             value = None if region.mark is None else ex.slot(where[id(region.mark)][0])

@@ -15,6 +15,7 @@ buffers are reused across the program. The result is copied out, so callers may 
 from __future__ import annotations
 
 import importlib
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -85,6 +86,7 @@ class Executor:
         self.types = {slot[id(n)]: types[id(n)] for n in order}
         self.slots = slot                  # id(node of self.module) -> its value's slot
         self.step_of = {st.output: i for i, st in enumerate(self.steps)}
+        self._extra_slots = itertools.count(len(self.types))   # with_constant's constants
         self._plan()
 
     def _step(self, node: Call, slot: dict[int, int], types, fixed=None) -> Step:
@@ -226,13 +228,14 @@ class Executor:
                       value: np.ndarray) -> tuple[int, Step, dict[int, np.ndarray]]:
         """The step computing ``node`` with its operand ``position`` the constant ``value``
         (bound and prepacked as at load): its index, the step, and the new constant's slot
-        with its value, for ``rerun``'s ``steps`` and ``values``."""
+        (one of its own, past the program's) with its value, for ``rerun``'s ``steps`` and
+        ``values``."""
         value = _contiguous(value)
         const = Constant(index=-1, type=type_of_array(value), data=value)
         args = list(node.args)
         args[position] = const
         call = rebuild(node, tuple(args))
-        extra = len(self.types)
+        extra = next(self._extra_slots)
         slots = {id(a): self.slot(a) for a in node.args}
         slots[id(const)], slots[id(call)] = extra, self.slot(node)
         types = {id(a): self.types[slots[id(a)]] for a in node.args}
