@@ -155,6 +155,28 @@ class _FloatOnly(CostModel):
         self.model.flush()
 
 
+_LAYERS = {"fused.qconv2d": ("conv", True), "qnn.conv2d": ("conv", True),
+           "fused.conv2d": ("conv", False), "nn.conv2d": ("conv", False),
+           "qnn.dense": ("dense", True), "fused.dense": ("dense", False),
+           "nn.dense": ("dense", False)}
+
+
+def _layer_times(mod, model):
+    """(conv or dense, is it integer, its kernel's time under ``model``) for each layer of
+    ``mod``, in program order."""
+    from eqquant.core.nodes import Call, Constant, Scalar, post_order
+    from eqquant.ir.typecheck import infer_types
+    types = infer_types(mod)
+    out = []
+    for n in post_order(mod.main.body):
+        if isinstance(n, Call) and n.op_name in _LAYERS:
+            consts = frozenset(i for i, a in enumerate(n.args)
+                               if isinstance(a, (Constant, Scalar)))
+            out.append((*_LAYERS[n.op_name], model.instance_cost(
+                n.op, n.attrs, [types[id(a)] for a in n.args], types[id(n)], consts)))
+    return out
+
+
 def test_with_slow_integer_kernels_the_measured_model_keeps_layers_in_float(cache, monkeypatch):
     """EQQUANT_INT8_KERNEL=portable (integer convolutions on plain loops): the measured model
     keeps convolutions in float where their integer kernels, timed, are the slower, and the
@@ -162,9 +184,7 @@ def test_with_slow_integer_kernels_the_measured_model_keeps_layers_in_float(cach
     the all-float program of the same marks. (On the machines measured so far every portable
     integer convolution was the slower; the stem's may stay int8, its input quantized
     anyway. Greedy extraction missed this: an integer chain pays only as a whole.)"""
-    from eqquant.core.nodes import Call, Constant, Scalar, post_order
     from eqquant.extract.cost import constant_bytes
-    from eqquant.ir.typecheck import infer_types
     from eqquant.optimizer import program_costs
     from eqquant.quant.flow import quantize
     from eqquant.zoo import build
@@ -185,17 +205,7 @@ def test_with_slow_integer_kernels_the_measured_model_keeps_layers_in_float(cach
 
     def convs(mod):
         """(is it integer, its measured time) for each convolution, in program order"""
-        types = infer_types(mod)
-        out = []
-        for n in post_order(mod.main.body):
-            if isinstance(n, Call) and n.op_name in ("fused.qconv2d", "qnn.conv2d",
-                                                      "fused.conv2d", "nn.conv2d"):
-                consts = frozenset(i for i, a in enumerate(n.args)
-                                   if isinstance(a, (Constant, Scalar)))
-                out.append((n.op_name in ("fused.qconv2d", "qnn.conv2d"),
-                            measured.instance_cost(
-                    n.op, n.attrs, [types[id(a)] for a in n.args], types[id(n)], consts)))
-        return out
+        return [(q, t) for kind, q, t in _layer_times(mod, measured) if kind == "conv"]
     mixed, int8, floating = (convs(programs[k]) for k in ("mixed", "int8", "float"))
     assert all(q for q, _ in int8) and not any(q for q, _ in floating)
     assert len(mixed) == len(int8) == len(floating) == 3
@@ -220,9 +230,7 @@ def test_with_slow_integer_convolutions_the_extracted_program_beats_all_int8_and
     does with the quantize/dequantize pair of its marked output. Costs are the measured
     kernel times the programs are made of, each program laid out as it runs; the wall
     times are bench/portable_mixed.py's.)"""
-    from eqquant.core.nodes import Call, Constant, Scalar, post_order
     from eqquant.extract.cost import constant_bytes
-    from eqquant.ir.typecheck import infer_types
     from eqquant.optimizer import program_costs
     from eqquant.quant.flow import compile_layouts, quantize
     from eqquant.zoo import build
@@ -236,23 +244,7 @@ def test_with_slow_integer_convolutions_the_extracted_program_beats_all_int8_and
     placed = measured.for_weights(constant_bytes(full.fp32), constant_bytes(full.fp32) // 4)
     programs = {"mixed": mixed.runnable, "int8": full.runnable,
                 "fp32": compile_layouts(full.fp32, placed).module}
-    kinds = {"fused.qconv2d": ("conv", True), "qnn.conv2d": ("conv", True),
-             "fused.conv2d": ("conv", False),
-             "nn.conv2d": ("conv", False), "qnn.dense": ("dense", True),
-             "fused.dense": ("dense", False), "nn.dense": ("dense", False)}
-
-    def layers(mod):
-        """(conv or dense, is it integer, its kernel's measured time) in program order"""
-        types = infer_types(mod)
-        out = []
-        for n in post_order(mod.main.body):
-            if isinstance(n, Call) and n.op_name in kinds:
-                consts = frozenset(i for i, a in enumerate(n.args)
-                                   if isinstance(a, (Constant, Scalar)))
-                out.append((*kinds[n.op_name], placed.instance_cost(
-                    n.op, n.attrs, [types[id(a)] for a in n.args], types[id(n)], consts)))
-        return out
-    got = {k: layers(p) for k, p in programs.items()}
+    got = {k: _layer_times(p, placed) for k, p in programs.items()}
     assert [k for k, _, _ in got["mixed"]] == ["conv"] * 3 + ["dense"] * 3
     assert all(q for _, q, _ in got["int8"]) and not any(q for _, q, _ in got["fp32"])
     # every portable integer convolution is the slower, and past the stem each one timed
