@@ -121,7 +121,7 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
     oblocks, kq = packed.shape[0], packed.shape[1]
     kp = kq * 2
     params = _requantize_params(bias, correction, clamp_lo, clamp_hi, multipliers, shifts,
-                                zin, zout)
+                                zin, zout, lo, hi, kp)
     if images > 1 or p_n >= SMALL or oblocks == 1:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)

@@ -40,7 +40,7 @@ def _define(kind: str):
     range; the rest int64."""
     def define(mod):
         from llvmlite import ir
-        from .requantize_ir import load_constants, requantize_vector
+        from .requantize_ir import requantize_vectors
         name = f"eqquant_dw_{kind}"
         if name in mod.globals:
             return mod.globals[name]
@@ -129,18 +129,18 @@ def _define(kind: str):
                 accs = [init] * n
                 for i in range(taps):
                     accs = tap_row(bd, c64(i), accs)
-            if kind != "float":
-                constants = load_constants(bd, bd.bitcast(initp, ir.IntType(8).as_pointer()),
-                                           stride, c0, lanes)
-            for p, acc in enumerate(accs):
-                if kind == "float":     # max(v, lo) then min(., hi), as Numba's clamp
-                    lo_v, hi_v = splat(bd, lo, vt), splat(bd, hi, vt)
-                    acc = bd.select(bd.fcmp_ordered(">", lo_v, acc), lo_v, acc)
-                    acc = bd.select(bd.fcmp_ordered("<", hi_v, acc), hi_v, acc)
-                else:
-                    acc = requantize_vector(bd, acc, constants, qlo, qhi)
+
+            def store(bd, p, acc):
                 at = bd.add(bd.mul(bd.add(x, c64(p)), c_n), c0)
                 bd.store(acc, bd.bitcast(bd.gep(outp, [at]), acc.type.as_pointer()), align=1)
+            if kind != "float":
+                requantize_vectors(bd, bd.bitcast(initp, ir.IntType(8).as_pointer()), stride,
+                                   c0, accs, qlo, qhi, store)
+                return
+            lo_v, hi_v = splat(bd, lo, vt), splat(bd, hi, vt)
+            for p, acc in enumerate(accs):      # max(v, lo) then min(., hi), as Numba's clamp
+                acc = bd.select(bd.fcmp_ordered(">", lo_v, acc), lo_v, acc)
+                store(bd, p, bd.select(bd.fcmp_ordered("<", hi_v, acc), hi_v, acc))
 
         def channels(bd, x, n, taps):
             """every channel of pixels x..x+n: 16 at a time, then one at a time"""

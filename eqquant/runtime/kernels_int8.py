@@ -13,7 +13,8 @@ from numba import njit, prange
 from .depthwise_simd import sweep_i8, sweep_u8
 from .kernels_fp32 import inside, interior, kernel_rows
 # the rows of ``epilogue_params`` (requantize_ir.py emits the same steps in LLVM IR)
-from .requantize_ir import ADD, BACK, HI, LEFT, LO, MULT, OFFSET, TOTAL
+from .requantize_ir import (ADD, BACK, FAST, FHI, FLO, FMULT, FOFFSET, HI, LEFT, LO, MULT,
+                            OFFSET, TABLE_ROWS, TOTAL)
 
 
 @njit(parallel=True, cache=True)
@@ -313,17 +314,21 @@ _SIGN = np.uint64(1 << 63)
 
 
 @njit(cache=True)
-def epilogue_params(add, clamp_lo, clamp_hi, multipliers, shifts, zin, zout):
+def epilogue_params(add, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi, bound):
     """The per-channel constants of ``requantize_acc`` for the vectorised epilogue
-    (``requantize_rows``), (8, O) int64, rows named above, with what is per channel folded:
-    the saturation to int32 and the clamp in one clamp (LO, HI: a clamp of a clamp is the
-    clamp to the first's bounds clamped by the second, whatever the bounds); the zero point
-    into the rounding offset (OFFSET = half - (zin << left) * multiplier: ((v - zin) << left)
-    * m + half is (v << left) * m + OFFSET in int64's wrapping arithmetic, bit for bit); and
-    the sign trick's correction with the output zero point (BACK = 2^63 >> total - zout, see
-    ``requantize_rows``). ``add`` is the bias (minus any zero-point correction), int64."""
+    (``requantize_rows``), (TABLE_ROWS, O) int64, rows named in ``requantize_ir``, with what is per
+    channel folded: the saturation to int32 and the clamp in one clamp (LO, HI: a clamp of a
+    clamp is the clamp to the first's bounds clamped by the second, whatever the bounds); the
+    zero point into the rounding offset (OFFSET = half - (zin << left) * multiplier: ((v -
+    zin) << left) * m + half is (v << left) * m + OFFSET in int64's wrapping arithmetic, bit
+    for bit); and the sign trick's correction with the output zero point (BACK = 2^63 >>
+    total - zout, see ``requantize_rows``). ``add`` is the bias (minus any zero-point
+    correction), int64; [lo, hi] the 8-bit range; ``bound`` bounds |sum| of the kernel's
+    int32 sums. The rows FAST .. FOFFSET hold the same epilogue narrowed (``_narrowed``),
+    FAST 1 in every column when every channel has it."""
     n = shifts.size
-    params = np.empty((8, n), np.int64)
+    params = np.zeros((TABLE_ROWS, n), np.int64)
+    fast = True
     for o in range(n):
         left = max(shifts[o], 0)
         total = max(-shifts[o], 0) + 31
@@ -336,7 +341,42 @@ def epilogue_params(add, clamp_lo, clamp_hi, multipliers, shifts, zin, zout):
         params[OFFSET, o] = half - (np.int64(zin) << left) * multipliers[o]
         params[TOTAL, o] = total
         params[BACK, o] = np.int64(_SIGN >> np.uint64(total)) - zout
+        fast = _narrowed(params[:, o], zin, zout, lo, hi, bound) and fast
+    params[FAST, :] = 1 if fast else 0
     return params
+
+
+@njit(cache=True)
+def _narrowed(col, zin, zout, lo, hi, bound):
+    """Fill one channel's FLO, FHI, FMULT, FOFFSET and say whether its epilogue may be taken
+    narrowed: out = ((clamp(sum + ADD, FLO, FHI) * FMULT + FOFFSET) >> TOTAL) as 8 bits, the
+    sum and the clamp in int32 lanes, one 32 x 32 -> 64-bit multiply, no final clamp. The
+    same bits as the full epilogue when:
+
+    - |ADD| + bound < 2^31: sum + ADD is exact in int32, so the saturation does nothing;
+    - FMULT = MULT << LEFT < 2^31, positive, TOTAL <= 53, |zin| < 2^29 and the 8-bit
+      range, zout in it, within [-256, 256]: v * FMULT + FOFFSET is exact in int64 (no
+      wrap-around) for every int32 v, so g(v) = (v * FMULT + FOFFSET) >> TOTAL
+      = floor((v * FMULT + OFFSET) / 2^TOTAL) + zout (FOFFSET = OFFSET + zout << TOTAL) is
+      the full epilogue before its clamp, and it never decreases as v grows;
+    - FMULT <= 2^TOTAL (a scale of at most 1): g rises by at most 1 a step of v, so the
+      clamp of g to [lo, hi] equals g of v clamped to [FLO, FHI], the v where lo <= g(v) <=
+      hi (FLO the least v with g(v) >= lo, FHI the greatest with g(v) <= hi, both within
+      [LO, HI]), and the two clamps of v are one."""
+    left, m, total = col[LEFT], col[MULT], col[TOTAL]
+    if total > 53 or m <= 0 or left > 30 or m >= np.int64(1) << (31 - left):
+        return False
+    if abs(zin) >= 1 << 29 or lo < -256 or hi > 256 or not lo <= zout <= hi:
+        return False
+    fm = m << left
+    if fm > np.int64(1) << total or abs(col[ADD]) > 2147483647 - bound:
+        return False
+    foff = col[OFFSET] + (np.int64(zout) << total)
+    v_lo = -((foff - (np.int64(lo) << total)) // fm)          # ceil((lo * 2^t - foff) / fm)
+    v_hi = (((np.int64(hi) + 1) << total) - 1 - foff) // fm
+    col[FLO], col[FHI] = max(col[LO], v_lo), min(col[HI], v_hi)
+    col[FMULT], col[FOFFSET] = fm, foff
+    return col[FLO] <= col[FHI]
 
 
 @njit(cache=True)
@@ -395,8 +435,9 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bia
     Integer sums: the same in any order."""
     h, w = x.shape[0], x.shape[1]
     kh, kw, o_n = wt.shape
+    bound = kh * kw * 255 * np.int64(np.abs(wt).max())     # |sum of taps of (x - zx) * w|
     params = epilogue_params(bias.astype(np.int64), clamp_lo, clamp_hi, multipliers, shifts,
-                             zin, zout)
+                             zin, zout, lo, hi, bound)
     signed = np.iinfo(x.dtype).min < 0
     first, last = interior(ow, sw, pl, dw, kw, w)
     for oy in prange(oh):

@@ -86,7 +86,7 @@ def requantize_finish(args, block: int):
     bytes apart, those of the first ``valid`` channels only (args: the GEMM's, then params,
     stride, lo, hi, valid): a last block of 96 channels stores 2 of its 4 vectors."""
     from llvmlite import ir
-    from .requantize_ir import load_constants, requantize_vector
+    from .requantize_ir import requantize_vectors
     i64 = ir.IntType(64)
     c_ptr, ldc = args[3], args[4]
     params, stride, lo, hi, valid = args[9:14]
@@ -96,13 +96,13 @@ def requantize_finish(args, block: int):
         for j in range(len(accs[0])):
             col = bc.add(bc.mul(ob, ir.Constant(i64, block)), ir.Constant(i64, lanes * j))
             inside = bc.icmp_signed("<=", bc.add(col, ir.Constant(i64, lanes)), valid)
+
+            def store(bc, r, v, col=col):
+                at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
+                bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), v.type.as_pointer()), align=1)
             with bc.if_then(inside, likely=True):
-                constants = load_constants(bc, params, stride, col, lanes)
-                for r, row in enumerate(accs):
-                    v = requantize_vector(bc, row[j], constants, lo, hi)
-                    at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
-                    bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), v.type.as_pointer()),
-                             align=1)
+                requantize_vectors(bc, params, stride, col, [row[j] for row in accs], lo, hi,
+                                   store)
     return finish
 
 
@@ -163,11 +163,12 @@ def gemm_parallel(a_u8, packed, out):
 
 
 @njit(cache=True)
-def _requantize_params(bias, correction, clamp_lo, clamp_hi, multipliers, shifts, zin, zout):
+def _requantize_params(bias, correction, clamp_lo, clamp_hi, multipliers, shifts, zin, zout,
+                       lo, hi, kp):
     """The epilogue's per-channel constants (``epilogue_params``), the bias minus the
-    zero-point correction."""
+    zero-point correction; the sums are of kp products of a byte (0..255) and an int8."""
     return epilogue_params(bias.astype(np.int64) - correction, clamp_lo, clamp_hi, multipliers,
-                           shifts, zin, zout)
+                           shifts, zin, zout, lo, hi, kp * 255 * 128)
 
 
 @njit(cache=True)
@@ -207,7 +208,7 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
     oblocks, kq = packed.shape[0], packed.shape[1]
     kp = kq * 4
     params = _requantize_params(bias, correction, clamp_lo, clamp_hi, multipliers, shifts,
-                                zin, zout)
+                                zin, zout, lo, hi, kp)
     if images > 1 or p_n >= SMALL or oblocks == 1:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)

@@ -1,0 +1,128 @@
+"""The narrowed integer epilogue (``kernels_int8._narrowed``, emitted by ``requantize_ir``)
+gives the full epilogue's bits wherever the constants say it may be taken, and the kernels
+that finish sums in registers give the reference's bits on either epilogue."""
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from eqquant.ir.builder import Builder
+from eqquant.ir.interp import run
+from eqquant.ir.params import bind_params
+from eqquant.runtime.executor import Executor
+from eqquant.runtime.kernels_int8 import epilogue_params, requantize_rows
+from eqquant.runtime.requantize_ir import ADD, FAST, FHI, FLO, FMULT, FOFFSET, TOTAL
+
+I32 = 2 ** 31
+
+
+def _narrowed(params, sums):
+    """The narrowed epilogue in Python's integers: (clamp(sum + ADD, FLO, FHI) * FMULT +
+    FOFFSET) >> TOTAL, taken as 8 bits (the kernels keep the low byte)."""
+    out = []
+    for c, s in enumerate(sums):
+        v = min(max(int(s) + int(params[ADD, c]), int(params[FLO, c])), int(params[FHI, c]))
+        r = (v * int(params[FMULT, c]) + int(params[FOFFSET, c])) >> int(params[TOTAL, c])
+        out.append(r & 0xFF)
+    return out
+
+
+channel = st.fixed_dictionaries({
+    "multiplier": st.one_of(st.integers(2 ** 30, I32 - 1), st.integers(0, I32 - 1)),
+    "shift": st.integers(-40, 3),
+    "bias": st.one_of(st.integers(-5000, 5000), st.integers(-I32, I32 - 1)),
+    "clamp": st.sampled_from([(-2 ** 40, 2 ** 40), (0, 2 ** 40), (0, 700), (-300, 20)]),
+})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(channel, min_size=1, max_size=4), st.integers(-128, 255),
+       st.sampled_from([(0, 255), (-128, 127), (3, 100)]), st.integers(0, 255),
+       st.sampled_from([0, 255 * 128 * 9, 255 * 128 * 4608, 2 ** 30]), st.integers(0, 2 ** 32))
+@example([{"multiplier": 2 ** 31 - 1, "shift": 0, "bias": 0, "clamp": (-2 ** 40, 2 ** 40)}],
+         0, (0, 255), 0, 255 * 128 * 9, 1)         # a scale of (almost) exactly 1
+@example([{"multiplier": 2 ** 30, "shift": 1, "bias": 7, "clamp": (0, 2 ** 40)}],
+         0, (-128, 127), 3, 255 * 128 * 9, 2)       # a scale of exactly 1, shifted left
+def test_the_narrowed_epilogue_gives_the_full_epilogues_bits(chans, zin, out_range, zout,
+                                                              bound, seed):
+    """Sums anywhere in [-bound, bound] (its ends, the steps around the narrowed clamp's
+    bounds, random ones) through the narrowed epilogue equal ``requantize_rows``'s bits in
+    every layer whose table says FAST; scales above 1, biases near int32's ends and rounding
+    shifts past 53 bits turn FAST off."""
+    lo, hi = out_range
+    zout = min(max(zout, lo), hi)
+    n = len(chans)
+    params = epilogue_params(
+        np.array([c["bias"] for c in chans], np.int64),
+        np.array([c["clamp"][0] for c in chans], np.int64),
+        np.array([c["clamp"][1] for c in chans], np.int64),
+        np.array([c["multiplier"] for c in chans], np.int64),
+        np.array([c["shift"] for c in chans], np.int64), zin, zout, lo, hi, bound)
+    fast = bool(params[FAST, 0])
+    assert (params[FAST] == params[FAST, 0]).all()
+    for c in chans:     # what must turn it off (a channel scaled above 1 may)
+        if abs(c["bias"]) + bound >= I32 or -c["shift"] + 31 > 53:
+            assert not fast
+    if not fast:
+        return
+    rng = np.random.default_rng(seed)
+    rows = [np.full(n, -bound), np.full(n, bound), np.zeros(n, np.int64)]
+    for edge in (FLO, FHI):
+        for d in (-1, 0, 1):
+            rows.append(np.clip(params[edge] - params[ADD] + d, -bound, bound))
+    rows += list(rng.integers(-bound, bound + 1, (8, n)))
+    acc = np.array(rows, np.int64).astype(np.int32)
+    dtype = np.uint8 if lo >= 0 else np.int8
+    full = np.zeros(acc.shape, dtype)
+    requantize_rows(acc, params, 0, n, lo, hi, full, 0, 0)
+    for r in range(len(acc)):
+        assert _narrowed(params, acc[r]) == [int(b) & 0xFF for b in full[r]], r
+
+
+def test_the_usual_layer_takes_the_narrowed_epilogue():
+    """A convolution scaled below 1, with a small bias, takes the narrowed epilogue (the
+    property above would hold vacuously if none did)."""
+    params = epilogue_params(np.array([120, -4000], np.int64), np.array([0, 0], np.int64),
+                             np.array([2 ** 40, 2 ** 40], np.int64),
+                             np.array([1_500_000_000, 1_200_000_000], np.int64),
+                             np.array([-9, -12], np.int64), 0, 5, 0, 255, 255 * 128 * 1152)
+    assert params[FAST].tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("scale", ["below one", "above one"])
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_kernels_give_the_reference_bits_on_either_epilogue(monkeypatch, scale, depthwise):
+    """A channel-last fused.qconv2d (the GEMM's and the depthwise sweep's epilogue in
+    registers) scaled below 1 (narrowed) and above 1 (full), on every int8 path the CPU has,
+    against the integer reference."""
+    from eqquant.ops.fixed_point import quantize_multiplier
+    from eqquant.runtime.bindings_int8 import PATHS, path_available
+    rng = np.random.default_rng(7)
+    c, o, size = (48, 48, 10) if depthwise else (24, 80, 9)
+    s1 = np.float32(0.002 if scale == "below one" else 3.0)
+    b = Builder()
+    x = b.input("x", (1, size, size, c), "uint8")
+    w = rng.integers(-128, 128, (3, 3, 1 if depthwise else c, o)).astype("i1")
+    y = b.call("fused.qconv2d", x, b.param("w", w),
+               b.param("b", rng.integers(-900, 900, o).astype("i4")),
+               b.param("zx", np.array(9, np.int32)), b.param("zw", np.array(0, np.int32)),
+               b.param("sx", np.array(0.05, np.float32)),
+               b.param("sw", rng.uniform(0.01, 0.02, o).astype(np.float32)),
+               b.param("s1", np.full(o, s1, np.float32)), b.param("z1", np.array(0, np.int32)),
+               b.param("s2", np.array(0.1, np.float32)), b.param("z2", np.array(5, np.int32)),
+               strides=[1, 1], padding=[1, 1, 1, 1], activation="relu", out_dtype="uint8",
+               axis=3, data_layout="NHWC", kernel_layout="HWIO", groups=c if depthwise else 1)
+    bound = bind_params(*b.finish(y))
+    xs = {"x": rng.integers(0, 256, (1, size, size, c)).astype("uint8")}
+    want = run(bound, xs)
+    paths = [p for p in PATHS if path_available(p)]
+    assert paths
+    for path in paths:
+        monkeypatch.setenv("EQQUANT_INT8_KERNEL", path)
+        np.testing.assert_array_equal(Executor(bound).run(xs), want)
+    # which epilogue the layer took: its multiplier s1 / s2 in the kernels' table
+    multiplier, shift = quantize_multiplier(float(s1) / 0.1)
+    table = epilogue_params(np.zeros(1, np.int64), np.zeros(1, np.int64),
+                            np.full(1, 2 ** 40, np.int64), np.array([multiplier], np.int64),
+                            np.array([shift], np.int64), 9, 5, 0, 255, 255 * 128 * 9 * c)
+    assert bool(table[FAST, 0]) == (scale == "below one")
