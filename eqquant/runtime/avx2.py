@@ -22,7 +22,7 @@ from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
 from .gather import SMALL, _chunk_windows, _rows, shared_windows, work_split
 from .gather import windows  # noqa: F401
-from .vnni import _finish, _requantize_params, pack_panels
+from .vnni import _finish, requantize_params, pack_panels
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
 ROWS = 6     # pixels per micro-kernel step: 6 x 2 accumulators + 2 weight vectors in ymm
@@ -110,8 +110,7 @@ def gemm_parallel(a_u8, packed, out):
 
 
 @njit(parallel=True, cache=True)
-def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, correction,
-                    bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi,
+def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, params, lo, hi,
                     out, threads):
     """A whole fused int8 convolution of a batch in one parallel region (as
     ``vnni.conv_requantize``: out (N, oh*ow, O), channel-last):
@@ -120,8 +119,6 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
     o_n = out.shape[2]
     oblocks, kq = packed.shape[0], packed.shape[1]
     kp = kq * 2
-    params = _requantize_params(bias, correction, clamp_lo, clamp_hi, multipliers, shifts,
-                                zin, zout, lo, hi, kp)
     if images > 1 or p_n >= SMALL or oblocks == 1:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)

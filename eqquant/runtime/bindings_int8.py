@@ -486,6 +486,14 @@ class FusedQConv2D(Binding):
         self.clamp_lo = np.ascontiguousarray(np.broadcast_to(lo_c, (o,)), np.int64)
         self.clamp_hi = np.ascontiguousarray(np.broadcast_to(hi_c, (o,)), np.int64)
         self.lo, self.hi = qrange(out_type.dtype)
+        # the epilogue's per-channel constants, derived once (``kernels_int8.epilogue_params``)
+        c = self.conv
+        args = (self.clamp_lo, self.clamp_hi, self.m, self.sh, self.zin, self.zout, self.lo,
+                self.hi)
+        if c.simd is not None:
+            self.params = c.simd.requantize_params(self.bias, c.correction, *args, c.kp)
+        elif c.depthwise:
+            self.params = k8.depthwise_params(c.wdw, self.bias, *args)
         # the portable path's int32 accumulator, NCHW (its kernels' layout)
         n, *spatial = out_type.shape
         self.acc = np.empty((n, o, *(spatial[:2] if self.channels_last else spatial[1:])),
@@ -520,10 +528,9 @@ class FusedQConv2D(Binding):
             # layout_transform would, so that the site costs the channel-last one and moves)
             res = out if last else self.scratch("result", (n, oh, ow, o), out.dtype)
             c.simd.conv_requantize(c.nhwc(ins[0]), c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, c.dh,
-                                   c.dw, c.zx + c.shift, oh, ow, c.packed, c.correction,
-                                   self.bias, self.clamp_lo, self.clamp_hi, self.m, self.sh,
-                                   self.zin, self.zout, self.lo, self.hi,
-                                   res.reshape(n, -1, o), get_num_threads())
+                                   c.dw, c.zx + c.shift, oh, ow, c.packed, self.params,
+                                   self.lo, self.hi, res.reshape(n, -1, o),
+                                   get_num_threads())
             if not last:
                 move_into(res, out, to_last=False)
             return
@@ -536,8 +543,7 @@ class FusedQConv2D(Binding):
             for b in range(n):
                 self.k8.depthwise_channels_last(
                     x[b], c.zx, c.wdw, c.mult, c.sh, c.sw, c.pt, c.pl, c.dh, c.dw, oh, ow,
-                    self.bias, self.clamp_lo, self.clamp_hi, self.m, self.sh, self.zin,
-                    self.zout, self.lo, self.hi, res[b].reshape(-1, o))
+                    self.params, self.lo, self.hi, res[b].reshape(-1, o))
             if not last:
                 move_into(res, out, to_last=False)
             return

@@ -421,9 +421,18 @@ def _taps_along(acc, row, tap, ox0, ox1, sw, offset, zx, mult):
                 a[c] += tap[c] * (np.int32(src[c // mult]) - zx)
 
 
+@njit(cache=True)
+def depthwise_params(wt, bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi):
+    """The epilogue's constants (``epilogue_params``) of ``depthwise_channels_last`` with
+    taps ``wt``: its sums are of kh * kw products (x - zx) * w, |x - zx| <= 255."""
+    bound = wt.shape[0] * wt.shape[1] * 255 * np.int64(np.abs(wt).max())
+    return epilogue_params(bias.astype(np.int64), clamp_lo, clamp_hi, multipliers, shifts,
+                           zin, zout, lo, hi, bound)
+
+
 @njit(parallel=True, cache=True)
-def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bias, clamp_lo,
-                            clamp_hi, multipliers, shifts, zin, zout, lo, hi, out):
+def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, params, lo, hi,
+                            out):
     """fused.qconv2d with groups = input channels on channel-last data: x (H, W, C) 8-bit,
     wt (kh, kw, O) int32 (weight minus its zero point), out (oh*ow, O), all C-contiguous.
     One output row per work item: with one output channel per input channel, the pixels all
@@ -432,12 +441,9 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, bia
     through the epilogue); the rest (the borders, or every pixel with a channel multiplier)
     tap by tap along the channels (``_taps_along``: taps outside the image hold zx, x - zx =
     0, and are skipped), then their bias, clamp and requantization (``requantize_rows``).
-    Integer sums: the same in any order."""
+    Integer sums: the same in any order. ``params``: ``depthwise_params``'s table."""
     h, w = x.shape[0], x.shape[1]
     kh, kw, o_n = wt.shape
-    bound = kh * kw * 255 * np.int64(np.abs(wt).max())     # |sum of taps of (x - zx) * w|
-    params = epilogue_params(bias.astype(np.int64), clamp_lo, clamp_hi, multipliers, shifts,
-                             zin, zout, lo, hi, bound)
     signed = np.iinfo(x.dtype).min < 0
     first, last = interior(ow, sw, pl, dw, kw, w)
     for oy in prange(oh):

@@ -163,10 +163,11 @@ def gemm_parallel(a_u8, packed, out):
 
 
 @njit(cache=True)
-def _requantize_params(bias, correction, clamp_lo, clamp_hi, multipliers, shifts, zin, zout,
+def requantize_params(bias, correction, clamp_lo, clamp_hi, multipliers, shifts, zin, zout,
                        lo, hi, kp):
-    """The epilogue's per-channel constants (``epilogue_params``), the bias minus the
-    zero-point correction; the sums are of kp products of a byte (0..255) and an int8."""
+    """The epilogue's per-channel constants (``epilogue_params``) of ``conv_requantize``,
+    derived once per layer: the bias minus the zero-point correction; the sums are of kp
+    products of a byte (0..255) and an int8 (every SIMD GEMM's)."""
     return epilogue_params(bias.astype(np.int64) - correction, clamp_lo, clamp_hi, multipliers,
                            shifts, zin, zout, lo, hi, kp * 255 * 128)
 
@@ -176,7 +177,7 @@ def _finish(acc, cols, params, lo, hi, o0, p0, out):
     """acc (n, >= cols) int32 for channels o0..o0+cols and pixels p0.. -> 8-bit out (P, O):
     minus the zero-point correction, plus the bias, clamped per channel (relu, clip or
     nothing), requantized with UPWARD fixed point as ``kernels_int8.requantize`` does
-    (``requantize_rows``, ``params`` from ``_requantize_params``)."""
+    (``requantize_rows``, ``params`` from ``requantize_params``)."""
     requantize_rows(acc, params, o0, cols, lo, hi, out, p0, o0)
 
 
@@ -193,8 +194,7 @@ def _gemm_requantize(rows, kp, packed, ob0, ob1, out, n, params, lo, hi):
 
 
 @njit(parallel=True, cache=True)
-def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, correction,
-                    bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi,
+def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, params, lo, hi,
                     out, threads):
     """A whole fused int8 convolution of a batch in one parallel region: nhwc (N, H, W, C)
     uint8 -> out (N, oh*ow, O) 8-bit, channel-last (an NCHW call site moves it). Each work item
@@ -202,13 +202,11 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, c
     convolution reads the image's own), multiplies them (``gemm_block``) and finishes them
     (``_finish``), so the worker threads wake once per convolution; a lone small image (fewer
     than 192 pixels) has its rows gathered once and is split by blocks of 64 channels
-    instead."""
+    instead. ``params``: the layer's ``requantize_params``."""
     images, p_n = nhwc.shape[0], oh * ow
     o_n = out.shape[2]
     oblocks, kq = packed.shape[0], packed.shape[1]
     kp = kq * 4
-    params = _requantize_params(bias, correction, clamp_lo, clamp_hi, multipliers, shifts,
-                                zin, zout, lo, hi, kp)
     if images > 1 or p_n >= SMALL or oblocks == 1:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
