@@ -494,6 +494,7 @@ class FusedQConv2D(Binding):
             self.params = c.simd.requantize_params(self.bias, c.correction, *args, c.kp)
         elif c.depthwise:
             self.params = k8.depthwise_params(c.wdw, self.bias, *args)
+            self.inits = k8.depthwise_inits(c.wdw, c.zx)
         # the portable path's int32 accumulator, NCHW (its kernels' layout)
         n, *spatial = out_type.shape
         self.acc = np.empty((n, o, *(spatial[:2] if self.channels_last else spatial[1:])),
@@ -543,7 +544,7 @@ class FusedQConv2D(Binding):
             for b in range(n):
                 self.k8.depthwise_channels_last(
                     x[b], c.zx, c.wdw, c.mult, c.sh, c.sw, c.pt, c.pl, c.dh, c.dw, oh, ow,
-                    self.params, self.lo, self.hi, res[b].reshape(-1, o))
+                    self.params, self.inits, self.lo, self.hi, res[b].reshape(-1, o))
             if not last:
                 move_into(res, out, to_last=False)
             return

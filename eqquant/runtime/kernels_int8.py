@@ -430,9 +430,27 @@ def depthwise_params(wt, bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zou
                            zin, zout, lo, hi, bound)
 
 
+@njit(cache=True)
+def depthwise_inits(wt, zx):
+    """(kh + 1, kh + 1, O) int32: at [i0, i1], -zx times the sum of the taps ``wt`` of kernel
+    rows i0..i1, what the SIMD sweep's sums start from when those rows lie inside the image
+    (its taps then add x * w: the sum of (x - zx) * w)."""
+    kh, kw, o_n = wt.shape
+    inits = np.zeros((kh + 1, kh + 1, o_n), np.int32)
+    for i0 in range(kh):
+        for i1 in range(i0 + 1, kh + 1):
+            for c in range(o_n):
+                total = np.int64(0)
+                for i in range(i0, i1):
+                    for j in range(kw):
+                        total += wt[i, j, c]
+                inits[i0, i1, c] = -np.int64(zx) * total
+    return inits
+
+
 @njit(parallel=True, cache=True)
-def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, params, lo, hi,
-                            out):
+def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, params, inits,
+                            lo, hi, out):
     """fused.qconv2d with groups = input channels on channel-last data: x (H, W, C) 8-bit,
     wt (kh, kw, O) int32 (weight minus its zero point), out (oh*ow, O), all C-contiguous.
     One output row per work item: with one output channel per input channel, the pixels all
@@ -441,7 +459,8 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, par
     through the epilogue); the rest (the borders, or every pixel with a channel multiplier)
     tap by tap along the channels (``_taps_along``: taps outside the image hold zx, x - zx =
     0, and are skipped), then their bias, clamp and requantization (``requantize_rows``).
-    Integer sums: the same in any order. ``params``: ``depthwise_params``'s table."""
+    Integer sums: the same in any order. ``params``: ``depthwise_params``'s table;
+    ``inits``: ``depthwise_inits``'s."""
     h, w = x.shape[0], x.shape[1]
     kh, kw, o_n = wt.shape
     signed = np.iinfo(x.dtype).min < 0
@@ -456,9 +475,9 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, par
                     acc[ox, c] = 0
         if swept:       # the inside pixels summed and requantized straight into out
             args = (x[oy * sh - pt + i0 * dh].ctypes.data, wt[i0].ctypes.data,
-                    params.ctypes.data, out[oy * ow].ctypes.data, first, last, o_n, i1 - i0,
-                    dh * w * o_n, kw, sw, dw, -pl, zx, np.float32(0.0), np.float32(0.0),
-                    params.shape[1], lo, hi)
+                    inits[i0, i1].ctypes.data, out[oy * ow].ctypes.data, params.ctypes.data,
+                    first, last, o_n, i1 - i0, dh * w * o_n, kw, sw, dw, -pl, np.float32(0.0),
+                    np.float32(0.0), params.shape[1], lo, hi)
             if signed:
                 sweep_i8(*args)
             else:

@@ -86,15 +86,14 @@ def _narrowed_vector(bc, sums, constants):
     return bc.trunc(bc.ashr(p, total), ir.VectorType(ir.IntType(8), w64.count))
 
 
-def requantize_vectors(bc, table, stride, col, sums, lo, hi, store):
-    """Requantize each vector of ``sums`` (all of the n channels col..col+n, n their lane
-    count) and hand it to ``store(bc, i, value)`` with i its index in ``sums``, emitted with
-    builder ``bc`` (``table``: as for ``load_constants``; ``lo``, ``hi`` i64): by the
-    narrowed epilogue where the layer has it (row FAST), else the full one. The constants
-    are loaded once for all the vectors."""
+def with_epilogue(bc, table, stride, col, n: int, lo, hi, body):
+    """Emit ``body(bc, requantize)`` under a branch on the layer's row FAST, with builder
+    ``bc``: ``requantize(bc, sums)`` gives the 8-bit values of a vector of n int32 sums of the channels
+    col..col+n, by the narrowed epilogue where the layer has it, else the full one, from
+    constants loaded once before ``body`` (``table``: as for ``load_constants``; ``lo``,
+    ``hi`` i64). ``body`` is emitted twice, once in each branch."""
     from llvmlite import ir
     i64 = ir.IntType(64)
-    n = sums[0].type.count
     at = bc.add(bc.mul(stride, ir.Constant(i64, FAST)), col)
     flag = bc.load(bc.gep(bc.bitcast(table, i64.as_pointer()), [at]), align=8)
     with bc.if_else(bc.icmp_signed("!=", flag, ir.Constant(i64, 0)), likely=True) as (
@@ -102,11 +101,9 @@ def requantize_vectors(bc, table, stride, col, sums, lo, hi, store):
         with narrowed:
             load = _const_loader(bc, table, stride, col, n)
             f_mult = bc.sext(load(FMULT, 32), load(FOFFSET).type)
-            constants = (load(ADD, 32), load(FLO, 32), load(FHI, 32), f_mult,
-                         load(FOFFSET), load(TOTAL))
-            for i, s in enumerate(sums):
-                store(bc, i, _narrowed_vector(bc, s, constants))
+            fast = (load(ADD, 32), load(FLO, 32), load(FHI, 32), f_mult, load(FOFFSET),
+                    load(TOTAL))
+            body(bc, lambda bd, sums: _narrowed_vector(bd, sums, fast))
         with full:
             constants = load_constants(bc, table, stride, col, n)
-            for i, s in enumerate(sums):
-                store(bc, i, requantize_vector(bc, s, constants, lo, hi))
+            body(bc, lambda bd, sums: requantize_vector(bd, sums, constants, lo, hi))

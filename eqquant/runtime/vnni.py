@@ -86,7 +86,7 @@ def requantize_finish(args, block: int):
     bytes apart, those of the first ``valid`` channels only (args: the GEMM's, then params,
     stride, lo, hi, valid): a last block of 96 channels stores 2 of its 4 vectors."""
     from llvmlite import ir
-    from .requantize_ir import requantize_vectors
+    from .requantize_ir import with_epilogue
     i64 = ir.IntType(64)
     c_ptr, ldc = args[3], args[4]
     params, stride, lo, hi, valid = args[9:14]
@@ -97,12 +97,13 @@ def requantize_finish(args, block: int):
             col = bc.add(bc.mul(ob, ir.Constant(i64, block)), ir.Constant(i64, lanes * j))
             inside = bc.icmp_signed("<=", bc.add(col, ir.Constant(i64, lanes)), valid)
 
-            def store(bc, r, v, col=col):
-                at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
-                bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), v.type.as_pointer()), align=1)
+            def rows(bc, requantize, j=j, col=col):
+                for r, row in enumerate(accs):
+                    v = requantize(bc, row[j])
+                    at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
+                    bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), v.type.as_pointer()), align=1)
             with bc.if_then(inside, likely=True):
-                requantize_vectors(bc, params, stride, col, [row[j] for row in accs], lo, hi,
-                                   store)
+                with_epilogue(bc, params, stride, col, lanes, lo, hi, rows)
     return finish
 
 
