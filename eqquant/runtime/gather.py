@@ -129,9 +129,9 @@ def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
     if not (hwc.flags.c_contiguous and rows.flags.c_contiguous):
         raise ValueError("_windows reads and writes C-contiguous arrays")
     src, dst = hwc.ctypes.data, rows.ctypes.data
+    y = p0 // ow        # the pixel's place, carried from row to row (a division per row
+    xo = p0 - y * ow    # cost a fifth of a stem's gather)
     for r in range(n):
-        y = (p0 + r) // ow
-        xo = (p0 + r) - y * ow
         for i in range(kh):
             iy = y * sh - pt + i * dh
             ix0 = xo * sw - pl
@@ -152,6 +152,10 @@ def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
                         rows[r, base + c] = pad
         for c in range(k, kp):
             rows[r, c] = 0
+        xo += 1
+        if xo == ow:
+            xo = 0
+            y += 1
 
 
 @njit(parallel=True, cache=True)
