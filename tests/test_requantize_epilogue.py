@@ -119,7 +119,11 @@ def test_kernels_give_the_reference_bits_on_either_epilogue(monkeypatch, scale, 
     assert paths
     for path in paths:
         monkeypatch.setenv("EQQUANT_INT8_KERNEL", path)
-        np.testing.assert_array_equal(Executor(bound).run(xs), want)
+        ex = Executor(bound)
+        (step,) = ex.steps      # the fused kernel itself, not the reference semantics
+        conv = step.fn.conv
+        assert conv.depthwise if depthwise else (conv.simd is not None) == (path != "portable")
+        np.testing.assert_array_equal(ex.run(xs), want)
     # which epilogue the layer took: its multiplier s1 / s2 in the kernels' table
     multiplier, shift = quantize_multiplier(float(s1) / 0.1)
     table = epilogue_params(np.zeros(1, np.int64), np.zeros(1, np.int64),
