@@ -141,12 +141,12 @@ def test_a_rerun_changes_only_what_reads_the_changed_value():
     np.testing.assert_array_equal(ex.rerun(trace), ex.run({"x": x}))
     relu = mod.main.body.args[0]
     calls = []
-    for st in ex.steps:
-        real = st.fn
-        if st.kind == "kernel":
-            st.fn = (lambda a, o, _f=real, _l=st.label: (calls.append(_l), _f(a, o)))
-        elif st.kind == "reference":
-            st.fn = (lambda *a, _f=real, _l=st.label: (calls.append(_l), _f(*a))[1])
+    for step in ex.steps:
+        real = step.fn
+        if step.kind == "kernel":
+            step.fn = (lambda a, o, _f=real, _l=step.label: (calls.append(_l), _f(a, o)))
+        elif step.kind == "reference":
+            step.fn = (lambda *a, _f=real, _l=step.label: (calls.append(_l), _f(*a))[1])
     got = ex.rerun(trace, {ex.slot(relu): np.full(4, 2, np.float32)})
     np.testing.assert_array_equal(got, 2 * (x + 1))
     assert len(calls) == 1 and "multiply" in calls[0]

@@ -22,7 +22,9 @@ from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
 from .gather import SMALL, _chunk_windows, _rows, shared_windows, work_split
 from .gather import windows  # noqa: F401
-from .vnni import _finish, requantize_params, pack_panels
+# requantize_params: re-exported, the bindings derive each layer's epilogue table with it
+from .vnni import requantize_params  # noqa: F401
+from .vnni import _finish, pack_panels
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
 ROWS = 6     # pixels per micro-kernel step: 6 x 2 accumulators + 2 weight vectors in ymm

@@ -183,7 +183,6 @@ def _intrinsic(kind: str):
                          *([types.intp] * 3))
 
         def codegen(context, builder, signature, args):
-            from llvmlite import ir
             fn = define(builder.module)
             ptrs = [builder.inttoptr(a, t) for a, t in zip(args[:5], fn.ftype.args[:5])]
             builder.call(fn, ptrs + list(args[5:]))

@@ -316,16 +316,16 @@ _SIGN = np.uint64(1 << 63)
 @njit(cache=True)
 def epilogue_params(add, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi, bound):
     """The per-channel constants of ``requantize_acc`` for the vectorised epilogue
-    (``requantize_rows``), (TABLE_ROWS, O) int64, rows named in ``requantize_ir``, with what is per
-    channel folded: the saturation to int32 and the clamp in one clamp (LO, HI: a clamp of a
-    clamp is the clamp to the first's bounds clamped by the second, whatever the bounds); the
-    zero point into the rounding offset (OFFSET = half - (zin << left) * multiplier: ((v -
-    zin) << left) * m + half is (v << left) * m + OFFSET in int64's wrapping arithmetic, bit
-    for bit); and the sign trick's correction with the output zero point (BACK = 2^63 >>
-    total - zout, see ``requantize_rows``). ``add`` is the bias (minus any zero-point
-    correction), int64; [lo, hi] the 8-bit range; ``bound`` bounds |sum| of the kernel's
-    int32 sums. The rows FAST .. FOFFSET hold the same epilogue narrowed (``_narrowed``),
-    FAST 1 in every column when every channel has it."""
+    (``requantize_rows``), (TABLE_ROWS, O) int64, rows named in ``requantize_ir``, with what
+    is per channel folded: the saturation to int32 and the clamp in one clamp (LO, HI: a
+    clamp of a clamp is the clamp to the first's bounds clamped by the second, whatever the
+    bounds); the zero point into the rounding offset (OFFSET = half - (zin << left) *
+    multiplier: ((v - zin) << left) * m + half is (v << left) * m + OFFSET in int64's
+    wrapping arithmetic, bit for bit); and the sign trick's correction with the output zero
+    point (BACK = 2^63 >> total - zout, see ``requantize_rows``). ``add`` is the bias
+    (minus any zero-point correction), int64; [lo, hi] the 8-bit range; ``bound`` bounds
+    |sum| of the kernel's int32 sums. The rows FAST .. FOFFSET hold the same epilogue
+    narrowed (``_narrowed``), FAST 1 in every column when every channel has it."""
     n = shifts.size
     params = np.zeros((TABLE_ROWS, n), np.int64)
     fast = True

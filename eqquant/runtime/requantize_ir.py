@@ -88,10 +88,10 @@ def _narrowed_vector(bc, sums, constants):
 
 def with_epilogue(bc, table, stride, col, n: int, lo, hi, body):
     """Emit ``body(bc, requantize)`` under a branch on the layer's row FAST, with builder
-    ``bc``: ``requantize(bc, sums)`` gives the 8-bit values of a vector of n int32 sums of the channels
-    col..col+n, by the narrowed epilogue where the layer has it, else the full one, from
-    constants loaded once before ``body`` (``table``: as for ``load_constants``; ``lo``,
-    ``hi`` i64). ``body`` is emitted twice, once in each branch."""
+    ``bc``: ``requantize(bc, sums)`` gives the 8-bit values of a vector of n int32 sums of
+    the channels col..col+n, by the narrowed epilogue where the layer has it, else the full
+    one, from constants loaded once before ``body`` (``table``: as for ``load_constants``;
+    ``lo``, ``hi`` i64). ``body`` is emitted twice, once in each branch."""
     from llvmlite import ir
     i64 = ir.IntType(64)
     at = bc.add(bc.mul(stride, ir.Constant(i64, FAST)), col)
