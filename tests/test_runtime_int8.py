@@ -336,8 +336,9 @@ def test_depthwise_int8_convolutions_are_bit_exact(c, mult, k, stride, pad, dil,
                                                    act, seed, layout):
     """Depthwise qnn.conv2d and fused.qconv2d (groups = input channels, channel multipliers,
     strides, padding, dilation, channel counts that fill no vector or some vectors of 16 and
-    a tail), NCHW and channel-last (the SIMD sweep inside, the border loop around it), on
-    the direct kernel, against the integer reference."""
+    a tail, images with no pixel all of whose taps lie inside), NCHW and channel-last (the
+    SIMD sweep, border pixels included; the tap loop with a multiplier), on the direct
+    kernel, against the integer reference."""
     rng = np.random.default_rng(seed)
     if (size + 2 * pad - dil * (k - 1) - 1) < 0:
         return

@@ -3,11 +3,15 @@ the Numba kernels through an intrinsic, for every CPU: the IR uses LLVM's generi
 16 lanes, which the backend splits into what the CPU has (one AVX-512 register, two AVX2
 registers, four SSE registers), so there is no per-path variant to choose or test.
 
-One call computes one output row's pixels x0..x1, all of whose taps lie inside the image
-along the row (the caller does the border pixels and says which kernel rows lie inside the
-image), for every channel:
+One call computes one output row's pixels b0..b1, for every channel (the caller says which
+kernel rows lie inside the image):
 
     acc[x, c] = init[c] + sum_i sum_j tap(x_in[i, x * sw + j * dw + off, c]) * w[i, j, c]
+
+The pixels x0..x1 have all their taps inside the image along the row; the border pixels
+b0..x0 and x1..b1 read, for a tap left or right of the image, the row ``zrow`` in its place
+(the padding's value: the input's zero point, whose tap then adds (zx - zx) * w = 0 to the
+integer sum), one pixel at a time.
 
 taken 16 channels at a time with the sum in a register across the taps (a tail of fewer
 than 16 channels one at a time). Numba's own loops kept the sums in memory and paid the
@@ -31,15 +35,21 @@ UNROLLED = 3  # a 3 x 3 kernel with its three rows inside the image: the taps un
 
 
 def _define(kind: str):
-    """``define(mod)``: the function ``eqquant_dw_<kind>(x, w, init, out, table, x0, x1, c_n,
-    rows, rstride, kw, sw, dw, off, lo, hi, stride, qlo, qhi)``: x the address of the first
-    inside kernel row's input row, rstride the elements from one inside kernel row's input
-    row to the next, w the address of that kernel row's taps (kh, kw, C), init what each sum
-    starts from (C values: the bias, float; for integers minus zx times the sum of the
-    inside kernel rows' taps, so that a tap adds x * w: the sum of (x - zx) * w), out the
-    output row (ow, C), table the requantization's constants (integers: ``epilogue_params``,
-    rows ``stride`` apart), off the input column of pixel 0's first tap; lo and hi the float
-    clamp, qlo and qhi the 8-bit range; the rest int64.
+    """``define(mod)``: the function ``eqquant_dw_<kind>(x, w, init, out, table, zrow, x0, x1,
+    c_n, rows, rstride, kw, sw, dw, off, lo, hi, stride, qlo, qhi, b0, b1, win)``:
+
+    - x: the address of the first inside kernel row's input row; rstride the elements from
+      one inside kernel row's input row to the next; win the pixels of an input row;
+    - w: the address of that kernel row's taps (kh, kw, C);
+    - init: what each sum starts from (C values: the bias, float; for integers minus zx times
+      the sum of the inside kernel rows' taps, so that a tap adds x * w: the sum of
+      (x - zx) * w);
+    - out: the output row (ow, C); table: the requantization's constants (integers:
+      ``epilogue_params``, rows ``stride`` apart);
+    - zrow: C values a border pixel (b0..x0, x1..b1; none when b0 = x0 and x1 = b1) reads in
+      place of a tap outside the row;
+    - off: the input column of pixel 0's first tap; lo and hi: the float clamp; qlo and qhi:
+      the 8-bit range; the rest int64.
 
     Channels outermost: for each 16 channels, their init, their epilogue's constants and
     (3 x 3 kernels inside the image) their nine taps' weights are loaded once into registers
@@ -56,10 +66,11 @@ def _define(kind: str):
         acc_t = f32 if kind == "float" else i32
         fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [
             elem.as_pointer(), acc_t.as_pointer(), acc_t.as_pointer(), elem.as_pointer(),
-            ir.IntType(8).as_pointer()] + [i64] * 9 + [f32, f32] + [i64] * 3), name=name)
+            ir.IntType(8).as_pointer(), elem.as_pointer()] + [i64] * 9 + [f32, f32] +
+            [i64] * 6), name=name)
         fn.linkage = "linkonce_odr"
-        (xp, wp, initp, outp, table, x0, x1, c_n, rows, rstride, kw, sw, dw, off, lo,
-         hi, stride, qlo, qhi) = fn.args
+        (xp, wp, initp, outp, table, zp, x0, x1, c_n, rows, rstride, kw, sw, dw, off, lo,
+         hi, stride, qlo, qhi, b0, b1, win) = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         c64 = lambda v: ir.Constant(i64, v)  # noqa: E731
 
@@ -104,8 +115,9 @@ def _define(kind: str):
                 held = {(i, j): load(bd, wp, w_at(bd, c0, c64(i), c64(j)), vt)
                         for i in range(taps) for j in range(taps)}
 
-            def pixels(bd, x, n, finish):
-                """pixels x..x+n: n sums, each tap's weights used for all n"""
+            def pixels(bd, x, n, finish, guarded=False):
+                """pixels x..x+n: n sums, each tap's weights used for all n (``guarded``: a
+                tap outside the row reads zrow)"""
                 base = bd.mul(bd.add(bd.mul(x, sw), off), c_n)
                 step = bd.mul(sw, c_n)
 
@@ -116,7 +128,13 @@ def _define(kind: str):
                         load(bd, wp, w_at(bd, c0, i, j), vt)
                     new = []
                     for p, acc in enumerate(accs):
-                        xv = load(bd, xp, bd.add(at, bd.mul(step, c64(p))), et)
+                        ptr = bd.gep(xp, [bd.add(at, bd.mul(step, c64(p)))])
+                        if guarded:
+                            col = bd.add(bd.add(bd.mul(bd.add(x, c64(p)), sw), off),
+                                         bd.mul(j, dw))
+                            ptr = bd.select(bd.icmp_unsigned("<", col, win), ptr,
+                                            bd.gep(zp, [c0]))
+                        xv = bd.load(bd.bitcast(ptr, et.as_pointer()), align=1)
                         if kind == "float":
                             new.append(bd.fadd(acc, bd.fmul(xv, wv)))
                         else:
@@ -137,10 +155,15 @@ def _define(kind: str):
                     bd.store(v, bd.bitcast(bd.gep(outp, [at]), v.type.as_pointer()), align=1)
 
             def sweep(bd, finish):
-                """PIXELS at a time, then one at a time"""
+                """the left border pixels one at a time, the inside ones PIXELS at a time
+                then one at a time, the right border pixels one at a time"""
+                counted_loop(fn, bd, b0, x0, 1, "xl",
+                             lambda bd, x: pixels(bd, x, 1, finish, True))
                 rest = counted_loop(fn, bd, x0, x1, PIXELS, "x",
                                     lambda bd, x: pixels(bd, x, PIXELS, finish))
                 counted_loop(fn, bd, rest, x1, 1, "x1", lambda bd, x: pixels(bd, x, 1, finish))
+                counted_loop(fn, bd, x1, b1, 1, "xr",
+                             lambda bd, x: pixels(bd, x, 1, finish, True))
             if kind != "float":
                 with_epilogue(bd, table, stride, c0, lanes, qlo, qhi, sweep)
                 return
@@ -170,22 +193,22 @@ def _define(kind: str):
 
 
 def _intrinsic(kind: str):
-    """The Numba intrinsic ``sweep(x, w, init, out, table, x0, x1, c_n, rows, rstride, kw, sw,
-    dw, off, lo, hi, stride, qlo, qhi)`` calling ``eqquant_dw_<kind>`` (addresses as
-    integers)."""
+    """The Numba intrinsic ``sweep(x, w, init, out, table, zrow, x0, x1, c_n, rows, rstride, kw,
+    sw, dw, off, lo, hi, stride, qlo, qhi, b0, b1, win)`` calling ``eqquant_dw_<kind>``
+    (addresses as integers)."""
     from numba import types
     from numba.extending import intrinsic
     define = _define(kind)
 
-    def sweep(typingctx, x, w, init, out, table, x0, x1, c_n, rows, rstride, kw, sw, dw, off,
-              lo, hi, stride, qlo, qhi):
-        sig = types.void(*([types.intp] * 14), types.float32, types.float32,
-                         *([types.intp] * 3))
+    def sweep(typingctx, x, w, init, out, table, zrow, x0, x1, c_n, rows, rstride, kw, sw, dw,
+              off, lo, hi, stride, qlo, qhi, b0, b1, win):
+        sig = types.void(*([types.intp] * 15), types.float32, types.float32,
+                         *([types.intp] * 6))
 
         def codegen(context, builder, signature, args):
             fn = define(builder.module)
-            ptrs = [builder.inttoptr(a, t) for a, t in zip(args[:5], fn.ftype.args[:5])]
-            builder.call(fn, ptrs + list(args[5:]))
+            ptrs = [builder.inttoptr(a, t) for a, t in zip(args[:6], fn.ftype.args[:6])]
+            builder.call(fn, ptrs + list(args[6:]))
             return context.get_dummy_value()
         return sig, codegen
     sweep.__name__ = f"depthwise_sweep_{kind}"

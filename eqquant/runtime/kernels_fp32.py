@@ -110,8 +110,9 @@ def depthwise_channels_last(x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out):
         i0, i1 = kernel_rows(y, sh, pt, dh, kh, h)
         if i1 > i0 and last > first:
             sweep_float(x[y * sh - pt + i0 * dh].ctypes.data, w[i0].ctypes.data,
-                        bias.ctypes.data, out[y].ctypes.data, 0, first, last, c_n, i1 - i0,
-                        dh * wd * c_n, kw, sw, dw, -pl, lo32, hi32, 0, 0, 0)
+                        bias.ctypes.data, out[y].ctypes.data, 0, 0, first, last, c_n,
+                        i1 - i0, dh * wd * c_n, kw, sw, dw, -pl, lo32, hi32, 0, 0, 0, first,
+                        last, wd)
         for xo in range(ow):
             if first <= xo < last and i1 > i0:
                 continue

@@ -453,51 +453,40 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, par
                             lo, hi, out):
     """fused.qconv2d with groups = input channels on channel-last data: x (H, W, C) 8-bit,
     wt (kh, kw, O) int32 (weight minus its zero point), out (oh*ow, O), all C-contiguous.
-    One output row per work item: with one output channel per input channel, the pixels all
-    of whose taps lie inside the row are summed and requantized by the SIMD sweep
+    One output row per work item: with one output channel per input channel, the SIMD sweep
     (``depthwise_simd``: 16 channels at a time, the sums in registers across the taps and
-    through the epilogue); the rest (the borders, or every pixel with a channel multiplier)
-    tap by tap along the channels (``_taps_along``: taps outside the image hold zx, x - zx =
-    0, and are skipped), then their bias, clamp and requantization (``requantize_rows``).
+    through the epilogue) sums and requantizes the whole row, its border pixels reading a
+    pixel of zx (x - zx = 0) for a tap outside the image; with a channel multiplier, the
+    sums go tap by tap along the channels (``_taps_along``: taps outside the image hold zx,
+    and are skipped), then their bias, clamp and requantization (``requantize_rows``).
     Integer sums: the same in any order. ``params``: ``depthwise_params``'s table;
     ``inits``: ``depthwise_inits``'s."""
     h, w = x.shape[0], x.shape[1]
     kh, kw, o_n = wt.shape
     signed = np.iinfo(x.dtype).min < 0
     first, last = interior(ow, sw, pl, dw, kw, w)
+    zrow = np.empty(o_n if mult == 1 else 0, x.dtype)     # a padding pixel, for the sweep
+    zrow[:] = zx
     for oy in prange(oh):
         i0, i1 = kernel_rows(oy, sh, pt, dh, kh, h)
-        swept = mult == 1 and i1 > i0 and last > first
-        acc = np.empty((ow, o_n), np.int32)     # sums of the pixels not swept, from 0
-        for ox in range(ow):
-            if not (swept and first <= ox < last):
-                for c in range(o_n):
-                    acc[ox, c] = 0
-        if swept:       # the inside pixels summed and requantized straight into out
+        if mult == 1 and i1 > i0:   # the whole row summed and requantized straight into out
             args = (x[oy * sh - pt + i0 * dh].ctypes.data, wt[i0].ctypes.data,
                     inits[i0, i1].ctypes.data, out[oy * ow].ctypes.data, params.ctypes.data,
-                    first, last, o_n, i1 - i0, dh * w * o_n, kw, sw, dw, -pl, np.float32(0.0),
-                    np.float32(0.0), params.shape[1], lo, hi)
+                    zrow.ctypes.data, first, last, o_n, i1 - i0, dh * w * o_n, kw, sw, dw, -pl,
+                    np.float32(0.0), np.float32(0.0), params.shape[1], lo, hi, 0, ow, w)
             if signed:
                 sweep_i8(*args)
             else:
                 sweep_u8(*args)
+            continue
+        acc = np.zeros((ow, o_n), np.int32)
         for i in range(i0, i1):
             row = x[oy * sh - pt + i * dh]
             for j in range(kw):
                 offset = j * dw - pl
                 f, l_ = inside(ow, sw, offset, w)
-                tap = wt[i, j]
-                if swept:       # the border pixels only
-                    _taps_along(acc, row, tap, f, min(l_, first), sw, offset, zx, mult)
-                    _taps_along(acc, row, tap, max(f, last), l_, sw, offset, zx, mult)
-                else:
-                    _taps_along(acc, row, tap, f, l_, sw, offset, zx, mult)
-        if swept:
-            requantize_rows(acc[:first], params, 0, o_n, lo, hi, out, oy * ow, 0)
-            requantize_rows(acc[last:], params, 0, o_n, lo, hi, out, oy * ow + last, 0)
-        else:
-            requantize_rows(acc, params, 0, o_n, lo, hi, out, oy * ow, 0)
+                _taps_along(acc, row, wt[i, j], f, l_, sw, offset, zx, mult)
+        requantize_rows(acc, params, 0, o_n, lo, hi, out, oy * ow, 0)
 
 
 @njit(parallel=True, cache=True)
