@@ -8,9 +8,10 @@
 
 At load, calls are inlined and put in dependency order; each op gets the binding its registry
 entry names (weights prepacked once), or its reference semantics where no binding fits. Each
-intermediate value gets a buffer from a pool keyed by shape and dtype: a buffer returns to the
-pool after the last use of every value stored in it (views share their input's storage), so
-buffers are reused across the program. The result is copied out, so callers may keep it.
+intermediate value gets a block of bytes from a pool, whatever its shape and dtype: a block
+returns to the pool after the last use of every value stored in it (views share their
+input's storage), and the next output takes the block freed last, so a few blocks serve the
+whole program. The result is copied out, so callers may keep it.
 """
 from __future__ import annotations
 
@@ -107,44 +108,60 @@ class Executor:
                     slot[id(node)], "reference", node=node)
 
     def _plan(self) -> None:
-        """Give each kernel output a buffer, reusing buffers whose values are dead."""
+        """Give each kernel output a buffer, reusing buffers whose values are dead.
+
+        Buffers are blocks of bytes, whatever the shapes stored in them: an output takes the
+        free block that was freed last (its lines most likely still in cache: often the
+        previous step's input), grown to fit when it is too small, or a new block when none
+        is free. The blocks are allocated once the plan is made, each at the largest size it
+        was given, so a program touches as many blocks as it ever has values alive at once
+        (with one block per shape, MobileNet-v2 int8 touched 42 buffers, 5.2 MB, for at most
+        1.5 MB alive)."""
         last_use: dict[int, int] = {}
         for i, st in enumerate(self.steps):
             for s in st.inputs:
                 last_use[s] = i
         last_use[self.out_slot] = len(self.steps)
-        storage: dict[int, int] = {}          # slot -> storage id (views share)
-        alive: dict[int, int] = {}            # storage -> number of live slots
-        buffers: dict[int, np.ndarray] = {}   # storage -> array
-        pool: dict[tuple, list[np.ndarray]] = {}
-        self.buffers: dict[int, np.ndarray] = {}  # step index -> preallocated output
-        next_storage = 0
+        storage: dict[int, int] = {}          # slot -> block (views share their input's)
+        alive: dict[int, int] = {}            # block -> number of live slots stored in it
+        sizes: list[int] = []                 # block -> the most bytes stored in it
+        free: list[int] = []                  # blocks free now, the last freed last
+        placed: dict[int, tuple[int, TensorType]] = {}   # step index -> its block, its type
+        held: dict[int, int] = {}             # block -> the bytes of the value in it now
         self.peak_bytes = 0
         live_bytes = 0
         for i, st in enumerate(self.steps):
             t = self.types[st.output]
             if st.kind == "kernel" and isinstance(t, TensorType):
-                key = (t.shape, t.dtype)
-                buf = pool[key].pop() if pool.get(key) else memory.empty(t.shape, t.dtype)
-                self.buffers[i] = buf
-                storage[st.output] = next_storage
-                buffers[next_storage] = buf
-                alive[next_storage] = 1
-                live_bytes += buf.nbytes
+                need = int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
+                if free:
+                    block = free.pop()
+                    sizes[block] = max(sizes[block], need)
+                else:
+                    block = len(sizes)
+                    sizes.append(need)
+                placed[i] = (block, t)
+                storage[st.output] = block
+                alive[block] = 1
+                held[block] = need
+                live_bytes += need
                 self.peak_bytes = max(self.peak_bytes, live_bytes)
-                next_storage += 1
             elif st.kind == "view" and st.inputs[0] in storage:
                 storage[st.output] = storage[st.inputs[0]]
                 alive[storage[st.output]] += 1
             # values whose last use is this step release their storage
             for s in set(st.inputs) | {st.output}:
                 if last_use.get(s, -1) <= i and s in storage:
-                    sid = storage.pop(s)
-                    alive[sid] -= 1
-                    if alive[sid] == 0:
-                        buf = buffers.pop(sid)
-                        pool.setdefault((buf.shape, str(buf.dtype)), []).append(buf)
-                        live_bytes -= buf.nbytes
+                    block = storage.pop(s)
+                    alive[block] -= 1
+                    if alive[block] == 0:
+                        free.append(block)
+                        live_bytes -= held.pop(block)
+        self.blocks = [memory.empty((n,), np.uint8) for n in sizes]
+        self.buffers: dict[int, np.ndarray] = {}  # step index -> preallocated output
+        for i, (block, t) in placed.items():
+            count = int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
+            self.buffers[i] = self.blocks[block][:count].view(t.dtype).reshape(t.shape)
 
     def run(self, inputs: Mapping[str, np.ndarray], profile: bool = False,
             observe=None) -> Any:
