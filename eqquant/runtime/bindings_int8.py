@@ -495,10 +495,10 @@ class FusedQConv2D(Binding):
         elif c.depthwise:
             self.params = k8.depthwise_params(c.wdw, self.bias, *args)
             self.inits = k8.depthwise_inits(c.wdw, c.zx)
-        # the portable path's int32 accumulator, NCHW (its kernels' layout)
+        # the portable path's int32 accumulator, NCHW (its kernels' layout; made at its
+        # first run, as the other paths never need it)
         n, *spatial = out_type.shape
-        self.acc = np.empty((n, o, *(spatial[:2] if self.channels_last else spatial[1:])),
-                            np.int32)
+        self.acc_shape = (n, o, *(spatial[:2] if self.channels_last else spatial[1:]))
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -551,10 +551,11 @@ class FusedQConv2D(Binding):
         # the portable GEMM (grouped convolutions, weight zero points, no SIMD path) runs
         # NCHW: a channel-last call site transposes its image in and its result out
         x = moved(ins[0], to_last=False) if last else ins[0]
-        c._portable(x, self.acc)
-        res = np.empty(self.acc.shape, out.dtype) if last else out
+        acc = self.scratch("acc", self.acc_shape, np.int32)
+        c._portable(x, acc)
+        res = np.empty(acc.shape, out.dtype) if last else out
         for b in range(n):
-            self.k8.bias_clamp_requantize(self.acc[b].reshape(o, -1), self.bias,
+            self.k8.bias_clamp_requantize(acc[b].reshape(o, -1), self.bias,
                                           self.clamp_lo, self.clamp_hi, self.m, self.sh,
                                           self.zin, self.zout, self.lo, self.hi,
                                           res[b].reshape(o, -1))
