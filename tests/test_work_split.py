@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eqquant.runtime.gather import ROWS, chunk_bounds, work_split
+from eqquant.runtime.gather import ROWS, chunk_bounds, work_item, work_split
 
 
 @settings(max_examples=300, deadline=None)
@@ -28,6 +28,18 @@ def test_chunks_cover_every_pixel_once_in_equal_shares(images, p_n, oblocks, thr
     items = images * chunks * groups
     # a multiple of the threads, unless the pixels cannot be cut finer
     assert items % threads == 0 or (chunks + 1) * ROWS > p_n
+    # each (image, chunk, group) is one item, and a thread's run of consecutive items reads
+    # the weights of as few groups as a run of that length can (group-major)
+    decoded = [work_item(i, chunks, groups) for i in range(items)]
+    assert sorted(decoded) == [(b, c, g) for b in range(images) for c in range(chunks)
+                               for g in range(groups)]
+    per_image = chunks * groups
+    for start in range(0, items, max(1, items // threads)):
+        end = min(items, start + max(1, items // threads))   # a thread's run in one image
+        end = min(end, (start // per_image + 1) * per_image)
+        read = {g for _, _, g in decoded[start:end]}
+        first, last = start % per_image, (end - 1) % per_image
+        assert len(read) == last // chunks - first // chunks + 1
 
 
 def test_a_14x14_image_is_no_longer_three_quarters_one_threads():
@@ -37,8 +49,8 @@ def test_a_14x14_image_is_no_longer_three_quarters_one_threads():
     chunks, groups, per_group = work_split(1, 196, 8, 2)
     work = []
     for item in range(chunks * groups):
-        p0, p1 = chunk_bounds(196, chunks, item // groups)
-        g = item % groups
+        _, chunk, g = work_item(item, chunks, groups)
+        p0, p1 = chunk_bounds(196, chunks, chunk)
         work.append((p1 - p0) * (min(8, (g + 1) * per_group) - g * per_group))
     half = len(work) // 2
     assert len(work) % 2 == 0

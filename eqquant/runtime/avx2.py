@@ -21,7 +21,7 @@ from numba import njit, prange
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
 from .gather import SMALL, _chunk_windows, _rows, shared_windows, work_split
-from .gather import windows  # noqa: F401
+from .gather import windows, work_item  # noqa: F401
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
 from .vnni import requantize_params  # noqa: F401
 from .vnni import _finish, pack_panels
@@ -125,13 +125,13 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
         for item in prange(images * chunks * groups):
-            b, rest = item // (chunks * groups), item % (chunks * groups)
-            ob0 = (rest % groups) * per_group
+            b, chunk, g = work_item(item, chunks, groups)
+            ob0 = g * per_group
             ob1 = min(oblocks, ob0 + per_group)
             if ob0 >= ob1:
                 continue
             p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
-                                      rest // groups, chunks, kp, shared)
+                                      chunk, chunks, kp, shared)
             n = rows.shape[0]
             rows16 = np.empty((n, kp), np.int16)
             _widen(rows, rows16)

@@ -24,7 +24,7 @@ from numba import njit, prange
 from .llvm_loops import cpu_has, gemm_intrinsic
 # the gather, set-up and epilogue it shares with the 512-bit kernel (windows: re-exported)
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, shared_windows, work_split
-from .gather import windows  # noqa: F401
+from .gather import windows, work_item  # noqa: F401
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
 from .vnni import requantize_params  # noqa: F401
 from .vnni import _finish, define_vpdpbusd, pack_panels
@@ -103,13 +103,13 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
         for item in prange(images * chunks * groups):
-            b, rest = item // (chunks * groups), item % (chunks * groups)
-            ob0 = (rest % groups) * per_group
+            b, chunk, g = work_item(item, chunks, groups)
+            ob0 = g * per_group
             ob1 = min(oblocks, ob0 + per_group)
             if ob0 >= ob1:
                 continue
             p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
-                                      rest // groups, chunks, kp, shared)
+                                      chunk, chunks, kp, shared)
             n = rows.shape[0]
             # blocks requantized in registers, straight into out (all of them when the
             # channels fill whole vectors)

@@ -26,7 +26,7 @@ from numba import njit, prange
 
 from .kernels_fp32 import clamp
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
-from .gather import _windows, chunk_bounds, shared_windows, work_split
+from .gather import _windows, chunk_bounds, shared_windows, work_item, work_split
 from .memory import aligned
 
 # path -> (floats per vector, pixel rows per micro-kernel); a block is two vectors
@@ -174,8 +174,7 @@ def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, out
     shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p_n,
                             groups, k)
     for item in prange(images * chunks * groups):
-        b, rest = item // (chunks * groups), item % (chunks * groups)
-        chunk, g = rest // groups, rest % groups
+        b, chunk, g = work_item(item, chunks, groups)
         p0, p1 = chunk_bounds(p_n, chunks, chunk)
         n = p1 - p0
         ob0 = g * per_group

@@ -41,8 +41,7 @@ def work_split(images, p_n, oblocks, threads):
     """(chunks per image, groups of channel blocks, blocks per group) for a batch of
     ``images`` images of ``p_n`` output pixels on ``threads`` threads (the caller's
     ``numba.get_num_threads()``: called in a kernel, it would stop Numba caching it). Work
-    item i is image i // (chunks * groups), chunk (i % (chunks * groups)) // groups (its
-    pixels: ``chunk_bounds``) and group i % groups. Every chunk is split into as many groups
+    items: ``work_item``. Every chunk is split into as many groups
     (about a power of two, at most the blocks, none empty) as make ITEMS items per thread,
     and the chunks are as many as make the item count a multiple of the threads, all of
     about one size: Numba's parallel loops give each thread an equal run of consecutive
@@ -57,6 +56,17 @@ def work_split(images, p_n, oblocks, threads):
     while (images * chunks * groups) % threads != 0 and (chunks + 1) * ROWS <= p_n:
         chunks += 1
     return chunks, groups, per_group
+
+
+@njit(cache=True)
+def work_item(item, chunks, groups):
+    """(image, chunk, group) of work item ``item`` (``work_split``): image item // (chunks *
+    groups), then group-major: the chunks of a group are consecutive items, so that a thread,
+    given a run of consecutive items, reads the weights of as few groups as it can. Taken
+    chunk-major, each of two threads read every group's weights for a 14 x 14 image (four
+    chunks, three groups), which come from memory in a whole program's run."""
+    b, rest = item // (chunks * groups), item % (chunks * groups)
+    return b, rest % chunks, rest // chunks
 
 
 @njit(cache=True)

@@ -24,7 +24,7 @@ from numba import njit, prange
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, windows, work_split  # noqa: F401
-from .gather import shared_windows
+from .gather import shared_windows, work_item
 from .kernels_int8 import epilogue_params, requantize_rows
 from .memory import aligned
 
@@ -212,13 +212,13 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
         for item in prange(images * chunks * groups):
-            b, rest = item // (chunks * groups), item % (chunks * groups)
-            ob0 = (rest % groups) * per_group
+            b, chunk, g = work_item(item, chunks, groups)
+            ob0 = g * per_group
             ob1 = min(oblocks, ob0 + per_group)
             if ob0 >= ob1:
                 continue
             p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
-                                      rest // groups, chunks, kp, shared)
+                                      chunk, chunks, kp, shared)
             n = rows.shape[0]
             # blocks requantized in registers, straight into out (all of them when the
             # channels fill whole vectors)
