@@ -99,3 +99,17 @@ def test_a_cached_kernel_is_stamped_with_the_whole_runtime_source():
 
 def _defined_elsewhere(x):
     return x
+
+
+def test_the_bindings_read_the_pools_size_as_it_is_now():
+    """The convolutions split their work for the pool's size at each call (``threads``, a
+    cheaper read of what ``numba.get_num_threads`` gives), after ``numba.set_num_threads``
+    too."""
+    from eqquant.runtime.bindings import threads
+    before = numba.get_num_threads()
+    try:
+        for n in sorted({1, before}):
+            numba.set_num_threads(n)
+            assert threads() == numba.get_num_threads() == n
+    finally:
+        numba.set_num_threads(before)
