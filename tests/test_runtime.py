@@ -364,3 +364,20 @@ def test_openmp_threads_sleep_at_once_only_beside_blas(fp32_kernel, user_policy)
                          env=env, capture_output=True, text=True, check=True).stdout.strip()
     blas = fp32_kernel == "blas" or not (cpu_has("avx2") and cpu_has("fma"))
     assert out == (user_policy or ("PASSIVE" if blas else "default"))
+
+
+@pytest.mark.parametrize("path", ["fma", "avx512"])
+def test_float_weights_pack_into_aligned_zero_padded_panels(path):
+    """``fma.pack``: (O, K) -> [ceil(O / block)][K][block] panels on 64-byte lines, the last
+    block's missing channels zero, for channel counts that fill no block, some blocks, and
+    some blocks and a part."""
+    from eqquant.runtime import fma
+    block = fma.block_of(path)
+    rng = np.random.default_rng(1)
+    for o, k in [(1, 3), (block, 5), (block + 1, 9), (3 * block + 7, 27)]:
+        w = rng.standard_normal((o, k)).astype(np.float32)
+        got = fma.pack(w, path)
+        assert got.shape == (-(-o // block), k, block) and got.ctypes.data % 64 == 0
+        for c in range(got.shape[0] * block):
+            want = w[c] if c < o else np.zeros(k, np.float32)
+            np.testing.assert_array_equal(got[c // block, :, c % block], want)
