@@ -481,3 +481,23 @@ def test_the_integer_global_average_is_bit_exact(n, c, h, w, layout, dtype, out_
     ex = Executor(bound)
     assert [s.label for s in ex.steps if "global" in s.label] == ["qnn.global_avg_pool2d"]
     np.testing.assert_array_equal(ex.run(xs), run(bound, xs))
+
+
+@pytest.mark.parametrize("block,group,dtype", [(64, 4, np.int8), (16, 4, np.int8),
+                                               (16, 2, np.int16)])
+def test_int8_weights_pack_into_aligned_zero_padded_panels(block, group, dtype):
+    """``vnni.pack_panels`` (the VNNI, AVX-VNNI and AVX2 layouts): (O, K) -> [ceil(O / block)]
+    [Kp / group][block][group] on 64-byte lines, Kp = K rounded up to 4, the missing channels
+    and k-values zero; and 128 times each channel's sum."""
+    from eqquant.runtime.vnni import pack_panels
+    rng = np.random.default_rng(2)
+    for o, k in [(1, 3), (block, 8), (block + 1, 27), (2 * block + 5, 36)]:
+        w = rng.integers(-128, 128, (o, k)).astype(np.int8)
+        got, sums, kp = pack_panels(w, block, group, dtype)
+        assert kp == -(-k // 4) * 4 and got.dtype == dtype and got.ctypes.data % 64 == 0
+        assert got.shape == (-(-o // block), kp // group, block, group)
+        full = np.zeros((got.shape[0] * block, kp), np.int64)
+        full[:o, :k] = w
+        for c in range(full.shape[0]):
+            np.testing.assert_array_equal(got[c // block, :, c % block].reshape(-1), full[c])
+        np.testing.assert_array_equal(sums, 128 * w.astype(np.int64).sum(axis=1))

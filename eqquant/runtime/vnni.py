@@ -26,7 +26,7 @@ from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, windows, work_split  # noqa: F401
 from .gather import shared_windows, work_item
 from .kernels_int8 import epilogue_params, requantize_rows
-from .memory import aligned
+from . import memory
 
 BLOCK = 64  # output channels per register block (4 x 16 lanes)
 PADS = True   # any number of output channels: the last block is padded with zeros
@@ -115,12 +115,17 @@ def pack_panels(w: np.ndarray, block: int, group: int, dtype) -> tuple:
     are one lane's operands.)"""
     o, k = w.shape
     kp = -(-k // 4) * 4
-    op = -(-o // block) * block
-    padded = np.zeros((op, kp), dtype)
-    padded[:o, :k] = w
-    packed = np.ascontiguousarray(
-        padded.reshape(op // block, block, kp // group, group).transpose(0, 2, 1, 3))
-    return aligned(packed), (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp
+    blocks = -(-o // block)
+    # each panel one transposing copy into aligned memory (three copies of the whole before)
+    packed = memory.empty((blocks, kp // group, block, group), dtype)
+    for ob in range(blocks):
+        rows = w[ob * block:(ob + 1) * block]
+        if rows.shape != (block, kp):           # a panel padded with zeros
+            panel = np.zeros((block, kp), dtype)
+            panel[:rows.shape[0], :k] = rows
+            rows = panel
+        packed[ob] = rows.reshape(block, kp // group, group).transpose(1, 0, 2)
+    return packed, (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp
 
 
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
