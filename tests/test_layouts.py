@@ -139,6 +139,32 @@ def test_mobilenet_int8_layouts_change_no_bit(mobilenet_int8):
         np.testing.assert_array_equal(nhwc.run(x), nchw.run(x))
 
 
+def test_mobilenet_int8_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8):
+    """A plain run calls each step bound once to its arrays (``Executor._prepare``: every
+    convolution straight to its kernel); a profiled run gathers each step's operands and goes
+    through the binding. Same bits, and again after the thread pool's size changed (the
+    convolutions' work split is bound with them)."""
+    import numba
+    q, shape = mobilenet_int8
+    ex = Executor(q.compiled)
+    convs = [p for st, p in zip(ex.steps, ex._prepared) if st.label == "fused.qconv2d"]
+    assert len(convs) == 52 and all(p is not None and p[0].func.__name__ in (
+        "conv_requantize", "depthwise_channels_last") for p in convs)
+    rng = np.random.default_rng(6)
+    x = {"data": rng.normal(size=shape).astype("float32")}
+    want = ex.run(x, profile=True)
+    np.testing.assert_array_equal(ex.run(x), want)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        np.testing.assert_array_equal(ex.run(x), want)
+        assert ex._threads == 1
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_array_equal(ex.run(x), want)
+    assert ex._threads == before
+
+
 @pytest.mark.parametrize("groups, channel_last", [(1, True), (16, False), (32, True)])
 def test_convolutions_go_channel_last_where_their_kernels_read_it(groups, channel_last):
     """Extraction under the CPU cost model moves a chain of dense (groups 1) or depthwise (32

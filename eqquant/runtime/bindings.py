@@ -9,6 +9,7 @@ identities alias their input instead of copying.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any, Mapping, Sequence
 
@@ -50,6 +51,12 @@ class Binding:
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return _is_f32(*in_types, out_type)
+
+    def prepare(self, ins, out):
+        """A call with no arguments doing ``self(ins, out)``, for operands that are the same
+        arrays at every run (``Executor._prepare``); a binding may bind its kernel's
+        arguments instead, skipping its own Python at each run."""
+        return functools.partial(self, ins, out)
 
     def scratch(self, name: str, shape, dtype) -> np.ndarray:
         """An aligned buffer of this call site's, made on its first run and reused (the

@@ -6,6 +6,8 @@ Numba loops (``kernels_int8.py``); every path gives the reference's bits. See ``
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..core.types import TensorType
@@ -437,6 +439,14 @@ class QAdd(Binding):
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return all(_const_scalar(consts, i) is not None for i in range(2, 8))
 
+    def prepare(self, ins, out):
+        if self.once:
+            return functools.partial(
+                self.k8.qadd_once, ins[0].reshape(-1), self.za, ins[1].reshape(-1), self.zb,
+                np.int64(self.ma), np.int64(self.mb2), self.bits, self.zo, self.lo, self.hi,
+                out.reshape(-1))
+        return super().prepare(ins, out)
+
     def __call__(self, ins, out):
         if self.once:
             return self.k8.qadd_once(ins[0].reshape(-1), self.za, ins[1].reshape(-1), self.zb,
@@ -521,6 +531,19 @@ class FusedQConv2D(Binding):
         return (per_channel and s1.size in (1, o) and attrs["rounding"] == "UPWARD" and
                 (s1.size == 1 or attrs["axis"] % 4 == (3 if last else 1)) and
                 all(_const_scalar(consts, i) is not None for i in (8, 9, 10)))
+
+    def prepare(self, ins, out):
+        """The kernel call itself, bound to this site's arrays, where the image is read as it
+        is (channel-last, and unsigned on a SIMD path)."""
+        c, o = self.conv, out.shape[-1]
+        if self.channels_last and c.simd is not None and not c.shift:
+            return functools.partial(c.simd.conv_requantize, ins[0], *self.fixed_args,
+                                     out.reshape(out.shape[0], -1, o), threads())
+        if self.channels_last and c.depthwise and out.shape[0] == 1:
+            return functools.partial(self.k8.depthwise_channels_last, ins[0][0],
+                                     *self.fixed_args, *out.shape[1:3], self.params,
+                                     self.inits, self.lo, self.hi, out[0].reshape(-1, o))
+        return super().prepare(ins, out)
 
     def __call__(self, ins, out):
         c = self.conv
