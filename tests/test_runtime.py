@@ -305,15 +305,15 @@ def test_memory_plan_reuses_buffers():
     # two outputs share memory only when the first is dead (its views too) before the step
     # writing the second
     last_use = {}
-    for i, st in enumerate(ex.steps):
-        for s in st.inputs:
+    for i, step in enumerate(ex.steps):
+        for s in step.inputs:
             last_use[s] = i
     last_use[ex.out_slot] = len(ex.steps)
     end = {}
-    for i, st in reversed(list(enumerate(ex.steps))):
-        end[st.output] = max([last_use.get(st.output, i)] + [
+    for i, step in reversed(list(enumerate(ex.steps))):
+        end[step.output] = max([last_use.get(step.output, i)] + [
             end[v.output] for v in ex.steps[i + 1:] if v.kind == "view" and
-            v.inputs[0] == st.output])
+            v.inputs[0] == step.output])
     written = sorted(ex.buffers)
     for a, i in enumerate(written):
         for j in written[a + 1:]:
@@ -322,6 +322,25 @@ def test_memory_plan_reuses_buffers():
     x = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype("float32")
     np.testing.assert_allclose(ex.run({"data": x}), run(r.module, {"data": x}), rtol=1e-4,
                                atol=1e-4)
+
+
+def test_memory_plan_keeps_the_fields_of_a_tuple_alive():
+    """Branches joined by concatenate: each branch's last reader is the tuple, but its block
+    must stay alive until the join has read it (the join's output, of another shape, once
+    took a branch's block and overwrote it while reading it)."""
+    rng = np.random.default_rng(3)
+    b = Builder()
+    x = b.input("x", (1, 8, 12, 12))
+    parts = [b.call("nn.relu", b.call("nn.conv2d", x, b.param(
+        f"w{i}", rng.normal(size=(4 + 4 * i, 8, 3, 3)).astype("f4")), padding=[1, 1, 1, 1]))
+        for i in range(3)]
+    joined = b.call("concatenate", b.tuple(*parts), axis=1)
+    y = b.call("nn.conv2d", joined, b.param("wo", rng.normal(size=(8, 24, 1, 1)).astype("f4")))
+    mod = bind_params(*b.finish(b.call("split", y, indices=[4], axis=1)))
+    ex = Executor(mod)
+    xs = {"x": rng.normal(size=(1, 8, 12, 12)).astype("float32")}
+    for got, want in zip(ex.run(xs), run(mod, xs)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_kernels_are_cached_on_disk():

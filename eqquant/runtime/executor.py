@@ -111,7 +111,9 @@ class Executor:
     def _plan(self) -> None:
         """Give each kernel output a buffer, reusing buffers whose values are dead.
 
-        Buffers are blocks of bytes, whatever the shapes stored in them: an output takes the
+        A value that may alias others (a view, a tuple and its fields, a reference op's
+        result) keeps their blocks alive while it lives. Buffers are blocks of bytes,
+        whatever the shapes stored in them: an output takes the
         free block that was freed last (its lines most likely still in cache: often the
         previous step's input), grown to fit when it is too small, or a new block when none
         is free. The blocks are allocated once the plan is made, each at the largest size it
@@ -123,7 +125,9 @@ class Executor:
             for s in st.inputs:
                 last_use[s] = i
         last_use[self.out_slot] = len(self.steps)
-        storage: dict[int, int] = {}          # slot -> block (views share their input's)
+        # slot -> the blocks its value lies in (a view, its input's; a tuple, its fields';
+        # a field taken out of a tuple, the tuple's)
+        storage: dict[int, list[int]] = {}
         alive: dict[int, int] = {}            # block -> number of live slots stored in it
         sizes: list[int] = []                 # block -> the most bytes stored in it
         free: list[int] = []                  # blocks free now, the last freed last
@@ -142,22 +146,29 @@ class Executor:
                     block = len(sizes)
                     sizes.append(need)
                 placed[i] = (block, t)
-                storage[st.output] = block
+                storage[st.output] = [block]
                 alive[block] = 1
                 held[block] = need
                 live_bytes += need
                 self.peak_bytes = max(self.peak_bytes, live_bytes)
-            elif st.kind == "view" and st.inputs[0] in storage:
-                storage[st.output] = storage[st.inputs[0]]
-                alive[storage[st.output]] += 1
+            else:
+                # a value that may alias its operands (a view, a field of a tuple; a tuple; a
+                # reference op's or a tuple-valued kernel's result, which may be a view of
+                # one) keeps the blocks they lie in alive as long as it lives itself
+                reads = st.inputs[:1] if st.kind in ("view", "getitem") else st.inputs
+                shared = sorted({b for s in reads for b in storage.get(s, [])})
+                if shared:
+                    storage[st.output] = shared
+                    for block in shared:
+                        alive[block] += 1
             # values whose last use is this step release their storage
             for s in set(st.inputs) | {st.output}:
                 if last_use.get(s, -1) <= i and s in storage:
-                    block = storage.pop(s)
-                    alive[block] -= 1
-                    if alive[block] == 0:
-                        free.append(block)
-                        live_bytes -= held.pop(block)
+                    for block in storage.pop(s):
+                        alive[block] -= 1
+                        if alive[block] == 0:
+                            free.append(block)
+                            live_bytes -= held.pop(block)
         self.blocks = [memory.empty((n,), np.uint8) for n in sizes]
         self.buffers: dict[int, np.ndarray] = {}  # step index -> preallocated output
         for i, (block, t) in placed.items():
