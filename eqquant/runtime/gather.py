@@ -86,7 +86,7 @@ def shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, k
     else an empty array, each work item gathering its own chunk (a pointwise convolution
     reads the image's own rows). Gathering per group had a 14 x 14 layer's 196 rows of 2304
     taps gathered four times."""
-    h, w, c = nhwc.shape[1], nhwc.shape[2], nhwc.shape[3]
+    w, c = nhwc.shape[2], nhwc.shape[3]
     pointwise = kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
         c == kp and ow == w
     rows = np.empty((p_n if nhwc.shape[0] == 1 and groups > 1 and not pointwise else 0, kp),
