@@ -440,21 +440,18 @@ class QAdd(Binding):
         return all(_const_scalar(consts, i) is not None for i in range(2, 8))
 
     def prepare(self, ins, out):
+        """The kernel call bound to this site's arrays (``__call__`` makes it anew)."""
+        a, b, o = ins[0].reshape(-1), ins[1].reshape(-1), out.reshape(-1)
         if self.once:
-            return functools.partial(
-                self.k8.qadd_once, ins[0].reshape(-1), self.za, ins[1].reshape(-1), self.zb,
-                np.int64(self.ma), np.int64(self.mb2), self.bits, self.zo, self.lo, self.hi,
-                out.reshape(-1))
-        return super().prepare(ins, out)
+            return functools.partial(self.k8.qadd_once, a, self.za, b, self.zb,
+                                     np.int64(self.ma), np.int64(self.mb2), self.bits, self.zo,
+                                     self.lo, self.hi, o)
+        return functools.partial(self.k8.qadd, a, self.za, b, self.zb, np.int64(self.mb),
+                                 self.shb, np.int64(self.mo), self.sho, self.zo, self.lo,
+                                 self.hi, o)
 
     def __call__(self, ins, out):
-        if self.once:
-            return self.k8.qadd_once(ins[0].reshape(-1), self.za, ins[1].reshape(-1), self.zb,
-                                     np.int64(self.ma), np.int64(self.mb2), self.bits, self.zo,
-                                     self.lo, self.hi, out.reshape(-1))
-        self.k8.qadd(ins[0].reshape(-1), self.za, ins[1].reshape(-1), self.zb,
-                     np.int64(self.mb), self.shb, np.int64(self.mo), self.sho, self.zo,
-                     self.lo, self.hi, out.reshape(-1))
+        self.prepare(ins, out)()
 
 
 class FusedQConv2D(Binding):
@@ -532,17 +529,25 @@ class FusedQConv2D(Binding):
                 (s1.size == 1 or attrs["axis"] % 4 == (3 if last else 1)) and
                 all(_const_scalar(consts, i) is not None for i in (8, 9, 10)))
 
+    def _simd_call(self, nhwc, res):
+        """The SIMD kernel's call on a channel-last unsigned batch into res (N, oh, ow, O)."""
+        return functools.partial(self.conv.simd.conv_requantize, nhwc, *self.fixed_args,
+                                 res.reshape(res.shape[0], -1, res.shape[3]), threads())
+
+    def _depthwise_call(self, hwc, res):
+        """The depthwise kernel's call on one channel-last image into res (oh, ow, O)."""
+        return functools.partial(self.k8.depthwise_channels_last, hwc, *self.fixed_args,
+                                 *res.shape[:2], self.params, self.inits, self.lo, self.hi,
+                                 res.reshape(-1, res.shape[2]))
+
     def prepare(self, ins, out):
         """The kernel call itself, bound to this site's arrays, where the image is read as it
         is (channel-last, and unsigned on a SIMD path)."""
-        c, o = self.conv, out.shape[-1]
+        c = self.conv
         if self.channels_last and c.simd is not None and not c.shift:
-            return functools.partial(c.simd.conv_requantize, ins[0], *self.fixed_args,
-                                     out.reshape(out.shape[0], -1, o), threads())
+            return self._simd_call(ins[0], out)
         if self.channels_last and c.depthwise and out.shape[0] == 1:
-            return functools.partial(self.k8.depthwise_channels_last, ins[0][0],
-                                     *self.fixed_args, *out.shape[1:3], self.params,
-                                     self.inits, self.lo, self.hi, out[0].reshape(-1, o))
+            return self._depthwise_call(ins[0][0], out[0])
         return super().prepare(ins, out)
 
     def __call__(self, ins, out):
@@ -555,8 +560,7 @@ class FusedQConv2D(Binding):
             # (channel-last: an NCHW call site moves its result out, as the layout phase's
             # layout_transform would, so that the site costs the channel-last one and moves)
             res = out if last else self.scratch("result", (n, oh, ow, o), out.dtype)
-            c.simd.conv_requantize(c.nhwc(ins[0]), *self.fixed_args, res.reshape(n, -1, o),
-                                   threads())
+            self._simd_call(c.nhwc(ins[0]), res)()
             if not last:
                 move_into(res, out, to_last=False)
             return
@@ -565,11 +569,8 @@ class FusedQConv2D(Binding):
             x = ins[0] if last else moved(ins[0], out=self.scratch(
                 "image", (n, *ins[0].shape[2:], ins[0].shape[1]), ins[0].dtype))
             res = out if last else self.scratch("result", (n, *out.shape[2:], o), out.dtype)
-            oh, ow = res.shape[1:3]
             for b in range(n):
-                self.k8.depthwise_channels_last(x[b], *self.fixed_args, oh, ow, self.params,
-                                                self.inits, self.lo, self.hi,
-                                                res[b].reshape(-1, o))
+                self._depthwise_call(x[b], res[b])()
             if not last:
                 move_into(res, out, to_last=False)
             return

@@ -137,7 +137,7 @@ class Executor:
         for i, st in enumerate(self.steps):
             t = self.types[st.output]
             if st.kind == "kernel" and isinstance(t, TensorType):
-                need = int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
+                need = _nbytes(t)
                 if free:
                     block = free.pop()
                     sizes[block] = max(sizes[block], need)
@@ -171,8 +171,7 @@ class Executor:
         self.blocks = [memory.empty((n,), np.uint8) for n in sizes]
         self.buffers: dict[int, np.ndarray] = {}  # step index -> preallocated output
         for i, (block, t) in placed.items():
-            count = int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
-            self.buffers[i] = self.blocks[block][:count].view(t.dtype).reshape(t.shape)
+            self.buffers[i] = self.blocks[block][:_nbytes(t)].view(t.dtype).reshape(t.shape)
 
     def _prepare(self) -> None:
         """Bind each step whose operands are the same arrays at every run (constants, planned
@@ -320,6 +319,10 @@ class Executor:
             lines.append(f"{label:36s} {len(times):5d} {t * 1e3:9.3f} {100 * t / total:5.1f}%")
         lines.append(f"{'total':36s} {'':5s} {total * 1e3:9.3f}")
         return "\n".join(lines)
+
+
+def _nbytes(t: TensorType) -> int:
+    return int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
 
 
 def _nothing() -> None:

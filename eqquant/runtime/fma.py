@@ -100,16 +100,8 @@ def pack(w: np.ndarray, path: str = "fma") -> np.ndarray:
     """float32 weights (O, K) -> B packed [ceil(O/block)][K][block] for the ``path`` GEMM
     (zero rows pad the last block)."""
     block = block_of(path)
-    o, k = w.shape
-    full = o // block
-    # one transposing copy into aligned memory (padding, then transposing, then aligning in
-    # three copies took 0.6 s of ResNet-18 fp32's first run, for its 46 MB of weights)
-    out = memory.empty((-(-o // block), k, block), np.float32)
-    out[:full] = w[:full * block].reshape(full, block, k).transpose(0, 2, 1)
-    if full * block < o:
-        out[full] = 0.0
-        out[full, :, :o - full * block] = w[full * block:].T
-    return out
+    packed = memory.panels(w, block, 1, w.shape[1], np.float32)
+    return packed.reshape(packed.shape[:3])
 
 
 @njit(cache=True)

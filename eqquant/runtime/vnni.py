@@ -113,19 +113,9 @@ def pack_panels(w: np.ndarray, block: int, group: int, dtype) -> tuple:
     sums (O,); Kp: K padded to a multiple of 4). The GEMMs' output has the padded width; the
     padded columns are 0. (The SIMD GEMMs' shared layout: ``group`` k-values of one channel
     are one lane's operands.)"""
-    o, k = w.shape
-    kp = -(-k // 4) * 4
-    blocks = -(-o // block)
-    # each panel one transposing copy into aligned memory (three copies of the whole before)
-    packed = memory.empty((blocks, kp // group, block, group), dtype)
-    for ob in range(blocks):
-        rows = w[ob * block:(ob + 1) * block]
-        if rows.shape != (block, kp):           # a panel padded with zeros
-            panel = np.zeros((block, kp), dtype)
-            panel[:rows.shape[0], :k] = rows
-            rows = panel
-        packed[ob] = rows.reshape(block, kp // group, group).transpose(1, 0, 2)
-    return packed, (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp
+    kp = -(-w.shape[1] // 4) * 4
+    return (memory.panels(w, block, group, kp, dtype),
+            (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp)
 
 
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
