@@ -223,9 +223,9 @@ def test_with_slow_integer_convolutions_the_extracted_program_beats_all_int8_and
     stages, then a classifier of 48 MB float weights). Timed on this machine, the portable
     integer convolutions are slower than the float ones, and the integer classifier (a
     quarter of the bytes to read) faster than the float one. The measured model leaves the
-    convolutions past the stem in float, keeps the classifier in integers, and the program
-    it extracts costs less than both the all-int8 program and the all-fp32 one: a choice
-    neither uniform precision can make. (The stem may go either way: its input is marked
+    convolutions past the stem in float, keeps the wide classifier layers in integers where
+    their times say so, and the program it extracts costs less than both the all-int8
+    program and the all-fp32 one: a choice neither uniform precision can make. (The stem may go either way: its input is marked
     anyway, and its integer kernel, three channels deep, costs about what the float one
     does with the quantize/dequantize pair of its marked output. Costs are the measured
     kernel times the programs are made of, each program laid out as it runs; the wall
@@ -253,7 +253,14 @@ def test_with_slow_integer_convolutions_the_extracted_program_beats_all_int8_and
                if k == "conv")
     for (_, q, _), (_, _, t_i), (_, _, t_f) in list(zip(*got.values()))[1:3]:
         assert not (q and t_i > 2 * t_f), (t_i, t_f)
-    assert [q for _, q, _ in got["mixed"][3:5]] == [True, True]     # the 2048-wide layers
+    # the 2048-wide layers: integer where their integer kernel timed under half the float
+    # one (on this machine a quarter, in every quiet run; the times are those the extraction
+    # read, so a neighbour's burst of load while one was timed changes the choice and this
+    # check alike), and at least one of them timed so
+    wide = [(q, t_i, t_f) for (_, q, _), (_, _, t_i), (_, _, t_f)
+            in list(zip(*got.values()))[3:5]]
+    assert any(t_i < t_f / 2 for _, t_i, t_f in wide), wide
+    assert all(q for q, t_i, t_f in wide if t_i < t_f / 2), wide
     cost = {k: program_costs(p, placed).total for k, p in programs.items()}
     assert cost["mixed"] < min(cost["int8"], cost["fp32"]), cost
     assert mixed.output["sqnr"] >= full.output["sqnr"] - 3     # (its noise: another mix)
