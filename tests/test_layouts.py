@@ -145,11 +145,15 @@ def test_mobilenet_int8_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_
     through the binding. Same bits, and again after the thread pool's size changed (the
     convolutions' work split is bound with them)."""
     import numba
+    from eqquant.runtime import kernels_int8, vnni, avxvnni, avx2
     q, shape = mobilenet_int8
     ex = Executor(q.compiled)
     convs = [p for st, p in zip(ex.steps, ex._prepared) if st.label == "fused.qconv2d"]
-    assert len(convs) == 52 and all(p is not None and p[0].func.__name__ in (
-        "conv_requantize", "depthwise_channels_last") for p in convs)
+    # (bound to the compiled entry points themselves, not their dispatchers)
+    entries = {c.entry_point for k in (kernels_int8.depthwise_channels_last,
+                                       vnni.conv_requantize, avxvnni.conv_requantize,
+                                       avx2.conv_requantize) for c in k.overloads.values()}
+    assert len(convs) == 52 and all(p is not None and p[0].func in entries for p in convs)
     rng = np.random.default_rng(6)
     x = {"data": rng.normal(size=shape).astype("float32")}
     want = ex.run(x, profile=True)

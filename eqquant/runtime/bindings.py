@@ -35,6 +35,16 @@ def threads() -> int:
     return count if count > 0 else get_num_threads()
 
 
+def bound(kernel, args: tuple):
+    """``kernel(*args)`` as a call with no arguments, ``kernel`` a Numba function: its
+    compiled entry point for these arguments' types (compiled or loaded from the cache now
+    where it is not yet), called straight. Through the dispatcher, a call first types each
+    argument and looks the overload up: 0.3-0.6 us for a convolution's 18 arguments, at every
+    run. The arrays are bound, so their types cannot change under the entry point."""
+    sig = tuple(kernel.typeof_pyval(a) for a in args)
+    return functools.partial(kernel.compile(sig), *args)
+
+
 def _is_f32(*types: Type) -> bool:
     return all(isinstance(t, TensorType) and t.dtype == "float32" for t in types)
 

@@ -6,7 +6,6 @@ Numba loops (``kernels_int8.py``); every path gives the reference's bits. See ``
 """
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 
@@ -15,7 +14,8 @@ from ..ops.fused import epilogue_bounds
 from ..ops.fixed_point import quantize_multiplier
 from ..ops.numerics import qrange
 from . import memory
-from .bindings import Binding, _per_channel, _per_channel_last, move_into, moved, threads
+from .bindings import (Binding, _per_channel, _per_channel_last, bound, move_into, moved,
+                       threads)
 
 
 def _const_scalar(consts, i):
@@ -439,19 +439,23 @@ class QAdd(Binding):
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return all(_const_scalar(consts, i) is not None for i in range(2, 8))
 
-    def prepare(self, ins, out):
-        """The kernel call bound to this site's arrays (``__call__`` makes it anew)."""
+    def _call(self, ins, out):
+        """(kernel, its arguments) for these operands."""
         a, b, o = ins[0].reshape(-1), ins[1].reshape(-1), out.reshape(-1)
         if self.once:
-            return functools.partial(self.k8.qadd_once, a, self.za, b, self.zb,
-                                     np.int64(self.ma), np.int64(self.mb2), self.bits, self.zo,
-                                     self.lo, self.hi, o)
-        return functools.partial(self.k8.qadd, a, self.za, b, self.zb, np.int64(self.mb),
-                                 self.shb, np.int64(self.mo), self.sho, self.zo, self.lo,
-                                 self.hi, o)
+            return self.k8.qadd_once, (a, self.za, b, self.zb, np.int64(self.ma),
+                                       np.int64(self.mb2), self.bits, self.zo, self.lo,
+                                       self.hi, o)
+        return self.k8.qadd, (a, self.za, b, self.zb, np.int64(self.mb), self.shb,
+                              np.int64(self.mo), self.sho, self.zo, self.lo, self.hi, o)
+
+    def prepare(self, ins, out):
+        """The kernel's entry point bound to this site's arrays."""
+        return bound(*self._call(ins, out))
 
     def __call__(self, ins, out):
-        self.prepare(ins, out)()
+        kernel, args = self._call(ins, out)
+        kernel(*args)
 
 
 class FusedQConv2D(Binding):
@@ -530,24 +534,26 @@ class FusedQConv2D(Binding):
                 all(_const_scalar(consts, i) is not None for i in (8, 9, 10)))
 
     def _simd_call(self, nhwc, res):
-        """The SIMD kernel's call on a channel-last unsigned batch into res (N, oh, ow, O)."""
-        return functools.partial(self.conv.simd.conv_requantize, nhwc, *self.fixed_args,
-                                 res.reshape(res.shape[0], -1, res.shape[3]), threads())
+        """(the SIMD kernel, its arguments) on a channel-last unsigned batch into res (N, oh,
+        ow, O)."""
+        return self.conv.simd.conv_requantize, (
+            nhwc, *self.fixed_args, res.reshape(res.shape[0], -1, res.shape[3]), threads())
 
     def _depthwise_call(self, hwc, res):
-        """The depthwise kernel's call on one channel-last image into res (oh, ow, O)."""
-        return functools.partial(self.k8.depthwise_channels_last, hwc, *self.fixed_args,
-                                 *res.shape[:2], self.params, self.inits, self.lo, self.hi,
-                                 res.reshape(-1, res.shape[2]))
+        """(the depthwise kernel, its arguments) on one channel-last image into res (oh, ow,
+        O)."""
+        return self.k8.depthwise_channels_last, (
+            hwc, *self.fixed_args, *res.shape[:2], self.params, self.inits, self.lo, self.hi,
+            res.reshape(-1, res.shape[2]))
 
     def prepare(self, ins, out):
         """The kernel call itself, bound to this site's arrays, where the image is read as it
         is (channel-last, and unsigned on a SIMD path)."""
         c = self.conv
         if self.channels_last and c.simd is not None and not c.shift:
-            return self._simd_call(ins[0], out)
+            return bound(*self._simd_call(ins[0], out))
         if self.channels_last and c.depthwise and out.shape[0] == 1:
-            return self._depthwise_call(ins[0][0], out[0])
+            return bound(*self._depthwise_call(ins[0][0], out[0]))
         return super().prepare(ins, out)
 
     def __call__(self, ins, out):
@@ -560,7 +566,8 @@ class FusedQConv2D(Binding):
             # (channel-last: an NCHW call site moves its result out, as the layout phase's
             # layout_transform would, so that the site costs the channel-last one and moves)
             res = out if last else self.scratch("result", (n, oh, ow, o), out.dtype)
-            self._simd_call(c.nhwc(ins[0]), res)()
+            kernel, args = self._simd_call(c.nhwc(ins[0]), res)
+            kernel(*args)
             if not last:
                 move_into(res, out, to_last=False)
             return
@@ -570,7 +577,8 @@ class FusedQConv2D(Binding):
                 "image", (n, *ins[0].shape[2:], ins[0].shape[1]), ins[0].dtype))
             res = out if last else self.scratch("result", (n, *out.shape[2:], o), out.dtype)
             for b in range(n):
-                self._depthwise_call(x[b], res[b])()
+                kernel, args = self._depthwise_call(x[b], res[b])
+                kernel(*args)
             if not last:
                 move_into(res, out, to_last=False)
             return
