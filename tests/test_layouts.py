@@ -139,21 +139,34 @@ def test_mobilenet_int8_layouts_change_no_bit(mobilenet_int8):
         np.testing.assert_array_equal(nhwc.run(x), nchw.run(x))
 
 
-def test_mobilenet_int8_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8):
+@pytest.mark.parametrize("precision", ["int8", "fp32"])
+def test_mobilenet_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8, precision):
     """A plain run calls each step bound once to its arrays (``Executor._prepare``: every
-    convolution straight to its kernel); a profiled run gathers each step's operands and goes
-    through the binding. Same bits, and again after the thread pool's size changed (the
+    convolution straight to its kernel's compiled entry point, int8 and float alike, where
+    the float ones run on the FMA kernels); a profiled run gathers each step's operands and
+    goes through the binding. Same bits, and again after the thread pool's size changed (the
     convolutions' work split is bound with them)."""
     import numba
-    from eqquant.runtime import kernels_int8, vnni, avxvnni, avx2
+    from eqquant.quant.flow import compile_layouts
+    from eqquant.runtime import avx2, avxvnni, fma, kernels_fp32, kernels_int8, vnni
+    from eqquant.runtime.bindings import fp32_path
     q, shape = mobilenet_int8
-    ex = Executor(q.compiled)
-    convs = [p for st, p in zip(ex.steps, ex._prepared) if st.label == "fused.qconv2d"]
+    if precision == "int8":
+        ex, label = Executor(q.compiled), "fused.qconv2d"
+        kernels = (kernels_int8.depthwise_channels_last, vnni.conv_requantize,
+                   avxvnni.conv_requantize, avx2.conv_requantize)
+    else:
+        ex, label = Executor(compile_layouts(q.fp32).module), "fused.conv2d"
+        kernels = (kernels_fp32.depthwise_channels_last,) + \
+            ((fma.conv,) if fp32_path() != "blas" else ())
+    convs = [(step, p) for step, p in zip(ex.steps, ex._prepared) if step.label == label]
     # (bound to the compiled entry points themselves, not their dispatchers)
-    entries = {c.entry_point for k in (kernels_int8.depthwise_channels_last,
-                                       vnni.conv_requantize, avxvnni.conv_requantize,
-                                       avx2.conv_requantize) for c in k.overloads.values()}
-    assert len(convs) == 52 and all(p is not None and p[0].func in entries for p in convs)
+    entries = {c.entry_point for k in kernels for c in k.overloads.values()}
+    bound = [p is not None and getattr(p[0], "func", None) in entries for _, p in convs]
+    depthwise = [step.fn.depthwise if precision == "fp32" else step.fn.conv.depthwise
+                 for step, _ in convs]
+    assert len(convs) == 52 and sum(depthwise) == 17
+    assert bound == [True] * 52 if len(kernels) > 1 else bound == depthwise
     rng = np.random.default_rng(6)
     x = {"data": rng.normal(size=shape).astype("float32")}
     want = ex.run(x, profile=True)

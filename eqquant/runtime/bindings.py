@@ -237,20 +237,41 @@ class Conv2D(_Spatial):
             return False
         return _is_f32(*in_types[:2], out_type) and 1 in consts
 
+    def _depthwise_call(self, hwc, res):
+        """(the channel-last depthwise kernel, its arguments) on one image into res (oh, ow,
+        C)."""
+        return k.depthwise_channels_last, (hwc, self.taps, self.bias_vec, self.sh, self.sw,
+                                           self.pt, self.pl, self.dh, self.dw, self.lo,
+                                           self.hi, res)
+
+    def _fma_call(self, nhwc, out):
+        """(the FMA kernel, its arguments) on a channel-last batch into out (N, oh, ow, O)."""
+        n, oh, ow, o = out.shape
+        return self.fma.conv, (nhwc, self.kh, self.kw, self.sh, self.sw, self.pt, self.pl,
+                               self.dh, self.dw, oh, ow, self.packed, self.bias_vec,
+                               np.float32(self.lo), np.float32(self.hi),
+                               out.reshape(n, oh * ow, o), threads())
+
+    def prepare(self, ins, out):
+        """The kernel's entry point bound to this site's arrays, where it reads them as they
+        are (channel-last, contiguous; depthwise: one image)."""
+        if self.nhwc and ins[0].flags.c_contiguous:
+            if self.taps is not None and out.shape[0] == 1:
+                return bound(*self._depthwise_call(ins[0][0], out[0]))
+            if self.taps is None and self.fma is not None:
+                return bound(*self._fma_call(ins[0], out))
+        return super().prepare(ins, out)
+
     def __call__(self, ins, out):
         if self.taps is not None:       # depthwise, channel-last as its kernel reads
             for b in range(out.shape[0]):
-                k.depthwise_channels_last(ins[0][b], self.taps, self.bias_vec, self.sh, self.sw,
-                                          self.pt, self.pl, self.dh, self.dw, self.lo,
-                                          self.hi, out[b])
+                kernel, args = self._depthwise_call(ins[0][b], out[b])
+                kernel(*args)
             return
         if self.fma is None or not self.nhwc:
             return super().__call__(ins, out)
-        n, oh, ow, o = out.shape    # channel-last as the FMA kernels read and write
-        self.fma.conv(np.ascontiguousarray(ins[0]), self.kh, self.kw, self.sh, self.sw,
-                      self.pt, self.pl, self.dh, self.dw, oh, ow, self.packed, self.bias_vec,
-                      np.float32(self.lo), np.float32(self.hi), out.reshape(n, oh * ow, o),
-                      threads())
+        kernel, args = self._fma_call(np.ascontiguousarray(ins[0]), out)
+        kernel(*args)
 
     def compute(self, ins, out):
         x = ins[0]
