@@ -23,6 +23,7 @@ from ..ops.numerics import from_nchw, to_nchw, to_oihw
 from ..ops.registry import IDENTITY
 from . import kernels_fp32 as k
 from . import memory
+from .serial import sized
 
 
 def threads() -> int:
@@ -455,7 +456,8 @@ class Binary(Binding):
     def __call__(self, ins, out):
         a, b = ins
         if self.same:
-            k.binary_same(a.reshape(-1), b.reshape(-1), self.code, 0, out.reshape(-1))
+            sized(k.binary_same, out.size)(a.reshape(-1), b.reshape(-1), self.code, 0,
+                                           out.reshape(-1))
         elif self.channel:
             n, c = out.shape[:2]
             bv = np.ascontiguousarray(b.reshape(-1))
@@ -486,7 +488,8 @@ class Activation(Binding):
         self.p0, self.p1 = (float(v) for v in params(attrs)) if params else (0.0, 0.0)
 
     def __call__(self, ins, out):
-        k.unary(ins[0].reshape(-1), self.code, self.p0, self.p1, out.reshape(-1))
+        sized(k.unary, out.size)(ins[0].reshape(-1), self.code, self.p0, self.p1,
+                                 out.reshape(-1))
 
 
 class Elementwise(Binding):

@@ -16,6 +16,7 @@ from ..ops.numerics import qrange
 from . import memory
 from .bindings import (Binding, _per_channel, _per_channel_last, bound, move_into, moved,
                        threads)
+from .serial import sized
 
 
 def _const_scalar(consts, i):
@@ -352,9 +353,9 @@ class Requantize(Binding):
             self.k8.requantize_channels(q.reshape(n, c, -1), self.zin, self.m, self.shift,
                                         self.zout, self.lo, self.hi, out.reshape(n, c, -1))
         else:
-            self.k8.requantize(q.reshape(-1), self.zin, np.int64(self.m[0]),
-                               int(self.shift[0]), self.zout, self.lo, self.hi,
-                               out.reshape(-1))
+            sized(self.k8.requantize, q.size)(q.reshape(-1), self.zin, np.int64(self.m[0]),
+                                              int(self.shift[0]), self.zout, self.lo,
+                                              self.hi, out.reshape(-1))
 
 
 class _PerTensorQ(Binding):
@@ -383,8 +384,8 @@ class Quantize(_PerTensorQ):
                 in_types[0].dtype == "float32" and out_type.shape == in_types[0].shape)
 
     def __call__(self, ins, out):
-        self.k8.quantize(ins[0].reshape(-1), self.scale, self.zero, self.lo, self.hi,
-                         out.reshape(-1))
+        sized(self.k8.quantize, out.size)(ins[0].reshape(-1), self.scale, self.zero, self.lo,
+                                          self.hi, out.reshape(-1))
 
 
 class Dequantize(Binding):
@@ -411,7 +412,8 @@ class Dequantize(Binding):
 
     def __call__(self, ins, out):
         if self.scales.size == 1:
-            self.k8.dequantize(ins[0].reshape(-1), self.zero, self.scales[0], out.reshape(-1))
+            sized(self.k8.dequantize, out.size)(ins[0].reshape(-1), self.zero, self.scales[0],
+                                                out.reshape(-1))
         else:
             self.k8.dequantize_channels(ins[0].reshape(self.shape3), self.zero, self.scales,
                                         out.reshape(self.shape3))
@@ -443,11 +445,12 @@ class QAdd(Binding):
         """(kernel, its arguments) for these operands."""
         a, b, o = ins[0].reshape(-1), ins[1].reshape(-1), out.reshape(-1)
         if self.once:
-            return self.k8.qadd_once, (a, self.za, b, self.zb, np.int64(self.ma),
-                                       np.int64(self.mb2), self.bits, self.zo, self.lo,
-                                       self.hi, o)
-        return self.k8.qadd, (a, self.za, b, self.zb, np.int64(self.mb), self.shb,
-                              np.int64(self.mo), self.sho, self.zo, self.lo, self.hi, o)
+            return sized(self.k8.qadd_once, o.size), (
+                a, self.za, b, self.zb, np.int64(self.ma), np.int64(self.mb2), self.bits,
+                self.zo, self.lo, self.hi, o)
+        return sized(self.k8.qadd, o.size), (
+            a, self.za, b, self.zb, np.int64(self.mb), self.shb, np.int64(self.mo), self.sho,
+            self.zo, self.lo, self.hi, o)
 
     def prepare(self, ins, out):
         """The kernel's entry point bound to this site's arrays."""

@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit, prange
 
 from .depthwise_simd import sweep_float
+from .serial import with_serial
 
 
 @njit(inline="always")
@@ -294,6 +295,7 @@ def global_avg_pool_channels_last(x, out):
         out[c] = acc[c] / p_n
 
 
+@with_serial
 @njit(parallel=True, cache=True)
 def binary_same(a, b, op, act, out):
     """Flat arrays of one size: out = act(a op b); op 0 add, 1 subtract, 2 multiply,
@@ -332,6 +334,7 @@ def binary_channel(a, b, op, out):
                 out[c, p] = x / y
 
 
+@with_serial
 @njit(parallel=True, cache=True)
 def unary(a, act, lo, hi, out):
     """Flat: relu (1), clip to [lo, hi] (2), leaky relu with slope lo (3), sigmoid (4);

@@ -12,6 +12,7 @@ from numba import njit, prange
 
 from .depthwise_simd import sweep_i8, sweep_u8
 from .kernels_fp32 import inside, interior, kernel_rows
+from .serial import with_serial
 # the rows of ``epilogue_params`` (requantize_ir.py emits the same steps in LLVM IR)
 from .requantize_ir import (ADD, BACK, FAST, FHI, FLO, FMULT, FOFFSET, HI, LEFT, LO, MULT,
                             OFFSET, TABLE_ROWS, TOTAL)
@@ -85,6 +86,7 @@ def _dot_i32(a, b):
     return acc
 
 
+@with_serial
 @njit(parallel=True, cache=True)
 def requantize(q, zin, multiplier, shift, zout, lo, hi, out):
     """Flat: out = clip(fixed_point_multiply(q - zin, multiplier, shift) + zout, lo, hi)."""
@@ -98,6 +100,7 @@ def requantize(q, zin, multiplier, shift, zout, lo, hi, out):
         out[i] = min(max(v, lo), hi)
 
 
+@with_serial
 @njit(parallel=True, cache=True)
 def quantize(x, scale, zero, lo, hi, out):
     """Flat: out = clip(round_half_even(x / scale) + zero, lo, hi)."""
@@ -126,6 +129,7 @@ def lut(codes, flip, table, channels, inner, out):
                 out[i] = table[base + (codes[i] ^ flip)]
 
 
+@with_serial
 @njit(parallel=True, cache=True)
 def dequantize(q, zero, scale, out):
     for i in prange(q.size):
@@ -194,6 +198,7 @@ def requantize_channels(q, zin, multipliers, shifts, zout, lo, hi, out):
                 out[b, c, i] = min(max(v, lo), hi)
 
 
+@with_serial
 @njit(parallel=True, cache=True)
 def qadd(a, za, b, zb, mb, shb, mo, sho, zo, lo, hi, out):
     """Flat qnn.add: b rescaled to a's scale (mb, shb), added to a in int32, the sum rescaled to
@@ -212,6 +217,7 @@ def qadd(a, za, b, zb, mb, shb, mo, sho, zo, lo, hi, out):
         out[i] = min(max(v, lo), hi)
 
 
+@with_serial
 @njit(parallel=True, cache=True)
 def qadd_once(a, za, b, zb, ma, mb, bits, zo, lo, hi, out):
     """Flat qnn.add(method="once"): ((a - za) * ma + (b - zb) * mb) rounded once at ``bits``

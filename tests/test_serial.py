@@ -1,0 +1,71 @@
+"""Small ops on one thread (``runtime/serial.py``): each elementwise kernel's one-thread twin
+gives the parallel kernel's bits, is cached under a name of its own, and a small op's step
+calls it while a large one's calls the parallel kernel."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from eqquant.ir.parser import parse
+from eqquant.runtime import kernels_fp32 as k
+from eqquant.runtime import kernels_int8 as k8
+from eqquant.runtime.executor import Executor
+from eqquant.runtime.serial import SERIAL_BELOW, sized
+
+
+def _cases(rng, n):
+    u8 = lambda: rng.integers(0, 256, n).astype(np.uint8)  # noqa: E731
+    f32 = lambda: rng.normal(scale=50, size=n).astype(np.float32)  # noqa: E731
+    i32 = rng.integers(-2 ** 20, 2 ** 20, n).astype(np.int32)
+    return {
+        "qadd": (k8.qadd, lambda o: (u8(), 3, u8(), 250, np.int64(1 << 30), -1,
+                                     np.int64(1_500_000_000), 0, 7, 0, 255, o), np.uint8),
+        "qadd_once": (k8.qadd_once, lambda o: (u8(), 3, u8(), 250, np.int64(3 << 20),
+                                               np.int64(5 << 19), 22, 7, 0, 255, o), np.uint8),
+        "requantize": (k8.requantize, lambda o: (i32, 5, np.int64(1_300_000_000), -9, 3,
+                                                 -128, 127, o), np.int8),
+        "quantize": (k8.quantize, lambda o: (f32(), np.float32(0.37), 5, 0, 255, o), np.uint8),
+        "dequantize": (k8.dequantize, lambda o: (u8(), 9, np.float32(0.05), o), np.float32),
+        "binary_same": (k.binary_same, lambda o: (f32(), f32(), 2, 1, o), np.float32),
+        "unary": (k.unary, lambda o: (f32(), 2, np.float32(-3), np.float32(40), o),
+                  np.float32),
+    }
+
+
+@pytest.mark.parametrize("name", ["qadd", "qadd_once", "requantize", "quantize", "dequantize",
+                                  "binary_same", "unary"])
+def test_each_twin_gives_the_parallel_kernels_bits(name):
+    rng = np.random.default_rng(0)
+    kernel, args, dtype = _cases(rng, 40_000)[name]
+    par, ser = np.zeros(40_000, dtype), np.zeros(40_000, dtype)
+    values = args(par)
+    kernel(*values)
+    kernel.serial(*values[:-1], ser)
+    np.testing.assert_array_equal(ser, par)
+    assert par.any()
+    # cached apart: Numba keys its disk cache by the function's qualified name
+    assert kernel.serial.py_func.__qualname__ != kernel.py_func.__qualname__
+    assert sized(kernel, SERIAL_BELOW - 1) is kernel.serial
+    assert sized(kernel, SERIAL_BELOW) is kernel
+
+
+@pytest.mark.parametrize("side, serial", [(7, True), (56, False)])
+def test_a_small_sum_runs_on_the_calling_thread(side, serial):
+    """qnn.add over 7 x 7 x 64 values is bound to the one-thread twin, over 56 x 56 x 64 to
+    the parallel kernel; both give the reference's bits (the first sum, reading the program's
+    inputs, takes the same variant at each run)."""
+    from eqquant.ir.interp import run
+    text = f"""def @main(%a: Tensor[(1, {side}, {side}, 64), uint8],
+                    %b: Tensor[(1, {side}, {side}, 64), uint8]) {{
+      %0 = qnn.add(%a, %b, 0.05f, 3, 0.07f, 250, 0.09f, 7, method="once");
+      qnn.add(%0, %0, 0.09f, 7, 0.09f, 7, 0.1f, 2, method="once")
+    }}"""
+    mod = parse(text)
+    ex = Executor(mod)
+    kernel = k8.qadd_once.serial if serial else k8.qadd_once
+    entries = {c.entry_point for c in kernel.overloads.values()}
+    # (the second sum reads no program input: bound once, to its kernel's entry point)
+    assert ex._prepared[1] is not None and ex._prepared[1][0].func in entries
+    rng = np.random.default_rng(1)
+    x = {n: rng.integers(0, 256, (1, side, side, 64)).astype(np.uint8) for n in "ab"}
+    np.testing.assert_array_equal(ex.run(x), run(mod, x))
