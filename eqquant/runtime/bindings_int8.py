@@ -6,7 +6,6 @@ Numba loops (``kernels_int8.py``); every path gives the reference's bits. See ``
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..core.types import TensorType
