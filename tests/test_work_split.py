@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eqquant.runtime.gather import ROWS, chunk_bounds, work_item, work_split
+from eqquant.runtime.gather import ROWS, block_shares, chunk_bounds, work_item, work_split
 
 
 @settings(max_examples=300, deadline=None)
@@ -111,5 +112,72 @@ def test_the_bindings_read_the_pools_size_as_it_is_now():
         for n in sorted({1, before}):
             numba.set_num_threads(n)
             assert threads() == numba.get_num_threads() == n
+    finally:
+        numba.set_num_threads(before)
+
+
+@settings(max_examples=300, deadline=None)
+@given(p_n=st.integers(1, 191), oblocks=st.integers(1, 12), threads=st.integers(1, 8))
+def test_a_small_images_blocks_are_shared_so_that_each_thread_has_an_equal_run(
+        p_n, oblocks, threads):
+    """A lone image of fewer than SMALL pixels: its channel blocks, each cut into
+    ``block_shares`` pixel shares where the blocks alone do not divide among the threads.
+    Under a static schedule each thread's run of (block, share) items then holds the same
+    work, give or take a micro-kernel row group, unless the image is too small to share."""
+    shares = block_shares(p_n, oblocks, threads)
+    assert shares >= 1 and (shares == 1 or shares * ROWS <= p_n)
+    bounds = [chunk_bounds(p_n, shares, s) for s in range(shares)]
+    assert bounds[0][0] == 0 and bounds[-1][1] == p_n and all(
+        a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    items = [q1 - q0 for _ in range(oblocks) for q0, q1 in bounds]
+    if len(items) % threads == 0:
+        run = len(items) // threads
+        work = [sum(items[t * run:(t + 1) * run]) for t in range(threads)]
+        assert max(work) - min(work) <= 2 * ROWS, work
+    else:          # only where the pixels cannot be cut finer
+        assert (shares + 1) * ROWS > p_n
+
+
+def test_three_blocks_of_a_7x7_image_on_two_threads_are_cut_in_halves():
+    """The measured case: MobileNet-v2's 7 x 7 projections to 160 channels (three 64-channel
+    blocks, the last padded) had one thread run two blocks and the other one."""
+    assert block_shares(49, 3, 2) == 2 and block_shares(49, 4, 2) == 1
+    assert block_shares(49, 15, 2) == 2 and block_shares(10, 3, 2) == 1
+
+
+@pytest.mark.parametrize("path", ["vnni", "avxvnni", "avx2"])
+def test_a_small_images_shared_blocks_give_the_reference_bits(monkeypatch, path):
+    """A 7 x 7 fused int8 convolution to 160 channels (blocks that do not divide among two
+    threads, the last not whole) on one thread and on two: the reference's bits."""
+    from eqquant.ir.interp import run
+    from eqquant.ir.params import bind_params
+    from eqquant.ir.parser import parse
+    from eqquant.runtime.bindings_int8 import path_available
+    from eqquant.runtime.executor import Executor
+    if not path_available(path):
+        pytest.skip(f"this CPU has no {path}: that path cannot run here")
+    monkeypatch.setenv("EQQUANT_INT8_KERNEL", path)
+    k, o = 96, 160
+    mod = parse(f"""def @main(%x: Tensor[(1, 7, 7, {k}), uint8], %w: Tensor[(3, 3, {k}, {o}), int8],
+        %b: Tensor[({o}), int32], %m: Tensor[({o}), float32], %s: Tensor[({o}), float32]) {{
+      fused.qconv2d(%x, %w, %b, 3, 0, 0.02f, %m, %s, 0, 0.05f, 7, padding=[1, 1, 1, 1],
+                    data_layout="NHWC", kernel_layout="HWIO", axis=3, out_dtype="uint8")
+    }}""")
+    rng = np.random.default_rng(2)
+    bound = bind_params(mod, {
+        "w": rng.integers(-128, 128, (3, 3, k, o)).astype(np.int8),
+        "b": rng.integers(-5000, 5000, o).astype(np.int32),
+        "m": rng.uniform(0.02, 0.05, o).astype(np.float32),
+        "s": np.full(o, 0.0005, np.float32)})
+    ex = Executor(bound)
+    assert ex.steps[0].fn.conv.gemm_path == path
+    x = {"x": rng.integers(0, 256, (1, 7, 7, k)).astype(np.uint8)}
+    want = run(bound, x)
+    assert len(np.unique(want)) > 20
+    before = numba.get_num_threads()
+    try:
+        for threads in sorted({1, 2, before}):
+            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+            np.testing.assert_array_equal(ex.run(x), want)
     finally:
         numba.set_num_threads(before)

@@ -20,7 +20,8 @@ from numba import njit, prange
 
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
-from .gather import SMALL, _chunk_windows, _rows, shared_windows, work_split
+from .gather import (SMALL, _chunk_windows, _rows, block_shares, chunk_bounds,
+                     shared_windows, work_split)
 from .gather import windows, work_item  # noqa: F401
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
 from .vnni import requantize_params  # noqa: F401
@@ -145,9 +146,12 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         rows16 = np.empty((p_n, kp), np.int16)
         _widen(rows, rows16)
-        for ob in prange(oblocks):
-            acc = np.empty((p_n, BLOCK), np.int32)
-            gemm_block(rows16.ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
-                       acc.ctypes.data, BLOCK, 0, p_n, kq, 1)
-            _finish(acc, min(BLOCK, o_n - ob * BLOCK), params, lo, hi, ob * BLOCK, 0,
+        shares = block_shares(p_n, oblocks, threads)
+        for item in prange(oblocks * shares):
+            ob, share = item // shares, item % shares
+            q0, q1 = chunk_bounds(p_n, shares, share)
+            acc = np.empty((q1 - q0, BLOCK), np.int32)
+            gemm_block(rows16[q0:].ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
+                       acc.ctypes.data, BLOCK, 0, q1 - q0, kq, 1)
+            _finish(acc, min(BLOCK, o_n - ob * BLOCK), params, lo, hi, ob * BLOCK, q0,
                     out[0])

@@ -23,7 +23,8 @@ from numba import njit, prange
 
 from .llvm_loops import cpu_has, gemm_intrinsic
 # the gather, set-up and epilogue it shares with the 512-bit kernel (windows: re-exported)
-from .gather import CHUNK, SMALL, _chunk_windows, _rows, shared_windows, work_split
+from .gather import (CHUNK, SMALL, _chunk_windows, _rows, block_shares, chunk_bounds,
+                     shared_windows, work_split)
 from .gather import windows, work_item  # noqa: F401
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
 from .vnni import requantize_params  # noqa: F401
@@ -128,12 +129,16 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
                     out[b])
     else:
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
-        for ob in prange(oblocks):
+        shares = block_shares(p_n, oblocks, threads)
+        for item in prange(oblocks * shares):
+            ob, share = item // shares, item % shares
+            q0, q1 = chunk_bounds(p_n, shares, share)
             if (ob + 1) * BLOCK <= o_n or o_n % 8 == 0:
-                _gemm_requantize(rows, kp, packed, ob, ob + 1, out[0], p_n, params, lo, hi)
+                _gemm_requantize(rows[q0:], kp, packed, ob, ob + 1, out[0, q0:], q1 - q0,
+                                 params, lo, hi)
                 continue
-            acc = np.empty((p_n, BLOCK), np.int32)
-            gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
-                       acc.ctypes.data, BLOCK, 0, p_n, kq, 1)
-            _finish(acc, min(BLOCK, o_n - ob * BLOCK), params, lo, hi, ob * BLOCK, 0,
+            acc = np.empty((q1 - q0, BLOCK), np.int32)
+            gemm_block(rows[q0:].ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
+                       acc.ctypes.data, BLOCK, 0, q1 - q0, kq, 1)
+            _finish(acc, min(BLOCK, o_n - ob * BLOCK), params, lo, hi, ob * BLOCK, q0,
                     out[0])

@@ -70,6 +70,23 @@ def work_item(item, chunks, groups):
 
 
 @njit(cache=True)
+def block_shares(p_n, oblocks, threads):
+    """Pixel shares per channel block of a lone small image (fewer than SMALL pixels: its
+    rows gathered once, the work items blocks): as many as give every thread an equal run of
+    (block, share) items, where the blocks alone do not (1 where they do, or where the image
+    has too few pixels to share). Three 64-channel blocks of a 7 x 7 image on two threads
+    took two blocks' time, one thread having two and the other one; in halves, each has a
+    block and a half. The shares' bounds: ``chunk_bounds``."""
+    a, b = oblocks, threads
+    while b:
+        a, b = b, a % b
+    shares = threads // a
+    while shares > 1 and shares * ROWS > p_n:
+        shares -= 1
+    return shares
+
+
+@njit(cache=True)
 def chunk_bounds(p_n, chunks, chunk):
     """The pixels [p0, p1) of chunk ``chunk`` of ``chunks`` (``work_split``): equal shares of
     the ``p_n`` pixels, each starting at a multiple of ROWS (none empty while chunks * ROWS

@@ -24,7 +24,7 @@ from numba import njit, prange
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, windows, work_split  # noqa: F401
-from .gather import shared_windows, work_item
+from .gather import block_shares, chunk_bounds, shared_windows, work_item
 from .kernels_int8 import epilogue_params, requantize_rows
 from . import memory
 
@@ -198,7 +198,8 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
     convolution reads the image's own), multiplies them (``gemm_block``) and finishes them
     (``_finish``), so the worker threads wake once per convolution; a lone small image (fewer
     than 192 pixels) has its rows gathered once and is split by blocks of 64 channels
-    instead. ``params``: the layer's ``requantize_params``."""
+    instead, and each block by pixels where the blocks alone would leave the threads
+    unequal runs (``block_shares``). ``params``: the layer's ``requantize_params``."""
     images, p_n = nhwc.shape[0], oh * ow
     o_n = out.shape[2]
     oblocks, kq = packed.shape[0], packed.shape[1]
@@ -232,11 +233,15 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
                     out[b])
     else:
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
-        for ob in prange(oblocks):
+        shares = block_shares(p_n, oblocks, threads)
+        for item in prange(oblocks * shares):
+            ob, share = item // shares, item % shares
+            q0, q1 = chunk_bounds(p_n, shares, share)
             if (ob + 1) * BLOCK <= o_n or o_n % 16 == 0:
-                _gemm_requantize(rows, kp, packed, ob, ob + 1, out[0], p_n, params, lo, hi)
+                _gemm_requantize(rows[q0:], kp, packed, ob, ob + 1, out[0, q0:], q1 - q0,
+                                 params, lo, hi)
                 continue
-            acc = np.empty((p_n, 64), np.int32)
-            gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob * kq * 256,
-                       acc.ctypes.data, 64, 0, p_n, kq, 1)
-            _finish(acc, min(64, o_n - ob * 64), params, lo, hi, ob * 64, 0, out[0])
+            acc = np.empty((q1 - q0, 64), np.int32)
+            gemm_block(rows[q0:].ctypes.data, kp, packed.ctypes.data + ob * kq * 256,
+                       acc.ctypes.data, 64, 0, q1 - q0, kq, 1)
+            _finish(acc, min(64, o_n - ob * 64), params, lo, hi, ob * 64, q0, out[0])
