@@ -20,7 +20,7 @@ from numba import njit, prange
 
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
-from .gather import (SMALL, _chunk_windows, _rows, block_shares, chunk_bounds,
+from .gather import (SMALL, _chunk_windows, _rows, block_shares, share_item,
                      shared_windows, work_split)
 from .gather import windows, work_item  # noqa: F401
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
@@ -148,8 +148,7 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
         _widen(rows, rows16)
         shares = block_shares(p_n, oblocks, threads)
         for item in prange(oblocks * shares):
-            ob, share = item // shares, item % shares
-            q0, q1 = chunk_bounds(p_n, shares, share)
+            ob, q0, q1 = share_item(item, shares, p_n)
             acc = np.empty((q1 - q0, BLOCK), np.int32)
             gemm_block(rows16[q0:].ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
                        acc.ctypes.data, BLOCK, 0, q1 - q0, kq, 1)

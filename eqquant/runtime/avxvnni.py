@@ -23,7 +23,7 @@ from numba import njit, prange
 
 from .llvm_loops import cpu_has, gemm_intrinsic
 # the gather, set-up and epilogue it shares with the 512-bit kernel (windows: re-exported)
-from .gather import (CHUNK, SMALL, _chunk_windows, _rows, block_shares, chunk_bounds,
+from .gather import (CHUNK, SMALL, _chunk_windows, _rows, block_shares, share_item,
                      shared_windows, work_split)
 from .gather import windows, work_item  # noqa: F401
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
@@ -131,8 +131,7 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         shares = block_shares(p_n, oblocks, threads)
         for item in prange(oblocks * shares):
-            ob, share = item // shares, item % shares
-            q0, q1 = chunk_bounds(p_n, shares, share)
+            ob, q0, q1 = share_item(item, shares, p_n)
             if (ob + 1) * BLOCK <= o_n or o_n % 8 == 0:
                 _gemm_requantize(rows[q0:], kp, packed, ob, ob + 1, out[0, q0:], q1 - q0,
                                  params, lo, hi)

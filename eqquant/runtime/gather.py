@@ -76,7 +76,7 @@ def block_shares(p_n, oblocks, threads):
     (block, share) items, where the blocks alone do not (1 where they do, or where the image
     has too few pixels to share). Three 64-channel blocks of a 7 x 7 image on two threads
     took two blocks' time, one thread having two and the other one; in halves, each has a
-    block and a half. The shares' bounds: ``chunk_bounds``."""
+    block and a half. Each item's block and pixels: ``share_item``."""
     a, b = oblocks, threads
     while b:
         a, b = b, a % b
@@ -84,6 +84,14 @@ def block_shares(p_n, oblocks, threads):
     while shares > 1 and shares * ROWS > p_n:
         shares -= 1
     return shares
+
+
+@njit(cache=True)
+def share_item(item, shares, p_n):
+    """(channel block, first pixel, end pixel) of work item ``item`` of a lone small image
+    cut into ``block_shares`` shares per block: the shares of a block are consecutive items."""
+    p0, p1 = chunk_bounds(p_n, shares, item % shares)
+    return item // shares, p0, p1
 
 
 @njit(cache=True)

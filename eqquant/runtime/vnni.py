@@ -24,7 +24,7 @@ from numba import njit, prange
 from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
 
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, windows, work_split  # noqa: F401
-from .gather import block_shares, chunk_bounds, shared_windows, work_item
+from .gather import block_shares, share_item, shared_windows, work_item
 from .kernels_int8 import epilogue_params, requantize_rows
 from . import memory
 
@@ -235,8 +235,7 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         shares = block_shares(p_n, oblocks, threads)
         for item in prange(oblocks * shares):
-            ob, share = item // shares, item % shares
-            q0, q1 = chunk_bounds(p_n, shares, share)
+            ob, q0, q1 = share_item(item, shares, p_n)
             if (ob + 1) * BLOCK <= o_n or o_n % 16 == 0:
                 _gemm_requantize(rows[q0:], kp, packed, ob, ob + 1, out[0, q0:], q1 - q0,
                                  params, lo, hi)
