@@ -155,6 +155,58 @@ def test_qnn_add_kernel_is_bit_exact(method, dtype):
     assert err.max() <= (0.5 + 1e-6 if method == "once" else 1.5)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["int8", "uint8"]), st.floats(1e-3, 63.0), st.floats(1e-3, 63.0), st.integers(0, 255), st.integers(0, 255),
+       st.integers(-128, 255), st.integers(1, 3000), st.integers(0, 2 ** 31 - 1))
+@example("uint8", 63.99, 63.99, 0, 255, 255, 7, 1)       # multipliers near 2^30
+@example("int8", 1.0, 1.0, 0, 255, -128, 7, 2)
+def test_qnn_add_once_in_int32_lanes_is_bit_exact(dtype, ra, rb, za, zb, zo, n, seed):
+    """qnn.add(method="once") on int32 lanes (the multipliers split at 15 bits,
+    ``qadd_once_split``) gives the reference's bits for any scale ratios below 64, zero
+    points across their range and both 8-bit types, in parallel and on one thread."""
+    from eqquant.ops.qnn import ADD_FRACTION_BITS, _qadd, add_multiplier
+    from eqquant.ops.numerics import qrange
+    from eqquant.runtime import kernels_int8 as k8
+    rng = np.random.default_rng(seed)
+    lo, hi = qrange(dtype)
+    za, zb = lo + za % (hi - lo + 1), lo + zb % (hi - lo + 1)
+    zo = min(max(zo, lo), hi)
+    a = rng.integers(lo, hi + 1, n).astype(dtype)
+    b = rng.integers(lo, hi + 1, n).astype(dtype)
+    so = 0.01
+    ma, mb = add_multiplier(ra * so, so), add_multiplier(rb * so, so)
+    split = k8.split_multipliers(ma, mb)
+    assert split is not None and ADD_FRACTION_BITS == 24
+    want = _qadd(a, b, ra * so, za, rb * so, zb, so, zo, method="once")
+    assert want.dtype == dtype
+    for kernel in (k8.qadd_once_split, k8.qadd_once_split.serial):
+        got = np.zeros(n, dtype)
+        kernel(a, np.int32(za), b, np.int32(zb), *split, zo, lo, hi, got)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_qnn_add_once_keeps_int64_lanes_for_a_large_ratio():
+    """A scale ratio of 64 or more makes a multiplier of 2^30 or more: no int32 split, the
+    int64 kernel (and the reference's bits) instead."""
+    from eqquant.ops.qnn import add_multiplier
+    from eqquant.runtime import kernels_int8 as k8
+    assert k8.split_multipliers(add_multiplier(64.0, 1.0), 1 << 20) is None
+    assert k8.split_multipliers(add_multiplier(63.99, 1.0), 1 << 20) is not None
+    b = Builder()
+    x, y = b.input("a", (1, 50), "uint8"), b.input("b", (1, 50), "uint8")
+    params = [np.array(v, dt) for v, dt in [(6.4, "f4"), (3, "i4"), (0.02, "f4"), (250, "i4"),
+                                             (0.1, "f4"), (7, "i4")]]
+    out = b.call("qnn.add", x, y, *[b.param(f"p{i}", v) for i, v in enumerate(params)],
+                 method="once")
+    mod, values = b.finish(out)
+    bound = bind_params(mod, values)
+    ex = Executor(bound)
+    assert ex.steps[0].fn.split is None
+    rng = np.random.default_rng(3)
+    xs = {k: rng.integers(0, 256, (1, 50)).astype(np.uint8) for k in "ab"}
+    np.testing.assert_array_equal(ex.run(xs), run(bound, xs))
+
+
 @settings(max_examples=20, deadline=None)
 @given(st.integers(1, 3), st.integers(1, 40), st.integers(1, 12), st.booleans(),
        st.integers(-4, 4), st.booleans(), st.integers(0, 999))

@@ -22,6 +22,9 @@ def _cases(rng, n):
                                      np.int64(1_500_000_000), 0, 7, 0, 255, o), np.uint8),
         "qadd_once": (k8.qadd_once, lambda o: (u8(), 3, u8(), 250, np.int64(3 << 20),
                                                np.int64(5 << 19), 22, 7, 0, 255, o), np.uint8),
+        "qadd_once_split": (k8.qadd_once_split, lambda o: (
+            u8(), np.int32(3), u8(), np.int32(250), *k8.split_multipliers(3 << 20, 5 << 19), 7,
+            0, 255, o), np.uint8),
         "requantize": (k8.requantize, lambda o: (i32, 5, np.int64(1_300_000_000), -9, 3,
                                                  -128, 127, o), np.int8),
         "quantize": (k8.quantize, lambda o: (f32(), np.float32(0.37), 5, 0, 255, o), np.uint8),
@@ -32,8 +35,8 @@ def _cases(rng, n):
     }
 
 
-@pytest.mark.parametrize("name", ["qadd", "qadd_once", "requantize", "quantize", "dequantize",
-                                  "binary_same", "unary"])
+@pytest.mark.parametrize("name", ["qadd", "qadd_once", "qadd_once_split", "requantize",
+                                  "quantize", "dequantize", "binary_same", "unary"])
 def test_each_twin_gives_the_parallel_kernels_bits(name):
     rng = np.random.default_rng(0)
     kernel, args, dtype = _cases(rng, 40_000)[name]
@@ -62,7 +65,7 @@ def test_a_small_sum_runs_on_the_calling_thread(side, serial):
     }}"""
     mod = parse(text)
     ex = Executor(mod)
-    kernel = k8.qadd_once.serial if serial else k8.qadd_once
+    kernel = k8.qadd_once_split.serial if serial else k8.qadd_once_split
     entries = {c.entry_point for c in kernel.overloads.values()}
     # (the second sum reads no program input: bound once, to its kernel's entry point)
     assert ex._prepared[1] is not None and ex._prepared[1][0].func in entries

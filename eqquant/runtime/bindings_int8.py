@@ -419,7 +419,9 @@ class Dequantize(Binding):
 
 
 class QAdd(Binding):
-    """qnn.add with per-tensor parameters (see eqquant.ops.qnn for the arithmetic)."""
+    """qnn.add with per-tensor parameters (see eqquant.ops.qnn for the arithmetic); method
+    "once" on 8-bit operands in int32 lanes (``kernels_int8.qadd_once_split``) unless a scale
+    ratio is 64 or more."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
@@ -435,6 +437,11 @@ class QAdd(Binding):
             from ..ops.qnn import ADD_FRACTION_BITS, add_multiplier
             self.ma, self.mb2 = add_multiplier(sa, so), add_multiplier(sb, so)
             self.bits = ADD_FRACTION_BITS
+            # in int32 lanes where the multipliers and the operands' differences allow it
+            # (8-bit operands, zero points in their range): the same bits, twice the lanes
+            eight = all(t.dtype in ("int8", "uint8") and qrange(t.dtype)[0] <= z <=
+                        qrange(t.dtype)[1] for t, z in zip(in_types[:2], (self.za, self.zb)))
+            self.split = k8.split_multipliers(self.ma, self.mb2) if eight else None
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -443,6 +450,10 @@ class QAdd(Binding):
     def _call(self, ins, out):
         """(kernel, its arguments) for these operands."""
         a, b, o = ins[0].reshape(-1), ins[1].reshape(-1), out.reshape(-1)
+        if self.once and self.split is not None:
+            return sized(self.k8.qadd_once_split, o.size), (
+                a, np.int32(self.za), b, np.int32(self.zb), *self.split, self.zo, self.lo,
+                self.hi, o)
         if self.once:
             return sized(self.k8.qadd_once, o.size), (
                 a, self.za, b, self.zb, np.int64(self.ma), np.int64(self.mb2), self.bits,

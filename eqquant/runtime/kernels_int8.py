@@ -13,6 +13,7 @@ from numba import njit, prange
 from .depthwise_simd import sweep_i8, sweep_u8
 from .kernels_fp32 import inside, interior, kernel_rows
 from .serial import with_serial
+from ..ops.qnn import ADD_FRACTION_BITS
 # the rows of ``epilogue_params`` (requantize_ir.py emits the same steps in LLVM IR)
 from .requantize_ir import (ADD, BACK, FAST, FHI, FLO, FMULT, FOFFSET, HI, LEFT, LO, MULT,
                             OFFSET, TABLE_ROWS, TOTAL)
@@ -227,6 +228,43 @@ def qadd_once(a, za, b, zb, ma, mb, bits, zo, lo, hi, out):
         v = ((np.int64(a[i]) - za) * ma + (np.int64(b[i]) - zb) * mb + half) >> bits
         v = v + zo
         out[i] = min(max(v, lo), hi)
+
+
+# qnn.add(method="once") in int32 lanes: each multiplier split at SPLIT bits
+SPLIT = 15
+_ONCE_SHIFT = ADD_FRACTION_BITS - SPLIT
+
+
+def split_multipliers(ma: int, mb: int):
+    """(high, low) halves of the two multipliers of ``qadd_once_split``, or None where one
+    is negative or 2^30 or more (a scale ratio of 64 or more: ``qadd_once`` then)."""
+    if not (0 <= ma < 1 << 30 and 0 <= mb < 1 << 30):
+        return None
+    low = (1 << SPLIT) - 1
+    return tuple(np.int32(v) for v in (ma >> SPLIT, ma & low, mb >> SPLIT, mb & low))
+
+
+@with_serial
+@njit(parallel=True, cache=True)
+def qadd_once_split(a, za, b, zb, ah, al, bh, bl, zo, lo, hi, out):
+    """``qadd_once``'s bits in int32 lanes (16 to a 512-bit vector, not 8), for multipliers
+    below 2^30 (``split_multipliers``) and 8-bit operands. With ma = ah * 2^15 + al (the
+    same for mb), da = a - za and db = b - zb (|d| <= 255), half = 2^23 = 2^15 * 2^8:
+
+        (da*ma + db*mb + half) >> 24  =  (H + (L >> 15)) >> 9
+        H = da*ah + db*bh + 2^8,  L = da*al + db*bl
+
+    exactly (a floor division by 2^24 is one by 2^15 and then one by 2^9, and 2^15 * H is
+    a multiple of 2^15); |H|, |L| < 2^24. The output zero point joins H as zo * 2^9."""
+    c = np.int32((1 << (_ONCE_SHIFT - 1)) + (zo << _ONCE_SHIFT))
+    lo32, hi32 = np.int32(lo), np.int32(hi)
+    for i in prange(a.size):
+        da = np.int32(np.int32(a[i]) - za)
+        db = np.int32(np.int32(b[i]) - zb)
+        h = np.int32(np.int32(da * ah) + np.int32(db * bh) + c)
+        low = np.int32(np.int32(da * al) + np.int32(db * bl))
+        v = np.int32(np.int32(h + np.int32(low >> SPLIT)) >> _ONCE_SHIFT)
+        out[i] = min(max(v, lo32), hi32)
 
 
 @njit(cache=True)
