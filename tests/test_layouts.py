@@ -116,14 +116,18 @@ def test_mobilenet_int8_keeps_every_convolution_channel_last(mobilenet_int8):
     """The acceptance count: no layout change between two convolutions; one at the input."""
     q, _ = mobilenet_int8
     calls = [n for n in post_order(q.compiled.main.body) if isinstance(n, Call)]
-    convs = [c for c in calls if c.op_name == "fused.qconv2d"]
+    convs = [c for c in calls if c.op_name in ("fused.qconv2d", "fused.qconv2d_add")]
     assert len(convs) == 52 and all(c.attrs["data_layout"] == "NHWC" for c in convs)
     changes = [c for c in calls if c.op_name == "layout_transform"]
     assert len(changes) == 1 and changes[0].args[0].op_name == "qnn.quantize"
-    # nothing between two convolutions: every convolution reads a convolution, a sum, or
-    # the one change at the input
+    # nothing between two convolutions: every convolution reads a convolution (the ten
+    # inverted residuals' sums taken in their projections' epilogues: rules/residual.rules),
+    # or the one change at the input
+    assert sum(c.op_name == "fused.qconv2d_add" for c in convs) == 10
+    assert not [c for c in calls if c.op_name == "qnn.add"]
     for conv in convs:
-        assert conv.args[0].op_name in ("fused.qconv2d", "qnn.add", "layout_transform")
+        assert conv.args[0].op_name in ("fused.qconv2d", "fused.qconv2d_add",
+                                        "layout_transform")
     assert "channel-last, 1 layout changes" in q.report()
     assert "52 of 52 convolutions" in q.report()
 
@@ -152,14 +156,14 @@ def test_mobilenet_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8,
     from eqquant.runtime.bindings import fp32_path
     q, shape = mobilenet_int8
     if precision == "int8":
-        ex, label = Executor(q.compiled), "fused.qconv2d"
+        ex, label = Executor(q.compiled), ("fused.qconv2d", "fused.qconv2d_add")
         kernels = (kernels_int8.depthwise_channels_last, vnni.conv_requantize,
                    avxvnni.conv_requantize, avx2.conv_requantize)
     else:
-        ex, label = Executor(compile_layouts(q.fp32).module), "fused.conv2d"
+        ex, label = Executor(compile_layouts(q.fp32).module), ("fused.conv2d",)
         kernels = (kernels_fp32.depthwise_channels_last,) + \
             ((fma.conv,) if fp32_path() != "blas" else ())
-    convs = [(step, p) for step, p in zip(ex.steps, ex._prepared) if step.label == label]
+    convs = [(step, p) for step, p in zip(ex.steps, ex._prepared) if step.label in label]
     # (bound to the compiled entry points themselves, not their dispatchers)
     entries = {c.entry_point for k in kernels for c in k.overloads.values()}
     bound = [p is not None and getattr(p[0], "func", None) in entries for _, p in convs]

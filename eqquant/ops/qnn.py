@@ -766,3 +766,60 @@ register(OpDef(
     type_rel=_fqconv_rel, semantics=_fqconv, flops=conv2d_flops,
     doc="requantize(activation(qnn.conv2d(...) + bias)): an int8 convolution with its int32 "
         "bias, relu and requantization in one kernel"))
+
+
+# -- a quantized convolution summed with a residual, in its epilogue ---------------------------
+
+FQA_INPUTS = FQ_INPUTS + ("residual", "lhs_scale", "lhs_zero_point", "residual_scale",
+                          "residual_zero_point", "sum_scale", "sum_zero_point")
+
+
+def _fqconv_add_rel(types, attrs):
+    out = _fqconv_rel(types[:11], attrs)
+    r = tensor(types, 11, "residual")
+    if r != out:
+        raise OpTypeError(f"the residual must be {out}, as the convolution's output, got {r}",
+                          11)
+    for i, name in enumerate(FQA_INPUTS[12:], start=12):
+        if tensor(types, i, name).rank != 0:
+            raise OpTypeError(f"argument {i + 1} ('{name}') must be a scalar", i)
+        _param(types, i, name, r, -1, name.endswith("scale"))
+    return out
+
+
+def _fqconv_add(x, w, b, zx, zw, sx, sw, s1, z1, s2, z2, r, sa, za, sr, zr, so, zo, **attrs):
+    y = _fqconv(x, w, b, zx, zw, sx, sw, s1, z1, s2, z2, **attrs)
+    return _qadd(y, r, sa, za, sr, zr, so, zo, method="once")
+
+
+def _unfuse_qconv_add(args, attrs):
+    """qnn.add(method="once") of the unfused convolution and the residual."""
+    return _call("qnn.add", _unfuse_qconv(args[:11], attrs), *args[11:], method="once")
+
+
+def _fqconv_add_qdq(w, node):
+    """The convolution's QDQ form (its output quantized to s2, z2), read back at the sum's
+    lhs parameters, then the sum's."""
+    y, _ = w.conv(node, bias=2)
+    dtype = node.attrs["out_dtype"]
+    conv = w.quantize(write_epilogue(w.ex, y, node.attrs), w.q8(node, 9, 10, dtype))
+    lhs = w.q8(node, 12, 13, dtype)
+    real = w.ex.emit("DequantizeLinear", [conv, lhs.scale, lhs.zero_point])
+    q = w.q8(node, 16, 17, dtype)
+    return w.keep(node, q, w.quantize(w.ex.emit("Add", [real, w.dq(node.args[11])]), q))
+
+
+register(OpDef(
+    "fused.qconv2d_add", inputs=FQA_INPUTS,
+    onnx=(OnnxForm("Conv", reads=False, qdq=_fqconv_add_qdq),),
+    props=frozenset({COMPUTE, QUANT}),
+    channels_last=_qconv_channels_last,
+    unfuse=_unfuse_qconv_add,
+    kernel="eqquant.runtime.bindings_int8:FusedQConv2DAdd",
+    attrs=get_op("fused.qconv2d").attrs,
+    type_rel=_fqconv_add_rel, semantics=_fqconv_add,
+    flops=lambda ins, out, attrs: conv2d_flops(ins, out, attrs) + 4.0 * out.size,
+    doc="qnn.add(fused.qconv2d(x, ..., output_scale, output_zero_point), residual, lhs_scale, "
+        "lhs_zero_point, residual_scale, residual_zero_point, sum_scale, sum_zero_point, "
+        "method=\"once\"): a fused int8 convolution summed with a residual of its shape in its "
+        "epilogue"))

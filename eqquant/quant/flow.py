@@ -33,8 +33,9 @@ INT8_RULES = ("simplify", "quantize")
 # the int8 program's layouts, chosen for the CPU kernels (exact rules, a phase of its own on
 # the extracted program: the interchange program stays NCHW for ONNX and TVM); the float
 # fusions first, so that a convolution an earlier extraction left apart from its bias (two
-# timings within their noise) is found fused again, and laid out as such
-LAYOUT_RULES = ("fusion", "layout")
+# timings within their noise) is found fused again, and laid out as such; the residual sums
+# last, so that they join the channel-last convolutions the layout rules wrote
+LAYOUT_RULES = ("fusion", "layout", "residual")
 
 
 def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:

@@ -28,6 +28,7 @@ from .gather import (CHUNK, SMALL, _chunk_windows, _rows, block_shares, share_it
 from .gather import windows, work_item  # noqa: F401
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
 from .vnni import requantize_params  # noqa: F401
+from .kernels_int8 import add_tile
 from .vnni import _finish, define_vpdpbusd, pack_panels
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
@@ -93,9 +94,10 @@ def gemm_parallel(a_u8, packed, out):
 
 @njit(parallel=True, cache=True)
 def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, params, lo, hi,
-                    out, threads):
+                    out, threads, res, add):
     """A whole fused int8 convolution of a batch in one parallel region (as
-    ``vnni.conv_requantize``: out (N, oh*ow, O), channel-last)."""
+    ``vnni.conv_requantize``: out (N, oh*ow, O), channel-last; a residual ``res`` summed
+    with each item's tile)."""
     images, p_n = nhwc.shape[0], oh * ow
     o_n = out.shape[2]
     oblocks, kq = packed.shape[0], packed.shape[1]
@@ -118,15 +120,16 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
             if whole > ob0:
                 _gemm_requantize(rows, kp, packed, ob0, whole, out[b, p0:], n, params, lo,
                                  hi)
-                ob0 = whole
-            if ob0 >= ob1:
-                continue
-            cols = (ob1 - ob0) * BLOCK
-            acc = np.empty((n, cols), np.int32)
-            gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob0 * kq * PANEL,
-                       acc.ctypes.data, cols, 0, n, kq, ob1 - ob0)
-            _finish(acc, min(cols, o_n - ob0 * BLOCK), params, lo, hi, ob0 * BLOCK, p0,
-                    out[b])
+            if whole < ob1:
+                cols = (ob1 - whole) * BLOCK
+                acc = np.empty((n, cols), np.int32)
+                gemm_block(rows.ctypes.data, kp, packed.ctypes.data + whole * kq * PANEL,
+                           acc.ctypes.data, cols, 0, n, kq, ob1 - whole)
+                _finish(acc, min(cols, o_n - whole * BLOCK), params, lo, hi, whole * BLOCK,
+                        p0, out[b])
+            if res.shape[0]:
+                add_tile(out[b], res[b], p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo,
+                         hi)
     else:
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         shares = block_shares(p_n, oblocks, threads)
@@ -135,9 +138,12 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
             if (ob + 1) * BLOCK <= o_n or o_n % 8 == 0:
                 _gemm_requantize(rows[q0:], kp, packed, ob, ob + 1, out[0, q0:], q1 - q0,
                                  params, lo, hi)
-                continue
-            acc = np.empty((q1 - q0, BLOCK), np.int32)
-            gemm_block(rows[q0:].ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
-                       acc.ctypes.data, BLOCK, 0, q1 - q0, kq, 1)
-            _finish(acc, min(BLOCK, o_n - ob * BLOCK), params, lo, hi, ob * BLOCK, q0,
-                    out[0])
+            else:
+                acc = np.empty((q1 - q0, BLOCK), np.int32)
+                gemm_block(rows[q0:].ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
+                           acc.ctypes.data, BLOCK, 0, q1 - q0, kq, 1)
+                _finish(acc, min(BLOCK, o_n - ob * BLOCK), params, lo, hi, ob * BLOCK, q0,
+                        out[0])
+            if res.shape[0]:
+                add_tile(out[0], res[0], q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n),
+                         add, lo, hi)

@@ -6,6 +6,8 @@ Numba loops (``kernels_int8.py``); every path gives the reference's bits. See ``
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..core.types import TensorType
@@ -546,11 +548,16 @@ class FusedQConv2D(Binding):
                 (s1.size == 1 or attrs["axis"] % 4 == (3 if last else 1)) and
                 all(_const_scalar(consts, i) is not None for i in (8, 9, 10)))
 
-    def _simd_call(self, nhwc, res):
+    def _simd_call(self, nhwc, res, residual=None):
         """(the SIMD kernel, its arguments) on a channel-last unsigned batch into res (N, oh,
-        ow, O)."""
-        return self.conv.simd.conv_requantize, (
-            nhwc, *self.fixed_args, res.reshape(res.shape[0], -1, res.shape[3]), threads())
+        ow, O), plus ``residual`` (shaped as res) summed in (fused.qconv2d_add's)."""
+        flat = res.reshape(res.shape[0], -1, res.shape[3])
+        if residual is None:
+            extra = (np.zeros((0, 0, 0), res.dtype), np.zeros(0, np.int32))
+        else:
+            extra = (residual.reshape(flat.shape), self.residual_params)
+        return self.conv.simd.conv_requantize, (nhwc, *self.fixed_args, flat, threads(),
+                                                *extra)
 
     def _depthwise_call(self, hwc, res):
         """(the depthwise kernel, its arguments) on one channel-last image into res (oh, ow,
@@ -608,6 +615,46 @@ class FusedQConv2D(Binding):
                                           res[b].reshape(o, -1))
         if last:
             move_into(res, out)
+
+
+class FusedQConv2DAdd(FusedQConv2D):
+    """fused.qconv2d_add: fused.qconv2d's kernel, then the residual sum (qnn.add, rounding
+    once). On a SIMD path at a channel-last call site each work item's finished tile is
+    summed with the residual's in place, in the same parallel region, while it is in cache
+    (``kernels_int8.add_tile``); elsewhere (depthwise, portable, NCHW, a scale ratio of 64 or
+    more) the convolution runs as fused.qconv2d does and qnn.add's kernel follows: the same
+    bits either way."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types[:11], out_type, consts)
+        from ..ops.registry import get_op
+        # the sum: qnn.add(conv, residual, sa, za, sr, zr, so, zo, method="once")
+        self.add = QAdd(get_op("qnn.add"), {"method": "once"}, [out_type, *in_types[11:]],
+                        out_type, {i - 10: v for i, v in consts.items() if i >= 12})
+        a = self.add
+        self.in_tile = (self.channels_last and self.conv.simd is not None and
+                        a.split is not None)
+        if self.in_tile:
+            self.residual_params = np.array([a.za, a.zb, *a.split, a.zo], np.int32)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return (FusedQConv2D.supports(op, attrs, in_types[:11], out_type, consts) and
+                all(_const_scalar(consts, i) is not None for i in range(12, 18)))
+
+    def prepare(self, ins, out):
+        c = self.conv
+        if self.in_tile and not c.shift:
+            return bound(*self._simd_call(ins[0], out, ins[11]))
+        return functools.partial(self, ins, out)
+
+    def __call__(self, ins, out):
+        if self.in_tile:
+            kernel, args = self._simd_call(self.conv.nhwc(ins[0]), out, ins[11])
+            kernel(*args)
+            return
+        super().__call__(ins[:11], out)        # the convolution, then the sum in place
+        self.add([out, ins[11]], out)
 
 
 class GlobalAverage(Binding):

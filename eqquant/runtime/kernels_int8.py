@@ -244,6 +244,16 @@ def split_multipliers(ma: int, mb: int):
     return tuple(np.int32(v) for v in (ma >> SPLIT, ma & low, mb >> SPLIT, mb & low))
 
 
+@njit(cache=True, inline="always")
+def _sum_once(a, b, za, zb, ah, al, bh, bl, c):
+    """One sum of ``qadd_once_split`` in int32 (``c``: 2^8 + zo * 2^9), unsaturated."""
+    da = np.int32(np.int32(a) - za)
+    db = np.int32(np.int32(b) - zb)
+    h = np.int32(np.int32(da * ah) + np.int32(db * bh) + c)
+    low = np.int32(np.int32(da * al) + np.int32(db * bl))
+    return np.int32(np.int32(h + np.int32(low >> SPLIT)) >> _ONCE_SHIFT)
+
+
 @with_serial
 @njit(parallel=True, cache=True)
 def qadd_once_split(a, za, b, zb, ah, al, bh, bl, zo, lo, hi, out):
@@ -259,12 +269,28 @@ def qadd_once_split(a, za, b, zb, ah, al, bh, bl, zo, lo, hi, out):
     c = np.int32((1 << (_ONCE_SHIFT - 1)) + (zo << _ONCE_SHIFT))
     lo32, hi32 = np.int32(lo), np.int32(hi)
     for i in prange(a.size):
-        da = np.int32(np.int32(a[i]) - za)
-        db = np.int32(np.int32(b[i]) - zb)
-        h = np.int32(np.int32(da * ah) + np.int32(db * bh) + c)
-        low = np.int32(np.int32(da * al) + np.int32(db * bl))
-        v = np.int32(np.int32(h + np.int32(low >> SPLIT)) >> _ONCE_SHIFT)
-        out[i] = min(max(v, lo32), hi32)
+        out[i] = min(max(_sum_once(a[i], b[i], za, zb, ah, al, bh, bl, c), lo32), hi32)
+
+
+# the residual sum of ``add_tile``: its int32 parameters, in this order
+RESIDUAL_PARAMS = ("za", "zb", "ah", "al", "bh", "bl", "zo")
+
+
+@njit(cache=True)
+def add_tile(out, res, p0, n, c0, c1, add, lo, hi):
+    """out[p0:p0 + n, c0:c1] (8-bit, (P, O)) summed in place with the same tile of ``res``
+    as ``qadd_once_split`` sums (out the lhs; ``add``: RESIDUAL_PARAMS): the residual sum of
+    a fused convolution (fused.qconv2d_add), taken on each work item's tile as it is
+    finished, while it is in cache."""
+    za, zb, ah, al, bh, bl = add[0], add[1], add[2], add[3], add[4], add[5]
+    c = np.int32((1 << (_ONCE_SHIFT - 1)) + (add[6] << _ONCE_SHIFT))
+    lo32, hi32 = np.int32(lo), np.int32(hi)
+    w = c1 - c0
+    for r in range(n):
+        o = out[p0 + r, c0:c1]
+        q = res[p0 + r, c0:c1]
+        for j in range(w):
+            o[j] = min(max(_sum_once(o[j], q[j], za, zb, ah, al, bh, bl, c), lo32), hi32)
 
 
 @njit(cache=True)

@@ -25,7 +25,7 @@ from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel
 
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, windows, work_split  # noqa: F401
 from .gather import block_shares, share_item, shared_windows, work_item
-from .kernels_int8 import epilogue_params, requantize_rows
+from .kernels_int8 import add_tile, epilogue_params, requantize_rows
 from . import memory
 
 BLOCK = 64  # output channels per register block (4 x 16 lanes)
@@ -191,15 +191,17 @@ def _gemm_requantize(rows, kp, packed, ob0, ob1, out, n, params, lo, hi):
 
 @njit(parallel=True, cache=True)
 def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, params, lo, hi,
-                    out, threads):
+                    out, threads, res, add):
     """A whole fused int8 convolution of a batch in one parallel region: nhwc (N, H, W, C)
-    uint8 -> out (N, oh*ow, O) 8-bit, channel-last (an NCHW call site moves it). Each work item
-    gathers a chunk of one image's pixels' windows into rows (``_rows``: a pointwise
+    uint8 -> out (N, oh*ow, O) 8-bit, channel-last (an NCHW call site moves it). Each work
+    item gathers a chunk of one image's pixels' windows into rows (``_rows``: a pointwise
     convolution reads the image's own), multiplies them (``gemm_block``) and finishes them
     (``_finish``), so the worker threads wake once per convolution; a lone small image (fewer
     than 192 pixels) has its rows gathered once and is split by blocks of 64 channels
     instead, and each block by pixels where the blocks alone would leave the threads
-    unequal runs (``block_shares``). ``params``: the layer's ``requantize_params``."""
+    unequal runs (``block_shares``). ``params``: the layer's ``requantize_params``. With a
+    residual ``res`` (shaped as out; (0, 0, 0): none), each item's tile is then summed with
+    it in place (``add_tile``, ``add``: its parameters), in cache: fused.qconv2d_add."""
     images, p_n = nhwc.shape[0], oh * ow
     o_n = out.shape[2]
     oblocks, kq = packed.shape[0], packed.shape[1]
@@ -222,15 +224,16 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
             if whole > ob0:
                 _gemm_requantize(rows, kp, packed, ob0, whole, out[b, p0:], n, params, lo,
                                  hi)
-                ob0 = whole
-            if ob0 >= ob1:
-                continue
-            cols = (ob1 - ob0) * BLOCK
-            acc = np.empty((n, cols), np.int32)
-            gemm_block(rows.ctypes.data, kp, packed.ctypes.data + ob0 * kq * 256,
-                       acc.ctypes.data, cols, 0, n, kq, ob1 - ob0)
-            _finish(acc, min(cols, o_n - ob0 * BLOCK), params, lo, hi, ob0 * BLOCK, p0,
-                    out[b])
+            if whole < ob1:
+                cols = (ob1 - whole) * BLOCK
+                acc = np.empty((n, cols), np.int32)
+                gemm_block(rows.ctypes.data, kp, packed.ctypes.data + whole * kq * 256,
+                           acc.ctypes.data, cols, 0, n, kq, ob1 - whole)
+                _finish(acc, min(cols, o_n - whole * BLOCK), params, lo, hi, whole * BLOCK,
+                        p0, out[b])
+            if res.shape[0]:
+                add_tile(out[b], res[b], p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo,
+                         hi)
     else:
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         shares = block_shares(p_n, oblocks, threads)
@@ -239,8 +242,11 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
             if (ob + 1) * BLOCK <= o_n or o_n % 16 == 0:
                 _gemm_requantize(rows[q0:], kp, packed, ob, ob + 1, out[0, q0:], q1 - q0,
                                  params, lo, hi)
-                continue
-            acc = np.empty((q1 - q0, 64), np.int32)
-            gemm_block(rows[q0:].ctypes.data, kp, packed.ctypes.data + ob * kq * 256,
-                       acc.ctypes.data, 64, 0, q1 - q0, kq, 1)
-            _finish(acc, min(64, o_n - ob * 64), params, lo, hi, ob * 64, q0, out[0])
+            else:
+                acc = np.empty((q1 - q0, 64), np.int32)
+                gemm_block(rows[q0:].ctypes.data, kp, packed.ctypes.data + ob * kq * 256,
+                           acc.ctypes.data, 64, 0, q1 - q0, kq, 1)
+                _finish(acc, min(64, o_n - ob * 64), params, lo, hi, ob * 64, q0, out[0])
+            if res.shape[0]:
+                add_tile(out[0], res[0], q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n),
+                         add, lo, hi)

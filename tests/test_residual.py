@@ -1,0 +1,206 @@
+"""Residual sums fused into the convolution (``rules/residual.rules``, fused.qconv2d_add):
+the rules fire in the layout phase on either operand order, the fused op computes the bits of
+the qnn.add it stands for on every int8 path, and its type, export and fallbacks behave."""
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from eqquant.core.nodes import Call, post_order
+from eqquant.errors import TypeCheckError
+from eqquant.ir.builder import Builder
+from eqquant.ir.interp import run
+from eqquant.ir.params import bind_params
+from eqquant.ir.parser import parse
+from eqquant.ir.typecheck import check_module
+from eqquant.runtime.executor import Executor
+
+
+_NAMES = itertools.count()
+
+
+def _p(b, value):
+    """A constant parameter of a fresh name."""
+    return b.param(f"p{next(_NAMES)}", value)
+
+
+def _conv_args(b, rng, c, o, k, dtype, layout, z2=5):
+    """fused.qconv2d's operands after the image: C -> O channels, to 8 bits at 0.1, z2."""
+    last = layout == "NHWC"
+    w = rng.integers(-128, 128, (o, c, k, k)).astype("i1")
+    sw = rng.uniform(0.01, 0.02, o).astype(np.float32)
+    return [_p(b, np.ascontiguousarray(w.transpose(2, 3, 1, 0)) if last else w),
+            _p(b, rng.integers(-900, 900, (o,) if last else (o, 1, 1)).astype("i4")),
+            _p(b, np.array(3 if dtype == "uint8" else 0, np.int32)),
+            _p(b, np.array(0, np.int32)), _p(b, np.array(0.05, np.float32)), _p(b, sw),
+            _p(b, np.float32(0.05) * sw),        # the accumulator's scale: sx * sw
+            _p(b, np.array(0, np.int32)), _p(b, np.array(0.1, np.float32)),
+            _p(b, np.array(z2 if dtype == "uint8" else 0, np.int32))]
+
+
+def _block(b, x, rng, c, o, k, stride, pad, dtype, layout, act="none"):
+    """A fused int8 convolution of ``x`` (C -> O channels) to 8 bits at scale 0.1 (its
+    output's scale and zero point: the call's last two operands)."""
+    last = layout == "NHWC"
+    extra = dict(a_min=0.0, a_max=2.0) if act == "clip" else {}
+    return b.call(
+        "fused.qconv2d", x, *_conv_args(b, rng, c, o, k, dtype, layout),
+        strides=[stride] * 2, padding=[pad] * 4, activation=act, out_dtype=dtype,
+        axis=3 if last else 1, data_layout=layout,
+        kernel_layout="HWIO" if last else "OIHW", **extra)
+
+
+def _sum(b, lhs, rhs, params, method="once"):
+    """qnn.add(lhs, rhs) with (sa, za, sb, zb, so, zo) = ``params``."""
+    kinds = (np.float32, np.int32) * 3
+    return b.call("qnn.add", lhs, rhs, *[_p(b, np.array(v, t)) for v, t in zip(params, kinds)],
+                  method=method)
+
+
+@settings(max_examples=15, deadline=None)
+@given(c=st.integers(1, 9), o=st.integers(1, 150), k=st.sampled_from([1, 3]),
+       stride=st.integers(1, 2), size=st.integers(3, 22), dtype=st.sampled_from(["int8",
+                                                                                "uint8"]),
+       act=st.sampled_from(["none", "relu", "clip"]), first=st.booleans(),
+       layout=st.sampled_from(["NHWC", "NCHW"]), batch=st.integers(1, 2),
+       ratio=st.sampled_from([0.7, 3.0, 100.0]), seed=st.integers(0, 999))
+# a small image split by channel blocks and pixel shares; a last block of 96 of 128 lanes
+@example(c=5, o=160, k=1, stride=1, size=7, dtype="uint8", act="none", first=True,
+         layout="NHWC", batch=1, ratio=0.7, seed=1)
+@example(c=4, o=96, k=3, stride=1, size=16, dtype="uint8", act="relu", first=False,
+         layout="NHWC", batch=1, ratio=3.0, seed=2)
+def test_a_fused_residual_sum_gives_the_bits_of_the_sum_on_every_path(
+        c, o, k, stride, size, dtype, act, first, layout, batch, ratio, seed):
+    """fused.qconv2d_add (made by the layout phase from a convolution and a qnn.add, the
+    convolution either operand) computes the unfused program's bits on every int8 path the
+    CPU has: the residual summed in each work item's tile on the SIMD ones, after the
+    convolution elsewhere (NCHW, the portable path, a residual scale 77 times the sum's:
+    multipliers past the int32 split)."""
+    from eqquant.quant.flow import compile_layouts
+    from eqquant.runtime.bindings_int8 import PATHS, path_available
+    rng = np.random.default_rng(seed)
+    lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
+    shape = (batch, size, size, c) if layout == "NHWC" else (batch, c, size, size)
+    b = Builder()
+    x = b.input("x", shape, dtype)
+    y = _block(b, x, rng, c, o, k, stride, 1 if k == 3 else 0, dtype, layout, act)
+    out_hw = (size + 2 * (1 if k == 3 else 0) - k) // stride + 1
+    rshape = (batch, out_hw, out_hw, o) if layout == "NHWC" else (batch, o, out_hw, out_hw)
+    r = b.input("r", rshape, dtype)
+    zr, zo = (7, 2) if dtype == "uint8" else (0, 0)
+    z2 = 5 if dtype == "uint8" else 0
+    s = _sum(b, y, r, (0.1, z2, 0.1 * ratio, zr, 0.1 * 1.3, zo)) if first else \
+        _sum(b, r, y, (0.1 * ratio, zr, 0.1, z2, 0.1 * 1.3, zo))
+    unfused = bind_params(*b.finish(s))
+    fused = compile_layouts(unfused).module
+    ops = [n.op_name for n in post_order(fused.main.body) if isinstance(n, Call)]
+    assert "fused.qconv2d_add" in ops and "qnn.add" not in ops
+    xs = {"x": rng.integers(lo, hi, shape).astype(dtype),
+          "r": rng.integers(lo, hi, rshape).astype(dtype)}
+    want = run(unfused, xs)
+    np.testing.assert_array_equal(run(fused, xs), want)
+    old = os.environ.get("EQQUANT_INT8_KERNEL")
+    try:
+        for path in PATHS:
+            if not path_available(path):
+                continue
+            os.environ["EQQUANT_INT8_KERNEL"] = path
+            ex = Executor(fused)
+            step = next(st_ for st_ in ex.steps if st_.label == "fused.qconv2d_add")
+            # in the tile on a SIMD path where the layout phase left the sum channel-last
+            # and the multipliers split; otherwise the convolution, then the sum
+            assert step.fn.in_tile == (step.fn.conv.simd is not None and step.fn.channels_last
+                                       and ratio / 1.3 < 64)
+            np.testing.assert_array_equal(ex.run(xs), want)
+    finally:
+        if old is None:
+            os.environ.pop("EQQUANT_INT8_KERNEL", None)
+        else:
+            os.environ["EQQUANT_INT8_KERNEL"] = old
+
+
+def _residual_block(method):
+    """x -> conv -> conv, summed with x (a ResNet basic block's shape), uint8 or int8."""
+    dtype = "uint8" if method == "once" else "int8"
+    rng = np.random.default_rng(0)
+    b = Builder()
+    x = b.input("x", (1, 8, 8, 16), dtype)
+    y = _block(b, x, rng, 16, 16, 3, 1, 1, dtype, "NHWC", "relu")
+    y = _block(b, y, rng, 16, 16, 3, 1, 1, dtype, "NHWC")
+    z = 5 if dtype == "uint8" else 0
+    out = _sum(b, y, x, (0.1, z, 0.1, z, 0.12, 0), method)
+    return bind_params(*b.finish(out)), dtype
+
+
+def test_only_the_sum_rounding_once_is_fused():
+    """TVM's realize sum (two roundings) has no fused form: it stays a qnn.add."""
+    from eqquant.quant.flow import compile_layouts
+    for method, fused in (("once", True), ("realize", False)):
+        mod, dtype = _residual_block(method)
+        out = compile_layouts(mod).module
+        ops = [n.op_name for n in post_order(out.main.body) if isinstance(n, Call)]
+        assert ("fused.qconv2d_add" in ops) == fused and ("qnn.add" in ops) != fused
+        xs = {"x": np.random.default_rng(1).integers(0 if dtype == "uint8" else -128, 128,
+                                                     (1, 8, 8, 16)).astype(dtype)}
+        np.testing.assert_array_equal(Executor(out).run(xs), run(mod, xs))
+
+
+def test_the_fused_sum_prints_back_and_explains_its_rule():
+    """The fused program prints and parses back to the same program, and the layout phase's
+    report names the residual rule with its file and line."""
+    from eqquant.ir.printer import print_module
+    from eqquant.quant.flow import compile_layouts
+    mod, _ = _residual_block("once")
+    result = compile_layouts(mod)
+    text = print_module(result.module)
+    assert "fused.qconv2d_add(" in text
+    assert print_module(parse(text)) == text
+    located = result.rule_locations
+    assert any("residual.rules" in str(where) for name, where in located.items()
+               if name.startswith("fuse_qconv2d_add"))
+
+
+def test_a_residual_of_another_shape_is_a_type_error():
+    """The residual must have the convolution's output type: the error says which."""
+    text = """def @main(%x: Tensor[(1, 4, 4, 3), uint8], %r: Tensor[(1, 4, 4, 5), uint8],
+                    %w: Tensor[(1, 1, 3, 4), int8]) {
+      fused.qconv2d_add(%x, %w, 0, 0, 0, 0.1f, 0.1f, 0.01f, 0, 0.1f, 0, %r, 0.1f, 0, 0.1f, 0,
+                        0.2f, 0,
+                        data_layout="NHWC", kernel_layout="HWIO", axis=3, out_dtype="uint8")
+    }"""
+    with pytest.raises(TypeCheckError, match="residual must be"):
+        check_module(parse(text))
+
+
+def test_the_fused_sum_exports_to_onnx_and_onnx_runtime_agrees():
+    """Its QDQ form is the convolution's (quantized to the sum's lhs parameters) and the
+    sum's: ONNX Runtime's result lies within two output steps of ours (its float rounding)."""
+    ort = pytest.importorskip("onnxruntime")
+    from eqquant.interop.onnx_export import to_onnx
+    rng = np.random.default_rng(2)
+    b = Builder()
+    x, r = (b.call("qnn.quantize", b.input(n, (1, 16, 8, 8)), _p(b, np.array(s, np.float32)),
+                   _p(b, np.array(z, np.int32)), out_dtype="uint8")
+            for n, s, z in (("x", 0.05, 3), ("r", 0.2, 7)))
+    y = b.call("fused.qconv2d_add", x, *_conv_args(b, rng, 16, 16, 3, "uint8", "NCHW"), r,
+               *[_p(b, np.array(v, t)) for v, t in ((0.1, np.float32), (5, np.int32),
+                                                     (0.2, np.float32), (7, np.int32),
+                                                     (0.25, np.float32), (4, np.int32))],
+               padding=[1, 1, 1, 1], activation="relu", out_dtype="uint8")
+    y = b.call("qnn.dequantize", y, _p(b, np.array(0.25, np.float32)),
+               _p(b, np.array(4, np.int32)))
+    mod = bind_params(*b.finish(y))
+    model = to_onnx(mod)
+    assert [n.op_type for n in model.graph.node].count("Add") == 1
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    xs = {k: rng.normal(scale=4.0, size=(1, 16, 8, 8)).astype(np.float32) for k in "xr"}
+    got = sess.run(None, xs)[0]
+    want = Executor(mod).run(xs)
+    np.testing.assert_array_equal(want, run(mod, xs))
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 2 * 0.25 + 1e-6
