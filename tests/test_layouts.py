@@ -160,7 +160,8 @@ def test_mobilenet_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8,
         kernels = (kernels_int8.depthwise_channels_last, vnni.conv_requantize,
                    avxvnni.conv_requantize, avx2.conv_requantize)
     else:
-        ex, label = Executor(compile_layouts(q.fp32).module), ("fused.conv2d",)
+        ex, label = Executor(compile_layouts(q.fp32).module), ("fused.conv2d",
+                                                                "fused.conv2d_add")
         kernels = (kernels_fp32.depthwise_channels_last,) + \
             ((fma.conv,) if fp32_path() != "blas" else ())
     convs = [(step, p) for step, p in zip(ex.steps, ex._prepared) if step.label in label]
@@ -230,8 +231,10 @@ def test_float_resnet_runs_channel_last_with_one_change_at_the_input():
     fp = optimize(bind_params(m.module, m.params), None, FP32_RULES, FP32_SCHEDULE).module
     result = compile_layouts(fp, "cpu")
     calls = [n for n in post_order(result.module.main.body) if isinstance(n, Call)]
-    convs = [c for c in calls if c.op_name == "fused.conv2d"]
+    convs = [c for c in calls if c.op_name in ("fused.conv2d", "fused.conv2d_add")]
     assert len(convs) == 20 and all(c.attrs["data_layout"] == "NHWC" for c in convs)
+    # each block's shortcut and last relu in its last convolution (rules/residual.rules)
+    assert sum(c.op_name == "fused.conv2d_add" for c in convs) == 8
     changes = [c for c in calls if c.op_name == "layout_transform"]
     assert len(changes) == 1 and changes[0].args[0] is result.module.main.params[0]
     x = {"data": (30 * np.random.default_rng(2).normal(size=(1, 3, 64, 64))).astype("f4")}

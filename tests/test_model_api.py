@@ -107,7 +107,8 @@ def test_sqnr_chart_and_graph_pictures(tmp_path, seed_model):
     assert rep._repr_png_().startswith(b"\x89PNG")               # shows in a notebook
     dot = q.graph()
     assert dot.startswith(f'digraph "{q.name}" {{')          # named after the model
-    assert "fused.qconv2d" in dot and "qnn.add" in dot and "->" in dot
+    # (the seed block's sum taken in its last convolution: rules/residual.rules)
+    assert "fused.qconv2d\n" in dot and "fused.qconv2d_add\n" in dot and "->" in dot
     assert dot.count("#c6dbef") >= 4            # integer ops shaded
     import shutil
 

@@ -204,3 +204,73 @@ def test_the_fused_sum_exports_to_onnx_and_onnx_runtime_agrees():
     np.testing.assert_array_equal(want, run(mod, xs))
     assert got.shape == want.shape
     assert np.abs(got - want).max() <= 2 * 0.25 + 1e-6
+
+
+def _float_block(rng, c, size, first, act):
+    """x -> conv (relu) -> conv, then the first conv's output added (either operand; a
+    ResNet basic block), then act."""
+    b = Builder()
+    x = b.input("x", (2, c, size, size))
+
+    def conv(v, activation):
+        return b.call("fused.conv2d", v, _p(b, rng.normal(size=(c, c, 3, 3)).astype("f4")),
+                      _p(b, rng.normal(size=(c, 1, 1)).astype("f4")), padding=[1, 1, 1, 1],
+                      activation=activation)
+    r = conv(x, "relu")
+    y = conv(r, "none")
+    y = b.call("add", y, r) if first else b.call("add", r, y)
+    if act == "relu":
+        y = b.call("nn.relu", y)
+    return b.finish(y)
+
+
+@pytest.mark.parametrize("path", ["fma", "avx512", "blas"])
+@pytest.mark.parametrize("c, first, act", [(64, True, "relu"), (40, False, "none"),
+                                           (24, False, "relu")])
+def test_a_float_residual_sum_joins_the_convolution(monkeypatch, path, c, first, act):
+    """add(conv, r) then relu (a ResNet block's end) is one fused.conv2d_add in the layout
+    phase, the convolution either operand; it computes the unfused program's numbers (the
+    same float additions in the same order) on each float path the CPU has: on the FMA
+    kernels the residual summed into each finished tile, on the BLAS path after the
+    convolution."""
+    from eqquant.quant.flow import compile_layouts
+    from eqquant.runtime.bindings import fp32_paths
+    if path not in fp32_paths():
+        pytest.skip(f"this CPU has no {path} path")   # (blas: always there)
+    monkeypatch.setenv("EQQUANT_FP32_KERNEL", path)
+    rng = np.random.default_rng(c)
+    plain = bind_params(*_float_block(rng, c, 9, first, act))
+    fused = compile_layouts(plain).module
+    calls = [n for n in post_order(fused.main.body) if isinstance(n, Call)]
+    ops = [n.op_name for n in calls]
+    assert ops.count("fused.conv2d_add") == 1 and "add" not in ops and "nn.relu" not in ops
+    (conv,) = [n for n in calls if n.op_name == "fused.conv2d_add"]
+    assert conv.attrs["activation"] == act and conv.attrs["data_layout"] == "NHWC"
+    xs = {"x": rng.normal(size=(2, c, 9, 9)).astype(np.float32)}
+    ex = Executor(fused)
+    step = next(s for s in ex.steps if s.label == "fused.conv2d_add")
+    assert step.fn.in_gemm == (path != "blas")
+    got = ex.run(xs)
+    np.testing.assert_array_equal(got, Executor(plain).run(xs))
+    want = run(plain, xs)      # (the reference sums in another order: float32 rounding)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_float_residual_that_broadcasts_is_summed_after_the_convolution():
+    """A residual of another shape that broadcasts (one value per channel) is added after the
+    convolution, then the activation: the reference's numbers."""
+    rng = np.random.default_rng(4)
+    b = Builder()
+    x = b.input("x", (1, 9, 9, 16))
+    r = b.input("r", (1, 1, 1, 16))
+    y = b.call("fused.conv2d_add", x, _p(b, rng.normal(size=(3, 3, 16, 16)).astype("f4")),
+               _p(b, rng.normal(size=(16,)).astype("f4")), r, padding=[1, 1, 1, 1],
+               data_layout="NHWC", kernel_layout="HWIO", activation="relu")
+    mod = bind_params(*b.finish(y))
+    ex = Executor(mod)
+    assert not ex.steps[0].fn.in_gemm
+    xs = {"x": rng.normal(size=(1, 9, 9, 16)).astype("f4"),
+          "r": rng.normal(size=(1, 1, 1, 16)).astype("f4")}
+    got = ex.run(xs)
+    assert (got == 0).any() and (got > 0).any()
+    np.testing.assert_allclose(got, run(mod, xs), rtol=1e-4, atol=1e-4)

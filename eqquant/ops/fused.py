@@ -131,3 +131,48 @@ register(OpDef(
     semantics=_dense_semantics, unfuse=_unfuse("nn.dense", ("units", "out_dtype")),
     flops=lambda ins, out, a: 2.0 * out.size * ins[1].shape[1],
     doc="activation(dense(data, weight) + bias)"))
+
+
+def _conv_add_rel(types, attrs):
+    """fused.conv2d's type, the residual broadcasting with it as ``add`` does."""
+    out = _epilogue_rel(conv2d_rel(types[:2], attrs), types, attrs)
+    r = tensor(types, 3, "residual")
+    shape = broadcast_shapes(out.shape, r.shape)
+    if r.dtype != out.dtype or shape is None:
+        raise OpTypeError(f"residual {r} must be {out.dtype} and broadcast with {out.shape}", 3)
+    return TensorType(shape, out.dtype)
+
+
+def _conv_add_semantics(x, w, b, r, *, activation, a_min, a_max, **conv):
+    y = numerics.conv2d(x, w, **conv)
+    y = ((y + b).astype(y.dtype, copy=False) + r).astype(y.dtype, copy=False)
+    return _activate(y, activation, a_min, a_max)
+
+
+def _unfuse_conv_add(args: tuple[Expr, ...], attrs) -> Expr:
+    y = _unfuse("nn.conv2d", CONV_NAMES)(args[:3], dict(attrs, activation="none"))
+    y = Call(op=get_op("add"), args=(y, args[3]))
+    for name, act_attrs in epilogue_calls(attrs):
+        y = Call(op=get_op(name), args=(y,), attrs=freeze_attrs(act_attrs))
+    return y
+
+
+def _conv_add_to_onnx(ex, node, ins):
+    """The convolution with its bias (``_conv_to_onnx``), Add of the residual, then the
+    activation."""
+    plain = Call(op=get_op("fused.conv2d"), args=node.args[:3],
+                 attrs=freeze_attrs(dict(node.attrs, activation="none")))
+    y = ex.emit("Add", [_conv_to_onnx(ex, plain, ins[:3]), ins[3]])
+    return write_epilogue(ex, y, node.attrs)
+
+
+register(OpDef(
+    "fused.conv2d_add", inputs=("data", "weight", "bias", "residual"),
+    props=frozenset({COMPUTE, FUSED}),
+    kernel="eqquant.runtime.bindings:Conv2DAdd", channels_last=conv_channels_last,
+    onnx=(OnnxForm("Conv", reads=False, export=_conv_add_to_onnx),),
+    attrs=CONV2D_ATTRS + EPILOGUE_ATTRS, type_rel=_conv_add_rel,
+    semantics=_conv_add_semantics, unfuse=_unfuse_conv_add,
+    flops=lambda ins, out, attrs: conv2d_flops(ins, out, attrs) + out.size,
+    doc="activation(conv2d(data, weight) + bias + residual): a convolution whose epilogue "
+        "adds a residual (a ResNet block's shortcut) before the activation"))

@@ -34,7 +34,8 @@ INT8_RULES = ("simplify", "quantize")
 # the extracted program: the interchange program stays NCHW for ONNX and TVM); the float
 # fusions first, so that a convolution an earlier extraction left apart from its bias (two
 # timings within their noise) is found fused again, and laid out as such; the residual sums
-# last, so that they join the channel-last convolutions the layout rules wrote
+# (rules/residual.rules) last, so that they join the channel-last convolutions the layout
+# rules wrote
 LAYOUT_RULES = ("fusion", "layout", "residual")
 
 

@@ -120,13 +120,14 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
             if whole > ob0:
                 _gemm_requantize(rows, kp, packed, ob0, whole, out[b, p0:], n, params, lo,
                                  hi)
-            if whole < ob1:
-                cols = (ob1 - whole) * BLOCK
+            rest = max(ob0, whole)      # the blocks finished through memory
+            if rest < ob1:
+                cols = (ob1 - rest) * BLOCK
                 acc = np.empty((n, cols), np.int32)
-                gemm_block(rows.ctypes.data, kp, packed.ctypes.data + whole * kq * PANEL,
-                           acc.ctypes.data, cols, 0, n, kq, ob1 - whole)
-                _finish(acc, min(cols, o_n - whole * BLOCK), params, lo, hi, whole * BLOCK,
-                        p0, out[b])
+                gemm_block(rows.ctypes.data, kp, packed.ctypes.data + rest * kq * PANEL,
+                           acc.ctypes.data, cols, 0, n, kq, ob1 - rest)
+                _finish(acc, min(cols, o_n - rest * BLOCK), params, lo, hi, rest * BLOCK, p0,
+                        out[b])
             if res.shape[0]:
                 add_tile(out[b], res[b], p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo,
                          hi)

@@ -20,7 +20,7 @@ from numba.np.ufunc import parallel as _pool
 from ..core.types import TensorType, Type
 from ..ops.fused import epilogue_bounds
 from ..ops.numerics import from_nchw, to_nchw, to_oihw
-from ..ops.registry import IDENTITY
+from ..ops.registry import IDENTITY, get_op
 from . import kernels_fp32 as k
 from . import memory
 from .serial import sized
@@ -245,13 +245,16 @@ class Conv2D(_Spatial):
                                            self.pt, self.pl, self.dh, self.dw, self.lo,
                                            self.hi, res)
 
-    def _fma_call(self, nhwc, out):
-        """(the FMA kernel, its arguments) on a channel-last batch into out (N, oh, ow, O)."""
+    def _fma_call(self, nhwc, out, residual=None):
+        """(the FMA kernel, its arguments) on a channel-last batch into out (N, oh, ow, O),
+        plus ``residual`` (shaped as out) summed in before the activation
+        (fused.conv2d_add's)."""
         n, oh, ow, o = out.shape
+        flat = out.reshape(n, oh * ow, o)
+        res = _NO_RESIDUAL if residual is None else residual.reshape(flat.shape)
         return self.fma.conv, (nhwc, self.kh, self.kw, self.sh, self.sw, self.pt, self.pl,
                                self.dh, self.dw, oh, ow, self.packed, self.bias_vec,
-                               np.float32(self.lo), np.float32(self.hi),
-                               out.reshape(n, oh * ow, o), threads())
+                               np.float32(self.lo), np.float32(self.hi), flat, threads(), res)
 
     def prepare(self, ins, out):
         """The kernel's entry point bound to this site's arrays, where it reads them as they
@@ -283,7 +286,7 @@ class Conv2D(_Spatial):
             self.fma.conv(x, self.kh, self.kw,
                           self.sh, self.sw, self.pt, self.pl, self.dh, self.dw, oh, ow,
                           self.packed, self.bias_vec, np.float32(self.lo), np.float32(self.hi),
-                          res.reshape(n, oh * ow, o), threads())
+                          res.reshape(n, oh * ow, o), threads(), _NO_RESIDUAL)
             move_into(res, out, to_last=False)
             return
         w = self.w if self.w is not None else self._pack(ins[1])
@@ -316,6 +319,55 @@ class Conv2D(_Spatial):
 
 
 _SCRATCH: list[np.ndarray] = [np.empty(0, np.float32)]
+# the FMA convolution's residual operand where it has none
+_NO_RESIDUAL = np.zeros((0, 0, 0), np.float32)
+
+
+class Conv2DAdd(Conv2D):
+    """fused.conv2d_add: Conv2D's kernels for the convolution and its bias. On the FMA kernel
+    at a channel-last call site, a residual of the output's shape is summed into each finished
+    tile while it is in cache, then the activation taken (``fma._add_tile``); elsewhere
+    (depthwise, the BLAS path, NCHW, a residual that broadcasts) the convolution runs as
+    fused.conv2d does, then the sum and the activation follow."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        conv_attrs = dict(attrs, activation="none")
+        self.conv_type = get_op("fused.conv2d").type_rel(in_types[:3], conv_attrs)
+        super().__init__(op, conv_attrs, in_types[:3], self.conv_type, consts)
+        self.act_lo, self.act_hi = epilogue_bounds(attrs)
+        self.in_gemm = (self.nhwc and self.taps is None and self.fma is not None and
+                        in_types[3] == out_type == self.conv_type)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        conv_type = get_op("fused.conv2d").type_rel(in_types[:3], dict(attrs))
+        return (super().supports(op, attrs, in_types[:3], conv_type, consts) and
+                _is_f32(in_types[3], out_type))
+
+    def _fma_call(self, nhwc, out, residual=None):
+        kernel, args = super()._fma_call(nhwc, out, residual)
+        if residual is None:
+            return kernel, args
+        # the activation after the sum: the kernel's bounds are the activation's
+        return kernel, args[:13] + (np.float32(self.act_lo), np.float32(self.act_hi)) + \
+            args[15:]
+
+    def prepare(self, ins, out):
+        if self.in_gemm and ins[0].flags.c_contiguous:
+            return bound(*self._fma_call(ins[0], out, ins[3]))
+        return functools.partial(self, ins, out)
+
+    def __call__(self, ins, out):
+        if self.in_gemm:
+            kernel, args = self._fma_call(np.ascontiguousarray(ins[0]), out, ins[3])
+            kernel(*args)
+            return
+        conv = out if self.conv_type == self.out_type else self.scratch(
+            "conv", self.conv_type.shape, np.float32)
+        super().__call__(ins[:3], conv)
+        np.add(conv, ins[3], out=out)
+        if self.act_lo > -np.inf or self.act_hi < np.inf:
+            np.clip(out, self.act_lo, self.act_hi, out=out)
 
 
 def _scratch(shape: tuple[int, int]) -> np.ndarray:
@@ -365,7 +417,7 @@ class Dense(Binding):
             n = x.shape[0]
             self.fma.conv(x.reshape(1, 1, n, -1), 1, 1, 1, 1, 0, 0, 1, 1, 1, n, self.packed,
                           self.bias, np.float32(self.lo), np.float32(self.hi),
-                          out.reshape(1, n, -1), threads())
+                          out.reshape(1, n, -1), threads(), _NO_RESIDUAL)
             return
         np.matmul(ins[0], self.wt, out=out)
         out += self.bias

@@ -151,15 +151,30 @@ def _finish(acc, bias, lo, hi, o0, cols, p0, out):
             dst[o] = clamp(a[o] + b[o], lo, hi)
 
 
+@njit(cache=True)
+def _add_tile(out, res, p0, n, c0, c1, lo, hi):
+    """out[p0:p0 + n, c0:c1] = clamp(out + res, lo, hi) on the same tile of ``res``: a
+    residual summed into a finished tile while it is in cache (fused.conv2d_add: the sum,
+    then the activation)."""
+    w = c1 - c0
+    for r in range(n):
+        o = out[p0 + r, c0:c1]
+        q = res[p0 + r, c0:c1]
+        for j in range(w):
+            o[j] = clamp(o[j] + q[j], lo, hi)
+
+
 @njit(parallel=True, cache=True)
-def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, out, threads):
+def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, out, threads, res):
     """A float convolution of a batch in one parallel region: nhwc (N, H, W, C) float32 ->
     out (N, oh*ow, O), channel-last (an NCHW call site moves it). Work items are chunks of
     one image's pixels, and of output blocks where the batch gives few chunks
     (``work_split``); each gathers its pixels' windows into rows (a 1x1 convolution with
     stride 1 and no padding multiplies the image's own rows; a lone image split by channel
     groups has them gathered once, before), multiplies them and finishes them (bias, clamp
-    to [lo, hi], write)."""
+    to [lo, hi], write). With a residual ``res`` (shaped as out; (0, 0, 0): none) the
+    finished tile (its bias added) is summed with the residual's, then clamped
+    (``_add_tile``)."""
     images, p_n = nhwc.shape[0], oh * ow
     o_n = out.shape[2]
     oblocks, k, block = packed.shape[0], packed.shape[1], packed.shape[2]
@@ -170,6 +185,10 @@ def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, out
     # one image split by channel groups too: its windows gathered once (``shared_windows``)
     shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p_n,
                             groups, k)
+    residual = res.shape[0] > 0
+    # the activation after the residual's sum: none in the GEMM's epilogue then
+    f_lo = np.float32(-np.inf) if residual else lo
+    f_hi = np.float32(np.inf) if residual else hi
     for item in prange(images * chunks * groups):
         b, chunk, g = work_item(item, chunks, groups)
         p0, p1 = chunk_bounds(p_n, chunks, chunk)
@@ -191,12 +210,13 @@ def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, out
         whole = ob1 if o_n % (block // 2) == 0 else min(ob1, o_n // block)
         if whole > ob0:
             _sgemm_finish(rows.ctypes.data, k, packed, ob0, whole,
-                          out[b, p0:].ctypes.data + ob0 * block * 4, o_n, n, bias, lo, hi)
-            ob0 = whole
-        if ob0 >= ob1:
-            continue
-        width = (ob1 - ob0) * block
-        acc = np.empty((n, width), np.float32)
-        _sgemm(rows.ctypes.data, k, packed, ob0, ob1, acc.ctypes.data, width, n)
-        o0 = ob0 * block
-        _finish(acc, bias, lo, hi, o0, min(width, o_n - o0), p0, out[b])
+                          out[b, p0:].ctypes.data + ob0 * block * 4, o_n, n, bias, f_lo, f_hi)
+        rest = max(ob0, whole)      # the blocks finished through memory
+        if rest < ob1:
+            width = (ob1 - rest) * block
+            acc = np.empty((n, width), np.float32)
+            _sgemm(rows.ctypes.data, k, packed, rest, ob1, acc.ctypes.data, width, n)
+            o0 = rest * block
+            _finish(acc, bias, f_lo, f_hi, o0, min(width, o_n - o0), p0, out[b])
+        if residual:
+            _add_tile(out[b], res[b], p0, n, ob0 * block, min(ob1 * block, o_n), lo, hi)
