@@ -4,7 +4,6 @@ the qnn.add it stands for on every int8 path, and its type, export and fallbacks
 from __future__ import annotations
 
 import itertools
-import os
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from eqquant.ir.params import bind_params
 from eqquant.ir.parser import parse
 from eqquant.ir.typecheck import check_module
 from eqquant.runtime.executor import Executor
+from kernel_paths import forced_int8_path, int8_paths
 
 
 _NAMES = itertools.count()
@@ -82,7 +82,6 @@ def test_a_fused_residual_sum_gives_the_bits_of_the_sum_on_every_path(
     convolution elsewhere (NCHW, the portable path, a residual scale 77 times the sum's:
     multipliers past the int32 split)."""
     from eqquant.quant.flow import compile_layouts
-    from eqquant.runtime.bindings_int8 import PATHS, path_available
     rng = np.random.default_rng(seed)
     lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
     shape = (batch, size, size, c) if layout == "NHWC" else (batch, c, size, size)
@@ -104,24 +103,15 @@ def test_a_fused_residual_sum_gives_the_bits_of_the_sum_on_every_path(
           "r": rng.integers(lo, hi, rshape).astype(dtype)}
     want = run(unfused, xs)
     np.testing.assert_array_equal(run(fused, xs), want)
-    old = os.environ.get("EQQUANT_INT8_KERNEL")
-    try:
-        for path in PATHS:
-            if not path_available(path):
-                continue
-            os.environ["EQQUANT_INT8_KERNEL"] = path
+    for path in int8_paths():
+        with forced_int8_path(path):
             ex = Executor(fused)
             step = next(st_ for st_ in ex.steps if st_.label == "fused.qconv2d_add")
             # in the tile on a SIMD path where the layout phase left the sum channel-last
             # and the multipliers split; otherwise the convolution, then the sum
-            assert step.fn.in_tile == (step.fn.conv.simd is not None and step.fn.channels_last
-                                       and ratio / 1.3 < 64)
+            assert step.fn.in_tile == (step.fn.conv.simd is not None and
+                                       step.fn.channels_last and ratio / 1.3 < 64)
             np.testing.assert_array_equal(ex.run(xs), want)
-    finally:
-        if old is None:
-            os.environ.pop("EQQUANT_INT8_KERNEL", None)
-        else:
-            os.environ["EQQUANT_INT8_KERNEL"] = old
 
 
 def _residual_block(method):

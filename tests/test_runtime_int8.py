@@ -8,6 +8,7 @@ from eqquant.ir.builder import Builder
 from eqquant.ir.interp import run
 from eqquant.ir.params import bind_params
 from eqquant.runtime.executor import Executor
+from kernel_paths import forced_int8_path, int8_paths
 
 cases = st.fixed_dictionaries({
     "c": st.integers(1, 5), "o": st.integers(1, 5), "hw": st.integers(4, 9),
@@ -224,16 +225,8 @@ def test_portable_int8_dense_is_bit_exact(n, k, units, unsigned, zx, per_unit, s
     """EQQUANT_INT8_KERNEL=portable: the dot-product kernel (``dense_i8``), its image less
     the zero point in 16 bits, or in 32 where a zero point far outside the data's range
     would overflow them; long rows (the vectorized loop and its remainder), sums that wrap."""
-    import os
-    before = os.environ.get("EQQUANT_INT8_KERNEL")
-    os.environ["EQQUANT_INT8_KERNEL"] = "portable"   # (hypothesis: no monkeypatch fixture)
-    try:
+    with forced_int8_path("portable"):
         _check_dense(n, k, units, unsigned, zx - (128 if unsigned else 0), per_unit, seed)
-    finally:
-        if before is None:
-            del os.environ["EQQUANT_INT8_KERNEL"]
-        else:
-            os.environ["EQQUANT_INT8_KERNEL"] = before
 
 
 def _check_dense(n, k, units, unsigned, zx, per_unit, seed):
@@ -444,8 +437,6 @@ def test_fused_int8_convolutions_of_any_width_are_bit_exact_on_every_path(
     channel-last, on every path the CPU has, against the integer reference; images of 192 to
     484 pixels make too few chunks to share out, and are split by channel blocks too; the
     images of a batch are work items of one kernel call."""
-    import os
-    from eqquant.runtime.bindings_int8 import PATHS, path_available
     rng = np.random.default_rng(seed)
     lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
     b = Builder()
@@ -466,18 +457,9 @@ def test_fused_int8_convolutions_of_any_width_are_bit_exact_on_every_path(
     bound = bind_params(*b.finish(y))
     xs = {"x": rng.integers(lo, hi, _image_in(layout, (batch, c, size, size))).astype(dtype)}
     want = run(bound, xs)
-    old = os.environ.get("EQQUANT_INT8_KERNEL")
-    try:
-        for path in PATHS:
-            if not path_available(path):
-                continue
-            os.environ["EQQUANT_INT8_KERNEL"] = path
+    for path in int8_paths():
+        with forced_int8_path(path):
             np.testing.assert_array_equal(Executor(bound).run(xs), want)
-    finally:
-        if old is None:
-            os.environ.pop("EQQUANT_INT8_KERNEL", None)
-        else:
-            os.environ["EQQUANT_INT8_KERNEL"] = old
 
 
 @settings(max_examples=25, deadline=None)

@@ -25,7 +25,7 @@ from .gather import (SMALL, _chunk_windows, _rows, block_shares, share_item,
 from .gather import windows, work_item  # noqa: F401
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
 from .vnni import requantize_params  # noqa: F401
-from .kernels_int8 import add_tile
+from .kernels_int8 import add_residual
 from .vnni import _finish, pack_panels
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
@@ -144,9 +144,7 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
                        acc.ctypes.data, cols, 0, n, kq, ob1 - ob0)
             _finish(acc, min(cols, o_n - ob0 * BLOCK), params, lo, hi, ob0 * BLOCK, p0,
                     out[b])
-            if res.shape[0]:
-                add_tile(out[b], res[b], p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo,
-                         hi)
+            add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
     else:
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         rows16 = np.empty((p_n, kp), np.int16)
@@ -159,6 +157,5 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
                        acc.ctypes.data, BLOCK, 0, q1 - q0, kq, 1)
             _finish(acc, min(BLOCK, o_n - ob * BLOCK), params, lo, hi, ob * BLOCK, q0,
                     out[0])
-            if res.shape[0]:
-                add_tile(out[0], res[0], q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n),
-                         add, lo, hi)
+            add_residual(out, res, 0, q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n), add,
+                         lo, hi)

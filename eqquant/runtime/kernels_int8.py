@@ -277,6 +277,14 @@ RESIDUAL_PARAMS = ("za", "zb", "ah", "al", "bh", "bl", "zo")
 
 
 @njit(cache=True)
+def add_residual(out, res, b, p0, n, c0, c1, add, lo, hi):
+    """``add_tile`` on image b's tile where the convolution has a residual (``res`` of a
+    convolution without one: (0, 0, 0)): the SIMD drivers' last step of a work item."""
+    if res.shape[0]:
+        add_tile(out[b], res[b], p0, n, c0, c1, add, lo, hi)
+
+
+@njit(cache=True)
 def add_tile(out, res, p0, n, c0, c1, add, lo, hi):
     """out[p0:p0 + n, c0:c1] (8-bit, (P, O)) summed in place with the same tile of ``res``
     as ``qadd_once_split`` sums (out the lhs; ``add``: RESIDUAL_PARAMS): the residual sum of

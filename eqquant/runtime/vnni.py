@@ -25,7 +25,7 @@ from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel
 
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, windows, work_split  # noqa: F401
 from .gather import block_shares, share_item, shared_windows, work_item
-from .kernels_int8 import add_tile, epilogue_params, requantize_rows
+from .kernels_int8 import add_residual, epilogue_params, requantize_rows
 from . import memory
 
 BLOCK = 64  # output channels per register block (4 x 16 lanes)
@@ -232,9 +232,7 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
                            acc.ctypes.data, cols, 0, n, kq, ob1 - rest)
                 _finish(acc, min(cols, o_n - rest * BLOCK), params, lo, hi, rest * BLOCK, p0,
                         out[b])
-            if res.shape[0]:
-                add_tile(out[b], res[b], p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo,
-                         hi)
+            add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
     else:
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
         shares = block_shares(p_n, oblocks, threads)
@@ -248,6 +246,5 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
                 gemm_block(rows[q0:].ctypes.data, kp, packed.ctypes.data + ob * kq * 256,
                            acc.ctypes.data, 64, 0, q1 - q0, kq, 1)
                 _finish(acc, min(64, o_n - ob * 64), params, lo, hi, ob * 64, q0, out[0])
-            if res.shape[0]:
-                add_tile(out[0], res[0], q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n),
-                         add, lo, hi)
+            add_residual(out, res, 0, q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n), add,
+                         lo, hi)
