@@ -211,12 +211,14 @@ def _float_block(rng, c, size, first, act):
     y = b.call("add", y, r) if first else b.call("add", r, y)
     if act == "relu":
         y = b.call("nn.relu", y)
+    elif act == "clip":     # (a float clip commutes with a layout change: rules/layout.rules)
+        y = b.call("clip", y, a_min=-0.5, a_max=1.5)
     return b.finish(y)
 
 
 @pytest.mark.parametrize("path", ["fma", "avx512", "blas"])
 @pytest.mark.parametrize("c, first, act", [(64, True, "relu"), (40, False, "none"),
-                                           (24, False, "relu")])
+                                           (24, False, "relu"), (24, True, "clip")])
 def test_a_float_residual_sum_joins_the_convolution(monkeypatch, path, c, first, act):
     """add(conv, r) then relu (a ResNet block's end) is one fused.conv2d_add in the layout
     phase, the convolution either operand; it computes the unfused program's numbers (the
@@ -233,7 +235,7 @@ def test_a_float_residual_sum_joins_the_convolution(monkeypatch, path, c, first,
     fused = compile_layouts(plain).module
     calls = [n for n in post_order(fused.main.body) if isinstance(n, Call)]
     ops = [n.op_name for n in calls]
-    assert ops.count("fused.conv2d_add") == 1 and "add" not in ops and "nn.relu" not in ops
+    assert ops.count("fused.conv2d_add") == 1 and not {"add", "nn.relu", "clip"} & set(ops)
     (conv,) = [n for n in calls if n.op_name == "fused.conv2d_add"]
     assert conv.attrs["activation"] == act and conv.attrs["data_layout"] == "NHWC"
     xs = {"x": rng.normal(size=(2, c, 9, 9)).astype(np.float32)}
@@ -242,8 +244,9 @@ def test_a_float_residual_sum_joins_the_convolution(monkeypatch, path, c, first,
     assert step.fn.in_gemm == (path != "blas")
     got = ex.run(xs)
     np.testing.assert_array_equal(got, Executor(plain).run(xs))
-    want = run(plain, xs)      # (the reference sums in another order: float32 rounding)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    # (the reference sums in another order: float32 rounding of sums in the hundreds)
+    want = run(plain, xs)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=max(2e-3, 1e-5 * np.abs(want).max()))
 
 
 def test_a_float_residual_that_broadcasts_is_summed_after_the_convolution():
