@@ -267,3 +267,25 @@ def test_a_float_residual_that_broadcasts_is_summed_after_the_convolution():
     got = ex.run(xs)
     assert (got == 0).any() and (got > 0).any()
     np.testing.assert_allclose(got, run(mod, xs), rtol=1e-4, atol=1e-4)
+
+
+def test_the_float_fused_sum_exports_to_onnx_and_onnx_runtime_agrees():
+    """fused.conv2d_add exports as Conv (its bias inside), Add of the residual, Relu: ONNX
+    Runtime computes the same numbers to float32 rounding."""
+    ort = pytest.importorskip("onnxruntime")
+    from eqquant.interop.onnx_export import to_onnx
+    rng = np.random.default_rng(5)
+    b = Builder()
+    x, r = b.input("x", (1, 8, 6, 6)), b.input("r", (1, 8, 6, 6))
+    y = b.call("fused.conv2d_add", x, _p(b, rng.normal(size=(8, 8, 3, 3)).astype("f4")),
+               _p(b, rng.normal(size=(8, 1, 1)).astype("f4")), r, padding=[1, 1, 1, 1],
+               activation="relu")
+    mod = bind_params(*b.finish(y))
+    model = to_onnx(mod)
+    assert [n.op_type for n in model.graph.node] == ["Conv", "Add", "Relu"]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    xs = {k: rng.normal(size=(1, 8, 6, 6)).astype(np.float32) for k in "xr"}
+    got = sess.run(None, xs)[0]
+    want = Executor(mod).run(xs)
+    assert (want == 0).any() and (want > 0).any()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

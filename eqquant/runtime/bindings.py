@@ -245,16 +245,17 @@ class Conv2D(_Spatial):
                                            self.pt, self.pl, self.dh, self.dw, self.lo,
                                            self.hi, res)
 
-    def _fma_call(self, nhwc, out, residual=None):
+    def _fma_call(self, nhwc, out, residual=None, bounds=None):
         """(the FMA kernel, its arguments) on a channel-last batch into out (N, oh, ow, O),
-        plus ``residual`` (shaped as out) summed in before the activation
-        (fused.conv2d_add's)."""
+        plus ``residual`` (shaped as out) summed in before the activation's clamp to
+        ``bounds`` (fused.conv2d_add's; default: this op's own)."""
         n, oh, ow, o = out.shape
         flat = out.reshape(n, oh * ow, o)
         res = _NO_RESIDUAL if residual is None else residual.reshape(flat.shape)
+        lo, hi = (self.lo, self.hi) if bounds is None else bounds
         return self.fma.conv, (nhwc, self.kh, self.kw, self.sh, self.sw, self.pt, self.pl,
                                self.dh, self.dw, oh, ow, self.packed, self.bias_vec,
-                               np.float32(self.lo), np.float32(self.hi), flat, threads(), res)
+                               np.float32(lo), np.float32(hi), flat, threads(), res)
 
     def prepare(self, ins, out):
         """The kernel's entry point bound to this site's arrays, where it reads them as they
@@ -334,7 +335,8 @@ class Conv2DAdd(Conv2D):
         conv_attrs = dict(attrs, activation="none")
         self.conv_type = get_op("fused.conv2d").type_rel(in_types[:3], conv_attrs)
         super().__init__(op, conv_attrs, in_types[:3], self.conv_type, consts)
-        self.act_lo, self.act_hi = epilogue_bounds(attrs)
+        # the activation, after the sum (the convolution's own clamp is none)
+        self.act_bounds = self.act_lo, self.act_hi = epilogue_bounds(attrs)
         self.in_gemm = (self.nhwc and self.taps is None and self.fma is not None and
                         in_types[3] == out_type == self.conv_type)
 
@@ -344,22 +346,15 @@ class Conv2DAdd(Conv2D):
         return (super().supports(op, attrs, in_types[:3], conv_type, consts) and
                 _is_f32(in_types[3], out_type))
 
-    def _fma_call(self, nhwc, out, residual=None):
-        kernel, args = super()._fma_call(nhwc, out, residual)
-        if residual is None:
-            return kernel, args
-        # the activation after the sum: the kernel's bounds are the activation's
-        return kernel, args[:13] + (np.float32(self.act_lo), np.float32(self.act_hi)) + \
-            args[15:]
-
     def prepare(self, ins, out):
         if self.in_gemm and ins[0].flags.c_contiguous:
-            return bound(*self._fma_call(ins[0], out, ins[3]))
+            return bound(*self._fma_call(ins[0], out, ins[3], self.act_bounds))
         return functools.partial(self, ins, out)
 
     def __call__(self, ins, out):
         if self.in_gemm:
-            kernel, args = self._fma_call(np.ascontiguousarray(ins[0]), out, ins[3])
+            kernel, args = self._fma_call(np.ascontiguousarray(ins[0]), out, ins[3],
+                                          self.act_bounds)
             kernel(*args)
             return
         conv = out if self.conv_type == self.out_type else self.scratch(

@@ -14,6 +14,7 @@ from ..core.types import TensorType
 from ..ops.fused import epilogue_bounds
 from ..ops.fixed_point import quantize_multiplier
 from ..ops.numerics import qrange
+from ..ops.registry import get_op
 from . import memory
 from .bindings import (Binding, _per_channel, _per_channel_last, bound, move_into, moved,
                        threads)
@@ -627,7 +628,6 @@ class FusedQConv2DAdd(FusedQConv2D):
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types[:11], out_type, consts)
-        from ..ops.registry import get_op
         # the sum: qnn.add(conv, residual, sa, za, sr, zr, so, zo, method="once")
         self.add = QAdd(get_op("qnn.add"), {"method": "once"}, [out_type, *in_types[11:]],
                         out_type, {i - 10: v for i, v in consts.items() if i >= 12})
@@ -635,7 +635,7 @@ class FusedQConv2DAdd(FusedQConv2D):
         self.in_tile = (self.channels_last and self.conv.simd is not None and
                         a.split is not None)
         if self.in_tile:
-            self.residual_params = np.array([a.za, a.zb, *a.split, a.zo], np.int32)
+            self.residual_params = self.k8.residual_params(a.za, a.zb, a.split, a.zo)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:

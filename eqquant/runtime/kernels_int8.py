@@ -272,8 +272,10 @@ def qadd_once_split(a, za, b, zb, ah, al, bh, bl, zo, lo, hi, out):
         out[i] = min(max(_sum_once(a[i], b[i], za, zb, ah, al, bh, bl, c), lo32), hi32)
 
 
-# the residual sum of ``add_tile``: its int32 parameters, in this order
-RESIDUAL_PARAMS = ("za", "zb", "ah", "al", "bh", "bl", "zo")
+def residual_params(za: int, zb: int, split: tuple, zo: int) -> np.ndarray:
+    """``add_tile``'s parameters, in the order it reads them: the two zero points, the split
+    multipliers (``split_multipliers``), the output zero point."""
+    return np.array([za, zb, *split, zo], np.int32)
 
 
 @njit(cache=True)
@@ -287,7 +289,7 @@ def add_residual(out, res, b, p0, n, c0, c1, add, lo, hi):
 @njit(cache=True)
 def add_tile(out, res, p0, n, c0, c1, add, lo, hi):
     """out[p0:p0 + n, c0:c1] (8-bit, (P, O)) summed in place with the same tile of ``res``
-    as ``qadd_once_split`` sums (out the lhs; ``add``: RESIDUAL_PARAMS): the residual sum of
+    as ``qadd_once_split`` sums (out the lhs; ``add``: ``residual_params``): the residual sum of
     a fused convolution (fused.qconv2d_add), taken on each work item's tile as it is
     finished, while it is in cache."""
     za, zb, ah, al, bh, bl = add[0], add[1], add[2], add[3], add[4], add[5]
