@@ -79,6 +79,79 @@ def test_the_narrowed_epilogue_gives_the_full_epilogues_bits(chans, zin, out_ran
         assert _narrowed(params, acc[r]) == [int(b) & 0xFF for b in full[r]], r
 
 
+def _emitted_epilogue(pairs: bool):
+    """``run(sums, table, out, lo, hi)``: 8 int32 sums through the epilogue as the kernels
+    emit it (``requantize_ir.with_epilogue``, narrowed as ``_narrowed_pairs`` or as
+    ``_narrowed_vector``), into 8 bytes."""
+    from numba import njit, types
+    from numba.extending import intrinsic
+    from eqquant.runtime.requantize_ir import with_epilogue
+
+    @intrinsic
+    def epilogue(typingctx, sums, table, stride, out, lo, hi):
+        def codegen(context, builder, signature, args):
+            from llvmlite import ir
+            s, t, stride_, o, lo_, hi_ = args
+            v = builder.load(builder.inttoptr(s, ir.VectorType(ir.IntType(32), 8).as_pointer()),
+                             align=4)
+
+            def body(bc, requantize):
+                r = requantize(bc, v)
+                bc.store(r, bc.inttoptr(o, r.type.as_pointer()), align=1)
+            with_epilogue(builder, builder.inttoptr(t, ir.IntType(8).as_pointer()), stride_,
+                          ir.Constant(ir.IntType(64), 0), 8, lo_, hi_, body, pairs=pairs)
+            return context.get_dummy_value()
+        return types.void(*[types.intp] * 4, types.int64, types.int64), codegen
+
+    @njit
+    def run(sums, table, out, lo, hi):
+        epilogue(sums.ctypes.data, table.ctypes.data, table.shape[1], out.ctypes.data, lo, hi)
+    return run
+
+
+_EMITTED = {}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(channel, min_size=1, max_size=8), st.integers(-128, 255),
+       st.sampled_from([(0, 255), (-128, 127), (3, 100), (-100, -2)]), st.integers(-128, 255),
+       st.sampled_from([255 * 128 * 9, 255 * 128 * 4608, 2 ** 30]), st.integers(0, 2 ** 32))
+@example([{"multiplier": 2 ** 31 - 1, "shift": -22, "bias": 0, "clamp": (-2 ** 40, 2 ** 40)}],
+         0, (-128, 127), -128, 2 ** 30, 3)          # a rounding shift of 53 bits, signed
+def test_the_emitted_epilogue_gives_the_references_bits(chans, zin, out_range, zout, bound,
+                                                         seed):
+    """The epilogue as the kernels emit it, the narrowed one in either form (the pairs of
+    int32 lanes that CPUs without AVX-512 take, and the 64-bit lanes), and the full one,
+    equals ``requantize_rows``'s bits on sums at the ends of [-bound, bound], around the
+    narrowed clamp's bounds and between."""
+    lo, hi = out_range
+    zout = min(max(zout, lo), hi)
+    cols = [i % len(chans) for i in range(8)]
+    chans = [chans[i] for i in cols]
+    params = epilogue_params(
+        np.array([c["bias"] for c in chans], np.int64),
+        np.array([c["clamp"][0] for c in chans], np.int64),
+        np.array([c["clamp"][1] for c in chans], np.int64),
+        np.array([c["multiplier"] for c in chans], np.int64),
+        np.array([c["shift"] for c in chans], np.int64), zin, zout, lo, hi, bound)
+    rng = np.random.default_rng(seed)
+    rows = [np.full(8, -bound), np.full(8, bound), np.zeros(8, np.int64)]
+    for edge in (FLO, FHI):
+        for d in (-1, 0, 1):
+            rows.append(np.clip(params[edge] - params[ADD] + d, -bound, bound))
+    rows += list(rng.integers(-bound, bound + 1, (8, 8)))
+    acc = np.array(rows, np.int64).astype(np.int32)
+    dtype = np.uint8 if lo >= 0 else np.int8
+    want = np.zeros(acc.shape, dtype)
+    requantize_rows(acc, params, 0, 8, lo, hi, want, 0, 0)
+    for pairs in (True, False):
+        run = _EMITTED.setdefault(pairs, _emitted_epilogue(pairs))
+        for r in range(len(acc)):
+            got = np.zeros(8, dtype)
+            run(np.ascontiguousarray(acc[r]), params, got, lo, hi)
+            np.testing.assert_array_equal(got, want[r], err_msg=f"pairs={pairs}, row {r}")
+
+
 def test_the_usual_layer_takes_the_narrowed_epilogue():
     """A convolution scaled below 1, with a small bias, takes the narrowed epilogue (the
     property above would hold vacuously if none did)."""

@@ -86,13 +86,59 @@ def _narrowed_vector(bc, sums, constants):
     return bc.trunc(bc.ashr(p, total), ir.VectorType(ir.IntType(8), w64.count))
 
 
-def with_epilogue(bc, table, stride, col, n: int, lo, hi, body):
+def _narrowed_pairs(bc, sums, constants, lo):
+    """``_narrowed_vector`` for CPUs without AVX-512 (``with_epilogue`` chooses it there),
+    the same bits: AVX2 has no arithmetic shift of 64-bit lanes (LLVM emulates one in three
+    instructions a vector) and no narrowing of 64-bit lanes to bytes (a chain of packs), so
+
+    - the products are taken on the int32 lanes in place, the even ones and the odd ones
+      (one ``vpmuldq`` each, no widening of the sums first);
+    - the offset is moved by -lo * 2^TOTAL, which makes every sum nonnegative, so the
+      shift is logical (``vpsrlvq``): v in [FLO, FHI] gives lo <= (v * FMULT + FOFFSET) >>
+      TOTAL <= hi (``kernels_int8._narrowed``), so 0 <= v * FMULT + FOFFSET - lo * 2^TOTAL
+      < (hi - lo + 1) * 2^TOTAL <= 2^62 (TOTAL <= 53), and the shift gives out - lo in
+      [0, 255];
+    - the odd results are shifted up into the even ones' zero upper halves (one int32
+      vector in order), their low bytes taken by one byte shuffle, and lo added back in
+      8-bit lanes (out - lo + lo wraps to out's byte, signed or not)."""
+    from llvmlite import ir
+    add, f_lo, f_hi, f_mult, f_offset, total = constants
+    n = sums.type.count
+    i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+    half = ir.VectorType(i64, n // 2)
+    c32 = ir.Constant(half, [32] * (n // 2))
+    even = list(range(0, n, 2))
+    odd = list(range(1, n, 2))
+
+    def pick(v, lanes):
+        return bc.shuffle_vector(v, ir.Constant(v.type, ir.Undefined),
+                                 ir.Constant(ir.VectorType(i32, len(lanes)), lanes))
+    v = _clamp(bc, bc.add(sums, add), f_lo, f_hi)
+    v2, m2 = bc.bitcast(v, half), bc.bitcast(f_mult, half)
+    # (sign-extended in place: LLVM takes a product of two such for one vpmuldq)
+    low = lambda x: bc.ashr(bc.shl(x, c32), c32)  # noqa: E731
+    products = (bc.mul(low(v2), low(m2)), bc.mul(bc.ashr(v2, c32), bc.ashr(m2, c32)))
+    from .llvm_loops import splat
+    moved = bc.sub(f_offset, bc.shl(splat(bc, lo, f_offset.type), total))
+    shifted = [bc.lshr(bc.add(prod, pick(moved, lanes)), pick(total, lanes))
+               for prod, lanes in zip(products, (even, odd))]
+    both = bc.or_(shifted[0], bc.shl(shifted[1], c32))
+    out = pick(bc.bitcast(both, ir.VectorType(i8, 4 * n)), list(range(0, 4 * n, 4)))
+    return bc.add(out, splat(bc, bc.trunc(lo, i8), out.type))
+
+
+def with_epilogue(bc, table, stride, col, n: int, lo, hi, body, pairs: bool | None = None):
     """Emit ``body(bc, requantize)`` under a branch on the layer's row FAST, with builder
     ``bc``: ``requantize(bc, sums)`` gives the 8-bit values of a vector of n int32 sums of
     the channels col..col+n, by the narrowed epilogue where the layer has it, else the full
     one, from constants loaded once before ``body`` (``table``: as for ``load_constants``;
-    ``lo``, ``hi`` i64). ``body`` is emitted twice, once in each branch."""
+    ``lo``, ``hi`` i64). ``body`` is emitted twice, once in each branch. The narrowed
+    epilogue is emitted as ``_narrowed_pairs`` where ``pairs`` says so (by default on a CPU
+    without AVX-512, for an even n), else as ``_narrowed_vector``."""
     from llvmlite import ir
+    from .llvm_loops import cpu_has
+    if pairs is None:
+        pairs = n % 2 == 0 and not cpu_has("avx512f")
     i64 = ir.IntType(64)
     at = bc.add(bc.mul(stride, ir.Constant(i64, FAST)), col)
     flag = bc.load(bc.gep(bc.bitcast(table, i64.as_pointer()), [at]), align=8)
@@ -100,10 +146,13 @@ def with_epilogue(bc, table, stride, col, n: int, lo, hi, body):
             narrowed, full):
         with narrowed:
             load = _const_loader(bc, table, stride, col, n)
-            f_mult = bc.sext(load(FMULT, 32), load(FOFFSET).type)
+            f_mult = load(FMULT, 32) if pairs else bc.sext(load(FMULT, 32), load(FOFFSET).type)
             fast = (load(ADD, 32), load(FLO, 32), load(FHI, 32), f_mult, load(FOFFSET),
                     load(TOTAL))
-            body(bc, lambda bd, sums: _narrowed_vector(bd, sums, fast))
+            if pairs:
+                body(bc, lambda bd, sums: _narrowed_pairs(bd, sums, fast, lo))
+            else:
+                body(bc, lambda bd, sums: _narrowed_vector(bd, sums, fast))
         with full:
             constants = load_constants(bc, table, stride, col, n)
             body(bc, lambda bd, sums: requantize_vector(bd, sums, constants, lo, hi))
