@@ -395,7 +395,9 @@ def test_depthwise_int8_convolutions_are_bit_exact(c, mult, k, stride, pad, dil,
                 **_layouts(layout))
     b = Builder()
     x = b.input("x", _image_in(layout, (2, c, size, size)), dtype)
-    qa = (b.param("zx", np.array(zx, np.int32)), b.param("zw", np.array(0, np.int32)),
+    # a weight zero point anywhere in int8's range: taps w - zw of up to 9 bits
+    zw = int(rng.integers(-128, 128)) if seed % 2 else 0
+    qa = (b.param("zx", np.array(zx, np.int32)), b.param("zw", np.array(zw, np.int32)),
           b.param("sx", np.array(0.05, np.float32)),
           b.param("sw", rng.uniform(0.01, 0.02, o).astype(np.float32)))
     plain = b.call("qnn.conv2d", x, b.param("w", w), *qa, **conv)
@@ -415,6 +417,27 @@ def test_depthwise_int8_convolutions_are_bit_exact(c, mult, k, stride, pad, dil,
     xs = {"x": rng.integers(lo, hi, _image_in(layout, (2, c, size, size))).astype(dtype)}
     for got, want in zip(ex.run(xs), run(bound, xs)):
         np.testing.assert_array_equal(got, want)
+
+
+def test_depthwise_taps_past_16_bits_leave_the_direct_kernel():
+    """The depthwise sweep multiplies 16-bit taps (w - zw); a weight zero point that puts a
+    tap past 16 bits makes the convolution run on the portable loops instead, with the
+    reference's bits."""
+    rng = np.random.default_rng(3)
+    c = 20
+    b = Builder()
+    x = b.input("x", (1, 9, 9, c), "uint8")
+    y = b.call("qnn.conv2d", x, b.param("w", rng.integers(-128, 128, (3, 3, 1, c)).astype("i1")),
+               b.param("zx", np.array(7, np.int32)), b.param("zw", np.array(40000, np.int32)),
+               b.param("sx", np.array(0.05, np.float32)),
+               b.param("sw", np.array(0.01, np.float32)), padding=[1, 1, 1, 1], groups=c,
+               data_layout="NHWC", kernel_layout="HWIO")
+    bound = bind_params(*b.finish(y))
+    ex = Executor(bound)
+    (step,) = ex.steps
+    assert not step.fn.depthwise
+    xs = {"x": rng.integers(0, 256, (1, 9, 9, c)).astype("uint8")}
+    np.testing.assert_array_equal(ex.run(xs), run(bound, xs))
 
 
 @settings(max_examples=30, deadline=None)

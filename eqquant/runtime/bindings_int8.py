@@ -111,9 +111,11 @@ class QConv2D(Binding):
         self.sh, self.sw = attrs["strides"]
         self.dh, self.dw = attrs["dilation"]
         self.pt, self.pl, _, _ = attrs["padding"]
-        # depthwise (one input channel per group, any channel multiplier): a direct kernel
+        # depthwise (one input channel per group, any channel multiplier): a direct kernel,
+        # whose sweep takes the taps (weight minus zero point) as 16-bit numbers
         channels = in_types[0].shape[3 if self.channels_last else 1]
-        self.depthwise = cg == 1 and self.groups == channels and self.groups > 1
+        taps16 = np.abs(w.astype(np.int64).reshape(o, -1) - self.zw.reshape(o, 1)).max() < 2**15
+        self.depthwise = cg == 1 and self.groups == channels and self.groups > 1 and taps16
         if self.depthwise:
             self.mult = o // self.groups
             self.wdw = memory.aligned(np.ascontiguousarray(   # (kh, kw, O): taps along
