@@ -91,8 +91,15 @@ gemm_requantize = gemm_intrinsic(_define(True), "i8", EPILOGUE)
 
 @njit(cache=True)
 def _widen(rows_u8, rows16):
-    """uint8 pixel rows -> the int16 rows the GEMM reads."""
+    """uint8 pixel rows -> the int16 rows the GEMM reads: one loop over both when they are
+    contiguous (a pointwise convolution's rows of 16 channels, taken row by row, ran at a
+    quarter of the speed: a short loop's set-up for every 16 bytes)."""
     n, kp = rows_u8.shape
+    if rows_u8.flags.c_contiguous and rows16.flags.c_contiguous:
+        flat, flat16 = rows_u8.reshape(n * kp), rows16.reshape(n * kp)
+        for i in range(n * kp):
+            flat16[i] = flat[i]
+        return
     for r in range(n):
         for c in range(kp):
             rows16[r, c] = rows_u8[r, c]
