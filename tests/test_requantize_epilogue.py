@@ -27,6 +27,28 @@ def _narrowed(params, sums):
     return out
 
 
+def _table(chans, zin, zout, lo, hi, bound):
+    """``epilogue_params`` of the drawn channels."""
+    return epilogue_params(
+        np.array([c["bias"] for c in chans], np.int64),
+        np.array([c["clamp"][0] for c in chans], np.int64),
+        np.array([c["clamp"][1] for c in chans], np.int64),
+        np.array([c["multiplier"] for c in chans], np.int64),
+        np.array([c["shift"] for c in chans], np.int64), zin, zout, lo, hi, bound)
+
+
+def _probe_sums(params, n, bound, seed):
+    """Rows of n int32 sums: the ends of [-bound, bound], 0, the steps around the narrowed
+    clamp's bounds, random ones."""
+    rng = np.random.default_rng(seed)
+    rows = [np.full(n, -bound), np.full(n, bound), np.zeros(n, np.int64)]
+    for edge in (FLO, FHI):
+        for d in (-1, 0, 1):
+            rows.append(np.clip(params[edge] - params[ADD] + d, -bound, bound))
+    rows += list(rng.integers(-bound, bound + 1, (8, n)))
+    return np.array(rows, np.int64).astype(np.int32)
+
+
 channel = st.fixed_dictionaries({
     "multiplier": st.one_of(st.integers(2 ** 30, I32 - 1), st.integers(0, I32 - 1)),
     "shift": st.integers(-40, 3),
@@ -52,12 +74,7 @@ def test_the_narrowed_epilogue_gives_the_full_epilogues_bits(chans, zin, out_ran
     lo, hi = out_range
     zout = min(max(zout, lo), hi)
     n = len(chans)
-    params = epilogue_params(
-        np.array([c["bias"] for c in chans], np.int64),
-        np.array([c["clamp"][0] for c in chans], np.int64),
-        np.array([c["clamp"][1] for c in chans], np.int64),
-        np.array([c["multiplier"] for c in chans], np.int64),
-        np.array([c["shift"] for c in chans], np.int64), zin, zout, lo, hi, bound)
+    params = _table(chans, zin, zout, lo, hi, bound)
     fast = bool(params[FAST, 0])
     assert (params[FAST] == params[FAST, 0]).all()
     for c in chans:     # what must turn it off (a channel scaled above 1 may)
@@ -65,13 +82,7 @@ def test_the_narrowed_epilogue_gives_the_full_epilogues_bits(chans, zin, out_ran
             assert not fast
     if not fast:
         return
-    rng = np.random.default_rng(seed)
-    rows = [np.full(n, -bound), np.full(n, bound), np.zeros(n, np.int64)]
-    for edge in (FLO, FHI):
-        for d in (-1, 0, 1):
-            rows.append(np.clip(params[edge] - params[ADD] + d, -bound, bound))
-    rows += list(rng.integers(-bound, bound + 1, (8, n)))
-    acc = np.array(rows, np.int64).astype(np.int32)
+    acc = _probe_sums(params, n, bound, seed)
     dtype = np.uint8 if lo >= 0 else np.int8
     full = np.zeros(acc.shape, dtype)
     requantize_rows(acc, params, 0, n, lo, hi, full, 0, 0)
@@ -128,19 +139,8 @@ def test_the_emitted_epilogue_gives_the_references_bits(chans, zin, out_range, z
     zout = min(max(zout, lo), hi)
     cols = [i % len(chans) for i in range(8)]
     chans = [chans[i] for i in cols]
-    params = epilogue_params(
-        np.array([c["bias"] for c in chans], np.int64),
-        np.array([c["clamp"][0] for c in chans], np.int64),
-        np.array([c["clamp"][1] for c in chans], np.int64),
-        np.array([c["multiplier"] for c in chans], np.int64),
-        np.array([c["shift"] for c in chans], np.int64), zin, zout, lo, hi, bound)
-    rng = np.random.default_rng(seed)
-    rows = [np.full(8, -bound), np.full(8, bound), np.zeros(8, np.int64)]
-    for edge in (FLO, FHI):
-        for d in (-1, 0, 1):
-            rows.append(np.clip(params[edge] - params[ADD] + d, -bound, bound))
-    rows += list(rng.integers(-bound, bound + 1, (8, 8)))
-    acc = np.array(rows, np.int64).astype(np.int32)
+    params = _table(chans, zin, zout, lo, hi, bound)
+    acc = _probe_sums(params, 8, bound, seed)
     dtype = np.uint8 if lo >= 0 else np.int8
     want = np.zeros(acc.shape, dtype)
     requantize_rows(acc, params, 0, 8, lo, hi, want, 0, 0)
