@@ -16,6 +16,7 @@ from ..ops.fixed_point import quantize_multiplier
 from ..ops.numerics import qrange
 from ..ops.registry import get_op
 from . import memory
+from .depthwise_simd import TAP_MAX
 from .bindings import (Binding, _per_channel, _per_channel_last, bound, move_into, moved,
                        threads)
 from .serial import sized
@@ -114,8 +115,8 @@ class QConv2D(Binding):
         # depthwise (one input channel per group, any channel multiplier): a direct kernel,
         # whose sweep takes the taps (weight minus zero point) as 16-bit numbers
         channels = in_types[0].shape[3 if self.channels_last else 1]
-        taps16 = np.abs(w.astype(np.int64).reshape(o, -1) - self.zw.reshape(o, 1)).max() < 2**15
-        self.depthwise = cg == 1 and self.groups == channels and self.groups > 1 and taps16
+        self.depthwise = cg == 1 and self.groups == channels and self.groups > 1 and \
+            np.abs(w.astype(np.int64).reshape(o, -1) - self.zw.reshape(o, 1)).max() <= TAP_MAX
         if self.depthwise:
             self.mult = o // self.groups
             self.wdw = memory.aligned(np.ascontiguousarray(   # (kh, kw, O): taps along

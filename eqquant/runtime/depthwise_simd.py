@@ -31,6 +31,7 @@ from __future__ import annotations
 
 LANES = 16    # channels a step
 PIXELS = 4    # pixels a step: each tap's weights loaded once for four sums
+TAP_MAX = 2**15 - 1   # the integer taps' bound: the sweep multiplies them as int16
 UNROLLED = 3  # a 3 x 3 kernel with its three rows inside the image: the taps unrolled
 
 

@@ -102,6 +102,7 @@ def _narrowed_pairs(bc, sums, constants, lo):
       vector in order), their low bytes taken by one byte shuffle, and lo added back in
       8-bit lanes (out - lo + lo wraps to out's byte, signed or not)."""
     from llvmlite import ir
+    from .llvm_loops import splat
     add, f_lo, f_hi, f_mult, f_offset, total = constants
     n = sums.type.count
     i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -118,7 +119,6 @@ def _narrowed_pairs(bc, sums, constants, lo):
     # (sign-extended in place: LLVM takes a product of two such for one vpmuldq)
     low = lambda x: bc.ashr(bc.shl(x, c32), c32)  # noqa: E731
     products = (bc.mul(low(v2), low(m2)), bc.mul(bc.ashr(v2, c32), bc.ashr(m2, c32)))
-    from .llvm_loops import splat
     moved = bc.sub(f_offset, bc.shl(splat(bc, lo, f_offset.type), total))
     shifted = [bc.lshr(bc.add(prod, pick(moved, lanes)), pick(total, lanes))
                for prod, lanes in zip(products, (even, odd))]
