@@ -39,6 +39,11 @@ os.environ["EQQUANT_CACHE_DIR"] = _TEST_CACHE
 atexit.register(shutil.rmtree, _TEST_CACHE, ignore_errors=True)
 
 
+def pytest_unconfigure(config):
+    # pytest-xdist's workers leave without running atexit handlers
+    shutil.rmtree(_TEST_CACHE, ignore_errors=True)
+
+
 # CI runs a fixed sequence of examples (a red build means a change broke something); a
 # developer's run explores new ones each time.
 
