@@ -516,10 +516,11 @@ def test_lookup_table_kernel_is_bit_exact(shape, in_dtype, out_dtype, per_channe
        layout=st.sampled_from(["NCHW", "NHWC"]), dtype=st.sampled_from(["int8", "uint8"]),
        out_dtype=st.sampled_from(["int8", "uint8"]), seed=st.integers(0, 2 ** 16))
 @example(n=1, c=1280, h=7, w=7, layout="NHWC", dtype="uint8", out_dtype="uint8", seed=1)
+@example(n=2, c=301, h=3, w=5, layout="NHWC", dtype="int8", out_dtype="uint8", seed=3)
 @example(n=1, c=3, h=224, w=224, layout="NCHW", dtype="int8", out_dtype="int8", seed=2)
 def test_the_integer_global_average_is_bit_exact(n, c, h, w, layout, dtype, out_dtype, seed):
     """qnn.global_avg_pool2d's kernel (one pass per channel, a float64 sum of the dequantized
-    values) against the reference (dequantize, float mean, quantize), any layout and sizes,
+    values; from 256 channels, each worker a part of them) against the reference (dequantize, float mean, quantize), any layout and sizes,
     scales and zero points drawn: the same codes."""
     rng = np.random.default_rng(seed)
     lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)

@@ -691,5 +691,6 @@ class GlobalAverage(Binding):
         c = x.shape[3] if self.nhwc else x.shape[1]
         npc = x.reshape(n, -1, c) if self.nhwc else \
             np.ascontiguousarray(x.reshape(n, c, -1).transpose(0, 2, 1))
+        parts = max(1, min(threads(), c // 128))   # (a worker sums 128 channels at least)
         self.k8.global_average(npc, self.s, self.z, self.so, self.zo, self.lo, self.hi,
-                               out.reshape(n, c))
+                               out.reshape(n, c), parts)
