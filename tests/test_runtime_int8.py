@@ -209,11 +209,14 @@ def test_qnn_add_once_keeps_int64_lanes_for_a_large_ratio():
 
 
 @settings(max_examples=20, deadline=None)
-@given(st.integers(1, 3), st.integers(1, 40), st.integers(1, 12), st.booleans(),
+@given(st.integers(1, 14), st.integers(1, 40), st.integers(1, 12), st.booleans(),
        st.integers(-4, 4), st.booleans(), st.integers(0, 999))
+@example(1, 33, 7, True, 2, False, 1)
+@example(7, 33, 7, True, 2, False, 2)
 def test_int8_dense_is_bit_exact(n, k, units, unsigned, zx, per_unit, seed):
-    """Both paths: nonzero weight zero points take the portable GEMM; zero points 0 the SIMD
-    one where the CPU has one (any number of units: the last block padded)."""
+    """Both paths: nonzero weight zero points, or fewer rows than the SIMD GEMM's tile, take
+    the dot-product kernel; zero points 0 and a batch that fills the tile the SIMD GEMM
+    where the CPU has one (any number of units: the last block padded)."""
     for units_, per_unit_ in ((units, per_unit), (64 * ((units + 3) // 4), False)):
         _check_dense(n, k, units_, unsigned, zx, per_unit_, seed)
 
@@ -245,7 +248,7 @@ def _check_dense(n, k, units, unsigned, zx, per_unit, seed):
     from eqquant.runtime.bindings_int8 import int8_path, simd_module
     module = simd_module(int8_path())
     simd = module is not None and not np.any(zw) and (units % module.BLOCK == 0 or
-                                                      module.PADS)
+                                                      module.PADS) and n >= module.ROWS
     # (on the VNNI path, few units take the 256-bit kernel's blocks of 16: see choose_gemm)
     narrow = int8_path() == "vnni" and units % 64 and units <= 32
     assert ex.steps[0].fn.gemm_path == (("avxvnni" if narrow else int8_path()) if simd
