@@ -380,13 +380,21 @@ def _layouts(layout):
        size=st.integers(3, 11), dtype=st.sampled_from(["int8", "uint8"]),
        act=st.sampled_from(["none", "relu", "clip"]), seed=st.integers(0, 999),
        layout=st.sampled_from(["NCHW", "NHWC"]))
+# 3 x 3 taps in pairs (strips of 16 channels, then a tail), stride 1 and 2, dilated, weight
+# zero points (odd seeds)
+@example(c=33, mult=1, k=3, stride=1, pad=1, dil=1, size=9, dtype="uint8", act="none", seed=1,
+         layout="NHWC")
+@example(c=32, mult=1, k=3, stride=2, pad=1, dil=1, size=10, dtype="int8", act="relu", seed=3,
+         layout="NHWC")
+@example(c=17, mult=1, k=3, stride=1, pad=2, dil=2, size=11, dtype="uint8", act="clip", seed=4,
+         layout="NHWC")
 def test_depthwise_int8_convolutions_are_bit_exact(c, mult, k, stride, pad, dil, size, dtype,
                                                    act, seed, layout):
     """Depthwise qnn.conv2d and fused.qconv2d (groups = input channels, channel multipliers,
     strides, padding, dilation, channel counts that fill no vector or some vectors of 16 and
     a tail, images with no pixel all of whose taps lie inside), NCHW and channel-last (the
-    SIMD sweep, border pixels included; the tap loop with a multiplier), on the direct
-    kernel, against the integer reference."""
+    SIMD sweep, border pixels included, 3 x 3 taps in pairs; the tap loop with a
+    multiplier), on the direct kernel, against the integer reference."""
     rng = np.random.default_rng(seed)
     if (size + 2 * pad - dil * (k - 1) - 1) < 0:
         return
@@ -420,6 +428,62 @@ def test_depthwise_int8_convolutions_are_bit_exact(c, mult, k, stride, pad, dil,
     xs = {"x": rng.integers(lo, hi, _image_in(layout, (2, c, size, size))).astype(dtype)}
     for got, want in zip(ex.run(xs), run(bound, xs)):
         np.testing.assert_array_equal(got, want)
+
+
+def _emitted_madd(form: str):
+    """``run(x, w, out)``: ``depthwise_simd.madd`` in ``form`` on x and w (32 int16 each,
+    as two <16 x i16> halves) into out (16 int32)."""
+    from numba import njit, types
+    from numba.extending import intrinsic
+    from eqquant.runtime.depthwise_simd import madd
+
+    @intrinsic
+    def emitted(typingctx, x, w, out):
+        def codegen(context, builder, signature, args):
+            from llvmlite import ir
+            half = ir.VectorType(ir.IntType(16), 16).as_pointer()
+
+            def halves(address):
+                p = builder.inttoptr(address, half)
+                return [builder.load(builder.gep(p, [ir.Constant(ir.IntType(64), h)]),
+                                     align=2) for h in (0, 1)]
+            r = madd(builder, halves(args[0]), halves(args[1]), form)
+            builder.store(r, builder.inttoptr(args[2], r.type.as_pointer()), align=4)
+            return context.get_dummy_value()
+        return types.void(types.intp, types.intp, types.intp), codegen
+
+    @njit
+    def run(x, w, out):
+        emitted(x.ctypes.data, w.ctypes.data, out.ctypes.data)
+    return run
+
+
+_MADD = {}
+
+
+def _madd_forms():
+    from eqquant.runtime.llvm_loops import cpu_has
+    return [pytest.param(f, marks=pytest.mark.skipif(
+        f != "generic" and not cpu_has(f), reason=f"this CPU has no {f}"))
+        for f in ("generic", "avx2", "avx512bw")]
+
+
+@pytest.mark.parametrize("form", _madd_forms())
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1))
+def test_the_paired_taps_multiply_add_is_exact_in_every_form(form, seed):
+    """The depthwise sweep's multiply-add of 16-bit pairs (``pmaddwd`` on AVX2 and AVX-512,
+    LLVM's multiplies elsewhere): x[2k] * w[2k] + x[2k+1] * w[2k+1] in lane k, wrapped to 32
+    bits (the one pair that wraps, two products of -32768, included)."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-2 ** 15, 2 ** 15, 32).astype(np.int16)
+    w = rng.integers(-2 ** 15, 2 ** 15, 32).astype(np.int16)
+    x[:2] = w[:2] = -2 ** 15
+    x[2:4], w[2:4] = 255, 2 ** 15 - 1
+    want = (x.astype(np.int64) * w).reshape(16, 2).sum(1).astype(np.uint32).view(np.int32)
+    got = np.zeros(16, np.int32)
+    _MADD.setdefault(form, _emitted_madd(form))(x, w, got)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_depthwise_taps_past_16_bits_leave_the_direct_kernel():

@@ -1,7 +1,9 @@
 """The inner sweep of a channel-last depthwise convolution in LLVM IR (llvmlite), emitted into
 the Numba kernels through an intrinsic, for every CPU: the IR uses LLVM's generic vectors of
 16 lanes, which the backend splits into what the CPU has (one AVX-512 register, two AVX2
-registers, four SSE registers), so there is no per-path variant to choose or test.
+registers, four SSE registers). One piece is chosen by the CPU's features when the IR is
+emitted: the multiply-add of 16-bit pairs (``madd``: the x86 instruction on AVX2 and
+AVX-512, LLVM's multiplies and adds elsewhere), each form tested on its own.
 
 One call computes one output row's pixels b0..b1, for every channel (the caller says which
 kernel rows lie inside the image):
@@ -26,13 +28,70 @@ arithmetic needs. Two element types:
   subtraction a tap fewer), integer sums (exact in any order, wrapping or not) requantized
   in registers (``requantize_ir``, the bits of ``kernels_int8.requantize_rows``) and
   stored as 8 bits.
+
+Integer taps in pairs (16 channels, a 3 x 3 kernel inside the image): two taps' pixels and
+weights, as 16-bit numbers, interleaved channel by channel so that one multiply-add of
+16-bit pairs (``pmaddwd``, ``madd``) gives x1 * w1 + x2 * w2 in each channel's 32-bit lane,
+where a tap alone took a multiply-add and an add per 8 channels (the other half of each
+pair 0). The ninth tap is paired with zeros. Exact: a pair's sum is at most
+2 * 255 * ``TAP_MAX`` in magnitude.
 """
 from __future__ import annotations
 
 LANES = 16    # channels a step
 PIXELS = 4    # pixels a step: each tap's weights loaded once for four sums
+# taps in pairs: one pixel a step (the pairs' weights, 16-bit, take 10 AVX2 registers; 4 a
+# step had LLVM spill the interleaved inputs, 1.3x the time of unpaired taps; 1, 2 and 3 a
+# step: 0.73-0.81x, alike)
+PAIRED_PIXELS = 1
 TAP_MAX = 2**15 - 1   # the integer taps' bound: the sweep multiplies them as int16
 UNROLLED = 3  # a 3 x 3 kernel with its three rows inside the image: the taps unrolled
+# two taps' 16 channels interleaved, channel by channel (the second tap's lanes numbered
+# from 16)
+INTERLEAVE = [v for c in range(16) for v in (c, c + 16)]
+
+
+def madd(builder, xs, ws, form: str | None = None):
+    """pmaddwd on the concatenation of the <16 x i16> vectors ``xs`` and ``ws``: a <8n x i32>
+    vector (n = len(xs)), lane k = x[2k] * w[2k] + x[2k+1] * w[2k+1] (exact, short of both
+    pairs being -32768 * -32768). One instruction per 256 bits on AVX2, per 512 on AVX-512
+    (BW); LLVM's multiplies and adds elsewhere. The halves stay apart until the products:
+    given one <32 x i16> made of two interleaved byte vectors, LLVM shuffled across the
+    AVX2 register halves (three times the shuffles of two unpacks). ``form``: "avx512bw",
+    "avx2" or "generic" (a test's choice; by default the best the CPU has)."""
+    from llvmlite import ir
+    from .llvm_loops import cpu_has, declare
+    i16, i32 = ir.IntType(16), ir.IntType(32)
+    if form is None:
+        form = next((f for f in ("avx512bw", "avx2") if cpu_has(f)), "generic")
+
+    def joined(parts):
+        while len(parts) > 1:
+            a, b = parts[0], parts[1]
+            parts = [builder.shuffle_vector(a, b, ir.Constant(
+                ir.VectorType(i32, 2 * a.type.count), list(range(2 * a.type.count))))
+            ] + parts[2:]
+        return parts[0]
+
+    def call(name, width, x, w):
+        vt = ir.VectorType(i16, width)
+        fn = declare(builder.module, name,
+                     ir.FunctionType(ir.VectorType(i32, width // 2), [vt, vt]))
+        return builder.call(fn, [x, w])
+    if form == "avx512bw" and len(xs) % 2 == 0:
+        return joined([call("llvm.x86.avx512.pmaddw.d.512", 32, joined(xs[k:k + 2]),
+                            joined(ws[k:k + 2])) for k in range(0, len(xs), 2)])
+    if form in ("avx2", "avx512bw"):
+        return joined([call("llvm.x86.avx2.pmadd.wd", 16, x, w) for x, w in zip(xs, ws)])
+    half = ir.VectorType(i32, 8)
+
+    def lanes(v, odd):
+        return builder.sext(builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined),
+                                                   ir.Constant(half, list(range(odd, 16, 2)))),
+                            half)
+    return joined([builder.add(builder.mul(lanes(x, 0), lanes(w, 0)),
+                               builder.mul(lanes(x, 1), lanes(w, 1)))
+                   for x, w in zip(xs, ws)])
 
 
 def _define(kind: str):
@@ -111,6 +170,28 @@ def _define(kind: str):
                 return v
             return bd.sext(bd.trunc(v, ir.VectorType(ir.IntType(16), vt.count)), vt)
 
+        i16 = ir.IntType(16)
+
+        def interleaved(bd, a, b_):
+            """two taps' 16 lanes (8-bit inputs or int32 weights; None: zeros), interleaved
+            channel by channel (``INTERLEAVE``), as two <16 x i16> vectors (channels 0-7,
+            8-15). Inputs are interleaved as bytes, then widened: on AVX2 two unpacks of
+            128 bits (vpunpck[lh]bw), then a widening each (vpmovzxbw)."""
+            some = a if a is not None else b_
+            if some.type.element == i32:                        # weights: narrowed first
+                a, b_ = (None if v is None else bd.trunc(v, ir.VectorType(i16, 16))
+                         for v in (a, b_))
+                some = a if a is not None else b_
+            zero = ir.Constant(some.type, None)
+            a, b_ = (zero if v is None else v for v in (a, b_))
+            halves = [bd.shuffle_vector(a, b_, ir.Constant(ir.VectorType(i32, 16),
+                                                           INTERLEAVE[h:h + 16]))
+                      for h in (0, 16)]
+            if some.type.element == i16:
+                return halves
+            wide = ir.VectorType(i16, 16)
+            return [bd.zext(v, wide) if kind == "u8" else bd.sext(v, wide) for v in halves]
+
         def w_at(bd, c0, i, j):
             return bd.add(bd.mul(bd.add(bd.mul(i, kw), j), c_n), c0)
 
@@ -121,8 +202,17 @@ def _define(kind: str):
             vt = ir.VectorType(acc_t, lanes)
             et = ir.VectorType(elem, lanes)
             init = load(bd, initp, c0, vt)
-            held = None
-            if taps is not None:
+            held = pairs = None
+            paired = kind != "float" and taps is not None and 2 * lanes == len(INTERLEAVE)
+            if paired:        # ((tap, tap or None), their weights interleaved)
+                order = [(i, j) for i in range(taps) for j in range(taps)]
+                order += [None] * (len(order) % 2)
+                pairs = [((a, b_), interleaved(bd, *(None if t is None else
+                                                     load(bd, wp, w_at(bd, c0, c64(t[0]),
+                                                                       c64(t[1])), vt)
+                                                     for t in (a, b_))))
+                         for a, b_ in zip(order[::2], order[1::2])]
+            elif taps is not None:
                 held = {(i, j): taps_at(bd, w_at(bd, c0, c64(i), c64(j)), vt)
                         for i in range(taps) for j in range(taps)}
 
@@ -132,29 +222,42 @@ def _define(kind: str):
                 base = bd.mul(bd.add(bd.mul(x, sw), off), c_n)
                 step = bd.mul(sw, c_n)
 
-                def tap(bd, i, j, accs):
+                def pixel(bd, i, j, p):
+                    """tap (i, j)'s input of pixel x + p (lanes channels from c0)"""
                     at = bd.add(bd.add(bd.mul(i, rstride), bd.add(base, c0)),
                                 bd.mul(bd.mul(j, dw), c_n))
+                    ptr = bd.gep(xp, [bd.add(at, bd.mul(step, c64(p)))])
+                    if guarded:
+                        col = bd.add(bd.add(bd.mul(bd.add(x, c64(p)), sw), off),
+                                     bd.mul(j, dw))
+                        ptr = bd.select(bd.icmp_unsigned("<", col, win), ptr,
+                                        bd.gep(zp, [c0]))
+                    return bd.load(bd.bitcast(ptr, et.as_pointer()), align=1)
+
+                def tap(bd, i, j, accs):
                     wv = held[i.constant, j.constant] if held is not None else \
                         taps_at(bd, w_at(bd, c0, i, j), vt)
                     new = []
                     for p, acc in enumerate(accs):
-                        ptr = bd.gep(xp, [bd.add(at, bd.mul(step, c64(p)))])
-                        if guarded:
-                            col = bd.add(bd.add(bd.mul(bd.add(x, c64(p)), sw), off),
-                                         bd.mul(j, dw))
-                            ptr = bd.select(bd.icmp_unsigned("<", col, win), ptr,
-                                            bd.gep(zp, [c0]))
-                        xv = bd.load(bd.bitcast(ptr, et.as_pointer()), align=1)
+                        xv = pixel(bd, i, j, p)
                         if kind == "float":
                             new.append(bd.fadd(acc, bd.fmul(xv, wv)))
                         else:
                             wide = bd.zext(xv, vt) if kind == "u8" else bd.sext(xv, vt)
                             new.append(bd.add(acc, bd.mul(wide, wv)))
                     return new
+
+                def pair(bd, taps2, wv, accs):
+                    return [bd.add(acc, madd(bd, interleaved(bd, *(
+                        None if t is None else pixel(bd, c64(t[0]), c64(t[1]), p)
+                        for t in taps2)), wv)) for p, acc in enumerate(accs)]
                 if taps is None:
                     accs = carried(bd, rows, [init] * n, "i", lambda bd, i, accs: carried(
                         bd, kw, accs, "j", lambda bd, j, accs: tap(bd, i, j, accs)))
+                elif paired:
+                    accs = [init] * n
+                    for taps2, wv in pairs:
+                        accs = pair(bd, taps2, wv, accs)
                 else:
                     accs = [init] * n
                     for i in range(taps):
@@ -166,12 +269,14 @@ def _define(kind: str):
                     bd.store(v, bd.bitcast(bd.gep(outp, [at]), v.type.as_pointer()), align=1)
 
             def sweep(bd, finish):
-                """the left border pixels one at a time, the inside ones PIXELS at a time
-                then one at a time, the right border pixels one at a time"""
+                """the left border pixels one at a time, the inside ones PIXELS (taps in
+                pairs: PAIRED_PIXELS) at a time then one at a time, the right border pixels
+                one at a time"""
                 counted_loop(fn, bd, b0, x0, 1, "xl",
                              lambda bd, x: pixels(bd, x, 1, finish, True))
-                rest = counted_loop(fn, bd, x0, x1, PIXELS, "x",
-                                    lambda bd, x: pixels(bd, x, PIXELS, finish))
+                step = PAIRED_PIXELS if paired else PIXELS
+                rest = counted_loop(fn, bd, x0, x1, step, "x",
+                                    lambda bd, x: pixels(bd, x, step, finish))
                 counted_loop(fn, bd, rest, x1, 1, "x1", lambda bd, x: pixels(bd, x, 1, finish))
                 counted_loop(fn, bd, x1, b1, 1, "xr",
                              lambda bd, x: pixels(bd, x, 1, finish, True))
