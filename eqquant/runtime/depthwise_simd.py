@@ -274,9 +274,9 @@ def _define(kind: str):
                 one at a time"""
                 counted_loop(fn, bd, b0, x0, 1, "xl",
                              lambda bd, x: pixels(bd, x, 1, finish, True))
-                step = PAIRED_PIXELS if paired else PIXELS
-                rest = counted_loop(fn, bd, x0, x1, step, "x",
-                                    lambda bd, x: pixels(bd, x, step, finish))
+                many = PAIRED_PIXELS if paired else PIXELS
+                rest = counted_loop(fn, bd, x0, x1, many, "x",
+                                    lambda bd, x: pixels(bd, x, many, finish))
                 counted_loop(fn, bd, rest, x1, 1, "x1", lambda bd, x: pixels(bd, x, 1, finish))
                 counted_loop(fn, bd, x1, b1, 1, "xr",
                              lambda bd, x: pixels(bd, x, 1, finish, True))
