@@ -28,20 +28,24 @@ def seed_file(prefix: str) -> Path:
 
 # The tests never read or write the user's kernel-time cache (runtime/measured_cost.py): with
 # one, the default cost model would be the measured one, and extractions would depend on
-# what this machine timed before.
-import atexit  # noqa: E402
+# what this machine timed before. Each pytest process (pytest-xdist's workers too) makes its
+# own, and removes it at the end; a script that imports this file as a module (a test's
+# subprocess) makes none.
 import os  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
-_TEST_CACHE = tempfile.mkdtemp(prefix="eqquant-test-cache-")
-os.environ["EQQUANT_CACHE_DIR"] = _TEST_CACHE
-atexit.register(shutil.rmtree, _TEST_CACHE, ignore_errors=True)
+_TEST_CACHE: list[str] = []
+
+
+def pytest_configure(config):
+    _TEST_CACHE.append(tempfile.mkdtemp(prefix="eqquant-test-cache-"))
+    os.environ["EQQUANT_CACHE_DIR"] = _TEST_CACHE[-1]
 
 
 def pytest_unconfigure(config):
-    # pytest-xdist's workers leave without running atexit handlers
-    shutil.rmtree(_TEST_CACHE, ignore_errors=True)
+    while _TEST_CACHE:
+        shutil.rmtree(_TEST_CACHE.pop(), ignore_errors=True)
 
 
 # CI runs a fixed sequence of examples (a red build means a change broke something); a
