@@ -170,27 +170,23 @@ def _define(kind: str):
                 return v
             return bd.sext(bd.trunc(v, ir.VectorType(ir.IntType(16), vt.count)), vt)
 
-        i16 = ir.IntType(16)
+        half16 = ir.VectorType(ir.IntType(16), 16)
 
         def interleaved(bd, a, b_):
-            """two taps' 16 lanes (8-bit inputs or int32 weights; None: zeros), interleaved
-            channel by channel (``INTERLEAVE``), as two <16 x i16> vectors (channels 0-7,
-            8-15). Inputs are interleaved as bytes, then widened: on AVX2 two unpacks of
-            128 bits (vpunpck[lh]bw), then a widening each (vpmovzxbw)."""
-            some = a if a is not None else b_
-            if some.type.element == i32:                        # weights: narrowed first
-                a, b_ = (None if v is None else bd.trunc(v, ir.VectorType(i16, 16))
-                         for v in (a, b_))
-                some = a if a is not None else b_
-            zero = ir.Constant(some.type, None)
+            """two taps' 16 lanes of one type (None: zeros), interleaved channel by channel
+            (``INTERLEAVE``), as two 16-lane vectors (channels 0-7, 8-15)"""
+            zero = ir.Constant((a if a is not None else b_).type, None)
             a, b_ = (zero if v is None else v for v in (a, b_))
-            halves = [bd.shuffle_vector(a, b_, ir.Constant(ir.VectorType(i32, 16),
-                                                           INTERLEAVE[h:h + 16]))
-                      for h in (0, 16)]
-            if some.type.element == i16:
-                return halves
-            wide = ir.VectorType(i16, 16)
-            return [bd.zext(v, wide) if kind == "u8" else bd.sext(v, wide) for v in halves]
+            return [bd.shuffle_vector(a, b_, ir.Constant(ir.VectorType(i32, 16),
+                                                         INTERLEAVE[h:h + 16]))
+                    for h in (0, 16)]
+
+        def widened(bd, halves):
+            """interleaved 8-bit inputs as 16-bit numbers: inputs are interleaved as bytes,
+            then widened (on AVX2 two unpacks of 128 bits, vpunpck[lh]bw, then a widening
+            each, vpmovzxbw)"""
+            return [bd.zext(v, half16) if kind == "u8" else bd.sext(v, half16)
+                    for v in halves]
 
         def w_at(bd, c0, i, j):
             return bd.add(bd.mul(bd.add(bd.mul(i, kw), j), c_n), c0)
@@ -207,11 +203,10 @@ def _define(kind: str):
             if paired:        # ((tap, tap or None), their weights interleaved)
                 order = [(i, j) for i in range(taps) for j in range(taps)]
                 order += [None] * (len(order) % 2)
-                pairs = [((a, b_), interleaved(bd, *(None if t is None else
-                                                     load(bd, wp, w_at(bd, c0, c64(t[0]),
-                                                                       c64(t[1])), vt)
-                                                     for t in (a, b_))))
-                         for a, b_ in zip(order[::2], order[1::2])]
+                pairs = [((a, b_), interleaved(bd, *(
+                    None if t is None else
+                    bd.trunc(load(bd, wp, w_at(bd, c0, c64(t[0]), c64(t[1])), vt), half16)
+                    for t in (a, b_)))) for a, b_ in zip(order[::2], order[1::2])]
             elif taps is not None:
                 held = {(i, j): taps_at(bd, w_at(bd, c0, c64(i), c64(j)), vt)
                         for i in range(taps) for j in range(taps)}
@@ -248,9 +243,9 @@ def _define(kind: str):
                     return new
 
                 def pair(bd, taps2, wv, accs):
-                    return [bd.add(acc, madd(bd, interleaved(bd, *(
+                    return [bd.add(acc, madd(bd, widened(bd, interleaved(bd, *(
                         None if t is None else pixel(bd, c64(t[0]), c64(t[1]), p)
-                        for t in taps2)), wv)) for p, acc in enumerate(accs)]
+                        for t in taps2))), wv)) for p, acc in enumerate(accs)]
                 if taps is None:
                     accs = carried(bd, rows, [init] * n, "i", lambda bd, i, accs: carried(
                         bd, kw, accs, "j", lambda bd, j, accs: tap(bd, i, j, accs)))
