@@ -39,14 +39,9 @@ def _listed(rows: np.ndarray) -> tuple[list, list]:
 
 
 def _fits(rows: np.ndarray) -> bool:
-    """Whether ``split_high`` lists the rows' high bits in a chunk's room (``split_or_widen``:
-    (kp / 4) // HIGH_SHARE entries a row), by its rule: the m-th entry (from 0), in row r,
-    gives up where m >= min(r + 2, n) x that share (n rows: the room)."""
-    starts, entries = _listed(rows)
-    share = (rows.shape[1] // 4) // avx2.HIGH_SHARE
-    n = rows.shape[0]
-    return all(m < min(r + 2, n) * share for r in range(n)
-               for m in range(starts[r], starts[r + 1]))
+    """Whether a chunk's room (``listed``: (kp / 4) // HIGH_SHARE entries a row) holds the
+    rows' high bits."""
+    return len(_listed(rows)[1]) <= rows.shape[0] * ((rows.shape[1] // 4) // avx2.HIGH_SHARE)
 
 
 @settings(max_examples=40, deadline=None)
@@ -72,16 +67,17 @@ def test_the_high_bits_are_listed_by_quad_and_row(n, quads, high, seed):
     assert (guarded[rooms:] == -5).all()                 # nothing written past the room
 
 
-def test_the_listing_gives_up_past_its_share_and_the_16_bit_kernel_takes_the_chunk():
+def test_the_listing_gives_up_past_its_room_and_the_16_bit_kernel_takes_the_chunk():
     rng = np.random.default_rng(3)
-    kp = 64                                             # 16 quads a row: 2 listed a row
+    kp = 64                                             # 16 quads a row: room for 2 a row
     few = _bytes(rng, (24, kp), 0.0)
     few[:, 5] |= 0x80                                   # one quad a row
+    few[0, ::4] |= 0x80                                 # and the first row: all its 16
     many = _bytes(rng, (24, kp), 0.0)
-    many[0, ::4] |= 0x80                                # the first row: all its 16 quads
+    many[:4, ::4] |= 0x80                               # 4 rows of 16: 64 > 48
     room = np.zeros((24 * 2, 2), np.int32)
     low, starts = np.empty_like(few), np.empty(25, np.int32)
-    assert avx2.split_high(few, low, starts, room) == 24
+    assert avx2.split_high(few, low, starts, room) == 16 + 23
     assert avx2.split_high(many, low, starts, room) == -1
     w = rng.integers(-128, 128, (20, kp)).astype(np.int8)
     packed, _, _ = avx2.pack(w)
@@ -157,12 +153,14 @@ def test_convolutions_on_the_byte_kernel_are_bit_exact(c, o, k, stride, size, ba
         y = b.call("fused.qconv2d", x, *qargs, b.param("z2", np.array(5, np.int32)), **out)
     bound = bind_params(*b.finish(y))
     xs = {"x": _bytes(rng, (batch, size, size, c), 0.005)}
-    xs["x"][:, 0, 0, :] = 255                       # a pixel of all-high channels
+    xs["x"][:, 0, 0, :4] = 255                      # a quad of 255s in a corner pixel
     if residual:
         xs["r"] = rng.integers(0, 256, (batch, oh, oh, o)).astype("uint8")
-    # the byte kernel's case: listing the high bits pays on this image
+    # the byte kernel's case: the image's rows (windows) take it, as a whole
+    from eqquant.runtime.gather import _rows
     kp = -(-k * k * c // 4) * 4
-    assert kp >= avx2.BYTES_FROM and avx2.high_quad_share(xs["x"]) * (avx2.HIGH_SHARE + 2) < 1
+    rows = _rows(xs["x"][0], k, k, stride, stride, k // 2, k // 2, 1, 1, 3, oh, 0, oh * oh, kp)
+    assert avx2.split_or_widen(np.ascontiguousarray(rows), avx2.empties(kp))[3].size == 0
     with forced_int8_path("avx2"):
         ex = Executor(bound)
         assert any(getattr(getattr(s.fn, "conv", None), "simd", None) is avx2

@@ -66,7 +66,7 @@ PANEL = 64   # bytes of packed weights per k-step and block (16 channels x 2 int
 BLOCK_BYTES = PANEL * 3 // 2   # bytes of a block per k-pair: its 16-bit panel, its quads
 HIGH_SHARE = 8   # a chunk's high bits listed for the byte kernel: in up to 1/8 of its quads
 BYTES_FROM = 64  # the byte kernel for rows of this many bytes or more (fewer: epilogue-bound)
-SAMPLES = 512    # words of an image sampled for its share of quads with a high bit
+SAMPLES = 256    # words of a chunk's rows sampled for their share of quads with a high bit
 
 
 def available() -> bool:
@@ -222,13 +222,13 @@ def pairs(packed):
 
 def _define_split(mod):
     """Define (once per LLVM module) ``i64 eqquant_avx2_split_high(rows, low, n, kp, starts,
-    high, per_row)``, ``split_high``'s work on the n rows as one run of bytes: each 32-byte
+    high, cap)``, ``split_high``'s work on the n rows as one run of bytes: each 32-byte
     group (then 4-byte ones, at the end) is one load, its low 7 bits one masked store, its
     high bits one ``vpmovmskb``, a mask walked quad by quad, the row of each quad found by
     counting rows up as the quads come. (A loop of Numba's over 4-byte words took 5x
     as long as widening the rows, more than the byte kernel saved; a loop over each row's
-    groups, 4x for a 7 x 7 stem's rows of 148 bytes.) Gives up (-1) when the entries pass
-    per_row times the rows begun, plus one row's, or n times per_row (high's room)."""
+    groups, 4x for a 7 x 7 stem's rows of 148 bytes.) Gives up (-1) when the entries
+    outgrow high's room, cap."""
     from llvmlite import ir
     name = "eqquant_avx2_split_high"
     if name in mod.globals:
@@ -237,7 +237,7 @@ def _define_split(mod):
     p8 = i8.as_pointer()
     fn = ir.Function(mod, ir.FunctionType(i64, [p8, p8, i64, i64, p8, p8, i64]), name=name)
     fn.linkage = "linkonce_odr"
-    rows, low, n, kp, starts8, high8, per_row = fn.args
+    rows, low, n, kp, starts8, high8, cap = fn.args
     c32 = lambda v: ir.Constant(i32, v)  # noqa: E731
     c64 = lambda v: ir.Constant(i64, v)  # noqa: E731
     bc = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -267,10 +267,8 @@ def _define_split(mod):
             r, end = while_loop(fn, bc, [r, end],
                                 lambda bc, rv: bc.icmp_signed(">=", pos, rv[1]), next_row,
                                 "rows")
-            begun = bc.add(r, c64(2))                   # (high has n rows' share)
-            limit = bc.mul(bc.select(bc.icmp_signed("<", begun, n), begun, n), per_row)
             room = fn.append_basic_block("room")
-            bc.cbranch(bc.icmp_signed("<", m, limit), room, full)
+            bc.cbranch(bc.icmp_signed("<", m, cap), room, full)
             bc.position_at_end(room)
             # the quad's 4 high bits, one to a byte (bit i to bit 0 of byte i)
             nibble = bc.and_(bc.lshr(mask, shift), c32(15))
@@ -309,7 +307,7 @@ def _split_intrinsic():
     from numba import types
     from numba.extending import intrinsic
 
-    def split(typingctx, rows, low, n, kp, starts, high, per_row):
+    def split(typingctx, rows, low, n, kp, starts, high, cap):
         def codegen(context, builder, signature, args):
             from llvmlite import ir
             fn = _define_split(builder.module)
@@ -331,10 +329,8 @@ def split_high(rows, low, starts, high):
     r's entries are high[starts[r]:starts[r + 1]], each (q, h_4q + (h_4q+1 << 8) + (h_4q+2
     << 16) + (h_4q+3 << 24)) for a quad of bytes a_4q..a_4q+3 with a high bit, h = a >> 7
     (the quad's high bits, one to a byte, little-endian as its bytes). Returns the
-    number of entries, or -1 where they pass high's share of the rows begun (high's rows /
-    n each) by more than one row's share, or high's rows (the chunk then takes the 16-bit
-    kernel: a stem's image, half of whose bytes have the bit, gives up in its first rows).
-    Rows and low C-contiguous, their length a multiple of 4."""
+    number of entries, or -1 where high has too few rows for them (the chunk then takes the
+    16-bit kernel). Rows and low C-contiguous, their length a multiple of 4."""
     if not (rows.flags.c_contiguous and low.flags.c_contiguous):
         raise ValueError("split_high reads and writes C-contiguous rows")
     n, kp = rows.shape
@@ -342,7 +338,7 @@ def split_high(rows, low, starts, high):
         starts[0] = 0
         return 0
     return _split(rows.ctypes.data, low.ctypes.data, n, kp, starts.ctypes.data,
-                  high.ctypes.data, high.shape[0] // n)
+                  high.ctypes.data, high.shape[0])
 
 
 @njit(cache=True)
@@ -373,9 +369,9 @@ def gemm(a_u8, packed, out):
 
 @njit(cache=True)
 def gemm_bytes(a_u8, packed, out):
-    """``gemm`` on the byte kernel where the rows' high bits can be listed (``split_high``),
-    else on the 16-bit one; True where it took the byte kernel."""
-    low, starts, high, rows16 = split_or_widen(a_u8, True)
+    """``gemm`` on the byte kernel where the rows' high bits can be listed (``listed``), else
+    on the 16-bit one; True where it took the byte kernel."""
+    low, starts, high, rows16 = listed(a_u8, empties(a_u8.shape[1]))
     n, kq = a_u8.shape[0], pairs(packed)
     if rows16.shape[0]:
         gemm_block(rows16.ctypes.data, kq * 2, packed.ctypes.data, out.ctypes.data,
@@ -444,10 +440,12 @@ def _tile(low, starts, high, rows16, packed, ob0, ob1, o_n, params, lo, hi, p0, 
 
 @njit(cache=True)
 def high_quad_share(nhwc):
-    """The share of a C-contiguous image's 4-byte words (a quad of channels) with a high bit,
-    from up to SAMPLES of them spread over it: an image of 1 / (HIGH_SHARE + 2) or more
-    takes the 16-bit kernel without trying to list its high bits (a chunk that gives up costs
-    its listing besides the widening, 5-8% more than the 16-bit kernel alone)."""
+    """The share of C-contiguous rows' 4-byte words (quads) with a high bit, from up to
+    SAMPLES of them spread over the rows: rows of 1 / (HIGH_SHARE + 2) or more take the
+    16-bit kernel without trying to list their high bits (a chunk that gives up costs its
+    listing besides the widening, 5-8% more than the 16-bit kernel alone). Sampled in each
+    chunk's rows, gathered or about to be read: sampled in the image before the convolution,
+    the words came from the other core's cache, and MobileNet-v2 took 3-14% longer."""
     flat = nhwc.reshape(nhwc.size)
     words = flat.size // 4
     if words == 0:
@@ -461,24 +459,45 @@ def high_quad_share(nhwc):
 
 
 @njit(cache=True)
-def split_or_widen(rows, bytes_ok):
-    """A chunk's rows for the byte kernel (``split_high``: (low bits, starts, high list),
-    and an empty int16 array), or, where its high bits are too many to list, for the 16-bit
-    kernel (empty ones, and the rows widened)."""
+def split_or_widen(rows, none):
+    """A chunk's rows for the byte kernel (``split_high``'s low bits, starts and high list,
+    and ``none[3]``, an empty int16 array), or for the 16-bit kernel (``none[:3]``, empty
+    arrays, and the rows widened): where they have fewer than BYTES_FROM bytes, where a
+    sample of their quads is high in 1 / (HIGH_SHARE + 2) or more (``high_quad_share``), or
+    where their list outgrows its room (``listed``)."""
+    if rows.shape[1] >= BYTES_FROM and high_quad_share(rows) * (HIGH_SHARE + 2) < 1:
+        return listed(rows, none)
+    return widened(rows, none)
+
+
+@njit(cache=True)
+def listed(rows, none):
+    """``split_or_widen``'s operands of the byte kernel, room for the high bits of 1 /
+    HIGH_SHARE of the quads (``split_high``), or of the 16-bit kernel where that is too
+    little."""
     n, kp = rows.shape
-    if not bytes_ok:
-        rows16 = np.empty((n, kp), np.int16)
-        _widen(rows, rows16)
-        return (np.empty((0, kp), np.uint8), np.empty(0, np.int32),
-                np.empty((0, 2), np.int32), rows16)
     low = np.empty((n, kp), np.uint8)
     starts = np.empty(n + 1, np.int32)
     high = np.empty((n * (kp // (4 * HIGH_SHARE)), 2), np.int32)
     if split_high(rows, low, starts, high) >= 0:
-        return low, starts, high, np.empty((0, kp), np.int16)
-    rows16 = np.empty((n, kp), np.int16)
+        return low, starts, high, none[3]
+    return widened(rows, none)
+
+
+@njit(cache=True)
+def widened(rows, none):
+    """``split_or_widen``'s operands of the 16-bit kernel: the rows widened to int16."""
+    rows16 = np.empty(rows.shape, np.int16)
     _widen(rows, rows16)
-    return low[:0], starts[:0], high[:0], rows16
+    return none[0], none[1], none[2], rows16
+
+
+@njit(cache=True)
+def empties(kp):
+    """``split_or_widen``'s empty arrays for rows of kp bytes (made once per call, not per
+    chunk)."""
+    return (np.empty((0, kp), np.uint8), np.empty(0, np.int32), np.empty((0, 2), np.int32),
+            np.empty((0, kp), np.int16))
 
 
 @njit(parallel=True, cache=True)
@@ -491,8 +510,7 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
     images, p_n = nhwc.shape[0], oh * ow
     o_n = out.shape[2]
     oblocks, kp = packed.shape[0], pairs(packed) * 2
-    bytes_ok = kp >= BYTES_FROM and nhwc.flags.c_contiguous and \
-        high_quad_share(nhwc) * (HIGH_SHARE + 2) < 1
+    none = empties(kp)
     if images > 1 or p_n >= SMALL or oblocks == 1:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
@@ -505,12 +523,12 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
             p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
                                       chunk, chunks, kp, shared)
             n = rows.shape[0]
-            low, starts, high, rows16 = split_or_widen(rows, bytes_ok)
+            low, starts, high, rows16 = split_or_widen(rows, none)
             _tile(low, starts, high, rows16, packed, ob0, ob1, o_n, params, lo, hi, p0, out[b])
             add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
     else:
         rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
-        low, starts, high, rows16 = split_or_widen(rows, bytes_ok)
+        low, starts, high, rows16 = split_or_widen(rows, none)
         shares = block_shares(p_n, oblocks, threads)
         for item in prange(oblocks * shares):
             ob, q0, q1 = share_item(item, shares, p_n)
