@@ -1,20 +1,62 @@
-"""An int8 GEMM on AVX2 (``vpmaddwd``), for CPUs without VNNI: LLVM IR written with llvmlite
-and emitted into Numba-compiled kernels through an intrinsic, like ``vnni.py``, whose interface
-it shares (pixel rows as unsigned bytes, packed weights, the same epilogue).
+"""An int8 GEMM on AVX2, for CPUs without VNNI: LLVM IR written with llvmlite and emitted into
+Numba-compiled kernels through an intrinsic, like ``vnni.py``, whose interface it shares
+(pixel rows as unsigned bytes, packed weights, the same epilogue).
 
     C[p, o] = sum_k A[p, k] * B[k, o]     A uint8 (P x K), B int8, C int32
 
-``vpmaddwd`` multiplies 16 pairs of int16 and adds each pair into one int32 lane: exact for
-uint8 x int8 (|a * b + a' * b'| <= 65,280). (``vpmaddubsw`` would take the bytes directly but
-adds its pairs in int16 with saturation: not exact, the known saturation of 8-bit dot products
-on CPUs without VNNI.) B is packed once as int16 [O/16][K/2][16][2]: one 32-byte load gives
-2 k-values for 8 output channels. The micro-kernel keeps 6 pixels x 16 channels in 12
-accumulators; the pixel rows (the uint8 rows the VNNI kernel reads) are widened to int16 a
-chunk at a time, so that each pixel's pair (a_k, a_k+1) is one broadcast 32-bit load. The
+AVX2 has two multiplies of bytes, neither both exact and fast for uint8 x int8:
+
+- ``vpmaddubsw`` multiplies 32 unsigned bytes by 32 signed ones and adds each pair of
+  products into an int16 with saturation (|a * b + a' * b'| reaches 65,280: the known
+  saturation of 8-bit dot products on CPUs without VNNI); ``vpmaddwd`` by ones then adds
+  the pairs into int32 lanes: 32 products for two multiplies and one add.
+- ``vpmaddwd`` on bytes widened to int16 is exact: 16 products for one multiply and one add.
+
+The byte kernel (``bytes_block``, ``bytes_requantize``; ``gemm_bytes``) makes the first
+exact. Each activation a = l + 128 h is split into its low 7 bits l and its high bit h
+(``split_high``). The low bits go through ``vpmaddubsw``: a pair of products l * b + l' * b'
+lies within +-32,512 and cannot saturate. The high bits, rare after a ReLU (0.1-3% of the
+bytes ResNet's int8 convolutions read, 2-12% of their quads of 4 bytes), are listed quad by
+quad, and each listed quad's 4 high bits, as bytes of 0 or 1, are multiplied with the same
+``vpmaddubsw`` by that quad's weights (just read by the sums, so in cache) and by 128 with
+``vpmaddwd``, into the row's sums before the epilogue. Measured on an AMD EPYC (Zen 3), on
+one core in cache, the products alone: 90-95 GMAC/s against 73-76 for the 16-bit kernel; a
+chunk of 96 pixels of 576 bytes by 64 channels, requantized: 1.12-1.23x faster with 0-5% of
+its quads high, level at 10%.
+
+Where listing does not pay, the 16-bit kernel (``gemm_block``, ``gemm_requantize``) takes
+the rows, widened to int16 a chunk at a time (each pixel's pair (a_k, a_k+1) one broadcast
+32-bit load). Which kernel runs is decided at three levels; none changes a bit of the sums:
+
+- per layer (``conv_kernel``): rows of fewer than BYTES_FROM bytes always take the 16-bit
+  kernel and its driver (``conv_requantize``). Measured layer by layer on an AMD EPYC (Zen
+  3), the byte kernel lost on them: resnet18's 7 x 7 stem (148 bytes) 7-11%, its 1x1
+  stride-2 layers (64-256 bytes) 4-5%, resnet50's 1x1 layers of 64 bytes 0-7%;
+- per chunk of pixels (``split_or_widen``): a chunk whose sampled quads
+  (``high_quad_share``) are high in 1/TRY_BELOW or more is widened without listing, and a
+  chunk whose list outgrows its room (1/HIGH_SHARE of its quads) gives up and is widened;
+- per call (``conv_requantize_bytes``): a layer whose last try sent most of its chunks to
+  the 16-bit kernel runs ``conv_requantize`` itself, trying the bytes again every RETRY
+  calls. MobileNet-v2's layers read 45-99% of high quads (its linear bottlenecks' zero
+  points near 128, its ReLU6 outputs spread up to 255); sampled chunk by chunk they took
+  4-5% longer than on the 16-bit driver.
+
+Measured whole (the same process, runs alternating between the byte driver and the 16-bit
+one on the same layers, AMD EPYC Zen 3, 2 threads): resnet18 0.93-0.94x the time, resnet50
+0.91-0.92x, MobileNet-v2 level. Layer by layer, resnet50's 1x1 and 3x3 layers of 256-4608
+bytes ran 0.79-0.89x, resnet18's 3x3 layers 0.80-0.98x where 1-13% of their quads were high,
+but two of 56 x 56 pixels, 8% and 12% high, 1.05x and 1.23x (the second's record then sends
+it to the 16-bit driver).
+
+The byte kernel reads its own packing of the weights (``pack_quads``: [Kp/4][16][4] int8 per
+block of 16 output channels, 4 k-values for 8 channels in 32 bytes), beside the 16-bit kernel's
+panels (``pack``), which are as they were without it. The 16-bit kernel keeps 6 pixels x 16
+channels in 12 accumulators, the byte kernel 4 x 16 (at 6, with the weights, the ones and a
+broadcast, no register was left for the products: LLVM spilled two sums a step). The
 convolution driver requantizes the sums in registers and stores 8-bit values, as the VNNI
-kernels do (``vnni.requantize_finish``): finished through an int32 tile in memory, MobileNet-
-v2's int8 convolutions took 1.7x as long on an AMD EPYC with AVX2 (its 1x1 layers of few
-input channels 2.5-3x: the epilogue, not the products, was their cost).
+kernels do (``vnni.requantize_finish``): finished through an int32 tile in memory,
+MobileNet-v2's int8 convolutions took 1.7x as long on an AMD EPYC with AVX2 (its 1x1 layers of
+few input channels 2.5-3x: the epilogue, not the products, was their cost).
 """
 from __future__ import annotations
 
@@ -22,7 +64,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
+from .llvm_loops import (carried_loop, counted_loop, cpu_has, declare, gemm_definition,
+                         gemm_intrinsic, load_vectors, panel_gemm, splat, while_loop)
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
 from .gather import (SMALL, _chunk_windows, _rows, block_shares, share_item,
                      shared_windows, work_split)
@@ -34,7 +77,14 @@ from .vnni import _finish, pack_panels, requantize_finish
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
 ROWS = 6     # pixels per micro-kernel step: 6 x 2 accumulators + 2 weight vectors in ymm
-PANEL = 64   # bytes of packed weights per k-pair and block (16 channels x 2 k x int16)
+BYTE_ROWS = 4   # the byte kernel's pixels a step: 4 x 2 accumulators, 2 weights, the ones
+PANEL = 64   # bytes of packed weights per k-step and block (16 channels x 2 int16 or 4 int8)
+HIGH_SHARE = 8   # a chunk's high bits listed for the byte kernel: in up to 1/8 of its quads
+BYTES_FROM = 256  # the byte kernel for rows of this many bytes or more
+TRY_BELOW = 10   # a chunk whose sampled quads are high in 1/10 or more: the 16-bit kernel
+SAMPLES = 64     # words of a chunk's rows sampled for their share of quads with a high bit
+RETRY = 16       # a layer whose last try mostly took the 16-bit kernel tries again after this
+RECORD = 2       # a layer's record (calls, chunks of its last try that took the 16-bit kernel)
 
 
 def available() -> bool:
@@ -47,9 +97,10 @@ EPILOGUE = ("ptr", "i64", "i64", "i64", "i64")   # params, stride, lo, hi, valid
 def _define(epilogue: bool = False):
     """Define (once per LLVM module) ``void eqquant_avx2_gemm(A, lda, B, C, ldc, p0, p1,
     kpairs, oblocks)`` (A int16 rows of lda elements): for each block of 16 output channels,
-    pixels p0..p1, ROWS at a time (then one at a time), over all k-pairs. With ``epilogue``,
-    ``eqquant_avx2_gemm_requantize(..., params, stride, lo, hi, valid)`` finishes each sum in
-    registers and stores 8-bit values (``vnni.requantize_finish``), as the VNNI GEMMs do."""
+    pixels p0..p1, ROWS at a time (then one at a time), over all k-pairs of the 16-bit
+    panels. With ``epilogue``, ``eqquant_avx2_gemm_requantize(..., params, stride, lo, hi,
+    valid)`` finishes each sum in registers and stores 8-bit values
+    (``vnni.requantize_finish``), as the VNNI GEMMs do."""
     @gemm_definition("eqquant_avx2_gemm" + ("_requantize" if epilogue else ""), "i8",
                      EPILOGUE if epilogue else ())
     def define_gemm(mod, fn, args, b):
@@ -74,19 +125,226 @@ def _define(epilogue: bool = False):
     return define_gemm
 
 
+HIGH = ("ptr", "ptr")     # the byte kernel's high-bit list: starts (n + 1), entries (m, 2)
+
+
+def _define_bytes(epilogue: bool = False):
+    """Define ``void eqquant_avx2_bytes(A, lda, B, C, ldc, p0, p1, kquads, oblocks, starts,
+    high)`` (A the rows' low 7 bits, lda bytes apart; ``split_high``'s list): as
+    ``_define``'s GEMM, BYTE_ROWS pixels at a time, over the byte quads with ``vpmaddubsw``,
+    each row's listed high bits then added (``correct``); with ``epilogue``,
+    ``..._requantize(..., params, stride, lo, hi, valid, starts, high)``."""
+    extra = (EPILOGUE if epilogue else ()) + HIGH
+
+    @gemm_definition("eqquant_avx2_bytes" + ("_requantize" if epilogue else ""), "i8", extra)
+    def define_gemm(mod, fn, args, b):
+        from llvmlite import ir
+        i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+        v8, v16, v32 = ir.VectorType(i32, 8), ir.VectorType(i16, 16), ir.VectorType(i8, 32)
+        bytes_madd = declare(mod, "llvm.x86.avx2.pmadd.ub.sw",
+                             ir.FunctionType(v16, [v32, v32]))
+        madd = declare(mod, "llvm.x86.avx2.pmadd.wd", ir.FunctionType(v8, [v16, v16]))
+        ones, scale = ir.Constant(v16, [1] * 16), ir.Constant(v16, [128] * 16)
+        a_ptr, b_ptr, count = args[0], args[2], args[7]
+        starts, high = (b.bitcast(v, i32.as_pointer()) for v in args[-2:])
+        c64 = lambda v: ir.Constant(i64, v)  # noqa: E731
+
+        def row_step(bc, start, k, accs, weights):
+            """the 4 low-bit bytes a_4k..a_4k+3 of this pixel's row, in every lane: pairs of
+            products within +-32,512 (127 x 128 x 2), so vpmaddubsw cannot saturate"""
+            at = bc.add(start, bc.mul(k, c64(4)))
+            lane = bc.load(bc.bitcast(bc.gep(a_ptr, [at]), i32.as_pointer()), align=1)
+            av = bc.bitcast(splat(bc, lane, v8), v32)
+            return [bc.add(accs[j], bc.call(madd, [bc.call(bytes_madd, [av, weights[j]]),
+                                                   ones])) for j in range(2)]
+
+        def correct(bc, accs, p, ob):
+            """each row's listed high bits: (quad q, its 4 high bits as bytes h) times block
+            ob's byte quad q (``vpmaddubsw``: pairs of products of 0 or 1 by an int8), by
+            128 (``vpmaddwd``): the quads the sums just read, in cache"""
+            quads = bc.mul(ob, bc.mul(count, c64(PANEL)))
+            out = []
+            for r, row in enumerate(accs):
+                q = bc.add(p, c64(r))
+                first, end = (bc.sext(bc.load(bc.gep(starts, [bc.add(q, c64(d))]), align=4),
+                                      i64) for d in (0, 1))
+
+                def add_high(bc, i, sums):
+                    at = bc.mul(i, c64(2))
+                    quad = bc.sext(bc.load(bc.gep(high, [at]), align=4), i64)
+                    bits = bc.load(bc.gep(high, [bc.add(at, c64(1))]), align=4)
+                    hv = bc.bitcast(splat(bc, bits, v8), v32)
+                    w = load_vectors(bc, b_ptr, bc.add(quads, bc.mul(quad, c64(PANEL))), 32, 2,
+                                     v32, 32)
+                    return [bc.add(sums[t], bc.call(madd, [bc.call(bytes_madd, [hv, w[t]]),
+                                                           scale])) for t in range(2)]
+                out.append(carried_loop(fn, bc, first, end, list(row), add_high, "high"))
+            return out
+
+        panel_gemm(fn, b, args, rows=BYTE_ROWS, block=BLOCK, panel=PANEL,
+                   weights=(32, 2, v32, 32),
+                   accumulators=(2, v8), row_step=row_step, out_lane=i32,
+                   finish=requantize_finish(args, BLOCK) if epilogue else None,
+                   correct=correct)
+    return define_gemm
+
+
 PADS = True   # any number of output channels: the last block is padded with zero weights
 
 
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """int8 weights (O, K) -> [ceil(O/16)][Kp/2][16][2] int16 panels (``vnni.pack_panels``):
-    one 32-byte load gives 2 k-values for 8 output channels."""
+    one 32-byte load gives 2 k-values for 8 output channels (the 16-bit kernel's)."""
     return pack_panels(w, BLOCK, 2, np.int16)
+
+
+def pack_quads(w: np.ndarray) -> np.ndarray:
+    """int8 weights (O, K) -> [ceil(O/16)][Kp/4][16][4] int8 quads (the byte kernel's): one
+    32-byte load gives 4 k-values for 8 output channels."""
+    return pack_panels(w, BLOCK, 4, np.int8)[0]
+
+
+def conv_kernel(w: np.ndarray, kp: int) -> tuple:
+    """(the fused convolution, its arguments besides ``pack``'s) for weights (O, K) whose
+    rows are padded to kp bytes: ``conv_requantize_bytes`` with the byte quads and a record
+    of its calls (``BytesRecord``) for rows of BYTES_FROM bytes or more, else
+    ``conv_requantize`` alone (a layer of short rows runs the 16-bit kernel's driver as it
+    was)."""
+    if kp >= BYTES_FROM:
+        return conv_requantize_bytes, (pack_quads(w), np.zeros(RECORD, np.int64))
+    return conv_requantize, ()
 
 
 # gemm_block(A address, lda, B address, C address, ldc, p0, p1, kpairs, oblocks).
 gemm_block = gemm_intrinsic(_define(), "i8")
 # gemm_requantize(..., params address, params stride, lo, hi, valid): requantized to 8 bits
 gemm_requantize = gemm_intrinsic(_define(True), "i8", EPILOGUE)
+# the byte kernel: bytes_block(A low bits address, lda, B address, C address, ldc, p0, p1,
+# kquads, oblocks, starts address, high address), bytes_requantize(..., the epilogue's, starts,
+# high)
+bytes_block = gemm_intrinsic(_define_bytes(), "i8", HIGH)
+bytes_requantize = gemm_intrinsic(_define_bytes(True), "i8", EPILOGUE + HIGH)
+
+
+def _define_split(mod):
+    """Define (once per LLVM module) ``i64 eqquant_avx2_split_high(rows, low, n, kp, starts,
+    high, cap)``, ``split_high``'s work on the n rows as one run of bytes: each 32-byte
+    group (then 4-byte ones, at the end) is one load, its low 7 bits one masked store, its
+    high bits one ``vpmovmskb``, a mask walked quad by quad, the row of each quad found by
+    counting rows up as the quads come. (A loop of Numba's over 4-byte words took 5x
+    as long as widening the rows, more than the byte kernel saved; a loop over each row's
+    groups, 4x for a 7 x 7 stem's rows of 148 bytes.) Gives up (-1) when the entries
+    outgrow high's room, cap."""
+    from llvmlite import ir
+    name = "eqquant_avx2_split_high"
+    if name in mod.globals:
+        return mod.globals[name]
+    i1, i8, i32, i64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+    p8 = i8.as_pointer()
+    fn = ir.Function(mod, ir.FunctionType(i64, [p8, p8, i64, i64, p8, p8, i64]), name=name)
+    fn.linkage = "linkonce_odr"
+    rows, low, n, kp, starts8, high8, cap = fn.args
+    c32 = lambda v: ir.Constant(i32, v)  # noqa: E731
+    c64 = lambda v: ir.Constant(i64, v)  # noqa: E731
+    bc = ir.IRBuilder(fn.append_basic_block("entry"))
+    full = fn.append_basic_block("full")
+    starts, high = bc.bitcast(starts8, i32.as_pointer()), bc.bitcast(high8, i32.as_pointer())
+    cttz = declare(mod, "llvm.cttz.i32", ir.FunctionType(i32, [i32, i1]))
+
+    def group(bc, at, size, state):
+        """``size`` bytes at byte ``at``: low bits stored, high ones listed; the state (entry
+        count m, row, the row's end) carried"""
+        vt = ir.VectorType(i8, size)
+        v = bc.load(bc.bitcast(bc.gep(rows, [at]), vt.as_pointer()), align=1)
+        bc.store(bc.and_(v, ir.Constant(vt, [0x7F] * size)),
+                 bc.bitcast(bc.gep(low, [at]), vt.as_pointer()), align=1)
+        bits = bc.bitcast(bc.icmp_signed("<", v, ir.Constant(vt, [0] * size)), ir.IntType(size))
+        bits = bc.zext(bits, i32) if size < 32 else bits
+
+        def one_quad(bc, values):
+            mask, m, r, end = values
+            shift = bc.and_(bc.call(cttz, [mask, ir.Constant(i1, 1)]), c32(~3))
+            pos = bc.add(at, bc.zext(shift, i64))
+
+            def next_row(bc, rv):        # rows passed: each one's start is the count so far
+                r1 = bc.add(rv[0], c64(1))
+                bc.store(bc.trunc(m, i32), bc.gep(starts, [r1]), align=4)
+                return [r1, bc.add(rv[1], kp)]
+            r, end = while_loop(fn, bc, [r, end],
+                                lambda bc, rv: bc.icmp_signed(">=", pos, rv[1]), next_row,
+                                "rows")
+            room = fn.append_basic_block("room")
+            bc.cbranch(bc.icmp_signed("<", m, cap), room, full)
+            bc.position_at_end(room)
+            # the quad's 4 high bits, one to a byte (bit i to bit 0 of byte i)
+            nibble = bc.and_(bc.lshr(mask, shift), c32(15))
+            bits = bc.and_(bc.mul(nibble, c32(0x00204081)), c32(0x01010101))
+            quad = bc.lshr(bc.sub(pos, bc.sub(end, kp)), c64(2))
+            at2 = bc.mul(m, c64(2))
+            bc.store(bc.trunc(quad, i32), bc.gep(high, [at2]), align=4)
+            bc.store(bits, bc.gep(high, [bc.add(at2, c64(1))]), align=4)
+            rest = bc.and_(mask, bc.xor(bc.shl(c32(15), shift), c32(-1)))
+            return [rest, bc.add(m, c64(1)), r, end]
+        out = while_loop(fn, bc, [bits, *state],
+                         lambda bc, vs: bc.icmp_unsigned("!=", vs[0], c32(0)), one_quad, "bits")
+        return out[1:]
+
+    total = bc.mul(n, kp)
+    bc.store(c32(0), starts, align=4)
+    state = [c64(0), c64(0), kp]
+    groups = bc.sdiv(total, c64(32))
+    state = carried_loop(fn, bc, c64(0), groups, state, lambda bc, g, st: group(
+        bc, bc.mul(g, c64(32)), 32, st), "g32")
+    tail = bc.mul(groups, c64(32))
+    state = carried_loop(fn, bc, c64(0), bc.sdiv(bc.sub(total, tail), c64(4)), state,
+                         lambda bc, t, st: group(bc, bc.add(tail, bc.mul(t, c64(4))), 4, st),
+                         "g4")
+    m, r, _ = state
+    # the rows after the last listed quad's: their starts (and the end) are the count
+    counted_loop(fn, bc, bc.add(r, c64(1)), bc.add(n, c64(1)), 1, "ends", lambda bc, q: bc.store(
+        bc.trunc(m, i32), bc.gep(starts, [q]), align=4))
+    bc.ret(m)
+    bc.position_at_end(full)
+    bc.ret(c64(-1))
+    return fn
+
+
+def _split_intrinsic():
+    from numba import types
+    from numba.extending import intrinsic
+
+    def split(typingctx, rows, low, n, kp, starts, high, cap):
+        def codegen(context, builder, signature, args):
+            from llvmlite import ir
+            fn = _define_split(builder.module)
+            p8 = ir.IntType(8).as_pointer()
+            a = list(args)
+            for i in (0, 1, 4, 5):
+                a[i] = builder.inttoptr(a[i], p8)
+            return builder.call(fn, a)
+        return types.int64(*([types.intp] * 7)), codegen
+    return intrinsic(split)
+
+
+_split = _split_intrinsic()
+
+
+@njit(cache=True)
+def split_high(rows, low, starts, high):
+    """The rows' low 7 bits into ``low`` (same shape), and the list of their high bits: row
+    r's entries are high[starts[r]:starts[r + 1]], each (q, h_4q + (h_4q+1 << 8) + (h_4q+2
+    << 16) + (h_4q+3 << 24)) for a quad of bytes a_4q..a_4q+3 with a high bit, h = a >> 7
+    (the quad's high bits, one to a byte, little-endian as its bytes). Returns the
+    number of entries, or -1 where high has too few rows for them (the chunk then takes the
+    16-bit kernel). Rows and low C-contiguous, their length a multiple of 4."""
+    if not (rows.flags.c_contiguous and low.flags.c_contiguous):
+        raise ValueError("split_high reads and writes C-contiguous rows")
+    n, kp = rows.shape
+    if n == 0:
+        starts[0] = 0
+        return 0
+    return _split(rows.ctypes.data, low.ctypes.data, n, kp, starts.ctypes.data,
+                  high.ctypes.data, high.shape[0])
 
 
 @njit(cache=True)
@@ -107,11 +365,28 @@ def _widen(rows_u8, rows16):
 
 @njit(cache=True)
 def gemm(a_u8, packed, out):
-    """out = a_u8 @ B (a_u8: (P, Kp) uint8, out: (P, O') int32, O' the padded width)."""
+    """out = a_u8 @ B (a_u8: (P, Kp) uint8, out: (P, O') int32, O' the padded width), on the
+    16-bit kernel."""
     a16 = np.empty(a_u8.shape, np.int16)
     _widen(a_u8, a16)
     gemm_block(a16.ctypes.data, a16.shape[1], packed.ctypes.data, out.ctypes.data,
                out.shape[1], 0, a16.shape[0], packed.shape[1], packed.shape[0])
+
+
+@njit(cache=True)
+def gemm_bytes(a_u8, packed, quads, out):
+    """``gemm`` on the byte kernel (``quads``: ``pack_quads``'s) where the rows' high bits can
+    be listed (``listed``), else on the 16-bit one; True where it took the byte kernel."""
+    low, starts, high, rows16 = listed(a_u8, empties(a_u8.shape[1]))
+    n = a_u8.shape[0]
+    if rows16.shape[0]:
+        gemm_block(rows16.ctypes.data, rows16.shape[1], packed.ctypes.data, out.ctypes.data,
+                   out.shape[1], 0, n, packed.shape[1], packed.shape[0])
+        return False
+    bytes_block(low.ctypes.data, low.shape[1], quads.ctypes.data, out.ctypes.data,
+                out.shape[1], 0, n, quads.shape[1], quads.shape[0], starts.ctypes.data,
+                high.ctypes.data)
+    return True
 
 
 @njit(parallel=True, cache=True)
@@ -164,6 +439,95 @@ def _tile(rows16, packed, ob0, ob1, o_n, params, lo, hi, p0, out):
         _finish(acc, min(cols, o_n - rest * BLOCK), params, lo, hi, rest * BLOCK, p0, out)
 
 
+@njit(cache=True)
+def _tile_bytes(low, starts, high, rows16, packed, quads, ob0, ob1, o_n, params, lo, hi, p0,
+                out):
+    """``_tile`` on the 16-bit kernel where ``rows16`` holds the rows (n, kp), else on the
+    byte kernel (``low`` their low 7 bits, ``starts`` (n + 1) and ``high`` their high bits:
+    ``split_or_widen``'s)."""
+    if rows16.shape[0]:
+        _tile(rows16, packed, ob0, ob1, o_n, params, lo, hi, p0, out)
+        return
+    n, kq = low.shape[0], quads.shape[1]
+    whole = ob1 if o_n % 8 == 0 else min(ob1, o_n // BLOCK)
+    if whole > ob0:
+        bytes_requantize(low.ctypes.data, low.shape[1], quads.ctypes.data + ob0 * kq * PANEL,
+                         out.ctypes.data + p0 * out.shape[1] + ob0 * BLOCK, out.shape[1], 0, n,
+                         kq, whole - ob0, params.ctypes.data + ob0 * BLOCK * 8,
+                         params.shape[1], lo, hi, out.shape[1] - ob0 * BLOCK,
+                         starts.ctypes.data, high.ctypes.data)
+    rest = max(ob0, whole)
+    if rest < ob1:
+        cols = (ob1 - rest) * BLOCK
+        acc = np.empty((n, cols), np.int32)
+        bytes_block(low.ctypes.data, low.shape[1], quads.ctypes.data + rest * kq * PANEL,
+                    acc.ctypes.data, cols, 0, n, kq, ob1 - rest, starts.ctypes.data,
+                    high.ctypes.data)
+        _finish(acc, min(cols, o_n - rest * BLOCK), params, lo, hi, rest * BLOCK, p0, out)
+
+
+@njit(cache=True)
+def high_quad_share(nhwc):
+    """The share of C-contiguous rows' 4-byte words (quads) with a high bit, from up to
+    SAMPLES of them spread over the rows (each read as one 32-bit word): rows of
+    1/TRY_BELOW or more take the 16-bit kernel without trying to list their high bits (a chunk that gives up costs its
+    listing besides the widening, 5-8% more than the 16-bit kernel alone). Sampled in each
+    chunk's rows, gathered or about to be read: sampled in the image before the convolution,
+    the words came from the other core's cache, and MobileNet-v2 took 3-14% longer."""
+    flat = nhwc.reshape(nhwc.size)
+    words = flat[:flat.size // 4 * 4].view(np.uint32)
+    if words.size == 0:
+        return 0.0
+    step = max(1, words.size // SAMPLES)
+    hits = seen = 0
+    for i in range(0, words.size, step):
+        hits += (words[i] & 0x80808080) != 0
+        seen += 1
+    return hits / seen
+
+
+@njit(cache=True)
+def split_or_widen(rows, none):
+    """A chunk's rows for the byte kernel (``split_high``'s low bits, starts and high list,
+    and ``none[3]``, an empty int16 array), or for the 16-bit kernel (``none[:3]``, empty
+    arrays, and the rows widened): where they have fewer than BYTES_FROM bytes, where a
+    sample of their quads is high in 1/TRY_BELOW or more (``high_quad_share``), or
+    where their list outgrows its room (``listed``)."""
+    if rows.shape[1] >= BYTES_FROM and high_quad_share(rows) * TRY_BELOW < 1:
+        return listed(rows, none)
+    return widened(rows, none)
+
+
+@njit(cache=True)
+def listed(rows, none):
+    """``split_or_widen``'s operands of the byte kernel, room for the high bits of 1 /
+    HIGH_SHARE of the quads (``split_high``), or of the 16-bit kernel where that is too
+    little."""
+    n, kp = rows.shape
+    low = np.empty((n, kp), np.uint8)
+    starts = np.empty(n + 1, np.int32)
+    high = np.empty((n * (kp // (4 * HIGH_SHARE)), 2), np.int32)
+    if split_high(rows, low, starts, high) >= 0:
+        return low, starts, high, none[3]
+    return widened(rows, none)
+
+
+@njit(cache=True)
+def widened(rows, none):
+    """``split_or_widen``'s operands of the 16-bit kernel: the rows widened to int16."""
+    rows16 = np.empty(rows.shape, np.int16)
+    _widen(rows, rows16)
+    return none[0], none[1], none[2], rows16
+
+
+@njit(cache=True)
+def empties(kp):
+    """``split_or_widen``'s empty arrays for rows of kp bytes (made once per call, not per
+    chunk)."""
+    return (np.empty((0, kp), np.uint8), np.empty(0, np.int32), np.empty((0, 2), np.int32),
+            np.empty((0, kp), np.int16))
+
+
 @njit(parallel=True, cache=True)
 def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, params, lo, hi,
                     out, threads, res, add):
@@ -201,3 +565,64 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
             _tile(rows16[q0:q1], packed, ob, ob + 1, o_n, params, lo, hi, q0, out[0])
             add_residual(out, res, 0, q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n), add,
                          lo, hi)
+
+
+@njit(cache=True)
+def conv_requantize_bytes(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads,
+                          record, params, lo, hi, out, threads, res, add):
+    """``conv_requantize`` with the byte kernel (``quads``: ``pack_quads``'s weights) for
+    each chunk whose high bits can be listed (``split_or_widen``), the 16-bit one for the
+    others (``_bytes_region``). A layer where the last try sent most chunks to the 16-bit
+    kernel (MobileNet-v2's, whose inputs are 45-99% high) runs ``conv_requantize`` itself,
+    trying again every RETRY calls: each chunk's sampling and the byte driver's set-up made
+    those layers 4-5% slower. ``record`` (int64, RECORD): the calls so far, and how many of
+    the last try's chunks took the 16-bit kernel less how many took the byte kernel. Either
+    way the sums are exact: the record only chooses the speed."""
+    record[0] += 1
+    if record[1] > 0 and record[0] % RETRY != 0:
+        conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, params, lo,
+                        hi, out, threads, res, add)
+        return
+    record[1] = _bytes_region(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed,
+                              quads, params, lo, hi, out, threads, res, add)
+
+
+@njit(parallel=True, cache=True)
+def _bytes_region(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads, params,
+                  lo, hi, out, threads, res, add):
+    """``conv_requantize_bytes``'s parallel region; returns how many of its chunks took the
+    16-bit kernel less how many took the byte kernel."""
+    images, p_n = nhwc.shape[0], oh * ow
+    o_n = out.shape[2]
+    oblocks, kp = packed.shape[0], packed.shape[1] * 2
+    none = empties(kp)
+    wide = 0
+    if images > 1 or p_n >= SMALL or oblocks == 1:
+        chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
+        shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
+        for item in prange(images * chunks * groups):
+            b, chunk, g = work_item(item, chunks, groups)
+            ob0 = g * per_group
+            ob1 = min(oblocks, ob0 + per_group)
+            if ob0 >= ob1:
+                continue
+            p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
+                                      chunk, chunks, kp, shared)
+            n = rows.shape[0]
+            low, starts, high, rows16 = split_or_widen(rows, none)
+            wide += 1 if rows16.shape[0] else -1
+            _tile_bytes(low, starts, high, rows16, packed, quads, ob0, ob1, o_n, params, lo, hi,
+                        p0, out[b])
+            add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
+    else:
+        rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
+        low, starts, high, rows16 = split_or_widen(rows, none)
+        wide = 1 if rows16.shape[0] else -1
+        shares = block_shares(p_n, oblocks, threads)
+        for item in prange(oblocks * shares):
+            ob, q0, q1 = share_item(item, shares, p_n)
+            _tile_bytes(low[q0:q1], starts[q0:q1 + 1], high, rows16[q0:q1], packed, quads, ob,
+                        ob + 1, o_n, params, lo, hi, q0, out[0])
+            add_residual(out, res, 0, q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n), add,
+                         lo, hi)
+    return wide

@@ -129,6 +129,8 @@ class QConv2D(Binding):
             # (tap, channel) order, so that each tap of a window is contiguous in NHWC rows
             w_tap = np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(o, -1))
             self.packed, colsum128, self.kp = self.simd.pack(w_tap)
+            # the fused convolution of this layer's shape, and its arguments besides packed
+            self.conv_kernel, self.more_args = self.simd.conv_kernel(w_tap, self.kp)
             colsum = colsum128 // 128
             self.correction = (colsum * (self.shift + self.zx)).astype(np.int32)
             self.out_hw = tuple(out_type.shape[1:3] if self.channels_last else
@@ -530,7 +532,8 @@ class FusedQConv2D(Binding):
             # the kernel's arguments that are the same at every call (a conv's ~2 us of
             # Python around its kernel was 5% of MobileNet-v2's int8 run)
             self.fixed_args = (c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, c.dh, c.dw, c.zx + c.shift,
-                               *c.out_hw, c.packed, self.params, self.lo, self.hi)
+                               *c.out_hw, c.packed, *c.more_args, self.params, self.lo,
+                               self.hi)
         elif c.depthwise:
             self.params = k8.depthwise_params(c.wdw, self.bias, *args)
             self.inits = k8.depthwise_inits(c.wdw, c.zx)
@@ -566,8 +569,7 @@ class FusedQConv2D(Binding):
             extra = (np.zeros((0, 0, 0), res.dtype), np.zeros(0, np.int32))
         else:
             extra = (residual.reshape(flat.shape), self.residual_params)
-        return self.conv.simd.conv_requantize, (nhwc, *self.fixed_args, flat, threads(),
-                                                *extra)
+        return self.conv.conv_kernel, (nhwc, *self.fixed_args, flat, threads(), *extra)
 
     def _depthwise_call(self, hwc, res):
         """(the depthwise kernel, its arguments) on one channel-last image into res (oh, ow,

@@ -123,6 +123,12 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return pack_panels(w, BLOCK, 4, np.int8)
 
 
+def conv_kernel(w: np.ndarray, kp: int) -> tuple:
+    """(the fused convolution, its arguments besides ``pack``'s): ``conv_requantize``, which
+    needs none (the interface of every SIMD path; ``avx2.conv_kernel`` chooses)."""
+    return conv_requantize, ()
+
+
 # gemm_block(A address, lda, B address, C address, ldc, p0, p1, kq, oblocks): C rows
 # p0..p1 = A rows times the packed B (``oblocks`` panels of ``kq`` x 64 x 4 bytes).
 gemm_block = gemm_intrinsic(_define(), "i8")

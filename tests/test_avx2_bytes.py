@@ -1,0 +1,181 @@
+"""The AVX2 byte kernel (``runtime/avx2.py``): ``vpmaddubsw`` on the activations' low 7 bits,
+their high bits listed by ``split_high`` and added back, must give the exact integer sums
+whatever the bytes: no saturation at the extremes (255 x -128, 127 x 127), the listing
+right at row and group edges, a chunk with too many high bits handed to the 16-bit kernel,
+and a whole convolution bit for bit against the reference where the byte path runs."""
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from eqquant.ir.builder import Builder
+from eqquant.ir.interp import run
+from eqquant.ir.params import bind_params
+from eqquant.runtime.executor import Executor
+from kernel_paths import forced_int8_path
+
+avx2 = pytest.importorskip("eqquant.runtime.avx2")
+if not avx2.available():
+    pytest.skip("this CPU has no AVX2: the byte kernel cannot run here", allow_module_level=True)
+
+
+def _bytes(rng, shape, high: float) -> np.ndarray:
+    """uint8 values below 128 with a share ``high`` of them (the top bit) set."""
+    a = rng.integers(0, 128, shape).astype(np.uint8)
+    a[rng.random(shape) < high] |= 0x80
+    return a
+
+
+def _listed(rows: np.ndarray) -> tuple[list, list]:
+    """``split_high``'s starts and entries, by numpy: each quad with a high bit, in order."""
+    n, kp = rows.shape
+    h = (rows >> 7).reshape(n, kp // 4, 4).astype(np.int64)
+    starts, entries = [0], []
+    for r in range(n):
+        for q in np.nonzero(h[r].any(axis=1))[0]:
+            entries.append((int(q), int((h[r, q] << np.array([0, 8, 16, 24])).sum())))
+        starts.append(len(entries))
+    return starts, entries
+
+
+def _fits(rows: np.ndarray) -> bool:
+    """Whether a chunk's room (``listed``: (kp / 4) // HIGH_SHARE entries a row) holds the
+    rows' high bits."""
+    return len(_listed(rows)[1]) <= rows.shape[0] * ((rows.shape[1] // 4) // avx2.HIGH_SHARE)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 40), quads=st.integers(1, 40), high=st.sampled_from([0.0, 0.01, 0.1]),
+       seed=st.integers(0, 2 ** 32 - 1))
+@example(n=3, quads=8, high=0.0, seed=0)       # whole 32-byte groups, no high bit at all
+@example(n=5, quads=9, high=0.05, seed=1)      # rows of 36 bytes: groups straddle rows
+@example(n=1, quads=1, high=1.0, seed=2)       # one 4-byte row, all high
+def test_the_high_bits_are_listed_by_quad_and_row(n, quads, high, seed):
+    rng = np.random.default_rng(seed)
+    rows = _bytes(rng, (n, 4 * quads), high)
+    starts_want, entries_want = _listed(rows)
+    low = np.full_like(rows, 0xEE)
+    starts = np.full(n + 1, -7, np.int32)
+    big = np.zeros((n * quads, 2), np.int32)           # room for every quad: never gives up
+    assert avx2.split_high(rows, low, starts, big) == len(entries_want)
+    np.testing.assert_array_equal(low, rows & 0x7F)
+    assert starts.tolist() == starts_want
+    assert [tuple(e) for e in big[:len(entries_want)].tolist()] == entries_want
+    rooms = n * (quads // avx2.HIGH_SHARE)               # a chunk's room, then a guard
+    guarded = np.full((rooms + 2 * quads, 2), -5, np.int32)
+    assert (avx2.split_high(rows, low, starts, guarded[:rooms]) >= 0) == _fits(rows)
+    assert (guarded[rooms:] == -5).all()                 # nothing written past the room
+
+
+def test_the_listing_gives_up_past_its_room_and_the_16_bit_kernel_takes_the_chunk():
+    rng = np.random.default_rng(3)
+    kp = 64                                             # 16 quads a row: room for 2 a row
+    few = _bytes(rng, (24, kp), 0.0)
+    few[:, 5] |= 0x80                                   # one quad a row
+    few[0, ::4] |= 0x80                                 # and the first row: all its 16
+    many = _bytes(rng, (24, kp), 0.0)
+    many[:4, ::4] |= 0x80                               # 4 rows of 16: 64 > 48
+    room = np.zeros((24 * 2, 2), np.int32)
+    low, starts = np.empty_like(few), np.empty(25, np.int32)
+    assert avx2.split_high(few, low, starts, room) == 16 + 23
+    assert avx2.split_high(many, low, starts, room) == -1
+    w = rng.integers(-128, 128, (20, kp)).astype(np.int8)
+    packed, _, _ = avx2.pack(w)
+    for rows, takes_bytes in ((few, True), (many, False)):
+        out = np.zeros((24, packed.shape[0] * avx2.BLOCK), np.int32)
+        assert avx2.gemm_bytes(rows, packed, avx2.pack_quads(w), out) == takes_bytes
+        np.testing.assert_array_equal(out[:, :20], rows.astype(np.int64) @ w.T.astype(np.int64))
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 30), k=st.integers(1, 300), o=st.integers(1, 70),
+       high=st.sampled_from([0.0, 0.003, 0.02]), seed=st.integers(0, 2 ** 32 - 1))
+@example(p=13, k=576, o=40, high=0.02, seed=4)      # the byte kernel, with high bits
+@example(p=6, k=64, o=16, high=0.0, seed=5)
+@example(p=2, k=7, o=12, high=0.02, seed=1)         # no room for a high bit: 16-bit kernel
+def test_the_byte_kernel_is_exact_at_the_extremes(p, k, o, high, seed):
+    """Sums of the byte kernel against int64 numpy, with the products that saturate
+    ``vpmaddubsw`` on whole bytes (255 x -128 and 255 x 127 pairs) in every row that has a
+    high bit, and 127 x -128 pairs (the largest the low bits make) in every row."""
+    rng = np.random.default_rng(seed)
+    w = rng.integers(-128, 128, (o, k)).astype(np.int8)
+    w[0, :] = -128
+    if o > 1:
+        w[1, :] = 127
+    a = _bytes(rng, (p, k), high)
+    a[:, :2] |= 0x7F                                    # 127 or 255 in the first pair
+    packed, _, kp = avx2.pack(w)
+    rows = np.zeros((p, kp), np.uint8)
+    rows[:, :k] = a
+    out = np.zeros((p, packed.shape[0] * avx2.BLOCK), np.int32)
+    # (the kernel it says it ran)
+    assert avx2.gemm_bytes(rows, packed, avx2.pack_quads(w), out) == _fits(rows)
+    np.testing.assert_array_equal(out[:, :o], a.astype(np.int64) @ w.T.astype(np.int64))
+    assert not out[:, o:].any()
+
+
+@settings(max_examples=25, deadline=None)
+@given(c=st.integers(29, 45), o=st.integers(1, 100), k=st.sampled_from([1, 3]),
+       stride=st.integers(1, 2), size=st.integers(5, 20), batch=st.integers(1, 2),
+       residual=st.booleans(), seed=st.integers(0, 999))
+# a 7 x 7 image of 3 channel blocks (split by blocks, its rows split once for all), a
+# 20 x 20 one of 400 pixels (chunks of pixels), a pointwise layer reading the image's rows
+@example(c=32, o=48, k=3, stride=1, size=7, batch=1, residual=True, seed=1)
+@example(c=30, o=24, k=3, stride=1, size=20, batch=1, residual=False, seed=2)
+@example(c=29, o=70, k=1, stride=1, size=16, batch=2, residual=True, seed=3)
+def test_convolutions_on_the_byte_kernel_are_bit_exact(c, o, k, stride, size, batch, residual,
+                                                       seed):
+    """fused.qconv2d(_add) on activations most of whose bytes are below 128 (the byte
+    kernel's case: a ReLU's output) and with their weights' extremes, channel-last, on the
+    AVX2 path, against the integer reference."""
+    rng = np.random.default_rng(seed)
+    c = c if k == 3 else 9 * c           # rows of 256 bytes or more (``BYTES_FROM``)
+    b = Builder()
+    x = b.input("x", (batch, size, size, c), "uint8")
+    w = rng.integers(-128, 128, (k, k, c, o)).astype("i1")
+    w[..., 0] = -128
+    qargs = [b.param("w", w), b.param("b", rng.integers(-900, 900, o).astype("i4")),
+             b.param("zx", np.array(3, np.int32)), b.param("zw", np.array(0, np.int32)),
+             b.param("sx", np.array(0.05, np.float32)),
+             b.param("sw", rng.uniform(0.01, 0.02, o).astype(np.float32)),
+             b.param("s1", (0.05 * rng.uniform(0.01, 0.02, o)).astype(np.float32)),
+             b.param("z1", np.array(0, np.int32)), b.param("s2", np.array(0.1, np.float32))]
+    out = dict(strides=[stride] * 2, padding=[k // 2] * 4, activation="relu",
+               out_dtype="uint8", axis=3, data_layout="NHWC", kernel_layout="HWIO")
+    oh = (size + 2 * (k // 2) - k) // stride + 1
+    if residual:
+        r = b.input("r", (batch, oh, oh, o), "uint8")
+        y = b.call("fused.qconv2d_add", x, *qargs, b.param("z2", np.array(5, np.int32)), r,
+                   *[b.param(name, np.array(v, dt)) for name, v, dt in [
+                       ("sa", 0.1, np.float32), ("za", 5, np.int32), ("sr", 0.07, np.float32),
+                       ("zr", 4, np.int32), ("so", 0.12, np.float32), ("zo", 6, np.int32)]],
+                   **out)
+    else:
+        y = b.call("fused.qconv2d", x, *qargs, b.param("z2", np.array(5, np.int32)), **out)
+    bound = bind_params(*b.finish(y))
+    xs = {"x": _bytes(rng, (batch, size, size, c), 0.005)}
+    xs["x"][:, 0, 0, :4] = 255                      # a quad of 255s in a corner pixel
+    if residual:
+        xs["r"] = rng.integers(0, 256, (batch, oh, oh, o)).astype("uint8")
+    # the byte kernel's case: the image's rows (windows) take it, as a whole
+    from eqquant.runtime.gather import _rows
+    kp = -(-k * k * c // 4) * 4
+    rows = _rows(xs["x"][0], k, k, stride, stride, k // 2, k // 2, 1, 1, 3, oh, 0, oh * oh, kp)
+    assert avx2.split_or_widen(np.ascontiguousarray(rows), avx2.empties(kp))[3].size == 0
+    with forced_int8_path("avx2"):
+        ex = Executor(bound)
+        convs = [s.fn.conv for s in ex.steps if "qconv2d" in s.label]
+        assert [c.conv_kernel for c in convs] == [avx2.conv_requantize_bytes]
+        record = convs[0].more_args[1]
+        sparse = run(bound, xs)
+        np.testing.assert_array_equal(ex.run(xs), sparse)
+        assert record[0] == 1 and record[1] < 0       # one call; its chunks took bytes
+        # an image high in every byte: the 16-bit kernel's, then its own driver's, exact
+        dense = {**xs, "x": xs["x"] | 0x80}
+        want = run(bound, dense)
+        for call in range(2, avx2.RETRY + 2):
+            np.testing.assert_array_equal(ex.run(dense), want)
+            assert record[0] == call and record[1] > 0
+        for call in range(avx2.RETRY + 2, 2 * avx2.RETRY + 1):   # then the bytes again
+            np.testing.assert_array_equal(ex.run(xs), sparse)
+            assert (record[1] > 0) == (call < 2 * avx2.RETRY)
