@@ -243,6 +243,24 @@ def test_pool_kernels(case):
     _check(mod, params, {"x": rng.normal(size=(1, 3, hw, hw)).astype("float32")}, [case["op"]])
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_max_pools_keep_nan_and_infinities_as_the_reference_does(layout):
+    """A NaN in a window makes its maximum NaN (numpy's max, the reference's), also after
+    finite taps and before others; -inf never wins against a finite tap, +inf always does.
+    (The kernels once kept their running maximum past a NaN: Python's ``max``.)"""
+    shape = (1, 4, 9, 9) if layout == "NCHW" else (1, 9, 9, 4)
+    b = Builder()
+    y = b.call("nn.max_pool2d", b.input("x", shape), pool_size=[3, 3], strides=[2, 2],
+               padding=[1, 1, 1, 1], layout=layout)
+    mod, _ = b.finish(y)
+    x = np.random.default_rng(3).normal(size=shape).astype(np.float32)
+    for at, v in ((7, np.nan), (50, np.inf), (90, -np.inf), (200, np.nan), (201, -np.inf)):
+        x.flat[at] = v
+    got, want = Executor(mod).run({"x": x}), run(mod, {"x": x})
+    assert np.isnan(want).sum() >= 3 and np.isposinf(want).any()
+    np.testing.assert_array_equal(got, want)     # (NaNs in the same places)
+
+
 def test_elementwise_dense_softmax_and_global_pool_kernels():
     rng = np.random.default_rng(0)
     b = Builder()
