@@ -261,6 +261,19 @@ def test_max_pools_keep_nan_and_infinities_as_the_reference_does(layout):
     np.testing.assert_array_equal(got, want)     # (NaNs in the same places)
 
 
+def test_relu_keeps_infinities_and_nan_as_the_reference_does():
+    """relu(-inf) is 0, relu(inf) inf, relu(NaN) NaN, relu(-0.0) -0.0 (numpy's maximum);
+    the kernel once made -inf NaN (v - v)."""
+    b = Builder()
+    mod, _ = b.finish(b.call("nn.relu", b.input("x", (1, 2, 3, 4))))
+    x = np.random.default_rng(4).normal(size=(1, 2, 3, 4)).astype(np.float32)
+    x.flat[:4] = [-np.inf, np.inf, np.nan, -0.0]
+    got, want = Executor(mod).run({"x": x}), run(mod, {"x": x})
+    assert want.flat[0] == 0 and np.isnan(want.flat[2])
+    np.testing.assert_array_equal(got, want)
+    assert np.signbit(got.flat[3]) == np.signbit(want.flat[3])
+
+
 def test_elementwise_dense_softmax_and_global_pool_kernels():
     rng = np.random.default_rng(0)
     b = Builder()
