@@ -274,6 +274,28 @@ def test_relu_keeps_infinities_and_nan_as_the_reference_does():
     assert np.signbit(got.flat[3]) == np.signbit(want.flat[3])
 
 
+@pytest.mark.parametrize("size", [16, 20000])       # the one-thread twin, the parallel kernel
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_float_division_by_zero_gives_infinities_and_nan_as_the_reference_does(size,
+                                                                                per_channel):
+    """x / 0 is +-inf, 0 / 0 and NaN / 0 NaN (numpy's divide); the kernels once raised
+    ZeroDivisionError (Numba's Python error model)."""
+    shape = (1, 4, size // 4)
+    b = Builder()
+    z_shape = (1, 4, 1) if per_channel else shape
+    mod, _ = b.finish(b.call("divide", b.input("x", shape), b.input("z", z_shape)))
+    x = np.random.default_rng(5).normal(size=shape).astype(np.float32)
+    x[0, :, :3] = [[1, -1, 0]] * 4
+    x[0, 1, 3] = np.nan
+    z = np.ones(z_shape, np.float32)
+    z[0, :2] = 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = run(mod, {"x": x, "z": z})
+    got = Executor(mod).run({"x": x, "z": z})
+    assert np.isposinf(want).any() and np.isneginf(want).any() and np.isnan(want).any()
+    np.testing.assert_array_equal(got, want)
+
+
 def test_elementwise_dense_softmax_and_global_pool_kernels():
     rng = np.random.default_rng(0)
     b = Builder()

@@ -306,10 +306,11 @@ def global_avg_pool_channels_last(x, out):
 
 
 @with_serial
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def binary_same(a, b, op, act, out):
     """Flat arrays of one size: out = act(a op b); op 0 add, 1 subtract, 2 multiply,
-    3 divide."""
+    3 divide (IEEE's: x / 0 is +-inf or NaN, as numpy's divide in the reference; Numba's
+    default error model raised ZeroDivisionError)."""
     for i in prange(a.size):
         x = a[i]
         y = b[i]
@@ -326,9 +327,9 @@ def binary_same(a, b, op, act, out):
         out[i] = v
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def binary_channel(a, b, op, out):
-    """a, out: (C, P); b: (C,): out = a op b[c]."""
+    """a, out: (C, P); b: (C,): out = a op b[c] (a division by zero as ``binary_same``'s)."""
     rows, cols = a.shape
     for c in prange(rows):
         y = b[c]

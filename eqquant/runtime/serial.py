@@ -26,14 +26,17 @@ SERIAL_BELOW = 16384   # elements: below, one thread is the faster (the crossove
 
 def with_serial(kernel):
     """``kernel`` (a parallel Numba function) with ``kernel.serial``: its Python source
-    compiled for one thread (``prange`` is then ``range``), under its own name so that the
-    two never share an entry in Numba's disk cache."""
+    compiled for one thread (``prange`` is then ``range``), with the kernel's other options
+    (its error model: the same bits), under its own name so that the two never share an
+    entry in Numba's disk cache."""
     fn = kernel.py_func
     twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial",
                               fn.__defaults__, fn.__closure__)
     twin.__qualname__ = fn.__qualname__ + "_serial"
     twin.__module__, twin.__doc__ = fn.__module__, fn.__doc__
-    kernel.serial = njit(cache=True)(twin)
+    options = {k: v for k, v in kernel.targetoptions.items()
+               if k in ("error_model", "fastmath", "boundscheck")}
+    kernel.serial = njit(cache=True, **options)(twin)
     return kernel
 
 
