@@ -123,6 +123,7 @@ def test_the_byte_kernel_is_exact_at_the_extremes(p, k, o, high, seed):
 @example(c=32, o=48, k=3, stride=1, size=7, batch=1, residual=True, seed=1)
 @example(c=30, o=24, k=3, stride=1, size=20, batch=1, residual=False, seed=2)
 @example(c=29, o=70, k=1, stride=1, size=16, batch=2, residual=True, seed=3)
+@example(c=41, o=5, k=1, stride=2, size=5, batch=2, residual=False, seed=178)
 def test_convolutions_on_the_byte_kernel_are_bit_exact(c, o, k, stride, size, batch, residual,
                                                        seed):
     """fused.qconv2d(_add) on activations most of whose bytes are below 128 (the byte
@@ -153,7 +154,9 @@ def test_convolutions_on_the_byte_kernel_are_bit_exact(c, o, k, stride, size, ba
     else:
         y = b.call("fused.qconv2d", x, *qargs, b.param("z2", np.array(5, np.int32)), **out)
     bound = bind_params(*b.finish(y))
-    xs = {"x": _bytes(rng, (batch, size, size, c), 0.005)}
+    # 0.2% of the bytes high (about 1% of the quads): at 0.5%, 64 sampled words of a 9-row
+    # image once drew 7 high ones, over the byte kernel's 1/10 (seed 178, c=41, k=1)
+    xs = {"x": _bytes(rng, (batch, size, size, c), 0.002)}
     xs["x"][:, 0, 0, :4] = 255                      # a quad of 255s in a corner pixel
     if residual:
         xs["r"] = rng.integers(0, 256, (batch, oh, oh, o)).astype("uint8")
