@@ -67,6 +67,56 @@ def test_the_high_bits_are_listed_by_quad_and_row(n, quads, high, seed):
     assert (guarded[rooms:] == -5).all()                 # nothing written past the room
 
 
+@settings(max_examples=60, deadline=None)
+@given(h=st.integers(1, 9), w=st.integers(1, 9), quads=st.integers(1, 5),
+       k=st.tuples(st.integers(1, 3), st.integers(1, 3)), stride=st.integers(1, 2),
+       pad=st.integers(0, 2), dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+       high=st.sampled_from([0.0, 0.03, 0.3, 1.0]), seed=st.integers(0, 2 ** 32 - 1))
+@example(h=5, w=6, quads=2, k=(3, 3), stride=1, pad=1, dilation=(1, 1), high=0.3, seed=1)
+@example(h=7, w=7, quads=1, k=(3, 2), stride=2, pad=2, dilation=(2, 2), high=0.3, seed=2)
+def test_the_windows_lists_are_made_from_the_images(h, w, quads, k, stride, pad, dilation,
+                                                     high, seed):
+    """``window_lists`` from ``image_lists``: the windows' high bits as ``split_high`` lists
+    them on the gathered windows (each row's entries, in any order), with the room's
+    give-up, for kernels inside and across the image's edges, strides and dilations."""
+    from eqquant.runtime.gather import _rows
+    rng = np.random.default_rng(seed)
+    (kh, kw), (dh, dw), c = k, dilation, 4 * quads
+    oh = (h + 2 * pad - dh * (kh - 1) - 1) // stride + 1
+    ow = (w + 2 * pad - dw * (kw - 1) - 1) // stride + 1
+    if oh < 1 or ow < 1:
+        return
+    img = _bytes(rng, (1, h, w, c), high)
+    low, img_starts, img_high, fits = avx2.image_lists(img)
+    share = len(_listed(img.reshape(h * w, c))[1]) / (h * w * quads)
+    assert fits == (len(_listed(img.reshape(h * w, c))[1]) <= (h * w * quads) //
+                    avx2.TRY_BELOW), share
+    if not fits:
+        return
+    np.testing.assert_array_equal(low, img & 0x7F)
+    kp = kh * kw * c
+    rows = _rows(img[0], kh, kw, stride, stride, pad, pad, dh, dw, 7, ow, 0, oh * ow, kp)
+    want_starts, want = _listed(np.ascontiguousarray(rows))
+    for p0, n in ((0, oh * ow), (oh * ow // 2, oh * ow - oh * ow // 2)):
+        # room for them all, then for one less (where they are any)
+        for room in {len(want) + 3, max(want_starts[p0 + n] - want_starts[p0] - 1, 0)}:
+            starts = np.full(n + 1, -9, np.int32)
+            guard = np.full((room + avx2.SLACK + 6, 2), -5, np.int32)
+            got = avx2.window_lists(img_starts[0], img_high[0], c, kh, kw, stride, stride, pad,
+                                    pad, dh, dw, h, w, ow, p0, n, starts,
+                                    guard[:room + avx2.SLACK])
+            if room < want_starts[p0 + n] - want_starts[p0]:
+                assert got == -1
+                continue
+            assert got == want_starts[p0 + n] - want_starts[p0]
+            assert (starts - starts[0]).tolist() == [v - want_starts[p0] for v in
+                                                     want_starts[p0:p0 + n + 1]]
+            for r in range(n):
+                mine = sorted(map(tuple, guard[starts[r]:starts[r + 1]].tolist()))
+                assert mine == sorted(want[want_starts[p0 + r]:want_starts[p0 + r + 1]])
+            assert (guard[room + avx2.SLACK:] == -5).all()   # nothing past the entries' rows
+
+
 def test_the_listing_gives_up_past_its_room_and_the_16_bit_kernel_takes_the_chunk():
     rng = np.random.default_rng(3)
     kp = 64                                             # 16 quads a row: room for 2 a row
@@ -114,23 +164,9 @@ def test_the_byte_kernel_is_exact_at_the_extremes(p, k, o, high, seed):
     assert not out[:, o:].any()
 
 
-@settings(max_examples=25, deadline=None)
-@given(c=st.integers(29, 45), o=st.integers(1, 100), k=st.sampled_from([1, 3]),
-       stride=st.integers(1, 2), size=st.integers(5, 20), batch=st.integers(1, 2),
-       residual=st.booleans(), seed=st.integers(0, 999))
-# a 7 x 7 image of 3 channel blocks (split by blocks, its rows split once for all), a
-# 20 x 20 one of 400 pixels (chunks of pixels), a pointwise layer reading the image's rows
-@example(c=32, o=48, k=3, stride=1, size=7, batch=1, residual=True, seed=1)
-@example(c=30, o=24, k=3, stride=1, size=20, batch=1, residual=False, seed=2)
-@example(c=29, o=70, k=1, stride=1, size=16, batch=2, residual=True, seed=3)
-@example(c=41, o=5, k=1, stride=2, size=5, batch=2, residual=False, seed=178)
-def test_convolutions_on_the_byte_kernel_are_bit_exact(c, o, k, stride, size, batch, residual,
-                                                       seed):
-    """fused.qconv2d(_add) on activations most of whose bytes are below 128 (the byte
-    kernel's case: a ReLU's output) and with their weights' extremes, channel-last, on the
-    AVX2 path, against the integer reference."""
-    rng = np.random.default_rng(seed)
-    c = c if k == 3 else 9 * c           # rows of 256 bytes or more (``BYTES_FROM``)
+def _conv(rng, c, o, k, stride, size, batch, residual):
+    """fused.qconv2d(_add) with ReLU, channel-last, its weights' extremes in channel 0 (input
+    zero point 3: the padding byte has no high bit): (the program, its output's size)."""
     b = Builder()
     x = b.input("x", (batch, size, size, c), "uint8")
     w = rng.integers(-128, 128, (k, k, c, o)).astype("i1")
@@ -153,7 +189,30 @@ def test_convolutions_on_the_byte_kernel_are_bit_exact(c, o, k, stride, size, ba
                    **out)
     else:
         y = b.call("fused.qconv2d", x, *qargs, b.param("z2", np.array(5, np.int32)), **out)
-    bound = bind_params(*b.finish(y))
+    return bind_params(*b.finish(y)), oh
+
+
+@settings(max_examples=25, deadline=None)
+@given(c=st.integers(29, 45), o=st.integers(1, 100), k=st.sampled_from([1, 3]),
+       stride=st.integers(1, 2), size=st.integers(5, 20), batch=st.integers(1, 2),
+       residual=st.booleans(), seed=st.integers(0, 999))
+# a 7 x 7 image of 3 channel blocks (split by blocks, its rows split once for all), 20 x 20
+# ones of 400 pixels (chunks of pixels; lists from the image's, then each chunk's split), a
+# pointwise layer reading the image's rows
+@example(c=32, o=48, k=3, stride=1, size=7, batch=1, residual=True, seed=1)
+@example(c=44, o=24, k=3, stride=1, size=20, batch=2, residual=False, seed=2)
+@example(c=30, o=24, k=3, stride=1, size=20, batch=1, residual=False, seed=2)
+@example(c=29, o=70, k=1, stride=1, size=16, batch=2, residual=True, seed=3)
+@example(c=41, o=5, k=1, stride=2, size=5, batch=2, residual=False, seed=178)
+def test_convolutions_on_the_byte_kernel_are_bit_exact(c, o, k, stride, size, batch, residual,
+                                                       seed):
+    """fused.qconv2d(_add) on activations most of whose bytes are below 128 (the byte
+    kernel's case: a ReLU's output) and with their weights' extremes, channel-last, on the
+    AVX2 path, against the integer reference: the windows' lists made from the image's
+    where the channels are a multiple of 4, each chunk's windows split where not."""
+    rng = np.random.default_rng(seed)
+    c = c if k == 3 else 9 * c           # rows of 256 bytes or more (``BYTES_FROM``)
+    bound, oh = _conv(rng, c, o, k, stride, size, batch, residual)
     # 0.2% of the bytes high (about 1% of the quads): at 0.5%, 64 sampled words of a 9-row
     # image once drew 7 high ones, over the byte kernel's 1/10 (seed 178, c=41, k=1)
     xs = {"x": _bytes(rng, (batch, size, size, c), 0.002)}
@@ -182,3 +241,22 @@ def test_convolutions_on_the_byte_kernel_are_bit_exact(c, o, k, stride, size, ba
         for call in range(avx2.RETRY + 2, 2 * avx2.RETRY + 1):   # then the bytes again
             np.testing.assert_array_equal(ex.run(xs), sparse)
             assert (record[1] > 0) == (call < 2 * avx2.RETRY)
+
+
+def test_windows_whose_lists_outgrow_their_room_take_the_16_bit_kernel():
+    """An image whose high quads are few (under 1/TRY_BELOW: its lists are made) but packed in
+    one corner, so that the windows there outgrow their chunk's room: those chunks are
+    gathered again and take the 16-bit kernel, the others the byte kernel, all exact."""
+    rng = np.random.default_rng(5)
+    bound, oh = _conv(rng, 32, 40, 3, 1, 20, 1, False)
+    x = _bytes(rng, (1, 20, 20, 32), 0.0)
+    x[0, :6, :6, :] |= 0x80                             # 36 of 400 pixels: 9% of the quads
+    assert avx2.image_lists(x)[3]
+    with forced_int8_path("avx2"):
+        ex = Executor(bound)
+        (conv,) = [s.fn.conv for s in ex.steps if "qconv2d" in s.label]
+        np.testing.assert_array_equal(ex.run({"x": x}), run(bound, {"x": x}))
+    from eqquant.runtime.bindings import threads
+    chunks, groups, _ = avx2.work_split(1, oh * oh, 3, threads())
+    # some chunks took the 16-bit kernel, not all: the count of those less the others
+    assert -chunks * groups < conv.more_args[1][1] < chunks * groups

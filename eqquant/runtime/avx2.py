@@ -32,9 +32,15 @@ the rows, widened to int16 a chunk at a time (each pixel's pair (a_k, a_k+1) one
   kernel and its driver (``conv_requantize``). Measured layer by layer on an AMD EPYC (Zen
   3), the byte kernel lost on them: resnet18's 7 x 7 stem (148 bytes) 7-11%, its 1x1
   stride-2 layers (64-256 bytes) 4-5%, resnet50's 1x1 layers of 64 bytes 0-7%;
-- per chunk of pixels (``split_or_widen``): a chunk whose sampled quads
-  (``high_quad_share``) are high in 1/TRY_BELOW or more is widened without listing, and a
-  chunk whose list outgrows its room (1/HIGH_SHARE of its quads) gives up and is widened;
+- per image: where its channels are a multiple of 4 and the padding byte has no high bit
+  (a ReLU's output, zero point 0), the image is split once (``image_lists``) and each
+  window's list made from its pixels' (``window_lists``): split window by window, each byte
+  was split once for each of the 9 windows of a 3x3 kernel that read it. An image whose
+  quads are high in 1/TRY_BELOW or more takes the 16-bit kernel whole;
+- per chunk of pixels: a chunk whose list outgrows its room (1/HIGH_SHARE of its quads)
+  is widened; where the image is not split, a chunk whose sampled quads
+  (``high_quad_share``) are high in 1/TRY_BELOW or more is widened without listing
+  (``split_or_widen``);
 - per call (``conv_requantize_bytes``): a layer whose last try sent most of its chunks to
   the 16-bit kernel runs ``conv_requantize`` itself, trying the bytes again every RETRY
   calls. MobileNet-v2's layers read 45-99% of high quads (its linear bottlenecks' zero
@@ -43,7 +49,8 @@ the rows, widened to int16 a chunk at a time (each pixel's pair (a_k, a_k+1) one
 
 Measured whole (the same process, runs alternating between the byte driver and the 16-bit
 one on the same layers, AMD EPYC Zen 3, 2 threads): resnet18 0.93-0.94x the time, resnet50
-0.91-0.92x, MobileNet-v2 level. Layer by layer, resnet50's 1x1 and 3x3 layers of 256-4608
+0.91-0.92x, MobileNet-v2 level; with the lists made from the image's, against each chunk's
+windows split: resnet18 0.96x, resnet50 0.98x, MobileNet-v2 level. Layer by layer, resnet50's 1x1 and 3x3 layers of 256-4608
 bytes ran 0.79-0.89x, resnet18's 3x3 layers 0.80-0.98x where 1-13% of their quads were high,
 but two of 56 x 56 pixels, 8% and 12% high, 1.05x and 1.23x (the second's record then sends
 it to the 16-bit driver).
@@ -228,7 +235,9 @@ bytes_requantize = gemm_intrinsic(_define_bytes(True), "i8", EPILOGUE + HIGH)
 
 def _define_split(mod):
     """Define (once per LLVM module) ``i64 eqquant_avx2_split_high(rows, low, n, kp, starts,
-    high, cap)``, ``split_high``'s work on the n rows as one run of bytes: each 32-byte
+    high, cap, whole)``, ``split_high``'s work on the n rows as one run of bytes (each quad
+    numbered from its row's start, or with ``whole`` nonzero from the first row's:
+    ``split_image``): each 32-byte
     group (then 4-byte ones, at the end) is one load, its low 7 bits one masked store, its
     high bits one ``vpmovmskb``, a mask walked quad by quad, the row of each quad found by
     counting rows up as the quads come. (A loop of Numba's over 4-byte words took 5x
@@ -241,9 +250,10 @@ def _define_split(mod):
         return mod.globals[name]
     i1, i8, i32, i64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
     p8 = i8.as_pointer()
-    fn = ir.Function(mod, ir.FunctionType(i64, [p8, p8, i64, i64, p8, p8, i64]), name=name)
+    fn = ir.Function(mod, ir.FunctionType(i64, [p8, p8, i64, i64, p8, p8, i64, i64]),
+                     name=name)
     fn.linkage = "linkonce_odr"
-    rows, low, n, kp, starts8, high8, cap = fn.args
+    rows, low, n, kp, starts8, high8, cap, whole = fn.args
     c32 = lambda v: ir.Constant(i32, v)  # noqa: E731
     c64 = lambda v: ir.Constant(i64, v)  # noqa: E731
     bc = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -279,7 +289,8 @@ def _define_split(mod):
             # the quad's 4 high bits, one to a byte (bit i to bit 0 of byte i)
             nibble = bc.and_(bc.lshr(mask, shift), c32(15))
             bits = bc.and_(bc.mul(nibble, c32(0x00204081)), c32(0x01010101))
-            quad = bc.lshr(bc.sub(pos, bc.sub(end, kp)), c64(2))
+            origin = bc.select(bc.icmp_signed("!=", whole, c64(0)), c64(0), bc.sub(end, kp))
+            quad = bc.lshr(bc.sub(pos, origin), c64(2))
             at2 = bc.mul(m, c64(2))
             bc.store(bc.trunc(quad, i32), bc.gep(high, [at2]), align=4)
             bc.store(bits, bc.gep(high, [bc.add(at2, c64(1))]), align=4)
@@ -313,7 +324,7 @@ def _split_intrinsic():
     from numba import types
     from numba.extending import intrinsic
 
-    def split(typingctx, rows, low, n, kp, starts, high, cap):
+    def split(typingctx, rows, low, n, kp, starts, high, cap, whole):
         def codegen(context, builder, signature, args):
             from llvmlite import ir
             fn = _define_split(builder.module)
@@ -322,7 +333,7 @@ def _split_intrinsic():
             for i in (0, 1, 4, 5):
                 a[i] = builder.inttoptr(a[i], p8)
             return builder.call(fn, a)
-        return types.int64(*([types.intp] * 7)), codegen
+        return types.int64(*([types.intp] * 8)), codegen
     return intrinsic(split)
 
 
@@ -344,7 +355,85 @@ def split_high(rows, low, starts, high):
         starts[0] = 0
         return 0
     return _split(rows.ctypes.data, low.ctypes.data, n, kp, starts.ctypes.data,
-                  high.ctypes.data, high.shape[0])
+                  high.ctypes.data, high.shape[0], 0)
+
+
+SLACK = 4   # entries ``window_lists`` copies for every run, however many it has
+
+
+@njit(cache=True)
+def image_lists(nhwc):
+    """Each image's low 7 bits and the list of its high bits, pixel by pixel, for
+    ``window_lists`` to give each window's (``split_high`` on the pixels, each quad numbered
+    in the whole image): (low (N, H, W, C), starts (N, H * W + 1), entries (N, room + SLACK,
+    2), whether every image's list fits its room, 1/TRY_BELOW of its quads: an image with
+    more takes the 16-bit kernel). C a multiple of 4: a quad of the image is then a quad of
+    every window that reads it. Split once here, an image's bytes are split once, not once
+    for each of the kh x kw windows that read them (a 56 x 56 x 64 image: 3136 rows of 576
+    bytes split chunk by chunk took 190-310 us on one core of an AMD EPYC Zen 3, against 25-35
+    for the image and 65 for the windows' lists)."""
+    images, h, w, c = nhwc.shape
+    low = np.empty_like(nhwc)
+    starts = np.empty((images, h * w + 1), np.int32)
+    room = (h * w * c // 4) // TRY_BELOW
+    high = np.zeros((images, room + SLACK, 2), np.int32)
+    for b in range(images):
+        if _split(nhwc[b].ctypes.data, low[b].ctypes.data, h * w, c, starts[b].ctypes.data,
+                  high[b].ctypes.data, room, 1) < 0:
+            return low, starts, high, False
+    return low, starts, high, True
+
+
+@njit(inline="always")
+def _move_entries(to, at, src, e0, e1, move):
+    """Entries src[e0:e1] into to[at:], each quad number moved by ``move`` (entries as int64:
+    the quad the low half, little-endian; the sum stays in [0, 2^31), so the high bits'
+    half is kept); the first SLACK whatever their count (no branch on it: a count of
+    0, 1 or 2 mispredicted, 7.5 ns an entry against 3.2), the rest after."""
+    for t in range(SLACK):
+        to[at + t] = src[e0 + t] + move
+    for t in range(SLACK, e1 - e0):
+        to[at + t] = src[e0 + t] + move
+    return at + e1 - e0
+
+
+@njit(cache=True)
+def window_lists(img_starts, img_high, c, kh, kw, sh, sw, pt, pl, dh, dw, h, w, ow, p0, n,
+                 starts, high):
+    """The list of the high bits of windows p0..p0+n (``split_high``'s starts and entries,
+    each quad numbered in its row) from the image's (``image_lists``'s, numbered in the
+    image): a window's quad (i * kw + j) * C/4 + q is the image's (iy * W + ix) * C/4 + q, the
+    taps of a kernel row inside the image one run of the image's entries. Returns the number
+    of entries, or -1 where they outgrow ``high``'s room (its rows less SLACK)."""
+    qp = c // 4
+    src = img_high.reshape(img_high.size).view(np.int64)
+    to = high.reshape(high.size).view(np.int64)
+    room = high.shape[0] - SLACK
+    y = p0 // ow
+    xo = p0 - y * ow
+    m = 0
+    starts[0] = 0
+    for r in range(n):
+        ix0 = xo * sw - pl
+        for i in range(kh):
+            iy = y * sh - pt + i * dh
+            if iy < 0 or iy >= h:
+                continue
+            for j in range(kw if dw != 1 else 1):     # with dw 1, the kernel row in one run
+                a = ix0 + j * dw if dw != 1 else max(ix0, 0)
+                e = a + 1 if dw != 1 else min(ix0 + kw, w)
+                if a < 0 or a >= w or e <= a:
+                    continue
+                e0, e1 = np.intp(img_starts[iy * w + a]), np.intp(img_starts[iy * w + e])
+                if m + e1 - e0 > room:
+                    return -1
+                m = _move_entries(to, m, src, e0, e1, (i * kw + j - iy * w - ix0 - j * dw) * qp)
+        starts[r + 1] = m
+        xo += 1
+        if xo == ow:
+            xo = 0
+            y += 1
+    return m
 
 
 @njit(cache=True)
@@ -572,30 +661,66 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
 def conv_requantize_bytes(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads,
                           record, params, lo, hi, out, threads, res, add):
     """``conv_requantize`` with the byte kernel (``quads``: ``pack_quads``'s weights) for
-    each chunk whose high bits can be listed (``split_or_widen``), the 16-bit one for the
-    others (``_bytes_region``). A layer where the last try sent most chunks to the 16-bit
-    kernel (MobileNet-v2's, whose inputs are 45-99% high) runs ``conv_requantize`` itself,
-    trying again every RETRY calls: each chunk's sampling and the byte driver's set-up made
-    those layers 4-5% slower. ``record`` (int64, RECORD): the calls so far, and how many of
-    the last try's chunks took the 16-bit kernel less how many took the byte kernel. Either
-    way the sums are exact: the record only chooses the speed."""
+    each chunk whose high bits can be listed, the 16-bit one for the others
+    (``_bytes_region``). The lists are made from the image's (``image_lists``,
+    ``window_lists``) where its channels are a multiple of 4 and the padding byte has no
+    high bit; else each chunk's windows are split (``split_or_widen``). An image whose
+    quads are high in 1/TRY_BELOW or more takes the 16-bit kernel whole. A layer where the
+    last try sent most chunks to the 16-bit kernel (MobileNet-v2's, whose inputs are 45-99%
+    high) runs ``conv_requantize`` itself, trying again every RETRY calls: each chunk's
+    sampling and the byte driver's set-up made those layers 4-5% slower. ``record`` (int64,
+    RECORD): the calls so far, and how many of the last try's chunks took the 16-bit kernel
+    less how many took the byte kernel. Either way the sums are exact: the record only
+    chooses the speed."""
     record[0] += 1
     if record[1] > 0 and record[0] % RETRY != 0:
         conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, params, lo,
                         hi, out, threads, res, add)
         return
+    if nhwc.shape[3] % 4 == 0 and pad < 128:
+        low, img_starts, img_high, fits = image_lists(nhwc)
+        if not fits:
+            record[1] = 1
+            conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, params,
+                            lo, hi, out, threads, res, add)
+            return
+    else:
+        low, img_starts = nhwc, np.empty((nhwc.shape[0], 0), np.int32)
+        img_high = np.empty((nhwc.shape[0], 0, 2), np.int32)
     record[1] = _bytes_region(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed,
-                              quads, params, lo, hi, out, threads, res, add)
+                              quads, params, lo, hi, out, threads, res, add, low, img_starts,
+                              img_high)
+
+
+@njit(cache=True)
+def _operands(hwc, img_starts, img_high, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows,
+              none):
+    """The byte or the 16-bit kernel's operands (``split_or_widen``'s) for windows p0.. whose
+    rows (of ``low`` where it has the image's low bits, else of ``hwc``) are ``rows``: their
+    lists from the image's (``window_lists``) where it has them (``img_starts`` not empty),
+    the windows
+    of ``hwc`` gathered again and widened where those outgrow their room."""
+    if img_starts.shape[0] == 0:
+        return split_or_widen(rows, none)
+    n, kp = rows.shape
+    h, w, c = hwc.shape
+    starts = np.empty(n + 1, np.int32)
+    high = np.empty((n * (kp // (4 * HIGH_SHARE)) + SLACK, 2), np.int32)
+    if window_lists(img_starts, img_high, c, kh, kw, sh, sw, pt, pl, dh, dw, h, w, ow, p0, n,
+                    starts, high) >= 0:
+        return rows, starts, high, none[3]
+    return widened(_rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, n, kp), none)
 
 
 @njit(parallel=True, cache=True)
 def _bytes_region(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads, params,
-                  lo, hi, out, threads, res, add):
-    """``conv_requantize_bytes``'s parallel region; returns how many of its chunks took the
-    16-bit kernel less how many took the byte kernel. Its work split and gather are
-    ``conv_requantize``'s, written again rather than shared: a layer on the 16-bit kernel runs
-    that driver as it was (through this one, with each chunk's choice and the operands'
-    tuple, MobileNet-v2's layers took 4-5% longer)."""
+                  lo, hi, out, threads, res, add, low, img_starts, img_high):
+    """``conv_requantize_bytes``'s parallel region (``low``, ``img_starts``, ``img_high``:
+    ``image_lists``'s, or ``nhwc`` and no lists); returns how many of its chunks took the 16-bit kernel less
+    how many took the byte kernel. Its work split and gather are ``conv_requantize``'s,
+    written again rather than shared: a layer on the 16-bit kernel runs that driver as it
+    was (through this one, with each chunk's choice and the operands' tuple, MobileNet-v2's
+    layers took 4-5% longer)."""
     images, p_n = nhwc.shape[0], oh * ow
     o_n = out.shape[2]
     oblocks, kp = packed.shape[0], packed.shape[1] * 2
@@ -603,30 +728,33 @@ def _bytes_region(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, qua
     wide = 0
     if images > 1 or p_n >= SMALL or oblocks == 1:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
-        shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
+        shared = shared_windows(low, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
         for item in prange(images * chunks * groups):
             b, chunk, g = work_item(item, chunks, groups)
             ob0 = g * per_group
             ob1 = min(oblocks, ob0 + per_group)
             if ob0 >= ob1:
                 continue
-            p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
+            p0, rows = _chunk_windows(low[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
                                       chunk, chunks, kp, shared)
             n = rows.shape[0]
-            low, starts, high, rows16 = split_or_widen(rows, none)
+            low_b, starts, high, rows16 = _operands(nhwc[b], img_starts[b], img_high[b], kh, kw,
+                                                    sh, sw, pt, pl, dh, dw, pad, ow, p0, rows,
+                                                    none)
             wide += 1 if rows16.shape[0] else -1
-            _tile_bytes(low, starts, high, rows16, packed, quads, ob0, ob1, o_n, params, lo, hi,
-                        p0, out[b])
+            _tile_bytes(low_b, starts, high, rows16, packed, quads, ob0, ob1, o_n, params, lo,
+                        hi, p0, out[b])
             add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
     else:
-        rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
-        low, starts, high, rows16 = split_or_widen(rows, none)
+        rows = _rows(low[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
+        low_b, starts, high, rows16 = _operands(nhwc[0], img_starts[0], img_high[0], kh, kw, sh,
+                                                sw, pt, pl, dh, dw, pad, ow, 0, rows, none)
         wide = 1 if rows16.shape[0] else -1
         shares = block_shares(p_n, oblocks, threads)
         for item in prange(oblocks * shares):
             ob, q0, q1 = share_item(item, shares, p_n)
-            _tile_bytes(low[q0:q1], starts[q0:q1 + 1], high, rows16[q0:q1], packed, quads, ob,
-                        ob + 1, o_n, params, lo, hi, q0, out[0])
+            _tile_bytes(low_b[q0:q1], starts[q0:q1 + 1], high, rows16[q0:q1], packed, quads,
+                        ob, ob + 1, o_n, params, lo, hi, q0, out[0])
             add_residual(out, res, 0, q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n), add,
                          lo, hi)
     return wide
