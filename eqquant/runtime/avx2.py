@@ -49,11 +49,12 @@ the rows, widened to int16 a chunk at a time (each pixel's pair (a_k, a_k+1) one
 
 Measured whole (the same process, runs alternating between the byte driver and the 16-bit
 one on the same layers, AMD EPYC Zen 3, 2 threads): resnet18 0.93-0.94x the time, resnet50
-0.91-0.92x, MobileNet-v2 level; with the lists made from the image's, against each chunk's
-windows split: resnet18 0.96x, resnet50 0.98x, MobileNet-v2 level. Layer by layer, resnet50's 1x1 and 3x3 layers of 256-4608
-bytes ran 0.79-0.89x, resnet18's 3x3 layers 0.80-0.98x where 1-13% of their quads were high,
-but two of 56 x 56 pixels, 8% and 12% high, 1.05x and 1.23x (the second's record then sends
-it to the 16-bit driver).
+0.91-0.92x, MobileNet-v2 level; with the lists made from the image's, against each
+chunk's windows split: resnet18 0.96x, resnet50 0.98x, MobileNet-v2 level. Layer by layer
+(split chunk by chunk), resnet50's 1x1 and 3x3 layers of 256-4608 bytes ran 0.79-0.89x,
+resnet18's 3x3 layers 0.80-0.98x where 1-13% of their quads were high, but two of 56 x 56
+pixels, 8% and 12% high, 1.05x and 1.23x (the second's record then sends it to the 16-bit
+driver).
 
 The byte kernel reads its own packing of the weights (``pack_quads``: [Kp/4][16][4] int8 per
 block of 16 output channels, 4 k-values for 8 channels in 32 bytes), beside the 16-bit kernel's
@@ -237,13 +238,12 @@ def _define_split(mod):
     """Define (once per LLVM module) ``i64 eqquant_avx2_split_high(rows, low, n, kp, starts,
     high, cap, whole)``, ``split_high``'s work on the n rows as one run of bytes (each quad
     numbered from its row's start, or with ``whole`` nonzero from the first row's:
-    ``split_image``): each 32-byte
-    group (then 4-byte ones, at the end) is one load, its low 7 bits one masked store, its
-    high bits one ``vpmovmskb``, a mask walked quad by quad, the row of each quad found by
-    counting rows up as the quads come. (A loop of Numba's over 4-byte words took 5x
-    as long as widening the rows, more than the byte kernel saved; a loop over each row's
-    groups, 4x for a 7 x 7 stem's rows of 148 bytes.) Gives up (-1) when the entries
-    outgrow high's room, cap."""
+    ``image_lists``): each 32-byte group (then 4-byte ones, at the end) is one load, its
+    low 7 bits one masked store, its high bits one ``vpmovmskb``, a mask walked quad by
+    quad, the row of each quad found by counting rows up as the quads come. (A loop of
+    Numba's over 4-byte words took 5x as long as widening the rows, more than the byte
+    kernel saved; a loop over each row's groups, 4x for a 7 x 7 stem's rows of 148 bytes.)
+    Gives up (-1) when the entries outgrow high's room, cap."""
     from llvmlite import ir
     name = "eqquant_avx2_split_high"
     if name in mod.globals:
@@ -388,8 +388,9 @@ def image_lists(nhwc):
 def _move_entries(to, at, src, e0, e1, move):
     """Entries src[e0:e1] into to[at:], each quad number moved by ``move`` (entries as int64:
     the quad the low half, little-endian; the sum stays in [0, 2^31), so the high bits'
-    half is kept); the first SLACK whatever their count (no branch on it: a count of
-    0, 1 or 2 mispredicted, 7.5 ns an entry against 3.2), the rest after."""
+    half is kept); the first SLACK whatever their count, the rest after. (A 56 x 56 x 64
+    image's windows on one core: a loop on the count alone, mispredicted for counts of 0,
+    1 or 2, took 10.4 ns an entry; SLACK at a time tap by tap, 7.5; run by run, 3.2.)"""
     for t in range(SLACK):
         to[at + t] = src[e0 + t] + move
     for t in range(SLACK, e1 - e0):
