@@ -288,8 +288,8 @@ def test_max_pools_keep_nan_and_infinities_as_the_reference_does(layout):
 
 
 def test_relu_keeps_infinities_and_nan_as_the_reference_does():
-    """relu(-inf) is 0, relu(inf) inf, relu(NaN) NaN, relu(-0.0) -0.0 (numpy's maximum);
-    the kernel once made -inf NaN (v - v)."""
+    """relu(-inf) is 0, relu(inf) inf, relu(NaN) NaN, relu(-0.0) -0.0 (``tensor._relu``);
+    the kernel once made -inf NaN (v - v), and -0.0 +0 (as numpy's maximum did)."""
     b = Builder()
     mod, _ = b.finish(b.call("nn.relu", b.input("x", (1, 2, 3, 4))))
     x = np.random.default_rng(4).normal(size=(1, 2, 3, 4)).astype(np.float32)
@@ -297,7 +297,28 @@ def test_relu_keeps_infinities_and_nan_as_the_reference_does():
     got, want = Executor(mod).run({"x": x}), run(mod, {"x": x})
     assert want.flat[0] == 0 and np.isnan(want.flat[2])
     np.testing.assert_array_equal(got, want)
-    assert np.signbit(got.flat[3]) == np.signbit(want.flat[3])
+    assert np.signbit(want.flat[3]) and np.signbit(got.flat[3])
+
+
+def test_relu_clip_and_a_fused_relu_agree_bit_for_bit_on_every_float():
+    """nn.relu, clip to [0, inf] and a fused op's relu (the clamp ``fused.epilogue_bounds``
+    gives) are one function, so that fusing a relu (``rules/fusion.rules``) is an exact
+    identity, also on -0.0, NaN and the infinities (relu was numpy's maximum(x, 0), which
+    made -0.0 +0 where the fused form kept it); and the kernels of the first two agree."""
+    from eqquant.ops import fused
+    from eqquant.ops.registry import get_op
+    x = np.array([-np.inf, -3.5, -1e-45, -0.0, 0.0, 1e-45, 2.0, np.inf, np.nan], np.float32)
+    relu = get_op("nn.relu").semantics(x)
+    clip = get_op("clip").semantics(x, a_min=0.0, a_max=np.inf)
+    lo, hi = fused.epilogue_bounds({"activation": "relu"})
+    fused_relu = fused._activate(x, "relu", lo, hi)
+    for other in (clip, fused_relu):
+        assert relu.tobytes() == other.tobytes()
+    assert np.signbit(relu[3]) and np.isnan(relu[-1]) and relu[0] == 0
+    for op, attrs in (("nn.relu", {}), ("clip", {"a_min": 0.0, "a_max": np.inf})):
+        b = Builder()
+        mod, _ = b.finish(b.call(op, b.input("x", x.shape), **attrs))
+        assert Executor(mod).run({"x": x}).tobytes() == relu.tobytes()
 
 
 @pytest.mark.parametrize("size", [16, 20000])       # the one-thread twin, the parallel kernel

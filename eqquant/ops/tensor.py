@@ -46,7 +46,15 @@ def _relu_qdq(w, node):
     return w.keep(node, q, w.quantize(w.ex.emit("Relu", [w.dq(x)]), q))
 
 
-_unary("nn.relu", lambda x: np.maximum(x, 0), doc="max(x, 0)", props=frozenset({EPILOGUE}),
+def _relu(x):
+    """x where it is not below 0, else 0: -0.0 and NaN stay, as in the clamp to [0, inf] that
+    a fused op's relu is (``fused.epilogue_bounds``: numpy's clip keeps a value equal to a
+    bound), so that fusing a relu is an exact identity, and as ONNX Runtime's and PyTorch's
+    relu keep them. (numpy's maximum(x, 0), this op's semantics before, made -0.0 +0.)"""
+    return np.where(x < 0, x.dtype.type(0), x)
+
+
+_unary("nn.relu", _relu, doc="max(x, 0)", props=frozenset({EPILOGUE}),
        kernel=_ACTIVATION, kernel_params={"code": RELU, "integers": True},
        onnx=(OnnxForm("Relu", qdq=_relu_qdq),))
 _unary("negative", np.negative, doc="-x", onnx=(OnnxForm("Neg"),))

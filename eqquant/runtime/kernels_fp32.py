@@ -383,13 +383,13 @@ def binary_channel(a, b, op, out):
 @njit(parallel=True, cache=True)
 def unary(a, act, lo, hi, out):
     """Flat: relu (1), clip to [lo, hi] (2), leaky relu with slope lo (3), sigmoid (4);
-    relu keeps the dtype (int32 accumulators too): a value at or below zero becomes +0 of it,
-    NaN stays (numpy's maximum(v, 0), the reference's; v - v had made -inf NaN)."""
+    relu keeps the dtype (int32 accumulators too): a value below zero becomes 0 of it, -0.0
+    and NaN stay (the reference's ``tensor._relu``; v - v had made -inf NaN)."""
     zero = np.zeros(1, a.dtype)[0]
     for i in prange(a.size):
         v = a[i]
         if act == 1:
-            if v <= 0:
+            if v < 0:
                 v = zero
         elif act == 2:
             v = min(max(v, lo), hi)
