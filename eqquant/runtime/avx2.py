@@ -696,11 +696,11 @@ def conv_requantize_bytes(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, pac
 @njit(cache=True)
 def _operands(hwc, img_starts, img_high, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows,
               none):
-    """The byte or the 16-bit kernel's operands (``split_or_widen``'s) for windows p0.. whose
-    rows (of ``low`` where it has the image's low bits, else of ``hwc``) are ``rows``: their
-    lists from the image's (``window_lists``) where it has them (``img_starts`` not empty),
-    the windows
-    of ``hwc`` gathered again and widened where those outgrow their room."""
+    """The byte or the 16-bit kernel's operands (``split_or_widen``'s) for windows p0..
+    whose rows are ``rows``, gathered from the image's low bits where ``img_starts`` holds
+    the image's lists (``image_lists``), else from ``hwc``: their lists made from the
+    image's (``window_lists``), or, where those outgrow their room, the windows of ``hwc``
+    gathered again and widened; without the image's lists, ``split_or_widen``'s choice."""
     if img_starts.shape[0] == 0:
         return split_or_widen(rows, none)
     n, kp = rows.shape
@@ -717,11 +717,11 @@ def _operands(hwc, img_starts, img_high, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow
 def _bytes_region(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads, params,
                   lo, hi, out, threads, res, add, low, img_starts, img_high):
     """``conv_requantize_bytes``'s parallel region (``low``, ``img_starts``, ``img_high``:
-    ``image_lists``'s, or ``nhwc`` and no lists); returns how many of its chunks took the 16-bit kernel less
-    how many took the byte kernel. Its work split and gather are ``conv_requantize``'s,
-    written again rather than shared: a layer on the 16-bit kernel runs that driver as it
-    was (through this one, with each chunk's choice and the operands' tuple, MobileNet-v2's
-    layers took 4-5% longer)."""
+    ``image_lists``'s, or ``nhwc`` and no lists); returns how many of its chunks took the
+    16-bit kernel less how many took the byte kernel. Its work split and gather are
+    ``conv_requantize``'s, written again rather than shared: a layer on the 16-bit kernel
+    runs that driver as it was (through this one, with each chunk's choice and the
+    operands' tuple, MobileNet-v2's layers took 4-5% longer)."""
     images, p_n = nhwc.shape[0], oh * ow
     o_n = out.shape[2]
     oblocks, kp = packed.shape[0], packed.shape[1] * 2
