@@ -38,38 +38,53 @@ def _check(text, params, shape, dtype, per_channel, seed):
         np.testing.assert_array_equal(ex.run(x), got)   # kernels = integer reference
         err = np.abs(got.astype(np.float64) - want) / step
         # the approx rules round differently from the marked program by at most one step
-        # each (TVM's int8 add: two); nothing more may separate them
-        assert err.max() <= 2.0 + 1e-6, (text, scale, err.max())
-        assert np.mean(err <= 1.0 + 1e-6) >= 0.9, (text, scale)
+        # each (TVM's int8 add: two); nothing more may separate them. Both are float32, so a
+        # difference of whole steps is measured within a few 1e-6 of a step (1e-6 of slack
+        # counted one step 1.0000010 as more: 84% of a program's outputs within one step,
+        # all of them within 1e-5 of 0 or 1 step)
+        assert err.max() <= 2.0 + 1e-4, (text, scale, err.max())
+        assert np.mean(err <= 1.0 + 1e-4) >= 0.9, (text, scale)
     TRIED["programs"] += 1
 
 
 ACT = st.sampled_from(["none", "relu", "clip"])
 
 
-@settings(max_examples=30, deadline=None, derandomize=True,
+CONV_EXAMPLES, DENSE_EXAMPLES = 30, 20
+
+
+@settings(max_examples=CONV_EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(layers=st.lists(ACT, min_size=1, max_size=3), residual=st.booleans(),
        pool=st.booleans(), dtype=st.sampled_from(["uint8", "int8"]),
        per_channel=st.booleans(), seed=st.integers(0, 2 ** 16))
-def test_int8_conv_programs_compute_the_marked_program(layers, residual, pool, dtype,
-                                                       per_channel, seed):
+def _conv_programs(layers, residual, pool, dtype, per_channel, seed):
     text, params = conv_program(np.random.default_rng(seed), 4, layers, residual, pool)
     _check(text, params, (1, 4, 6, 6), dtype, per_channel, seed)
 
 
-@settings(max_examples=20, deadline=None, derandomize=True,
+@settings(max_examples=DENSE_EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(layers=st.lists(ACT, min_size=1, max_size=3), dtype=st.sampled_from(["uint8", "int8"]),
        per_channel=st.booleans(), seed=st.integers(0, 2 ** 16))
-def test_int8_dense_programs_compute_the_marked_program(layers, dtype, per_channel, seed):
+def _dense_programs(layers, dtype, per_channel, seed):
     text, params = dense_program(np.random.default_rng(seed), 8, layers)
     _check(text, params, (1, 8), dtype, per_channel, seed)
 
 
-def test_programs_were_tried():
-    """(Runs after the two properties: says how many programs they checked.)"""
-    assert TRIED["programs"] >= 50, TRIED
+# Each property is run by its own test, which then counts the programs it checked to the
+# end (a count kept across tests, in one test after the two, was wrong whenever pytest-xdist
+# gave the three tests to different workers: 20 of 50 seen in one CI run).
+def test_int8_conv_programs_compute_the_marked_program():
+    before = TRIED["programs"]
+    _conv_programs()
+    assert TRIED["programs"] - before >= CONV_EXAMPLES
+
+
+def test_int8_dense_programs_compute_the_marked_program():
+    before = TRIED["programs"]
+    _dense_programs()
+    assert TRIED["programs"] - before >= DENSE_EXAMPLES
 
 
 def test_a_relu_calibration_never_saw_act_stays():
