@@ -11,7 +11,8 @@ from eqquant.ir.interp import run
 from eqquant.ir.params import bind_params
 from eqquant.runtime.executor import Executor
 from eqquant.runtime.kernels_int8 import epilogue_params, requantize_rows
-from eqquant.runtime.requantize_ir import ADD, FAST, FHI, FLO, FMULT, FOFFSET, TOTAL
+from eqquant.runtime.requantize_ir import (ADD, FAST, FHI, FLO, FMULT, FOFFSET, TOTAL, WADD,
+                                          WHI, WMULT, WOFFSET, WORDS, WSHIFT)
 
 I32 = 2 ** 31
 
@@ -24,6 +25,20 @@ def _narrowed(params, sums):
         v = min(max(int(s) + int(params[ADD, c]), int(params[FLO, c])), int(params[FHI, c]))
         r = (v * int(params[FMULT, c]) + int(params[FOFFSET, c])) >> int(params[TOTAL, c])
         out.append(r & 0xFF)
+    return out
+
+
+def _words(params, sums, lo):
+    """The narrowed epilogue on 32-bit words in Python's integers: u = clamp(sum + WADD, 0,
+    WHI), ((u * WMULT + WOFFSET) >> 32 >> WSHIFT) + lo, taken as 8 bits; the product and
+    the sum checked to stay within [0, 2^64) (the unsigned 64-bit lanes)."""
+    out = []
+    for c, s in enumerate(sums):
+        u = min(max(int(s) + int(params[WADD, c]), 0), int(params[WHI, c]))
+        assert u < 2 ** 31 and 0 < int(params[WMULT, c]) < 2 ** 32
+        p = u * int(params[WMULT, c]) + int(params[WOFFSET, c])
+        assert 0 <= p < 2 ** 64
+        out.append((((p >> 32) >> int(params[WSHIFT, c])) + lo) & 0xFF)
     return out
 
 
@@ -65,18 +80,24 @@ channel = st.fixed_dictionaries({
          0, (0, 255), 0, 255 * 128 * 9, 1)         # a scale of (almost) exactly 1
 @example([{"multiplier": 2 ** 30, "shift": 1, "bias": 7, "clamp": (0, 2 ** 40)}],
          0, (-128, 127), 3, 255 * 128 * 9, 2)       # a scale of exactly 1, shifted left
+@example([{"multiplier": 2 ** 31 - 5, "shift": 0, "bias": -900, "clamp": (0, 2 ** 40)},
+          {"multiplier": 2 ** 30 + 3, "shift": -1, "bias": 40, "clamp": (-300, 20)}],
+         7, (0, 255), 128, 255 * 128 * 9, 5)        # TOTAL 31 and 32: words moved up by 1, 0
 def test_the_narrowed_epilogue_gives_the_full_epilogues_bits(chans, zin, out_range, zout,
                                                               bound, seed):
     """Sums anywhere in [-bound, bound] (its ends, the steps around the narrowed clamp's
     bounds, random ones) through the narrowed epilogue equal ``requantize_rows``'s bits in
-    every layer whose table says FAST; scales above 1, biases near int32's ends and rounding
-    shifts past 53 bits turn FAST off."""
+    every layer whose table says FAST, and through its form on words in every layer whose
+    table says WORDS; scales above 1, biases near int32's ends and rounding shifts past 53
+    bits turn FAST off, and WORDS with it."""
     lo, hi = out_range
     zout = min(max(zout, lo), hi)
     n = len(chans)
     params = _table(chans, zin, zout, lo, hi, bound)
     fast = bool(params[FAST, 0])
-    assert (params[FAST] == params[FAST, 0]).all()
+    words = bool(params[WORDS, 0])
+    assert (params[FAST] == params[FAST, 0]).all() and (params[WORDS] == words).all()
+    assert fast or not words
     for c in chans:     # what must turn it off (a channel scaled above 1 may)
         if abs(c["bias"]) + bound >= I32 or -c["shift"] + 31 > 53:
             assert not fast
@@ -88,12 +109,14 @@ def test_the_narrowed_epilogue_gives_the_full_epilogues_bits(chans, zin, out_ran
     requantize_rows(acc, params, 0, n, lo, hi, full, 0, 0)
     for r in range(len(acc)):
         assert _narrowed(params, acc[r]) == [int(b) & 0xFF for b in full[r]], r
+        if words:
+            assert _words(params, acc[r], lo) == [int(b) & 0xFF for b in full[r]], r
 
 
-def _emitted_epilogue(pairs: bool):
-    """``run(sums, table, out, lo, hi)``: 8 int32 sums through the epilogue as the kernels
-    emit it (``requantize_ir.with_epilogue``, narrowed as ``_narrowed_pairs`` or as
-    ``_narrowed_vector``), into 8 bytes."""
+def _emitted_epilogue(words: bool, lanes: int):
+    """``run(sums, table, out, lo, hi)``: ``lanes`` int32 sums through the epilogue as the
+    kernels emit it (``requantize_ir.with_epilogue``, narrowed as ``_narrowed_words`` or as
+    ``_narrowed_vector``), into ``lanes`` bytes."""
     from numba import njit, types
     from numba.extending import intrinsic
     from eqquant.runtime.requantize_ir import with_epilogue
@@ -103,14 +126,14 @@ def _emitted_epilogue(pairs: bool):
         def codegen(context, builder, signature, args):
             from llvmlite import ir
             s, t, stride_, o, lo_, hi_ = args
-            v = builder.load(builder.inttoptr(s, ir.VectorType(ir.IntType(32), 8).as_pointer()),
-                             align=4)
+            v = builder.load(builder.inttoptr(
+                s, ir.VectorType(ir.IntType(32), lanes).as_pointer()), align=4)
 
             def body(bc, requantize):
                 r = requantize(bc, v)
                 bc.store(r, bc.inttoptr(o, r.type.as_pointer()), align=1)
             with_epilogue(builder, builder.inttoptr(t, ir.IntType(8).as_pointer()), stride_,
-                          ir.Constant(ir.IntType(64), 0), 8, lo_, hi_, body, pairs=pairs)
+                          ir.Constant(ir.IntType(64), 0), lanes, lo_, hi_, body, words=words)
             return context.get_dummy_value()
         return types.void(*[types.intp] * 4, types.int64, types.int64), codegen
 
@@ -131,25 +154,47 @@ _EMITTED = {}
          0, (-128, 127), -128, 2 ** 30, 3)          # a rounding shift of 53 bits, signed
 def test_the_emitted_epilogue_gives_the_references_bits(chans, zin, out_range, zout, bound,
                                                          seed):
-    """The epilogue as the kernels emit it, the narrowed one in either form (the pairs of
-    int32 lanes that CPUs without AVX-512 take, and the 64-bit lanes), and the full one,
-    equals ``requantize_rows``'s bits on sums at the ends of [-bound, bound], around the
-    narrowed clamp's bounds and between."""
+    """The epilogue as the kernels emit it, the narrowed one in either form (on 32-bit
+    words, as CPUs without AVX-512 take it, and on 64-bit lanes), and the full one, equals
+    ``requantize_rows``'s bits on sums at the ends of [-bound, bound], around the narrowed
+    clamp's bounds and between."""
+    _check_emitted(chans, zin, out_range, zout, bound, seed)
+
+
+def _check_emitted(chans, zin, out_range, zout, bound, seed):
+    """The emitted epilogue in both forms, on vectors of 8 and of 16 (the kernels' widths;
+    16 words are narrowed by packs, 8 by a byte shuffle), against ``requantize_rows`` on 16
+    channels drawn from ``chans``; the table."""
     lo, hi = out_range
     zout = min(max(zout, lo), hi)
-    cols = [i % len(chans) for i in range(8)]
+    cols = [i % len(chans) for i in range(16)]
     chans = [chans[i] for i in cols]
     params = _table(chans, zin, zout, lo, hi, bound)
-    acc = _probe_sums(params, 8, bound, seed)
+    acc = _probe_sums(params, 16, bound, seed)
     dtype = np.uint8 if lo >= 0 else np.int8
     want = np.zeros(acc.shape, dtype)
-    requantize_rows(acc, params, 0, 8, lo, hi, want, 0, 0)
-    for pairs in (True, False):
-        run = _EMITTED.setdefault(pairs, _emitted_epilogue(pairs))
-        for r in range(len(acc)):
-            got = np.zeros(8, dtype)
-            run(np.ascontiguousarray(acc[r]), params, got, lo, hi)
-            np.testing.assert_array_equal(got, want[r], err_msg=f"pairs={pairs}, row {r}")
+    requantize_rows(acc, params, 0, 16, lo, hi, want, 0, 0)
+    for words in (True, False):
+        for lanes in (8, 16):
+            run = _EMITTED.setdefault((words, lanes), _emitted_epilogue(words, lanes))
+            for r in range(len(acc)):
+                got = np.zeros(lanes, dtype)
+                run(np.ascontiguousarray(acc[r, :lanes]), params, got, lo, hi)
+                np.testing.assert_array_equal(got, want[r, :lanes],
+                                              err_msg=f"words={words}, {lanes} lanes, row {r}")
+    return params
+
+
+@pytest.mark.parametrize("out_range, zout", [((0, 255), 128), ((-128, 127), -3), ((0, 6), 0)])
+def test_the_emitted_words_move_up_where_the_shift_is_31(out_range, zout):
+    """Channels scaled in [1/2, 1) (a rounding shift of 31 bits: the words' product moved up
+    by 1) and below 1/2 (32 bits and more), on the words' form (the table says WORDS)."""
+    chans = [{"multiplier": 2 ** 31 - 5, "shift": 0, "bias": -900, "clamp": (0, 2 ** 40)},
+             {"multiplier": 2 ** 30 + 3, "shift": -1, "bias": 40, "clamp": (-300, 20)},
+             {"multiplier": 1_700_000_000, "shift": -9, "bias": 0, "clamp": (-2 ** 40, 2 ** 40)}]
+    params = _check_emitted(chans, 7, out_range, zout, 255 * 128 * 9, 5)
+    assert params[WORDS].tolist() == [1] * 16
+    assert sorted(set(params[TOTAL].tolist())) == [31, 32, 40]
 
 
 def test_the_usual_layer_takes_the_narrowed_epilogue():
@@ -159,7 +204,7 @@ def test_the_usual_layer_takes_the_narrowed_epilogue():
                              np.array([2 ** 40, 2 ** 40], np.int64),
                              np.array([1_500_000_000, 1_200_000_000], np.int64),
                              np.array([-9, -12], np.int64), 0, 5, 0, 255, 255 * 128 * 1152)
-    assert params[FAST].tolist() == [1, 1]
+    assert params[FAST].tolist() == [1, 1] and params[WORDS].tolist() == [1, 1]
 
 
 @pytest.mark.parametrize("scale", ["below one", "above one"])

@@ -16,7 +16,7 @@ from .serial import with_serial
 from ..ops.qnn import ADD_FRACTION_BITS
 # the rows of ``epilogue_params`` (requantize_ir.py emits the same steps in LLVM IR)
 from .requantize_ir import (ADD, BACK, FAST, FHI, FLO, FMULT, FOFFSET, HI, LEFT, LO, MULT,
-                            OFFSET, TABLE_ROWS, TOTAL)
+                            OFFSET, TABLE_ROWS, TOTAL, WADD, WHI, WMULT, WOFFSET, WORDS, WSHIFT)
 
 
 @njit(parallel=True, cache=True)
@@ -405,10 +405,12 @@ def epilogue_params(add, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo,
     point (BACK = 2^63 >> total - zout, see ``requantize_rows``). ``add`` is the bias
     (minus any zero-point correction), int64; [lo, hi] the 8-bit range; ``bound`` bounds
     |sum| of the kernel's int32 sums. The rows FAST .. FOFFSET hold the same epilogue
-    narrowed (``_narrowed``), FAST 1 in every column when every channel has it."""
+    narrowed (``_narrowed``), FAST 1 in every column when every channel has it; the rows
+    WORDS .. WSHIFT the narrowed epilogue on 32-bit words (``_words``), WORDS 1 in every
+    column when every channel has it (and FAST)."""
     n = shifts.size
     params = np.zeros((TABLE_ROWS, n), np.int64)
-    fast = True
+    fast = words = True
     for o in range(n):
         left = max(shifts[o], 0)
         total = max(-shifts[o], 0) + 31
@@ -422,7 +424,9 @@ def epilogue_params(add, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo,
         params[TOTAL, o] = total
         params[BACK, o] = np.int64(_SIGN >> np.uint64(total)) - zout
         fast = _narrowed(params[:, o], zin, zout, lo, hi, bound) and fast
+        words = fast and _words(params[:, o], lo, hi, bound) and words
     params[FAST, :] = 1 if fast else 0
+    params[WORDS, :] = 1 if words else 0
     return params
 
 
@@ -457,6 +461,39 @@ def _narrowed(col, zin, zout, lo, hi, bound):
     col[FLO], col[FHI] = max(col[LO], v_lo), min(col[HI], v_hi)
     col[FMULT], col[FOFFSET] = fm, foff
     return col[FLO] <= col[FHI]
+
+
+@njit(cache=True)
+def _words(col, lo, hi, bound):
+    """Fill one narrowed channel's WADD .. WSHIFT and say whether its epilogue may be taken
+    on 32-bit words (``requantize_ir._narrowed_words``): with u = clamp(sum + WADD, 0, WHI),
+    the narrowed v less FLO, and up = 32 - TOTAL where TOTAL is 31 (else 0),
+
+        out = ((u * WMULT + WOFFSET) >> 32 >> WSHIFT) + lo, 8 bits
+
+    where WMULT = FMULT << up, WOFFSET = (FLO * FMULT + FOFFSET - lo << TOTAL) << up and
+    WSHIFT = TOTAL + up - 32. It is ``_narrowed``'s value: u * WMULT + WOFFSET is
+    (v * FMULT + FOFFSET - lo * 2^TOTAL) * 2^up, in [0, (hi - lo + 1) * 2^(TOTAL + up))
+    (v in [FLO, FHI] gives lo <= g(v) <= hi), so nonnegative and below 2^62; a floor
+    division by 2^32 then by 2^WSHIFT is one by 2^(TOTAL + up); and the result is out - lo.
+    A product of an unsigned word by an unsigned word below 2^32 needs one ``vpmuludq`` for
+    4 lanes, and the shift of the high words one ``vpsrlvd`` for 8. It may when sum + WADD
+    is exact in int32 for |sum| <= bound (the clamp is then the narrowed one, moved by
+    -FLO), WHI fits in int32 and WMULT in 32 bits, and the 8-bit range is at most 256 wide
+    (out - lo is then a byte, which the kernels may narrow by saturating packs)."""
+    total = col[TOTAL]
+    up = 1 if total == 31 else 0
+    wadd, whi, wm = col[ADD] - col[FLO], col[FHI] - col[FLO], col[FMULT] << up
+    if total < 31 or abs(wadd) > 2147483647 - bound or whi > 2147483647 or hi - lo > 255:
+        return False
+    if wm >= np.int64(1) << 32:
+        return False
+    col[WADD], col[WHI], col[WMULT] = wadd, whi, wm
+    # in int64, wrapping: the value (v * FMULT + FOFFSET - lo * 2^TOTAL at v = FLO) lies in
+    # [0, 2^(TOTAL + 8)), so the wrapped sum is the exact one
+    col[WOFFSET] = (col[FLO] * col[FMULT] + col[FOFFSET] - (np.int64(lo) << total)) << up
+    col[WSHIFT] = total + up - 32
+    return True
 
 
 @njit(cache=True)

@@ -16,14 +16,19 @@ usual case: a scale below 1, a bias far from int32's ends):
 
 16 outputs take about 16 vector instructions narrowed, against about 29 in full (two int64
 clamps, a shift and a 64 x 64-bit multiply more). A layer takes one or the other as a whole
-(row FAST), chosen by a branch per block of channels.
+(row FAST), chosen by a branch per block of channels. CPUs without AVX-512 take the narrowed
+epilogue on 32-bit words (row WORDS, ``kernels_int8._words``), moved to unsigned numbers:
+
+    u = clamp(sum + WADD, 0, WHI)                     int32 lanes: v - FLO
+    out = ((u * WMULT + WOFFSET) >> 32 >> WSHIFT) + lo, 8 bits
 """
 from __future__ import annotations
 
 # the rows of ``kernels_int8.epilogue_params``: one per-channel constant each
 ADD, LO, HI, LEFT, MULT, OFFSET, TOTAL, BACK = range(8)
 FAST, FLO, FHI, FMULT, FOFFSET = range(8, 13)
-TABLE_ROWS = 13
+WORDS, WADD, WHI, WMULT, WOFFSET, WSHIFT = range(13, 19)
+TABLE_ROWS = 19
 
 
 def _const_loader(bc, table, stride, col, n: int):
@@ -86,72 +91,116 @@ def _narrowed_vector(bc, sums, constants):
     return bc.trunc(bc.ashr(p, total), ir.VectorType(ir.IntType(8), w64.count))
 
 
-def _narrowed_pairs(bc, sums, constants, lo):
-    """``_narrowed_vector`` for CPUs without AVX-512 (``with_epilogue`` chooses it there),
-    the same bits: AVX2 has no arithmetic shift of 64-bit lanes (LLVM emulates one in three
-    instructions a vector) and no narrowing of 64-bit lanes to bytes (a chain of packs), so
+def _narrowed_words(bc, sums, constants, lo):
+    """The 8-bit values of ``sums`` (n int32, n even) by the narrowed epilogue on 32-bit
+    words (``kernels_int8._words``; ``constants``: WADD, WHI as n int32, WMULT's even and
+    odd lanes and WOFFSET's as n / 2 int64, WSHIFT as n int32), for CPUs without AVX-512,
+    which have no arithmetic shift of 64-bit lanes and no narrowing of them to bytes:
 
-    - the products are taken on the int32 lanes in place, the even ones and the odd ones
-      (one ``vpmuldq`` each, no widening of the sums first);
-    - the offset is moved by -lo * 2^TOTAL, which makes every sum nonnegative, so the
-      shift is logical (``vpsrlvq``): v in [FLO, FHI] gives lo <= (v * FMULT + FOFFSET) >>
-      TOTAL <= hi (``kernels_int8._narrowed``), so 0 <= v * FMULT + FOFFSET - lo * 2^TOTAL
-      < (hi - lo + 1) * 2^TOTAL <= 2^62 (TOTAL <= 53), and the shift gives out - lo in
-      [0, 255];
-    - the odd results are shifted up into the even ones' zero upper halves (one int32
-      vector in order), their low bytes taken by one byte shuffle, and lo added back in
-      8-bit lanes (out - lo + lo wraps to out's byte, signed or not)."""
+    - u = clamp(sum + WADD, 0, WHI) in the int32 lanes;
+    - the even and the odd words' products by WMULT, each an unsigned 32 x 32 -> 64-bit
+      multiply (one ``vpmuludq`` for 4 lanes: the factors' upper halves are 0), plus
+      WOFFSET: nonnegative, below 2^62;
+    - their upper words, the 8 results' in order (one shift and one blend), shifted right by
+      WSHIFT together (one ``vpsrlvd``): out - lo in [0, 255];
+    - their low bytes, plus lo in 8-bit lanes (out - lo + lo wraps to out's byte, signed or
+      not)."""
     from llvmlite import ir
     from .llvm_loops import splat
-    add, f_lo, f_hi, f_mult, f_offset, total = constants
+    add, high, mult_even, mult_odd, off_even, off_odd, shift = constants
     n = sums.type.count
     i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
     half = ir.VectorType(i64, n // 2)
-    c32 = ir.Constant(half, [32] * (n // 2))
-    even = list(range(0, n, 2))
-    odd = list(range(1, n, 2))
-
-    def pick(v, lanes):
-        return bc.shuffle_vector(v, ir.Constant(v.type, ir.Undefined),
-                                 ir.Constant(ir.VectorType(i32, len(lanes)), lanes))
-    v = _clamp(bc, bc.add(sums, add), f_lo, f_hi)
-    v2, m2 = bc.bitcast(v, half), bc.bitcast(f_mult, half)
-    # (sign-extended in place: LLVM takes a product of two such for one vpmuldq)
-    low = lambda x: bc.ashr(bc.shl(x, c32), c32)  # noqa: E731
-    products = (bc.mul(low(v2), low(m2)), bc.mul(bc.ashr(v2, c32), bc.ashr(m2, c32)))
-    moved = bc.sub(f_offset, bc.shl(splat(bc, lo, f_offset.type), total))
-    shifted = [bc.lshr(bc.add(prod, pick(moved, lanes)), pick(total, lanes))
-               for prod, lanes in zip(products, (even, odd))]
-    both = bc.or_(shifted[0], bc.shl(shifted[1], c32))
-    out = pick(bc.bitcast(both, ir.VectorType(i8, 4 * n)), list(range(0, 4 * n, 4)))
+    zero = ir.Constant(sums.type, [0] * n)
+    u = _clamp(bc, bc.add(sums, add), zero, high)
+    u2 = bc.bitcast(u, half)
+    even = bc.and_(u2, ir.Constant(half, [0xFFFFFFFF] * (n // 2)))
+    odd = bc.lshr(u2, ir.Constant(half, [32] * (n // 2)))
+    p_even = bc.add(bc.mul(even, mult_even), off_even)
+    p_odd = bc.add(bc.mul(odd, mult_odd), off_odd)
+    words = ir.VectorType(i32, n)
+    upper = bc.bitcast(bc.lshr(p_even, ir.Constant(half, [32] * (n // 2))), words)
+    both = bc.shuffle_vector(upper, bc.bitcast(p_odd, words), ir.Constant(
+        words, [i if i % 2 == 0 else n + i for i in range(n)]))
+    out = _low_bytes(bc, bc.lshr(both, shift))
     return bc.add(out, splat(bc, bc.trunc(lo, i8), out.type))
 
 
-def with_epilogue(bc, table, stride, col, n: int, lo, hi, body, pairs: bool | None = None):
-    """Emit ``body(bc, requantize)`` under a branch on the layer's row FAST, with builder
-    ``bc``: ``requantize(bc, sums)`` gives the 8-bit values of a vector of n int32 sums of
-    the channels col..col+n, by the narrowed epilogue where the layer has it, else the full
-    one, from constants loaded once before ``body`` (``table``: as for ``load_constants``;
-    ``lo``, ``hi`` i64). ``body`` is emitted twice, once in each branch. The narrowed
-    epilogue is emitted as ``_narrowed_pairs`` where ``pairs`` says so (by default on a CPU
-    without AVX-512, for an even n), else as ``_narrowed_vector``."""
+def _low_bytes(bc, words):
+    """The low bytes of ``words`` (n int32 in [0, 255]) as n bytes. On AVX2, 8 words take
+    one ``vpshufb`` (each 128-bit half's 4 low bytes to its front) and a join of the two
+    fronts (``vpermd``, which LLVM emits as an extract and an unpack): 3 instructions where
+    LLVM's truncation took 4. 16 take two saturating packs (exact on [0, 255]) and the same
+    join. Elsewhere LLVM's truncation."""
+    from llvmlite import ir
+    from .llvm_loops import cpu_has, declare
+    i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+    n = words.type.count
+    if n not in (8, 16) or not cpu_has("avx2"):
+        return bc.trunc(words, ir.VectorType(i8, n))
+    v32, v8, v16 = ir.VectorType(i8, 32), ir.VectorType(i32, 8), ir.VectorType(i16, 16)
+    mod = bc.module
+    perm = declare(mod, "llvm.x86.avx2.permd", ir.FunctionType(v8, [v8, v8]))
+    if n == 8:
+        shuf = declare(mod, "llvm.x86.avx2.pshuf.b", ir.FunctionType(v32, [v32, v32]))
+        fronts = bc.call(shuf, [bc.bitcast(words, v32), ir.Constant(
+            v32, [(i % 16) * 4 if i % 16 < 4 else 0x80 for i in range(32)])])
+        order = [0, 4] + [0] * 6
+    else:
+        pack32 = declare(mod, "llvm.x86.avx2.packusdw", ir.FunctionType(v16, [v8, v8]))
+        pack16 = declare(mod, "llvm.x86.avx2.packuswb", ir.FunctionType(v32, [v16, v16]))
+        halves = [bc.shuffle_vector(words, ir.Constant(words.type, ir.Undefined),
+                                    ir.Constant(v8, list(range(h, h + 8)))) for h in (0, 8)]
+        shorts = bc.call(pack32, halves)      # per 128 bits: 4 of the first half, 4 of the
+        fronts = bc.call(pack16, [shorts, shorts])   # second; as bytes, twice over
+        order = [0, 4, 1, 5] + [0] * 4
+    both = bc.call(perm, [bc.bitcast(fronts, v8), ir.Constant(v8, order)])
+    return bc.shuffle_vector(bc.bitcast(both, v32), ir.Constant(v32, ir.Undefined),
+                             ir.Constant(ir.VectorType(i32, n), list(range(n))))
+
+
+def _words_constants(bc, load, n):
+    """``_narrowed_words``'s constants for n channels, by ``_const_loader``'s ``load``: the
+    64-bit rows split into their even and odd lanes once, outside the kernel's loops."""
+    from llvmlite import ir
+    i32 = ir.IntType(32)
+
+    def pick(v, first):
+        return bc.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), ir.Constant(
+            ir.VectorType(i32, n // 2), list(range(first, n, 2))))
+    mult, offset = load(WMULT), load(WOFFSET)
+    # WMULT < 2^32, masked so that LLVM knows it: one vpmuludq a product, not a 64 x 64 one
+    word = ir.Constant(ir.VectorType(ir.IntType(64), n // 2), [0xFFFFFFFF] * (n // 2))
+    return (load(WADD, 32), load(WHI, 32), bc.and_(pick(mult, 0), word),
+            bc.and_(pick(mult, 1), word), pick(offset, 0), pick(offset, 1), load(WSHIFT, 32))
+
+
+def with_epilogue(bc, table, stride, col, n: int, lo, hi, body, words: bool | None = None):
+    """Emit ``body(bc, requantize)`` under a branch on the layer's row FAST (WORDS for the
+    words' form), with builder ``bc``: ``requantize(bc, sums)`` gives the 8-bit values of a
+    vector of n int32 sums of the channels col..col+n, by the narrowed epilogue where the
+    layer has it, else the full one, from constants loaded once before ``body`` (``table``:
+    as for ``load_constants``; ``lo``, ``hi`` i64). ``body`` is emitted twice, once in each
+    branch. The narrowed epilogue is emitted as ``_narrowed_words`` where ``words`` says so
+    (by default on a CPU without AVX-512, for an even n), else as ``_narrowed_vector``."""
     from llvmlite import ir
     from .llvm_loops import cpu_has
-    if pairs is None:
-        pairs = n % 2 == 0 and not cpu_has("avx512f")
+    if words is None:
+        words = n % 2 == 0 and not cpu_has("avx512f")
     i64 = ir.IntType(64)
-    at = bc.add(bc.mul(stride, ir.Constant(i64, FAST)), col)
+    at = bc.add(bc.mul(stride, ir.Constant(i64, WORDS if words else FAST)), col)
     flag = bc.load(bc.gep(bc.bitcast(table, i64.as_pointer()), [at]), align=8)
     with bc.if_else(bc.icmp_signed("!=", flag, ir.Constant(i64, 0)), likely=True) as (
             narrowed, full):
         with narrowed:
             load = _const_loader(bc, table, stride, col, n)
-            f_mult = load(FMULT, 32) if pairs else bc.sext(load(FMULT, 32), load(FOFFSET).type)
-            fast = (load(ADD, 32), load(FLO, 32), load(FHI, 32), f_mult, load(FOFFSET),
-                    load(TOTAL))
-            if pairs:
-                body(bc, lambda bd, sums: _narrowed_pairs(bd, sums, fast, lo))
+            if words:
+                fast = _words_constants(bc, load, n)
+                body(bc, lambda bd, sums: _narrowed_words(bd, sums, fast, lo))
             else:
+                fast = (load(ADD, 32), load(FLO, 32), load(FHI, 32),
+                        bc.sext(load(FMULT, 32), load(FOFFSET).type), load(FOFFSET),
+                        load(TOTAL))
                 body(bc, lambda bd, sums: _narrowed_vector(bd, sums, fast))
         with full:
             constants = load_constants(bc, table, stride, col, n)
