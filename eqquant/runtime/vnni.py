@@ -115,7 +115,7 @@ def pack_panels(w: np.ndarray, block: int, group: int, dtype) -> tuple:
     are one lane's operands.)"""
     kp = -(-w.shape[1] // 4) * 4
     return (memory.panels(w, block, group, kp, dtype),
-            (128 * w.astype(np.int32).sum(axis=1)).astype(np.int32), kp)
+            128 * w.sum(axis=1, dtype=np.int32), kp)
 
 
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
