@@ -500,3 +500,24 @@ def test_float_weights_pack_into_aligned_zero_padded_panels(path):
         for c in range(got.shape[0] * block):
             want = w[c] if c < o else np.zeros(k, np.float32)
             np.testing.assert_array_equal(got[c // block, :, c % block], want)
+
+
+def test_the_runtime_starts_numba_without_scipy_linalg():
+    """Numba's BLAS probe at its CPU target's set-up imports scipy.linalg (0.13-0.2 s of a
+    first inference): the runtime answers it without SciPy's linear algebra, so a fresh
+    process that compiles and runs a kernel has not loaded it, and loads it after as usual."""
+    import subprocess
+    import sys
+    pytest.importorskip("scipy")
+    code = "\n".join([
+        "import sys, numpy as np",
+        "import eqquant.runtime.executor",
+        "from numba import njit",
+        "f = njit(lambda a: a.sum())",
+        "assert f(np.ones(3)) == 3.0",
+        "assert 'scipy.linalg' not in sys.modules, 'scipy.linalg was loaded'",
+        "import scipy.linalg",
+        "assert scipy.linalg.norm([3.0, 4.0]) == 5.0",
+    ])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

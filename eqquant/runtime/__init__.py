@@ -17,9 +17,17 @@ from several (a driver in ``vnni.py`` compiles in the gather of ``gather.py``, t
 of ``llvm_loops.py``, the epilogue of ``requantize_ir.py``): after a change to one of those,
 the cache would hand back the old kernel. Every kernel cached from this folder is stamped
 with a digest of the whole folder's source (``source_digest``) besides its own file's.
+
+Numba, setting up its CPU target (on a process's first kernel, cached or not), probes for a
+BLAS by importing ``scipy.linalg``: 0.13-0.2 s of a first inference where SciPy is installed
+(the ``ilp`` extra). No kernel here calls a BLAS through Numba, so that probe is answered
+without ``scipy.linalg`` (``_numba_target_without_scipy``) where it is not loaded yet; it
+imports as usual afterwards.
 """
 import hashlib
+import importlib.abc
 import os
+import sys
 from functools import lru_cache
 
 _FOLDER = os.path.dirname(os.path.abspath(__file__))
@@ -59,6 +67,33 @@ def _stamp_kernel_caches() -> None:
 
 
 _stamp_kernel_caches()
+
+
+class _NoSciPyLinalg(importlib.abc.MetaPathFinder):
+    """Refuses ``scipy.linalg`` while it is on ``sys.meta_path``."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "scipy.linalg" or name.startswith("scipy.linalg."):
+            raise ImportError("eqquant: scipy.linalg is not loaded for Numba's BLAS probe")
+        return None
+
+
+def _numba_target_without_scipy() -> None:
+    """Import Numba's array math (whose import probes for a BLAS, ``numba.np.linalg.
+    ensure_blas``) with ``scipy.linalg`` refused, where it is not loaded: the probe finds
+    none, and Numba types a dot product of floats by its own loop, which no kernel here
+    uses."""
+    if "scipy.linalg" in sys.modules or "numba.np.arraymath" in sys.modules:
+        return
+    guard = _NoSciPyLinalg()
+    sys.meta_path.insert(0, guard)
+    try:
+        import numba.np.arraymath  # noqa: F401
+    finally:
+        sys.meta_path.remove(guard)
+
+
+_numba_target_without_scipy()
 
 
 def _blas_runs_float_convolutions() -> bool:
