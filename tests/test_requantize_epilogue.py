@@ -10,9 +10,8 @@ from eqquant.ir.builder import Builder
 from eqquant.ir.interp import run
 from eqquant.ir.params import bind_params
 from eqquant.runtime.executor import Executor
-from eqquant.runtime.kernels_int8 import epilogue_params, requantize_rows
-from eqquant.runtime.requantize_ir import (ADD, FAST, FHI, FLO, FMULT, FOFFSET, TOTAL, WADD,
-                                          WHI, WMULT, WOFFSET, WORDS, WSHIFT)
+from eqquant.runtime.kernels_int8 import epilogue_params, requantize_rows, words_constants
+from eqquant.runtime.requantize_ir import ADD, FAST, FHI, FLO, FMULT, FOFFSET, TOTAL, WORDS
 
 I32 = 2 ** 31
 
@@ -34,11 +33,12 @@ def _words(params, sums, lo):
     the sum checked to stay within [0, 2^64) (the unsigned 64-bit lanes)."""
     out = []
     for c, s in enumerate(sums):
-        u = min(max(int(s) + int(params[WADD, c]), 0), int(params[WHI, c]))
-        assert u < 2 ** 31 and 0 < int(params[WMULT, c]) < 2 ** 32
-        p = u * int(params[WMULT, c]) + int(params[WOFFSET, c])
+        add, high, mult, offset, shift = words_constants(params, c)
+        u = min(max(int(s) + add, 0), high)
+        assert u < 2 ** 31 and 0 < mult < 2 ** 32
+        p = u * mult + offset
         assert 0 <= p < 2 ** 64
-        out.append((((p >> 32) >> int(params[WSHIFT, c])) + lo) & 0xFF)
+        out.append((((p >> 32) >> shift) + lo) & 0xFF)
     return out
 
 

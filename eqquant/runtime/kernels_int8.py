@@ -407,9 +407,11 @@ def epilogue_params(add, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo,
     |sum| of the kernel's int32 sums. The rows FAST .. FOFFSET hold the same epilogue
     narrowed (``_narrowed``), FAST 1 in every column when every channel has it; the rows
     WORDS .. WSHIFT the narrowed epilogue on 32-bit words (``_words``), WORDS 1 in every
-    column when every channel has it (and FAST)."""
+    column when every channel has it (and FAST), laid out as the kernels load them
+    (``_lay_out_words``)."""
     n = shifts.size
     params = np.zeros((TABLE_ROWS, n), np.int64)
+    per_channel = np.zeros((TABLE_ROWS, n), np.int64)
     fast = words = True
     for o in range(n):
         left = max(shifts[o], 0)
@@ -424,10 +426,58 @@ def epilogue_params(add, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo,
         params[TOTAL, o] = total
         params[BACK, o] = np.int64(_SIGN >> np.uint64(total)) - zout
         fast = _narrowed(params[:, o], zin, zout, lo, hi, bound) and fast
-        words = fast and _words(params[:, o], lo, hi, bound) and words
+        per_channel[:, o] = params[:, o]
+        words = fast and _words(per_channel[:, o], lo, hi, bound) and words
     params[FAST, :] = 1 if fast else 0
     params[WORDS, :] = 1 if words else 0
+    if words:
+        _lay_out_words(per_channel, params)
     return params
+
+
+WORDS_GROUP = 8   # channels a words' epilogue takes at a time (``requantize_ir._narrowed_words``)
+
+
+@njit(cache=True)
+def _lay_out_words(per_channel, params):
+    """The rows WADD, WHI, WMULT, WSHIFT as int32 and WOFFSET reordered, within each group of
+    WORDS_GROUP channels (whose constants are the group's WORDS_GROUP int64 of each row:
+    a kernel handed the table from a later group's column on reads the same layout): the
+    group's int32 in its first half (two channels an int64, the even one in the low half,
+    the second half 0), its WOFFSET as its even channels then its odd ones. The kernels then
+    load every constant of a group of 8 channels in one or two plain loads (taken from
+    64-bit lanes, they took 3 instructions each and their picks more, for every tile of a
+    GEMM). A last group of fewer channels keeps the same order where it has them; the
+    kernels never take it on words. ``words_constants`` reads them back."""
+    n = per_channel.shape[1]
+    for row in (WADD, WHI, WMULT, WSHIFT):
+        params[row, :] = 0
+        for c in range(n):
+            v = per_channel[row, c] & 0xFFFFFFFF
+            at = c - c % WORDS_GROUP + c % WORDS_GROUP // 2
+            params[row, at] |= v << (32 * (c % 2))
+    for c in range(n):
+        params[WOFFSET, _offset_at(c, n)] = per_channel[WOFFSET, c]
+
+
+@njit(cache=True)
+def _offset_at(c, n):
+    """Where channel c's WOFFSET is in a row of n (``_lay_out_words``)."""
+    g, i = c - c % WORDS_GROUP, c % WORDS_GROUP
+    if g + WORDS_GROUP > n:
+        return c
+    return g + (i // 2 if i % 2 == 0 else WORDS_GROUP // 2 + i // 2)
+
+
+def words_constants(params: np.ndarray, c: int) -> tuple[int, int, int, int, int]:
+    """Channel c's (WADD, WHI, WMULT, WOFFSET, WSHIFT) from a table of ``epilogue_params``
+    whose row WORDS is set (``_lay_out_words``'s layout)."""
+    at = 2 * (c - c % WORDS_GROUP) + c % WORDS_GROUP
+
+    def word(row, kind=np.int32):
+        return int(params[row].view(kind)[at])
+    return (word(WADD), word(WHI), word(WMULT, np.uint32),
+            int(params[WOFFSET, _offset_at(c, params.shape[1])]), word(WSHIFT))
 
 
 @njit(cache=True)

@@ -92,10 +92,10 @@ def _narrowed_vector(bc, sums, constants):
 
 
 def _narrowed_words(bc, sums, constants, lo):
-    """The 8-bit values of ``sums`` (n int32, n even) by the narrowed epilogue on 32-bit
-    words (``kernels_int8._words``; ``constants``: WADD, WHI as n int32, WMULT's even and
-    odd lanes and WOFFSET's as n / 2 int64, WSHIFT as n int32), for CPUs without AVX-512,
-    which have no arithmetic shift of 64-bit lanes and no narrowing of them to bytes:
+    """The 8-bit values of ``sums`` (n int32, n a multiple of 8) by the narrowed epilogue on
+    32-bit words (``kernels_int8._words``; ``constants``: ``_words_constants``'s, one tuple
+    a group of 8 channels), for CPUs without AVX-512, which have no arithmetic shift of
+    64-bit lanes and no narrowing of them to bytes. For each group of 8:
 
     - u = clamp(sum + WADD, 0, WHI) in the int32 lanes;
     - the even and the odd words' products by WMULT, each an unsigned 32 x 32 -> 64-bit
@@ -103,27 +103,32 @@ def _narrowed_words(bc, sums, constants, lo):
       WOFFSET: nonnegative, below 2^62;
     - their upper words, the 8 results' in order (one shift and one blend), shifted right by
       WSHIFT together (one ``vpsrlvd``): out - lo in [0, 255];
-    - their low bytes, plus lo in 8-bit lanes (out - lo + lo wraps to out's byte, signed or
-      not)."""
+
+    then the low bytes of all (``_low_bytes``), plus lo in 8-bit lanes (out - lo + lo wraps
+    to out's byte, signed or not)."""
     from llvmlite import ir
     from .llvm_loops import splat
-    add, high, mult_even, mult_odd, off_even, off_odd, shift = constants
     n = sums.type.count
     i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
-    half = ir.VectorType(i64, n // 2)
-    zero = ir.Constant(sums.type, [0] * n)
-    u = _clamp(bc, bc.add(sums, add), zero, high)
-    u2 = bc.bitcast(u, half)
-    even = bc.and_(u2, ir.Constant(half, [0xFFFFFFFF] * (n // 2)))
-    odd = bc.lshr(u2, ir.Constant(half, [32] * (n // 2)))
-    p_even = bc.add(bc.mul(even, mult_even), off_even)
-    p_odd = bc.add(bc.mul(odd, mult_odd), off_odd)
-    words = ir.VectorType(i32, n)
-    upper = bc.bitcast(bc.lshr(p_even, ir.Constant(half, [32] * (n // 2))), words)
-    both = bc.shuffle_vector(upper, bc.bitcast(p_odd, words), ir.Constant(
-        words, [i if i % 2 == 0 else n + i for i in range(n)]))
-    out = _low_bytes(bc, bc.lshr(both, shift))
-    return bc.add(out, splat(bc, bc.trunc(lo, i8), out.type))
+    v8, half = ir.VectorType(i32, 8), ir.VectorType(i64, 4)
+    zero, c32 = ir.Constant(v8, [0] * 8), ir.Constant(half, [32] * 4)
+    mask = ir.Constant(half, [0xFFFFFFFF] * 4)
+    out = []
+    for g, (add, high, mult_even, mult_odd, off_even, off_odd, shift) in enumerate(constants):
+        part = sums if n == 8 else bc.shuffle_vector(
+            sums, ir.Constant(sums.type, ir.Undefined), ir.Constant(v8, list(range(8 * g,
+                                                                                  8 * g + 8))))
+        u2 = bc.bitcast(_clamp(bc, bc.add(part, add), zero, high), half)
+        p_even = bc.add(bc.mul(bc.and_(u2, mask), mult_even), off_even)
+        p_odd = bc.add(bc.mul(bc.lshr(u2, c32), mult_odd), off_odd)
+        upper = bc.bitcast(bc.lshr(p_even, c32), v8)
+        both = bc.shuffle_vector(upper, bc.bitcast(p_odd, v8),
+                                 ir.Constant(v8, [0, 9, 2, 11, 4, 13, 6, 15]))
+        out.append(bc.lshr(both, shift))
+    words = out[0] if n == 8 else bc.shuffle_vector(out[0], out[1], ir.Constant(
+        ir.VectorType(i32, 16), list(range(16))))
+    low = _low_bytes(bc, words)
+    return bc.add(low, splat(bc, bc.trunc(lo, i8), low.type))
 
 
 def _low_bytes(bc, words):
@@ -159,20 +164,36 @@ def _low_bytes(bc, words):
                              ir.Constant(ir.VectorType(i32, n), list(range(n))))
 
 
-def _words_constants(bc, load, n):
-    """``_narrowed_words``'s constants for n channels, by ``_const_loader``'s ``load``: the
-    64-bit rows split into their even and odd lanes once, outside the kernel's loops."""
+def _words_constants(bc, table, stride, col, n: int) -> list:
+    """``_narrowed_words``'s constants for the n channels from col (n a multiple of 8, col
+    too), a tuple for each group of 8: WADD, WHI and WSHIFT as 8 int32, WMULT's even and
+    odd words and WOFFSET's even and odd channels as 4 int64 each: plain loads of
+    ``kernels_int8._lay_out_words``'s rows (``table`` an i8 pointer, ``stride`` the
+    columns)."""
     from llvmlite import ir
-    i32 = ir.IntType(32)
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    v8, half = ir.VectorType(i32, 8), ir.VectorType(i64, 4)
+    words, longs = bc.bitcast(table, i32.as_pointer()), bc.bitcast(table, i64.as_pointer())
 
-    def pick(v, first):
-        return bc.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), ir.Constant(
-            ir.VectorType(i32, n // 2), list(range(first, n, 2))))
-    mult, offset = load(WMULT), load(WOFFSET)
-    # WMULT < 2^32, masked so that LLVM knows it: one vpmuludq a product, not a 64 x 64 one
-    word = ir.Constant(ir.VectorType(ir.IntType(64), n // 2), [0xFFFFFFFF] * (n // 2))
-    return (load(WADD, 32), load(WHI, 32), bc.and_(pick(mult, 0), word),
-            bc.and_(pick(mult, 1), word), pick(offset, 0), pick(offset, 1), load(WSHIFT, 32))
+    def load(base, row, at, vector, scale):
+        """at the table's column ``at`` of ``row`` (in int32 for scale 2, int64 for 1)"""
+        index = bc.mul(bc.add(bc.mul(stride, ir.Constant(i64, row)), at),
+                       ir.Constant(i64, scale))
+        return bc.load(bc.bitcast(bc.gep(base, [index]), vector.as_pointer()),
+                       align=4 if vector is v8 else 8)
+    groups = []
+    for g in range(n // 8):
+        c = bc.add(col, ir.Constant(i64, 8 * g))
+        # WMULT < 2^32: its even channels in the low words (masked, so that LLVM knows it:
+        # one vpmuludq a product, not a 64 x 64 one), its odd ones shifted down
+        mult = bc.bitcast(load(words, WMULT, c, v8, 2), half)
+        groups.append((load(words, WADD, c, v8, 2), load(words, WHI, c, v8, 2),
+                       bc.and_(mult, ir.Constant(half, [0xFFFFFFFF] * 4)),
+                       bc.lshr(mult, ir.Constant(half, [32] * 4)),
+                       load(longs, WOFFSET, c, half, 1),
+                       load(longs, WOFFSET, bc.add(c, ir.Constant(i64, 4)), half, 1),
+                       load(words, WSHIFT, c, v8, 2)))
+    return groups
 
 
 def with_epilogue(bc, table, stride, col, n: int, lo, hi, body, words: bool | None = None):
@@ -182,11 +203,12 @@ def with_epilogue(bc, table, stride, col, n: int, lo, hi, body, words: bool | No
     layer has it, else the full one, from constants loaded once before ``body`` (``table``:
     as for ``load_constants``; ``lo``, ``hi`` i64). ``body`` is emitted twice, once in each
     branch. The narrowed epilogue is emitted as ``_narrowed_words`` where ``words`` says so
-    (by default on a CPU without AVX-512, for an even n), else as ``_narrowed_vector``."""
+    (by default on a CPU without AVX-512, for n a multiple of 8), else as
+    ``_narrowed_vector``."""
     from llvmlite import ir
     from .llvm_loops import cpu_has
     if words is None:
-        words = n % 2 == 0 and not cpu_has("avx512f")
+        words = n % 8 == 0 and not cpu_has("avx512f")
     i64 = ir.IntType(64)
     at = bc.add(bc.mul(stride, ir.Constant(i64, WORDS if words else FAST)), col)
     flag = bc.load(bc.gep(bc.bitcast(table, i64.as_pointer()), [at]), align=8)
@@ -195,7 +217,7 @@ def with_epilogue(bc, table, stride, col, n: int, lo, hi, body, words: bool | No
         with narrowed:
             load = _const_loader(bc, table, stride, col, n)
             if words:
-                fast = _words_constants(bc, load, n)
+                fast = _words_constants(bc, table, stride, col, n)
                 body(bc, lambda bd, sums: _narrowed_words(bd, sums, fast, lo))
             else:
                 fast = (load(ADD, 32), load(FLO, 32), load(FHI, 32),
