@@ -453,11 +453,17 @@ def _lay_out_words(per_channel, params):
     for row in (WADD, WHI, WMULT, WSHIFT):
         params[row, :] = 0
         for c in range(n):
-            v = per_channel[row, c] & 0xFFFFFFFF
-            at = c - c % WORDS_GROUP + c % WORDS_GROUP // 2
-            params[row, at] |= v << (32 * (c % 2))
+            at = _word_at(c)
+            params[row, at // 2] |= (per_channel[row, c] & 0xFFFFFFFF) << (32 * (at % 2))
     for c in range(n):
         params[WOFFSET, _offset_at(c, n)] = per_channel[WOFFSET, c]
+
+
+@njit(cache=True)
+def _word_at(c):
+    """Where channel c's int32 constants are in their rows, counted in int32: the first half
+    of its group's int64 (``_lay_out_words``)."""
+    return 2 * (c - c % WORDS_GROUP) + c % WORDS_GROUP
 
 
 @njit(cache=True)
@@ -472,7 +478,7 @@ def _offset_at(c, n):
 def words_constants(params: np.ndarray, c: int) -> tuple[int, int, int, int, int]:
     """Channel c's (WADD, WHI, WMULT, WOFFSET, WSHIFT) from a table of ``epilogue_params``
     whose row WORDS is set (``_lay_out_words``'s layout)."""
-    at = 2 * (c - c % WORDS_GROUP) + c % WORDS_GROUP
+    at = _word_at(c)
 
     def word(row, kind=np.int32):
         return int(params[row].view(kind)[at])

@@ -215,11 +215,11 @@ def with_epilogue(bc, table, stride, col, n: int, lo, hi, body, words: bool | No
     with bc.if_else(bc.icmp_signed("!=", flag, ir.Constant(i64, 0)), likely=True) as (
             narrowed, full):
         with narrowed:
-            load = _const_loader(bc, table, stride, col, n)
             if words:
                 fast = _words_constants(bc, table, stride, col, n)
                 body(bc, lambda bd, sums: _narrowed_words(bd, sums, fast, lo))
             else:
+                load = _const_loader(bc, table, stride, col, n)
                 fast = (load(ADD, 32), load(FLO, 32), load(FHI, 32),
                         bc.sext(load(FMULT, 32), load(FOFFSET).type), load(FOFFSET),
                         load(TOTAL))
