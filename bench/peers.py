@@ -13,6 +13,12 @@ changing load hits all of them alike, half a second apart (so that one system's 
 threads have stopped before the next one runs), each after one untimed run, and each figure
 is the median over the rounds. The CPU model and eqquant's kernel paths are printed first,
 the ratios eqquant / ONNX Runtime (and / PyTorch) last.
+
+On a CPU without VNNI, ONNX Runtime's int8 convolutions add pairs of uint8 x int8 products in
+int16 with saturation (``vpmaddubsw``), so their sums are not exact (``ort_exactness.py``
+shows by how much), while eqquant's kernels are bit-exact. There ONNX Runtime also runs
+with ``session.x64quantprecision`` set ("ORT int8 exact", its own exact mode), and the
+ratio eqquant / ORT-exact compares like with like.
 """
 from __future__ import annotations
 
@@ -34,6 +40,9 @@ THREADS = "2"
 SETTLE = 0.5
 ENV = {**os.environ, "OMP_NUM_THREADS": THREADS, "NUMBA_NUM_THREADS": THREADS,
        "MKL_NUM_THREADS": THREADS, "OPENBLAS_NUM_THREADS": THREADS}
+
+
+EXACT = "ORT int8 exact"   # ONNX Runtime with exact int8 sums (CPUs without VNNI only)
 
 
 # -- a worker: one system, one model, timed on request ------------------------------------------
@@ -69,6 +78,10 @@ def worker(system: str, model: str, inputs: str) -> None:
         so.intra_op_num_threads = int(THREADS)
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
+        if system == EXACT:
+            # on x86-64 CPUs without VNNI, ONNX Runtime's u8s8 kernels add pairs of products
+            # in int16 with saturation (``vpmaddubsw``); this option makes them exact
+            so.add_session_config_entry("session.x64quantprecision", "1")
         # ONNX Runtime's defaults otherwise: its workers spin while a run waits for work, as
         # eqquant's OpenMP workers spin a moment between the ops of a program
         sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
@@ -136,7 +149,8 @@ def prepare(name: str, calib: int, d: Path) -> dict[str, Path]:
     (d / f"{name}.fp32.onnx").write_bytes(fp32_onnx)
     (d / f"{name}.int8.onnx").write_bytes(ort_quantize_static(fp32_onnx, samples))
     files.update({"eqquant int8": d / f"{name}.int8.ir", "eqquant fp32": d / f"{name}.fp32.ir",
-                  "ORT int8": d / f"{name}.int8.onnx", "ORT fp32": d / f"{name}.fp32.onnx",
+                  "ORT int8": d / f"{name}.int8.onnx", EXACT: d / f"{name}.int8.onnx",
+                  "ORT fp32": d / f"{name}.fp32.onnx",
                   "PyTorch int8": name})   # torchvision's model of that name
     return files
 
@@ -154,7 +168,12 @@ def main() -> None:
         return worker(*args.worker)
     from eqquant.runtime.bindings import fp32_path
     from eqquant.runtime.bindings_int8 import int8_path
+    from eqquant.runtime.llvm_loops import cpu_has
     systems = ["eqquant int8", "ORT int8", "eqquant fp32", "ORT fp32"]
+    if not (cpu_has("avx512vnni") or cpu_has("avxvnni")):
+        # ONNX Runtime's default int8 is then not exact (bench/ort_exactness.py): its exact
+        # mode too, for a comparison of like with like
+        systems.insert(2, EXACT)
     try:
         import torch
         torch_note = (f"PyTorch {torch.__version__}: FX int8 with the x86 qconfig on "
@@ -184,8 +203,10 @@ def main() -> None:
     for name, r in results.items():
         torch_ratio = (f"int8 eqquant/PyTorch {r['eqquant int8'] / r['PyTorch int8']:5.2f}   "
                        if "PyTorch int8" in r else "")
+        exact_ratio = (f"int8 eqquant/ORT-exact {r['eqquant int8'] / r[EXACT]:5.2f}   "
+                       if EXACT in r else "")
         print(f"{name:13s} int8 eqquant/ORT {r['eqquant int8'] / r['ORT int8']:5.2f}   "
-              f"{torch_ratio}fp32 eqquant/ORT {r['eqquant fp32'] / r['ORT fp32']:5.2f}   "
+              f"{exact_ratio}{torch_ratio}fp32 eqquant/ORT {r['eqquant fp32'] / r['ORT fp32']:5.2f}   "
               f"eqquant int8/fp32 {r['eqquant int8'] / r['eqquant fp32']:5.2f}")
 
 
