@@ -206,7 +206,8 @@ def main() -> None:
         exact_ratio = (f"int8 eqquant/ORT-exact {r['eqquant int8'] / r[EXACT]:5.2f}   "
                        if EXACT in r else "")
         print(f"{name:13s} int8 eqquant/ORT {r['eqquant int8'] / r['ORT int8']:5.2f}   "
-              f"{exact_ratio}{torch_ratio}fp32 eqquant/ORT {r['eqquant fp32'] / r['ORT fp32']:5.2f}   "
+              f"{exact_ratio}{torch_ratio}"
+              f"fp32 eqquant/ORT {r['eqquant fp32'] / r['ORT fp32']:5.2f}   "
               f"eqquant int8/fp32 {r['eqquant int8'] / r['eqquant fp32']:5.2f}")
 
 

@@ -164,6 +164,24 @@ def test_the_byte_kernel_is_exact_at_the_extremes(p, k, o, high, seed):
     assert not out[:, o:].any()
 
 
+def test_a_row_of_high_bytes_at_the_weights_extremes_is_summed_exactly():
+    """A row of 255s, every one of its 197 quads listed, against weights of -128 and 127 in
+    two blocks: its high bits' products are at their largest (128 x -128 x 788 bytes, far
+    outside int16). The other rows have no high bit (the chunk's room, 1/8 of its quads,
+    holds the one row's)."""
+    rng = np.random.default_rng(7)
+    quads = 197
+    a = _bytes(rng, (16, 4 * quads), 0.0)
+    a[0] = 255
+    w = rng.integers(-128, 128, (40, 4 * quads)).astype(np.int8)
+    w[0], w[1], w[17] = -128, 127, -128                 # the extremes in two blocks
+    packed, _, kp = avx2.pack(w)
+    assert kp == 4 * quads and _fits(a)
+    out = np.zeros((16, packed.shape[0] * avx2.BLOCK), np.int32)
+    assert avx2.gemm_bytes(a, packed, avx2.pack_quads(w), out)     # (the byte kernel's)
+    np.testing.assert_array_equal(out[:, :40], a.astype(np.int64) @ w.T.astype(np.int64))
+
+
 def _conv(rng, c, o, k, stride, size, batch, residual):
     """fused.qconv2d(_add) with ReLU, channel-last, its weights' extremes in channel 0 (input
     zero point 3: the padding byte has no high bit): (the program, its output's size)."""
