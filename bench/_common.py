@@ -41,14 +41,23 @@ def torch_int8(name: str, samples: Sequence[np.ndarray]):
     return convert_fx(prepared)
 
 
-def ort_session(model_bytes: bytes):
+def ort_session(model: bytes | str, *, threads: int = 2, spinning: bool = False,
+                exact: bool = False):
+    """An ONNX Runtime CPU session on ``threads`` threads (the model as bytes or a path).
+    ``spinning``: its workers spin while a run waits for work (ONNX Runtime's default).
+    ``exact``: ``session.x64quantprecision`` set: on x86-64 CPUs without VNNI, its u8s8
+    kernels add pairs of products in int16 with saturation (``vpmaddubsw``), and this option
+    makes them exact."""
     import onnxruntime as ort
     so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
+    so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+    if not spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if exact:
+        so.add_session_config_entry("session.x64quantprecision", "1")
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
 def ort_quantize_static(fp32_bytes: bytes, samples: Sequence[Mapping[str, np.ndarray]],

@@ -24,6 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import ort_session  # noqa: E402
+
 C, O, H = 64, 64, 14        # channels in and out, image size
 
 
@@ -55,16 +58,6 @@ def exact_sums(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return acc
 
 
-def session(model: bytes | str, exact: bool):
-    import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    so.log_severity_level = 3
-    if exact:
-        so.add_session_config_entry("session.x64quantprecision", "1")
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-
-
 def layer() -> None:
     rng = np.random.default_rng(0)
     w = rng.integers(-127, 128, (O, C, 3, 3)).astype(np.int8)
@@ -82,7 +75,7 @@ def layer() -> None:
         want = np.clip(np.rint(acc / sy) + 128, 0, 255)
         row = []
         for exact in (False, True):
-            got = session(layer_model(w, sy, 128), exact).run(None, {"x": x})[0][0]
+            got = ort_session(layer_model(w, sy, 128), exact=exact).run(None, {"x": x})[0][0]
             off = np.abs(got.astype(np.int64) - want)
             row.append(f"{'exact mode' if exact else 'default'} {(off > 1).mean():6.1%} "
                        f"(max {int(off.max()):2d})")
@@ -90,7 +83,6 @@ def layer() -> None:
 
 
 def models(names: list[str]) -> None:
-    sys.path.insert(0, str(Path(__file__).parent))
     from peers import prepare
     print("whole int8 QDQ programs (peers.py's): outputs where the default and the exact "
           "mode differ")
@@ -100,7 +92,7 @@ def models(names: list[str]) -> None:
             x = next(iter(np.load(files["inputs"]).values()))
             outs = []
             for exact in (False, True):
-                s = session(str(files["ORT int8"]), exact)
+                s = ort_session(str(files["ORT int8"]), exact=exact)
                 outs.append(s.run(None, {s.get_inputs()[0].name: x})[0])
             diff = np.abs(outs[0] - outs[1])
             print(f"  {name:13s} {np.mean(diff > 0):6.1%} of outputs differ, by up to "

@@ -73,18 +73,11 @@ def worker(system: str, model: str, inputs: str) -> None:
         ex = Executor(bind_params(mod, params) if params else mod)
         run = lambda: ex.run(x)  # noqa: E731
     else:
-        import onnxruntime as ort
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = int(THREADS)
-        so.inter_op_num_threads = 1
-        so.log_severity_level = 3
-        if system == EXACT:
-            # on x86-64 CPUs without VNNI, ONNX Runtime's u8s8 kernels add pairs of products
-            # in int16 with saturation (``vpmaddubsw``); this option makes them exact
-            so.add_session_config_entry("session.x64quantprecision", "1")
+        sys.path.insert(0, str(Path(__file__).parent))
+        from _common import ort_session
         # ONNX Runtime's defaults otherwise: its workers spin while a run waits for work, as
         # eqquant's OpenMP workers spin a moment between the ops of a program
-        sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        sess = ort_session(model, threads=int(THREADS), spinning=True, exact=system == EXACT)
         name = sess.get_inputs()[0].name
         value = next(iter(x.values()))
         run = lambda: sess.run(None, {name: value})  # noqa: E731
