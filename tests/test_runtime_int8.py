@@ -68,6 +68,37 @@ def test_quantize_kernel_rounds_half_to_even_like_the_reference():
     np.testing.assert_array_equal(got, [0, 2, 0, -2, 2, 127, -127, 0])  # int8: [-127, 127]
 
 
+SPECIAL_FLOATS = [np.nan, np.inf, -np.inf, -0.0, 1e-45, 3e38, -3e38, 1e20, -1e20,
+                  9.2233715e18, 9.223372e18, -9.223372e18, 2.2e9, -2.2e9, 0.5, 1.5, 2.5, -2.5,
+                  126.5, 127.5, 128.5, -127.5, -128.5, 254.5, 255.5]
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=st.sampled_from(["int8", "uint8"]), zero=st.integers(-300, 300),
+       scale=st.sampled_from([1.0, 0.5, 0.0187, 3.7, 1e-30, 1e30]),
+       n=st.sampled_from([7, 100, 20_000]), seed=st.integers(0, 999))
+@example(dtype="uint8", zero=-3, scale=1.0, n=7, seed=0)      # NaN: int64's least + zero
+@example(dtype="int8", zero=0, scale=1.0, n=7, seed=1)
+def test_quantize_to_8_bits_answers_as_the_reference_on_any_float(dtype, zero, scale, n, seed):
+    """qnn.quantize to 8 bits runs in float32 lanes (``kernels_int8.quantize_narrow``, one
+    thread below 16,384 elements, two from there): the reference's bits on NaN, the
+    infinities, ties, values past int32 and past int64 (converted to int64's least value,
+    to which the zero point is added, wrapping), any zero point."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * rng.choice([1.0, 300.0, 1e12], n)).astype(np.float32)
+    x[rng.choice(n, min(n, len(SPECIAL_FLOATS)), replace=False)] = \
+        SPECIAL_FLOATS[:min(n, len(SPECIAL_FLOATS))]
+    b = Builder()
+    xi = b.input("x", (n,))
+    q = b.call("qnn.quantize", xi, b.param("s", np.array(scale, np.float32)),
+               b.param("z", np.array(zero, np.int32)), out_dtype=dtype)
+    mod, params = b.finish(q)
+    bound = bind_params(mod, params)
+    ex = Executor(bound)
+    assert any(getattr(s.fn, "narrow", False) for s in ex.steps)
+    np.testing.assert_array_equal(ex.run({"x": x}), run(bound, {"x": x}))
+
+
 def _simd_used(ex, path):
     """How many steps run the SIMD GEMM of ``path``."""
     return sum(getattr(getattr(s.fn, "conv", s.fn), "gemm_path", "portable") == path

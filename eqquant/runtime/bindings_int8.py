@@ -390,6 +390,9 @@ class Quantize(_PerTensorQ):
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
         self.lo, self.hi = qrange(out_type.dtype)
+        # 8 bits out: the float32 lanes' form (``kernels_int8.quantize_narrow``)
+        self.narrow = out_type.dtype in ("int8", "uint8") and abs(self.zero) < 1 << 24
+        self.unconvertible = self.k8.quantize_unconvertible(self.zero, self.lo, self.hi)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -397,8 +400,12 @@ class Quantize(_PerTensorQ):
                 in_types[0].dtype == "float32" and out_type.shape == in_types[0].shape)
 
     def __call__(self, ins, out):
-        sized(self.k8.quantize, out.size)(ins[0].reshape(-1), self.scale, self.zero, self.lo,
-                                          self.hi, out.reshape(-1))
+        x, o = ins[0].reshape(-1), out.reshape(-1)
+        if self.narrow:
+            sized(self.k8.quantize_narrow, out.size)(x, self.scale, self.zero, self.lo,
+                                                     self.hi, self.unconvertible, o)
+            return
+        sized(self.k8.quantize, out.size)(x, self.scale, self.zero, self.lo, self.hi, o)
 
 
 class Dequantize(Binding):
