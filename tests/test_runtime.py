@@ -251,9 +251,10 @@ def test_pool_kernels(case):
 def test_float_max_pools_store_no_choice(name):
     """The float max pools compile without masked stores (``vmaskmovps``, microcoded on an
     AMD EPYC: the channel-last pool of a 112 x 112 x 64 image took 3.7x as long, and this
-    test failed on it): their running maxima are written from one buffer into another
-    (``kernels_fp32._max``), never stored back where the larger is already. Compiled afresh
-    here (a cached kernel shows no code)."""
+    test failed on it): the NCHW pool writes its running maxima from one buffer into another
+    (``kernels_fp32._max``), never stored back where the larger is already; the channel-last
+    one keeps them in registers (``pool_simd``). Compiled afresh here (a cached kernel shows
+    no code)."""
     from numba import njit
     from eqquant.runtime import kernels_fp32
     from eqquant.runtime.llvm_loops import cpu_has
@@ -263,7 +264,9 @@ def test_float_max_pools_store_no_choice(name):
     shape = (8, 9, 9) if name == "max_pool" else (9, 9, 8)
     x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
     out = np.empty((8, 5, 5) if name == "max_pool" else (5, 5, 8), np.float32)
-    fresh(x, 3, 3, 2, 2, 1, 1, 1, 1, np.float32(-np.inf), out)
+    from eqquant.runtime.pool_simd import KIND_OF      # (the channel-last pool's element type)
+    fresh(x, 3, 3, 2, 2, 1, 1, 1, 1,
+          np.float32(-np.inf) if name == "max_pool" else KIND_OF["float32"], out)
     asm = fresh.inspect_asm(fresh.signatures[0])
     assert "ymm" in asm                                   # the maxima vectorised
     assert "vmaskmovps" not in asm

@@ -23,6 +23,7 @@ from ..ops.numerics import from_nchw, to_nchw, to_oihw
 from ..ops.registry import IDENTITY, get_op
 from . import kernels_fp32 as k
 from . import memory
+from .pool_simd import KIND_OF
 from .serial import sized
 
 
@@ -431,19 +432,25 @@ def _same_dtype(in_types, out_type, dtypes=("float32", "int8", "uint8", "int32")
 
 
 class MaxPool2D(_Spatial):
-    """max_pool2d on NCHW (phase planes per channel), or channel-last as it is (NHWC)."""
+    """max_pool2d on NCHW (phase planes per channel), or channel-last as it is (NHWC: a row of
+    ``pool_simd`` per output row; its element types are ``_same_dtype``'s)."""
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return _same_dtype(in_types, out_type)
 
     def __call__(self, ins, out):
-        kernel = k.max_pool_channels_last if self.nhwc else k.max_pool
         kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = _geometry(self.attrs)
         dtype = out.dtype
+        if self.nhwc:
+            kind = KIND_OF[dtype.name]
+            for b in range(ins[0].shape[0]):
+                k.max_pool_channels_last(ins[0][b], kh, kw, sh, sw, pt, pl, dh, dw, kind,
+                                         out[b])
+            return
         lowest = dtype.type(-np.inf) if dtype.kind == "f" else np.iinfo(dtype).min
         for b in range(ins[0].shape[0]):
-            kernel(ins[0][b], kh, kw, sh, sw, pt, pl, dh, dw, dtype.type(lowest), out[b])
+            k.max_pool(ins[0][b], kh, kw, sh, sw, pt, pl, dh, dw, dtype.type(lowest), out[b])
 
 
 def _pool_dtypes(in_types, out_type) -> bool:

@@ -14,6 +14,8 @@ import numpy as np
 from numba import njit, prange
 
 from .depthwise_simd import sweep_float
+from .pool_simd import (row_f32 as maxpool_f32, row_i8 as maxpool_i8, row_i32 as maxpool_i32,
+                        row_u8 as maxpool_u8)
 from .serial import with_serial
 
 
@@ -188,13 +190,14 @@ def _max(a, b):
     integers, ``b != b`` is never true and this is ``max``. Two selects: one ``or`` of the
     two tests kept integer pools from vectorising (1.8x as long).
 
-    The pools keep their running maxima in two buffers, each tap's written into the other
+    The NCHW pool keeps its running maxima in two buffers, each tap's written into the other
     one: kept in place (``acc[i] = _max(acc[i], src[i])``), acc[i] is stored back where it
     is the larger, and LLVM makes that a store of src[i] only where src[i] is larger, a masked
     store (``vmaskmovps``), microcoded on an AMD EPYC (Zen 3). resnet18's float 3 x 3 pool
-    of a 112 x 112 x 64 image: channel-last 470-480 us, 120-130 between two buffers; NCHW
-    4,250, 460-500 (``_max_into``). Integers take ``vpmaxub``, no masked store; their NCHW
-    pool also went from 1,330 to 400 us."""
+    of a 112 x 112 x 64 image: channel-last 470-480 us, 120-130 between two buffers (65 in
+    registers, ``pool_simd``, which emits these two selects); NCHW 4,250, 460-500
+    (``_max_into``). Integers take ``vpmaxub``, no masked store; their NCHW pool also went
+    from 1,330 to 400 us."""
     m = b if b > a else a
     return b if b != b else m
 
@@ -204,9 +207,9 @@ def _max_into(dst, a, b):
     """dst = the elementwise ``_max`` of a and b (dst another buffer than a): the NCHW pool's
     step on its own planes and rows. Written in the pool's body instead, the same loop on
     the same views took 8x as long (3.9-4.3 ms against 0.46-0.50 for the pool above; not
-    understood). The channel-last pool keeps its loop inline: there b is a view of the
-    image all threads read, and passed here each call counted references to it, a counter
-    the two threads contend for (3.2 ms against 0.13)."""
+    understood). (Called with a view of an image all threads read, it counts references to
+    it, a counter the threads contend for: a channel-last pool that did took 3.2 ms against
+    0.13.)"""
     for i in range(dst.size):
         dst[i] = _max(a[i], b[i])
 
@@ -259,35 +262,26 @@ def max_pool(x, kh, kw, sh, sw, pt, pl, dh, dw, lowest, out):
 
 
 @njit(parallel=True, cache=True)
-def max_pool_channels_last(x, kh, kw, sh, sw, pt, pl, dh, dw, lowest, out):
-    """x (H, W, C) -> out (oh, ow, C): each output pixel the running maximum of its window's
-    pixels, along the channels (contiguous: the maxima vectorise); taps outside the image
-    are skipped (padding is the dtype's least value, never a maximum)."""
+def max_pool_channels_last(x, kh, kw, sh, sw, pt, pl, dh, dw, kind, out):
+    """x (H, W, C) -> out (oh, ow, C), both C-contiguous: one output row per work item, each
+    computed by ``pool_simd``'s row (its channels in vectors, their running maxima in
+    registers across the taps; taps outside the image skipped: padding is the dtype's least
+    value, never a maximum). ``kind``: the element type's index in ``pool_simd.KINDS``."""
     h, w, c_n = x.shape
     oh, ow, _ = out.shape
+    size = x.itemsize
     for y in prange(oh):
-        spare = np.empty(c_n, x.dtype)
-        for xo in range(ow):
-            cur, nxt = out[y, xo], spare                 # (``_max``)
-            for c in range(c_n):
-                cur[c] = lowest
-            flips = 0
-            for i in range(kh):
-                iy = y * sh - pt + i * dh
-                if iy < 0 or iy >= h:
-                    continue
-                for j in range(kw):
-                    ix = xo * sw - pl + j * dw
-                    if ix < 0 or ix >= w:
-                        continue
-                    src = x[iy, ix]
-                    for c in range(c_n):
-                        nxt[c] = _max(cur[c], src[c])
-                    cur, nxt = nxt, cur
-                    flips += 1
-            if flips % 2:                                # the maxima are in ``spare``
-                for c in range(c_n):
-                    nxt[c] = cur[c]
+        i0, i1 = kernel_rows(y, sh, pt, dh, kh, h)
+        src = x.ctypes.data + max(0, y * sh - pt + i0 * dh) * w * c_n * size
+        dst = out.ctypes.data + y * ow * c_n * size
+        if kind == 0:
+            maxpool_u8(src, dst, i1 - i0, dh * w * c_n, c_n, w, ow, kw, sw, dw, -pl)
+        elif kind == 1:
+            maxpool_i8(src, dst, i1 - i0, dh * w * c_n, c_n, w, ow, kw, sw, dw, -pl)
+        elif kind == 2:
+            maxpool_i32(src, dst, i1 - i0, dh * w * c_n, c_n, w, ow, kw, sw, dw, -pl)
+        else:
+            maxpool_f32(src, dst, i1 - i0, dh * w * c_n, c_n, w, ow, kw, sw, dw, -pl)
 
 
 @njit(parallel=True, cache=True)
