@@ -260,13 +260,12 @@ def test_float_max_pools_store_no_choice(name):
     from eqquant.runtime.llvm_loops import cpu_has
     if not cpu_has("avx"):
         pytest.skip("this CPU has no AVX: no vmaskmovps to look for")
-    fresh = njit(parallel=True)(getattr(kernels_fp32, name).py_func)
+    kernel = getattr(kernels_fp32, name)
+    fresh = njit(parallel=True)((kernel if name == "max_pool" else kernel["f32"]).py_func)
     shape = (8, 9, 9) if name == "max_pool" else (9, 9, 8)
     x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
     out = np.empty((8, 5, 5) if name == "max_pool" else (5, 5, 8), np.float32)
-    from eqquant.runtime.pool_simd import KIND_OF      # (the channel-last pool's element type)
-    fresh(x, 3, 3, 2, 2, 1, 1, 1, 1,
-          np.float32(-np.inf) if name == "max_pool" else KIND_OF["float32"], out)
+    fresh(x, 3, 3, 2, 2, 1, 1, 1, 1, *[np.float32(-np.inf)] * (name == "max_pool"), out)
     asm = fresh.inspect_asm(fresh.signatures[0])
     assert "ymm" in asm                                   # the maxima vectorised
     assert "vmaskmovps" not in asm

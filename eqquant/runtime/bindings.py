@@ -443,10 +443,9 @@ class MaxPool2D(_Spatial):
         kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = _geometry(self.attrs)
         dtype = out.dtype
         if self.nhwc:
-            kind = KIND_OF[dtype.name]
+            kernel = k.max_pool_channels_last[KIND_OF[dtype.name]]
             for b in range(ins[0].shape[0]):
-                k.max_pool_channels_last(ins[0][b], kh, kw, sh, sw, pt, pl, dh, dw, kind,
-                                         out[b])
+                kernel(ins[0][b], kh, kw, sh, sw, pt, pl, dh, dw, out[b])
             return
         lowest = dtype.type(-np.inf) if dtype.kind == "f" else np.iinfo(dtype).min
         for b in range(ins[0].shape[0]):

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 VECTOR_BYTES = 32   # a vector of channels: one AVX2 register
 GROUPS = (4, 2, 1)  # vectors whose maxima a pass over the taps keeps, the largest first
-KINDS = ("u8", "i8", "i32", "f32")   # the element types, by index (the kernel's ``kind``)
-KIND_OF = {"uint8": 0, "int8": 1, "int32": 2, "float32": 3}   # numpy's names -> index
+KINDS = ("u8", "i8", "i32", "f32")   # the element types
+KIND_OF = {"uint8": "u8", "int8": "i8", "int32": "i32", "float32": "f32"}   # numpy's names
 
 
 def _define(kind: str):
@@ -133,7 +133,4 @@ def _intrinsic(kind: str):
     return intrinsic(maxpool_row)
 
 
-row_u8 = _intrinsic("u8")
-row_i8 = _intrinsic("i8")
-row_i32 = _intrinsic("i32")
-row_f32 = _intrinsic("f32")
+ROWS = {kind: _intrinsic(kind) for kind in KINDS}   # each element type's row intrinsic

@@ -24,19 +24,26 @@ from numba import njit
 SERIAL_BELOW = 16384   # elements: below, one thread is the faster (the crossover: 20-30,000)
 
 
+def twin(fn, suffix: str, **names):
+    """A copy of the Python function ``fn`` named with ``suffix`` (its own entry in Numba's
+    disk cache, which is keyed by the qualified name), the global ``names`` given bound to
+    other values (a kernel's variant per element type: each compiled only where used)."""
+    globals_ = {**fn.__globals__, **names} if names else fn.__globals__
+    copy = types.FunctionType(fn.__code__, globals_, fn.__name__ + suffix, fn.__defaults__,
+                              fn.__closure__)
+    copy.__qualname__ = fn.__qualname__ + suffix
+    copy.__module__, copy.__doc__ = fn.__module__, fn.__doc__
+    return copy
+
+
 def with_serial(kernel):
     """``kernel`` (a parallel Numba function) with ``kernel.serial``: its Python source
     compiled for one thread (``prange`` is then ``range``), with the kernel's other options
     (its error model: the same bits), under its own name so that the two never share an
     entry in Numba's disk cache."""
-    fn = kernel.py_func
-    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial",
-                              fn.__defaults__, fn.__closure__)
-    twin.__qualname__ = fn.__qualname__ + "_serial"
-    twin.__module__, twin.__doc__ = fn.__module__, fn.__doc__
     options = {k: v for k, v in kernel.targetoptions.items()
                if k in ("error_model", "fastmath", "boundscheck")}
-    kernel.serial = njit(cache=True, **options)(twin)
+    kernel.serial = njit(cache=True, **options)(twin(kernel.py_func, "_serial"))
     return kernel
 
 
