@@ -260,7 +260,7 @@ def max_pool(x, kh, kw, sh, sw, pt, pl, dh, dw, lowest, out):
                 out[c, y, xo] = cur[xo]
 
 
-maxpool_row = None   # _max_pool_rows's row: each of its twins binds its element type's
+maxpool_row = None   # bound in each twin of _max_pool_rows to its element type's row
 
 
 def _max_pool_rows(x, kh, kw, sh, sw, pt, pl, dh, dw, out):
