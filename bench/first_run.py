@@ -1,0 +1,137 @@
+"""The first inference in a fresh process: with Numba's kernel cache warm, and the first ever
+(the cache empty), and where the time goes.
+
+    python bench/first_run.py [--models resnet18] [--warm 5] [--no-cold]
+
+For each model, int8 and fp32 (prepared as ``bench/peers.py`` prepares them: the zoo's model,
+per-channel minmax int8, layouts chosen for the kernels), a new Python process loads the
+program and runs it once, as a user's first ``eqquant run`` would, and reports its stages:
+
+- imports: numpy and eqquant's loader and executor (Numba among them);
+- read: the text IR and its .npz parsed and bound;
+- executor: every step bound to its kernel (the kernels loaded from Numba's cache, or
+  compiled with an empty one; weights packed);
+- first run: the program's first inference (kernels used only at run time load then);
+- to result: from the process's start (Python's own start-up included) to its result;
+- process: the whole process, its exit included (Numba's and OpenMP's teardown).
+
+Cache empty: ``NUMBA_CACHE_DIR`` a new empty folder, once per program (every kernel the program
+uses is compiled: tens of seconds). Cache warm: ``--warm`` processes on the folder the cold one
+filled (medians and ranges). ONNX Runtime's first inference on the same program's ONNX form
+(a new process: import, session, first run) is measured beside it for scale. Each process
+runs with 2 threads. The CPU model and eqquant's kernel paths are printed first.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+THREADS = "2"
+
+
+def child(program: str, inputs: str) -> None:
+    """One fresh process's first inference of ``program`` (eqquant's text IR, or .onnx for
+    ONNX Runtime), its stages printed as JSON (seconds)."""
+    t0 = time.perf_counter()
+    import numpy as np
+    if program.endswith(".onnx"):
+        importlib.import_module("onnxruntime")
+        t1 = time.perf_counter()
+        x = next(iter(np.load(inputs).values()))
+        sys.path.insert(0, str(Path(__file__).parent))
+        from _common import ort_session
+        t2 = time.perf_counter()
+        sess = ort_session(program, threads=int(THREADS), spinning=True)
+        t3 = time.perf_counter()
+        sess.run(None, {sess.get_inputs()[0].name: x})
+    else:
+        from eqquant.ir.loader import load_program
+        from eqquant.ir.params import bind_params
+        from eqquant.runtime.executor import Executor
+        t1 = time.perf_counter()
+        mod, params = load_program(program)
+        bound = bind_params(mod, params) if params else mod
+        x = dict(np.load(inputs))
+        t2 = time.perf_counter()
+        ex = Executor(bound)
+        t3 = time.perf_counter()
+        ex.run(x)
+    t4 = time.perf_counter()
+    print(json.dumps({"imports": t1 - t0, "read": t2 - t1, "executor": t3 - t2,
+                      "first run": t4 - t3, "done at": time.time()}))
+
+
+def measure(program: Path, inputs: Path, cache: Path) -> dict[str, float]:
+    """A fresh process's stages, the time from its start to its result, and its whole wall
+    time (seconds)."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "EQQUANT_CACHE_DIR": str(cache),
+           "NUMBA_NUM_THREADS": THREADS, "OMP_NUM_THREADS": THREADS}
+    started, t0 = time.time(), time.perf_counter()
+    out = subprocess.run([sys.executable, __file__, "--child", str(program), str(inputs)],
+                         env=env, capture_output=True, text=True)
+    whole = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise RuntimeError(f"{program.name}: the process failed:\n{out.stderr[-2000:]}")
+    stages = json.loads(out.stdout.strip().splitlines()[-1])
+    return {**stages, "to result": stages.pop("done at") - started, "process": whole}
+
+
+STAGES = ("imports", "read", "executor", "first run", "to result", "process")
+
+
+def summary(runs: list[dict[str, float]]) -> str:
+    def one(key):
+        v = [r[key] for r in runs]
+        if len(v) == 1:
+            return f"{key} {v[0]:.2f}"
+        return f"{key} {statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
+    return ", ".join(one(k) for k in STAGES) + " s"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="+", default=["resnet18"])
+    ap.add_argument("--warm", type=int, default=5, help="warm-cache processes per program")
+    ap.add_argument("--no-cold", action="store_true",
+                    help="skip the empty-cache runs (the warm ones then fill a cache first)")
+    ap.add_argument("--calib", type=int, default=8)
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(*args.child)
+        return
+    sys.path.insert(0, str(Path(__file__).parent))
+    from peers import cpu_model, prepare
+    from eqquant.runtime.bindings import fp32_path
+    from eqquant.runtime.bindings_int8 import int8_path
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; {THREADS} threads; eqquant kernel "
+          f"paths: int8 {int8_path()}, fp32 {fp32_path()}")
+    with tempfile.TemporaryDirectory(prefix="eqquant-first-") as tmp:
+        d = Path(tmp)
+        for name in args.models:
+            files = prepare(name, args.calib, d)
+            for precision in ("int8", "fp32"):
+                program = files[f"eqquant {precision}"]
+                cache = d / f"cache-{name}-{precision}"
+                cache.mkdir()
+                cold = measure(program, files["inputs"], cache)
+                if not args.no_cold:
+                    print(f"{name} {precision}, cache empty: {summary([cold])}", flush=True)
+                warm = [measure(program, files["inputs"], cache) for _ in range(args.warm)]
+                print(f"{name} {precision}, cache warm: {summary(warm)}", flush=True)
+                ort = [measure(files[f"ORT {precision}"], files["inputs"], cache)
+                       for _ in range(args.warm)]
+                print(f"{name} {precision}, ONNX Runtime (import, session, first run): "
+                      f"{summary(ort)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
