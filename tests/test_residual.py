@@ -217,28 +217,29 @@ def _float_block(rng, c, size, first, act):
 
 
 @pytest.mark.parametrize("path", ["fma", "avx512", "blas"])
-@pytest.mark.parametrize("c, first, act", [(64, True, "relu"), (40, False, "none"),
-                                           (24, False, "relu"), (24, True, "clip")])
-def test_a_float_residual_sum_joins_the_convolution(monkeypatch, path, c, first, act):
+@pytest.mark.parametrize("c, first, act, size", [
+    (64, True, "relu", 9), (40, False, "none", 9), (24, False, "relu", 9),
+    (24, True, "clip", 9), (24, False, "relu", 16), (40, True, "none", 20)])
+def test_a_float_residual_sum_joins_the_convolution(monkeypatch, path, c, first, act, size):
     """add(conv, r) then relu (a ResNet block's end) is one fused.conv2d_add in the layout
     phase, the convolution either operand; it computes the unfused program's numbers (the
     same float additions in the same order) on each float path the CPU has: on the FMA
-    kernels the residual summed into each finished tile, on the BLAS path after the
-    convolution."""
+    kernels the residual summed into each finished tile (of some channel blocks on 9 x 9
+    images, of whole rows from 16 x 16), on the BLAS path after the convolution."""
     from eqquant.quant.flow import compile_layouts
     from eqquant.runtime.bindings import fp32_paths
     if path not in fp32_paths():
         pytest.skip(f"this CPU has no {path} path")   # (blas: always there)
     monkeypatch.setenv("EQQUANT_FP32_KERNEL", path)
     rng = np.random.default_rng(c)
-    plain = bind_params(*_float_block(rng, c, 9, first, act))
+    plain = bind_params(*_float_block(rng, c, size, first, act))
     fused = compile_layouts(plain).module
     calls = [n for n in post_order(fused.main.body) if isinstance(n, Call)]
     ops = [n.op_name for n in calls]
     assert ops.count("fused.conv2d_add") == 1 and not {"add", "nn.relu", "clip"} & set(ops)
     (conv,) = [n for n in calls if n.op_name == "fused.conv2d_add"]
     assert conv.attrs["activation"] == act and conv.attrs["data_layout"] == "NHWC"
-    xs = {"x": rng.normal(size=(2, c, 9, 9)).astype(np.float32)}
+    xs = {"x": rng.normal(size=(2, c, size, size)).astype(np.float32)}
     ex = Executor(fused)
     step = next(s for s in ex.steps if s.label == "fused.conv2d_add")
     assert step.fn.in_gemm == (path != "blas")

@@ -155,8 +155,15 @@ def _finish(acc, bias, lo, hi, o0, cols, p0, out):
 def _add_tile(out, res, p0, n, c0, c1, lo, hi):
     """out[p0:p0 + n, c0:c1] = clamp(out + res, lo, hi) on the same tile of ``res``: a
     residual summed into a finished tile while it is in cache (fused.conv2d_add: the sum,
-    then the activation)."""
+    then the activation). A tile of whole rows is summed as one run of n * O values, as
+    ``kernels_int8.add_tile`` sums its own."""
     w = c1 - c0
+    if w == out.shape[1]:
+        o = out.reshape(out.size)[p0 * w:(p0 + n) * w]
+        q = res.reshape(res.size)[p0 * w:(p0 + n) * w]
+        for j in range(n * w):
+            o[j] = clamp(o[j] + q[j], lo, hi)
+        return
     for r in range(n):
         o = out[p0 + r, c0:c1]
         q = res[p0 + r, c0:c1]
