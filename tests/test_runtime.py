@@ -289,6 +289,31 @@ def test_max_pools_keep_nan_and_infinities_as_the_reference_does(layout):
     np.testing.assert_array_equal(got, want)     # (NaNs in the same places)
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_max_pools_keep_the_first_of_equal_zeros_as_the_reference_does(layout):
+    """Of -0.0 and 0.0 in one window, the one met first (kernel row, then column) is the
+    maximum, in the reference (``numerics.max_pool2d``) and in both kernels, bit for bit:
+    numpy's ``max`` over the window axes had picked by its own order of reduction, and the
+    channel-last kernel's bits differed from it on 3 of 8 outputs of a 3 x 3 image."""
+    shape = (2, 3, 5, 5) if layout == "NCHW" else (2, 5, 5, 3)
+    b = Builder()
+    y = b.call("nn.max_pool2d", b.input("x", shape), pool_size=[2, 2], strides=[1, 1],
+               layout=layout)
+    mod, _ = b.finish(y)
+    x = np.random.default_rng(5).choice(np.array([-0.0, 0.0, -1.0], np.float32), shape)
+    got, want = Executor(mod).run({"x": x}), run(mod, {"x": x})
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.signbit(want[want == 0]).any() and (~np.signbit(want[want == 0])).any()
+    # by hand: one window, -0.0 first, then 0.0; and the other way round
+    one = Builder()
+    z = one.call("nn.max_pool2d", one.input("x", (1, 1, 1, 2)), pool_size=[1, 2])
+    m, _ = one.finish(z)
+    for first, then in ((-0.0, 0.0), (0.0, -0.0)):
+        v = {"x": np.array([[[[first, then]]]], np.float32)}
+        assert np.signbit(run(m, v).flat[0]) == np.signbit(first)
+        assert np.signbit(Executor(m).run(v).flat[0]) == np.signbit(first)
+
+
 def test_relu_keeps_infinities_and_nan_as_the_reference_does():
     """relu(-inf) is 0, relu(inf) inf, relu(NaN) NaN, relu(-0.0) -0.0 (``tensor._relu``);
     the kernel once made -inf NaN (v - v), and -0.0 +0 (as numpy's maximum did)."""

@@ -129,8 +129,20 @@ def _channels_last(pool):
 @_channels_last
 def max_pool2d(x: np.ndarray, *, pool_size, strides, dilation, padding, ceil_mode,
                **_ignored) -> np.ndarray:
+    """Each window's maximum, its taps taken in order (kernel row, then column) from the
+    dtype's least value: a tap replaces the maximum so far where it is larger, or NaN. So
+    NaN wins, and of equal values the first stays: -0.0 before 0.0 gives -0.0, 0.0 before
+    -0.0 gives 0.0. (numpy's ``max`` over the window axes picked among signed zeros by its
+    own order of reduction: the kernels' bits could not be its bits.)"""
     win = windows(x, tuple(pool_size), strides, dilation, padding, _lowest(x.dtype), ceil_mode)
-    return win.max(axis=(4, 5)).astype(x.dtype)
+    acc = np.full(win.shape[:4], _lowest(x.dtype), x.dtype)
+    for i in range(win.shape[4]):
+        for j in range(win.shape[5]):
+            tap = win[..., i, j]
+            acc = np.where(tap > acc, tap, acc)
+            if x.dtype.kind == "f":
+                acc = np.where(tap != tap, tap, acc)
+    return acc
 
 
 @_channels_last
