@@ -181,3 +181,40 @@ def test_a_small_images_shared_blocks_give_the_reference_bits(monkeypatch, path)
             np.testing.assert_array_equal(ex.run(x), want)
     finally:
         numba.set_num_threads(before)
+
+
+@settings(max_examples=200, deadline=None)
+@given(h=st.integers(1, 12), w=st.integers(1, 12), c=st.sampled_from([1, 2, 3, 4, 8, 21, 64]),
+       kh=st.integers(1, 7), kw=st.integers(1, 7), sh=st.integers(1, 3), sw=st.integers(1, 3),
+       dh=st.integers(1, 2), dw=st.integers(1, 2), pt=st.integers(0, 3), pl=st.integers(0, 3),
+       extra=st.integers(0, 4), floats=st.booleans(), data=st.data())
+def test_the_gathered_windows_are_the_images_windows(h, w, c, kh, kw, sh, sw, dh, dw, pt, pl,
+                                                     extra, floats, data):
+    """``_windows`` (each kernel row inside the image one run, copied by two overlapping
+    moves of 8 to 64 bytes or one memcpy; the border tap by tap) writes, for any run of
+    pixels, exactly each pixel's window in (tap, channel) order, the padding value outside
+    the image and zeros in K's padding: against numpy's sliding windows of the padded
+    image, and with every byte around the rows untouched."""
+    from numpy.lib.stride_tricks import sliding_window_view
+    from eqquant.runtime.gather import _windows
+    oh = (h + 2 * pt - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pl - dw * (kw - 1) - 1) // sw + 1
+    if oh <= 0 or ow <= 0:
+        return
+    dtype = np.float32 if floats else np.uint8
+    rng = np.random.default_rng(data.draw(st.integers(0, 999)))
+    hwc = (rng.normal(size=(h, w, c)) if floats else rng.integers(0, 256, (h, w, c))
+           ).astype(dtype)
+    pad = dtype(0.0 if floats else 117)
+    p0 = data.draw(st.integers(0, oh * ow - 1))
+    n = data.draw(st.integers(1, oh * ow - p0))
+    k = kh * kw * c
+    buffer = np.full((n + 2, k + extra), 77, dtype)      # a row of guards either side
+    _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, buffer[1:-1])
+    padded = np.pad(hwc, ((pt, pt), (pl, pl), (0, 0)), constant_values=pad)
+    win = sliding_window_view(padded, (dh * (kh - 1) + 1, dw * (kw - 1) + 1), axis=(0, 1))
+    win = win[::sh, ::sw, :, ::dh, ::dw][:oh, :ow]          # (oh, ow, c, kh, kw)
+    want = win.transpose(0, 1, 3, 4, 2).reshape(oh * ow, k)[p0:p0 + n]
+    np.testing.assert_array_equal(buffer[1:-1, :k], want)
+    assert (buffer[1:-1, k:] == 0).all()
+    assert (buffer[0] == 77).all() and (buffer[-1] == 77).all()

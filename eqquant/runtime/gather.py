@@ -133,29 +133,78 @@ def _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, chunk, chu
 
 
 @njit(inline="always")
-def _copy_run(dst, src, nbytes, room, left):
-    """Copy nbytes from src to dst; where the ``room`` bytes from dst (to the end of its row)
-    and the ``left`` bytes from src (to the end of the image) allow, as one move of a fixed
-    size of 16 to 256 bytes: LLVM inlines a memcpy of known size as a few vector moves, a
-    call to memcpy for 21 bytes (a 7 x 7 stem's kernel row of 3 channels) cost more than the
-    copy. The bytes moved past nbytes land where the row's next kernel row or its K padding
-    is written after; nothing outside the row is touched."""
-    if nbytes <= 16 and room >= 16 and left >= 16:
+def _copy_span(dst, src, nbytes, move):
+    """Copy nbytes (move <= nbytes <= 2 * move, ``_move_size``) as two moves of ``move``
+    bytes, the second ending where the run ends (they overlap): LLVM inlines a memcpy of
+    known size as a few vector moves. Nothing past the run is read or written. Larger runs
+    (move 0) are one memcpy."""
+    if move == 8:
+        _copy(dst, src, 8)
+        _copy(dst + nbytes - 8, src + nbytes - 8, 8)
+    elif move == 16:
         _copy(dst, src, 16)
-    elif nbytes <= 32 and room >= 32 and left >= 32:
+        _copy(dst + nbytes - 16, src + nbytes - 16, 16)
+    elif move == 32:
         _copy(dst, src, 32)
-    elif nbytes <= 64 and room >= 64 and left >= 64:
+        _copy(dst + nbytes - 32, src + nbytes - 32, 32)
+    elif move == 64:
         _copy(dst, src, 64)
-    elif nbytes <= 128 and room >= 128 and left >= 128:
-        _copy(dst, src, 128)
+        _copy(dst + nbytes - 64, src + nbytes - 64, 64)
     else:
         _copy(dst, src, nbytes)
+
+
+@njit(inline="always")
+def _copy_runs(dst, src, nbytes, move, count, dst_step, src_step):
+    """``count`` runs of nbytes, each ``_copy_span``'s moves, dst_step and src_step bytes
+    apart: one loop for each size of move (the choice made once, not run by run)."""
+    if move == 8:
+        for _ in range(count):
+            _copy_span(dst, src, nbytes, 8)
+            dst += dst_step
+            src += src_step
+    elif move == 16:
+        for _ in range(count):
+            _copy_span(dst, src, nbytes, 16)
+            dst += dst_step
+            src += src_step
+    elif move == 32:
+        for _ in range(count):
+            _copy_span(dst, src, nbytes, 32)
+            dst += dst_step
+            src += src_step
+    elif move == 64:
+        for _ in range(count):
+            _copy_span(dst, src, nbytes, 64)
+            dst += dst_step
+            src += src_step
+    else:
+        for _ in range(count):
+            _copy(dst, src, nbytes)
+            dst += dst_step
+            src += src_step
+
+
+@njit(cache=True)
+def _move_size(nbytes):
+    """The moves ``_copy_span`` copies a run of nbytes with: 8, 16, 32 or 64 bytes where
+    two of them cover it, else 0 (one memcpy)."""
+    for move in (8, 16, 32, 64):
+        if move <= nbytes <= 2 * move:
+            return move
+    return 0
 
 
 @njit(cache=True)
 def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
     """Pixel rows p0.. of the image's windows (taps in (tap, channel) order, ``pad`` outside
-    the image, zeros in the padding of K) into ``rows`` (n, Kp)."""
+    the image, zeros in the padding of K) into ``rows`` (n, Kp). The pixels of one output
+    row are taken a kernel row at a time: those whose kernel row lies inside the image (with
+    dw 1, one run of kw pixels) in a loop of copies whose moves are chosen once
+    (``_copy_runs``), the others tap by tap. Taken pixel by pixel, each run's copy chosen
+    there and the border's tap-by-tap code in the same loop, resnet18's stem (87,808 runs of
+    21 bytes) took 0.73-1.1 ms on one core of an AMD EPYC (Zen 3), 0.38-0.51 ms so; the
+    whole stem on two threads 1.19 -> 1.09 ms."""
     h, w, c_in = hwc.shape
     n, kp = rows.shape
     k = kh * kw * c_in
@@ -164,33 +213,44 @@ def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
     if not (hwc.flags.c_contiguous and rows.flags.c_contiguous):
         raise ValueError("_windows reads and writes C-contiguous arrays")
     src, dst = hwc.ctypes.data, rows.ctypes.data
-    y = p0 // ow        # the pixel's place, carried from row to row (a division per row
-    xo = p0 - y * ow    # cost a fifth of a stem's gather)
-    for r in range(n):
+    run = span * size
+    move = _move_size(run)
+    r0 = 0
+    y = p0 // ow
+    x0 = p0 - y * ow
+    while r0 < n:
+        m = min(n - r0, ow - x0)        # rows r0..r0+m: output row y, columns x0..x0+m
         for i in range(kh):
             iy = y * sh - pt + i * dh
-            ix0 = xo * sw - pl
-            if dw == 1 and iy >= 0 and iy < h and ix0 >= 0 and ix0 + kw <= w:
-                # the kernel row lies inside the image: one contiguous copy of kw pixels
-                # (addresses worked out here: two slices a copy cost as much as the copy)
-                _copy_run(dst + (r * kp + i * span) * size, src + (iy * w + ix0) * c_in * size,
-                          span * size, (kp - i * span) * size, (h * w - iy * w - ix0) * c_in * size)
+            # the columns whose kernel row lies inside the image: a..b
+            a = b = x0
+            if dw == 1 and iy >= 0 and iy < h and w - kw + pl >= 0:
+                a = max(x0, (pl + sw - 1) // sw)
+                b = max(a, min(x0 + m, (w - kw + pl) // sw + 1))
+            d = dst + ((r0 + a - x0) * kp + i * span) * size
+            s = src + ((iy * w + a * sw - pl) * c_in) * size
+            _copy_runs(d, s, run, move, b - a, kp * size, sw * c_in * size)
+            if a == x0 and b == x0 + m:
                 continue
-            for j in range(kw):
-                ix = xo * sw - pl + j * dw
-                base = (i * kw + j) * c_in
-                if iy >= 0 and iy < h and ix >= 0 and ix < w:
-                    for c in range(c_in):
-                        rows[r, base + c] = hwc[iy, ix, c]
-                else:
-                    for c in range(c_in):
-                        rows[r, base + c] = pad
-        for c in range(k, kp):
-            rows[r, c] = 0
-        xo += 1
-        if xo == ow:
-            xo = 0
-            y += 1
+            for xo in range(x0, x0 + m):
+                if a <= xo < b:
+                    continue
+                r = r0 + xo - x0
+                for j in range(kw):
+                    ix = xo * sw - pl + j * dw
+                    base = (i * kw + j) * c_in
+                    if iy >= 0 and iy < h and ix >= 0 and ix < w:
+                        for c in range(c_in):
+                            rows[r, base + c] = hwc[iy, ix, c]
+                    else:
+                        for c in range(c_in):
+                            rows[r, base + c] = pad
+        for r in range(r0, r0 + m):
+            for c in range(k, kp):
+                rows[r, c] = 0
+        r0 += m
+        y += 1
+        x0 = 0
 
 
 @njit(parallel=True, cache=True)
