@@ -14,6 +14,10 @@ Both give the same bits (an elementwise loop's iterations are independent); both
 lazily, on first use. Measured on a 2-core AMD EPYC (qadd_once, warm caches): 1,000 values
 2.4 us in parallel against 0.8 on one thread, 8,000: 3.0 / 1.8, 16,000: 3.5 / 3.0,
 32,000: 4.7 / 5.2, 64,000: 6.9 / 9.7.
+
+``twin``, the copy of a kernel's source that ``with_serial`` compiles, also gives a kernel
+one variant per element type, each with its own intrinsic bound
+(``kernels_fp32.max_pool_channels_last``).
 """
 from __future__ import annotations
 
@@ -27,7 +31,9 @@ SERIAL_BELOW = 16384   # elements: below, one thread is the faster (the crossove
 def twin(fn, suffix: str, **names):
     """A copy of the Python function ``fn`` named with ``suffix`` (its own entry in Numba's
     disk cache, which is keyed by the qualified name), the global ``names`` given bound to
-    other values (a kernel's variant per element type: each compiled only where used)."""
+    other values (a kernel's variant per element type: each compiled only where used). With
+    ``names``, the copy reads a copy of ``fn``'s globals taken now: what it calls must be
+    defined before it is made."""
     globals_ = {**fn.__globals__, **names} if names else fn.__globals__
     copy = types.FunctionType(fn.__code__, globals_, fn.__name__ + suffix, fn.__defaults__,
                               fn.__closure__)
