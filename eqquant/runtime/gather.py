@@ -132,24 +132,18 @@ def _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, chunk, chu
     return p0, _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1 - p0, kp)
 
 
+MOVES = (1, 2, 4, 8, 16, 32, 64)   # the sizes of move a run of bytes is copied with
+
+
 @njit(inline="always")
 def _copy_span(dst, src, nbytes, move):
     """Copy nbytes (move <= nbytes <= 2 * move, ``_move_size``) as two moves of ``move``
-    bytes, the second ending where the run ends (they overlap): LLVM inlines a memcpy of
-    known size as a few vector moves. Nothing past the run is read or written. Larger runs
-    (move 0) are one memcpy."""
-    if move == 8:
-        _copy(dst, src, 8)
-        _copy(dst + nbytes - 8, src + nbytes - 8, 8)
-    elif move == 16:
-        _copy(dst, src, 16)
-        _copy(dst + nbytes - 16, src + nbytes - 16, 16)
-    elif move == 32:
-        _copy(dst, src, 32)
-        _copy(dst + nbytes - 32, src + nbytes - 32, 32)
-    elif move == 64:
-        _copy(dst, src, 64)
-        _copy(dst + nbytes - 64, src + nbytes - 64, 64)
+    bytes, the second ending where the run ends (they overlap; nothing past the run is read
+    or written); move 0: one memcpy. Called with ``move`` a constant (``_copy_runs``), each
+    move is a memcpy of known size, which LLVM inlines as a vector move or two."""
+    if move:
+        _copy(dst, src, move)
+        _copy(dst + nbytes - move, src + nbytes - move, move)
     else:
         _copy(dst, src, nbytes)
 
@@ -168,7 +162,13 @@ def _copy_runs(dst, src, nbytes, move, count, dst_step, src_step):
     """``_copy_loop`` with the size of its moves a constant in each branch: one loop for
     each size (the choice made once, not run by run; MobileNet-v2's 3 x 3 stem's gather
     took 1.3x as long with the choice in the loop)."""
-    if move == 8:
+    if move == 1:
+        _copy_loop(dst, src, nbytes, 1, count, dst_step, src_step)
+    elif move == 2:
+        _copy_loop(dst, src, nbytes, 2, count, dst_step, src_step)
+    elif move == 4:
+        _copy_loop(dst, src, nbytes, 4, count, dst_step, src_step)
+    elif move == 8:
         _copy_loop(dst, src, nbytes, 8, count, dst_step, src_step)
     elif move == 16:
         _copy_loop(dst, src, nbytes, 16, count, dst_step, src_step)
@@ -182,9 +182,9 @@ def _copy_runs(dst, src, nbytes, move, count, dst_step, src_step):
 
 @njit(cache=True)
 def _move_size(nbytes):
-    """The moves ``_copy_span`` copies a run of nbytes with: 8, 16, 32 or 64 bytes where
-    two of them cover it, else 0 (one memcpy)."""
-    for move in (8, 16, 32, 64):
+    """The moves ``_copy_span`` copies a run of nbytes with: the least of ``MOVES`` two of
+    which cover it, else 0 (one memcpy, past 128 bytes)."""
+    for move in MOVES:
         if move <= nbytes <= 2 * move:
             return move
     return 0
