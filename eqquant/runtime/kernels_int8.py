@@ -468,7 +468,8 @@ def epilogue_params(add, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo,
         params[TOTAL, o] = total
         params[BACK, o] = np.int64(_SIGN >> np.uint64(total)) - zout
         fast = _narrowed(params[:, o], zin, zout, lo, hi, bound) and fast
-        per_channel[:, o] = params[:, o]
+        for row in range(TABLE_ROWS):   # (a loop: a slice's copy compiles its shape check,
+            per_channel[row, o] = params[row, o]   # 2 s of a cold start)
         words = fast and _words(per_channel[:, o], lo, hi, bound) and words
     params[FAST, :] = 1 if fast else 0
     params[WORDS, :] = 1 if words else 0
