@@ -166,16 +166,22 @@ def test_mobilenet_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8,
     if precision == "int8":
         ex, label = Executor(q.compiled), ("fused.qconv2d", "fused.qconv2d_add")
         kernels = (kernels_int8.depthwise_channels_last, vnni.conv_requantize,
-                   avxvnni.conv_requantize, avx2.conv_requantize, avx2.conv_requantize_bytes)
+                   avxvnni.conv_requantize, avx2.conv_requantize, avx2._bytes_region)
     else:
         ex, label = Executor(compile_layouts(q.fp32).module), ("fused.conv2d",
                                                                 "fused.conv2d_add")
         kernels = (kernels_fp32.depthwise_channels_last,) + \
             ((fma.conv,) if fp32_path() != "blas" else ())
     convs = [(step, p) for step, p in zip(ex.steps, ex._prepared) if step.label in label]
-    # (bound to the compiled entry points themselves, not their dispatchers)
+    # (bound to the compiled entry points themselves, not their dispatchers; AVX2's byte
+    # driver to both of its drivers')
     entries = {c.entry_point for k in kernels for c in k.overloads.values()}
-    bound = [p is not None and getattr(p[0], "func", None) in entries for _, p in convs]
+
+    def to_entries(call):
+        if getattr(call, "func", None) is avx2._drive:
+            return all(f in entries for f in call.args[:2])
+        return getattr(call, "func", None) in entries
+    bound = [p is not None and to_entries(p[0]) for _, p in convs]
     depthwise = [step.fn.depthwise if precision == "fp32" else step.fn.conv.depthwise
                  for step, _ in convs]
     assert len(convs) == 52 and sum(depthwise) == 17

@@ -68,6 +68,7 @@ few input channels 2.5-3x: the epilogue, not the products, was their cost).
 """
 from __future__ import annotations
 
+import functools
 
 import numpy as np
 from numba import njit, prange
@@ -658,39 +659,56 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
                          lo, hi)
 
 
-@njit(cache=True)
-def conv_requantize_bytes(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads,
-                          record, params, lo, hi, out, threads, res, add):
-    """``conv_requantize`` with the byte kernel (``quads``: ``pack_quads``'s weights) for
-    each chunk whose high bits can be listed, the 16-bit one for the others
-    (``_bytes_region``). The lists are made from the image's (``image_lists``,
-    ``window_lists``) where its channels are a multiple of 4 and the padding byte has no
-    high bit; else each chunk's windows are split (``split_or_widen``). An image whose
-    quads are high in 1/TRY_BELOW or more takes the 16-bit kernel whole. A layer where the
-    last try sent most chunks to the 16-bit kernel (MobileNet-v2's, whose inputs are 45-99%
-    high) runs ``conv_requantize`` itself, trying again every RETRY calls: each chunk's
-    sampling and the byte driver's set-up made those layers 4-5% slower. ``record`` (int64,
-    RECORD): the calls so far, and how many of the last try's chunks took the 16-bit kernel
-    less how many took the byte kernel. Either way the sums are exact: the record only
-    chooses the speed."""
+class _BytesDriver:
+    """``conv_requantize_bytes(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed,
+    quads, record, params, lo, hi, out, threads, res, add)``: ``conv_requantize`` with the
+    byte kernel (``quads``: ``pack_quads``'s weights) for each chunk whose high bits can be
+    listed, the 16-bit one for the others (``_bytes_region``). The lists are made from the
+    image's (``image_lists``, ``window_lists``) where its channels are a multiple of 4 and
+    the padding byte has no high bit; else each chunk's windows are split
+    (``split_or_widen``). An image whose quads are high in 1/TRY_BELOW or more takes the
+    16-bit kernel whole. A layer where the last try sent most chunks to the 16-bit kernel
+    (MobileNet-v2's, whose inputs are 45-99% high) runs ``conv_requantize`` itself, trying
+    again every RETRY calls: each chunk's sampling and the byte driver's set-up made those
+    layers 4-5% slower. ``record`` (int64, RECORD): the calls so far, and how many of the
+    last try's chunks took the 16-bit kernel less how many took the byte kernel. Either way
+    the sums are exact: the record only chooses the speed.
+
+    A plain-Python driver of the two compiled drivers, which ``bind`` binds to their entry
+    points (as ``bindings.bound`` binds a kernel): written as a Numba function calling both,
+    it was compiled with both linked into it, again, 3.7 s of a cold start (the two drivers'
+    code optimised and emitted a fifth time, after their own compiles and their parallel
+    regions' three wrappers); through Python it costs under a microsecond a call."""
+
+    def __call__(self, nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads,
+                 record, params, lo, hi, out, threads, res, add):
+        _drive(_bytes_region, conv_requantize, record,
+               (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed), quads,
+               (params, lo, hi, out, threads, res, add))
+
+    def bind(self, args: tuple, entry_point):
+        """``self(*args)`` as a call with no arguments, through the two drivers' compiled
+        entry points for these arguments' types (``entry_point(kernel, args)``)."""
+        head, quads, record, tail = args[:13], args[13], args[14], args[15:]
+        return functools.partial(_drive, entry_point(_bytes_region, (*head, quads, *tail)),
+                                 entry_point(conv_requantize, (*head, *tail)), record, head,
+                                 quads, tail)
+
+
+def _drive(region, plain, record, head, quads, tail):
+    """``conv_requantize_bytes``'s choice: ``region`` (``_bytes_region``) on
+    (*head, quads, *tail), unless the record sends the layer to ``plain``
+    (``conv_requantize``) on (*head, *tail), or region could not list the image's high
+    bits."""
     record[0] += 1
-    if record[1] > 0 and record[0] % RETRY != 0:
-        conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, params, lo,
-                        hi, out, threads, res, add)
-        return
-    if nhwc.shape[3] % 4 == 0 and pad < 128:
-        low, img_starts, img_high, fits = image_lists(nhwc)
-        if not fits:
-            record[1] = 1
-            conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, params,
-                            lo, hi, out, threads, res, add)
+    if record[1] <= 0 or record[0] % RETRY == 0:
+        listed, record[1] = region(*head, quads, *tail)
+        if listed:
             return
-    else:
-        low, img_starts = nhwc, np.empty((nhwc.shape[0], 0), np.int32)
-        img_high = np.empty((nhwc.shape[0], 0, 2), np.int32)
-    record[1] = _bytes_region(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed,
-                              quads, params, lo, hi, out, threads, res, add, low, img_starts,
-                              img_high)
+    plain(*head, *tail)
+
+
+conv_requantize_bytes = _BytesDriver()
 
 
 @njit(cache=True)
@@ -715,13 +733,21 @@ def _operands(hwc, img_starts, img_high, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow
 
 @njit(parallel=True, cache=True)
 def _bytes_region(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads, params,
-                  lo, hi, out, threads, res, add, low, img_starts, img_high):
-    """``conv_requantize_bytes``'s parallel region (``low``, ``img_starts``, ``img_high``:
-    ``image_lists``'s, or ``nhwc`` and no lists); returns how many of its chunks took the
-    16-bit kernel less how many took the byte kernel. Its work split and gather are
-    ``conv_requantize``'s, written again rather than shared: a layer on the 16-bit kernel
-    runs that driver as it was (through this one, with each chunk's choice and the
-    operands' tuple, MobileNet-v2's layers took 4-5% longer)."""
+                  lo, hi, out, threads, res, add):
+    """``conv_requantize_bytes``'s convolution, the image's high bits listed
+    (``image_lists``) where it can: (False, 1) and nothing computed where its lists do not
+    fit, else (True, how many of its chunks took the 16-bit kernel less how many took the
+    byte kernel). Its work split and gather are ``conv_requantize``'s, written again rather
+    than shared: a layer on the 16-bit kernel runs that driver as it was (through this one,
+    with each chunk's choice and the operands' tuple, MobileNet-v2's layers took 4-5%
+    longer)."""
+    if nhwc.shape[3] % 4 == 0 and pad < 128:
+        low, img_starts, img_high, fits = image_lists(nhwc)
+        if not fits:
+            return False, 1
+    else:
+        low, img_starts = nhwc, np.empty((nhwc.shape[0], 0), np.int32)
+        img_high = np.empty((nhwc.shape[0], 0, 2), np.int32)
     images, p_n = nhwc.shape[0], oh * ow
     o_n = out.shape[2]
     oblocks, kp = packed.shape[0], packed.shape[1] * 2
@@ -758,4 +784,4 @@ def _bytes_region(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, qua
                         ob, ob + 1, o_n, params, lo, hi, q0, out[0])
             add_residual(out, res, 0, q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n), add,
                          lo, hi)
-    return wide
+    return True, wide

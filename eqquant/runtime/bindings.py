@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 from numba import get_num_threads
+from numba.core.registry import CPUDispatcher as Dispatcher
 from numba.np.ufunc import parallel as _pool
 
 from ..core.types import TensorType, Type
@@ -37,14 +38,22 @@ def threads() -> int:
     return count if count > 0 else get_num_threads()
 
 
+def entry_point(kernel, args: tuple):
+    """The Numba function ``kernel``'s compiled entry point for these arguments' types
+    (compiled, or loaded from the cache, now where it is not yet)."""
+    return kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+
+
 def bound(kernel, args: tuple):
     """``kernel(*args)`` as a call with no arguments, ``kernel`` a Numba function: its
-    compiled entry point for these arguments' types (compiled or loaded from the cache now
-    where it is not yet), called straight. Through the dispatcher, a call first types each
-    argument and looks the overload up: 0.3-0.6 us for a convolution's 18 arguments, at every
-    run. The arrays are bound, so their types cannot change under the entry point."""
-    sig = tuple(kernel.typeof_pyval(a) for a in args)
-    return functools.partial(kernel.compile(sig), *args)
+    compiled entry point for these arguments' types, called straight. Through the
+    dispatcher, a call first types each argument and looks the overload up: 0.3-0.6 us for
+    a convolution's 18 arguments, at every run. The arrays are bound, so their types cannot
+    change under the entry point. A driver of Numba functions that is not one itself
+    (``avx2.conv_requantize_bytes``) binds itself to theirs (its ``bind``)."""
+    if isinstance(kernel, Dispatcher):
+        return functools.partial(entry_point(kernel, args), *args)
+    return kernel.bind(args, entry_point)
 
 
 def _is_f32(*types: Type) -> bool:
