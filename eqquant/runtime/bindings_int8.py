@@ -510,8 +510,10 @@ class FusedQConv2D(Binding):
         acc_type = TensorType(out_type.shape, "int32")
         self.conv = QConv2D(op, attrs, [in_types[0], in_types[1], in_types[3], in_types[4]],
                             acc_type, {1: consts[1], 2: consts[3], 3: consts[4]})
-        self.bias = np.ascontiguousarray(np.broadcast_to(
-            np.asarray(consts[2], np.int64).reshape(-1), (o,)))
+        # (fresh writable copies, whatever the constants' shapes: a read-only view is
+        # another type to Numba, and the parameters' kernels would be compiled again, 3 s)
+        self.bias = np.array(np.broadcast_to(np.asarray(consts[2], np.int64).reshape(-1),
+                                             (o,)))
         s1 = np.broadcast_to(np.asarray(consts[7], np.float64).reshape(-1), (o,))
         s2 = float(_const_scalar(consts, 9))
         pairs = [quantize_multiplier(float(v) / s2) for v in s1]
@@ -527,8 +529,8 @@ class FusedQConv2D(Binding):
         else:     # none or relu: its clamp's lower bound (0 or -inf) in the int32 range
             lo_c = np.array([max(epilogue_bounds(attrs)[0], i32.min)], np.int64)
             hi_c = np.array([i32.max], np.int64)
-        self.clamp_lo = np.ascontiguousarray(np.broadcast_to(lo_c, (o,)), np.int64)
-        self.clamp_hi = np.ascontiguousarray(np.broadcast_to(hi_c, (o,)), np.int64)
+        self.clamp_lo = np.array(np.broadcast_to(lo_c, (o,)), np.int64)
+        self.clamp_hi = np.array(np.broadcast_to(hi_c, (o,)), np.int64)
         self.lo, self.hi = qrange(out_type.dtype)
         # the epilogue's per-channel constants, derived once (``kernels_int8.epilogue_params``)
         c = self.conv
