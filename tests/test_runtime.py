@@ -136,6 +136,7 @@ def test_channel_last_depthwise_sums_its_taps_in_order(c, k, stride, pad, dil, h
     time and a tail, and the border loop around it) gives the bits of the bias plus each
     inside tap's product in turn, kernel row by row, each product and sum rounded to
     float32, then the clamp: what NumPy computes below, bit for bit."""
+    from eqquant.runtime.depthwise_simd import entry
     from eqquant.runtime.kernels_fp32 import depthwise_channels_last
     rng = np.random.default_rng(seed)
     if hw + 2 * pad < dil * (k - 1) + 1:
@@ -145,7 +146,8 @@ def test_channel_last_depthwise_sums_its_taps_in_order(c, k, stride, pad, dil, h
     bias = rng.normal(size=c).astype(np.float32)
     oh = (hw + 2 * pad - dil * (k - 1) - 1) // stride + 1
     out = np.empty((oh, oh, c), np.float32)
-    depthwise_channels_last(x, w, bias, stride, stride, pad, pad, dil, dil, -0.5, 0.7, out)
+    depthwise_channels_last(x, w, bias, stride, stride, pad, pad, dil, dil, -0.5, 0.7, out,
+                            entry("float"))
     want = np.empty_like(out)
     for y in range(oh):
         for xo in range(oh):

@@ -93,6 +93,11 @@ def test_a_cached_kernel_is_stamped_with_the_whole_runtime_source():
     impl = caching.CompileResultCacheImpl(kernels_int8.depthwise_channels_last.py_func)
     stamp = impl.locator.get_source_stamp()
     assert isinstance(stamp, tuple) and stamp[1] == source_digest()
+    # (and a C function's: the depthwise sweep, which those kernels call by its address)
+    from eqquant.runtime import depthwise_simd
+    depthwise_simd.entry("u8")
+    cfunc = caching.CompileResultCacheImpl(depthwise_simd._entries["u8"]._pyfunc)
+    assert cfunc.locator.get_source_stamp()[1] == source_digest()
     outside = caching.CompileResultCacheImpl(_defined_elsewhere)
     assert not (isinstance(outside.locator.get_source_stamp(), tuple) and
                 outside.locator.get_source_stamp()[-1] == source_digest())

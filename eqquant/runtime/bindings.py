@@ -24,6 +24,7 @@ from ..ops.numerics import from_nchw, to_nchw, to_oihw
 from ..ops.registry import IDENTITY, get_op
 from . import kernels_fp32 as k
 from . import memory
+from .depthwise_simd import entry as sweep_entry
 from .pool_simd import KIND_OF
 from .serial import sized
 
@@ -253,7 +254,7 @@ class Conv2D(_Spatial):
         C)."""
         return k.depthwise_channels_last, (hwc, self.taps, self.bias_vec, self.sh, self.sw,
                                            self.pt, self.pl, self.dh, self.dw, self.lo,
-                                           self.hi, res)
+                                           self.hi, res, sweep_entry("float"))
 
     def _fma_call(self, nhwc, out, residual=None, bounds=None):
         """(the FMA kernel, its arguments) on a channel-last batch into out (N, oh, ow, O),

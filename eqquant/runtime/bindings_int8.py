@@ -16,7 +16,7 @@ from ..ops.fixed_point import quantize_multiplier
 from ..ops.numerics import qrange
 from ..ops.registry import get_op
 from . import memory
-from .depthwise_simd import TAP_MAX
+from .depthwise_simd import TAP_MAX, entry as sweep_entry
 from .bindings import (Binding, _per_channel, _per_channel_last, bound, move_into, moved,
                        threads)
 from .serial import sized
@@ -585,7 +585,7 @@ class FusedQConv2D(Binding):
         O)."""
         return self.k8.depthwise_channels_last, (
             hwc, *self.fixed_args, *res.shape[:2], self.params, self.inits, self.lo, self.hi,
-            res.reshape(-1, res.shape[2]))
+            res.reshape(-1, res.shape[2]), sweep_entry("i8" if hwc.dtype == np.int8 else "u8"))
 
     def prepare(self, ins, out):
         """The kernel call itself, bound to this site's arrays, where the image is read as it

@@ -1,9 +1,10 @@
-"""The inner sweep of a channel-last depthwise convolution in LLVM IR (llvmlite), emitted into
-the Numba kernels through an intrinsic, for every CPU: the IR uses LLVM's generic vectors of
-16 lanes, which the backend splits into what the CPU has (one AVX-512 register, two AVX2
-registers, four SSE registers). One piece is chosen by the CPU's features when the IR is
-emitted: the multiply-add of 16-bit pairs (``madd``: the x86 instruction on AVX2 and
-AVX-512, LLVM's multiplies and adds elsewhere), each form tested on its own.
+"""The inner sweep of a channel-last depthwise convolution in LLVM IR (llvmlite), compiled once
+as a C function (``entry``) that the Numba kernels call by its address (``call_sweep``), for
+every CPU: the IR uses LLVM's generic vectors of 16 lanes, which the backend splits into what
+the CPU has (one AVX-512 register, two AVX2 registers, four SSE registers). One piece is
+chosen by the CPU's features when the IR is emitted: the multiply-add of 16-bit pairs
+(``madd``: the x86 instruction on AVX2 and AVX-512, LLVM's multiplies and adds elsewhere),
+each form tested on its own.
 
 One call computes one output row's pixels b0..b1, for every channel (the caller says which
 kernel rows lie inside the image):
@@ -329,3 +330,61 @@ def _intrinsic(kind: str):
 sweep_float = _intrinsic("float")
 sweep_u8 = _intrinsic("u8")
 sweep_i8 = _intrinsic("i8")
+
+
+# One sweep compiled once, called through its address. Emitted into a parallel kernel, the
+# sweep's code went through LLVM four times, optimised and emitted (the parallel loop's
+# function, its two wrappers, the kernel): MobileNet-v2's int8 depthwise kernel took 25 s to
+# compile with an empty cache, 21 s of it LLVM's.
+
+def _entry(x, w, init, out, table, zrow, x0, x1, c_n, rows, rstride, kw, sw, dw, off, lo, hi,
+           stride, qlo, qhi, b0, b1, win):
+    """The sweep (``sweep``: bound to one kind's intrinsic in each of ``entry``'s copies) as
+    a C function."""
+    sweep(x, w, init, out, table, zrow, x0, x1, c_n, rows, rstride, kw, sw, dw, off, lo, hi,
+          stride, qlo, qhi, b0, b1, win)
+
+
+sweep = None   # (the placeholder ``_entry``'s copies bind)
+_INTRINSICS = {"float": sweep_float, "u8": sweep_u8, "i8": sweep_i8}
+_entries: dict = {}
+
+
+def _signature():
+    from numba import types
+    return types.void(*([types.intp] * 15), types.float32, types.float32, *([types.intp] * 6))
+
+
+def entry(kind: str) -> int:
+    """The address of the sweep of ``kind`` ("float", "u8", "i8") compiled as a C function
+    (a Numba ``cfunc`` in Numba's disk cache, compiled or loaded on first use), for
+    ``call_sweep``."""
+    if kind not in _entries:
+        from numba import cfunc
+        from .serial import twin
+        _entries[kind] = cfunc(_signature(), cache=True)(
+            twin(_entry, f"_{kind}", sweep=_INTRINSICS[kind]))
+    return _entries[kind].address
+
+
+def _call_intrinsic():
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    def call_sweep(typingctx, address, x, w, init, out, table, zrow, x0, x1, c_n, rows,
+                   rstride, kw, sw, dw, off, lo, hi, stride, qlo, qhi, b0, b1, win):
+        """``call_sweep(address, *sweep's arguments)``: the sweep at ``address``
+        (``entry``'s) called on the arguments, addresses as integers."""
+        sig = types.void(types.intp, *_signature().args)
+
+        def codegen(context, builder, signature, args):
+            i64, f32 = ir.IntType(64), ir.FloatType()
+            fnty = ir.FunctionType(ir.VoidType(), [i64] * 15 + [f32, f32] + [i64] * 6)
+            builder.call(builder.inttoptr(args[0], fnty.as_pointer()), list(args[1:]))
+            return context.get_dummy_value()
+        return sig, codegen
+    return intrinsic(call_sweep)
+
+
+call_sweep = _call_intrinsic()

@@ -13,7 +13,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .depthwise_simd import sweep_float
+from .depthwise_simd import call_sweep
 from .pool_simd import ROWS as POOL_ROWS
 from .serial import twin, with_serial
 
@@ -96,12 +96,13 @@ def interior(ow, sw, pl, dw, kw, wd):
 
 
 @njit(parallel=True, cache=True)
-def depthwise_channels_last(x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out):
+def depthwise_channels_last(x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out, sweep):
     """x: (H, W, C), w: (kh, kw, C), out: (oh, ow, C); one filter per channel; all three
     C-contiguous. One output row per work item: the pixels all of whose taps lie inside the
-    row go to the SIMD sweep (``depthwise_simd``: 16 channels at a time, the sums in
-    registers across the taps, then the clamp to [lo, hi]); the few at the borders are
-    summed here over their inside taps, in the same order (kernel row, then column)."""
+    row go to the SIMD sweep (``sweep``: ``depthwise_simd.entry("float")``, 16 channels at a
+    time, the sums in registers across the taps, then the clamp to [lo, hi]); the few at the
+    borders are summed here over their inside taps, in the same order (kernel row, then
+    column)."""
     h, wd, c_n = x.shape
     kh, kw, _ = w.shape
     oh, ow, _ = out.shape
@@ -111,10 +112,9 @@ def depthwise_channels_last(x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out):
     for y in prange(oh):
         i0, i1 = kernel_rows(y, sh, pt, dh, kh, h)
         if i1 > i0 and last > first:
-            sweep_float(x[y * sh - pt + i0 * dh].ctypes.data, w[i0].ctypes.data,
-                        bias.ctypes.data, out[y].ctypes.data, 0, 0, first, last, c_n,
-                        i1 - i0, dh * wd * c_n, kw, sw, dw, -pl, lo32, hi32, 0, 0, 0, first,
-                        last, wd)
+            call_sweep(sweep, x[y * sh - pt + i0 * dh].ctypes.data, w[i0].ctypes.data,
+                       bias.ctypes.data, out[y].ctypes.data, 0, 0, first, last, c_n, i1 - i0,
+                       dh * wd * c_n, kw, sw, dw, -pl, lo32, hi32, 0, 0, 0, first, last, wd)
         for xo in range(ow):
             if first <= xo < last and i1 > i0:
                 continue

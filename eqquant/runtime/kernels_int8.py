@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .depthwise_simd import sweep_i8, sweep_u8
+from .depthwise_simd import call_sweep
 from .kernels_fp32 import inside, interior, kernel_rows
 from .serial import with_serial
 from ..ops.qnn import ADD_FRACTION_BITS
@@ -666,7 +666,7 @@ def depthwise_inits(wt, zx):
 
 @njit(parallel=True, cache=True)
 def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, params, inits,
-                            lo, hi, out):
+                            lo, hi, out, sweep):
     """fused.qconv2d with groups = input channels on channel-last data: x (H, W, C) 8-bit,
     wt (kh, kw, O) int32 (weight minus its zero point), out (oh*ow, O), all C-contiguous.
     One output row per work item: with one output channel per input channel, the SIMD sweep
@@ -676,24 +676,21 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, par
     sums go tap by tap along the channels (``_taps_along``: taps outside the image hold zx,
     and are skipped), then their bias, clamp and requantization (``requantize_rows``).
     Integer sums: the same in any order. ``params``: ``depthwise_params``'s table;
-    ``inits``: ``depthwise_inits``'s."""
+    ``inits``: ``depthwise_inits``'s; ``sweep``: the sweep of x's type
+    (``depthwise_simd.entry``: "u8" or "i8")."""
     h, w = x.shape[0], x.shape[1]
     kh, kw, o_n = wt.shape
-    signed = np.iinfo(x.dtype).min < 0
     first, last = interior(ow, sw, pl, dw, kw, w)
     zrow = np.empty(o_n if mult == 1 else 0, x.dtype)     # a padding pixel, for the sweep
     zrow[:] = zx
     for oy in prange(oh):
         i0, i1 = kernel_rows(oy, sh, pt, dh, kh, h)
         if mult == 1 and i1 > i0:   # the whole row summed and requantized straight into out
-            args = (x[oy * sh - pt + i0 * dh].ctypes.data, wt[i0].ctypes.data,
-                    inits[i0, i1].ctypes.data, out[oy * ow].ctypes.data, params.ctypes.data,
-                    zrow.ctypes.data, first, last, o_n, i1 - i0, dh * w * o_n, kw, sw, dw, -pl,
-                    np.float32(0.0), np.float32(0.0), params.shape[1], lo, hi, 0, ow, w)
-            if signed:
-                sweep_i8(*args)
-            else:
-                sweep_u8(*args)
+            call_sweep(sweep, x[oy * sh - pt + i0 * dh].ctypes.data, wt[i0].ctypes.data,
+                       inits[i0, i1].ctypes.data, out[oy * ow].ctypes.data, params.ctypes.data,
+                       zrow.ctypes.data, first, last, o_n, i1 - i0, dh * w * o_n, kw, sw, dw,
+                       -pl, np.float32(0.0), np.float32(0.0), params.shape[1], lo, hi, 0, ow,
+                       w)
             continue
         acc = np.zeros((ow, o_n), np.int32)
         for i in range(i0, i1):
