@@ -583,9 +583,11 @@ class FusedQConv2D(Binding):
     def _depthwise_call(self, hwc, res):
         """(the depthwise kernel, its arguments) on one channel-last image into res (oh, ow,
         O)."""
+        sweep = (sweep_entry("i8" if hwc.dtype == np.int8 else "u8") if self.conv.mult == 1
+                 else 0)     # (with a channel multiplier the kernel never calls the sweep)
         return self.k8.depthwise_channels_last, (
             hwc, *self.fixed_args, *res.shape[:2], self.params, self.inits, self.lo, self.hi,
-            res.reshape(-1, res.shape[2]), sweep_entry("i8" if hwc.dtype == np.int8 else "u8"))
+            res.reshape(-1, res.shape[2]), sweep)
 
     def prepare(self, ins, out):
         """The kernel call itself, bound to this site's arrays, where the image is read as it

@@ -468,8 +468,9 @@ def epilogue_params(add, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo,
         params[TOTAL, o] = total
         params[BACK, o] = np.int64(_SIGN >> np.uint64(total)) - zout
         fast = _narrowed(params[:, o], zin, zout, lo, hi, bound) and fast
-        for row in range(TABLE_ROWS):   # (a loop: a slice's copy compiles its shape check,
-            per_channel[row, o] = params[row, o]   # 2 s of a cold start)
+        # (a loop: a slice's copy compiles Numba's shape check, 2 s of a cold start)
+        for row in range(TABLE_ROWS):
+            per_channel[row, o] = params[row, o]
         words = fast and _words(per_channel[:, o], lo, hi, bound) and words
     params[FAST, :] = 1 if fast else 0
     params[WORDS, :] = 1 if words else 0
@@ -677,7 +678,7 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, par
     and are skipped), then their bias, clamp and requantization (``requantize_rows``).
     Integer sums: the same in any order. ``params``: ``depthwise_params``'s table;
     ``inits``: ``depthwise_inits``'s; ``sweep``: the sweep of x's type
-    (``depthwise_simd.entry``: "u8" or "i8")."""
+    (``depthwise_simd.entry``: "u8" or "i8"), called where mult is 1 only."""
     h, w = x.shape[0], x.shape[1]
     kh, kw, o_n = wt.shape
     first, last = interior(ow, sw, pl, dw, kw, w)
