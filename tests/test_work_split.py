@@ -98,6 +98,11 @@ def test_a_cached_kernel_is_stamped_with_the_whole_runtime_source():
     depthwise_simd.entry("u8")
     cfunc = caching.CompileResultCacheImpl(depthwise_simd._entries["u8"]._pyfunc)
     assert cfunc.locator.get_source_stamp()[1] == source_digest()
+    # (and the GEMMs' C functions, which every SIMD kernel calls: ``llvm_loops.load_gemms``)
+    from eqquant.runtime import fma, llvm_loops  # noqa: F401  (fills its tables if it can)
+    for table in llvm_loops._TABLES.values():
+        impl = caching.CompileResultCacheImpl(table._pyfunc)
+        assert impl.locator.get_source_stamp()[1] == source_digest()
     outside = caching.CompileResultCacheImpl(_defined_elsewhere)
     assert not (isinstance(outside.locator.get_source_stamp(), tuple) and
                 outside.locator.get_source_stamp()[-1] == source_digest())

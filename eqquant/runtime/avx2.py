@@ -1,6 +1,7 @@
-"""An int8 GEMM on AVX2, for CPUs without VNNI: LLVM IR written with llvmlite and emitted into
-Numba-compiled kernels through an intrinsic, like ``vnni.py``, whose interface it shares
-(pixel rows as unsigned bytes, packed weights, the same epilogue).
+"""An int8 GEMM on AVX2, for CPUs without VNNI: LLVM IR written with llvmlite, compiled once
+as C functions that Numba-compiled kernels call through an intrinsic
+(``llvm_loops.load_gemms``), like ``vnni.py``, whose interface it shares (pixel rows as
+unsigned bytes, packed weights, the same epilogue).
 
     C[p, o] = sum_k A[p, k] * B[k, o]     A uint8 (P x K), B int8, C int32
 
@@ -74,7 +75,8 @@ import numpy as np
 from numba import njit, prange
 
 from .llvm_loops import (carried_loop, counted_loop, cpu_has, declare, gemm_definition,
-                         gemm_intrinsic, load_vectors, panel_gemm, splat, while_loop)
+                         gemm_intrinsic, load_gemms, load_vectors, panel_gemm, splat,
+                         while_loop)
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
 from .gather import (SMALL, _chunk_windows, _rows, block_shares, share_item,
                      shared_windows, work_split)
@@ -233,6 +235,8 @@ gemm_requantize = gemm_intrinsic(_define(True), "i8", EPILOGUE)
 # high)
 bytes_block = gemm_intrinsic(_define_bytes(), "i8", HIGH)
 bytes_requantize = gemm_intrinsic(_define_bytes(True), "i8", EPILOGUE + HIGH)
+if available():
+    load_gemms("avx2", [gemm_block, gemm_requantize, bytes_block, bytes_requantize])
 
 
 def _define_split(mod):

@@ -1,7 +1,7 @@
 """An int8 GEMM on 256-bit VNNI (``vpdpbusd`` on ymm registers: AVX-VNNI, or AVX512-VNNI with
-AVX512-VL): LLVM IR written with llvmlite and emitted into Numba-compiled kernels through an
-intrinsic, like ``vnni.py``, whose interface it shares (pixel rows as unsigned bytes, packed
-weights, the same epilogue).
+AVX512-VL): LLVM IR written with llvmlite, compiled once as C functions that Numba-compiled
+kernels call through an intrinsic (``llvm_loops.load_gemms``), like ``vnni.py``, whose
+interface it shares (pixel rows as unsigned bytes, packed weights, the same epilogue).
 
     C[p, o] = sum_k A[p, k] * B[k, o]     A uint8 (P x K), B int8, C int32
 
@@ -13,7 +13,7 @@ AVX512-VNNI, the layers whose width fills no 64-channel block of ``vnni.py`` (Mo
 96, 144 channels: padded to 16, not to 64). B is packed once as [O/16][K/4][16][4], O padded
 with zero weights to a multiple of 16; an int8 activation x is fed as the byte x + 128 and
 the product corrected by 128 * sum_k B[k, o] (see ``pack``). The drivers below repeat the
-512-bit kernel's: each calls its own GEMM, an intrinsic bound when Numba compiles it.
+512-bit kernel's: each calls its own GEMM, through its own intrinsic.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .llvm_loops import cpu_has, gemm_intrinsic
+from .llvm_loops import cpu_has, gemm_intrinsic, load_gemms
 # the gather, set-up and epilogue it shares with the 512-bit kernel (windows: re-exported)
 from .gather import (CHUNK, SMALL, _chunk_windows, _rows, block_shares, share_item,
                      shared_windows, work_split)
@@ -63,6 +63,8 @@ gemm_block = gemm_intrinsic(_define(), "i8")
 # gemm_requantize(..., params address, params stride, lo, hi): requantized to 8 bits
 gemm_requantize = gemm_intrinsic(_define(True), "i8",
                                  ("ptr", "i64", "i64", "i64", "i64"))
+if available():
+    load_gemms("avxvnni", [gemm_block, gemm_requantize])
 
 
 @njit(cache=True)

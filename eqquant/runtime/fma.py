@@ -1,6 +1,7 @@
 """fp32 GEMMs with fused multiply-add for the float convolutions, 256-bit (AVX2 + FMA) and
-512-bit (AVX-512F): LLVM IR written with llvmlite and emitted into Numba kernels through an
-intrinsic, as the int8 GEMMs are (``avx2.py``, ``vnni.py``).
+512-bit (AVX-512F): LLVM IR written with llvmlite, compiled once as C functions that Numba
+kernels call through an intrinsic (``llvm_loops.load_gemms``), as the int8 GEMMs are
+(``avx2.py``, ``vnni.py``).
 
     C[p, o] = sum_k A[p, k] * B[k, o]     A, B, C float32
 
@@ -25,7 +26,8 @@ import numpy as np
 from numba import njit, prange
 
 from .kernels_fp32 import clamp
-from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
+from .llvm_loops import (cpu_has, declare, gemm_definition, gemm_intrinsic, load_gemms,
+                         panel_gemm, splat)
 from .gather import _windows, chunk_bounds, shared_windows, work_item, work_split
 from . import memory
 
@@ -94,6 +96,10 @@ sgemm512_block = gemm_intrinsic(_define("avx512"), "float")
 # the same GEMMs finishing the sums: (..., bias address, lo, hi, valid channels)
 sgemm256_finish = gemm_intrinsic(_define("fma", True), "float", FINISH_ARGS)
 sgemm512_finish = gemm_intrinsic(_define("avx512", True), "float", FINISH_ARGS)
+for _path, _gemms in (("fma", [sgemm256_block, sgemm256_finish]),
+                      ("avx512", [sgemm512_block, sgemm512_finish])):
+    if available(_path):
+        load_gemms(_path, _gemms)
 
 
 def pack(w: np.ndarray, path: str = "fma") -> np.ndarray:

@@ -1,7 +1,7 @@
 """The pieces the hand-written SIMD GEMMs (``vnni.py``, ``avx2.py``, ``fma.py``) share:
 counted and reduction loops in LLVM IR (llvmlite), the loop over output blocks and pixel
-rows, storing an accumulator grid, the Numba intrinsic that calls a GEMM, and the host CPU's
-features."""
+rows, storing an accumulator grid, the GEMMs compiled once as C functions and the Numba
+intrinsic that calls one, and the host CPU's features."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -84,21 +84,29 @@ def reduction_loop(fn, builder, count, rows: int, cols: int, vtype, body):
 
 
 def gemm_intrinsic(define, element: str, extra: tuple = ()):
-    """A Numba intrinsic that calls the GEMM function ``define(module)`` builds, with the
-    arguments every hand-written GEMM here takes: (A, lda, B, C, ldc, p0, p1, k, blocks),
-    A, B and C as integer addresses, passed on as pointers to ``element`` ("i8" or "float"),
-    then ``extra`` ones (``gemm_definition``'s: "ptr" an address passed on as a pointer to
-    ``element``, "f32" a float32, "i64" an integer)."""
+    """A Numba intrinsic that calls the GEMM function ``define`` (``gemm_definition``'s)
+    through its slot (``load_gemms``), with the arguments every hand-written GEMM here takes:
+    (A, lda, B, C, ldc, p0, p1, k, blocks), A, B and C as integer addresses, passed on as
+    pointers to ``element`` ("i8" or "float"), then ``extra`` ones (``gemm_definition``'s:
+    "ptr" an address passed on as a pointer to ``element``, "f32" a float32, "i64" an
+    integer). The kernel that calls it holds a load and an indirect call, not the GEMM's
+    code: emitted into each caller, the code went through LLVM again in every Numba
+    function and parallel region that calls it, directly or not."""
     from numba import types
     from numba.extending import intrinsic
 
     sig = types.void(*([types.intp] * 9),
                      *[types.float32 if e == "f32" else types.intp for e in extra])
+    slot = _slot(define.symbol)
 
     def codegen(context, builder, signature, args):
         from llvmlite import ir
-        fn = define(builder.module)
-        ptr = (ir.FloatType() if element == "float" else ir.IntType(8)).as_pointer()
+        fnty = _gemm_type(element, extra)
+        ptr = fnty.args[0]
+        cell = builder.module.globals.get(slot)
+        if cell is None:
+            cell = ir.GlobalVariable(builder.module, ir.IntType(8).as_pointer(), slot)
+        fn = builder.bitcast(builder.load(cell), fnty.as_pointer())
         a_, lda_, b_, c_, *rest = args[:9]
         tail = [builder.inttoptr(v, ptr) if e == "ptr" else v
                 for v, e in zip(args[9:], extra)]
@@ -124,8 +132,80 @@ def gemm_intrinsic(define, element: str, extra: tuple = ()):
             return sig, codegen
     else:
         raise ValueError(f"a GEMM with {len(extra)} extra arguments")
-    block.__name__ = f"{define.__name__}_block"
-    return intrinsic(block)
+    block.__name__ = f"{define.symbol}_block"
+    called = intrinsic(block)
+    called.define = define
+    return called
+
+
+# GEMM symbol -> the process's cell for its address (ctypes.c_void_p), which LLVM's symbol
+# table knows as "eqquant_slot.<symbol>": kernels compiled or loaded from Numba's disk cache
+# in any process link to this process's cell.
+_SLOTS: dict = {}
+_TABLES: dict = {}   # owner -> the C function that gave its GEMMs' addresses (kept alive)
+
+
+def _slot(symbol: str) -> str:
+    """The name of ``symbol``'s slot, registered with LLVM (once) as the address of a cell
+    holding 0 until ``load_gemms`` fills it."""
+    name = "eqquant_slot." + symbol
+    if symbol not in _SLOTS:
+        import ctypes
+        from llvmlite import binding
+        cell = ctypes.c_void_p(0)
+        binding.add_symbol(name, ctypes.addressof(cell))
+        _SLOTS[symbol] = cell
+    return name
+
+
+def _gemm_type(element: str, extra: tuple):
+    """The LLVM type of ``void name(A, lda, B, C, ldc, p0, p1, k, blocks, *extra)``."""
+    from llvmlite import ir
+    i64 = ir.IntType(64)
+    ptr = (ir.FloatType() if element == "float" else ir.IntType(8)).as_pointer()
+    more = [ptr if e == "ptr" else ir.FloatType() if e == "f32" else i64 for e in extra]
+    return ir.FunctionType(ir.VoidType(), [ptr, i64, ptr, ptr] + [i64] * 5 + more)
+
+
+def _addresses(out):
+    """Store the GEMMs' addresses at ``out`` (``store``: bound in each of ``load_gemms``'s
+    copies to an intrinsic that defines them in this C function's module)."""
+    store(out)
+
+
+store = None   # (the placeholder ``_addresses``'s copies bind)
+
+
+def load_gemms(owner: str, gemms: list) -> None:
+    """Compile the GEMMs of ``gemms`` (``gemm_intrinsic``'s) once, as one module of C
+    functions (a Numba ``cfunc`` in Numba's disk cache, under ``owner``'s name: compiled
+    with an empty cache, else loaded), and put their addresses in their slots, which every
+    kernel calling them reads. Called by each SIMD module as it is imported, for the GEMMs
+    the CPU runs; a kernel calling a GEMM whose slot was never filled would jump to 0."""
+    import ctypes
+    from numba import cfunc, types
+    from numba.extending import intrinsic
+    from .serial import twin
+    defines = [g.define for g in gemms]
+
+    def fill(typingctx, out):
+        def codegen(context, builder, signature, args):
+            from llvmlite import ir
+            i64 = ir.IntType(64)
+            to = builder.inttoptr(args[0], i64.as_pointer())
+            for j, define in enumerate(defines):
+                builder.store(builder.ptrtoint(define(builder.module), i64),
+                              builder.gep(to, [ir.Constant(i64, j)]))
+            return context.get_dummy_value()
+        return types.void(types.intp), codegen
+    fill.__name__ = f"fill_{owner}"
+    table = cfunc(types.void(types.intp), cache=True)(
+        twin(_addresses, f"_{owner}", store=intrinsic(fill)))
+    out = (ctypes.c_int64 * len(defines))()
+    table.ctypes(ctypes.addressof(out))
+    for define, address in zip(defines, out):
+        _SLOTS[define.symbol].value = address
+    _TABLES[owner] = table
 
 
 def memcpy_intrinsic():
@@ -235,25 +315,22 @@ def gemm_definition(name: str, element: str, extra: tuple = ()):
     """Decorates ``body(mod, fn, args, builder)``, the code of a GEMM function ``void
     name(A, lda, B, C, ldc, p0, p1, k, blocks, *extra)`` (A, B, C pointers to ``element``,
     "i8" or "float"; the rest i64; ``extra``: "ptr" one more pointer to ``element``, "f32" a
-    float, "i64" an integer), into ``define(mod)``: the function, defined once per LLVM
-    module (each Numba module that calls it carries a copy)."""
+    float, "i64" an integer), into ``define(mod)``: the function, defined once in LLVM
+    module ``mod`` (``load_gemms``'s, whose C functions every kernel calls); ``define.symbol``
+    is its name."""
     def deco(body):
         def define(mod):
             from llvmlite import ir
             if name in mod.globals:
                 return mod.globals[name]
-            i64 = ir.IntType(64)
-            ptr = (ir.FloatType() if element == "float" else ir.IntType(8)).as_pointer()
-            more = [ptr if e == "ptr" else ir.FloatType() if e == "f32" else i64
-                    for e in extra]
-            fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [ptr, i64, ptr, ptr]
-                                                  + [i64] * 5 + more), name=name)
+            fn = ir.Function(mod, _gemm_type(element, extra), name=name)
             fn.linkage = "linkonce_odr"
             builder = ir.IRBuilder(fn.append_basic_block("entry"))
             body(mod, fn, fn.args, builder)
             builder.ret_void()
             return fn
         define.__name__, define.__doc__ = body.__name__, body.__doc__
+        define.symbol = name
         return define
     return deco
 

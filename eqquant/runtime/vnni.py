@@ -1,5 +1,6 @@
-"""An int8 GEMM on AVX512-VNNI (``vpdpbusd``): LLVM IR written with llvmlite, emitted into
-Numba-compiled kernels through an intrinsic (so they cache like any other Numba kernel).
+"""An int8 GEMM on AVX512-VNNI (``vpdpbusd``): LLVM IR written with llvmlite, compiled once as
+C functions that Numba-compiled kernels call through an intrinsic (``llvm_loops.load_gemms``;
+both cache like any other Numba kernel).
 
     C[p, o] = sum_k A[p, k] * B[k, o]     A uint8 (P x K), B int8, C int32
 
@@ -13,7 +14,7 @@ int8 activation x is fed as the byte x + 128 and the product corrected by 128 * 
 (see ``pack``).
 
 ``available()`` says whether the host CPU has VNNI; callers keep the portable kernels for the
-rest (a kernel using ``gemm_block`` is only compiled when it is called).
+rest (the GEMMs are compiled, as the module is imported, only where it is true).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .llvm_loops import cpu_has, declare, gemm_definition, gemm_intrinsic, panel_gemm, splat
+from .llvm_loops import (cpu_has, declare, gemm_definition, gemm_intrinsic, load_gemms,
+                         panel_gemm, splat)
 
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, windows, work_split  # noqa: F401
 from .gather import block_shares, share_item, shared_windows, work_item
@@ -135,6 +137,8 @@ gemm_block = gemm_intrinsic(_define(), "i8")
 # gemm_requantize(..., params address, params stride, lo, hi): the same, requantized to 8 bits
 gemm_requantize = gemm_intrinsic(_define(True), "i8",
                                  ("ptr", "i64", "i64", "i64", "i64"))
+if available():
+    load_gemms("vnni", [gemm_block, gemm_requantize])
 
 
 @njit(cache=True)
