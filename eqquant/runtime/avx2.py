@@ -652,15 +652,18 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
             _tile(rows16, packed, ob0, ob1, o_n, params, lo, hi, p0, out[b])
             add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
     else:
-        rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
+        # the first image (its index and first pixel): a literal 0 passed on would have
+        # Numba compile each callee a second time, for Literal[int](0)
+        first = np.intp(0)
+        rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, first, p_n, kp)
         rows16 = np.empty((p_n, kp), np.int16)
         _widen(rows, rows16)
         shares = block_shares(p_n, oblocks, threads)
         for item in prange(oblocks * shares):
             ob, q0, q1 = share_item(item, shares, p_n)
             _tile(rows16[q0:q1], packed, ob, ob + 1, o_n, params, lo, hi, q0, out[0])
-            add_residual(out, res, 0, q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n), add,
-                         lo, hi)
+            add_residual(out, res, first, q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n),
+                         add, lo, hi)
 
 
 class _BytesDriver:
@@ -777,15 +780,18 @@ def _bytes_region(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, qua
                         hi, p0, out[b])
             add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
     else:
-        rows = _rows(low[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
+        # the first image (its index and first pixel): a literal 0 passed on would have
+        # Numba compile each callee a second time, for Literal[int](0)
+        first = np.intp(0)
+        rows = _rows(low[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, first, p_n, kp)
         low_b, starts, high, rows16 = _operands(nhwc[0], img_starts[0], img_high[0], kh, kw, sh,
-                                                sw, pt, pl, dh, dw, pad, ow, 0, rows, none)
+                                                sw, pt, pl, dh, dw, pad, ow, first, rows, none)
         wide = 1 if rows16.shape[0] else -1
         shares = block_shares(p_n, oblocks, threads)
         for item in prange(oblocks * shares):
             ob, q0, q1 = share_item(item, shares, p_n)
             _tile_bytes(low_b[q0:q1], starts[q0:q1 + 1], high, rows16[q0:q1], packed, quads,
                         ob, ob + 1, o_n, params, lo, hi, q0, out[0])
-            add_residual(out, res, 0, q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n), add,
-                         lo, hi)
+            add_residual(out, res, first, q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n),
+                         add, lo, hi)
     return True, wide

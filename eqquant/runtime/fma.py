@@ -139,8 +139,8 @@ def _sgemm_finish(a, lda, packed, ob0, ob1, c, ldc, n, bias, lo, hi):
 @njit(cache=True)
 def sgemm(a, packed, out):
     """out (P, O') = a (P, K) @ B, O' the padded width."""
-    _sgemm(a.ctypes.data, a.shape[1], packed, 0, packed.shape[0], out.ctypes.data,
-           out.shape[1], a.shape[0])
+    _sgemm(a.ctypes.data, a.shape[1], packed, np.intp(0), packed.shape[0], out.ctypes.data,
+           out.shape[1], a.shape[0])     # (np.intp: _sgemm's one variant, not a Literal's)
 
 
 @njit(cache=True)

@@ -700,7 +700,8 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, par
                 offset = j * dw - pl
                 f, l_ = inside(ow, sw, offset, w)
                 _taps_along(acc, row, wt[i, j], f, l_, sw, offset, zx, mult)
-        requantize_rows(acc, params, 0, o_n, lo, hi, out, oy * ow, 0)
+        # (np.intp: a literal 0 would compile requantize_rows again, for Literal[int](0))
+        requantize_rows(acc, params, np.intp(0), o_n, lo, hi, out, oy * ow, np.intp(0))
 
 
 @njit(cache=True)

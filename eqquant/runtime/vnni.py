@@ -244,7 +244,10 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
                         out[b])
             add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
     else:
-        rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, 0, p_n, kp)
+        # the first image (its index and first pixel): a literal 0 passed on would have
+        # Numba compile each callee a second time, for Literal[int](0)
+        first = np.intp(0)
+        rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, first, p_n, kp)
         shares = block_shares(p_n, oblocks, threads)
         for item in prange(oblocks * shares):
             ob, q0, q1 = share_item(item, shares, p_n)
@@ -256,5 +259,5 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
                 gemm_block(rows[q0:].ctypes.data, kp, packed.ctypes.data + ob * kq * 256,
                            acc.ctypes.data, 64, 0, q1 - q0, kq, 1)
                 _finish(acc, min(64, o_n - ob * 64), params, lo, hi, ob * 64, q0, out[0])
-            add_residual(out, res, 0, q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n), add,
-                         lo, hi)
+            add_residual(out, res, first, q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n),
+                         add, lo, hi)
