@@ -1,7 +1,8 @@
-"""The hand-written GEMMs are compiled once, as C functions (``llvm_loops.load_gemms``), and
-every kernel calls them through a slot that holds their address in this process: a kernel
-carries no copy of a GEMM's code, and one loaded from Numba's disk cache in another process
-links to that process's slot."""
+"""The hand-written GEMMs (``llvm_loops.load_gemms``) and the window gather
+(``gather.copy_windows``) are compiled once, as C functions, and every kernel calls them
+through a slot that holds their address in this process: a kernel carries no copy of their
+code, and one loaded from Numba's disk cache in another process links to that process's
+slot."""
 import os
 import subprocess
 import sys
@@ -114,3 +115,24 @@ def test_a_kernel_from_the_disk_cache_calls_the_gemm_of_its_own_process(name, tm
         slots.append(int(done.stdout.split()[-1]))
     assert any((tmp_path / "numba").rglob(f"*{name}*.nbi")), "nothing was cached"
     assert all(slots)
+
+
+def test_the_gather_is_called_through_its_slot_too():
+    """The window gather (``gather._windows``) is one C function per element type as well:
+    a kernel that gathers (``_rows``) holds a call through the slot, not the gather's code,
+    and gives the gather's rows."""
+    from numba import njit
+
+    from eqquant.runtime import gather
+    rows_of = njit(gather._rows.py_func)     # compiled here (a cached kernel shows no IR)
+    hwc = np.arange(5 * 6 * 4, dtype=np.uint8).reshape(5, 6, 4)
+    got = rows_of(hwc, 3, 3, 1, 1, 1, 1, 1, 1, 7, 6, 2, 20, 40)
+    want = np.empty((20, 40), np.uint8)
+    gather._windows(hwc, 3, 3, 1, 1, 1, 1, 1, 1, 7, 6, 2, want)
+    np.testing.assert_array_equal(got, want)
+    ir = "\n".join(rows_of.inspect_llvm().values())
+    assert "@eqquant_slot.eqquant_windows_u8 = external" in ir
+    assert not [line for line in ir.splitlines()
+                if line.startswith("define") and "gather8_windows" in line]
+    assert llvm_loops._SLOTS["eqquant_windows_u8"].value
+    assert llvm_loops._SLOTS["eqquant_windows_f32"].value

@@ -100,7 +100,8 @@ def test_a_cached_kernel_is_stamped_with_the_whole_runtime_source():
     assert cfunc.locator.get_source_stamp()[1] == source_digest()
     # (and the GEMMs' C functions, which every SIMD kernel calls: ``llvm_loops.load_gemms``)
     from eqquant.runtime import fma, llvm_loops  # noqa: F401  (fills its tables if it can)
-    for table in llvm_loops._TABLES.values():
+    from eqquant.runtime import gather
+    for table in [*llvm_loops._TABLES.values(), *gather._ENTRIES.values()]:
         impl = caching.CompileResultCacheImpl(table._pyfunc)
         assert impl.locator.get_source_stamp()[1] == source_digest()
     outside = caching.CompileResultCacheImpl(_defined_elsewhere)

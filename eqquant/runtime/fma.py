@@ -28,7 +28,7 @@ from numba import njit, prange
 from .kernels_fp32 import clamp
 from .llvm_loops import (cpu_has, declare, gemm_definition, gemm_intrinsic, load_gemms,
                          panel_gemm, splat)
-from .gather import _windows, chunk_bounds, shared_windows, work_item, work_split
+from .gather import chunk_bounds, copy_windows, shared_windows, work_item, work_split
 from . import memory
 
 # path -> (floats per vector, pixel rows per micro-kernel); a block is two vectors
@@ -217,7 +217,7 @@ def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, out
             rows = shared[p0:p0 + n]
         else:
             rows = np.empty((n, k), np.float32)
-            _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p0, rows)
+            copy_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p0, rows)
         # blocks finished in registers, straight into out (all of them when the channels
         # fill whole vectors)
         whole = ob1 if o_n % (block // 2) == 0 else min(ob1, o_n // block)

@@ -7,9 +7,9 @@ a batch are the work items of one parallel region. The SIMD drivers (``vnni.py``
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import carray, njit, prange
 
-from .llvm_loops import memcpy_intrinsic
+from .llvm_loops import call_slot, fill_slot, memcpy_intrinsic
 
 _copy = memcpy_intrinsic()
 
@@ -28,7 +28,7 @@ def _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, n, kp):
             ow == w:
         return hwc.reshape(h * w, c)[p0:p0 + n]
     rows = np.empty((n, kp), np.uint8)
-    _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows)
+    copy_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows)
     return rows
 
 
@@ -257,5 +257,91 @@ def windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, rows):
     n = rows.shape[0]
     for t in prange((n + CHUNK - 1) // CHUNK):
         p0 = t * CHUNK
-        _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0,
-                 rows[p0:min(n, p0 + CHUNK)])
+        copy_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0,
+                     rows[p0:min(n, p0 + CHUNK)])
+
+
+# The gather compiled once, as a C function for each element type (``_windows_entry``), that
+# the kernels call through its slot (``copy_windows``). Called as a Numba function, its code
+# went through LLVM again in every function and parallel region that reached it: the
+# parallel ``windows`` (its loop's function, two wrappers, itself), ``shared_windows``, the
+# chunks' ``_rows`` and each convolution driver; the 8-bit gather's compile with ``windows``
+# and ``shared_windows`` alone took 11 s of a cold resnet18 int8 start, the float one's 9 s
+# of fp32's.
+
+def _windows_entry(hwc, h, w, c, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows, n, kp):
+    """``_windows`` on C-contiguous arrays given by their addresses and shapes."""
+    _windows(carray(hwc, (h, w, c)), kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0,
+             carray(rows, (n, kp)))
+
+
+# element type -> (its name in the C function's symbol, the type of the padding value)
+_KINDS = {"uint8": ("u8", "int64"), "float32": ("f32", "float32")}
+_ENTRIES: dict = {}   # kind -> the compiled C function (kept alive: its slot points into it)
+
+
+def _entry_signature(element: str):
+    from numba import types
+    el, pad = getattr(types, element), getattr(types, _KINDS[element][1])
+    i = types.intp
+    return types.void(types.CPointer(el), *([i] * 11), pad, i, i, types.CPointer(el), i, i)
+
+
+def _load_entries() -> None:
+    """Compile (or load from Numba's disk cache) the gather's C function of each element
+    type and put its address in its slot: as this module is imported, before any kernel
+    that calls it runs."""
+    from numba import cfunc
+    from .serial import twin
+    for element, (kind, _) in _KINDS.items():
+        entry = cfunc(_entry_signature(element), cache=True)(twin(_windows_entry, f"_{kind}"))
+        fill_slot(f"eqquant_windows_{kind}", entry.address)
+        _ENTRIES[kind] = entry
+
+
+def _copy_windows_intrinsic():
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.core.errors import TypingError
+    from numba.extending import intrinsic
+
+    def copy_windows(typingctx, hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
+        """``copy_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows)``:
+        ``_windows`` through the C function of the arrays' element type (uint8 or float32;
+        C-contiguous arrays, said at compile time)."""
+        for name, a, ndim in (("hwc", hwc, 3), ("rows", rows, 2)):
+            if not (isinstance(a, types.Array) and a.ndim == ndim and a.layout == "C"):
+                raise TypingError(f"copy_windows: {name} must be a C-contiguous {ndim}-d "
+                                  f"array, not {a}")
+        element = str(hwc.dtype)
+        if element not in _KINDS or rows.dtype != hwc.dtype:
+            raise TypingError(f"copy_windows gathers uint8 or float32 rows of the image's "
+                              f"type, not {hwc.dtype} into {rows.dtype}")
+        kind, pad_type = _KINDS[element]
+        ints = (kh, kw, sh, sw, pt, pl, dh, dw)
+        sig = types.void(hwc, *ints, pad, ow, p0, rows)
+
+        def codegen(context, builder, signature, args):
+            i64 = ir.IntType(64)
+            image = context.make_array(hwc)(context, builder, args[0])
+            out = context.make_array(rows)(context, builder, args[12])
+
+            def cast(value, from_type, to_type=types.intp):
+                return context.cast(builder, value, from_type, to_type)
+            tail = [cast(v, t) for v, t in zip(args[1:9], ints)]
+            pad_value = cast(args[9], pad, getattr(types, pad_type))
+            values = [builder.ptrtoint(image.data, i64),
+                      *cgutils.unpack_tuple(builder, image.shape, 3), *tail, pad_value,
+                      cast(args[10], ow), cast(args[11], p0),
+                      builder.ptrtoint(out.data, i64),
+                      *cgutils.unpack_tuple(builder, out.shape, 2)]
+            fnty = ir.FunctionType(ir.VoidType(), [v.type for v in values])
+            call_slot(builder, f"eqquant_windows_{kind}", fnty, values)
+            return context.get_dummy_value()
+        return sig, codegen
+    return intrinsic(copy_windows)
+
+
+copy_windows = _copy_windows_intrinsic()
+_load_entries()

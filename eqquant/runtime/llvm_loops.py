@@ -97,21 +97,17 @@ def gemm_intrinsic(define, element: str, extra: tuple = ()):
 
     sig = types.void(*([types.intp] * 9),
                      *[types.float32 if e == "f32" else types.intp for e in extra])
-    slot = _slot(define.symbol)
+    slot(define.symbol)
 
     def codegen(context, builder, signature, args):
-        from llvmlite import ir
         fnty = _gemm_type(element, extra)
         ptr = fnty.args[0]
-        cell = builder.module.globals.get(slot)
-        if cell is None:
-            cell = ir.GlobalVariable(builder.module, ir.IntType(8).as_pointer(), slot)
-        fn = builder.bitcast(builder.load(cell), fnty.as_pointer())
         a_, lda_, b_, c_, *rest = args[:9]
         tail = [builder.inttoptr(v, ptr) if e == "ptr" else v
                 for v, e in zip(args[9:], extra)]
-        builder.call(fn, [builder.inttoptr(a_, ptr), lda_, builder.inttoptr(b_, ptr),
-                          builder.inttoptr(c_, ptr), *rest, *tail])
+        call_slot(builder, define.symbol, fnty, [
+            builder.inttoptr(a_, ptr), lda_, builder.inttoptr(b_, ptr),
+            builder.inttoptr(c_, ptr), *rest, *tail])
         return context.get_dummy_value()
 
     # (Numba's intrinsics take no *args: one typing function per count of arguments)
@@ -145,9 +141,9 @@ _SLOTS: dict = {}
 _TABLES: dict = {}   # owner -> the C function that gave its GEMMs' addresses (kept alive)
 
 
-def _slot(symbol: str) -> str:
+def slot(symbol: str) -> str:
     """The name of ``symbol``'s slot, registered with LLVM (once) as the address of a cell
-    holding 0 until ``load_gemms`` fills it."""
+    holding 0 until it is filled (``fill_slot``; ``load_gemms`` for the GEMMs)."""
     name = "eqquant_slot." + symbol
     if symbol not in _SLOTS:
         import ctypes
@@ -156,6 +152,23 @@ def _slot(symbol: str) -> str:
         binding.add_symbol(name, ctypes.addressof(cell))
         _SLOTS[symbol] = cell
     return name
+
+
+def fill_slot(symbol: str, address: int) -> None:
+    """Put the address of ``symbol``'s C function in its slot (``slot``)."""
+    slot(symbol)
+    _SLOTS[symbol].value = address
+
+
+def call_slot(builder, symbol: str, fnty, args):
+    """Emit a call of the C function in ``symbol``'s slot (``slot``), of LLVM type ``fnty``,
+    on ``args``: a load of the slot and an indirect call."""
+    from llvmlite import ir
+    name = slot(symbol)
+    cell = builder.module.globals.get(name)
+    if cell is None:
+        cell = ir.GlobalVariable(builder.module, ir.IntType(8).as_pointer(), name)
+    return builder.call(builder.bitcast(builder.load(cell), fnty.as_pointer()), args)
 
 
 def _gemm_type(element: str, extra: tuple):
@@ -204,7 +217,7 @@ def load_gemms(owner: str, gemms: list) -> None:
     out = (ctypes.c_int64 * len(defines))()
     table.ctypes(ctypes.addressof(out))
     for define, address in zip(defines, out):
-        _SLOTS[define.symbol].value = address
+        fill_slot(define.symbol, address)
     _TABLES[owner] = table
 
 
