@@ -134,9 +134,9 @@ def gemm_intrinsic(define, element: str, extra: tuple = ()):
     return called
 
 
-# GEMM symbol -> the process's cell for its address (ctypes.c_void_p), which LLVM's symbol
-# table knows as "eqquant_slot.<symbol>": kernels compiled or loaded from Numba's disk cache
-# in any process link to this process's cell.
+# C function symbol (a GEMM's, the gather's) -> the process's cell for its address
+# (ctypes.c_void_p), which LLVM's symbol table knows as "eqquant_slot.<symbol>": kernels
+# compiled or loaded from Numba's disk cache in any process link to this process's cell.
 _SLOTS: dict = {}
 _TABLES: dict = {}   # owner -> the C function that gave its GEMMs' addresses (kept alive)
 
