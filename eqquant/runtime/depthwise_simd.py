@@ -358,7 +358,9 @@ def _signature():
 def entry(kind: str) -> int:
     """The address of the sweep of ``kind`` ("float", "u8", "i8") compiled as a C function
     (a Numba ``cfunc`` in Numba's disk cache, compiled or loaded on first use), for
-    ``call_sweep``."""
+    ``call_sweep``. (Passed as an argument, not read from a slot as the GEMMs and the
+    gather are, ``llvm_loops.slot``: so a program without depthwise layers never compiles
+    it.)"""
     if kind not in _entries:
         from numba import cfunc
         from .serial import twin

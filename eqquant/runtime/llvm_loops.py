@@ -137,6 +137,10 @@ def gemm_intrinsic(define, element: str, extra: tuple = ()):
 # C function symbol (a GEMM's, the gather's) -> the process's cell for its address
 # (ctypes.c_void_p), which LLVM's symbol table knows as "eqquant_slot.<symbol>": kernels
 # compiled or loaded from Numba's disk cache in any process link to this process's cell.
+# A slot must be filled before any kernel calling it runs, so its C function is compiled (or
+# loaded) as its module is imported. The depthwise sweep, which only the kernels the
+# bindings call reach, takes the other way: its address is one of their arguments
+# (``depthwise_simd.entry``), and each of its three kinds compiles on first use.
 _SLOTS: dict = {}
 _TABLES: dict = {}   # owner -> the C function that gave its GEMMs' addresses (kept alive)
 
