@@ -28,17 +28,18 @@ def _narrowed(params, sums):
 
 
 def _words(params, sums, lo):
-    """The narrowed epilogue on 32-bit words in Python's integers: u = clamp(sum + WADD, 0,
-    WHI), ((u * WMULT + WOFFSET) >> 32 >> WSHIFT) + lo, taken as 8 bits; the product and
-    the sum checked to stay within [0, 2^64) (the unsigned 64-bit lanes)."""
+    """The narrowed epilogue on 32-bit words in Python's integers: clamp(sat8((sum * WMULT +
+    WOFFSET) >> 32 >> WSHIFT), WCLO, WCHI) + lo, taken as 8 bits (sat8: to [0, 255], as the
+    packs saturate); the product and the sum checked to stay within int64 (the signed 64-bit
+    lanes), the factor within a signed word (``vpmuldq``'s)."""
     out = []
     for c, s in enumerate(sums):
-        add, high, mult, offset, shift = words_constants(params, c)
-        u = min(max(int(s) + add, 0), high)
-        assert u < 2 ** 31 and 0 < mult < 2 ** 32
-        p = u * mult + offset
-        assert 0 <= p < 2 ** 64
-        out.append((((p >> 32) >> shift) + lo) & 0xFF)
+        mult, offset, shift, c_lo, c_hi = words_constants(params, c)
+        assert 0 < mult < 2 ** 31 and 0 <= c_lo <= c_hi <= 255
+        p = int(s) * mult + offset
+        assert -2 ** 63 <= p < 2 ** 63
+        r = min(max((p >> 32) >> shift, 0), 255)
+        out.append((min(max(r, c_lo), c_hi) + lo) & 0xFF)
     return out
 
 
@@ -113,10 +114,10 @@ def test_the_narrowed_epilogue_gives_the_full_epilogues_bits(chans, zin, out_ran
             assert _words(params, acc[r], lo) == [int(b) & 0xFF for b in full[r]], r
 
 
-def _emitted_epilogue(words: bool, lanes: int):
-    """``run(sums, table, out, lo, hi)``: ``lanes`` int32 sums through the epilogue as the
-    kernels emit it (``requantize_ir.with_epilogue``, narrowed as ``_narrowed_words`` or as
-    ``_narrowed_vector``), into ``lanes`` bytes."""
+def _emitted_epilogue(words: bool, lanes: int, col: int):
+    """``run(sums, table, out, lo, hi)``: ``lanes`` int32 sums of the table's channels col..
+    through the epilogue as the kernels emit it (``requantize_ir.with_epilogue``, narrowed
+    as ``_narrowed_words`` or as ``_narrowed_vector``), into ``lanes`` bytes."""
     from numba import njit, types
     from numba.extending import intrinsic
     from eqquant.runtime.requantize_ir import with_epilogue
@@ -133,7 +134,7 @@ def _emitted_epilogue(words: bool, lanes: int):
                 r = requantize(bc, v)
                 bc.store(r, bc.inttoptr(o, r.type.as_pointer()), align=1)
             with_epilogue(builder, builder.inttoptr(t, ir.IntType(8).as_pointer()), stride_,
-                          ir.Constant(ir.IntType(64), 0), lanes, lo_, hi_, body, words=words)
+                          ir.Constant(ir.IntType(64), col), lanes, lo_, hi_, body, words=words)
             return context.get_dummy_value()
         return types.void(*[types.intp] * 4, types.int64, types.int64), codegen
 
@@ -162,9 +163,10 @@ def test_the_emitted_epilogue_gives_the_references_bits(chans, zin, out_range, z
 
 
 def _check_emitted(chans, zin, out_range, zout, bound, seed):
-    """The emitted epilogue in both forms, on vectors of 8 and of 16 (the kernels' widths;
-    16 words are narrowed by packs, 8 by a byte shuffle), against ``requantize_rows`` on 16
-    channels drawn from ``chans``; the table."""
+    """The emitted epilogue in both forms, on vectors of 8 and of 16 (the kernels' widths)
+    from the table's first channel, and of 8 from its ninth (the constants of a later group
+    of channels), against ``requantize_rows`` on 16 channels drawn from ``chans``; the
+    table."""
     lo, hi = out_range
     zout = min(max(zout, lo), hi)
     cols = [i % len(chans) for i in range(16)]
@@ -175,26 +177,31 @@ def _check_emitted(chans, zin, out_range, zout, bound, seed):
     want = np.zeros(acc.shape, dtype)
     requantize_rows(acc, params, 0, 16, lo, hi, want, 0, 0)
     for words in (True, False):
-        for lanes in (8, 16):
-            run = _EMITTED.setdefault((words, lanes), _emitted_epilogue(words, lanes))
+        for lanes, col in ((8, 0), (16, 0), (8, 8)):
+            run = _EMITTED.setdefault((words, lanes, col), _emitted_epilogue(words, lanes, col))
             for r in range(len(acc)):
                 got = np.zeros(lanes, dtype)
-                run(np.ascontiguousarray(acc[r, :lanes]), params, got, lo, hi)
-                np.testing.assert_array_equal(got, want[r, :lanes],
-                                              err_msg=f"words={words}, {lanes} lanes, row {r}")
+                run(np.ascontiguousarray(acc[r, col:col + lanes]), params, got, lo, hi)
+                np.testing.assert_array_equal(got, want[r, col:col + lanes],
+                                              err_msg=f"words={words}, {lanes} lanes from "
+                                                      f"{col}, row {r}")
     return params
 
 
 @pytest.mark.parametrize("out_range, zout", [((0, 255), 128), ((-128, 127), -3), ((0, 6), 0)])
-def test_the_emitted_words_move_up_where_the_shift_is_31(out_range, zout):
-    """Channels scaled in [1/2, 1) (a rounding shift of 31 bits: the words' product moved up
-    by 1) and below 1/2 (32 bits and more), on the words' form (the table says WORDS)."""
-    chans = [{"multiplier": 2 ** 31 - 5, "shift": 0, "bias": -900, "clamp": (0, 2 ** 40)},
-             {"multiplier": 2 ** 30 + 3, "shift": -1, "bias": 40, "clamp": (-300, 20)},
+def test_the_emitted_words_where_the_shift_is_32_and_more(out_range, zout):
+    """Channels scaled below 1/2 (rounding shifts of 32 bits and more) take the words' form
+    (the table says WORDS), and a scale in [1/2, 1) (31 bits: a factor of 2^31 or more as a
+    word) turns it off, the narrowed epilogue on 64-bit lanes staying on; both give the
+    reference's bits as emitted."""
+    chans = [{"multiplier": 2 ** 30 + 3, "shift": -1, "bias": 40, "clamp": (-300, 20)},
              {"multiplier": 1_700_000_000, "shift": -9, "bias": 0, "clamp": (-2 ** 40, 2 ** 40)}]
     params = _check_emitted(chans, 7, out_range, zout, 255 * 128 * 9, 5)
     assert params[WORDS].tolist() == [1] * 16
-    assert sorted(set(params[TOTAL].tolist())) == [31, 32, 40]
+    assert sorted(set(params[TOTAL].tolist())) == [32, 40]
+    half = [{"multiplier": 2 ** 31 - 5, "shift": 0, "bias": -900, "clamp": (0, 2 ** 40)}]
+    params = _check_emitted(half + chans, 7, out_range, zout, 255 * 128 * 9, 5)
+    assert params[WORDS].tolist() == [0] * 16 and params[FAST].tolist() == [1] * 16
 
 
 def test_the_usual_layer_takes_the_narrowed_epilogue():

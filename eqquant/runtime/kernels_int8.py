@@ -16,7 +16,7 @@ from .serial import with_serial
 from ..ops.qnn import ADD_FRACTION_BITS
 # the rows of ``epilogue_params`` (requantize_ir.py emits the same steps in LLVM IR)
 from .requantize_ir import (ADD, BACK, FAST, FHI, FLO, FMULT, FOFFSET, HI, LEFT, LO, MULT,
-                            OFFSET, TABLE_ROWS, TOTAL, WADD, WHI, WMULT, WOFFSET, WORDS, WSHIFT)
+                            OFFSET, TABLE_ROWS, TOTAL, WCHI, WCLO, WMULT, WOFFSET, WORDS, WSHIFT)
 
 
 @njit(parallel=True, cache=True)
@@ -484,21 +484,30 @@ WORDS_GROUP = 8   # channels a words' epilogue takes at a time (``requantize_ir.
 
 @njit(cache=True)
 def _lay_out_words(per_channel, params):
-    """The rows WADD, WHI, WMULT, WSHIFT as int32 and WOFFSET reordered, within each group of
-    WORDS_GROUP channels (whose constants are the group's WORDS_GROUP int64 of each row:
-    a kernel handed the table from a later group's column on reads the same layout): the
-    group's int32 in its first half (two channels an int64, the even one in the low half,
-    the second half 0), its WOFFSET as its even channels then its odd ones. The kernels then
-    load every constant of a group of 8 channels in one or two plain loads (taken from
+    """The rows WMULT and WSHIFT as int32, WOFFSET reordered and WCLO, WCHI as bytes, within
+    each group of WORDS_GROUP channels (whose constants are the group's WORDS_GROUP int64 of
+    each row: a kernel handed the table from a later group's column on reads the same
+    layout): the group's int32 in its first half (two channels an int64, the even one in the
+    low half, the second half 0), its WOFFSET as its even channels then its odd ones, its
+    bytes in its first int64 (channel c's byte c % 8 of it) and again in the group before's
+    second (so that 16 channels' bytes from any group are one load of 16). The kernels
+    then load every constant of a group of 8 channels in one or two plain loads (taken from
     64-bit lanes, they took 3 instructions each and their picks more, for every tile of a
     GEMM). A last group of fewer channels keeps the same order where it has them; the
     kernels never take it on words. ``words_constants`` reads them back."""
     n = per_channel.shape[1]
-    for row in (WADD, WHI, WMULT, WSHIFT):
+    for row in (WMULT, WSHIFT, WCLO, WCHI):
         params[row, :] = 0
-        for c in range(n):
-            at = _word_at(c)
+    for c in range(n):
+        at = _word_at(c)
+        for row in (WMULT, WSHIFT):
             params[row, at // 2] |= (per_channel[row, c] & 0xFFFFFFFF) << (32 * (at % 2))
+        for row in (WCLO, WCHI):     # its group's first int64 and the group before's second
+            at = c - c % WORDS_GROUP
+            byte = (per_channel[row, c] & 0xFF) << (8 * (c % WORDS_GROUP))
+            params[row, at] |= byte
+            if at >= WORDS_GROUP:
+                params[row, at - WORDS_GROUP + 1] |= byte
     for c in range(n):
         params[WOFFSET, _offset_at(c, n)] = per_channel[WOFFSET, c]
 
@@ -520,14 +529,17 @@ def _offset_at(c, n):
 
 
 def words_constants(params: np.ndarray, c: int) -> tuple[int, int, int, int, int]:
-    """Channel c's (WADD, WHI, WMULT, WOFFSET, WSHIFT) from a table of ``epilogue_params``
+    """Channel c's (WMULT, WOFFSET, WSHIFT, WCLO, WCHI) from a table of ``epilogue_params``
     whose row WORDS is set (``_lay_out_words``'s layout)."""
     at = _word_at(c)
 
-    def word(row, kind=np.int32):
-        return int(params[row].view(kind)[at])
-    return (word(WADD), word(WHI), word(WMULT, np.uint32),
-            int(params[WOFFSET, _offset_at(c, params.shape[1])]), word(WSHIFT))
+    def word(row):
+        return int(params[row].view(np.int32)[at])
+
+    def byte(row):
+        return int(params[row].view(np.uint8)[8 * (c - c % WORDS_GROUP) + c % WORDS_GROUP])
+    return (word(WMULT), int(params[WOFFSET, _offset_at(c, params.shape[1])]), word(WSHIFT),
+            byte(WCLO), byte(WCHI))
 
 
 @njit(cache=True)
@@ -565,34 +577,39 @@ def _narrowed(col, zin, zout, lo, hi, bound):
 
 @njit(cache=True)
 def _words(col, lo, hi, bound):
-    """Fill one narrowed channel's WADD .. WSHIFT and say whether its epilogue may be taken
-    on 32-bit words (``requantize_ir._narrowed_words``): with u = clamp(sum + WADD, 0, WHI),
-    the narrowed v less FLO, and up = 32 - TOTAL where TOTAL is 31 (else 0),
+    """Fill one narrowed channel's WMULT .. WCHI and say whether its epilogue may be taken on
+    32-bit words (``requantize_ir._narrowed_words``):
 
-        out = ((u * WMULT + WOFFSET) >> 32 >> WSHIFT) + lo, 8 bits
+        out = clamp(sat8((sum * WMULT + WOFFSET) >> 32 >> WSHIFT), WCLO, WCHI) + lo, 8 bits
 
-    where WMULT = FMULT << up, WOFFSET = (FLO * FMULT + FOFFSET - lo << TOTAL) << up and
-    WSHIFT = TOTAL + up - 32. It is ``_narrowed``'s value: u * WMULT + WOFFSET is
-    (v * FMULT + FOFFSET - lo * 2^TOTAL) * 2^up, in [0, (hi - lo + 1) * 2^(TOTAL + up))
-    (v in [FLO, FHI] gives lo <= g(v) <= hi), so nonnegative and below 2^62; a floor
-    division by 2^32 then by 2^WSHIFT is one by 2^(TOTAL + up); and the result is out - lo.
-    A product of an unsigned word by an unsigned word below 2^32 needs one ``vpmuludq`` for
-    4 lanes, and the shift of the high words one ``vpsrlvd`` for 8. It may when sum + WADD
-    is exact in int32 for |sum| <= bound (the clamp is then the narrowed one, moved by
-    -FLO), WHI fits in int32 and WMULT in 32 bits, and the 8-bit range is at most 256 wide
-    (out - lo is then a byte, which the kernels may narrow by saturating packs)."""
-    total = col[TOTAL]
-    up = 1 if total == 31 else 0
-    wadd, whi, wm = col[ADD] - col[FLO], col[FHI] - col[FLO], col[FMULT] << up
-    if total < 31 or abs(wadd) > 2147483647 - bound or whi > 2147483647 or hi - lo > 255:
+    where WMULT = FMULT, WOFFSET = ADD * FMULT + FOFFSET - lo << TOTAL, WSHIFT = TOTAL - 32,
+    sat8 saturates an int32 to [0, 255] and [WCLO, WCHI] is the range of out - lo over the
+    narrowed clamp's [FLO, FHI]. It is ``_narrowed``'s value: for v = sum + ADD in [FLO,
+    FHI], sum * WMULT + WOFFSET is v * FMULT + FOFFSET - lo * 2^TOTAL, which lies in [0, (hi
+    - lo + 1) * 2^TOTAL), so the floor division by 2^32 then by 2^WSHIFT (one by 2^TOTAL)
+    gives out - lo, within [WCLO, WCHI]; and as the sum grows the value never decreases (a
+    product by WMULT > 0, floor divisions, saturation), so a sum below FLO - ADD gives WCLO
+    or less and one above FHI - ADD gives WCHI or more: the clamp at the end is the narrowed
+    clamp of the sum. One signed 32 x 32 -> 64-bit multiply (``vpmuldq``) takes 4 lanes, one
+    arithmetic shift of words (``vpsravd``) 8, two saturating packs 16 (the clamp of the
+    sums, which took 3 instructions for 8 with the sum, is gone). It may when sum + ADD -
+    FLO is exact in int32 for |sum| <= bound and FHI - FLO fits in int32 (then |sum * WMULT
+    + WOFFSET| < 2^63: exact in int64), WMULT < 2^31 (a signed word) and TOTAL >= 32 (a
+    scale below 1/2: the usual layer; one in [1/2, 1) takes the full epilogue), and the
+    8-bit range is at most 256 wide (out - lo is a byte)."""
+    total, wm = col[TOTAL], col[FMULT]
+    wadd, whi = col[ADD] - col[FLO], col[FHI] - col[FLO]
+    if total < 32 or abs(wadd) > 2147483647 - bound or whi > 2147483647 or hi - lo > 255:
         return False
-    if wm >= np.int64(1) << 32:
+    if wm >= np.int64(1) << 31:
         return False
-    col[WADD], col[WHI], col[WMULT] = wadd, whi, wm
-    # in int64, wrapping: the value (v * FMULT + FOFFSET - lo * 2^TOTAL at v = FLO) lies in
-    # [0, 2^(TOTAL + 8)), so the wrapped sum is the exact one
-    col[WOFFSET] = (col[FLO] * col[FMULT] + col[FOFFSET] - (np.int64(lo) << total)) << up
-    col[WSHIFT] = total + up - 32
+    # in int64, wrapping: the value at v = FLO lies in [0, 2^(TOTAL + 8)) and (sum + ADD -
+    # FLO) * FMULT within +-2^62, so the wrapped sums are the exact ones
+    at_flo = col[FLO] * wm + col[FOFFSET] - (np.int64(lo) << total)
+    col[WMULT], col[WSHIFT] = wm, total - 32
+    col[WOFFSET] = at_flo + wadd * wm
+    col[WCLO] = at_flo >> total
+    col[WCHI] = (whi * wm + at_flo) >> total
     return True
 
 

@@ -17,17 +17,17 @@ usual case: a scale below 1, a bias far from int32's ends):
 16 outputs take about 16 vector instructions narrowed, against about 29 in full (two int64
 clamps, a shift and a 64 x 64-bit multiply more). A layer takes one or the other as a whole
 (row FAST), chosen by a branch per block of channels. CPUs without AVX-512 take the narrowed
-epilogue on 32-bit words (row WORDS, ``kernels_int8._words``), moved to unsigned numbers:
+epilogue on 32-bit words (row WORDS, ``kernels_int8._words``), its clamp moved to the end:
 
-    u = clamp(sum + WADD, 0, WHI)                     int32 lanes: v - FLO
-    out = ((u * WMULT + WOFFSET) >> 32 >> WSHIFT) + lo, 8 bits
+    w = (sum * WMULT + WOFFSET) >> 32 >> WSHIFT       signed words: out - lo, not yet clamped
+    out = clamp(sat8(w), WCLO, WCHI) + lo, 8 bits     sat8: two saturating packs
 """
 from __future__ import annotations
 
 # the rows of ``kernels_int8.epilogue_params``: one per-channel constant each
 ADD, LO, HI, LEFT, MULT, OFFSET, TOTAL, BACK = range(8)
 FAST, FLO, FHI, FMULT, FOFFSET = range(8, 13)
-WORDS, WADD, WHI, WMULT, WOFFSET, WSHIFT = range(13, 19)
+WORDS, WCLO, WCHI, WMULT, WOFFSET, WSHIFT = range(13, 19)
 TABLE_ROWS = 19
 
 
@@ -91,117 +91,139 @@ def _narrowed_vector(bc, sums, constants):
     return bc.trunc(bc.ashr(p, total), ir.VectorType(ir.IntType(8), w64.count))
 
 
-def _narrowed_words(bc, sums, constants, lo):
-    """The 8-bit values of ``sums`` (n int32, n a multiple of 8) by the narrowed epilogue on
-    32-bit words (``kernels_int8._words``; ``constants``: ``_words_constants``'s, one tuple
-    a group of 8 channels), for CPUs without AVX-512, which have no arithmetic shift of
-    64-bit lanes and no narrowing of them to bytes. For each group of 8:
+def _narrowed_words(bc, sums, table, stride, col, lo):
+    """The 8-bit values of ``sums`` (n int32 of the channels col..col+n, n a multiple of 8)
+    by the narrowed epilogue on 32-bit words (``kernels_int8._words``), for CPUs without
+    AVX-512, which have no arithmetic shift of 64-bit lanes and no narrowing of them to
+    bytes. For each group of 8:
 
-    - u = clamp(sum + WADD, 0, WHI) in the int32 lanes;
-    - the even and the odd words' products by WMULT, each an unsigned 32 x 32 -> 64-bit
-      multiply (one ``vpmuludq`` for 4 lanes: the factors' upper halves are 0), plus
-      WOFFSET: nonnegative, below 2^62;
+    - the even and the odd sums' products by WMULT, each a signed 32 x 32 -> 64-bit
+      multiply (one ``vpmuldq`` for 4 lanes), plus WOFFSET: exact in int64;
     - their upper words, the 8 results' in order (one shift and one blend), shifted right by
-      WSHIFT together (one ``vpsrlvd``): out - lo in [0, 255];
+      WSHIFT together (one ``vpsravd``, arithmetic: a floor);
 
-    then the low bytes of all (``_low_bytes``), plus lo in 8-bit lanes (out - lo + lo wraps
-    to out's byte, signed or not)."""
+    then all saturated to [0, 255] (``_saturated_bytes``: two packs), clamped to [WCLO,
+    WCHI] and plus lo in 8-bit lanes (out - lo + lo wraps to out's byte, signed or not).
+    The constants are loaded here, where they are used (``_words_constants``), from a table
+    that no kernel writes: LLVM takes them as the instructions' memory operands, and holds
+    none in a register across a kernel's loops (held, they were spilled and reloaded in the
+    depthwise sweep's)."""
     from llvmlite import ir
-    from .llvm_loops import splat
+    from .llvm_loops import cpu_has, declare, splat
     n = sums.type.count
     i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
     v8, half = ir.VectorType(i32, 8), ir.VectorType(i64, 4)
-    zero, c32 = ir.Constant(v8, [0] * 8), ir.Constant(half, [32] * 4)
-    mask = ir.Constant(half, [0xFFFFFFFF] * 4)
+    c32 = ir.Constant(half, [32] * 4)
+    groups, (c_lo, c_hi) = _words_constants(bc, table, stride, col, n)
+    if cpu_has("avx2"):
+        pmuldq = declare(bc.module, "llvm.x86.avx2.pmul.dq", ir.FunctionType(half, [v8, v8]))
+
+        def products(s, mult_even, mult_odd):
+            odd = bc.bitcast(bc.lshr(bc.bitcast(s, half), c32), v8)
+            return bc.call(pmuldq, [s, mult_even]), bc.call(pmuldq, [odd, mult_odd])
+    else:
+        def products(s, mult_even, mult_odd):
+            def low(v):       # the even words of v, sign-extended
+                return bc.ashr(bc.shl(bc.bitcast(v, half), c32), c32)
+            return bc.mul(low(s), low(mult_even)), bc.mul(
+                bc.ashr(bc.bitcast(s, half), c32), low(mult_odd))
     out = []
-    for g, (add, high, mult_even, mult_odd, off_even, off_odd, shift) in enumerate(constants):
+    for g, (mult_even, mult_odd, off_even, off_odd, shift) in enumerate(groups):
         part = sums if n == 8 else bc.shuffle_vector(
             sums, ir.Constant(sums.type, ir.Undefined), ir.Constant(v8, list(range(8 * g,
                                                                                   8 * g + 8))))
-        u2 = bc.bitcast(_clamp(bc, bc.add(part, add), zero, high), half)
-        p_even = bc.add(bc.mul(bc.and_(u2, mask), mult_even), off_even)
-        p_odd = bc.add(bc.mul(bc.lshr(u2, c32), mult_odd), off_odd)
+        p_even, p_odd = products(part, mult_even, mult_odd)
+        p_even, p_odd = bc.add(p_even, off_even), bc.add(p_odd, off_odd)
         upper = bc.bitcast(bc.lshr(p_even, c32), v8)
         both = bc.shuffle_vector(upper, bc.bitcast(p_odd, v8),
                                  ir.Constant(v8, [0, 9, 2, 11, 4, 13, 6, 15]))
-        out.append(bc.lshr(both, shift))
+        out.append(bc.ashr(both, shift))
     words = out[0] if n == 8 else bc.shuffle_vector(out[0], out[1], ir.Constant(
         ir.VectorType(i32, 16), list(range(16))))
-    low = _low_bytes(bc, words)
+    low = _saturated_bytes(bc, words)
+    low = bc.select(bc.icmp_unsigned("<", low, c_lo), c_lo, low)
+    low = bc.select(bc.icmp_unsigned(">", low, c_hi), c_hi, low)
     return bc.add(low, splat(bc, bc.trunc(lo, i8), low.type))
 
 
-def _low_bytes(bc, words):
-    """The low bytes of ``words`` (n int32 in [0, 255]) as n bytes. On AVX2, 8 words take
-    one ``vpshufb`` (each 128-bit half's 4 low bytes to its front) and a join of the two
-    fronts (``vpermd``, which LLVM emits as an extract and an unpack): 3 instructions where
-    LLVM's truncation took 4. 16 take two saturating packs (exact on [0, 255]) and the same
-    join. Elsewhere LLVM's truncation."""
+def _saturated_bytes(bc, words):
+    """``words`` (n int32) saturated to [0, 255], as n bytes. On AVX2, two saturating packs
+    (int32 -> int16 -> uint8): 8 words take an extract of their upper half and two packs of
+    128 bits; 16 take two packs of 256 bits and a join of the two halves' fronts
+    (``vpermd``). Elsewhere LLVM's clamp and truncation."""
     from llvmlite import ir
     from .llvm_loops import cpu_has, declare
     i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
     n = words.type.count
     if n not in (8, 16) or not cpu_has("avx2"):
+        zero, top = ir.Constant(words.type, [0] * n), ir.Constant(words.type, [255] * n)
+        words = bc.select(bc.icmp_signed("<", words, zero), zero, words)
+        words = bc.select(bc.icmp_signed(">", words, top), top, words)
         return bc.trunc(words, ir.VectorType(i8, n))
-    v32, v8, v16 = ir.VectorType(i8, 32), ir.VectorType(i32, 8), ir.VectorType(i16, 16)
     mod = bc.module
-    perm = declare(mod, "llvm.x86.avx2.permd", ir.FunctionType(v8, [v8, v8]))
     if n == 8:
-        shuf = declare(mod, "llvm.x86.avx2.pshuf.b", ir.FunctionType(v32, [v32, v32]))
-        fronts = bc.call(shuf, [bc.bitcast(words, v32), ir.Constant(
-            v32, [(i % 16) * 4 if i % 16 < 4 else 0x80 for i in range(32)])])
-        order = [0, 4] + [0] * 6
-    else:
-        pack32 = declare(mod, "llvm.x86.avx2.packusdw", ir.FunctionType(v16, [v8, v8]))
-        pack16 = declare(mod, "llvm.x86.avx2.packuswb", ir.FunctionType(v32, [v16, v16]))
+        v4, v8s, v16b = ir.VectorType(i32, 4), ir.VectorType(i16, 8), ir.VectorType(i8, 16)
+        pack32 = declare(mod, "llvm.x86.sse2.packssdw.128", ir.FunctionType(v8s, [v4, v4]))
+        pack16 = declare(mod, "llvm.x86.sse2.packuswb.128", ir.FunctionType(v16b, [v8s, v8s]))
         halves = [bc.shuffle_vector(words, ir.Constant(words.type, ir.Undefined),
-                                    ir.Constant(v8, list(range(h, h + 8)))) for h in (0, 8)]
-        shorts = bc.call(pack32, halves)      # per 128 bits: 4 of the first half, 4 of the
-        fronts = bc.call(pack16, [shorts, shorts])   # second; as bytes, twice over
-        order = [0, 4, 1, 5] + [0] * 4
-    both = bc.call(perm, [bc.bitcast(fronts, v8), ir.Constant(v8, order)])
+                                    ir.Constant(v4, list(range(h, h + 4)))) for h in (0, 4)]
+        shorts = bc.call(pack32, halves)
+        both = bc.call(pack16, [shorts, shorts])
+        return bc.shuffle_vector(both, ir.Constant(v16b, ir.Undefined),
+                                 ir.Constant(ir.VectorType(i32, 8), list(range(8))))
+    v32, v8, v16 = ir.VectorType(i8, 32), ir.VectorType(i32, 8), ir.VectorType(i16, 16)
+    perm = declare(mod, "llvm.x86.avx2.permd", ir.FunctionType(v8, [v8, v8]))
+    pack32 = declare(mod, "llvm.x86.avx2.packssdw", ir.FunctionType(v16, [v8, v8]))
+    pack16 = declare(mod, "llvm.x86.avx2.packuswb", ir.FunctionType(v32, [v16, v16]))
+    halves = [bc.shuffle_vector(words, ir.Constant(words.type, ir.Undefined),
+                                ir.Constant(v8, list(range(h, h + 8)))) for h in (0, 8)]
+    shorts = bc.call(pack32, halves)      # per 128 bits: 4 of the first half, 4 of the
+    fronts = bc.call(pack16, [shorts, shorts])   # second; as bytes, twice over
+    both = bc.call(perm, [bc.bitcast(fronts, v8), ir.Constant(v8, [0, 4, 1, 5] + [0] * 4)])
     return bc.shuffle_vector(bc.bitcast(both, v32), ir.Constant(v32, ir.Undefined),
                              ir.Constant(ir.VectorType(i32, n), list(range(n))))
 
 
-def _words_constants(bc, table, stride, col, n: int) -> list:
-    """``_narrowed_words``'s constants for the n channels from col (n a multiple of 8, col
-    too), a tuple for each group of 8: WADD, WHI and WSHIFT as 8 int32, WMULT's even and
-    odd words and WOFFSET's even and odd channels as 4 int64 each: plain loads of
-    ``kernels_int8._lay_out_words``'s rows (``table`` an i8 pointer, ``stride`` the
-    columns)."""
+def _words_constants(bc, table, stride, col, n: int) -> tuple:
+    """``_narrowed_words``'s constants for the n channels from col (n 8 or 16, col a multiple
+    of 8): a tuple for each group of 8, WMULT as 8 int32 (the even channels' factors in the
+    even words) and again from the next word on (the odd ones'), WOFFSET's even and odd
+    channels as 4 int64 each and WSHIFT as 8 int32; and WCLO, WCHI as n bytes: plain loads
+    of ``kernels_int8._lay_out_words``'s rows (``table`` an i8 pointer, ``stride`` the
+    columns), marked invariant (no kernel writes the table)."""
     from llvmlite import ir
-    i32, i64 = ir.IntType(32), ir.IntType(64)
+    i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
     v8, half = ir.VectorType(i32, 8), ir.VectorType(i64, 4)
     words, longs = bc.bitcast(table, i32.as_pointer()), bc.bitcast(table, i64.as_pointer())
+    invariant = bc.module.add_metadata([])
 
-    def load(base, row, at, vector, scale):
-        """at the table's column ``at`` of ``row`` (in int32 for scale 2, int64 for 1)"""
-        index = bc.mul(bc.add(bc.mul(stride, ir.Constant(i64, row)), at),
-                       ir.Constant(i64, scale))
-        return bc.load(bc.bitcast(bc.gep(base, [index]), vector.as_pointer()),
-                       align=4 if vector is v8 else 8)
+    def load(base, row, at, vector, scale, extra=0):
+        """at the table's column ``at`` of ``row`` (in int32 for scale 2, int64 for 1, bytes
+        for 8), ``extra`` elements on"""
+        index = bc.add(bc.mul(bc.add(bc.mul(stride, ir.Constant(i64, row)), at),
+                              ir.Constant(i64, scale)), ir.Constant(i64, extra))
+        v = bc.load(bc.bitcast(bc.gep(base, [index]), vector.as_pointer()),
+                    align={8: 1, 2: 4, 1: 8}[scale])
+        v.set_metadata("invariant.load", invariant)
+        return v
     groups = []
     for g in range(n // 8):
         c = bc.add(col, ir.Constant(i64, 8 * g))
-        # WMULT < 2^32: its even channels in the low words (masked, so that LLVM knows it:
-        # one vpmuludq a product, not a 64 x 64 one), its odd ones shifted down
-        mult = bc.bitcast(load(words, WMULT, c, v8, 2), half)
-        groups.append((load(words, WADD, c, v8, 2), load(words, WHI, c, v8, 2),
-                       bc.and_(mult, ir.Constant(half, [0xFFFFFFFF] * 4)),
-                       bc.lshr(mult, ir.Constant(half, [32] * 4)),
+        groups.append((load(words, WMULT, c, v8, 2), load(words, WMULT, c, v8, 2, 1),
                        load(longs, WOFFSET, c, half, 1),
                        load(longs, WOFFSET, bc.add(c, ir.Constant(i64, 4)), half, 1),
                        load(words, WSHIFT, c, v8, 2)))
-    return groups
+    vb = ir.VectorType(i8, n)
+    return groups, (load(table, WCLO, col, vb, 8), load(table, WCHI, col, vb, 8))
 
 
 def with_epilogue(bc, table, stride, col, n: int, lo, hi, body, words: bool | None = None):
     """Emit ``body(bc, requantize)`` under a branch on the layer's row FAST (WORDS for the
     words' form), with builder ``bc``: ``requantize(bc, sums)`` gives the 8-bit values of a
     vector of n int32 sums of the channels col..col+n, by the narrowed epilogue where the
-    layer has it, else the full one, from constants loaded once before ``body`` (``table``:
-    as for ``load_constants``; ``lo``, ``hi`` i64). ``body`` is emitted twice, once in each
+    layer has it, else the full one, from constants loaded once before ``body`` (the words'
+    form loads its own where it uses them; ``table``: as for ``load_constants``; ``lo``,
+    ``hi`` i64). ``body`` is emitted twice, once in each
     branch. The narrowed epilogue is emitted as ``_narrowed_words`` where ``words`` says so
     (by default on a CPU without AVX-512, for n a multiple of 8), else as
     ``_narrowed_vector``."""
@@ -216,8 +238,7 @@ def with_epilogue(bc, table, stride, col, n: int, lo, hi, body, words: bool | No
             narrowed, full):
         with narrowed:
             if words:
-                fast = _words_constants(bc, table, stride, col, n)
-                body(bc, lambda bd, sums: _narrowed_words(bd, sums, fast, lo))
+                body(bc, lambda bd, sums: _narrowed_words(bd, sums, table, stride, col, lo))
             else:
                 load = _const_loader(bc, table, stride, col, n)
                 fast = (load(ADD, 32), load(FLO, 32), load(FHI, 32),

@@ -86,7 +86,8 @@ def requantize_finish(args, block: int):
     """``panel_gemm``'s finish for a requantizing GEMM of ``block`` channels a block: each
     row's sum vectors requantized (``requantize_ir``) and stored as 8 bits in C, rows ldc
     bytes apart, those of the first ``valid`` channels only (args: the GEMM's, then params,
-    stride, lo, hi, valid): a last block of 96 channels stores 2 of its 4 vectors."""
+    stride, lo, hi, valid): a last block of 96 channels stores 2 of its 4 vectors. A whole
+    block of 16 channels on two vectors of 8 (AVX2's) is finished as one vector of 16."""
     from llvmlite import ir
     from .requantize_ir import with_epilogue
     i64 = ir.IntType(64)
@@ -95,6 +96,29 @@ def requantize_finish(args, block: int):
 
     def finish(bc, accs, p, ob):
         lanes = accs[0][0].type.count
+        if lanes == 8 and len(accs[0]) == 2 and block == 16:
+            # a block of 16 channels on 8-lane vectors (AVX2): a row's two vectors joined and
+            # finished as 16, where the block is whole (the words' packs then take 16 sums
+            # at a time, and one store writes them)
+            col = bc.mul(ob, ir.Constant(i64, block))
+            whole = bc.icmp_signed("<=", bc.add(col, ir.Constant(i64, 16)), valid)
+            with bc.if_else(whole, likely=True) as (joined, apart):
+                with joined:
+                    def rows16(bc, requantize):
+                        for r, row in enumerate(accs):
+                            v = requantize(bc, bc.shuffle_vector(row[0], row[1], ir.Constant(
+                                ir.VectorType(ir.IntType(32), 16), list(range(16)))))
+                            at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
+                            bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), v.type.as_pointer()),
+                                     align=1)
+                    with_epilogue(bc, params, stride, col, 16, lo, hi, rows16)
+                with apart:
+                    vectors(bc, accs, p, ob, lanes)
+        else:
+            vectors(bc, accs, p, ob, lanes)
+
+    def vectors(bc, accs, p, ob, lanes):
+        """each of a row's sum vectors finished on its own (those inside ``valid``)"""
         for j in range(len(accs[0])):
             col = bc.add(bc.mul(ob, ir.Constant(i64, block)), ir.Constant(i64, lanes * j))
             inside = bc.icmp_signed("<=", bc.add(col, ir.Constant(i64, lanes)), valid)
