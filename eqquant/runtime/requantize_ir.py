@@ -156,9 +156,8 @@ def _saturated_bytes(bc, words):
     i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
     n = words.type.count
     if n not in (8, 16) or not cpu_has("avx2"):
-        zero, top = ir.Constant(words.type, [0] * n), ir.Constant(words.type, [255] * n)
-        words = bc.select(bc.icmp_signed("<", words, zero), zero, words)
-        words = bc.select(bc.icmp_signed(">", words, top), top, words)
+        words = _clamp(bc, words, ir.Constant(words.type, [0] * n),
+                       ir.Constant(words.type, [255] * n))
         return bc.trunc(words, ir.VectorType(i8, n))
     mod = bc.module
     if n == 8:
@@ -223,10 +222,9 @@ def with_epilogue(bc, table, stride, col, n: int, lo, hi, body, words: bool | No
     vector of n int32 sums of the channels col..col+n, by the narrowed epilogue where the
     layer has it, else the full one, from constants loaded once before ``body`` (the words'
     form loads its own where it uses them; ``table``: as for ``load_constants``; ``lo``,
-    ``hi`` i64). ``body`` is emitted twice, once in each
-    branch. The narrowed epilogue is emitted as ``_narrowed_words`` where ``words`` says so
-    (by default on a CPU without AVX-512, for n a multiple of 8), else as
-    ``_narrowed_vector``."""
+    ``hi`` i64). ``body`` is emitted twice, once in each branch. The narrowed epilogue is
+    emitted as ``_narrowed_words`` where ``words`` says so (by default on a CPU without
+    AVX-512, for n a multiple of 8), else as ``_narrowed_vector``."""
     from llvmlite import ir
     from .llvm_loops import cpu_has
     if words is None:

@@ -102,16 +102,11 @@ def requantize_finish(args, block: int):
             # at a time, and one store writes them)
             col = bc.mul(ob, ir.Constant(i64, block))
             whole = bc.icmp_signed("<=", bc.add(col, ir.Constant(i64, 16)), valid)
+            join = ir.Constant(ir.VectorType(ir.IntType(32), 16), list(range(16)))
             with bc.if_else(whole, likely=True) as (joined, apart):
                 with joined:
-                    def rows16(bc, requantize):
-                        for r, row in enumerate(accs):
-                            v = requantize(bc, bc.shuffle_vector(row[0], row[1], ir.Constant(
-                                ir.VectorType(ir.IntType(32), 16), list(range(16)))))
-                            at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
-                            bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), v.type.as_pointer()),
-                                     align=1)
-                    with_epilogue(bc, params, stride, col, 16, lo, hi, rows16)
+                    with_epilogue(bc, params, stride, col, 16, lo, hi, stored(
+                        accs, p, col, lambda bc, row: bc.shuffle_vector(row[0], row[1], join)))
                 with apart:
                     vectors(bc, accs, p, ob, lanes)
         else:
@@ -122,14 +117,19 @@ def requantize_finish(args, block: int):
         for j in range(len(accs[0])):
             col = bc.add(bc.mul(ob, ir.Constant(i64, block)), ir.Constant(i64, lanes * j))
             inside = bc.icmp_signed("<=", bc.add(col, ir.Constant(i64, lanes)), valid)
-
-            def rows(bc, requantize, j=j, col=col):
-                for r, row in enumerate(accs):
-                    v = requantize(bc, row[j])
-                    at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
-                    bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), v.type.as_pointer()), align=1)
             with bc.if_then(inside, likely=True):
-                with_epilogue(bc, params, stride, col, lanes, lo, hi, rows)
+                with_epilogue(bc, params, stride, col, lanes, lo, hi, stored(
+                    accs, p, col, lambda bc, row, j=j: row[j]))
+
+    def stored(accs, p, col, sums):
+        """``with_epilogue``'s body: for each row r of ``accs``, ``sums(bc, its vectors)``
+        requantized and stored at row p + r, column col"""
+        def rows(bc, requantize):
+            for r, row in enumerate(accs):
+                v = requantize(bc, sums(bc, row))
+                at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
+                bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), v.type.as_pointer()), align=1)
+        return rows
     return finish
 
 
