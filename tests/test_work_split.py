@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eqquant.runtime.gather import ROWS, block_shares, chunk_bounds, work_item, work_split
+from eqquant.runtime.gather import (ROWS, SHARE, block_shares, chunk_bounds, work_item,
+                                   work_split)
 
 
 @settings(max_examples=300, deadline=None)
@@ -27,6 +28,8 @@ def test_chunks_cover_every_pixel_once_in_equal_shares(images, p_n, oblocks, thr
     assert all(p0 % ROWS == 0 for p0, _ in bounds)
     assert max(sizes) - min(sizes) <= 2 * ROWS, sizes
     items = images * chunks * groups
+    if images * p_n >= threads * SHARE:
+        assert groups == 1                    # enough pixels: cut by pixels alone
     # a multiple of the threads, unless the pixels cannot be cut finer
     assert items % threads == 0 or (chunks + 1) * ROWS > p_n
     # each (image, chunk, group) is one item, and a thread's run of consecutive items reads
@@ -56,6 +59,18 @@ def test_a_14x14_image_is_no_longer_three_quarters_one_threads():
     half = len(work) // 2
     assert len(work) % 2 == 0
     assert abs(sum(work[:half]) - sum(work[half:])) < 0.1 * sum(work) / 2, work
+
+
+def test_a_14x14_image_on_two_threads_is_cut_by_pixels_alone():
+    """Each thread a run of whole chunks, every block of them: its chunks' operands are
+    prepared once (not once per group of blocks), and each thread has its own half of the
+    image's rows, its two chunks' pixels differing by less than a tenth."""
+    chunks, groups, per_group = work_split(1, 196, 24, 2)
+    assert (groups, per_group) == (1, 24) and chunks % 2 == 0
+    halves = [chunk_bounds(196, chunks, 0)[0], chunk_bounds(196, chunks, chunks // 2)[0], 196]
+    assert abs((halves[1] - halves[0]) - (halves[2] - halves[1])) < 0.1 * 98
+    # two 7 x 7 images on four threads are too few pixels for that: their blocks are grouped
+    assert work_split(2, 49, 24, 4)[1] > 1
 
 
 def test_a_float_convolution_gives_the_same_bits_on_any_number_of_threads():
