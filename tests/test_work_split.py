@@ -1,6 +1,7 @@
 """How a convolution's work is shared out (runtime/gather.py): every pixel of every image in
 exactly one chunk, chunks of about one size on whole micro-kernel row groups, and as many
-work items as give each thread of Numba's static schedule an equal run."""
+work items as give each thread an equal run, then each run's items taken once, by its
+thread or, its own run done, by another (``next_item``)."""
 from __future__ import annotations
 
 import numba
@@ -9,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eqquant.runtime.gather import (ROWS, SHARE, block_shares, chunk_bounds, work_item,
-                                   work_split)
+from eqquant.runtime.gather import (ROWS, SHARE, block_shares, chunk_bounds, item_runs,
+                                   next_item, work_item, work_split)
 
 
 @settings(max_examples=300, deadline=None)
@@ -126,6 +127,91 @@ def test_a_cached_kernel_is_stamped_with_the_whole_runtime_source():
 
 def _defined_elsewhere(x):
     return x
+
+
+@settings(max_examples=200, deadline=None)
+@given(items=st.integers(0, 40), threads=st.integers(1, 8), order=st.lists(
+    st.integers(0, 7), min_size=0, max_size=60))
+def test_every_item_is_taken_once_its_threads_own_run_first(items, threads, order):
+    """Threads asking for items in any interleaving (``order``; then each in turn until
+    none is left): every item is handed out once; a thread gets its own run's items first,
+    in order, and only then another's."""
+    counters = item_runs(items, threads)
+    taken, by = [], {t: [] for t in range(threads)}
+    asks = [t % threads for t in order] + [t for t in range(threads) for _ in range(items + 1)]
+    for t in asks:
+        item = next_item(counters, t, items)
+        if item >= 0:
+            taken.append(item)
+            by[t].append(item)
+    assert sorted(taken) == list(range(items))
+    assert all(next_item(counters, t, items) == -1 for t in range(threads))
+    for t, got in by.items():
+        own = [i for i in got if t * items // threads <= i < (t + 1) * items // threads]
+        assert got[:len(own)] == own == sorted(own)
+    # one thread alone takes every run, its own first
+    counters = item_runs(items, threads)
+    alone = [next_item(counters, threads - 1, items) for _ in range(items + 1)]
+    assert sorted(alone[:-1]) == list(range(items)) and alone[-1] == -1
+    assert alone[:items - (threads - 1) * items // threads] == \
+        list(range((threads - 1) * items // threads, items))
+
+
+@numba.njit(parallel=True, cache=True)
+def _race(items, threads, delay, owner):
+    """Every thread takes items (``next_item``) and marks each with its index; thread 1
+    first spins ``delay`` steps (a thread held up by the host)."""
+    counters = item_runs(items, threads)
+    spun = np.zeros(threads, np.float64)
+    for thread in numba.prange(threads):
+        if thread == 1:
+            for i in range(delay):
+                spun[thread] += np.sqrt(i + 1.0)
+        while True:
+            item = next_item(counters, thread, items)
+            if item < 0:
+                break
+            owner[item] += thread + 1        # 0 where never taken, doubled where twice
+    return spun
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="one thread: nothing to race")
+def test_a_delayed_threads_run_is_taken_over_once():
+    """Two threads on Numba's pool, the second held up: the first takes over the second's
+    run, and every item is still taken exactly once."""
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        owner = np.zeros(64, np.int64)
+        _race(64, 2, 50_000_000, owner)
+    finally:
+        numba.set_num_threads(before)
+    assert set(owner) <= {1, 2}                   # each item once, by thread 0 or 1
+    assert (owner[32:] == 1).any(), owner         # thread 0 took some of thread 1's run
+
+
+def test_the_drivers_a_cpu_lacks_still_compile():
+    """The VNNI drivers cannot run on a CPU without VNNI, so their work loops (shared with
+    the AVX2 and FMA drivers, which the tests run) are compiled here without running, for
+    the AVX2 driver's argument types with their own packed weights."""
+    from eqquant.runtime import avx2, avxvnni, vnni
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 128, (1, 14, 14, 16)).astype(np.uint8)
+    w = rng.integers(-127, 128, (32, 3 * 3 * 16)).astype(np.int8)
+    packed = avx2.pack(w)[0]
+    params = avx2.requantize_params(np.zeros(32, np.int64), np.zeros(32, np.int64),
+                                    np.zeros(32, np.int64), np.full(32, 255, np.int64),
+                                    np.full(32, 1 << 30, np.int64), np.zeros(32, np.int64),
+                                    0, 0, 0, 255, packed.shape[1] * 2)
+    out = np.empty((1, 196, 32), np.uint8)
+    args = (x, 3, 3, 1, 1, 1, 1, 1, 1, 0, 14, 14, packed, params, 0, 255, out, 2,
+            np.empty((0, 0, 0), np.uint8), np.zeros(7, np.int32))
+    sig = tuple(numba.typeof(a) for a in args)
+    for simd in (vnni, avxvnni):
+        own = list(sig)
+        own[12] = numba.typeof(simd.pack(w)[0])
+        simd.conv_requantize.compile(tuple(own))
+        assert tuple(own) in simd.conv_requantize.overloads
 
 
 def test_the_bindings_read_the_pools_size_as_it_is_now():

@@ -78,8 +78,8 @@ from .llvm_loops import (carried_loop, counted_loop, cpu_has, declare, gemm_defi
                          gemm_intrinsic, load_gemms, load_vectors, panel_gemm, splat,
                          while_loop)
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
-from .gather import (SMALL, _chunk_windows, _rows, block_shares, share_item,
-                     shared_windows, work_split)
+from .gather import (LINE, SMALL, _chunk_windows, _rows, block_shares, item_runs,
+                     next_item, share_item, shared_windows, work_split)
 from .gather import windows, work_item  # noqa: F401
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
 from .vnni import requantize_params  # noqa: F401
@@ -638,19 +638,26 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
     if images > 1 or p_n >= SMALL or oblocks == 1:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
-        for item in prange(images * chunks * groups):
-            b, chunk, g = work_item(item, chunks, groups)
-            ob0 = g * per_group
-            ob1 = min(oblocks, ob0 + per_group)
-            if ob0 >= ob1:
-                continue
-            p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
-                                      chunk, chunks, kp, shared)
-            n = rows.shape[0]
-            rows16 = np.empty((n, kp), np.int16)
-            _widen(rows, rows16)
-            _tile(rows16, packed, ob0, ob1, o_n, params, lo, hi, p0, out[b])
-            add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
+        items = images * chunks * groups
+        counters = item_runs(items, threads)
+        for thread in prange(threads):
+            while True:
+                item = next_item(counters, thread, items)
+                if item < 0:
+                    break
+                b, chunk, g = work_item(item, chunks, groups)
+                ob0 = g * per_group
+                ob1 = min(oblocks, ob0 + per_group)
+                if ob0 >= ob1:
+                    continue
+                p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow,
+                                          p_n, chunk, chunks, kp, shared)
+                n = rows.shape[0]
+                rows16 = np.empty((n, kp), np.int16)
+                _widen(rows, rows16)
+                _tile(rows16, packed, ob0, ob1, o_n, params, lo, hi, p0, out[b])
+                add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo,
+                             hi)
     else:
         # the first image (its index and first pixel): a literal 0 passed on would have
         # Numba compile each callee a second time, for Literal[int](0)
@@ -763,22 +770,33 @@ def _bytes_region(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, qua
     if images > 1 or p_n >= SMALL or oblocks == 1:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(low, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
-        for item in prange(images * chunks * groups):
-            b, chunk, g = work_item(item, chunks, groups)
-            ob0 = g * per_group
-            ob1 = min(oblocks, ob0 + per_group)
-            if ob0 >= ob1:
-                continue
-            p0, rows = _chunk_windows(low[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
-                                      chunk, chunks, kp, shared)
-            n = rows.shape[0]
-            low_b, starts, high, rows16 = _operands(nhwc[b], img_starts[b], img_high[b], kh, kw,
-                                                    sh, sw, pt, pl, dh, dw, pad, ow, p0, rows,
-                                                    none)
-            wide += 1 if rows16.shape[0] else -1
-            _tile_bytes(low_b, starts, high, rows16, packed, quads, ob0, ob1, o_n, params, lo,
-                        hi, p0, out[b])
-            add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
+        items = images * chunks * groups
+        counters = item_runs(items, threads)
+        # each thread's count (a sum across the parallel loop's inner loop: Numba's
+        # reduction of ``wide`` there gave 0)
+        wides = np.zeros((threads, LINE), np.int64)
+        for thread in prange(threads):
+            while True:
+                item = next_item(counters, thread, items)
+                if item < 0:
+                    break
+                b, chunk, g = work_item(item, chunks, groups)
+                ob0 = g * per_group
+                ob1 = min(oblocks, ob0 + per_group)
+                if ob0 >= ob1:
+                    continue
+                p0, rows = _chunk_windows(low[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
+                                          chunk, chunks, kp, shared)
+                n = rows.shape[0]
+                low_b, starts, high, rows16 = _operands(nhwc[b], img_starts[b], img_high[b], kh,
+                                                        kw, sh, sw, pt, pl, dh, dw, pad, ow, p0,
+                                                        rows, none)
+                wides[thread, 0] += 1 if rows16.shape[0] else -1
+                _tile_bytes(low_b, starts, high, rows16, packed, quads, ob0, ob1, o_n, params,
+                            lo, hi, p0, out[b])
+                add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo,
+                             hi)
+        wide = wides[:, 0].sum()
     else:
         # the first image (its index and first pixel): a literal 0 passed on would have
         # Numba compile each callee a second time, for Literal[int](0)

@@ -28,7 +28,8 @@ from numba import njit, prange
 from .kernels_fp32 import clamp
 from .llvm_loops import (cpu_has, declare, gemm_definition, gemm_intrinsic, load_gemms,
                          panel_gemm, splat)
-from .gather import chunk_bounds, copy_windows, shared_windows, work_item, work_split
+from .gather import (chunk_bounds, copy_windows, item_runs, next_item, shared_windows,
+                     work_item, work_split)
 from . import memory
 
 # path -> (floats per vector, pixel rows per micro-kernel); a block is two vectors
@@ -202,34 +203,40 @@ def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, out
     # the activation after the residual's sum: none in the GEMM's epilogue then
     f_lo = np.float32(-np.inf) if residual else lo
     f_hi = np.float32(np.inf) if residual else hi
-    for item in prange(images * chunks * groups):
-        b, chunk, g = work_item(item, chunks, groups)
-        p0, p1 = chunk_bounds(p_n, chunks, chunk)
-        n = p1 - p0
-        ob0 = g * per_group
-        ob1 = min(oblocks, ob0 + per_group)
-        if ob0 >= ob1:
-            continue
-        hwc = nhwc[b]
-        if pointwise:
-            rows = hwc.reshape(h * w, c)[p0:p0 + n]
-        elif shared.shape[0]:
-            rows = shared[p0:p0 + n]
-        else:
-            rows = np.empty((n, k), np.float32)
-            copy_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p0, rows)
-        # blocks finished in registers, straight into out (all of them when the channels
-        # fill whole vectors)
-        whole = ob1 if o_n % (block // 2) == 0 else min(ob1, o_n // block)
-        if whole > ob0:
-            _sgemm_finish(rows.ctypes.data, k, packed, ob0, whole,
-                          out[b, p0:].ctypes.data + ob0 * block * 4, o_n, n, bias, f_lo, f_hi)
-        rest = max(ob0, whole)      # the blocks finished through memory
-        if rest < ob1:
-            width = (ob1 - rest) * block
-            acc = np.empty((n, width), np.float32)
-            _sgemm(rows.ctypes.data, k, packed, rest, ob1, acc.ctypes.data, width, n)
-            o0 = rest * block
-            _finish(acc, bias, f_lo, f_hi, o0, min(width, o_n - o0), p0, out[b])
-        if residual:
-            _add_tile(out[b], res[b], p0, n, ob0 * block, min(ob1 * block, o_n), lo, hi)
+    items = images * chunks * groups
+    counters = item_runs(items, threads)
+    for thread in prange(threads):
+        while True:
+            item = next_item(counters, thread, items)
+            if item < 0:
+                break
+            b, chunk, g = work_item(item, chunks, groups)
+            p0, p1 = chunk_bounds(p_n, chunks, chunk)
+            n = p1 - p0
+            ob0 = g * per_group
+            ob1 = min(oblocks, ob0 + per_group)
+            if ob0 >= ob1:
+                continue
+            hwc = nhwc[b]
+            if pointwise:
+                rows = hwc.reshape(h * w, c)[p0:p0 + n]
+            elif shared.shape[0]:
+                rows = shared[p0:p0 + n]
+            else:
+                rows = np.empty((n, k), np.float32)
+                copy_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p0, rows)
+            # blocks finished in registers, straight into out (all of them when the channels
+            # fill whole vectors)
+            whole = ob1 if o_n % (block // 2) == 0 else min(ob1, o_n // block)
+            if whole > ob0:
+                _sgemm_finish(rows.ctypes.data, k, packed, ob0, whole,
+                              out[b, p0:].ctypes.data + ob0 * block * 4, o_n, n, bias, f_lo, f_hi)
+            rest = max(ob0, whole)      # the blocks finished through memory
+            if rest < ob1:
+                width = (ob1 - rest) * block
+                acc = np.empty((n, width), np.float32)
+                _sgemm(rows.ctypes.data, k, packed, rest, ob1, acc.ctypes.data, width, n)
+                o0 = rest * block
+                _finish(acc, bias, f_lo, f_hi, o0, min(width, o_n - o0), p0, out[b])
+            if residual:
+                _add_tile(out[b], res[b], p0, n, ob0 * block, min(ob1 * block, o_n), lo, hi)

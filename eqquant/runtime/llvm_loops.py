@@ -245,6 +245,22 @@ def memcpy_intrinsic():
     return intrinsic(copy)
 
 
+def fetch_add_intrinsic():
+    """A Numba intrinsic ``fetch_add(address, n)``: the int64 at ``address`` (an integer)
+    increased by n atomically, its value before returned (LLVM's ``atomicrmw add``)."""
+    from numba import types
+    from numba.extending import intrinsic
+
+    def fetch_add(typingctx, address, n):
+        def codegen(context, builder, signature, args):
+            from llvmlite import ir
+            at, v = args
+            ptr = builder.inttoptr(at, ir.IntType(64).as_pointer())
+            return builder.atomic_rmw("add", ptr, v, "monotonic")
+        return types.int64(types.intp, types.int64), codegen
+    return intrinsic(fetch_add)
+
+
 def blocks_of_rows(fn, builder, p0, p1, blocks, rows: int, micro) -> None:
     """For each output block ob < ``blocks``: ``micro(builder, p, ob, rows)`` for pixels
     p0..p1 ``rows`` at a time, then ``micro(builder, p, ob, 1)`` for the rest."""

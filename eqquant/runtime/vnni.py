@@ -26,7 +26,7 @@ from .llvm_loops import (cpu_has, declare, gemm_definition, gemm_intrinsic, load
                          panel_gemm, splat)
 
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, windows, work_split  # noqa: F401
-from .gather import block_shares, share_item, shared_windows, work_item
+from .gather import block_shares, item_runs, next_item, share_item, shared_windows, work_item
 from .kernels_int8 import add_residual, epilogue_params, requantize_rows
 from . import memory
 
@@ -243,30 +243,36 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
     if images > 1 or p_n >= SMALL or oblocks == 1:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
-        for item in prange(images * chunks * groups):
-            b, chunk, g = work_item(item, chunks, groups)
-            ob0 = g * per_group
-            ob1 = min(oblocks, ob0 + per_group)
-            if ob0 >= ob1:
-                continue
-            p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
-                                      chunk, chunks, kp, shared)
-            n = rows.shape[0]
-            # blocks requantized in registers, straight into out (all of them when the
-            # channels fill whole vectors)
-            whole = ob1 if o_n % 16 == 0 else min(ob1, o_n // BLOCK)
-            if whole > ob0:
-                _gemm_requantize(rows, kp, packed, ob0, whole, out[b, p0:], n, params, lo,
-                                 hi)
-            rest = max(ob0, whole)      # the blocks finished through memory
-            if rest < ob1:
-                cols = (ob1 - rest) * BLOCK
-                acc = np.empty((n, cols), np.int32)
-                gemm_block(rows.ctypes.data, kp, packed.ctypes.data + rest * kq * 256,
-                           acc.ctypes.data, cols, 0, n, kq, ob1 - rest)
-                _finish(acc, min(cols, o_n - rest * BLOCK), params, lo, hi, rest * BLOCK, p0,
-                        out[b])
-            add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
+        items = images * chunks * groups
+        counters = item_runs(items, threads)
+        for thread in prange(threads):
+            while True:
+                item = next_item(counters, thread, items)
+                if item < 0:
+                    break
+                b, chunk, g = work_item(item, chunks, groups)
+                ob0 = g * per_group
+                ob1 = min(oblocks, ob0 + per_group)
+                if ob0 >= ob1:
+                    continue
+                p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
+                                          chunk, chunks, kp, shared)
+                n = rows.shape[0]
+                # blocks requantized in registers, straight into out (all of them when the
+                # channels fill whole vectors)
+                whole = ob1 if o_n % 16 == 0 else min(ob1, o_n // BLOCK)
+                if whole > ob0:
+                    _gemm_requantize(rows, kp, packed, ob0, whole, out[b, p0:], n, params, lo,
+                                     hi)
+                rest = max(ob0, whole)      # the blocks finished through memory
+                if rest < ob1:
+                    cols = (ob1 - rest) * BLOCK
+                    acc = np.empty((n, cols), np.int32)
+                    gemm_block(rows.ctypes.data, kp, packed.ctypes.data + rest * kq * 256,
+                               acc.ctypes.data, cols, 0, n, kq, ob1 - rest)
+                    _finish(acc, min(cols, o_n - rest * BLOCK), params, lo, hi, rest * BLOCK, p0,
+                            out[b])
+                add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
     else:
         # the first image (its index and first pixel): a literal 0 passed on would have
         # Numba compile each callee a second time, for Literal[int](0)
