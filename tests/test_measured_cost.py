@@ -239,11 +239,11 @@ def test_with_slow_integer_convolutions_the_extracted_program_beats_all_int8_and
     quarter of the bytes to read) faster than the float one. The measured model leaves the
     convolutions past the stem in float, keeps the wide classifier layers in integers where
     their times say so, and the program it extracts costs less than both the all-int8
-    program and the all-fp32 one: a choice neither uniform precision can make. (The stem may go either way: its input is marked
-    anyway, and its integer kernel, three channels deep, costs about what the float one
-    does with the quantize/dequantize pair of its marked output. Costs are the measured
-    kernel times the programs are made of, each program laid out as it runs; the wall
-    times are bench/portable_mixed.py's.)"""
+    program and the all-fp32 one: a choice neither uniform precision can make. (The stem
+    may go either way: its input is marked anyway, and its integer kernel, three channels
+    deep, costs about what the float one does with the quantize/dequantize pair of its
+    marked output. Costs are the measured kernel times the programs are made of, each
+    program laid out as it runs; the wall times are bench/portable_mixed.py's.)"""
     from eqquant.extract.cost import constant_bytes
     from eqquant.optimizer import program_costs
     from eqquant.quant.flow import compile_layouts, quantize

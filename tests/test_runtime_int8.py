@@ -188,7 +188,8 @@ def test_qnn_add_kernel_is_bit_exact(method, dtype):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(["int8", "uint8"]), st.floats(1e-3, 63.0), st.floats(1e-3, 63.0), st.integers(0, 255), st.integers(0, 255),
+@given(st.sampled_from(["int8", "uint8"]), st.floats(1e-3, 63.0), st.floats(1e-3, 63.0),
+       st.integers(0, 255), st.integers(0, 255),
        st.integers(-128, 255), st.integers(1, 3000), st.integers(0, 2 ** 31 - 1))
 @example("uint8", 63.99, 63.99, 0, 255, 255, 7, 1)       # multipliers near 2^30
 @example("int8", 1.0, 1.0, 0, 255, -128, 7, 2)
@@ -639,8 +640,9 @@ def test_lookup_table_kernel_is_bit_exact(shape, in_dtype, out_dtype, per_channe
 @example(n=1, c=3, h=224, w=224, layout="NCHW", dtype="int8", out_dtype="int8", seed=2)
 def test_the_integer_global_average_is_bit_exact(n, c, h, w, layout, dtype, out_dtype, seed):
     """qnn.global_avg_pool2d's kernel (one pass per channel, a float64 sum of the dequantized
-    values; from 256 channels, each worker a part of them) against the reference (dequantize, float mean, quantize), any layout and sizes,
-    scales and zero points drawn: the same codes."""
+    values; from 256 channels, each worker a part of them) against the reference (dequantize,
+    float mean, quantize), any layout and sizes, scales and zero points drawn: the same
+    codes."""
     rng = np.random.default_rng(seed)
     lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
     shape = (n, c, h, w) if layout == "NCHW" else (n, h, w, c)

@@ -117,8 +117,9 @@ class Importer:
 
     def const(self, name: str, what: str) -> np.ndarray:
         if name not in self.consts:
-            raise OnnxFormError(f"{what} ('{name}') must be a constant (an initializer, a Constant "
-                             "node or computed from them), not a value computed at run time")
+            raise OnnxFormError(f"{what} ('{name}') must be a constant (an initializer, a "
+                                "Constant node or computed from them), not a value computed "
+                                "at run time")
         return self.consts[name]
 
     def const_ints(self, name: str, what: str) -> list[int]:

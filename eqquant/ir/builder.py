@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from ..ops.registry import get_op
-from ..core.nodes import Call, Expr, Function, Module, Scalar, Tuple, TupleGetItem, Var, freeze_attrs
+from ..core.nodes import (Call, Expr, Function, Module, Scalar, Tuple, TupleGetItem, Var,
+                          freeze_attrs)
 from .typecheck import Inferer
 from ..core.types import TensorType
 

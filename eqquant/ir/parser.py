@@ -201,7 +201,8 @@ def fit_literal(value, dtype: str):
         return value
     info = np.iinfo(dtype)
     if not info.min <= int(value) <= info.max:
-        text = str(value) if len(str(value)) < 40 else f"{str(value)[:20]}... ({len(str(value))} digits)"
+        digits = str(value)
+        text = digits if len(digits) < 40 else f"{digits[:20]}... ({len(digits)} digits)"
         raise ValueError(f"{text} does not fit {dtype} [{info.min}, {info.max}]")
     return int(value)
 

@@ -8,7 +8,8 @@ from ..errors import EqquantError
 from . import numerics
 from .attrs import (BOOL, DTYPE, FLOAT, INT, OPT_INT, OPT_PAIR, PAD_WIDTH, PADDING2D, PAIR, Attr,
                     StrKind)
-from .onnx_conventions import OnnxFormError, conv_to_onnx, pads, rank4, text, window, window_to_onnx
+from .onnx_conventions import (OnnxFormError, conv_to_onnx, pads, rank4, text, window,
+                               window_to_onnx)
 from .registry import (COMPUTE, POOL, SELECTS, OnnxForm, OpDef, OpTypeError, RelaxForm,
                        register)
 from .typerel import broadcast_shapes, compute_dtypes, norm_axis, tensor, tuple_of

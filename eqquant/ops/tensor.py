@@ -11,8 +11,8 @@ from . import numerics
 from .attrs import BOOL, DTYPE_REQUIRED, FLOAT, FLOAT_F, INT, INTS, OPT_INTS, REQUIRED, STR, Attr
 from .onnx_conventions import OnnxFormError
 from .onnx_conventions import axes as onnx_axes
-from .registry import (RelaxForm, ANNOTATION, BINARY, ELEMWISE, EPILOGUE, IDENTITY, LAYOUT, REDUCE, UNARY,
-                       OnnxForm, OpDef, OpTypeError, register)
+from .registry import (RelaxForm, ANNOTATION, BINARY, ELEMWISE, EPILOGUE, IDENTITY, LAYOUT,
+                       REDUCE, UNARY, OnnxForm, OpDef, OpTypeError, register)
 from .typerel import broadcast, float_input, norm_axis, same_as_input, tensor, tuple_of
 
 
@@ -98,7 +98,8 @@ def _binary(name, fn, doc, onnx_type, code, qdq=None):
                    kernel_params={"code": code, "int32": code != DIVIDE},
                    onnx=(OnnxForm(onnx_type, qdq=qdq),),
                    type_rel=broadcast,
-                   semantics=lambda a, b, _fn=fn: np.asarray(_fn(a, b)).astype(a.dtype, copy=False),
+                   semantics=lambda a, b, _fn=fn: np.asarray(_fn(a, b)).astype(a.dtype,
+                                                                                copy=False),
                    doc=doc))
 
 

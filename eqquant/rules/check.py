@@ -48,7 +48,8 @@ class RuleCheck:
     max_error: float = 0.0
 
     def format(self) -> str:
-        head = f"{'PASS' if self.ok else 'FAIL'}  {self.rule.name}{self.variant}  ({self.rule.loc})"
+        verdict = "PASS" if self.ok else "FAIL"
+        head = f"{verdict}  {self.rule.name}{self.variant}  ({self.rule.loc})"
         return head + (f"\n      {self.message}" if self.message else "")
 
 

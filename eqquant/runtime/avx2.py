@@ -565,11 +565,12 @@ def _tile_bytes(low, starts, high, rows16, packed, quads, ob0, ob1, o_n, params,
 def high_quad_share(nhwc):
     """The share of C-contiguous rows' 4-byte words (quads) with a high bit, from up to
     SAMPLES of them spread over the rows (each read as one 32-bit word): rows of
-    1/TRY_BELOW or more take the 16-bit kernel without trying to list their high bits (a chunk that gives up costs its
-    listing besides the widening, 5-8% more than the 16-bit kernel alone). Sampled in each
-    chunk's rows, gathered or about to be read: sampled in the image before the convolution,
-    the words came from the other core's cache, and MobileNet-v2 took 3-14% longer (measured
-    while the 16-bit GEMM was slowed by the loop order ``llvm_loops.carried_loop`` fixes)."""
+    1/TRY_BELOW or more take the 16-bit kernel without trying to list their high bits (a
+    chunk that gives up costs its listing besides the widening, 5-8% more than the 16-bit
+    kernel alone). Sampled in each chunk's rows, gathered or about to be read: sampled in
+    the image before the convolution, the words came from the other core's cache, and
+    MobileNet-v2 took 3-14% longer (measured while the 16-bit GEMM was slowed by the loop
+    order ``llvm_loops.carried_loop`` fixes)."""
     flat = nhwc.reshape(nhwc.size)
     words = flat[:flat.size // 4 * 4].view(np.uint32)
     if words.size == 0:

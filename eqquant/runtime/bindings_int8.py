@@ -2,7 +2,8 @@
 qnn.dense, qnn.add, qnn.clip and the fused int8 convolution. Convolutions and dense layers run
 on a SIMD GEMM chosen from the CPU's features at run time (``int8_path``): AVX512-VNNI
 (``vnni.py``), else 256-bit AVX-VNNI (``avxvnni.py``), else AVX2 (``avx2.py``), else portable
-Numba loops (``kernels_int8.py``); every path gives the reference's bits. See ``bindings.py`` for what a binding is.
+Numba loops (``kernels_int8.py``); every path gives the reference's bits. See
+``bindings.py`` for what a binding is.
 """
 from __future__ import annotations
 
@@ -194,8 +195,8 @@ class QConv2D(Binding):
 
     def rows(self, x_b: np.ndarray) -> np.ndarray:
         """One image (C, H, W), or (H, W, C) at an NHWC call site, as the GEMM's left operand:
-        (oh*ow, Kp) uint8 pixel rows in (tap, channel) order. A 1x1 convolution with stride 1 and no padding reads the
-        channel-last image itself."""
+        (oh*ow, Kp) uint8 pixel rows in (tap, channel) order. A 1x1 convolution with stride 1
+        and no padding reads the channel-last image itself."""
         hwc = self.hwc(x_b)
         h, w, c = hwc.shape
         if self.pointwise and c == self.kp:
