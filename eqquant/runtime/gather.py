@@ -87,9 +87,9 @@ def item_runs(items, threads):
 @njit(cache=True)
 def next_item(counters, thread, items):
     """The next work item for ``thread`` (a parallel loop's index over the threads): its own
-    run's next, then, its run done, the next of another thread's run still unfinished
-    (taken from the end of that thread's counter, one item at a time, atomically); -1 when
-    every run is done. The drivers' parallel loops run over the threads, each taking items
+    run's next, then, its run done, the next item of another thread's unfinished run (from
+    that run's counter, as its own thread takes them: one item at a time, atomically); -1
+    when every run is done. The drivers' parallel loops run over the threads, each taking items
     until none is left. The items a thread takes from its own run are those Numba's static
     schedule gave it (the same pixels from layer to layer, a group's chunks together); what
     it takes from another's run is the work a delayed thread (a shared host's other load, a

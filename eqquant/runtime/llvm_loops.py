@@ -247,7 +247,9 @@ def memcpy_intrinsic():
 
 def fetch_add_intrinsic():
     """A Numba intrinsic ``fetch_add(address, n)``: the int64 at ``address`` (an integer)
-    increased by n atomically, its value before returned (LLVM's ``atomicrmw add``)."""
+    increased by n atomically, its value before returned (LLVM's ``atomicrmw add``, monotonic:
+    the counters of ``gather.next_item`` only hand out indices, each once; the parallel
+    region's end orders what the work items wrote)."""
     from numba import types
     from numba.extending import intrinsic
 
