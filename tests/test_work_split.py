@@ -140,18 +140,18 @@ def test_every_item_is_taken_once_its_threads_own_run_first(items, threads, orde
     taken, by = [], {t: [] for t in range(threads)}
     asks = [t % threads for t in order] + [t for t in range(threads) for _ in range(items + 1)]
     for t in asks:
-        item = next_item(counters, t, items)
+        item = next_item(counters, t)
         if item >= 0:
             taken.append(item)
             by[t].append(item)
     assert sorted(taken) == list(range(items))
-    assert all(next_item(counters, t, items) == -1 for t in range(threads))
+    assert all(next_item(counters, t) == -1 for t in range(threads))
     for t, got in by.items():
         own = [i for i in got if t * items // threads <= i < (t + 1) * items // threads]
         assert got[:len(own)] == own == sorted(own)
     # one thread alone takes every run, its own first
     counters = item_runs(items, threads)
-    alone = [next_item(counters, threads - 1, items) for _ in range(items + 1)]
+    alone = [next_item(counters, threads - 1) for _ in range(items + 1)]
     assert sorted(alone[:-1]) == list(range(items)) and alone[-1] == -1
     assert alone[:items - (threads - 1) * items // threads] == \
         list(range((threads - 1) * items // threads, items))
@@ -168,7 +168,7 @@ def _race(items, threads, delay, owner):
             for i in range(delay):
                 spun[thread] += np.sqrt(i + 1.0)
         while True:
-            item = next_item(counters, thread, items)
+            item = next_item(counters, thread)
             if item < 0:
                 break
             owner[item] += thread + 1        # 0 where never taken, doubled where twice

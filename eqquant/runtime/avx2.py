@@ -79,8 +79,8 @@ from .llvm_loops import (carried_loop, counted_loop, cpu_has, declare, gemm_defi
                          while_loop)
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
 from .gather import (LINE, SMALL, _chunk_windows, _rows, block_shares, item_runs,
-                     next_item, share_item, shared_windows, work_split)
-from .gather import windows, work_item  # noqa: F401
+                     next_work, share_item, shared_windows, work_split)
+from .gather import windows  # noqa: F401
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
 from .vnni import requantize_params  # noqa: F401
 from .kernels_int8 import add_residual
@@ -639,18 +639,13 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
     if images > 1 or p_n >= SMALL or oblocks == 1:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
-        items = images * chunks * groups
-        counters = item_runs(items, threads)
+        counters = item_runs(images * chunks * groups, threads)
         for thread in prange(threads):
             while True:
-                item = next_item(counters, thread, items)
-                if item < 0:
+                b, chunk, ob0, ob1 = next_work(counters, thread, chunks, groups, per_group,
+                                               oblocks)
+                if b < 0:
                     break
-                b, chunk, g = work_item(item, chunks, groups)
-                ob0 = g * per_group
-                ob1 = min(oblocks, ob0 + per_group)
-                if ob0 >= ob1:
-                    continue
                 p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow,
                                           p_n, chunk, chunks, kp, shared)
                 n = rows.shape[0]
@@ -771,21 +766,16 @@ def _bytes_region(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, qua
     if images > 1 or p_n >= SMALL or oblocks == 1:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(low, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
-        items = images * chunks * groups
-        counters = item_runs(items, threads)
+        counters = item_runs(images * chunks * groups, threads)
         # each thread's count (a sum across the parallel loop's inner loop: Numba's
         # reduction of ``wide`` there gave 0)
         wides = np.zeros((threads, LINE), np.int64)
         for thread in prange(threads):
             while True:
-                item = next_item(counters, thread, items)
-                if item < 0:
+                b, chunk, ob0, ob1 = next_work(counters, thread, chunks, groups, per_group,
+                                               oblocks)
+                if b < 0:
                     break
-                b, chunk, g = work_item(item, chunks, groups)
-                ob0 = g * per_group
-                ob1 = min(oblocks, ob0 + per_group)
-                if ob0 >= ob1:
-                    continue
                 p0, rows = _chunk_windows(low[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
                                           chunk, chunks, kp, shared)
                 n = rows.shape[0]

@@ -23,9 +23,9 @@ from numba import njit, prange
 
 from .llvm_loops import cpu_has, gemm_intrinsic, load_gemms
 # the gather, set-up and epilogue it shares with the 512-bit kernel (windows: re-exported)
-from .gather import (CHUNK, SMALL, _chunk_windows, _rows, block_shares, item_runs, next_item,
+from .gather import (CHUNK, SMALL, _chunk_windows, _rows, block_shares, item_runs, next_work,
                      share_item, shared_windows, work_split)
-from .gather import windows, work_item  # noqa: F401
+from .gather import windows  # noqa: F401
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
 from .vnni import requantize_params  # noqa: F401
 from .kernels_int8 import add_residual
@@ -113,18 +113,13 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
     if images > 1 or p_n >= SMALL or oblocks == 1:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
-        items = images * chunks * groups
-        counters = item_runs(items, threads)
+        counters = item_runs(images * chunks * groups, threads)
         for thread in prange(threads):
             while True:
-                item = next_item(counters, thread, items)
-                if item < 0:
+                b, chunk, ob0, ob1 = next_work(counters, thread, chunks, groups, per_group,
+                                               oblocks)
+                if b < 0:
                     break
-                b, chunk, g = work_item(item, chunks, groups)
-                ob0 = g * per_group
-                ob1 = min(oblocks, ob0 + per_group)
-                if ob0 >= ob1:
-                    continue
                 p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
                                           chunk, chunks, kp, shared)
                 n = rows.shape[0]

@@ -28,8 +28,8 @@ from numba import njit, prange
 from .kernels_fp32 import clamp
 from .llvm_loops import (cpu_has, declare, gemm_definition, gemm_intrinsic, load_gemms,
                          panel_gemm, splat)
-from .gather import (chunk_bounds, copy_windows, item_runs, next_item, shared_windows,
-                     work_item, work_split)
+from .gather import (chunk_bounds, copy_windows, item_runs, next_work, shared_windows,
+                     work_split)
 from . import memory
 
 # path -> (floats per vector, pixel rows per micro-kernel); a block is two vectors
@@ -203,20 +203,14 @@ def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, out
     # the activation after the residual's sum: none in the GEMM's epilogue then
     f_lo = np.float32(-np.inf) if residual else lo
     f_hi = np.float32(np.inf) if residual else hi
-    items = images * chunks * groups
-    counters = item_runs(items, threads)
+    counters = item_runs(images * chunks * groups, threads)
     for thread in prange(threads):
         while True:
-            item = next_item(counters, thread, items)
-            if item < 0:
+            b, chunk, ob0, ob1 = next_work(counters, thread, chunks, groups, per_group, oblocks)
+            if b < 0:
                 break
-            b, chunk, g = work_item(item, chunks, groups)
             p0, p1 = chunk_bounds(p_n, chunks, chunk)
             n = p1 - p0
-            ob0 = g * per_group
-            ob1 = min(oblocks, ob0 + per_group)
-            if ob0 >= ob1:
-                continue
             hwc = nhwc[b]
             if pointwise:
                 rows = hwc.reshape(h * w, c)[p0:p0 + n]

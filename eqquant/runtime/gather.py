@@ -70,22 +70,23 @@ def work_split(images, p_n, oblocks, threads):
     return chunks, groups, per_group
 
 
-LINE = 8   # int64 counters a cache line apart (``item_runs``)
+LINE = 8   # int64 counters a cache line apart (``item_runs``): the next item, the run's end
 
 
 @njit(cache=True)
 def item_runs(items, threads):
     """The counters of ``next_item``: thread t's run of the ``items`` work items is
-    [t * items // threads, (t + 1) * items // threads), its counter (a cache line of its
-    own) the next item of it to take."""
+    [t * items // threads, (t + 1) * items // threads); in a cache line of its own, the
+    next item of it to take (the counter) and the run's end."""
     counters = np.empty((threads, LINE), np.int64)
     for t in range(threads):
         counters[t, 0] = t * items // threads
+        counters[t, 1] = (t + 1) * items // threads
     return counters
 
 
 @njit(cache=True)
-def next_item(counters, thread, items):
+def next_item(counters, thread):
     """The next work item for ``thread`` (a parallel loop's index over the threads): its own
     run's next, then, its run done, the next item of another thread's unfinished run (from
     that run's counter, as its own thread takes them: one item at a time, atomically); -1
@@ -102,9 +103,25 @@ def next_item(counters, thread, items):
     for k in range(threads):
         t = (thread + k) % threads
         item = _fetch_add(counters[t].ctypes.data, np.int64(1))
-        if item < (t + 1) * items // threads:
+        if item < counters[t, 1]:
             return item
     return -1
+
+
+@njit(cache=True)
+def next_work(counters, thread, chunks, groups, per_group, oblocks):
+    """``next_item``'s item for ``thread`` as the convolution drivers take it: (image,
+    chunk, first block, end block) of a ``work_split`` (``work_item``), an item whose group
+    has no blocks skipped; (-1, 0, 0, 0) when none is left."""
+    while True:
+        item = next_item(counters, thread)
+        if item < 0:
+            return -1, 0, 0, 0
+        b, chunk, g = work_item(item, chunks, groups)
+        ob0 = g * per_group
+        ob1 = min(oblocks, ob0 + per_group)
+        if ob0 < ob1:
+            return b, chunk, ob0, ob1
 
 
 @njit(cache=True)

@@ -26,7 +26,7 @@ from .llvm_loops import (cpu_has, declare, gemm_definition, gemm_intrinsic, load
                          panel_gemm, splat)
 
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, windows, work_split  # noqa: F401
-from .gather import block_shares, item_runs, next_item, share_item, shared_windows, work_item
+from .gather import block_shares, item_runs, next_work, share_item, shared_windows
 from .kernels_int8 import add_residual, epilogue_params, requantize_rows
 from . import memory
 
@@ -243,18 +243,13 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
     if images > 1 or p_n >= SMALL or oblocks == 1:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
-        items = images * chunks * groups
-        counters = item_runs(items, threads)
+        counters = item_runs(images * chunks * groups, threads)
         for thread in prange(threads):
             while True:
-                item = next_item(counters, thread, items)
-                if item < 0:
+                b, chunk, ob0, ob1 = next_work(counters, thread, chunks, groups, per_group,
+                                               oblocks)
+                if b < 0:
                     break
-                b, chunk, g = work_item(item, chunks, groups)
-                ob0 = g * per_group
-                ob1 = min(oblocks, ob0 + per_group)
-                if ob0 >= ob1:
-                    continue
                 p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
                                           chunk, chunks, kp, shared)
                 n = rows.shape[0]
