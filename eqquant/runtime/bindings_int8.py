@@ -31,11 +31,14 @@ def _const_scalar(consts, i):
     return np.asarray(v).reshape(())
 
 
-PATHS = ("vnni", "avxvnni", "avx2", "portable")     # fastest first
+PATHS = ("amx", "vnni", "avxvnni", "avx2", "portable")     # fastest first
 
 
 def simd_module(path: str):
     """The GEMM module of a SIMD path (they share one interface), or None."""
+    if path == "amx":
+        from . import amx
+        return amx
     if path == "vnni":
         from . import vnni
         return vnni
@@ -54,7 +57,7 @@ def path_available(path: str) -> bool:
 
 
 def int8_path() -> str:
-    """The int8 GEMM this CPU runs: the first of PATHS it has; EQQUANT_INT8_KERNEL=vnni|
+    """The int8 GEMM this CPU runs: the first of PATHS it has; EQQUANT_INT8_KERNEL=amx|vnni|
     avxvnni|avx2|portable forces one (a path the CPU lacks falls back to the best it has)."""
     import os
     chosen = os.environ.get("EQQUANT_INT8_KERNEL", "")
@@ -63,14 +66,21 @@ def int8_path() -> str:
     return next(p for p in PATHS if path_available(p))
 
 
-def choose_gemm(channels: int, eligible: bool):
-    """(the SIMD GEMM module, its path) for a layer of ``channels`` outputs, or (None,
-    "portable") when the CPU has none or the layer is not ``eligible`` (groups, weight zero
-    points). On the 512-bit VNNI path, a layer that padding to its blocks of 64 channels would
-    make at least twice as wide as the 256-bit kernel's blocks of 16 (MobileNet's 16, 24, 32
+def choose_gemm(channels: int, depth: int, eligible: bool):
+    """(the SIMD GEMM module, its path) for a layer of ``channels`` outputs, each a sum of
+    ``depth`` products (K), or (None, "portable") when the CPU has none or the layer is not
+    ``eligible`` (groups, weight zero points). On the AMX path, a layer the tiles do not
+    suit (``amx.suits``: K not a multiple of 64 or below 128) takes the next path the CPU
+    has (VNNI), unless EQQUANT_INT8_KERNEL=amx forces the tiles on every layer. On the
+    512-bit VNNI path, a layer that padding to its blocks of 64 channels would make at
+    least twice as wide as the 256-bit kernel's blocks of 16 (MobileNet's 16, 24, 32
     channels) takes the 256-bit kernel: measured on an AMD EPYC with AVX512-VNNI, 16 and 24
     channels ran 1.3-1.5x faster on it, 96-160 channels 1.2-1.35x slower than padded."""
+    import os
     path = int8_path()
+    forced = os.environ.get("EQQUANT_INT8_KERNEL") == path
+    if path == "amx" and not forced and not simd_module("amx").suits(depth):
+        path = next(p for p in PATHS[1:] if path_available(p))
     if path == "vnni" and path_available("avxvnni"):
         wide, narrow = simd_module("vnni").BLOCK, simd_module("avxvnni").BLOCK
         if -(-channels // wide) * wide >= 2 * (-(-channels // narrow) * narrow):
@@ -124,7 +134,8 @@ class QConv2D(Binding):
                 (w.reshape(o, kh, kw).astype(np.int32) - self.zw.reshape(o, 1, 1))   # channels
                 .transpose(1, 2, 0)))
         # a SIMD GEMM: uint8 activations (int8 shifted by 128) times int8 weights
-        self.simd, self.gemm_path = choose_gemm(o, self.groups == 1 and not self.zw.any())
+        self.simd, self.gemm_path = choose_gemm(o, cg * kh * kw,
+                                                   self.groups == 1 and not self.zw.any())
         if self.simd is not None:
             self.shift = 128 if in_types[0].dtype == "int8" else 0
             # (tap, channel) order, so that each tap of a window is contiguous in NHWC rows
@@ -274,7 +285,7 @@ class QDense(Binding):
         self.zw = np.ascontiguousarray(
             np.broadcast_to(np.asarray(consts[3], np.int32).reshape(-1), (units,)))
         self.zx = np.int32(_const_scalar(consts, 2))
-        self.simd, self.gemm_path = choose_gemm(units, not self.zw.any())
+        self.simd, self.gemm_path = choose_gemm(units, self.w.shape[1], not self.zw.any())
         if self.simd is not None and in_types[0].shape[0] < self.simd.ROWS:
             self.simd, self.gemm_path = None, "portable"
         if self.simd is not None:
