@@ -531,6 +531,34 @@ def test_float_weights_pack_into_aligned_zero_padded_panels(path):
             np.testing.assert_array_equal(got[c // block, :, c % block], want)
 
 
+@pytest.mark.parametrize("path", ["fma", "avx512"])
+def test_float_gemms_in_slices_of_k_sum_every_product_once(path):
+    """The float GEMMs run K in slices (``fma.K_BLOCK``), a group's sums waiting in C between
+    two: with K of two slices and a part, small integers (every sum exact in float32) give
+    the exact products, in the plain GEMM and in the finishing one (bias, clamp, a last block
+    of which C has one vector of channels: the other never written)."""
+    from eqquant.runtime import fma
+    if not fma.available(path):
+        pytest.skip(f"this CPU has no {path}")
+    block = fma.block_of(path)
+    rng = np.random.default_rng(3)
+    k, o, p = 2 * fma.K_BLOCK + 37, 2 * block + 5, 21
+    a = rng.integers(-8, 9, (p, k)).astype(np.float32)
+    w = rng.integers(-8, 9, (o, k)).astype(np.float32)
+    want = a.astype(np.int64) @ w.astype(np.int64).T
+    packed = fma.pack(w, path)
+    width = packed.shape[0] * block
+    out = np.full((p, width), np.nan, np.float32)
+    fma._sgemm(a.ctypes.data, k, packed, 0, packed.shape[0], out.ctypes.data, width, p)
+    np.testing.assert_array_equal(out[:, :o], want)
+    bias = rng.integers(-50, 50, width).astype(np.float32)
+    cols = 2 * block + block // 2
+    done = np.full((p, cols), np.nan, np.float32)
+    fma._sgemm_finish(a.ctypes.data, k, packed, 0, packed.shape[0], done.ctypes.data,
+                      cols, p, bias, np.float32(-100.0), np.float32(400.0))
+    np.testing.assert_array_equal(done[:, :o], np.clip(want + bias[:o], -100, 400))
+
+
 def test_the_runtime_starts_numba_without_scipy_linalg():
     """Numba's BLAS probe at its CPU target's set-up imports scipy.linalg (0.13-0.2 s of a
     first inference): the runtime answers it without SciPy's linear algebra, so a fresh

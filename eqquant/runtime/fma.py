@@ -34,6 +34,9 @@ from . import memory
 
 # path -> (floats per vector, pixel rows per micro-kernel); a block is two vectors
 WIDTHS = {"fma": (8, 6), "avx512": (16, 8)}
+# steps of k a slice of the panels: all the pixels of a call go through one slice before the
+# next (``llvm_loops.panel_gemm``): 256 x 32 floats, 32 KB of the 512-bit GEMM's panel
+K_BLOCK = 256
 # the finishing GEMMs' extra arguments: the bias's address, lo, hi, the valid channels
 FINISH_ARGS = ("ptr", "f32", "f32", "i64")
 
@@ -86,9 +89,55 @@ def _define(path: str, epilogue: bool = False):
                         at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
                         bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), vt.as_pointer()), align=4)
 
+        def columns(bc, p, ob, nrows, each):
+            """``each(row, j, r, at)`` for the vectors of C's rows p..p+nrows in block ob (the
+            first ``valid`` channels' only, finishing)"""
+            i64 = ir.IntType(64)
+            for j in range(2):
+                col = bc.add(bc.mul(ob, ir.Constant(i64, 2 * lanes)), ir.Constant(i64, lanes * j))
+                for r in range(nrows):
+                    at = bc.bitcast(bc.gep(c_ptr, [bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)),
+                                                                 ldc), col)]), vt.as_pointer())
+                    if epilogue:
+                        inside = bc.icmp_signed("<=", bc.add(col, ir.Constant(i64, lanes)),
+                                                args[12])
+                        each(bc, j, r, at, inside)
+                    else:
+                        each(bc, j, r, at, None)
+
+        def pause(bc, accs, p, ob):
+            """a slice's sums stored in C until the next slice"""
+            def put(bc, j, r, at, inside):
+                if inside is None:
+                    bc.store(accs[r][j], at, align=4)
+                else:
+                    with bc.if_then(inside, likely=True):
+                        bc.store(accs[r][j], at, align=4)
+            columns(bc, p, ob, len(accs), put)
+
+        def resume(bc, p, ob, nrows):
+            """the sums the slice before left in C (zero for the channels C has not)"""
+            grid = [[None, None] for _ in range(nrows)]
+
+            def get(bc, j, r, at, inside):
+                if inside is None:
+                    grid[r][j] = bc.load(at, align=4)
+                    return
+                start = bc.block
+                with bc.if_then(inside, likely=True):
+                    v = bc.load(at, align=4)
+                    loaded = bc.block
+                phi = bc.phi(vt)
+                phi.add_incoming(ir.Constant(vt, None), start)
+                phi.add_incoming(v, loaded)
+                grid[r][j] = phi
+            columns(bc, p, ob, nrows, get)
+            return grid
+
         panel_gemm(fn, b, args, rows=rows, block=2 * lanes, panel=2 * lanes,
                    weights=(lanes, 2, vt, 4), accumulators=(2, vt), row_step=row_step,
-                   finish=finish if epilogue else None)
+                   finish=finish if epilogue else None, k_block=K_BLOCK, resume=resume,
+                   pause=pause)
     return define_sgemm
 
 

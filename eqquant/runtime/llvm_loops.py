@@ -277,7 +277,7 @@ def blocks_of_rows(fn, builder, p0, p1, blocks, rows: int, micro) -> None:
 
 def panel_gemm(fn, builder, args, *, rows: int, block: int, panel: int, weights: tuple,
                accumulators: tuple, row_step, out_lane=None, finish=None,
-               correct=None) -> None:
+               correct=None, k_block: int = 0, resume=None, pause=None) -> None:
     """The loop nest of every GEMM here, given its arguments ``args`` (A, lda, B, C, ldc, p0,
     p1, k, blocks): for each block ob of ``block`` output channels, pixels p0..p1 ``rows`` at
     a time (then one at a time), over k: load the k-th step of the block's weight panel
@@ -288,19 +288,20 @@ def panel_gemm(fn, builder, args, *, rows: int, block: int, panel: int, weights:
     (bitcast to ``out_lane`` first, where given), or handed to ``finish(builder, accs, p,
     ob)``, which stores it its own way (a fused epilogue). ``correct(builder, accs, p, ob)``,
     where given, gives the grid's final values before it is stored (sums the panel cannot
-    take added)."""
+    take added).
+
+    With ``k_block``, each block's k runs in slices of ``k_block`` steps, all the pixels
+    going through one slice before the next, so that the slice of the panel stays in the L1
+    cache while they do (a panel of K = 4608 is 590 KB of floats: read whole for every group
+    of rows, it came from L2 at every step). Between its slices a group's sums wait in C:
+    ``pause(builder, accs, p, ob)`` stores them there, ``resume(builder, p, ob, nrows)``
+    loads them back (the same values: the sums are added in the same order)."""
     from llvmlite import ir
     a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, count, blocks = args[:9]
     c64 = lambda v: ir.Constant(ir.IntType(64), v)  # noqa: E731
     stride, n, vtype, align = weights
 
-    def micro(bc, p, ob, nrows):
-        def step(bc, k, accs):
-            at = bc.add(bc.mul(ob, bc.mul(count, c64(panel))), bc.mul(k, c64(panel)))
-            vectors = load_vectors(bc, b_ptr, at, stride, n, vtype, align)
-            return [row_step(bc, bc.mul(bc.add(p, c64(r)), lda), k, accs[r], vectors)
-                    for r in range(nrows)]
-        accs = reduction_loop(fn, bc, count, nrows, *accumulators, step)
+    def store(bc, accs, p, ob):
         if correct is not None:
             accs = correct(bc, accs, p, ob)
         if finish is not None:
@@ -309,7 +310,67 @@ def panel_gemm(fn, builder, args, *, rows: int, block: int, panel: int, weights:
         out = c_ptr if out_lane is None else bc.bitcast(c_ptr, out_lane.as_pointer())
         store_rows(bc, accs, out, p, ldc, ob, block)
 
-    blocks_of_rows(fn, builder, p0, p1, blocks, rows, micro)
+    def step(ob, p, nrows):
+        """the body of the loop over k: one step of the panel, for rows p..p+nrows"""
+        def body(bc, k, accs):
+            at = bc.add(bc.mul(ob, bc.mul(count, c64(panel))), bc.mul(k, c64(panel)))
+            vectors = load_vectors(bc, b_ptr, at, stride, n, vtype, align)
+            return [row_step(bc, bc.mul(bc.add(p, c64(r)), lda), k, accs[r], vectors)
+                    for r in range(nrows)]
+        return body
+
+    def micro(bc, p, ob, nrows):
+        store(bc, reduction_loop(fn, bc, count, nrows, *accumulators, step(ob, p, nrows)),
+              p, ob)
+
+    if not k_block:
+        blocks_of_rows(fn, builder, p0, p1, blocks, rows, micro)
+        return
+
+    def per_block(bb, ob):
+        def per_slice(bs, k0):
+            k1 = bs.select(bs.icmp_signed("<", bs.add(k0, c64(k_block)), count),
+                           bs.add(k0, c64(k_block)), count)
+
+            def sliced(bc, p, ob, nrows):
+                zero = [[ir.Constant(accumulators[1], None)] * accumulators[0]] * nrows
+                first = bc.icmp_signed("==", k0, c64(0))
+                start = bc.block
+                with bc.if_then(bc.not_(first)):
+                    loaded = resume(bc, p, ob, nrows)
+                    after = bc.block
+                flat = []
+                for zrow, lrow in zip(zero, loaded):
+                    for z, v in zip(zrow, lrow):
+                        phi = bc.phi(v.type)
+                        phi.add_incoming(z, start)
+                        phi.add_incoming(v, after)
+                        flat.append(phi)
+                cols = accumulators[0]
+                grid = [flat[r * cols:(r + 1) * cols] for r in range(nrows)]
+                body = step(ob, p, nrows)
+
+                def flat_body(bk, k, values):
+                    g = [values[r * cols:(r + 1) * cols] for r in range(nrows)]
+                    return [v for row in body(bk, k, g) for v in row]
+                out = carried_loop(fn, bc, k0, k1, [v for row in grid for v in row],
+                                   flat_body, "k")
+                out = [out[r * cols:(r + 1) * cols] for r in range(nrows)]
+                with bc.if_else(bc.icmp_signed("==", k1, count)) as (last, more):
+                    with last:
+                        store(bc, out, p, ob)
+                    with more:
+                        pause(bc, out, p, ob)
+
+            last = counted_loop(fn, bs, p0, p1, rows, "pg",
+                                lambda bc, p: sliced(bc, p, ob, rows))
+            counted_loop(fn, bs, last, p1, 1, "p1", lambda bc, p: sliced(bc, p, ob, 1))
+
+        # (k0 + k_block <= count + k_block - 1: every slice start below count)
+        counted_loop(fn, bb, c64(0), bb.add(count, c64(k_block - 1)), k_block, "kb",
+                     per_slice)
+
+    counted_loop(fn, builder, c64(0), blocks, 1, "ob", per_block)
 
 
 def store_rows(builder, accs, out, p, ldc, ob, block: int, align: int = 4) -> None:
