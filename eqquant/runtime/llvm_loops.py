@@ -277,7 +277,8 @@ def blocks_of_rows(fn, builder, p0, p1, blocks, rows: int, micro) -> None:
 
 def panel_gemm(fn, builder, args, *, rows: int, block: int, panel: int, weights: tuple,
                accumulators: tuple, row_step, out_lane=None, finish=None,
-               correct=None, k_block: int = 0, resume=None, pause=None) -> None:
+               correct=None, k_block: int = 0, resume=None, pause=None,
+               prefetch: int = 0) -> None:
     """The loop nest of every GEMM here, given its arguments ``args`` (A, lda, B, C, ldc, p0,
     p1, k, blocks): for each block ob of ``block`` output channels, pixels p0..p1 ``rows`` at
     a time (then one at a time), over k: load the k-th step of the block's weight panel
@@ -295,7 +296,9 @@ def panel_gemm(fn, builder, args, *, rows: int, block: int, panel: int, weights:
     cache while they do (a panel of K = 4608 is 590 KB of floats: read whole for every group
     of rows, it came from L2 at every step). Between its slices a group's sums wait in C:
     ``pause(builder, accs, p, ob)`` stores them there, ``resume(builder, p, ob, nrows)``
-    loads them back (the same values: the sums are added in the same order)."""
+    loads them back (the same values: the sums are added in the same order). With
+    ``prefetch``, each step of k asks for the lines of the panel ``prefetch`` steps ahead
+    (``llvm.prefetch``, into every level of cache)."""
     from llvmlite import ir
     a_ptr, lda, b_ptr, c_ptr, ldc, p0, p1, count, blocks = args[:9]
     c64 = lambda v: ir.Constant(ir.IntType(64), v)  # noqa: E731
@@ -314,6 +317,15 @@ def panel_gemm(fn, builder, args, *, rows: int, block: int, panel: int, weights:
         """the body of the loop over k: one step of the panel, for rows p..p+nrows"""
         def body(bc, k, accs):
             at = bc.add(bc.mul(ob, bc.mul(count, c64(panel))), bc.mul(k, c64(panel)))
+            if prefetch:
+                fetch = declare(bc.module, "llvm.prefetch.p0", ir.FunctionType(
+                    ir.VoidType(), [ir.IntType(8).as_pointer()] + [ir.IntType(32)] * 3))
+                for line in range(0, panel * 4, 64):
+                    where = bc.gep(b_ptr, [bc.add(at, c64(prefetch * panel + line // 4))])
+                    bc.call(fetch, [bc.bitcast(where, ir.IntType(8).as_pointer()),
+                                    ir.Constant(ir.IntType(32), 0),
+                                    ir.Constant(ir.IntType(32), 3),
+                                    ir.Constant(ir.IntType(32), 1)])
             vectors = load_vectors(bc, b_ptr, at, stride, n, vtype, align)
             return [row_step(bc, bc.mul(bc.add(p, c64(r)), lda), k, accs[r], vectors)
                     for r in range(nrows)]
