@@ -716,12 +716,24 @@ class GlobalAverage(Binding):
                 in_types[0].dtype in ("int8", "uint8") and pixels < 1 << 20 and
                 all(_const_scalar(consts, i) is not None for i in (1, 2, 3, 4)))
 
-    def __call__(self, ins, out):
-        x = ins[0]
+    def _call(self, x, out):
+        """(the kernel, its arguments) for image x into out"""
         n = x.shape[0]
         c = x.shape[3] if self.nhwc else x.shape[1]
         npc = x.reshape(n, -1, c) if self.nhwc else \
             np.ascontiguousarray(x.reshape(n, c, -1).transpose(0, 2, 1))
         parts = max(1, min(threads(), c // 128))   # (a worker sums 128 channels at least)
-        self.k8.global_average(npc, self.s, self.z, self.so, self.zo, self.lo, self.hi,
-                               out.reshape(n, c), parts)
+        return self.k8.global_average, (npc, self.s, self.z, self.so, self.zo, self.lo,
+                                        self.hi, out.reshape(n, c), parts)
+
+    def prepare(self, ins, out):
+        """The kernel bound to this site's arrays where it reads the image as it is
+        (channel-last): through this binding and Numba's dispatcher, MobileNet-v2's 7 x 7 x
+        1280 average took 35 us, its kernel 10."""
+        if self.nhwc and ins[0].flags.c_contiguous:
+            return bound(*self._call(ins[0], out))
+        return super().prepare(ins, out)
+
+    def __call__(self, ins, out):
+        kernel, args = self._call(ins[0], out)
+        kernel(*args)
