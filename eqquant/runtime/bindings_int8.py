@@ -371,16 +371,23 @@ class Requantize(Binding):
                                 len(in_types[0].shape) >= 2 and
                                 s1.size == in_types[0].shape[1])
 
-    def __call__(self, ins, out):
+    def kernel_call(self, ins, out):
         q = ins[0]
+        if not (q.flags.c_contiguous and out.flags.c_contiguous):
+            return None
         if self.per_channel:
             n, c = q.shape[:2]
-            self.k8.requantize_channels(q.reshape(n, c, -1), self.zin, self.m, self.shift,
-                                        self.zout, self.lo, self.hi, out.reshape(n, c, -1))
-        else:
-            sized(self.k8.requantize, q.size)(q.reshape(-1), self.zin, np.int64(self.m[0]),
-                                              int(self.shift[0]), self.zout, self.lo,
-                                              self.hi, out.reshape(-1))
+            return self.k8.requantize_channels, (q.reshape(n, c, -1), self.zin, self.m,
+                                                 self.shift, self.zout, self.lo, self.hi,
+                                                 out.reshape(n, c, -1))
+        return sized(self.k8.requantize, q.size), (q.reshape(-1), self.zin,
+                                                   np.int64(self.m[0]), int(self.shift[0]),
+                                                   self.zout, self.lo, self.hi,
+                                                   out.reshape(-1))
+
+    def __call__(self, ins, out):
+        kernel, args = self.kernel_call([np.ascontiguousarray(ins[0])], out)
+        kernel(*args)
 
 
 class _PerTensorQ(Binding):
@@ -442,13 +449,19 @@ class Dequantize(Binding):
         shape = in_types[0].shape
         return n == 1 or (bool(shape) and shape[attrs["axis"] % len(shape)] == n)
 
-    def __call__(self, ins, out):
+    def kernel_call(self, ins, out):
+        x = ins[0]
+        if not (x.flags.c_contiguous and out.flags.c_contiguous):
+            return None
         if self.scales.size == 1:
-            sized(self.k8.dequantize, out.size)(ins[0].reshape(-1), self.zero, self.scales[0],
-                                                out.reshape(-1))
-        else:
-            self.k8.dequantize_channels(ins[0].reshape(self.shape3), self.zero, self.scales,
-                                        out.reshape(self.shape3))
+            return sized(self.k8.dequantize, out.size), (x.reshape(-1), self.zero,
+                                                         self.scales[0], out.reshape(-1))
+        return self.k8.dequantize_channels, (x.reshape(self.shape3), self.zero, self.scales,
+                                             out.reshape(self.shape3))
+
+    def __call__(self, ins, out):
+        kernel, args = self.kernel_call([np.ascontiguousarray(ins[0])], out)
+        kernel(*args)
 
 
 class QAdd(Binding):
@@ -716,24 +729,31 @@ class GlobalAverage(Binding):
                 in_types[0].dtype in ("int8", "uint8") and pixels < 1 << 20 and
                 all(_const_scalar(consts, i) is not None for i in (1, 2, 3, 4)))
 
-    def _call(self, x, out):
-        """(the kernel, its arguments) for image x into out"""
-        n = x.shape[0]
-        c = x.shape[3] if self.nhwc else x.shape[1]
-        npc = x.reshape(n, -1, c) if self.nhwc else \
-            np.ascontiguousarray(x.reshape(n, c, -1).transpose(0, 2, 1))
-        parts = max(1, min(threads(), c // 128))   # (a worker sums 128 channels at least)
-        return self.k8.global_average, (npc, self.s, self.z, self.so, self.zo, self.lo,
-                                        self.hi, out.reshape(n, c), parts)
+    def kernel_call(self, ins, out):
+        """Channel-last, the image read as it is (through this binding and Numba's
+        dispatcher, MobileNet-v2's 7 x 7 x 1280 average took 35 us, bound 16); NCHW goes
+        through a transpose (``__call__``)."""
+        x = ins[0]
+        if not (self.nhwc and x.flags.c_contiguous):
+            return None
+        n, c = x.shape[0], x.shape[3]
+        return self.k8.global_average, (x.reshape(n, -1, c), self.s, self.z, self.so, self.zo,
+                                        self.lo, self.hi, out.reshape(n, c), self._parts(c))
 
-    def prepare(self, ins, out):
-        """The kernel bound to this site's arrays where it reads the image as it is
-        (channel-last): through this binding and Numba's dispatcher, MobileNet-v2's 7 x 7 x
-        1280 average took 35 us, its kernel 10."""
-        if self.nhwc and ins[0].flags.c_contiguous:
-            return bound(*self._call(ins[0], out))
-        return super().prepare(ins, out)
+    @staticmethod
+    def _parts(c: int) -> int:
+        """the tasks a batch's image is summed in: a worker sums 128 channels at least"""
+        return max(1, min(threads(), c // 128))
 
     def __call__(self, ins, out):
-        kernel, args = self._call(ins[0], out)
-        kernel(*args)
+        call = self.kernel_call(ins, out)
+        if call is not None:
+            call[0](*call[1])
+            return
+        x = ins[0]
+        n = x.shape[0]
+        c = x.shape[3] if self.nhwc else x.shape[1]
+        npc = np.ascontiguousarray(x).reshape(n, -1, c) if self.nhwc else \
+            np.ascontiguousarray(x.reshape(n, c, -1).transpose(0, 2, 1))
+        self.k8.global_average(npc, self.s, self.z, self.so, self.zo, self.lo, self.hi,
+                               out.reshape(n, c), self._parts(c))
