@@ -460,6 +460,14 @@ class MaxPool2D(_Spatial):
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return _same_dtype(in_types, out_type)
 
+    def kernel_call(self, ins, out):
+        """one channel-last image: one call of the row kernel"""
+        if not (self.nhwc and out.shape[0] == 1):
+            return None
+        kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = _geometry(self.attrs)
+        return k.max_pool_channels_last[KIND_OF[out.dtype.name]], (
+            ins[0][0], kh, kw, sh, sw, pt, pl, dh, dw, out[0])
+
     def __call__(self, ins, out):
         kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = _geometry(self.attrs)
         dtype = out.dtype
@@ -495,6 +503,14 @@ class AvgPool2D(_Averaging):
 
 
 class GlobalAvgPool2D(_Averaging):
+    def kernel_call(self, ins, out):
+        """one channel-last image (contiguous): one call summing its pixels' rows"""
+        x = ins[0]
+        if not (self.nhwc and x.shape[0] == 1 and x.flags.c_contiguous):
+            return None
+        return k.global_avg_pool_channels_last, (x[0].reshape(-1, x.shape[3]),
+                                                 out[0].reshape(-1))
+
     def __call__(self, ins, out):
         if not self.nhwc:
             return self.compute(ins, out)
