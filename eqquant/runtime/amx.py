@@ -32,8 +32,8 @@ from functools import lru_cache
 import numpy as np
 from numba import njit
 
-from .llvm_loops import (counted_loop, cpu_has, declare, gemm_definition, gemm_intrinsic,
-                         load_gemms)
+from .llvm_loops import (counted_loop, cpu_has, declare, do_while_loop, gemm_definition,
+                         gemm_intrinsic, load_gemms)
 from .serial import twin
 from . import memory, vnni
 # each layer's epilogue constants are the VNNI kernel's, the gather is every path's
@@ -61,10 +61,13 @@ def tile_permission() -> bool:
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.syscall(_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
+        long = ctypes.c_long          # (syscall's arguments are longs: passed as such)
+        if libc.syscall(long(_ARCH_PRCTL), long(_ARCH_REQ_XCOMP_PERM),
+                        long(_XFEATURE_XTILEDATA)) != 0:
             return False
         granted = ctypes.c_uint64(0)
-        if libc.syscall(_ARCH_PRCTL, _ARCH_GET_XCOMP_PERM, ctypes.byref(granted)) != 0:
+        if libc.syscall(long(_ARCH_PRCTL), long(_ARCH_GET_XCOMP_PERM),
+                        ctypes.byref(granted)) != 0:
             return False
         return bool(granted.value >> _XFEATURE_XTILEDATA & 1)
     except (OSError, AttributeError):
@@ -106,33 +109,6 @@ def _tile_type():
     return Tile()
 
 
-def _do_while(fn, builder, count, values: list, body) -> list:
-    """``s = 0; do values = body(builder, s, values) while (++s < count)``: the loop over the
-    steps of K (at least one), its test at the bottom. Tested at the top, as
-    ``llvm_loops.carried_loop`` does, LLVM's -O3 unswitched the loops around it on whether K
-    has a step at all, and its allocation of the tiles then spilled three of them."""
-    from llvmlite import ir
-    i64 = ir.IntType(64)
-    pre = builder.block
-    work = fn.append_basic_block("s.body")
-    done = fn.append_basic_block("s.done")
-    builder.branch(work)
-    builder.position_at_end(work)
-    s = builder.phi(i64, name="s")
-    s.add_incoming(ir.Constant(i64, 0), pre)
-    carried = [builder.phi(v.type) for v in values]
-    for phi, v in zip(carried, values):
-        phi.add_incoming(v, pre)
-    new = body(builder, s, carried)
-    after = builder.add(s, ir.Constant(i64, 1))
-    s.add_incoming(after, builder.block)
-    for phi, v in zip(carried, new):
-        phi.add_incoming(v, builder.block)
-    builder.cbranch(builder.icmp_signed("<", after, count), work, done)
-    builder.position_at_end(done)
-    return new
-
-
 def define_tdpbusd(name: str, epilogue: bool):
     """Define (once per LLVM module) ``void <name>(A, lda, B, C, ldc, p0, p1, kq, oblocks)``:
     C rows p0..p1 (int32, ldc apart) = A's rows (lda bytes apart) times ``oblocks`` panels of
@@ -160,8 +136,9 @@ def define_tdpbusd(name: str, epilogue: bool):
         steps = b.udiv(kq, c64(STEP))     # (kq: a multiple of STEP, ``pack``)
         sums = None
         if epilogue:    # a group's sums, 16 rows of 64 int32, for the epilogue to read
-            sums = b.bitcast(b.alloca(ir.ArrayType(i32, ROWS * BLOCK)), ptr)
-            sums.operands[0].align = 64
+            slot = b.alloca(ir.ArrayType(i32, ROWS * BLOCK))
+            slot.align = 64
+            sums = b.bitcast(slot, ptr)
             finish = vnni.requantize_finish(args, BLOCK)
 
         def per_block(bb, ob):
@@ -180,7 +157,7 @@ def define_tdpbusd(name: str, epilogue: bool):
                     return [bk.call(dot, [m16, width, width, acc, a, bk.call(load, [
                         c16(STEP), width, bk.gep(panel, [bk.add(at, c64(64 * j))]),
                         c64(PANEL)])]) for j, acc in enumerate(accs)]
-                final = _do_while(fn, bc, steps, accs, step)
+                final = do_while_loop(fn, bc, steps, accs, step)
                 if epilogue:
                     for j, acc in enumerate(final):
                         bc.call(store, [m16, width, bc.gep(sums, [c64(64 * j)]),

@@ -53,6 +53,34 @@ def while_loop(fn, builder, values: list, test, body, name: str = "w"):
     return carried
 
 
+def do_while_loop(fn, builder, count, values: list, body, name: str = "s") -> list:
+    """``i = 0; do values = body(builder, i, values) while (++i < count)``: at least one
+    pass, the test at the bottom; returns the values' final values, with the builder
+    positioned after the loop. (The AMX GEMM's loop over K: tested at its top, as
+    ``carried_loop`` is, LLVM's -O3 unswitched the loops around it on whether K had a step
+    at all, and its allocation of the tiles then spilled three of them.)"""
+    from llvmlite import ir
+    i64 = ir.IntType(64)
+    pre = builder.block
+    work = fn.append_basic_block(f"{name}.body")
+    done = fn.append_basic_block(f"{name}.done")
+    builder.branch(work)
+    builder.position_at_end(work)
+    i = builder.phi(i64, name=name)
+    i.add_incoming(ir.Constant(i64, 0), pre)
+    carried = [builder.phi(v.type) for v in values]
+    for phi, v in zip(carried, values):
+        phi.add_incoming(v, pre)
+    new = body(builder, i, carried)
+    after = builder.add(i, ir.Constant(i64, 1))
+    i.add_incoming(after, builder.block)
+    for phi, v in zip(carried, new):
+        phi.add_incoming(v, builder.block)
+    builder.cbranch(builder.icmp_signed("<", after, count), work, done)
+    builder.position_at_end(done)
+    return new
+
+
 def carried_loop(fn, builder, start, stop, values: list, body, name: str = "c"):
     """``for (i = start; i < stop; i++) values = body(builder, i, values)`` (``while_loop``):
     returns the values' final values, with the builder positioned after the loop."""
