@@ -31,6 +31,9 @@ from .kernels_int8 import add_residual, epilogue_params, requantize_rows
 from . import memory
 
 BLOCK = 64  # output channels per register block (4 x 16 lanes)
+LANES = 16  # int32 sums a vector: a block whose channels fill whole vectors is requantized in
+#             the GEMM's registers
+PANEL = BLOCK * 4   # bytes of packed weights per k-quad and block (64 channels x 4 k)
 PADS = True   # any number of output channels: the last block is padded with zeros
 
 
@@ -168,12 +171,12 @@ if available():
 @njit(cache=True)
 def gemm(a_u8, packed, out, p0=0, p1=-1, ob0=0, ob1=-1):
     """out[p, :] = a_u8[p, :] @ B for rows p0..p1 (a_u8: (P, Kp) uint8, out: (P, O) int32),
-    for the blocks of 64 output channels ob0..ob1 (all by default)."""
+    for the blocks of BLOCK output channels ob0..ob1 (all by default)."""
     oblocks, kq = packed.shape[0], packed.shape[1]
     p1 = a_u8.shape[0] if p1 < 0 else p1
     ob1 = oblocks if ob1 < 0 else ob1
-    gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data + ob0 * kq * 256,
-               out.ctypes.data + ob0 * 256, out.shape[1], p0, p1, kq, ob1 - ob0)
+    gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data + ob0 * kq * PANEL,
+               out.ctypes.data + ob0 * BLOCK * 4, out.shape[1], p0, p1, kq, ob1 - ob0)
 
 
 @njit(parallel=True, cache=True)
@@ -188,8 +191,8 @@ def gemm_parallel(a_u8, packed, out):
                        out.shape[1], t * CHUNK, min(p, t * CHUNK + CHUNK), kq, oblocks)
     else:
         for ob in prange(oblocks):
-            gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data + ob * kq * 256,
-                       out.ctypes.data + ob * 256, out.shape[1], 0, p, kq, 1)
+            gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data + ob * kq * PANEL,
+                       out.ctypes.data + ob * BLOCK * 4, out.shape[1], 0, p, kq, 1)
 
 
 @njit(cache=True)
@@ -213,11 +216,11 @@ def _finish(acc, cols, params, lo, hi, o0, p0, out):
 
 @njit(cache=True)
 def _gemm_requantize(rows, kp, packed, ob0, ob1, out, n, params, lo, hi):
-    """out[:n, ob0 * 64:ob1 * 64] (those of its columns out has) = the rows times the
+    """out[:n, ob0 * BLOCK:ob1 * BLOCK] (those of its columns out has) = the rows times the
     packed blocks ob0..ob1, requantized in registers (``gemm_requantize``; out (P, O)
     8-bit, channel-last)."""
     kq = packed.shape[1]
-    gemm_requantize(rows.ctypes.data, kp, packed.ctypes.data + ob0 * kq * 256,
+    gemm_requantize(rows.ctypes.data, kp, packed.ctypes.data + ob0 * kq * PANEL,
                     out.ctypes.data + ob0 * BLOCK, out.shape[1], 0, n, kq, ob1 - ob0,
                     params.ctypes.data + ob0 * BLOCK * 8, params.shape[1], lo, hi,
                     out.shape[1] - ob0 * BLOCK)
@@ -255,7 +258,7 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
                 n = rows.shape[0]
                 # blocks requantized in registers, straight into out (all of them when the
                 # channels fill whole vectors)
-                whole = ob1 if o_n % 16 == 0 else min(ob1, o_n // BLOCK)
+                whole = ob1 if o_n % LANES == 0 else min(ob1, o_n // BLOCK)
                 if whole > ob0:
                     _gemm_requantize(rows, kp, packed, ob0, whole, out[b, p0:], n, params, lo,
                                      hi)
@@ -263,7 +266,7 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
                 if rest < ob1:
                     cols = (ob1 - rest) * BLOCK
                     acc = np.empty((n, cols), np.int32)
-                    gemm_block(rows.ctypes.data, kp, packed.ctypes.data + rest * kq * 256,
+                    gemm_block(rows.ctypes.data, kp, packed.ctypes.data + rest * kq * PANEL,
                                acc.ctypes.data, cols, 0, n, kq, ob1 - rest)
                     _finish(acc, min(cols, o_n - rest * BLOCK), params, lo, hi, rest * BLOCK, p0,
                             out[b])
@@ -276,13 +279,14 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
         shares = block_shares(p_n, oblocks, threads)
         for item in prange(oblocks * shares):
             ob, q0, q1 = share_item(item, shares, p_n)
-            if (ob + 1) * BLOCK <= o_n or o_n % 16 == 0:
+            if (ob + 1) * BLOCK <= o_n or o_n % LANES == 0:
                 _gemm_requantize(rows[q0:], kp, packed, ob, ob + 1, out[0, q0:], q1 - q0,
                                  params, lo, hi)
             else:
-                acc = np.empty((q1 - q0, 64), np.int32)
-                gemm_block(rows[q0:].ctypes.data, kp, packed.ctypes.data + ob * kq * 256,
-                           acc.ctypes.data, 64, 0, q1 - q0, kq, 1)
-                _finish(acc, min(64, o_n - ob * 64), params, lo, hi, ob * 64, q0, out[0])
+                acc = np.empty((q1 - q0, BLOCK), np.int32)
+                gemm_block(rows[q0:].ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
+                           acc.ctypes.data, BLOCK, 0, q1 - q0, kq, 1)
+                _finish(acc, min(BLOCK, o_n - ob * BLOCK), params, lo, hi, ob * BLOCK, q0,
+                        out[0])
             add_residual(out, res, first, q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n),
                          add, lo, hi)
