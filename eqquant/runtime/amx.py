@@ -208,12 +208,15 @@ def conv_kernel(w, kp: int) -> tuple:
     return conv_requantize, ()
 
 
-# the VNNI kernel's drivers, each compiled again with the tile GEMMs in place of its own
+# the VNNI kernel's drivers, each compiled again with the tile GEMMs (and this kernel's
+# widths, the 512-bit kernel's: blocks of 64 channels, 256 bytes of panel per k-quad, the
+# epilogue on vectors of 16 sums) in place of its own
+_WIDTHS = dict(BLOCK=BLOCK, PANEL=PANEL, LANES=16)
 _gemm_requantize = njit(cache=True)(twin(vnni._gemm_requantize.py_func, "_amx",
-                                         gemm_requantize=gemm_requantize))
-gemm = njit(cache=True)(twin(vnni.gemm.py_func, "_amx", gemm_block=gemm_block))
+                                         gemm_requantize=gemm_requantize, **_WIDTHS))
+gemm = njit(cache=True)(twin(vnni.gemm.py_func, "_amx", gemm_block=gemm_block, **_WIDTHS))
 gemm_parallel = njit(parallel=True, cache=True)(twin(vnni.gemm_parallel.py_func, "_amx",
-                                                     gemm_block=gemm_block))
+                                                     gemm_block=gemm_block, **_WIDTHS))
 conv_requantize = njit(parallel=True, cache=True)(twin(
     vnni.conv_requantize.py_func, "_amx", gemm_block=gemm_block,
-    _gemm_requantize=_gemm_requantize))
+    _gemm_requantize=_gemm_requantize, **_WIDTHS))
