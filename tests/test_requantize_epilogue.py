@@ -3,7 +3,7 @@ gives the full epilogue's bits wherever the constants say it may be taken, and t
 that finish sums in registers give the reference's bits on either epilogue."""
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from eqquant.ir.builder import Builder
@@ -11,6 +11,7 @@ from eqquant.ir.interp import run
 from eqquant.ir.params import bind_params
 from eqquant.runtime.executor import Executor
 from eqquant.runtime.kernels_int8 import epilogue_params, requantize_rows, words_constants
+from eqquant.runtime.llvm_loops import cpu_has
 from eqquant.runtime.requantize_ir import ADD, FAST, FHI, FLO, FMULT, FOFFSET, TOTAL, WORDS
 
 I32 = 2 ** 31
@@ -186,6 +187,79 @@ def _check_emitted(chans, zin, out_range, zout, bound, seed):
                                               err_msg=f"words={words}, {lanes} lanes from "
                                                       f"{col}, row {r}")
     return params
+
+
+def _emitted_block(col: int, vectors: int):
+    """``run(sums, table, out, lo, base)``: 16 x ``vectors`` int32 sums of the table's
+    channels base + col.. through ``requantize_ir.block_words`` (the 512-bit GEMMs' words'
+    form for a whole block, taken as vectors of 16) handed the table from its column
+    ``base`` on (as the GEMMs are from their first block's), into as many bytes."""
+    from numba import njit, types
+    from numba.extending import intrinsic
+    from eqquant.runtime.requantize_ir import block_words
+
+    @intrinsic
+    def epilogue(typingctx, sums, table, stride, out, lo):
+        def codegen(context, builder, signature, args):
+            from llvmlite import ir
+            s, t, stride_, o, lo_ = args     # (t: the address of the table's column base)
+            vt = ir.VectorType(ir.IntType(32), 16)
+            at = builder.inttoptr(s, vt.as_pointer())
+            sums = [builder.load(builder.gep(at, [ir.Constant(ir.IntType(64), g)]), align=4)
+                    for g in range(vectors)]
+            requantize = block_words(builder, builder.inttoptr(t, ir.IntType(8).as_pointer()),
+                                     stride_, ir.Constant(ir.IntType(64), col), lo_)
+            r = requantize(builder, sums)
+            builder.store(r, builder.inttoptr(o, r.type.as_pointer()), align=1)
+            return context.get_dummy_value()
+        return types.void(*[types.intp] * 4, types.int64), codegen
+
+    @njit
+    def run(sums, table, out, lo, base):
+        epilogue(sums.ctypes.data, table.ctypes.data + 8 * base, table.shape[1],
+                 out.ctypes.data, lo)
+    return run
+
+
+# channels scaled below 1/2 (rounding shifts of 32 to 53 bits): the layers the words' form is for
+words_channel = st.fixed_dictionaries({
+    "multiplier": st.integers(2 ** 30, I32 - 1), "shift": st.integers(-22, -1),
+    "bias": st.integers(-50000, 50000),
+    "clamp": st.sampled_from([(-2 ** 40, 2 ** 40), (0, 2 ** 40), (0, 700), (-300, 20)]),
+})
+
+
+@pytest.mark.skipif(not cpu_has("avx512bw"), reason="the 512-bit words' form needs AVX-512")
+@settings(max_examples=60, deadline=None)
+@given(st.lists(words_channel, min_size=1, max_size=8), st.integers(-128, 255),
+       st.sampled_from([(0, 255), (-128, 127), (3, 100), (-100, -2)]), st.integers(-128, 255),
+       st.sampled_from([255 * 128 * 9, 255 * 128 * 4608]), st.integers(0, 2 ** 32),
+       st.integers(0, 7))
+def test_the_512_bit_words_give_the_references_bits(chans, zin, out_range, zout, bound, seed,
+                                                    turn):
+    """``block_words`` (a block of 64, 32 or 16 channels finished together, the vectors'
+    words packed into bytes) equals ``requantize_rows``'s bits, on blocks at the first
+    channel and later ones (the constants of a later group, found from the first's column or
+    handed from its own, as a GEMM is), in a table of 152 channels (a last group of 8, not
+    whole), wherever the table says WORDS."""
+    lo, hi = out_range
+    zout = min(max(zout, lo), hi)
+    chans = [chans[(i * 3 + turn) % len(chans)] for i in range(152)]
+    params = _table(chans, zin, zout, lo, hi, 255 * 128 * 4608)
+    assume(params[WORDS, 0])       # (a clamp no output meets turns the narrowed form off)
+    acc = _probe_sums(params, 152, bound, seed)
+    dtype = np.uint8 if lo >= 0 else np.int8
+    want = np.zeros(acc.shape, dtype)
+    requantize_rows(acc, params, 0, 152, lo, hi, want, 0, 0)
+    for vectors, col, base in ((4, 0, 0), (4, 64, 0), (4, 0, 64), (4, 48, 32), (2, 32, 0),
+                               (2, 0, 96), (1, 0, 0), (1, 16, 112), (1, 128, 0)):
+        run = _EMITTED.setdefault(("block", col, vectors), _emitted_block(col, vectors))
+        n, first = 16 * vectors, base + col
+        for r in range(len(acc)):
+            got = np.zeros(n, dtype)
+            run(np.ascontiguousarray(acc[r, first:first + n]), params, got, lo, base)
+            np.testing.assert_array_equal(got, want[r, first:first + n],
+                                          err_msg=f"{n} from {base} + {col}, row {r}")
 
 
 @pytest.mark.parametrize("out_range, zout", [((0, 255), 128), ((-128, 127), -3), ((0, 6), 0)])

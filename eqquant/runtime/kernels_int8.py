@@ -16,7 +16,8 @@ from .serial import with_serial
 from ..ops.qnn import ADD_FRACTION_BITS
 # the rows of ``epilogue_params`` (requantize_ir.py emits the same steps in LLVM IR)
 from .requantize_ir import (ADD, BACK, FAST, FHI, FLO, FMULT, FOFFSET, HI, LEFT, LO, MULT,
-                            OFFSET, TABLE_ROWS, TOTAL, WCHI, WCLO, WMULT, WOFFSET, WORDS, WSHIFT)
+                            OFFSET, TABLE_ROWS, TOTAL, WCHI, WCLO, WMULT, WOFFSET, WORDS, WSHIFT,
+                            ZCHI, ZCLO, ZMULT, ZOFFSET, ZSHIFT)
 
 
 @njit(parallel=True, cache=True)
@@ -450,7 +451,7 @@ def epilogue_params(add, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo,
     narrowed (``_narrowed``), FAST 1 in every column when every channel has it; the rows
     WORDS .. WSHIFT the narrowed epilogue on 32-bit words (``_words``), WORDS 1 in every
     column when every channel has it (and FAST), laid out as the kernels load them
-    (``_lay_out_words``)."""
+    (``_lay_out_words``), and again as the 512-bit GEMMs load them (``_lay_out_zwords``)."""
     n = shifts.size
     params = np.zeros((TABLE_ROWS, n), np.int64)
     per_channel = np.zeros((TABLE_ROWS, n), np.int64)
@@ -476,6 +477,7 @@ def epilogue_params(add, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo,
     params[WORDS, :] = 1 if words else 0
     if words:
         _lay_out_words(per_channel, params)
+        _lay_out_zwords(per_channel, params)
     return params
 
 
@@ -510,6 +512,35 @@ def _lay_out_words(per_channel, params):
                 params[row, at - WORDS_GROUP + 1] |= byte
     for c in range(n):
         params[WOFFSET, _offset_at(c, n)] = per_channel[WOFFSET, c]
+
+
+ZWORDS_GROUP = 16   # channels a vector of 512 bits takes (``requantize_ir.block_words``)
+ZWORDS_BYTES = 64   # channels whose ZCLO, ZCHI bytes a group's columns hold
+
+
+@njit(cache=True)
+def _lay_out_zwords(per_channel, params):
+    """The rows ZMULT .. ZCHI: the words' constants (WMULT .. WCHI, one per channel in
+    ``per_channel``) as ``requantize_ir.block_words`` loads them, within each group of 16
+    channels (whose constants are the group's 16 int64 of each row: a GEMM handed the table
+    from a later group's column on reads the same layout): ZMULT and ZSHIFT the group's
+    int32 in channel order in its first half, ZOFFSET its int64 as its even channels then its
+    odd ones (a last group of fewer in channel order: the kernels never take it on words),
+    and ZCLO, ZCHI the bytes of the 64 channels from the group's first on (fewer at the
+    end) in channel order, so that a block of 16, 32 or 64 channels loads its bytes in one."""
+    n = per_channel.shape[1]
+    for row in (ZMULT, ZSHIFT, ZCLO, ZCHI):
+        params[row, :] = 0
+    for c in range(n):
+        g, i = c - c % ZWORDS_GROUP, c % ZWORDS_GROUP
+        for row, src in ((ZMULT, WMULT), (ZSHIFT, WSHIFT)):
+            params[row, g + i // 2] |= (per_channel[src, c] & 0xFFFFFFFF) << (32 * (i % 2))
+        at = c if g + ZWORDS_GROUP > n else g + (i // 2 if i % 2 == 0 else 8 + i // 2)
+        params[ZOFFSET, at] = per_channel[WOFFSET, c]
+        for first in range(g, max(c - ZWORDS_BYTES, -ZWORDS_GROUP), -ZWORDS_GROUP):
+            i = c - first
+            for row, src in ((ZCLO, WCLO), (ZCHI, WCHI)):
+                params[row, first + i // 8] |= (per_channel[src, c] & 0xFF) << (8 * (i % 8))
 
 
 @njit(cache=True)

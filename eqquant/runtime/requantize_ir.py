@@ -21,6 +21,12 @@ epilogue on 32-bit words (row WORDS, ``kernels_int8._words``), its clamp moved t
 
     w = (sum * WMULT + WOFFSET) >> 32 >> WSHIFT       signed words: out - lo, not yet clamped
     out = clamp(sat8(w), WCLO, WCHI) + lo, 8 bits     sat8: two saturating packs
+
+The 512-bit GEMMs take the same words' form on a whole block of 16, 32 or 64 channels at
+once (``block_words``, rows ZMULT .. ZCHI: the same constants laid out for 16-lane
+vectors): 64 sums take 4 x 8 vector instructions and 6 for the packs, the clamp and the
+store, where the narrowed epilogue on 64-bit lanes took about 4 x 20, 8 of them shuffles (a
+widening, two narrowings), the one port that does them the bottleneck.
 """
 from __future__ import annotations
 
@@ -28,7 +34,8 @@ from __future__ import annotations
 ADD, LO, HI, LEFT, MULT, OFFSET, TOTAL, BACK = range(8)
 FAST, FLO, FHI, FMULT, FOFFSET = range(8, 13)
 WORDS, WCLO, WCHI, WMULT, WOFFSET, WSHIFT = range(13, 19)
-TABLE_ROWS = 19
+ZMULT, ZSHIFT, ZOFFSET, ZCLO, ZCHI = range(19, 24)
+TABLE_ROWS = 24
 
 
 def _const_loader(bc, table, stride, col, n: int):
@@ -181,6 +188,89 @@ def _saturated_bytes(bc, words):
     both = bc.call(perm, [bc.bitcast(fronts, v8), ir.Constant(v8, [0, 4, 1, 5] + [0] * 4)])
     return bc.shuffle_vector(bc.bitcast(both, v32), ir.Constant(v32, ir.Undefined),
                              ir.Constant(ir.VectorType(i32, n), list(range(n))))
+
+
+def _invariant_loader(bc, table, stride):
+    """``load(row, at, vector)``: the ``vector`` at byte ``at`` of the table's row ``row``, a
+    load marked invariant (no kernel writes the table; LLVM may take it as an instruction's
+    memory operand)."""
+    from llvmlite import ir
+    i64 = ir.IntType(64)
+    invariant = bc.module.add_metadata([])
+
+    def load(row, at, vector):
+        index = bc.add(bc.mul(stride, ir.Constant(i64, 8 * row)), at)
+        v = bc.load(bc.bitcast(bc.gep(table, [index]), vector.as_pointer()),
+                    align=vector.element.width // 8)
+        v.set_metadata("invariant.load", invariant)
+        return v
+    return load
+
+
+def block_words(bc, table, stride, col, lo):
+    """``requantize(bc, sums)``: the bytes of a whole block of 16, 32 or 64 channels from
+    col on, from its vectors of 16 int32 sums (a list of 1, 2 or 4), by the narrowed
+    epilogue on 32-bit words (``_narrowed_words``), for AVX-512, in a layer whose row WORDS
+    is set. For each vector of 16: the even lanes' and the odd lanes' products by ZMULT,
+    each a signed 32 x 32 -> 64-bit multiply (``vpmuldq``: the even words of each operand,
+    the odd ones shifted down first), plus ZOFFSET; their upper words in lane order (one
+    shuffle of two vectors), shifted right by ZSHIFT (``vpsravd``). The vectors' words then
+    saturate to bytes in two packs of 512 bits (signed to 16 bits, unsigned to 8: to [0,
+    255] in all), which leave each 128-bit lane holding 4 channels of each vector: one
+    ``vpermd`` puts them in order. Then clamped to [ZCLO, ZCHI] and plus lo in 8-bit lanes
+    (``_narrowed_words``). The constants (``kernels_int8._lay_out_zwords``), within each
+    group of 16 channels' 16 int64 columns of a row: ZMULT and ZSHIFT int32 in channel order
+    (the odd channels' factors are the words from the next on), ZOFFSET int64 as the even
+    channels then the odd ones, ZCLO and ZCHI the bytes of 64 channels in channel order;
+    ``table`` an i8 pointer, ``stride`` the table's columns, ``col`` a multiple of 16, ``lo``
+    an i64."""
+    from llvmlite import ir
+    from .llvm_loops import declare, splat
+    i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+    v16, q8, s32 = ir.VectorType(i32, 16), ir.VectorType(i64, 8), ir.VectorType(i16, 32)
+    c32 = ir.Constant(q8, [32] * 8)
+    pack32 = declare(bc.module, "llvm.x86.avx512.packssdw.512",
+                     ir.FunctionType(s32, [v16, v16]))
+    pack16 = declare(bc.module, "llvm.x86.avx512.packuswb.512",
+                     ir.FunctionType(ir.VectorType(i8, 64), [s32, s32]))
+    load = _invariant_loader(bc, table, stride)
+    first = bc.mul(col, ir.Constant(i64, 8))        # the block's first byte in a row
+
+    def at(n: int):
+        return bc.add(first, ir.Constant(i64, n))
+
+    def even_words(bc, v):      # the even words of v, sign-extended to int64
+        return bc.ashr(bc.shl(bc.bitcast(v, q8), c32), c32)
+
+    def requantize(bc, sums):
+        words = []
+        for g, s in enumerate(sums):          # group g: 16 columns (128 bytes) on
+            mult_even = load(ZMULT, at(128 * g), v16)
+            mult_odd = load(ZMULT, at(128 * g + 4), v16)
+            even = bc.add(bc.mul(even_words(bc, s), even_words(bc, mult_even)),
+                          load(ZOFFSET, at(128 * g), q8))
+            odd = bc.add(bc.mul(bc.ashr(bc.bitcast(s, q8), c32), even_words(bc, mult_odd)),
+                         load(ZOFFSET, at(128 * g + 64), q8))
+            upper = bc.shuffle_vector(
+                bc.bitcast(bc.lshr(even, c32), v16), bc.bitcast(odd, v16),
+                ir.Constant(v16, [i + 16 * (i % 2) for i in range(16)]))
+            words.append(bc.ashr(upper, load(ZSHIFT, at(128 * g), v16)))
+        shorts = [bc.call(pack32, [words[0], words[-1] if len(words) == 2 else words[0]])]
+        if len(words) == 4:
+            shorts = [bc.call(pack32, words[:2]), bc.call(pack32, words[2:])]
+        packed = bc.call(pack16, [shorts[0], shorts[-1]])
+        # lane L of 128 bits holds channels 4L..4L+4 of each vector in turn
+        n = 4 * len(sums)
+        bytes_ = ir.VectorType(i8, 4 * n)
+        ordered = bc.bitcast(bc.shuffle_vector(
+            bc.bitcast(packed, v16), ir.Constant(v16, ir.Undefined),
+            ir.Constant(ir.VectorType(i32, n), [4 * (i % 4) + i // 4 for i in range(n)])),
+            bytes_)
+        c_lo, c_hi = load(ZCLO, first, bytes_), load(ZCHI, first, bytes_)
+        ordered = bc.select(bc.icmp_unsigned("<", ordered, c_lo), c_lo, ordered)
+        ordered = bc.select(bc.icmp_unsigned(">", ordered, c_hi), c_hi, ordered)
+        return bc.add(ordered, splat(bc, bc.trunc(lo, i8), bytes_))
+    return requantize
 
 
 def _words_constants(bc, table, stride, col, n: int) -> tuple:

@@ -90,16 +90,32 @@ def requantize_finish(args, block: int):
     row's sum vectors requantized (``requantize_ir``) and stored as 8 bits in C, rows ldc
     bytes apart, those of the first ``valid`` channels only (args: the GEMM's, then params,
     stride, lo, hi, valid): a last block of 96 channels stores 2 of its 4 vectors. A whole
-    block of 16 channels on two vectors of 8 (AVX2's) is finished as one vector of 16."""
+    block of 16 channels on two vectors of 8 (AVX2's) is finished as one vector of 16, a
+    whole block of 16, 32 or 64 on vectors of 16 (AVX-512's) as one where the layer takes
+    the words' form (``requantize_ir.block_words``)."""
     from llvmlite import ir
-    from .requantize_ir import with_epilogue
+    from .requantize_ir import WORDS, block_words, with_epilogue
     i64 = ir.IntType(64)
     c_ptr, ldc = args[3], args[4]
     params, stride, lo, hi, valid = args[9:14]
 
     def finish(bc, accs, p, ob):
         lanes = accs[0][0].type.count
-        if lanes == 8 and len(accs[0]) == 2 and block == 16:
+        if lanes == 16 and len(accs[0]) in (1, 2, 4) and block == 16 * len(accs[0]):
+            # a whole block of 16, 32 or 64 channels in a layer that takes the words' form:
+            # each row's vectors finished together (``block_words``) and stored in one
+            col = bc.mul(ob, ir.Constant(i64, block))
+            flag = bc.load(bc.gep(bc.bitcast(params, i64.as_pointer()),
+                                  [bc.add(bc.mul(stride, ir.Constant(i64, WORDS)), col)]))
+            words = bc.and_(bc.icmp_signed("<=", bc.add(col, ir.Constant(i64, block)), valid),
+                            bc.icmp_signed("!=", flag, ir.Constant(i64, 0)))
+            with bc.if_else(words, likely=True) as (whole, apart):
+                with whole:
+                    stored(accs, p, col, lambda bc, row: row)(bc, block_words(
+                        bc, params, stride, col, lo))
+                with apart:
+                    vectors(bc, accs, p, ob, lanes)
+        elif lanes == 8 and len(accs[0]) == 2 and block == 16:
             # a block of 16 channels on 8-lane vectors (AVX2): a row's two vectors joined and
             # finished as 16, where the block is whole (the words' packs then take 16 sums
             # at a time, and one store writes them)
