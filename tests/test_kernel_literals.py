@@ -11,8 +11,8 @@ import textwrap
 import pytest
 from numba.core.registry import CPUDispatcher
 
-MODULES = ["avx2", "avxvnni", "vnni", "fma", "gather", "kernels_int8", "kernels_fp32",
-           "depthwise_simd", "pool_simd"]
+MODULES = ["avx2", "avxvnni", "vnni", "vnni16", "fma", "gather", "kernels_int8",
+           "kernels_fp32", "depthwise_simd", "pool_simd"]
 
 
 def _literal_calls(module):

@@ -176,13 +176,15 @@ def test_mobilenet_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8,
     convolutions' work split is bound with them)."""
     import numba
     from eqquant.quant.flow import compile_layouts
-    from eqquant.runtime import amx, avx2, avxvnni, fma, kernels_fp32, kernels_int8, vnni
+    from eqquant.runtime import (amx, avx2, avxvnni, fma, kernels_fp32, kernels_int8, vnni,
+                                 vnni16)
     from eqquant.runtime.bindings import fp32_path
     q, shape = mobilenet_int8
     if precision == "int8":
         ex, label = Executor(q.compiled), ("fused.qconv2d", "fused.qconv2d_add")
         kernels = (kernels_int8.depthwise_channels_last, amx.conv_requantize,
-                   vnni.conv_requantize, avxvnni.conv_requantize, avx2.conv_requantize,
+                   vnni.conv_requantize, vnni16.conv_requantize, avxvnni.conv_requantize,
+                   avx2.conv_requantize,
                    avx2._bytes_region)
     else:
         ex, label = Executor(compile_layouts(q.fp32).module), ("fused.conv2d",

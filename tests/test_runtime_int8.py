@@ -130,7 +130,7 @@ def test_every_int8_path_agrees_bit_for_bit(monkeypatch, dtype):
     assert int8_path() == next(p for p in PATHS if path_available(p))
 
 
-@pytest.mark.parametrize("path", ["amx", "vnni", "avxvnni", "avx2"])
+@pytest.mark.parametrize("path", ["amx", "vnni", "vnni16", "avxvnni", "avx2"])
 def test_simd_gemms_exact_on_random_matrices(path):
     from eqquant.runtime.bindings_int8 import path_available, simd_module
     if not path_available(path):
@@ -278,16 +278,16 @@ def _check_dense(n, k, units, unsigned, zx, per_unit, seed):
     ex = Executor(bound)
     assert [s.label for s in ex.steps] == ["qnn.dense"]
     import os
-    from eqquant.runtime.bindings_int8 import int8_path, simd_module
+    from eqquant.runtime.bindings_int8 import WIDER, int8_path, simd_module
     path = int8_path()
     # (on the AMX path, rows of K the tiles do not suit take the VNNI kernel unless the
-    # tiles are forced; on the VNNI path, few units take the 256-bit kernel's blocks of 16:
+    # tiles are forced; on the VNNI path, few units take the 512-bit kernel's blocks of 16:
     # see choose_gemm)
     if path == "amx" and not simd_module("amx").suits(k) and \
             os.environ.get("EQQUANT_INT8_KERNEL") != "amx":
         path = "vnni"
-    if path == "vnni" and units % 64 and units <= 32:
-        path = "avxvnni"
+    if path == "vnni" and -(-units // 64) * 64 >= WIDER["vnni16"] * (-(-units // 16) * 16):
+        path = "vnni16"
     module = simd_module(path)
     simd = module is not None and not np.any(zw) and (units % module.BLOCK == 0 or
                                                       module.PADS) and n >= module.ROWS
@@ -318,7 +318,7 @@ def test_integer_average_pools_are_bit_exact(dtype, k, stride, pad, include_pad,
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("path", ["portable", "amx", "vnni", "avxvnni", "avx2"])
+@pytest.mark.parametrize("path", ["portable", "amx", "vnni", "vnni16", "avxvnni", "avx2"])
 def test_relu6_convolutions_are_bit_exact_on_every_path(monkeypatch, path):
     """fused.qconv2d with a clip (ReLU6) epilogue: a MobileNet block whose 1x1 expansion has 64
     channels (the VNNI path's block), its depthwise and projection convolutions."""
@@ -339,13 +339,10 @@ def test_relu6_convolutions_are_bit_exact_on_every_path(monkeypatch, path):
     from eqquant.runtime.bindings_int8 import path_available
     if path != "portable" and not path_available(path):
         pytest.skip(f"this CPU has no {path}")
-    # the 64-channel expansion (and, on 16-channel blocks, the 16-channel projection: on the
-    # VNNI path that one takes the 256-bit kernel, where padding to 64 would make it 4x wider)
-    # (forced, the tiles take both)
-    assert _simd_used(ex, path) == {"portable": 0, "amx": 2, "vnni": 1, "avxvnni": 2,
-                                    "avx2": 2}[path]
-    if path == "vnni":
-        assert _simd_used(ex, "avxvnni") == 1
+    # the 64-channel expansion and the 16-channel projection (a path forced takes every
+    # layer: on the VNNI path the 16 channels are padded to a block of 64)
+    assert _simd_used(ex, path) == {"portable": 0, "amx": 2, "vnni": 2, "vnni16": 2,
+                                    "avxvnni": 2, "avx2": 2}[path]
     assert not [s.label for s in ex.steps if "reference" in s.label]
     np.testing.assert_array_equal(ex.run(samples[0]), run(q.module, samples[0]))
 
@@ -390,7 +387,7 @@ def test_qnn_clip_kernel_is_bit_exact(per_channel):
                          - np.clip(real, -1, 6)) <= 0.5 * np.max(s) + 1e-6)
 
 
-@pytest.mark.parametrize("path", ["portable", "amx", "vnni", "avxvnni", "avx2"])
+@pytest.mark.parametrize("path", ["portable", "amx", "vnni", "vnni16", "avxvnni", "avx2"])
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
 def test_unfused_int8_conv_on_every_path(monkeypatch, path, dtype):
     """qnn.conv2d on its own (64 output channels: the VNNI path's block), strided and padded,

@@ -194,7 +194,7 @@ def test_the_drivers_a_cpu_lacks_still_compile():
     """The VNNI and AMX drivers cannot run on a CPU without VNNI or AMX, so their work loops
     (shared with the AVX2 and FMA drivers, which the tests run) are compiled here without
     running, for the AVX2 driver's argument types with their own packed weights."""
-    from eqquant.runtime import amx, avx2, avxvnni, vnni
+    from eqquant.runtime import amx, avx2, avxvnni, vnni, vnni16
     rng = np.random.default_rng(0)
     x = rng.integers(0, 128, (1, 14, 14, 16)).astype(np.uint8)
     w = rng.integers(-127, 128, (32, 3 * 3 * 16)).astype(np.int8)
@@ -207,7 +207,7 @@ def test_the_drivers_a_cpu_lacks_still_compile():
     args = (x, 3, 3, 1, 1, 1, 1, 1, 1, 0, 14, 14, packed, params, 0, 255, out, 2,
             np.empty((0, 0, 0), np.uint8), np.zeros(7, np.int32))
     sig = tuple(numba.typeof(a) for a in args)
-    for simd in (vnni, avxvnni, amx):
+    for simd in (vnni, vnni16, avxvnni, amx):
         own = list(sig)
         own[12] = numba.typeof(simd.pack(w)[0])
         simd.conv_requantize.compile(tuple(own))
@@ -257,7 +257,7 @@ def test_three_blocks_of_a_7x7_image_on_two_threads_are_cut_in_halves():
     assert block_shares(49, 15, 2) == 2 and block_shares(10, 3, 2) == 1
 
 
-@pytest.mark.parametrize("path", ["amx", "vnni", "avxvnni", "avx2"])
+@pytest.mark.parametrize("path", ["amx", "vnni", "vnni16", "avxvnni", "avx2"])
 def test_a_small_images_shared_blocks_give_the_reference_bits(monkeypatch, path):
     """A 7 x 7 fused int8 convolution to 160 channels (blocks that do not divide among two
     threads, the last not whole) on one thread and on two: the reference's bits."""

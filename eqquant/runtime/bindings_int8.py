@@ -1,7 +1,8 @@
 """Kernel bindings of the integer ops: quantize, dequantize, requantize, qnn.conv2d,
 qnn.dense, qnn.add, qnn.clip and the fused int8 convolution. Convolutions and dense layers run
-on a SIMD GEMM chosen from the CPU's features at run time (``int8_path``): AVX512-VNNI
-(``vnni.py``), else 256-bit AVX-VNNI (``avxvnni.py``), else AVX2 (``avx2.py``), else portable
+on a SIMD GEMM chosen from the CPU's features at run time (``int8_path``): AMX tiles
+(``amx.py``), AVX512-VNNI (``vnni.py``; ``vnni16.py`` for narrow layers), else 256-bit
+AVX-VNNI (``avxvnni.py``), else AVX2 (``avx2.py``), else portable
 Numba loops (``kernels_int8.py``); every path gives the reference's bits. See
 ``bindings.py`` for what a binding is.
 """
@@ -31,7 +32,7 @@ def _const_scalar(consts, i):
     return np.asarray(v).reshape(())
 
 
-PATHS = ("amx", "vnni", "avxvnni", "avx2", "portable")     # fastest first
+PATHS = ("amx", "vnni", "vnni16", "avxvnni", "avx2", "portable")     # fastest first
 
 
 def simd_module(path: str):
@@ -42,6 +43,9 @@ def simd_module(path: str):
     if path == "vnni":
         from . import vnni
         return vnni
+    if path == "vnni16":
+        from . import vnni16
+        return vnni16
     if path == "avxvnni":
         from . import avxvnni
         return avxvnni
@@ -58,12 +62,23 @@ def path_available(path: str) -> bool:
 
 def int8_path() -> str:
     """The int8 GEMM this CPU runs: the first of PATHS it has; EQQUANT_INT8_KERNEL=amx|vnni|
-    avxvnni|avx2|portable forces one (a path the CPU lacks falls back to the best it has)."""
+    vnni16|avxvnni|avx2|portable forces one (a path the CPU lacks falls back to the best it
+    has)."""
     import os
     chosen = os.environ.get("EQQUANT_INT8_KERNEL", "")
     if chosen in PATHS and path_available(chosen):
         return chosen
     return next(p for p in PATHS if path_available(p))
+
+
+# How much wider than its blocks of 16 would, padding a layer to the 512-bit VNNI kernel's
+# blocks of 64 must make it for a narrow kernel to take it (``choose_gemm``), measured:
+# - vnni16, on an Intel Xeon (AMX, AVX512-VNNI; MobileNet-v2 int8, layer by layer): a layer
+#   with no padding either way runs 1.04-1.16x slower on it, 96 channels (padded to 128)
+#   0.84x and 144 (to 192) 0.9x the time;
+# - avxvnni, on an AMD EPYC with AVX512-VNNI: 16 and 24 channels ran 1.3-1.5x faster on it,
+#   96-160 channels 1.2-1.35x slower than padded.
+WIDER = {"vnni16": 1.15, "avxvnni": 2.0}
 
 
 def choose_gemm(channels: int, depth: int, eligible: bool):
@@ -72,19 +87,21 @@ def choose_gemm(channels: int, depth: int, eligible: bool):
     ``eligible`` (groups, weight zero points). On the AMX path, a layer the tiles do not
     suit (``amx.suits``: K not a multiple of 64 or below 128) takes the next path the CPU
     has (VNNI), unless EQQUANT_INT8_KERNEL=amx forces the tiles on every layer. On the
-    512-bit VNNI path, a layer that padding to its blocks of 64 channels would make at
-    least twice as wide as the 256-bit kernel's blocks of 16 (MobileNet's 16, 24, 32
-    channels) takes the 256-bit kernel: measured on an AMD EPYC with AVX512-VNNI, 16 and 24
-    channels ran 1.3-1.5x faster on it, 96-160 channels 1.2-1.35x slower than padded."""
+    512-bit VNNI path, a layer that padding to its blocks of 64 channels makes at least
+    ``WIDER`` times as wide as the narrow kernel's blocks of 16 would takes that kernel: the
+    512-bit one on blocks of 16 (``vnni16``), or the 256-bit one where the CPU has only
+    that (``avxvnni``), unless EQQUANT_INT8_KERNEL=vnni forces the blocks of 64 on every
+    layer."""
     import os
     path = int8_path()
     forced = os.environ.get("EQQUANT_INT8_KERNEL") == path
     if path == "amx" and not forced and not simd_module("amx").suits(depth):
         path = next(p for p in PATHS[1:] if path_available(p))
-    if path == "vnni" and path_available("avxvnni"):
-        wide, narrow = simd_module("vnni").BLOCK, simd_module("avxvnni").BLOCK
-        if -(-channels // wide) * wide >= 2 * (-(-channels // narrow) * narrow):
-            path = "avxvnni"
+    narrow = next((p for p in ("vnni16", "avxvnni") if path_available(p)), None)
+    if path == "vnni" and narrow is not None and not forced:
+        wide, block = simd_module("vnni").BLOCK, simd_module(narrow).BLOCK
+        if -(-channels // wide) * wide >= WIDER[narrow] * (-(-channels // block) * block):
+            path = narrow
     simd = simd_module(path)
     if simd is None or not eligible or not (channels % simd.BLOCK == 0 or simd.PADS):
         return None, "portable"

@@ -1,0 +1,72 @@
+"""An int8 GEMM on 512-bit VNNI in blocks of 16 output channels: one vector of 16 sums a
+pixel, where ``vnni.py``'s blocks are 64 (four vectors). It is ``vnni.py``'s kernel (the
+same ``vpdpbusd``, interface and epilogue) for the layers that padding to 64 channels would
+waste (MobileNet's 16, 24 and 32 channels, a multiple of 16 padded to 16 instead of 64): a
+step of K loads the block's one weight vector and multiplies it by ROWS broadcast pixels.
+``avxvnni.py`` serves those layers on CPUs with AVX-VNNI and no AVX-512, with two vectors of
+8 sums a pixel; here each instruction does 16 channels' work, and a whole block's sums are
+requantized together on 32-bit words (``requantize_ir.block_words``). B is packed as
+``avxvnni.py`` packs it, [O/16][K/4][16][4]. The drivers are the 512-bit kernel's, compiled
+again with this kernel's GEMMs and widths bound in (``serial.twin``).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .llvm_loops import cpu_has, gemm_intrinsic, load_gemms
+from .serial import twin
+from . import vnni
+# the gather and each layer's epilogue table are the 512-bit kernel's (re-exported: the
+# bindings take them from the path's module)
+from .gather import windows  # noqa: F401
+from .vnni import requantize_params  # noqa: F401
+from .vnni import define_vpdpbusd, pack_panels
+
+BLOCK = 16   # output channels per register block (one vector of 16 lanes)
+ROWS = 12    # pixels per micro-kernel step: 12 accumulators + the weights + the broadcast
+PANEL = 64   # bytes of packed weights per k-quad and block (16 channels x 4 k)
+PADS = True  # any number of output channels: the last block is padded with zero weights
+
+
+def available() -> bool:
+    return cpu_has("avx512vnni") and cpu_has("avx512bw")
+
+
+def _define(epilogue: bool = False):
+    """The GEMM: blocks of 16 channels (one vector), ROWS at a time
+    (``vnni.define_vpdpbusd``)."""
+    return define_vpdpbusd("eqquant_vnni16_gemm", 16, 1, ROWS, epilogue)
+
+
+def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """int8 weights (O, K) -> [ceil(O/16)][Kp/4][16][4] int8 panels (``vnni.pack_panels``)."""
+    return pack_panels(w, BLOCK, 4, np.int8)
+
+
+def conv_kernel(w: np.ndarray, kp: int) -> tuple:
+    """(the fused convolution, its arguments besides ``pack``'s): ``conv_requantize``, which
+    needs none (the interface of every SIMD path; ``avx2.conv_kernel`` chooses)."""
+    return conv_requantize, ()
+
+
+# gemm_block(A address, lda, B address, C address, ldc, p0, p1, kq, oblocks).
+gemm_block = gemm_intrinsic(_define(), "i8")
+# gemm_requantize(..., params address, params stride, lo, hi): requantized to 8 bits
+gemm_requantize = gemm_intrinsic(_define(True), "i8",
+                                 ("ptr", "i64", "i64", "i64", "i64"))
+if available():
+    load_gemms("vnni16", [gemm_block, gemm_requantize])
+
+
+# the 512-bit kernel's drivers, compiled again with this kernel's GEMMs and widths bound in
+# (``serial.twin``): blocks of 16 channels, 64 bytes of panel per k-quad, 16 sums a vector
+_WIDTHS = dict(BLOCK=BLOCK, PANEL=PANEL, LANES=16)
+_gemm_requantize = njit(cache=True)(twin(vnni._gemm_requantize.py_func, "_vnni16",
+                                         gemm_requantize=gemm_requantize, **_WIDTHS))
+gemm = njit(cache=True)(twin(vnni.gemm.py_func, "_vnni16", gemm_block=gemm_block, **_WIDTHS))
+gemm_parallel = njit(parallel=True, cache=True)(twin(
+    vnni.gemm_parallel.py_func, "_vnni16", gemm_block=gemm_block, **_WIDTHS))
+conv_requantize = njit(parallel=True, cache=True)(twin(
+    vnni.conv_requantize.py_func, "_vnni16", gemm_block=gemm_block,
+    _gemm_requantize=_gemm_requantize, **_WIDTHS))
