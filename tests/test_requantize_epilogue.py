@@ -115,10 +115,10 @@ def test_the_narrowed_epilogue_gives_the_full_epilogues_bits(chans, zin, out_ran
             assert _words(params, acc[r], lo) == [int(b) & 0xFF for b in full[r]], r
 
 
-def _emitted_epilogue(words: bool, lanes: int, col: int):
+def _emitted_epilogue(form: str, lanes: int, col: int):
     """``run(sums, table, out, lo, hi)``: ``lanes`` int32 sums of the table's channels col..
     through the epilogue as the kernels emit it (``requantize_ir.with_epilogue``, narrowed
-    as ``_narrowed_words`` or as ``_narrowed_vector``), into ``lanes`` bytes."""
+    in ``form``: "words", "lanes" or "block"), into ``lanes`` bytes."""
     from numba import njit, types
     from numba.extending import intrinsic
     from eqquant.runtime.requantize_ir import with_epilogue
@@ -135,7 +135,7 @@ def _emitted_epilogue(words: bool, lanes: int, col: int):
                 r = requantize(bc, v)
                 bc.store(r, bc.inttoptr(o, r.type.as_pointer()), align=1)
             with_epilogue(builder, builder.inttoptr(t, ir.IntType(8).as_pointer()), stride_,
-                          ir.Constant(ir.IntType(64), col), lanes, lo_, hi_, body, words=words)
+                          ir.Constant(ir.IntType(64), col), lanes, lo_, hi_, body, form)
             return context.get_dummy_value()
         return types.void(*[types.intp] * 4, types.int64, types.int64), codegen
 
@@ -156,36 +156,39 @@ _EMITTED = {}
          0, (-128, 127), -128, 2 ** 30, 3)          # a rounding shift of 53 bits, signed
 def test_the_emitted_epilogue_gives_the_references_bits(chans, zin, out_range, zout, bound,
                                                          seed):
-    """The epilogue as the kernels emit it, the narrowed one in either form (on 32-bit
-    words, as CPUs without AVX-512 take it, and on 64-bit lanes), and the full one, equals
+    """The epilogue as the kernels emit it, the narrowed one in each form (on 32-bit words
+    as CPUs without AVX-512 take it, on AVX-512's words where the CPU has it, and on 64-bit
+    lanes), and the full one, equals
     ``requantize_rows``'s bits on sums at the ends of [-bound, bound], around the narrowed
     clamp's bounds and between."""
     _check_emitted(chans, zin, out_range, zout, bound, seed)
 
 
 def _check_emitted(chans, zin, out_range, zout, bound, seed):
-    """The emitted epilogue in both forms, on vectors of 8 and of 16 (the kernels' widths)
+    """The emitted epilogue in each form, on vectors of 8 and of 16 (the kernels' widths)
     from the table's first channel, and of 8 from its ninth (the constants of a later group
-    of channels), against ``requantize_rows`` on 16 channels drawn from ``chans``; the
-    table."""
+    of channels), on AVX-512's words of 16 and 32 from the first and of 16 from the 17th,
+    against ``requantize_rows`` on 32 channels drawn from ``chans``; the table."""
     lo, hi = out_range
     zout = min(max(zout, lo), hi)
-    cols = [i % len(chans) for i in range(16)]
+    cols = [i % len(chans) for i in range(32)]
     chans = [chans[i] for i in cols]
     params = _table(chans, zin, zout, lo, hi, bound)
-    acc = _probe_sums(params, 16, bound, seed)
+    acc = _probe_sums(params, 32, bound, seed)
     dtype = np.uint8 if lo >= 0 else np.int8
     want = np.zeros(acc.shape, dtype)
-    requantize_rows(acc, params, 0, 16, lo, hi, want, 0, 0)
-    for words in (True, False):
-        for lanes, col in ((8, 0), (16, 0), (8, 8)):
-            run = _EMITTED.setdefault((words, lanes, col), _emitted_epilogue(words, lanes, col))
-            for r in range(len(acc)):
-                got = np.zeros(lanes, dtype)
-                run(np.ascontiguousarray(acc[r, col:col + lanes]), params, got, lo, hi)
-                np.testing.assert_array_equal(got, want[r, col:col + lanes],
-                                              err_msg=f"words={words}, {lanes} lanes from "
-                                                      f"{col}, row {r}")
+    requantize_rows(acc, params, 0, 32, lo, hi, want, 0, 0)
+    forms = [(form, lanes, col) for form in ("words", "lanes")
+             for lanes, col in ((8, 0), (16, 0), (8, 8))]
+    if cpu_has("avx512bw"):
+        forms += [("block", 16, 0), ("block", 16, 16), ("block", 32, 0)]
+    for form, lanes, col in forms:
+        run = _EMITTED.setdefault((form, lanes, col), _emitted_epilogue(form, lanes, col))
+        for r in range(len(acc)):
+            got = np.zeros(lanes, dtype)
+            run(np.ascontiguousarray(acc[r, col:col + lanes]), params, got, lo, hi)
+            np.testing.assert_array_equal(got, want[r, col:col + lanes],
+                                          err_msg=f"{form}, {lanes} lanes from {col}, row {r}")
     return params
 
 
@@ -271,11 +274,11 @@ def test_the_emitted_words_where_the_shift_is_32_and_more(out_range, zout):
     chans = [{"multiplier": 2 ** 30 + 3, "shift": -1, "bias": 40, "clamp": (-300, 20)},
              {"multiplier": 1_700_000_000, "shift": -9, "bias": 0, "clamp": (-2 ** 40, 2 ** 40)}]
     params = _check_emitted(chans, 7, out_range, zout, 255 * 128 * 9, 5)
-    assert params[WORDS].tolist() == [1] * 16
+    assert params[WORDS].tolist() == [1] * 32
     assert sorted(set(params[TOTAL].tolist())) == [32, 40]
     half = [{"multiplier": 2 ** 31 - 5, "shift": 0, "bias": -900, "clamp": (0, 2 ** 40)}]
     params = _check_emitted(half + chans, 7, out_range, zout, 255 * 128 * 9, 5)
-    assert params[WORDS].tolist() == [0] * 16 and params[FAST].tolist() == [1] * 16
+    assert params[WORDS].tolist() == [0] * 32 and params[FAST].tolist() == [1] * 32
 
 
 def test_the_usual_layer_takes_the_narrowed_epilogue():

@@ -306,26 +306,35 @@ def _words_constants(bc, table, stride, col, n: int) -> tuple:
     return groups, (load(table, WCLO, col, vb, 8), load(table, WCHI, col, vb, 8))
 
 
-def with_epilogue(bc, table, stride, col, n: int, lo, hi, body, words: bool | None = None):
+def with_epilogue(bc, table, stride, col, n: int, lo, hi, body, form: str | None = None):
     """Emit ``body(bc, requantize)`` under a branch on the layer's row FAST (WORDS for the
-    words' form), with builder ``bc``: ``requantize(bc, sums)`` gives the 8-bit values of a
+    words' forms), with builder ``bc``: ``requantize(bc, sums)`` gives the 8-bit values of a
     vector of n int32 sums of the channels col..col+n, by the narrowed epilogue where the
     layer has it, else the full one, from constants loaded once before ``body`` (the words'
-    form loads its own where it uses them; ``table``: as for ``load_constants``; ``lo``,
-    ``hi`` i64). ``body`` is emitted twice, once in each branch. The narrowed epilogue is
-    emitted as ``_narrowed_words`` where ``words`` says so (by default on a CPU without
-    AVX-512, for n a multiple of 8), else as ``_narrowed_vector``."""
+    forms load their own where they use them; ``table``: as for ``load_constants``; ``lo``,
+    ``hi`` i64). ``body`` is emitted once in each branch. The narrowed epilogue's ``form``:
+    "block" (``block_words``, by default on a CPU with AVX-512 for n = 16, 32 or 64, col a
+    multiple of 16; a layer without WORDS then takes the "lanes" form's branches), "words"
+    (``_narrowed_words``, by default on a CPU without AVX-512, for n a multiple of 8) or
+    "lanes" (``_narrowed_vector``, elsewhere)."""
     from llvmlite import ir
     from .llvm_loops import cpu_has
-    if words is None:
-        words = n % 8 == 0 and not cpu_has("avx512f")
+    if form is None:
+        form = "block" if n in (16, 32, 64) and cpu_has("avx512bw") else \
+            "words" if n % 8 == 0 and not cpu_has("avx512f") else "lanes"
     i64 = ir.IntType(64)
-    at = bc.add(bc.mul(stride, ir.Constant(i64, WORDS if words else FAST)), col)
+    at = bc.add(bc.mul(stride, ir.Constant(i64, FAST if form == "lanes" else WORDS)), col)
     flag = bc.load(bc.gep(bc.bitcast(table, i64.as_pointer()), [at]), align=8)
     with bc.if_else(bc.icmp_signed("!=", flag, ir.Constant(i64, 0)), likely=True) as (
-            narrowed, full):
+            narrowed, other):
         with narrowed:
-            if words:
+            if form == "block":
+                requantize = block_words(bc, table, stride, col, lo)
+                body(bc, lambda bd, sums: requantize(bd, [bd.shuffle_vector(
+                    sums, ir.Constant(sums.type, ir.Undefined),
+                    ir.Constant(ir.VectorType(ir.IntType(32), 16), list(range(g, g + 16))))
+                    for g in range(0, n, 16)] if n > 16 else [sums]))
+            elif form == "words":
                 body(bc, lambda bd, sums: _narrowed_words(bd, sums, table, stride, col, lo))
             else:
                 load = _const_loader(bc, table, stride, col, n)
@@ -333,6 +342,9 @@ def with_epilogue(bc, table, stride, col, n: int, lo, hi, body, words: bool | No
                         bc.sext(load(FMULT, 32), load(FOFFSET).type), load(FOFFSET),
                         load(TOTAL))
                 body(bc, lambda bd, sums: _narrowed_vector(bd, sums, fast))
-        with full:
-            constants = load_constants(bc, table, stride, col, n)
-            body(bc, lambda bd, sums: requantize_vector(bd, sums, constants, lo, hi))
+        with other:
+            if form == "block":
+                with_epilogue(bc, table, stride, col, n, lo, hi, body, "lanes")
+            else:
+                constants = load_constants(bc, table, stride, col, n)
+                body(bc, lambda bd, sums: requantize_vector(bd, sums, constants, lo, hi))
