@@ -346,14 +346,9 @@ def panel_gemm(fn, builder, args, *, rows: int, block: int, panel: int, weights:
         def body(bc, k, accs):
             at = bc.add(bc.mul(ob, bc.mul(count, c64(panel))), bc.mul(k, c64(panel)))
             if prefetch:
-                fetch = declare(bc.module, "llvm.prefetch.p0", ir.FunctionType(
-                    ir.VoidType(), [ir.IntType(8).as_pointer()] + [ir.IntType(32)] * 3))
                 for line in range(0, panel * 4, 64):
-                    where = bc.gep(b_ptr, [bc.add(at, c64(prefetch * panel + line // 4))])
-                    bc.call(fetch, [bc.bitcast(where, ir.IntType(8).as_pointer()),
-                                    ir.Constant(ir.IntType(32), 0),
-                                    ir.Constant(ir.IntType(32), 3),
-                                    ir.Constant(ir.IntType(32), 1)])
+                    ahead = c64(prefetch * panel + line // 4)
+                    prefetch_line(bc, bc.gep(b_ptr, [bc.add(at, ahead)]))
             vectors = load_vectors(bc, b_ptr, at, stride, n, vtype, align)
             return [row_step(bc, bc.mul(bc.add(p, c64(r)), lda), k, accs[r], vectors)
                     for r in range(nrows)]
@@ -439,6 +434,17 @@ def cpu_has(feature: str) -> bool:
         return bool(llvm.get_host_cpu_features().get(feature))
     except Exception:  # noqa: BLE001 - no llvmlite, an odd platform: use the portable path
         return False
+
+
+def prefetch_line(builder, pointer, write: bool = False) -> None:
+    """Ask for the cache line at ``pointer`` (into every level of cache; ``write``: to be
+    written, so that it comes owned), with ``llvm.prefetch``; never faults."""
+    from llvmlite import ir
+    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    fetch = declare(builder.module, "llvm.prefetch.p0",
+                    ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
+    builder.call(fetch, [builder.bitcast(pointer, i8p), ir.Constant(i32, int(write)),
+                         ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
 
 def declare(mod, name: str, fntype):
