@@ -79,12 +79,14 @@ from .llvm_loops import (carried_loop, counted_loop, cpu_has, declare, gemm_defi
                          while_loop)
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
 from .gather import (LINE, SMALL, _chunk_windows, _rows, block_shares, item_runs,
-                     next_work, share_item, shared_windows, work_split)
+                     load_entry, next_work, share_item, shared_windows, work_split)
 from .gather import windows  # noqa: F401
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
 from .vnni import requantize_params  # noqa: F401
 from .kernels_int8 import add_residual
 from .vnni import _finish, pack_panels, requantize_finish
+
+load_entry("uint8")   # the gather of this module's kernels, on bytes
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
 ROWS = 6     # pixels per micro-kernel step: 6 x 2 accumulators + 2 weight vectors in ymm

@@ -28,9 +28,11 @@ from numba import njit, prange
 from .kernels_fp32 import clamp
 from .llvm_loops import (cpu_has, declare, gemm_definition, gemm_intrinsic, load_gemms,
                          panel_gemm, splat)
-from .gather import (chunk_bounds, copy_windows, item_runs, next_work, shared_windows,
-                     work_split)
+from .gather import (chunk_bounds, copy_windows, item_runs, load_entry, next_work,
+                     shared_windows, work_split)
 from . import memory
+
+load_entry("float32")   # the gather of this module's kernels, on floats
 
 # path -> (floats per vector, pixel rows per micro-kernel); a block is two vectors
 WIDTHS = {"fma": (8, 6), "avx512": (16, 8)}

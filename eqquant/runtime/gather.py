@@ -343,7 +343,7 @@ def _windows_entry(hwc, h, w, c, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, ro
 
 # element type -> (its name in the C function's symbol, the type of the padding value)
 _KINDS = {"uint8": ("u8", "int64"), "float32": ("f32", "float32")}
-_ENTRIES: dict = {}   # kind -> the compiled C function (kept alive: its slot points into it)
+_ENTRIES: dict = {}   # element -> the compiled C function (kept alive: its slot points into it)
 
 
 def _entry_signature(element: str):
@@ -353,16 +353,22 @@ def _entry_signature(element: str):
     return types.void(types.CPointer(el), *([i] * 11), pad, i, i, types.CPointer(el), i, i)
 
 
-def _load_entries() -> None:
-    """Compile (or load from Numba's disk cache) the gather's C function of each element
-    type and put its address in its slot: as this module is imported, before any kernel
-    that calls it runs."""
+def load_entry(element: str) -> None:
+    """Compile (or load from Numba's disk cache) the gather's C function for ``element``
+    ("uint8" or "float32") once, and put its address in its slot. Each module whose kernels
+    gather calls it as it is imported, for the element type its kernels read (``vnni.py``
+    and ``avx2.py`` bytes, ``fma.py`` floats), so the slot is filled before any of them
+    runs, cached or compiled (a kernel calling an empty slot would jump to 0). One type's
+    alone: compiled with an empty cache, each took 1.2-1.3 s of a first start, and a program
+    reads one."""
+    if element in _ENTRIES:
+        return
     from numba import cfunc
     from .serial import twin
-    for element, (kind, _) in _KINDS.items():
-        entry = cfunc(_entry_signature(element), cache=True)(twin(_windows_entry, f"_{kind}"))
-        fill_slot(f"eqquant_windows_{kind}", entry.address)
-        _ENTRIES[kind] = entry
+    kind = _KINDS[element][0]
+    entry = cfunc(_entry_signature(element), cache=True)(twin(_windows_entry, f"_{kind}"))
+    fill_slot(f"eqquant_windows_{kind}", entry.address)
+    _ENTRIES[element] = entry
 
 
 def _copy_windows_intrinsic():
@@ -410,4 +416,3 @@ def _copy_windows_intrinsic():
 
 
 copy_windows = _copy_windows_intrinsic()
-_load_entries()

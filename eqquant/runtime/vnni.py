@@ -26,9 +26,11 @@ from .llvm_loops import (cpu_has, declare, gemm_definition, gemm_intrinsic, load
                          panel_gemm, splat)
 
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, windows, work_split  # noqa: F401
-from .gather import block_shares, item_runs, next_work, share_item, shared_windows
+from .gather import block_shares, item_runs, load_entry, next_work, share_item, shared_windows
 from .kernels_int8 import add_residual, epilogue_params, requantize_rows
 from . import memory
+
+load_entry("uint8")   # the gather of this module's kernels, on bytes
 
 BLOCK = 64  # output channels per register block (4 x 16 lanes)
 LANES = 16  # int32 sums a vector: a block whose channels fill whole vectors is requantized in
