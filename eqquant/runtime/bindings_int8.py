@@ -81,6 +81,18 @@ def int8_path() -> str:
 WIDER = {"vnni16": 1.15, "avxvnni": 2.0}
 
 
+def _narrow_or_vnni(channels: int) -> str:
+    """The narrow kernel the CPU has (``vnni16``, else ``avxvnni``) for a layer of
+    ``channels`` on the VNNI path where padding to blocks of 64 makes it at least
+    ``WIDER`` times as wide as the narrow kernel's blocks would, else "vnni"."""
+    narrow = next((p for p in ("vnni16", "avxvnni") if path_available(p)), None)
+    if narrow is None:
+        return "vnni"
+    wide, block = simd_module("vnni").BLOCK, simd_module(narrow).BLOCK
+    padded, narrowed = -(-channels // wide) * wide, -(-channels // block) * block
+    return narrow if padded >= WIDER[narrow] * narrowed else "vnni"
+
+
 def choose_gemm(channels: int, depth: int, eligible: bool):
     """(the SIMD GEMM module, its path) for a layer of ``channels`` outputs, each a sum of
     ``depth`` products (K), or (None, "portable") when the CPU has none or the layer is not
@@ -97,11 +109,9 @@ def choose_gemm(channels: int, depth: int, eligible: bool):
     forced = os.environ.get("EQQUANT_INT8_KERNEL") == path
     if path == "amx" and not forced and not simd_module("amx").suits(depth):
         path = next(p for p in PATHS[1:] if path_available(p))
-    narrow = next((p for p in ("vnni16", "avxvnni") if path_available(p)), None)
-    if path == "vnni" and narrow is not None and not forced:
-        wide, block = simd_module("vnni").BLOCK, simd_module(narrow).BLOCK
-        if -(-channels // wide) * wide >= WIDER[narrow] * (-(-channels // block) * block):
-            path = narrow
+    # (a layer of whole blocks of 64 never takes a narrow kernel: its module is not loaded)
+    if path == "vnni" and not forced and channels % simd_module("vnni").BLOCK:
+        path = _narrow_or_vnni(channels)
     simd = simd_module(path)
     if simd is None or not eligible or not (channels % simd.BLOCK == 0 or simd.PADS):
         return None, "portable"
