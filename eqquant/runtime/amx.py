@@ -30,11 +30,8 @@ import sys
 from functools import lru_cache
 
 import numpy as np
-from numba import njit
 
-from .llvm_loops import (counted_loop, cpu_has, declare, do_while_loop, gemm_definition,
-                         gemm_intrinsic, load_gemms)
-from .serial import twin
+from .llvm_loops import counted_loop, cpu_has, declare, do_while_loop, gemm_definition
 from . import memory, vnni
 # each layer's epilogue constants are the VNNI kernel's, the gather is every path's
 # (re-exported: the bindings take them from the path's module)
@@ -184,14 +181,8 @@ def define_tdpbusd(name: str, epilogue: bool):
     return define_gemm
 
 
-# gemm_block(A address, lda, B address, C address, ldc, p0, p1, kq, oblocks): C rows
-# p0..p1 = A rows times the packed B (``oblocks`` panels of ``kq`` x 64 x 4 bytes).
-gemm_block = gemm_intrinsic(define_tdpbusd("eqquant_amx_gemm", False), "i8")
-# gemm_requantize(..., params address, params stride, lo, hi, valid): requantized to 8 bits
-gemm_requantize = gemm_intrinsic(define_tdpbusd("eqquant_amx_gemm", True), "i8",
-                                 ("ptr", "i64", "i64", "i64", "i64"))
-if available():
-    load_gemms("amx", [gemm_block, gemm_requantize])
+gemm_block, gemm_requantize = vnni.requantizing_gemms(
+    "amx", lambda epilogue: define_tdpbusd("eqquant_amx_gemm", epilogue), available())
 
 
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -211,12 +202,5 @@ def conv_kernel(w, kp: int) -> tuple:
 # the VNNI kernel's drivers, each compiled again with the tile GEMMs (and this kernel's
 # widths, the 512-bit kernel's: blocks of 64 channels, 256 bytes of panel per k-quad, the
 # epilogue on vectors of 16 sums) in place of its own
-_WIDTHS = dict(BLOCK=BLOCK, PANEL=PANEL, LANES=16)
-_gemm_requantize = njit(cache=True)(twin(vnni._gemm_requantize.py_func, "_amx",
-                                         gemm_requantize=gemm_requantize, **_WIDTHS))
-gemm = njit(cache=True)(twin(vnni.gemm.py_func, "_amx", gemm_block=gemm_block, **_WIDTHS))
-gemm_parallel = njit(parallel=True, cache=True)(twin(vnni.gemm_parallel.py_func, "_amx",
-                                                     gemm_block=gemm_block, **_WIDTHS))
-conv_requantize = njit(parallel=True, cache=True)(twin(
-    vnni.conv_requantize.py_func, "_amx", gemm_block=gemm_block,
-    _gemm_requantize=_gemm_requantize, **_WIDTHS))
+gemm, gemm_parallel, conv_requantize = vnni.twin_drivers("amx", gemm_block, gemm_requantize,
+                                                         BLOCK, PANEL, 16)

@@ -538,9 +538,10 @@ def _lay_out_zwords(per_channel, params):
         at = c if g + ZWORDS_GROUP > n else g + (i // 2 if i % 2 == 0 else 8 + i // 2)
         params[ZOFFSET, at] = per_channel[WOFFSET, c]
         for first in range(g, max(c - ZWORDS_BYTES, -ZWORDS_GROUP), -ZWORDS_GROUP):
-            i = c - first
+            byte = c - first          # channel c's byte among those of group ``first``
             for row, src in ((ZCLO, WCLO), (ZCHI, WCHI)):
-                params[row, first + i // 8] |= (per_channel[src, c] & 0xFF) << (8 * (i % 8))
+                params[row, first + byte // 8] |= (per_channel[src, c] & 0xFF) << \
+                    (8 * (byte % 8))
 
 
 @njit(cache=True)

@@ -29,6 +29,7 @@ from .gather import CHUNK, SMALL, _chunk_windows, _rows, windows, work_split  # 
 from .gather import block_shares, item_runs, load_entry, next_work, share_item, shared_windows
 from .kernels_int8 import add_residual, epilogue_params, requantize_rows
 from . import memory
+from .serial import twin
 
 load_entry("uint8")   # the gather of this module's kernels, on bytes
 
@@ -176,14 +177,23 @@ def conv_kernel(w: np.ndarray, kp: int) -> tuple:
     return conv_requantize, ()
 
 
-# gemm_block(A address, lda, B address, C address, ldc, p0, p1, kq, oblocks): C rows
-# p0..p1 = A rows times the packed B (``oblocks`` panels of ``kq`` x 64 x 4 bytes).
-gemm_block = gemm_intrinsic(_define(), "i8")
-# gemm_requantize(..., params address, params stride, lo, hi): the same, requantized to 8 bits
-gemm_requantize = gemm_intrinsic(_define(True), "i8",
-                                 ("ptr", "i64", "i64", "i64", "i64"))
-if available():
-    load_gemms("vnni", [gemm_block, gemm_requantize])
+def requantizing_gemms(owner: str, define, load: bool) -> tuple:
+    """(gemm_block, gemm_requantize): the intrinsics calling the GEMM that ``define(epilogue)``
+    defines, without and with its requantizing epilogue (``gemm_intrinsic``), compiled as C
+    functions under ``owner``'s name where ``load`` (the CPU runs them):
+
+    - gemm_block(A address, lda, B address, C address, ldc, p0, p1, kq, oblocks): C rows
+      p0..p1 = A rows times the packed B (``oblocks`` panels of ``kq`` x BLOCK x 4 bytes);
+    - gemm_requantize(..., params address, params stride, lo, hi, valid): the same,
+      requantized to 8 bits (``requantize_finish``)."""
+    gemm_block = gemm_intrinsic(define(False), "i8")
+    gemm_requantize = gemm_intrinsic(define(True), "i8", ("ptr", "i64", "i64", "i64", "i64"))
+    if load:
+        load_gemms(owner, [gemm_block, gemm_requantize])
+    return gemm_block, gemm_requantize
+
+
+gemm_block, gemm_requantize = requantizing_gemms("vnni", _define, available())
 
 
 @njit(cache=True)
@@ -308,3 +318,22 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
                         out[0])
             add_residual(out, res, first, q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n),
                          add, lo, hi)
+
+
+def twin_drivers(owner: str, gemm_block, gemm_requantize, block: int, panel: int,
+                 lanes: int) -> tuple:
+    """(gemm, gemm_parallel, conv_requantize): this module's drivers compiled again with
+    another GEMM's intrinsics (``gemm_block``, ``gemm_requantize``) and widths bound in
+    (``serial.twin``, each under ``owner``'s name in Numba's cache): ``block`` output
+    channels a block, ``panel`` bytes of packed weights a k-quad and block, ``lanes`` sums a
+    vector. The AMX, 256-bit and blocks-of-16 kernels run on these, with no driver code of
+    their own."""
+    widths, suffix = dict(BLOCK=block, PANEL=panel, LANES=lanes), f"_{owner}"
+    requantize = njit(cache=True)(twin(_gemm_requantize.py_func, suffix,
+                                       gemm_requantize=gemm_requantize, **widths))
+    return (njit(cache=True)(twin(gemm.py_func, suffix, gemm_block=gemm_block, **widths)),
+            njit(parallel=True, cache=True)(twin(gemm_parallel.py_func, suffix,
+                                                 gemm_block=gemm_block, **widths)),
+            njit(parallel=True, cache=True)(twin(conv_requantize.py_func, suffix,
+                                                 gemm_block=gemm_block,
+                                                 _gemm_requantize=requantize, **widths)))

@@ -12,10 +12,8 @@ again with this kernel's GEMMs and widths bound in (``serial.twin``).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-from .llvm_loops import cpu_has, gemm_intrinsic, load_gemms
-from .serial import twin
+from .llvm_loops import cpu_has
 from . import vnni
 # the gather and each layer's epilogue table are the 512-bit kernel's (re-exported: the
 # bindings take them from the path's module)
@@ -50,23 +48,10 @@ def conv_kernel(w: np.ndarray, kp: int) -> tuple:
     return conv_requantize, ()
 
 
-# gemm_block(A address, lda, B address, C address, ldc, p0, p1, kq, oblocks).
-gemm_block = gemm_intrinsic(_define(), "i8")
-# gemm_requantize(..., params address, params stride, lo, hi): requantized to 8 bits
-gemm_requantize = gemm_intrinsic(_define(True), "i8",
-                                 ("ptr", "i64", "i64", "i64", "i64"))
-if available():
-    load_gemms("vnni16", [gemm_block, gemm_requantize])
+gemm_block, gemm_requantize = vnni.requantizing_gemms("vnni16", _define, available())
 
 
-# the 512-bit kernel's drivers, compiled again with this kernel's GEMMs and widths bound in
-# (``serial.twin``): blocks of 16 channels, 64 bytes of panel per k-quad, 16 sums a vector
-_WIDTHS = dict(BLOCK=BLOCK, PANEL=PANEL, LANES=16)
-_gemm_requantize = njit(cache=True)(twin(vnni._gemm_requantize.py_func, "_vnni16",
-                                         gemm_requantize=gemm_requantize, **_WIDTHS))
-gemm = njit(cache=True)(twin(vnni.gemm.py_func, "_vnni16", gemm_block=gemm_block, **_WIDTHS))
-gemm_parallel = njit(parallel=True, cache=True)(twin(
-    vnni.gemm_parallel.py_func, "_vnni16", gemm_block=gemm_block, **_WIDTHS))
-conv_requantize = njit(parallel=True, cache=True)(twin(
-    vnni.conv_requantize.py_func, "_vnni16", gemm_block=gemm_block,
-    _gemm_requantize=_gemm_requantize, **_WIDTHS))
+# the 512-bit kernel's drivers, compiled again with this kernel's GEMMs and widths bound in:
+# blocks of 16 channels, 64 bytes of panel per k-quad, 16 sums a vector
+gemm, gemm_parallel, conv_requantize = vnni.twin_drivers("vnni16", gemm_block,
+                                                         gemm_requantize, BLOCK, PANEL, 16)
