@@ -184,8 +184,7 @@ def test_mobilenet_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8,
         ex, label = Executor(q.compiled), ("fused.qconv2d", "fused.qconv2d_add")
         kernels = (kernels_int8.depthwise_channels_last, amx.conv_requantize,
                    vnni.conv_requantize, vnni16.conv_requantize, avxvnni.conv_requantize,
-                   avx2.conv_requantize,
-                   avx2._bytes_region)
+                   avx2.conv_requantize, avx2._bytes_region)
     else:
         ex, label = Executor(compile_layouts(q.fp32).module), ("fused.conv2d",
                                                                 "fused.conv2d_add")

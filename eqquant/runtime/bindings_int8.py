@@ -75,7 +75,8 @@ def int8_path() -> str:
 # blocks of 64 must make it for a narrow kernel to take it (``choose_gemm``), measured:
 # - vnni16, on an Intel Xeon (AMX, AVX512-VNNI; MobileNet-v2 int8, layer by layer): a layer
 #   with no padding either way runs 1.04-1.16x slower on it, 96 channels (padded to 128)
-#   0.84x and 144 (to 192) 0.9x the time;
+#   0.84x and 144 (to 192) 0.9x the time (not yet measured on an AMD EPYC with AVX512-VNNI,
+#   whose 512-bit instructions run as two halves);
 # - avxvnni, on an AMD EPYC with AVX512-VNNI: 16 and 24 channels ran 1.3-1.5x faster on it,
 #   96-160 channels 1.2-1.35x slower than padded.
 WIDER = {"vnni16": 1.15, "avxvnni": 2.0}
