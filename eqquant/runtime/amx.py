@@ -203,4 +203,4 @@ def conv_kernel(w, kp: int) -> tuple:
 # widths, the 512-bit kernel's: blocks of 64 channels, 256 bytes of panel per k-quad, the
 # epilogue on vectors of 16 sums) in place of its own
 gemm, gemm_parallel, conv_requantize = vnni.twin_drivers("amx", gemm_block, gemm_requantize,
-                                                         BLOCK, PANEL, 16)
+                                                         BLOCK, PANEL, 16, True)

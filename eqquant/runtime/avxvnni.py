@@ -61,4 +61,4 @@ gemm_block, gemm_requantize = vnni.requantizing_gemms("avxvnni", _define, availa
 # the 512-bit kernel's drivers, compiled again with this kernel's GEMMs and widths bound in:
 # blocks of 16 channels, 64 bytes of panel per k-quad, 8 sums a vector
 gemm, gemm_parallel, conv_requantize = vnni.twin_drivers("avxvnni", gemm_block,
-                                                         gemm_requantize, BLOCK, PANEL, 8)
+                                                         gemm_requantize, BLOCK, PANEL, 8, False)

@@ -37,6 +37,10 @@ BLOCK = 64  # output channels per register block (4 x 16 lanes)
 LANES = 16  # int32 sums a vector: a block whose channels fill whole vectors is requantized in
 #             the GEMM's registers
 PANEL = BLOCK * 4   # bytes of packed weights per k-quad and block (64 channels x 4 k)
+# the last vector of a block not whole is requantized in registers too and stored under a byte
+# mask (AVX-512BW), where it went through an int32 tile and ``requantize_rows`` (the drivers'
+# twins for 256-bit vectors, which have no byte mask, set it False)
+MASKED = True
 PADS = True   # any number of output channels: the last block is padded with zeros
 
 
@@ -135,22 +139,45 @@ def requantize_finish(args, block: int):
             vectors(bc, accs, p, ob, lanes)
 
     def vectors(bc, accs, p, ob, lanes):
-        """each of a row's sum vectors finished on its own (those inside ``valid``)"""
+        """each of a row's sum vectors finished on its own (those inside ``valid``; on
+        AVX-512, the one ``valid`` ends inside too, stored under a byte mask)"""
         for j in range(len(accs[0])):
             col = bc.add(bc.mul(ob, ir.Constant(i64, block)), ir.Constant(i64, lanes * j))
             inside = bc.icmp_signed("<=", bc.add(col, ir.Constant(i64, lanes)), valid)
-            with bc.if_then(inside, likely=True):
-                with_epilogue(bc, params, stride, col, lanes, lo, hi, stored(
-                    accs, p, col, lambda bc, row, j=j: row[j]))
+            with bc.if_else(inside, likely=True) as (whole, part):
+                with whole:
+                    with_epilogue(bc, params, stride, col, lanes, lo, hi, stored(
+                        accs, p, col, lambda bc, row, j=j: row[j]))
+                with part:
+                    if lanes == 16:
+                        count = bc.sub(valid, col)
+                        with bc.if_then(bc.icmp_signed(">", count, ir.Constant(i64, 0))):
+                            # (the 64-bit lanes' form: the words' constants of a last
+                            # group not whole are not laid out for vectors)
+                            with_epilogue(bc, params, stride, col, lanes, lo, hi, stored(
+                                accs, p, col, lambda bc, row, j=j: row[j], count), "lanes")
 
-    def stored(accs, p, col, sums):
+    def stored(accs, p, col, sums, count=None):
         """``with_epilogue``'s body: for each row r of ``accs``, ``sums(bc, its vectors)``
-        requantized and stored at row p + r, column col"""
+        requantized and stored at row p + r, column col (its first ``count`` bytes alone,
+        under a mask, where given)"""
         def rows(bc, requantize):
+            mask = None
             for r, row in enumerate(accs):
                 v = requantize(bc, sums(bc, row))
                 at = bc.add(bc.mul(bc.add(p, ir.Constant(i64, r)), ldc), col)
-                bc.store(v, bc.bitcast(bc.gep(c_ptr, [at]), v.type.as_pointer()), align=1)
+                where = bc.bitcast(bc.gep(c_ptr, [at]), v.type.as_pointer())
+                if count is None:
+                    bc.store(v, where, align=1)
+                    continue
+                if mask is None:
+                    n = v.type.count
+                    lanes = ir.Constant(ir.VectorType(i64, n), list(range(n)))
+                    mask = bc.icmp_signed("<", lanes, splat(bc, count, lanes.type))
+                store = declare(bc.module, f"llvm.masked.store.v{v.type.count}i8.p0",
+                                ir.FunctionType(ir.VoidType(), [v.type, where.type,
+                                                                ir.IntType(32), mask.type]))
+                bc.call(store, [v, where, ir.Constant(ir.IntType(32), 1), mask])
         return rows
     return finish
 
@@ -285,8 +312,8 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
                                           chunk, chunks, kp, shared)
                 n = rows.shape[0]
                 # blocks requantized in registers, straight into out (all of them when the
-                # channels fill whole vectors)
-                whole = ob1 if o_n % LANES == 0 else min(ob1, o_n // BLOCK)
+                # channels fill whole vectors, or a vector may be stored in part: MASKED)
+                whole = ob1 if o_n % LANES == 0 or MASKED else min(ob1, o_n // BLOCK)
                 if whole > ob0:
                     _gemm_requantize(rows, kp, packed, ob0, whole, out[b, p0:], n, params, lo,
                                      hi)
@@ -307,7 +334,7 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
         shares = block_shares(p_n, oblocks, threads)
         for item in prange(oblocks * shares):
             ob, q0, q1 = share_item(item, shares, p_n)
-            if (ob + 1) * BLOCK <= o_n or o_n % LANES == 0:
+            if (ob + 1) * BLOCK <= o_n or o_n % LANES == 0 or MASKED:
                 _gemm_requantize(rows[q0:], kp, packed, ob, ob + 1, out[0, q0:], q1 - q0,
                                  params, lo, hi)
             else:
@@ -321,14 +348,15 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
 
 
 def twin_drivers(owner: str, gemm_block, gemm_requantize, block: int, panel: int,
-                 lanes: int) -> tuple:
+                 lanes: int, masked: bool) -> tuple:
     """(gemm, gemm_parallel, conv_requantize): this module's drivers compiled again with
     another GEMM's intrinsics (``gemm_block``, ``gemm_requantize``) and widths bound in
     (``serial.twin``, each under ``owner``'s name in Numba's cache): ``block`` output
     channels a block, ``panel`` bytes of packed weights a k-quad and block, ``lanes`` sums a
-    vector. The AMX, 256-bit and blocks-of-16 kernels run on these, with no driver code of
-    their own."""
-    widths, suffix = dict(BLOCK=block, PANEL=panel, LANES=lanes), f"_{owner}"
+    vector, ``masked`` as MASKED. The AMX, 256-bit and blocks-of-16 kernels run on these, with
+    no driver code of their own."""
+    widths = dict(BLOCK=block, PANEL=panel, LANES=lanes, MASKED=masked)
+    suffix = f"_{owner}"
     requantize = njit(cache=True)(twin(_gemm_requantize.py_func, suffix,
                                        gemm_requantize=gemm_requantize, **widths))
     return (njit(cache=True)(twin(gemm.py_func, suffix, gemm_block=gemm_block, **widths)),

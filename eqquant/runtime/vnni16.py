@@ -54,4 +54,4 @@ gemm_block, gemm_requantize = vnni.requantizing_gemms("vnni16", _define, availab
 # the 512-bit kernel's drivers, compiled again with this kernel's GEMMs and widths bound in:
 # blocks of 16 channels, 64 bytes of panel per k-quad, 16 sums a vector
 gemm, gemm_parallel, conv_requantize = vnni.twin_drivers("vnni16", gemm_block,
-                                                         gemm_requantize, BLOCK, PANEL, 16)
+                                                         gemm_requantize, BLOCK, PANEL, 16, True)
