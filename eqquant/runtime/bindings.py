@@ -80,6 +80,14 @@ class Binding:
         default)."""
         return None
 
+    def call_kernel(self, ins, out) -> bool:
+        """Make ``kernel_call``'s call where there is one; whether it was made."""
+        call = self.kernel_call(ins, out)
+        if call is None:
+            return False
+        call[0](*call[1])
+        return True
+
     def prepare(self, ins, out):
         """A call with no arguments doing ``self(ins, out)``, for operands that are the same
         arrays at every run (``Executor._prepare``): the kernel's entry point bound to its
@@ -556,10 +564,9 @@ class Binary(Binding):
 
     def __call__(self, ins, out):
         a, b = ins
-        call = self.kernel_call(ins, out)
-        if call is not None:
-            call[0](*call[1])
-        elif self.channel:
+        if self.call_kernel(ins, out):
+            return
+        if self.channel:
             n, c = out.shape[:2]
             bv = np.ascontiguousarray(b.reshape(-1))
             for i in range(n):

@@ -414,8 +414,8 @@ class Requantize(Binding):
                                                    out.reshape(-1))
 
     def __call__(self, ins, out):
-        kernel, args = self.kernel_call([np.ascontiguousarray(ins[0])], out)
-        kernel(*args)
+        if not self.call_kernel([np.ascontiguousarray(ins[0])], out):
+            raise ValueError(f"{type(self).__name__}: the output must be C-contiguous")
 
 
 class _PerTensorQ(Binding):
@@ -488,8 +488,8 @@ class Dequantize(Binding):
                                              out.reshape(self.shape3))
 
     def __call__(self, ins, out):
-        kernel, args = self.kernel_call([np.ascontiguousarray(ins[0])], out)
-        kernel(*args)
+        if not self.call_kernel([np.ascontiguousarray(ins[0])], out):
+            raise ValueError(f"{type(self).__name__}: the output must be C-contiguous")
 
 
 class QAdd(Binding):
@@ -774,9 +774,7 @@ class GlobalAverage(Binding):
         return max(1, min(threads(), c // 128))
 
     def __call__(self, ins, out):
-        call = self.kernel_call(ins, out)
-        if call is not None:
-            call[0](*call[1])
+        if self.call_kernel(ins, out):
             return
         x = ins[0]
         n = x.shape[0]
