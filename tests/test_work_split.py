@@ -191,9 +191,11 @@ def test_a_delayed_threads_run_is_taken_over_once():
 
 
 def test_the_drivers_a_cpu_lacks_still_compile():
-    """The VNNI and AMX drivers cannot run on a CPU without VNNI or AMX, so their work loops
-    (shared with the AVX2 and FMA drivers, which the tests run) are compiled here without
-    running, for the AVX2 driver's argument types with their own packed weights."""
+    """The VNNI family's driver cannot run its GEMMs on a CPU without VNNI or AMX, so its
+    work loops (shared with the AVX2 and FMA drivers, which the tests run) are compiled here
+    without running, for the AVX2 driver's argument types with the family's packed weights
+    and a kernel (``vnni.gemm_kernel``). One compiled driver serves every kernel of the
+    family: the GEMM is an argument, not a twin's."""
     from eqquant.runtime import amx, avx2, avxvnni, vnni, vnni16
     rng = np.random.default_rng(0)
     x = rng.integers(0, 128, (1, 14, 14, 16)).astype(np.uint8)
@@ -204,14 +206,17 @@ def test_the_drivers_a_cpu_lacks_still_compile():
                                     np.full(32, 1 << 30, np.int64), np.zeros(32, np.int64),
                                     0, 0, 0, 255, packed.shape[1] * 2)
     out = np.empty((1, 196, 32), np.uint8)
-    args = (x, 3, 3, 1, 1, 1, 1, 1, 1, 0, 14, 14, packed, params, 0, 255, out, 2,
-            np.empty((0, 0, 0), np.uint8), np.zeros(7, np.int32))
-    sig = tuple(numba.typeof(a) for a in args)
+    signatures = set()
     for simd in (vnni, vnni16, avxvnni, amx):
-        own = list(sig)
-        own[12] = numba.typeof(simd.pack(w)[0])
-        simd.conv_requantize.compile(tuple(own))
-        assert tuple(own) in simd.conv_requantize.overloads
+        driver, more = simd.conv_kernel(w, 0)
+        assert driver is vnni.conv_requantize and len(more) == 1
+        args = (x, 3, 3, 1, 1, 1, 1, 1, 1, 0, 14, 14, simd.pack(w)[0], *more, params, 0, 255,
+                out, 2, np.empty((0, 0, 0), np.uint8), np.zeros(7, np.int32))
+        sig = tuple(numba.typeof(a) for a in args)
+        driver.compile(sig)
+        assert sig in driver.overloads
+        signatures.add(sig)
+    assert len(signatures) == 1
 
 
 def test_the_bindings_read_the_pools_size_as_it_is_now():

@@ -21,8 +21,8 @@ stack and requantized from there, row by row, by ``vnni.py``'s epilogue
 
 Linux gives a process the AMX state only when it asks (``arch_prctl(ARCH_REQ_XCOMP_PERM,
 XFEATURE_XTILEDATA)``): ``available()`` asks once, and is False where the CPU lacks AMX-INT8
-or the system refuses; the VNNI kernels then run. The drivers are ``vnni.py``'s, compiled
-again with this module's GEMMs bound in (``serial.twin``).
+or the system refuses; the VNNI kernels then run. The drivers are ``vnni.py``'s, handed this
+module's GEMMs (``KERNEL``).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from .llvm_loops import counted_loop, cpu_has, declare, do_while_loop, gemm_defi
 from . import memory, vnni
 # each layer's epilogue constants are the VNNI kernel's, the gather is every path's
 # (re-exported: the bindings take them from the path's module)
-from .vnni import requantize_params  # noqa: F401
+from .vnni import conv_requantize, requantize_params  # noqa: F401
 from .gather import windows  # noqa: F401
 
 BLOCK = 64    # output channels per block (4 tiles of 16)
@@ -181,10 +181,6 @@ def define_tdpbusd(name: str, epilogue: bool):
     return define_gemm
 
 
-gemm_block, gemm_requantize = vnni.requantizing_gemms(
-    "amx", lambda epilogue: define_tdpbusd("eqquant_amx_gemm", epilogue), available())
-
-
 def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """int8 weights (O, K) -> ([ceil(O/64)][Kp/4][64][4] int8 panels, 128 * column sums (O,),
     Kp): ``vnni.pack``'s panels with K padded to a multiple of 64 (a whole tile of A a step;
@@ -194,13 +190,13 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def conv_kernel(w, kp: int) -> tuple:
-    """(the fused convolution, its arguments besides ``pack``'s): ``conv_requantize``, which
-    needs none (the interface of every SIMD path)."""
-    return conv_requantize, ()
+    """(the fused convolution, its arguments besides ``pack``'s): ``conv_requantize`` and
+    this module's KERNEL (the interface of every SIMD path)."""
+    return conv_requantize, (KERNEL,)
 
 
-# the VNNI kernel's drivers, each compiled again with the tile GEMMs (and this kernel's
-# widths, the 512-bit kernel's: blocks of 64 channels, 256 bytes of panel per k-quad, the
-# epilogue on vectors of 16 sums) in place of its own
-gemm, gemm_parallel, conv_requantize = vnni.twin_drivers("amx", gemm_block, gemm_requantize,
-                                                         BLOCK, PANEL, 16, True)
+# the VNNI kernel's drivers run the tile GEMMs (with the 512-bit kernel's widths: blocks of 64
+# channels, 256 bytes of panel per k-quad, the epilogue on vectors of 16 sums)
+KERNEL = vnni.gemm_kernel("amx", lambda epilogue: define_tdpbusd("eqquant_amx_gemm", epilogue),
+                          available(), BLOCK, PANEL, 16, True)
+gemm, gemm_parallel = vnni.bound_gemms(KERNEL)

@@ -13,7 +13,7 @@ AVX512-VNNI, the layers whose width fills no 64-channel block of ``vnni.py`` (Mo
 96, 144 channels: padded to 16, not to 64). B is packed once as [O/16][K/4][16][4], O padded
 with zero weights to a multiple of 16; an int8 activation x is fed as the byte x + 128 and
 the product corrected by 128 * sum_k B[k, o] (see ``pack``). The drivers are the 512-bit
-kernel's, compiled again with this kernel's GEMMs and widths bound in (``serial.twin``).
+kernel's, handed this kernel's GEMMs and widths (``KERNEL``).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from . import vnni
 # the gather and each layer's epilogue table are the 512-bit kernel's (re-exported: the
 # bindings take them from the path's module)
 from .gather import windows  # noqa: F401
-from .vnni import requantize_params  # noqa: F401
+from .vnni import conv_requantize, requantize_params  # noqa: F401
 from .vnni import define_vpdpbusd, pack_panels
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
@@ -50,15 +50,12 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def conv_kernel(w: np.ndarray, kp: int) -> tuple:
-    """(the fused convolution, its arguments besides ``pack``'s): ``conv_requantize``, which
-    needs none (the interface of every SIMD path; ``avx2.conv_kernel`` chooses)."""
-    return conv_requantize, ()
+    """(the fused convolution, its arguments besides ``pack``'s): ``conv_requantize`` and
+    this module's KERNEL (the interface of every SIMD path; ``avx2.conv_kernel`` chooses)."""
+    return conv_requantize, (KERNEL,)
 
 
-gemm_block, gemm_requantize = vnni.requantizing_gemms("avxvnni", _define, available())
-
-
-# the 512-bit kernel's drivers, compiled again with this kernel's GEMMs and widths bound in:
-# blocks of 16 channels, 64 bytes of panel per k-quad, 8 sums a vector
-gemm, gemm_parallel, conv_requantize = vnni.twin_drivers("avxvnni", gemm_block,
-                                                         gemm_requantize, BLOCK, PANEL, 8, False)
+# the 512-bit kernel's drivers run this kernel's GEMMs, with its widths: blocks of 16
+# channels, 64 bytes of panel per k-quad, 8 sums a vector
+KERNEL = vnni.gemm_kernel("avxvnni", _define, available(), BLOCK, PANEL, 8, False)
+gemm, gemm_parallel = vnni.bound_gemms(KERNEL)

@@ -162,6 +162,38 @@ def gemm_intrinsic(define, element: str, extra: tuple = ()):
     return called
 
 
+def gemm_at(element: str, extra: tuple = ()):
+    """A Numba intrinsic ``call(address, args)`` that calls the GEMM whose C function is at
+    ``address`` (an integer: the value of its slot, ``slot_address``) on the tuple ``args``,
+    which holds what ``gemm_intrinsic``'s intrinsic takes, in its order and meaning. One
+    driver then serves every GEMM of the same interface, the GEMM's address being one of its
+    arguments (``vnni.conv_requantize``): compiled once, where a twin bound to each GEMM's
+    slot was compiled again per GEMM (1.5 s each of a first start)."""
+    from numba import types
+    from numba.extending import intrinsic
+
+    def codegen(context, builder, signature, args):
+        fnty = _gemm_type(element, extra)
+        ptr = fnty.args[0]
+        kinds = ("ptr", "i64", "ptr", "ptr") + ("i64",) * 5 + tuple(extra)
+        tuple_type = signature.args[1]
+        values = []
+        for j, kind in enumerate(kinds):
+            value = context.cast(builder, builder.extract_value(args[1], j),
+                                 tuple_type[j], types.float32 if kind == "f32" else types.intp)
+            values.append(builder.inttoptr(value, ptr) if kind == "ptr" else value)
+        callee = builder.inttoptr(args[0], fnty.as_pointer())
+        builder.call(callee, values)
+        return context.get_dummy_value()
+
+    def call(typingctx, address, args):
+        if not isinstance(args, types.BaseTuple) or len(args) != 9 + len(extra):
+            return None
+        return types.void(address, args), codegen
+    call.__name__ = f"gemm_at_{element}_{len(extra)}"
+    return intrinsic(call)
+
+
 # C function symbol (a GEMM's, the gather's) -> the process's cell for its address
 # (ctypes.c_void_p), which LLVM's symbol table knows as "eqquant_slot.<symbol>": kernels
 # compiled or loaded from Numba's disk cache in any process link to this process's cell.
@@ -190,6 +222,12 @@ def fill_slot(symbol: str, address: int) -> None:
     """Put the address of ``symbol``'s C function in its slot (``slot``)."""
     slot(symbol)
     _SLOTS[symbol].value = address
+
+
+def slot_address(symbol: str) -> int:
+    """The address in ``symbol``'s slot: its C function's, 0 while it was never loaded."""
+    slot(symbol)
+    return _SLOTS[symbol].value or 0
 
 
 def call_slot(builder, symbol: str, fnty, args):

@@ -22,14 +22,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .llvm_loops import (cpu_has, declare, gemm_definition, gemm_intrinsic, load_gemms,
-                         panel_gemm, splat)
+from .llvm_loops import (cpu_has, declare, gemm_at, gemm_definition, gemm_intrinsic,
+                         load_gemms, panel_gemm, slot_address, splat)
 
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, windows, work_split  # noqa: F401
 from .gather import block_shares, item_runs, load_entry, next_work, share_item, shared_windows
 from .kernels_int8 import add_residual, epilogue_params, requantize_rows
 from . import memory
-from .serial import twin
 
 load_entry("uint8")   # the gather of this module's kernels, on bytes
 
@@ -38,8 +37,8 @@ LANES = 16  # int32 sums a vector: a block whose channels fill whole vectors is 
 #             the GEMM's registers
 PANEL = BLOCK * 4   # bytes of packed weights per k-quad and block (64 channels x 4 k)
 # the last vector of a block not whole is requantized in registers too and stored under a byte
-# mask (AVX-512BW), where it went through an int32 tile and ``requantize_rows`` (the drivers'
-# twins for 256-bit vectors, which have no byte mask, set it False)
+# mask (AVX-512BW), where it went through an int32 tile and ``requantize_rows`` (the 256-bit
+# kernel, which has no byte mask, sets it False in its KERNEL)
 MASKED = True
 PADS = True   # any number of output channels: the last block is padded with zeros
 
@@ -199,55 +198,88 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def conv_kernel(w: np.ndarray, kp: int) -> tuple:
-    """(the fused convolution, its arguments besides ``pack``'s): ``conv_requantize``, which
-    needs none (the interface of every SIMD path; ``avx2.conv_kernel`` chooses)."""
-    return conv_requantize, ()
+    """(the fused convolution, its arguments besides ``pack``'s): ``conv_requantize`` and
+    this module's KERNEL (the interface of every SIMD path; ``avx2.conv_kernel`` chooses)."""
+    return conv_requantize, (KERNEL,)
 
 
-def requantizing_gemms(owner: str, define, load: bool) -> tuple:
-    """(gemm_block, gemm_requantize): the intrinsics calling the GEMM that ``define(epilogue)``
-    defines, without and with its requantizing epilogue (``gemm_intrinsic``), compiled as C
-    functions under ``owner``'s name where ``load`` (the CPU runs them):
+REQUANTIZING = ("ptr", "i64", "i64", "i64", "i64")   # the requantizing GEMM's extra arguments
 
-    - gemm_block(A address, lda, B address, C address, ldc, p0, p1, kq, oblocks): C rows
-      p0..p1 = A rows times the packed B (``oblocks`` panels of ``kq`` x BLOCK x 4 bytes);
-    - gemm_requantize(..., params address, params stride, lo, hi, valid): the same,
-      requantized to 8 bits (``requantize_finish``)."""
-    gemm_block = gemm_intrinsic(define(False), "i8")
-    gemm_requantize = gemm_intrinsic(define(True), "i8", ("ptr", "i64", "i64", "i64", "i64"))
+
+def gemm_kernel(owner: str, define, load: bool, block: int, panel: int, lanes: int,
+                masked: bool) -> tuple:
+    """A kernel of the drivers below: (the address of the GEMM that ``define(False)``
+    defines, that of ``define(True)``'s requantizing one, block, panel, lanes, masked),
+    the GEMMs compiled as C functions under ``owner``'s name where ``load`` (the CPU runs
+    them; else both addresses are 0, and no layer may take the kernel):
+
+    - GEMM(A, lda, B, C, ldc, p0, p1, kq, oblocks): C rows p0..p1 (int32) = A rows times the
+      packed B (``oblocks`` panels of ``kq`` x ``block`` x 4 bytes);
+    - its requantizing one (..., params, params stride, lo, hi, valid): the same, requantized
+      to 8 bits (``requantize_finish``);
+    - ``block`` output channels a block, ``panel`` bytes of packed weights a k-quad and
+      block, ``lanes`` sums a vector, ``masked`` as MASKED.
+
+    The drivers take it as an argument, so that they are compiled once for every kernel of
+    this interface (AMX's, the 256-bit and blocks-of-16 ones), where each had its twin."""
+    plain, requantizing = define(False), define(True)
     if load:
-        load_gemms(owner, [gemm_block, gemm_requantize])
-    return gemm_block, gemm_requantize
+        load_gemms(owner, [gemm_intrinsic(plain, "i8"),
+                           gemm_intrinsic(requantizing, "i8", REQUANTIZING)])
+    return (slot_address(plain.symbol), slot_address(requantizing.symbol), block, panel, lanes,
+            int(masked))
 
 
-gemm_block, gemm_requantize = requantizing_gemms("vnni", _define, available())
+def bound_gemms(kernel: tuple) -> tuple:
+    """(gemm, gemm_parallel) of ``kernel`` (``gemm_kernel``'s): ``multiply`` and
+    ``multiply_parallel`` with it bound, as each path module gives them."""
+    def gemm(a_u8, packed, out, p0=0, p1=-1, ob0=0, ob1=-1):
+        multiply(kernel, a_u8, packed, out, p0, p1, ob0, ob1)
+
+    def gemm_parallel(a_u8, packed, out):
+        multiply_parallel(kernel, a_u8, packed, out)
+    return gemm, gemm_parallel
+
+
+_gemm_at = gemm_at("i8")                       # (the drivers' calls of a kernel's GEMMs)
+_requantize_at = gemm_at("i8", REQUANTIZING)
+
+KERNEL = gemm_kernel("vnni", _define, available(), BLOCK, PANEL, LANES, MASKED)
 
 
 @njit(cache=True)
-def gemm(a_u8, packed, out, p0=0, p1=-1, ob0=0, ob1=-1):
+def multiply(kernel, a_u8, packed, out, p0=0, p1=-1, ob0=0, ob1=-1):
     """out[p, :] = a_u8[p, :] @ B for rows p0..p1 (a_u8: (P, Kp) uint8, out: (P, O) int32),
-    for the blocks of BLOCK output channels ob0..ob1 (all by default)."""
+    for the blocks of output channels ob0..ob1 (all by default), on ``kernel``'s GEMM."""
+    block, panel = kernel[2], kernel[3]
     oblocks, kq = packed.shape[0], packed.shape[1]
     p1 = a_u8.shape[0] if p1 < 0 else p1
     ob1 = oblocks if ob1 < 0 else ob1
-    gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data + ob0 * kq * PANEL,
-               out.ctypes.data + ob0 * BLOCK * 4, out.shape[1], p0, p1, kq, ob1 - ob0)
+    _gemm_at(kernel[0], (a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data + ob0 * kq * panel,
+                         out.ctypes.data + ob0 * block * 4, out.shape[1], p0, p1, kq,
+                         ob1 - ob0))
 
 
 @njit(parallel=True, cache=True)
-def gemm_parallel(a_u8, packed, out):
-    """``gemm`` over the cores: by chunks of pixels when there are many, by output blocks when
-    the image is small (a 7x7 layer has 49 pixels)."""
+def multiply_parallel(kernel, a_u8, packed, out):
+    """``multiply`` over the cores: by chunks of pixels when there are many, by output blocks
+    when the image is small (a 7x7 layer has 49 pixels)."""
+    block, panel = kernel[2], kernel[3]
     p, oblocks, kq = a_u8.shape[0], packed.shape[0], packed.shape[1]
     if p >= SMALL or oblocks == 1:
         chunks = (p + CHUNK - 1) // CHUNK
         for t in prange(chunks):
-            gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data, out.ctypes.data,
-                       out.shape[1], t * CHUNK, min(p, t * CHUNK + CHUNK), kq, oblocks)
+            _gemm_at(kernel[0], (a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data,
+                                 out.ctypes.data, out.shape[1], t * CHUNK,
+                                 min(p, t * CHUNK + CHUNK), kq, oblocks))
     else:
         for ob in prange(oblocks):
-            gemm_block(a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data + ob * kq * PANEL,
-                       out.ctypes.data + ob * BLOCK * 4, out.shape[1], 0, p, kq, 1)
+            _gemm_at(kernel[0], (a_u8.ctypes.data, a_u8.shape[1],
+                                 packed.ctypes.data + ob * kq * panel,
+                                 out.ctypes.data + ob * block * 4, out.shape[1], 0, p, kq, 1))
+
+
+gemm, gemm_parallel = bound_gemms(KERNEL)
 
 
 @njit(cache=True)
@@ -270,30 +302,36 @@ def _finish(acc, cols, params, lo, hi, o0, p0, out):
 
 
 @njit(cache=True)
-def _gemm_requantize(rows, kp, packed, ob0, ob1, out, n, params, lo, hi):
-    """out[:n, ob0 * BLOCK:ob1 * BLOCK] (those of its columns out has) = the rows times the
-    packed blocks ob0..ob1, requantized in registers (``gemm_requantize``; out (P, O)
-    8-bit, channel-last)."""
+def _gemm_requantize(kernel, rows, kp, packed, ob0, ob1, out, n, params, lo, hi):
+    """out[:n, ob0 * block:ob1 * block] (those of its columns out has) = the rows times the
+    packed blocks ob0..ob1, requantized in registers (``kernel``'s requantizing GEMM; out
+    (P, O) 8-bit, channel-last)."""
+    block, panel = kernel[2], kernel[3]
     kq = packed.shape[1]
-    gemm_requantize(rows.ctypes.data, kp, packed.ctypes.data + ob0 * kq * PANEL,
-                    out.ctypes.data + ob0 * BLOCK, out.shape[1], 0, n, kq, ob1 - ob0,
-                    params.ctypes.data + ob0 * BLOCK * 8, params.shape[1], lo, hi,
-                    out.shape[1] - ob0 * BLOCK)
+    _requantize_at(kernel[1], (rows.ctypes.data, kp, packed.ctypes.data + ob0 * kq * panel,
+                               out.ctypes.data + ob0 * block, out.shape[1], 0, n, kq, ob1 - ob0,
+                               params.ctypes.data + ob0 * block * 8, params.shape[1], lo, hi,
+                               out.shape[1] - ob0 * block))
 
 
 @njit(parallel=True, cache=True)
-def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, params, lo, hi,
-                    out, threads, res, add):
+def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, kernel, params,
+                    lo, hi, out, threads, res, add):
     """A whole fused int8 convolution of a batch in one parallel region: nhwc (N, H, W, C)
-    uint8 -> out (N, oh*ow, O) 8-bit, channel-last (an NCHW call site moves it). Each work
-    item gathers a chunk of one image's pixels' windows into rows (``_rows``: a pointwise
-    convolution reads the image's own), multiplies them (``gemm_block``) and finishes them
-    (``_finish``), so the worker threads wake once per convolution; a lone small image (fewer
-    than 192 pixels) has its rows gathered once and is split by blocks of 64 channels
-    instead, and each block by pixels where the blocks alone would leave the threads
-    unequal runs (``block_shares``). ``params``: the layer's ``requantize_params``. With a
-    residual ``res`` (shaped as out; (0, 0, 0): none), each item's tile is then summed with
-    it in place (``add_tile``, ``add``: its parameters), in cache: fused.qconv2d_add."""
+    uint8 -> out (N, oh*ow, O) 8-bit, channel-last (an NCHW call site moves it), on
+    ``kernel``'s GEMMs (``gemm_kernel``: this module's, AMX's, the 256-bit or blocks-of-16
+    ones; one compiled driver for all). Each work item gathers a chunk of one image's
+    pixels' windows into rows (``_rows``: a pointwise convolution reads the image's own),
+    multiplies them and finishes them in the GEMM's registers, so the worker threads wake
+    once per convolution; a lone small image (fewer than 192 pixels) has its rows gathered
+    once and is split by blocks of channels instead, and each block by pixels where the
+    blocks alone would leave the threads unequal runs (``block_shares``). A block whose
+    last vector the channels end inside, on a kernel that cannot store it under a mask,
+    goes through an int32 tile and ``_finish``. ``params``: the layer's
+    ``requantize_params``. With a residual ``res`` (shaped as out; (0, 0, 0): none), each
+    item's tile is then summed with it in place (``add_tile``, ``add``: its parameters), in
+    cache: fused.qconv2d_add."""
+    block, panel, lanes, masked = kernel[2], kernel[3], kernel[4], kernel[5] != 0
     images, p_n = nhwc.shape[0], oh * ow
     o_n = out.shape[2]
     oblocks, kq = packed.shape[0], packed.shape[1]
@@ -312,20 +350,21 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
                                           chunk, chunks, kp, shared)
                 n = rows.shape[0]
                 # blocks requantized in registers, straight into out (all of them when the
-                # channels fill whole vectors, or a vector may be stored in part: MASKED)
-                whole = ob1 if o_n % LANES == 0 or MASKED else min(ob1, o_n // BLOCK)
+                # channels fill whole vectors, or a vector may be stored in part: masked)
+                whole = ob1 if o_n % lanes == 0 or masked else min(ob1, o_n // block)
                 if whole > ob0:
-                    _gemm_requantize(rows, kp, packed, ob0, whole, out[b, p0:], n, params, lo,
-                                     hi)
+                    _gemm_requantize(kernel, rows, kp, packed, ob0, whole, out[b, p0:], n,
+                                     params, lo, hi)
                 rest = max(ob0, whole)      # the blocks finished through memory
                 if rest < ob1:
-                    cols = (ob1 - rest) * BLOCK
+                    cols = (ob1 - rest) * block
                     acc = np.empty((n, cols), np.int32)
-                    gemm_block(rows.ctypes.data, kp, packed.ctypes.data + rest * kq * PANEL,
-                               acc.ctypes.data, cols, 0, n, kq, ob1 - rest)
-                    _finish(acc, min(cols, o_n - rest * BLOCK), params, lo, hi, rest * BLOCK, p0,
+                    _gemm_at(kernel[0], (rows.ctypes.data, kp,
+                                         packed.ctypes.data + rest * kq * panel, acc.ctypes.data,
+                                         cols, 0, n, kq, ob1 - rest))
+                    _finish(acc, min(cols, o_n - rest * block), params, lo, hi, rest * block, p0,
                             out[b])
-                add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
+                add_residual(out, res, b, p0, n, ob0 * block, min(ob1 * block, o_n), add, lo, hi)
     else:
         # the first image (its index and first pixel): a literal 0 passed on would have
         # Numba compile each callee a second time, for Literal[int](0)
@@ -334,34 +373,15 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
         shares = block_shares(p_n, oblocks, threads)
         for item in prange(oblocks * shares):
             ob, q0, q1 = share_item(item, shares, p_n)
-            if (ob + 1) * BLOCK <= o_n or o_n % LANES == 0 or MASKED:
-                _gemm_requantize(rows[q0:], kp, packed, ob, ob + 1, out[0, q0:], q1 - q0,
+            if (ob + 1) * block <= o_n or o_n % lanes == 0 or masked:
+                _gemm_requantize(kernel, rows[q0:], kp, packed, ob, ob + 1, out[0, q0:], q1 - q0,
                                  params, lo, hi)
             else:
-                acc = np.empty((q1 - q0, BLOCK), np.int32)
-                gemm_block(rows[q0:].ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
-                           acc.ctypes.data, BLOCK, 0, q1 - q0, kq, 1)
-                _finish(acc, min(BLOCK, o_n - ob * BLOCK), params, lo, hi, ob * BLOCK, q0,
+                acc = np.empty((q1 - q0, block), np.int32)
+                _gemm_at(kernel[0], (rows[q0:].ctypes.data, kp,
+                                     packed.ctypes.data + ob * kq * panel, acc.ctypes.data,
+                                     block, 0, q1 - q0, kq, 1))
+                _finish(acc, min(block, o_n - ob * block), params, lo, hi, ob * block, q0,
                         out[0])
-            add_residual(out, res, first, q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n),
+            add_residual(out, res, first, q0, q1 - q0, ob * block, min((ob + 1) * block, o_n),
                          add, lo, hi)
-
-
-def twin_drivers(owner: str, gemm_block, gemm_requantize, block: int, panel: int,
-                 lanes: int, masked: bool) -> tuple:
-    """(gemm, gemm_parallel, conv_requantize): this module's drivers compiled again with
-    another GEMM's intrinsics (``gemm_block``, ``gemm_requantize``) and widths bound in
-    (``serial.twin``, each under ``owner``'s name in Numba's cache): ``block`` output
-    channels a block, ``panel`` bytes of packed weights a k-quad and block, ``lanes`` sums a
-    vector, ``masked`` as MASKED. The AMX, 256-bit and blocks-of-16 kernels run on these, with
-    no driver code of their own."""
-    widths = dict(BLOCK=block, PANEL=panel, LANES=lanes, MASKED=masked)
-    suffix = f"_{owner}"
-    requantize = njit(cache=True)(twin(_gemm_requantize.py_func, suffix,
-                                       gemm_requantize=gemm_requantize, **widths))
-    return (njit(cache=True)(twin(gemm.py_func, suffix, gemm_block=gemm_block, **widths)),
-            njit(parallel=True, cache=True)(twin(gemm_parallel.py_func, suffix,
-                                                 gemm_block=gemm_block, **widths)),
-            njit(parallel=True, cache=True)(twin(conv_requantize.py_func, suffix,
-                                                 gemm_block=gemm_block,
-                                                 _gemm_requantize=requantize, **widths)))

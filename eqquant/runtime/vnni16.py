@@ -6,8 +6,8 @@ step of K loads the block's one weight vector and multiplies it by ROWS broadcas
 ``avxvnni.py`` serves those layers on CPUs with AVX-VNNI and no AVX-512, with two vectors of
 8 sums a pixel; here each instruction does 16 channels' work, and a whole block's sums are
 requantized together on 32-bit words (``requantize_ir.block_words``). B is packed as
-``avxvnni.py`` packs it, [O/16][K/4][16][4]. The drivers are the 512-bit kernel's, compiled
-again with this kernel's GEMMs and widths bound in (``serial.twin``).
+``avxvnni.py`` packs it, [O/16][K/4][16][4]. The drivers are the 512-bit kernel's, handed
+this kernel's GEMMs and widths (``KERNEL``).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from . import vnni
 # the gather and each layer's epilogue table are the 512-bit kernel's (re-exported: the
 # bindings take them from the path's module)
 from .gather import windows  # noqa: F401
-from .vnni import requantize_params  # noqa: F401
+from .vnni import conv_requantize, requantize_params  # noqa: F401
 from .vnni import define_vpdpbusd, pack_panels
 
 BLOCK = 16   # output channels per register block (one vector of 16 lanes)
@@ -43,15 +43,12 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def conv_kernel(w: np.ndarray, kp: int) -> tuple:
-    """(the fused convolution, its arguments besides ``pack``'s): ``conv_requantize``, which
-    needs none (the interface of every SIMD path; ``avx2.conv_kernel`` chooses)."""
-    return conv_requantize, ()
+    """(the fused convolution, its arguments besides ``pack``'s): ``conv_requantize`` and
+    this module's KERNEL (the interface of every SIMD path; ``avx2.conv_kernel`` chooses)."""
+    return conv_requantize, (KERNEL,)
 
 
-gemm_block, gemm_requantize = vnni.requantizing_gemms("vnni16", _define, available())
-
-
-# the 512-bit kernel's drivers, compiled again with this kernel's GEMMs and widths bound in:
-# blocks of 16 channels, 64 bytes of panel per k-quad, 16 sums a vector
-gemm, gemm_parallel, conv_requantize = vnni.twin_drivers("vnni16", gemm_block,
-                                                         gemm_requantize, BLOCK, PANEL, 16, True)
+# the 512-bit kernel's drivers run this kernel's GEMMs, with its widths: blocks of 16
+# channels, 64 bytes of panel per k-quad, 16 sums a vector
+KERNEL = vnni.gemm_kernel("vnni16", _define, available(), BLOCK, PANEL, 16, True)
+gemm, gemm_parallel = vnni.bound_gemms(KERNEL)
