@@ -1,4 +1,4 @@
-"""The narrowed integer epilogue (``kernels_int8._narrowed``, emitted by ``requantize_ir``)
+"""The narrowed integer epilogue (``epilogue_table._narrowed``, emitted by ``requantize_ir``)
 gives the full epilogue's bits wherever the constants say it may be taken, and the kernels
 that finish sums in registers give the reference's bits on either epilogue."""
 import numpy as np
@@ -10,7 +10,8 @@ from eqquant.ir.builder import Builder
 from eqquant.ir.interp import run
 from eqquant.ir.params import bind_params
 from eqquant.runtime.executor import Executor
-from eqquant.runtime.kernels_int8 import epilogue_params, requantize_rows, words_constants
+from eqquant.runtime.epilogue_table import epilogue_params, words_constants
+from eqquant.runtime.kernels_int8 import requantize_rows
 from eqquant.runtime.llvm_loops import cpu_has
 from eqquant.runtime.requantize_ir import ADD, FAST, FHI, FLO, FMULT, FOFFSET, TOTAL, WORDS
 

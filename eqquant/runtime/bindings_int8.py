@@ -17,7 +17,7 @@ from ..ops.fused import epilogue_bounds
 from ..ops.fixed_point import quantize_multiplier
 from ..ops.numerics import qrange
 from ..ops.registry import get_op
-from . import memory
+from . import epilogue_table, memory
 from .depthwise_simd import TAP_MAX, entry as sweep_entry
 from .bindings import (Binding, _per_channel, _per_channel_last, bound, move_into, moved,
                        threads)
@@ -585,7 +585,7 @@ class FusedQConv2D(Binding):
         self.clamp_lo = np.array(np.broadcast_to(lo_c, (o,)), np.int64)
         self.clamp_hi = np.array(np.broadcast_to(hi_c, (o,)), np.int64)
         self.lo, self.hi = qrange(out_type.dtype)
-        # the epilogue's per-channel constants, derived once (``kernels_int8.epilogue_params``)
+        # the epilogue's per-channel constants, derived once (``epilogue_table``)
         c = self.conv
         args = (self.clamp_lo, self.clamp_hi, self.m, self.sh, self.zin, self.zout, self.lo,
                 self.hi)
@@ -597,8 +597,8 @@ class FusedQConv2D(Binding):
                                *c.out_hw, c.packed, *c.more_args, self.params, self.lo,
                                self.hi)
         elif c.depthwise:
-            self.params = k8.depthwise_params(c.wdw, self.bias, *args)
-            self.inits = k8.depthwise_inits(c.wdw, c.zx)
+            self.params = epilogue_table.depthwise_params(c.wdw, self.bias, *args)
+            self.inits = epilogue_table.depthwise_inits(c.wdw, c.zx)
             self.fixed_args = (c.zx, c.wdw, c.mult, c.sh, c.sw, c.pt, c.pl, c.dh, c.dw)
         # the portable path's int32 accumulator, NCHW (its kernels' layout; made at its
         # first run, as the other paths never need it)

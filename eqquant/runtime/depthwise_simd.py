@@ -114,7 +114,7 @@ def _define(kind: str):
       the sum of the inside kernel rows' taps, so that a tap adds x * w: the sum of
       (x - zx) * w);
     - out: the output row (ow, C); table: the requantization's constants (integers:
-      ``epilogue_params``, rows ``stride`` apart);
+      ``epilogue_table.epilogue_params``, rows ``stride`` apart);
     - zrow: C values a border pixel (b0..x0, x1..b1; none when b0 = x0 and x1 = b1) reads in
       place of a tap outside the row;
     - off: the input column of pixel 0's first tap; lo and hi: the float clamp; qlo and qhi:

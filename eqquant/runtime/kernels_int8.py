@@ -14,10 +14,10 @@ from .depthwise_simd import call_sweep
 from .kernels_fp32 import inside, interior, kernel_rows
 from .serial import with_serial
 from ..ops.qnn import ADD_FRACTION_BITS
-# the rows of ``epilogue_params`` (requantize_ir.py emits the same steps in LLVM IR)
-from .requantize_ir import (ADD, BACK, FAST, FHI, FLO, FMULT, FOFFSET, HI, LEFT, LO, MULT,
-                            OFFSET, TABLE_ROWS, TOTAL, WCHI, WCLO, WMULT, WOFFSET, WORDS, WSHIFT,
-                            ZCHI, ZCLO, ZMULT, ZOFFSET, ZSHIFT)
+# the rows of ``epilogue_table.epilogue_params`` (requantize_ir.py emits the same steps in
+# LLVM IR)
+from .requantize_ir import ADD, BACK, HI, LEFT, LO, MULT, OFFSET, TOTAL
+from .epilogue_table import SIGN as _SIGN
 
 
 @njit(parallel=True, cache=True)
@@ -357,21 +357,6 @@ def requantize_acc(v, clamp_lo, clamp_hi, zin, left, multiplier, half, total, zo
     return min(max(v + zout, lo), hi)
 
 
-@njit(cache=True)
-def shift_params(shifts):
-    """(left shift, total right shift, rounding half) per channel: the fixed-point shift of
-    ``requantize_acc`` for each channel's Q31 multiplier shift."""
-    n = shifts.size
-    left = np.empty(n, np.int64)
-    total = np.empty(n, np.int64)
-    half = np.empty(n, np.int64)
-    for o in range(n):
-        left[o] = max(shifts[o], 0)
-        total[o] = max(-shifts[o], 0) + 31
-        half[o] = np.int64(1) << (total[o] - 1)
-    return left, total, half
-
-
 @njit(parallel=True, cache=True)
 def bias_clamp_requantize(acc, bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi,
                           out):
@@ -433,227 +418,15 @@ def depthwise_i8(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, out):
                 out[o, oy * ow + ox] = acc[ox, o]
 
 
-_SIGN = np.uint64(1 << 63)
-
-
-@njit(cache=True)
-def epilogue_params(add, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi, bound):
-    """The per-channel constants of ``requantize_acc`` for the vectorised epilogue
-    (``requantize_rows``), (TABLE_ROWS, O) int64, rows named in ``requantize_ir``, with what
-    is per channel folded: the saturation to int32 and the clamp in one clamp (LO, HI: a
-    clamp of a clamp is the clamp to the first's bounds clamped by the second, whatever the
-    bounds); the zero point into the rounding offset (OFFSET = half - (zin << left) *
-    multiplier: ((v - zin) << left) * m + half is (v << left) * m + OFFSET in int64's
-    wrapping arithmetic, bit for bit); and the sign trick's correction with the output zero
-    point (BACK = 2^63 >> total - zout, see ``requantize_rows``). ``add`` is the bias
-    (minus any zero-point correction), int64; [lo, hi] the 8-bit range; ``bound`` bounds
-    |sum| of the kernel's int32 sums. The rows FAST .. FOFFSET hold the same epilogue
-    narrowed (``_narrowed``), FAST 1 in every column when every channel has it; the rows
-    WORDS .. WSHIFT the narrowed epilogue on 32-bit words (``_words``), WORDS 1 in every
-    column when every channel has it (and FAST), laid out as the kernels load them
-    (``_lay_out_words``), and again as the 512-bit GEMMs load them (``_lay_out_zwords``)."""
-    n = shifts.size
-    params = np.zeros((TABLE_ROWS, n), np.int64)
-    per_channel = np.zeros((TABLE_ROWS, n), np.int64)
-    fast = words = True
-    for o in range(n):
-        left = max(shifts[o], 0)
-        total = max(-shifts[o], 0) + 31
-        half = np.int64(1) << (total - 1)
-        params[ADD, o] = add[o]
-        params[LO, o] = min(max(np.int64(-2147483648), clamp_lo[o]), clamp_hi[o])
-        params[HI, o] = min(max(np.int64(2147483647), clamp_lo[o]), clamp_hi[o])
-        params[LEFT, o] = left
-        params[MULT, o] = multipliers[o]
-        params[OFFSET, o] = half - (np.int64(zin) << left) * multipliers[o]
-        params[TOTAL, o] = total
-        params[BACK, o] = np.int64(_SIGN >> np.uint64(total)) - zout
-        fast = _narrowed(params[:, o], zin, zout, lo, hi, bound) and fast
-        # (a loop: a slice's copy compiles Numba's shape check, 2 s of a cold start)
-        for row in range(TABLE_ROWS):
-            per_channel[row, o] = params[row, o]
-        words = fast and _words(per_channel[:, o], lo, hi, bound) and words
-    params[FAST, :] = 1 if fast else 0
-    params[WORDS, :] = 1 if words else 0
-    if words:
-        _lay_out_words(per_channel, params)
-        _lay_out_zwords(per_channel, params)
-    return params
-
-
-WORDS_GROUP = 8   # channels a words' epilogue takes at a time (``requantize_ir._narrowed_words``)
-
-
-@njit(cache=True)
-def _lay_out_words(per_channel, params):
-    """The rows WMULT and WSHIFT as int32, WOFFSET reordered and WCLO, WCHI as bytes, within
-    each group of WORDS_GROUP channels (whose constants are the group's WORDS_GROUP int64 of
-    each row: a kernel handed the table from a later group's column on reads the same
-    layout): the group's int32 in its first half (two channels an int64, the even one in the
-    low half, the second half 0), its WOFFSET as its even channels then its odd ones, its
-    bytes in its first int64 (channel c's byte c % 8 of it) and again in the group before's
-    second (so that 16 channels' bytes from any group are one load of 16). The kernels
-    then load every constant of a group of 8 channels in one or two plain loads (taken from
-    64-bit lanes, they took 3 instructions each and their picks more, for every tile of a
-    GEMM). A last group of fewer channels keeps the same order where it has them; the
-    kernels never take it on words. ``words_constants`` reads them back."""
-    n = per_channel.shape[1]
-    for row in (WMULT, WSHIFT, WCLO, WCHI):
-        params[row, :] = 0
-    for c in range(n):
-        at = _word_at(c)
-        for row in (WMULT, WSHIFT):
-            params[row, at // 2] |= (per_channel[row, c] & 0xFFFFFFFF) << (32 * (at % 2))
-        for row in (WCLO, WCHI):     # its group's first int64 and the group before's second
-            at = c - c % WORDS_GROUP
-            byte = (per_channel[row, c] & 0xFF) << (8 * (c % WORDS_GROUP))
-            params[row, at] |= byte
-            if at >= WORDS_GROUP:
-                params[row, at - WORDS_GROUP + 1] |= byte
-    for c in range(n):
-        params[WOFFSET, _offset_at(c, n)] = per_channel[WOFFSET, c]
-
-
-ZWORDS_GROUP = 16   # channels a vector of 512 bits takes (``requantize_ir.block_words``)
-ZWORDS_BYTES = 64   # channels whose ZCLO, ZCHI bytes a group's columns hold
-
-
-@njit(cache=True)
-def _lay_out_zwords(per_channel, params):
-    """The rows ZMULT .. ZCHI: the words' constants (WMULT .. WCHI, one per channel in
-    ``per_channel``) as ``requantize_ir.block_words`` loads them, within each group of 16
-    channels (whose constants are the group's 16 int64 of each row: a GEMM handed the table
-    from a later group's column on reads the same layout): ZMULT and ZSHIFT the group's
-    int32 in channel order in its first half, ZOFFSET its int64 as its even channels then its
-    odd ones (a last group of fewer in channel order: the kernels never take it on words),
-    and ZCLO, ZCHI the bytes of the 64 channels from the group's first on (fewer at the
-    end) in channel order, so that a block of 16, 32 or 64 channels loads its bytes in one."""
-    n = per_channel.shape[1]
-    for row in (ZMULT, ZSHIFT, ZCLO, ZCHI):
-        params[row, :] = 0
-    for c in range(n):
-        g, i = c - c % ZWORDS_GROUP, c % ZWORDS_GROUP
-        for row, src in ((ZMULT, WMULT), (ZSHIFT, WSHIFT)):
-            params[row, g + i // 2] |= (per_channel[src, c] & 0xFFFFFFFF) << (32 * (i % 2))
-        at = c if g + ZWORDS_GROUP > n else g + (i // 2 if i % 2 == 0 else 8 + i // 2)
-        params[ZOFFSET, at] = per_channel[WOFFSET, c]
-        for first in range(g, max(c - ZWORDS_BYTES, -ZWORDS_GROUP), -ZWORDS_GROUP):
-            byte = c - first          # channel c's byte among those of group ``first``
-            for row, src in ((ZCLO, WCLO), (ZCHI, WCHI)):
-                params[row, first + byte // 8] |= (per_channel[src, c] & 0xFF) << \
-                    (8 * (byte % 8))
-
-
-@njit(cache=True)
-def _word_at(c):
-    """Where channel c's int32 constants are in their rows, counted in int32: the first half
-    of its group's int64 (``_lay_out_words``)."""
-    return 2 * (c - c % WORDS_GROUP) + c % WORDS_GROUP
-
-
-@njit(cache=True)
-def _offset_at(c, n):
-    """Where channel c's WOFFSET is in a row of n (``_lay_out_words``)."""
-    g, i = c - c % WORDS_GROUP, c % WORDS_GROUP
-    if g + WORDS_GROUP > n:
-        return c
-    return g + (i // 2 if i % 2 == 0 else WORDS_GROUP // 2 + i // 2)
-
-
-def words_constants(params: np.ndarray, c: int) -> tuple[int, int, int, int, int]:
-    """Channel c's (WMULT, WOFFSET, WSHIFT, WCLO, WCHI) from a table of ``epilogue_params``
-    whose row WORDS is set (``_lay_out_words``'s layout)."""
-    at = _word_at(c)
-
-    def word(row):
-        return int(params[row].view(np.int32)[at])
-
-    def byte(row):
-        return int(params[row].view(np.uint8)[8 * (c - c % WORDS_GROUP) + c % WORDS_GROUP])
-    return (word(WMULT), int(params[WOFFSET, _offset_at(c, params.shape[1])]), word(WSHIFT),
-            byte(WCLO), byte(WCHI))
-
-
-@njit(cache=True)
-def _narrowed(col, zin, zout, lo, hi, bound):
-    """Fill one channel's FLO, FHI, FMULT, FOFFSET and say whether its epilogue may be taken
-    narrowed: out = ((clamp(sum + ADD, FLO, FHI) * FMULT + FOFFSET) >> TOTAL) as 8 bits, the
-    sum and the clamp in int32 lanes, one 32 x 32 -> 64-bit multiply, no final clamp. The
-    same bits as the full epilogue when:
-
-    - |ADD| + bound < 2^31: sum + ADD is exact in int32, so the saturation does nothing;
-    - FMULT = MULT << LEFT < 2^31, positive, TOTAL <= 53, |zin| < 2^29 and the 8-bit
-      range, zout in it, within [-256, 256]: v * FMULT + FOFFSET is exact in int64 (no
-      wrap-around) for every int32 v, so g(v) = (v * FMULT + FOFFSET) >> TOTAL
-      = floor((v * FMULT + OFFSET) / 2^TOTAL) + zout (FOFFSET = OFFSET + zout << TOTAL) is
-      the full epilogue before its clamp, and it never decreases as v grows;
-    - FMULT <= 2^TOTAL (a scale of at most 1): g rises by at most 1 a step of v, so the
-      clamp of g to [lo, hi] equals g of v clamped to [FLO, FHI], the v where lo <= g(v) <=
-      hi (FLO the least v with g(v) >= lo, FHI the greatest with g(v) <= hi, both within
-      [LO, HI]), and the two clamps of v are one."""
-    left, m, total = col[LEFT], col[MULT], col[TOTAL]
-    if total > 53 or m <= 0 or left > 30 or m >= np.int64(1) << (31 - left):
-        return False
-    if abs(zin) >= 1 << 29 or lo < -256 or hi > 256 or not lo <= zout <= hi:
-        return False
-    fm = m << left
-    if fm > np.int64(1) << total or abs(col[ADD]) > 2147483647 - bound:
-        return False
-    foff = col[OFFSET] + (np.int64(zout) << total)
-    v_lo = -((foff - (np.int64(lo) << total)) // fm)          # ceil((lo * 2^t - foff) / fm)
-    v_hi = (((np.int64(hi) + 1) << total) - 1 - foff) // fm
-    col[FLO], col[FHI] = max(col[LO], v_lo), min(col[HI], v_hi)
-    col[FMULT], col[FOFFSET] = fm, foff
-    return col[FLO] <= col[FHI]
-
-
-@njit(cache=True)
-def _words(col, lo, hi, bound):
-    """Fill one narrowed channel's WMULT .. WCHI and say whether its epilogue may be taken on
-    32-bit words (``requantize_ir._narrowed_words``):
-
-        out = clamp(sat8((sum * WMULT + WOFFSET) >> 32 >> WSHIFT), WCLO, WCHI) + lo, 8 bits
-
-    where WMULT = FMULT, WOFFSET = ADD * FMULT + FOFFSET - lo << TOTAL, WSHIFT = TOTAL - 32,
-    sat8 saturates an int32 to [0, 255] and [WCLO, WCHI] is the range of out - lo over the
-    narrowed clamp's [FLO, FHI]. It is ``_narrowed``'s value: for v = sum + ADD in [FLO,
-    FHI], sum * WMULT + WOFFSET is v * FMULT + FOFFSET - lo * 2^TOTAL, which lies in [0, (hi
-    - lo + 1) * 2^TOTAL), so the floor division by 2^32 then by 2^WSHIFT (one by 2^TOTAL)
-    gives out - lo, within [WCLO, WCHI]; and as the sum grows the value never decreases (a
-    product by WMULT > 0, floor divisions, saturation), so a sum below FLO - ADD gives WCLO
-    or less and one above FHI - ADD gives WCHI or more: the clamp at the end is the narrowed
-    clamp of the sum. One signed 32 x 32 -> 64-bit multiply (``vpmuldq``) takes 4 lanes, one
-    arithmetic shift of words (``vpsravd``) 8, two saturating packs 16 (the clamp of the
-    sums, which took 3 instructions for 8 with the sum, is gone). It may when sum + ADD -
-    FLO is exact in int32 for |sum| <= bound and FHI - FLO fits in int32 (then |sum * WMULT
-    + WOFFSET| < 2^63: exact in int64), WMULT < 2^31 (a signed word) and TOTAL >= 32 (a
-    scale below 1/2: the usual layer; one in [1/2, 1) takes the full epilogue), and the
-    8-bit range is at most 256 wide (out - lo is a byte)."""
-    total, wm = col[TOTAL], col[FMULT]
-    wadd, whi = col[ADD] - col[FLO], col[FHI] - col[FLO]
-    if total < 32 or abs(wadd) > 2147483647 - bound or whi > 2147483647 or hi - lo > 255:
-        return False
-    if wm >= np.int64(1) << 31:
-        return False
-    # in int64, wrapping: the value at v = FLO lies in [0, 2^(TOTAL + 8)) and (sum + ADD -
-    # FLO) * FMULT within +-2^62, so the wrapped sums are the exact ones
-    at_flo = col[FLO] * wm + col[FOFFSET] - (np.int64(lo) << total)
-    col[WMULT], col[WSHIFT] = wm, total - 32
-    col[WOFFSET] = at_flo + wadd * wm
-    col[WCLO] = at_flo >> total
-    col[WCHI] = (whi * wm + at_flo) >> total
-    return True
-
-
 @njit(cache=True)
 def requantize_rows(acc, params, o0, cols, lo, hi, dst, r0, d0):
     """dst[r0 + r, d0 + c] = requantize_acc(acc[r, c] + bias[o], ...) for o = o0 + c, c <
     cols, every row r of acc: the epilogue of the integer convolutions, ``params`` from
-    ``epilogue_params``. The constants are sliced to the run once and every row is one loop
-    over contiguous arrays indexed by the loop's counter alone, so that it vectorises (an
-    index o0 + c may be negative as far as LLVM knows: Numba's wrap-around of negative
-    indices turned the loads into gathers and the stores into byte extractions, and a call per
-    row paid its set-up per row: 2.8 cycles an output, against 1.1). AVX2 has no arithmetic
+    ``epilogue_table.epilogue_params``. The constants are sliced to the run once and every
+    row is one loop over contiguous arrays indexed by the loop's counter alone, so that it
+    vectorises (an index o0 + c may be negative as far as LLVM knows: Numba's wrap-around
+    of negative indices turned the loads into gathers and the stores into byte extractions,
+    and a call per row paid its set-up per row: 2.8 cycles an output, against 1.1). AVX2 has no arithmetic
     right shift of 64-bit lanes by a per-lane amount, so the rounding shift is taken on the
     sum moved into the unsigned range (its top bit flipped: + 2^63) and moved back after
     (- 2^63 >> total): the same floor, the same bits, even where the sum wraps."""
@@ -687,33 +460,6 @@ def _taps_along(acc, row, tap, ox0, ox1, sw, offset, zx, mult):
                 a[c] += tap[c] * (np.int32(src[c // mult]) - zx)
 
 
-@njit(cache=True)
-def depthwise_params(wt, bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi):
-    """The epilogue's constants (``epilogue_params``) of ``depthwise_channels_last`` with
-    taps ``wt``: its sums are of kh * kw products (x - zx) * w, |x - zx| <= 255."""
-    bound = wt.shape[0] * wt.shape[1] * 255 * np.int64(np.abs(wt).max())
-    return epilogue_params(bias.astype(np.int64), clamp_lo, clamp_hi, multipliers, shifts,
-                           zin, zout, lo, hi, bound)
-
-
-@njit(cache=True)
-def depthwise_inits(wt, zx):
-    """(kh + 1, kh + 1, O) int32: at [i0, i1], -zx times the sum of the taps ``wt`` of kernel
-    rows i0..i1, what the SIMD sweep's sums start from when those rows lie inside the image
-    (its taps then add x * w: the sum of (x - zx) * w)."""
-    kh, kw, o_n = wt.shape
-    inits = np.zeros((kh + 1, kh + 1, o_n), np.int32)
-    for i0 in range(kh):
-        for i1 in range(i0 + 1, kh + 1):
-            for c in range(o_n):
-                total = np.int64(0)
-                for i in range(i0, i1):
-                    for j in range(kw):
-                        total += wt[i, j, c]
-                inits[i0, i1, c] = -np.int64(zx) * total
-    return inits
-
-
 @njit(parallel=True, cache=True)
 def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, params, inits,
                             lo, hi, out, sweep):
@@ -725,8 +471,8 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, par
     pixel of zx (x - zx = 0) for a tap outside the image; with a channel multiplier, the
     sums go tap by tap along the channels (``_taps_along``: taps outside the image hold zx,
     and are skipped), then their bias, clamp and requantization (``requantize_rows``).
-    Integer sums: the same in any order. ``params``: ``depthwise_params``'s table;
-    ``inits``: ``depthwise_inits``'s; ``sweep``: the sweep of x's type
+    Integer sums: the same in any order. ``params``: ``epilogue_table.depthwise_params``'s
+    table; ``inits``: ``depthwise_inits``'s; ``sweep``: the sweep of x's type
     (``depthwise_simd.entry``: "u8" or "i8"), called where mult is 1 only."""
     h, w = x.shape[0], x.shape[1]
     kh, kw, o_n = wt.shape

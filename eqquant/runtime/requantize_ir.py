@@ -8,7 +8,7 @@ table whose rows are named here), giving the same bits. The full epilogue, in in
     r = ((p ^ 2^63) >>> TOTAL) - BACK                 rounding shift; the output zero point
     out = clamp(r, lo, hi), 8 bits
 
-and the same narrowed, where ``kernels_int8._narrowed`` shows it gives the same bits (the
+and the same narrowed, where ``epilogue_table._narrowed`` shows it gives the same bits (the
 usual case: a scale below 1, a bias far from int32's ends):
 
     v = clamp(sum + ADD, FLO, FHI)                    int32 lanes; the output clamp moved here
@@ -17,7 +17,7 @@ usual case: a scale below 1, a bias far from int32's ends):
 16 outputs take about 16 vector instructions narrowed, against about 29 in full (two int64
 clamps, a shift and a 64 x 64-bit multiply more). A layer takes one or the other as a whole
 (row FAST), chosen by a branch per block of channels. CPUs without AVX-512 take the narrowed
-epilogue on 32-bit words (row WORDS, ``kernels_int8._words``), its clamp moved to the end:
+epilogue on 32-bit words (row WORDS, ``epilogue_table._words``), its clamp moved to the end:
 
     w = (sum * WMULT + WOFFSET) >> 32 >> WSHIFT       signed words: out - lo, not yet clamped
     out = clamp(sat8(w), WCLO, WCHI) + lo, 8 bits     sat8: two saturating packs
@@ -30,7 +30,7 @@ widening, two narrowings), the one port that does them the bottleneck.
 """
 from __future__ import annotations
 
-# the rows of ``kernels_int8.epilogue_params``: one per-channel constant each
+# the rows of ``epilogue_table.epilogue_params``: one per-channel constant each
 ADD, LO, HI, LEFT, MULT, OFFSET, TOTAL, BACK = range(8)
 FAST, FLO, FHI, FMULT, FOFFSET = range(8, 13)
 WORDS, WCLO, WCHI, WMULT, WOFFSET, WSHIFT = range(13, 19)
@@ -100,7 +100,7 @@ def _narrowed_vector(bc, sums, constants):
 
 def _narrowed_words(bc, sums, table, stride, col, lo):
     """The 8-bit values of ``sums`` (n int32 of the channels col..col+n, n a multiple of 8)
-    by the narrowed epilogue on 32-bit words (``kernels_int8._words``), for CPUs without
+    by the narrowed epilogue on 32-bit words (``epilogue_table._words``), for CPUs without
     AVX-512, which have no arithmetic shift of 64-bit lanes and no narrowing of them to
     bytes. For each group of 8:
 
@@ -218,7 +218,7 @@ def block_words(bc, table, stride, col, lo):
     saturate to bytes in two packs of 512 bits (signed to 16 bits, unsigned to 8: to [0,
     255] in all), which leave each 128-bit lane holding 4 channels of each vector: one
     ``vpermd`` puts them in order. Then clamped to [ZCLO, ZCHI] and plus lo in 8-bit lanes
-    (``_narrowed_words``). The constants (``kernels_int8._lay_out_zwords``), within each
+    (``_narrowed_words``). The constants (``epilogue_table._lay_out_zwords``), within each
     group of 16 channels' 16 int64 columns of a row: ZMULT and ZSHIFT int32 in channel order
     (the odd channels' factors are the words from the next on), ZOFFSET int64 as the even
     channels then the odd ones, ZCLO and ZCHI the bytes of 64 channels in channel order;
@@ -278,7 +278,7 @@ def _words_constants(bc, table, stride, col, n: int) -> tuple:
     of 8): a tuple for each group of 8, WMULT as 8 int32 (the even channels' factors in the
     even words) and again from the next word on (the odd ones'), WOFFSET's even and odd
     channels as 4 int64 each and WSHIFT as 8 int32; and WCLO, WCHI as n bytes: plain loads
-    of ``kernels_int8._lay_out_words``'s rows (``table`` an i8 pointer, ``stride`` the
+    of ``epilogue_table._lay_out_words``'s rows (``table`` an i8 pointer, ``stride`` the
     columns), marked invariant (no kernel writes the table)."""
     from llvmlite import ir
     i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)

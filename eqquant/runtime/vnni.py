@@ -27,7 +27,9 @@ from .llvm_loops import (cpu_has, declare, gemm_at, gemm_definition, gemm_intrin
 
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, windows, work_split  # noqa: F401
 from .gather import block_shares, item_runs, load_entry, next_work, share_item, shared_windows
-from .kernels_int8 import add_residual, epilogue_params, requantize_rows
+from .kernels_int8 import add_residual, requantize_rows
+# each layer's epilogue table (re-exported: the bindings take it from the path's module)
+from .epilogue_table import requantize_params  # noqa: F401
 from . import memory
 
 load_entry("uint8")   # the gather of this module's kernels, on bytes
@@ -280,16 +282,6 @@ def multiply_parallel(kernel, a_u8, packed, out):
 
 
 gemm, gemm_parallel = bound_gemms(KERNEL)
-
-
-@njit(cache=True)
-def requantize_params(bias, correction, clamp_lo, clamp_hi, multipliers, shifts, zin, zout,
-                       lo, hi, kp):
-    """The epilogue's per-channel constants (``epilogue_params``) of ``conv_requantize``,
-    derived once per layer: the bias minus the zero-point correction; the sums are of kp
-    products of a byte (0..255) and an int8 (every SIMD GEMM's)."""
-    return epilogue_params(bias.astype(np.int64) - correction, clamp_lo, clamp_hi, multipliers,
-                           shifts, zin, zout, lo, hi, kp * 255 * 128)
 
 
 @njit(cache=True)
