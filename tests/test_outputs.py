@@ -71,6 +71,33 @@ def test_a_pair_from_two_different_saves_is_refused(tmp_path):
         load_program(a)
 
 
+def test_the_stamp_is_read_from_the_zip_directory_and_old_stamps_still_load(tmp_path):
+    """A saved program's stamp digests its .npz's member list (names, CRC-32s, sizes: read
+    from the zip's central directory, not the whole file); one saved with a digest of the
+    whole file (before) still loads, and is still refused beside other weights; a truncated
+    .npz (its central directory lost) is refused."""
+    from eqquant.ir.outputs import STAMP_PREFIX, WHOLE, ZIP, digest_file
+    path = tmp_path / "m.ir"
+    save_program(path, *_version(3))
+    text = path.read_text()
+    assert text.startswith(f"{STAMP_PREFIX}{ZIP}=")
+    npz = tmp_path / "m.npz"
+    body = text.split("\n", 1)[1]
+    path.write_text(f"{STAMP_PREFIX}{WHOLE}={digest_file(npz, WHOLE)}\n{body}")
+    assert _consistent(path) == 3
+    other = tmp_path / "o" / "m.ir"
+    save_program(other, *_version(4))
+    saved = npz.read_bytes()
+    npz.write_bytes((other.parent / "m.npz").read_bytes())
+    with pytest.raises(EqquantError, match="does not belong"):
+        load_program(path)
+    path.write_text(text)
+    npz.write_bytes(saved[:len(saved) // 2])
+    assert digest_file(npz) is None
+    with pytest.raises(EqquantError, match="does not belong"):
+        load_program(path)
+
+
 def _model(tmp_path):
     from eqquant.zoo.models import build
     m = build("resnet18_stem", image_size=16)

@@ -47,7 +47,7 @@ def fmt(file: Path, check: bool, in_place: bool, types: bool, to: str | None,
     from ..ir.params import atomic_write, load_params
     from ..ir.printer import print_module
     from ..ir.tvmscript import print_tvmscript
-    from ..ir.outputs import DIGEST_PREFIX, recorded_digest
+    from ..ir.outputs import STAMP_PREFIX, recorded_stamp
     own = "relax" if is_tvmscript(file) else "relay"
     if (check or in_place) and to not in (None, own):
         _fail(f"--check and --in-place keep {file}'s own format ({own}); --to {to} prints")
@@ -59,9 +59,9 @@ def fmt(file: Path, check: bool, in_place: bool, types: bool, to: str | None,
         out = print_tvmscript(mod)
     else:
         out = print_module(mod, show_types=types)
-        digest = recorded_digest(text)
-        if digest is not None and own == "relay":   # a saved program keeps its weights' stamp
-            out = f"{DIGEST_PREFIX}{digest}\n{out}"
+        stamp = recorded_stamp(text)
+        if stamp is not None and own == "relay":   # a saved program keeps its weights' stamp
+            out = f"{STAMP_PREFIX}{stamp}\n{out}"
     if check:
         if out != text:
             _fail(f"{file}: not in canonical form (run: eqquant fmt -i {file})", 1)
