@@ -26,7 +26,8 @@ from .llvm_loops import (cpu_has, declare, gemm_at, gemm_definition, gemm_intrin
                          load_gemms, panel_gemm, slot_address, splat)
 
 from .gather import CHUNK, SMALL, _chunk_windows, _rows, windows, work_split  # noqa: F401
-from .gather import block_shares, item_runs, load_entry, next_work, share_item, shared_windows
+from .gather import (block_shares, item_runs, load_entry, next_item, next_work, share_item,
+                     shared_windows)
 from .kernels_int8 import add_residual, requantize_rows
 # each layer's epilogue table (re-exported: the bindings take it from the path's module)
 from .epilogue_table import requantize_params  # noqa: F401
@@ -328,52 +329,48 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, k
     o_n = out.shape[2]
     oblocks, kq = packed.shape[0], packed.shape[1]
     kp = kq * 4
-    if images > 1 or p_n >= SMALL or oblocks == 1:
+    # (one parallel loop for both ways of cutting the work: each parallel loop is about
+    # 0.3 s of Numba's compiling, with an empty cache)
+    lone = images == 1 and p_n < SMALL and oblocks > 1
+    if lone:      # its rows gathered once, the items (block, share of its pixels)
+        chunks, groups, per_group = 1, 1, 1
+        shared = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, np.intp(0), p_n, kp)
+        shares = block_shares(p_n, oblocks, threads)
+        items = oblocks * shares
+    else:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
-        counters = item_runs(images * chunks * groups, threads)
-        for thread in prange(threads):
-            while True:
+        shares = 1
+        items = images * chunks * groups
+    counters = item_runs(items, threads)
+    for thread in prange(threads):
+        while True:
+            if lone:
+                item = next_item(counters, thread)
+                if item < 0:
+                    break
+                ob0, p0, p1 = share_item(item, shares, p_n)
+                b, ob1, rows = np.intp(0), ob0 + 1, shared[p0:p1]
+            else:
                 b, chunk, ob0, ob1 = next_work(counters, thread, chunks, groups, per_group,
                                                oblocks)
                 if b < 0:
                     break
                 p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
                                           chunk, chunks, kp, shared)
-                n = rows.shape[0]
-                # blocks requantized in registers, straight into out (all of them when the
-                # channels fill whole vectors, or a vector may be stored in part: masked)
-                whole = ob1 if o_n % lanes == 0 or masked else min(ob1, o_n // block)
-                if whole > ob0:
-                    _gemm_requantize(kernel, rows, kp, packed, ob0, whole, out[b, p0:], n,
-                                     params, lo, hi)
-                rest = max(ob0, whole)      # the blocks finished through memory
-                if rest < ob1:
-                    cols = (ob1 - rest) * block
-                    acc = np.empty((n, cols), np.int32)
-                    _gemm_at(kernel[0], (rows.ctypes.data, kp,
-                                         packed.ctypes.data + rest * kq * panel, acc.ctypes.data,
-                                         cols, 0, n, kq, ob1 - rest))
-                    _finish(acc, min(cols, o_n - rest * block), params, lo, hi, rest * block, p0,
-                            out[b])
-                add_residual(out, res, b, p0, n, ob0 * block, min(ob1 * block, o_n), add, lo, hi)
-    else:
-        # the first image (its index and first pixel): a literal 0 passed on would have
-        # Numba compile each callee a second time, for Literal[int](0)
-        first = np.intp(0)
-        rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, first, p_n, kp)
-        shares = block_shares(p_n, oblocks, threads)
-        for item in prange(oblocks * shares):
-            ob, q0, q1 = share_item(item, shares, p_n)
-            if (ob + 1) * block <= o_n or o_n % lanes == 0 or masked:
-                _gemm_requantize(kernel, rows[q0:], kp, packed, ob, ob + 1, out[0, q0:], q1 - q0,
-                                 params, lo, hi)
-            else:
-                acc = np.empty((q1 - q0, block), np.int32)
-                _gemm_at(kernel[0], (rows[q0:].ctypes.data, kp,
-                                     packed.ctypes.data + ob * kq * panel, acc.ctypes.data,
-                                     block, 0, q1 - q0, kq, 1))
-                _finish(acc, min(block, o_n - ob * block), params, lo, hi, ob * block, q0,
-                        out[0])
-            add_residual(out, res, first, q0, q1 - q0, ob * block, min((ob + 1) * block, o_n),
-                         add, lo, hi)
+            n = rows.shape[0]
+            # blocks requantized in registers, straight into out (all of them when the
+            # channels fill whole vectors, or a vector may be stored in part: masked)
+            whole = ob1 if o_n % lanes == 0 or masked else min(ob1, o_n // block)
+            if whole > ob0:
+                _gemm_requantize(kernel, rows, kp, packed, ob0, whole, out[b, p0:], n, params,
+                                 lo, hi)
+            rest = max(ob0, whole)      # the blocks finished through memory
+            if rest < ob1:
+                cols = (ob1 - rest) * block
+                acc = np.empty((n, cols), np.int32)
+                _gemm_at(kernel[0], (rows.ctypes.data, kp, packed.ctypes.data + rest * kq * panel,
+                                     acc.ctypes.data, cols, 0, n, kq, ob1 - rest))
+                _finish(acc, min(cols, o_n - rest * block), params, lo, hi, rest * block, p0,
+                        out[b])
+            add_residual(out, res, b, p0, n, ob0 * block, min(ob1 * block, o_n), add, lo, hi)
