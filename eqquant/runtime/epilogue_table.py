@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import memory
 from .requantize_ir import (ADD, BACK, FAST, FHI, FLO, FMULT, FOFFSET, HI, LEFT, LO, MULT,
                             OFFSET, TABLE_ROWS, TOTAL, WCHI, WCLO, WMULT, WOFFSET, WORDS, WSHIFT,
                             ZCHI, ZCLO, ZMULT, ZOFFSET, ZSHIFT)
@@ -45,7 +46,8 @@ def epilogue_params(add, clamp_lo, clamp_hi, multipliers, shifts, zin: int, zout
     m = np.asarray(multipliers, np.int64)
     clamp_lo, clamp_hi = np.asarray(clamp_lo, np.int64), np.asarray(clamp_hi, np.int64)
     n = shifts.size
-    params = np.zeros((TABLE_ROWS, n), np.int64)
+    params = memory.empty((TABLE_ROWS, n), np.int64)   # (the kernels load it in vectors)
+    params[...] = 0
     left = np.maximum(shifts, 0)
     total = np.maximum(-shifts, 0) + 31
     params[ADD] = add
@@ -261,7 +263,8 @@ def depthwise_inits(wt, zx: int) -> np.ndarray:
     kh, kw, o_n = wt.shape
     rows = np.asarray(wt, np.int64).sum(axis=1)                     # (kh, O)
     upto = np.concatenate([np.zeros((1, o_n), np.int64), np.cumsum(rows, axis=0)])
-    inits = np.zeros((kh + 1, kh + 1, o_n), np.int32)
+    inits = memory.empty((kh + 1, kh + 1, o_n), np.int32)   # (the sweep loads it in vectors)
+    inits[...] = 0
     for i0 in range(kh):
         for i1 in range(i0 + 1, kh + 1):
             inits[i0, i1] = -np.int64(zx) * (upto[i1] - upto[i0])
