@@ -422,27 +422,46 @@ def copy_rows(src, dst):
             dst[r, c] = src[r, c]
 
 
-@njit(parallel=True, cache=True)
-def transpose_planes(src, dst):
+def transpose_planes(src, dst) -> None:
     """dst[n, j, i] = src[n, i, j] for src (N, A, B), any dtype: NCHW <-> NHWC as (N, C, HW)
-    <-> (N, HW, C). Tiles of 32 x 32, the tiles of each plane's columns in parallel; three
-    rows (an RGB image moved channel-last) are interleaved along runs of 1024 columns with
-    the stride a literal 3, which LLVM vectorises (the tiles' inner loop of 3 did not: 0.11
-    ms for a 224 x 224 image)."""
+    <-> (N, HW, C). Planes of one row or one column are the same values in the same order
+    (a classifier's (N, 1000, 1) scores): copied. Three rows (an RGB image moved
+    channel-last) are interleaved (``_interleave_rows``), any other shape goes by tiles
+    (``_transpose_tiles``): two kernels, each compiled where a program uses it (one parallel
+    loop is about 0.3 s of Numba's compiling, with an empty cache)."""
+    a, b = src.shape[1], src.shape[2]
+    if a == 1 or b == 1:
+        np.copyto(dst.reshape(src.shape), src)
+    elif a == 3:
+        _interleave_rows(src, dst)
+    else:
+        _transpose_tiles(src, dst)
+
+
+@njit(parallel=True, cache=True)
+def _interleave_rows(src, dst):
+    """``transpose_planes`` of three rows: interleaved along runs of 1024 columns with the
+    stride a literal 3, which LLVM vectorises (tiles' inner loop of 3 did not: 0.11 ms for a
+    224 x 224 image)."""
+    planes, _, b = src.shape
+    runs = (b + 1023) // 1024
+    for t in prange(planes * runs):
+        n = t // runs
+        j0 = (t % runs) * 1024
+        j1 = min(b, j0 + 1024)
+        r0, r1, r2 = src[n, 0, j0:j1], src[n, 1, j0:j1], src[n, 2, j0:j1]
+        d = dst[n].reshape(-1)[3 * j0:3 * j1]
+        for j in range(j1 - j0):
+            d[3 * j] = r0[j]
+            d[3 * j + 1] = r1[j]
+            d[3 * j + 2] = r2[j]
+
+
+@njit(parallel=True, cache=True)
+def _transpose_tiles(src, dst):
+    """``transpose_planes`` by tiles of 32 x 32, the tiles of each plane's columns in
+    parallel."""
     planes, a, b = src.shape
-    if a == 3:
-        runs = (b + 1023) // 1024
-        for t in prange(planes * runs):
-            n = t // runs
-            j0 = (t % runs) * 1024
-            j1 = min(b, j0 + 1024)
-            r0, r1, r2 = src[n, 0, j0:j1], src[n, 1, j0:j1], src[n, 2, j0:j1]
-            d = dst[n].reshape(-1)[3 * j0:3 * j1]
-            for j in range(j1 - j0):
-                d[3 * j] = r0[j]
-                d[3 * j + 1] = r1[j]
-                d[3 * j + 2] = r2[j]
-        return
     tiles = (b + 31) // 32
     for t in prange(planes * tiles):
         n = t // tiles
