@@ -405,9 +405,9 @@ class Requantize(Binding):
             return None
         if self.per_channel:
             n, c = q.shape[:2]
-            return self.k8.requantize_channels, (q.reshape(n, c, -1), self.zin, self.m,
-                                                 self.shift, self.zout, self.lo, self.hi,
-                                                 out.reshape(n, c, -1))
+            return sized(self.k8.requantize_channels, q.size), (
+                q.reshape(n, c, -1), self.zin, self.m, self.shift, self.zout, self.lo, self.hi,
+                out.reshape(n, c, -1))
         return sized(self.k8.requantize, q.size), (q.reshape(-1), self.zin,
                                                    np.int64(self.m[0]), int(self.shift[0]),
                                                    self.zout, self.lo, self.hi,
@@ -484,8 +484,8 @@ class Dequantize(Binding):
         if self.scales.size == 1:
             return sized(self.k8.dequantize, out.size), (x.reshape(-1), self.zero,
                                                          self.scales[0], out.reshape(-1))
-        return self.k8.dequantize_channels, (x.reshape(self.shape3), self.zero, self.scales,
-                                             out.reshape(self.shape3))
+        return sized(self.k8.dequantize_channels, out.size), (
+            x.reshape(self.shape3), self.zero, self.scales, out.reshape(self.shape3))
 
     def __call__(self, ins, out):
         if not self.call_kernel([np.ascontiguousarray(ins[0])], out):

@@ -191,6 +191,7 @@ def to_hwc(x, shift, out):
                 out[y, i, c] = np.uint8(np.int32(x[c, y, i]) + shift)
 
 
+@with_serial
 @njit(parallel=True, cache=True)
 def dequantize_channels(q, zero, scales, out):
     """q, out: (A, C, B); one scale per channel c."""
@@ -214,6 +215,7 @@ def finish_gemm(acc, correction, out):
             out[o, p] = acc[p, o] - c
 
 
+@with_serial
 @njit(parallel=True, cache=True)
 def requantize_channels(q, zin, multipliers, shifts, zout, lo, hi, out):
     """q, out: (N, C, P); one multiplier and shift per channel C (per-channel scales)."""
