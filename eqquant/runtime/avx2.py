@@ -79,7 +79,7 @@ from .llvm_loops import (carried_loop, counted_loop, cpu_has, declare, gemm_defi
                          while_loop)
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
 from .gather import (LINE, SMALL, _chunk_windows, _rows, block_shares, item_runs,
-                     load_entry, next_work, share_item, shared_windows, work_split)
+                     load_entry, next_item, next_work, share_item, shared_windows, work_split)
 from .gather import windows  # noqa: F401
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
 from .vnni import requantize_params  # noqa: F401
@@ -638,37 +638,42 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
     o_n = out.shape[2]
     oblocks, kq = packed.shape[0], packed.shape[1]
     kp = kq * 2
-    if images > 1 or p_n >= SMALL or oblocks == 1:
+    # (one parallel loop for both ways of cutting the work, as ``vnni.conv_requantize``)
+    lone = images == 1 and p_n < SMALL and oblocks > 1
+    if lone:      # its rows gathered and widened once, the items (block, share of pixels)
+        chunks, groups, per_group = 1, 1, 1
+        shared = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, np.intp(0), p_n, kp)
+        wide = np.empty((p_n, kp), np.int16)
+        _widen(shared, wide)
+        shares = block_shares(p_n, oblocks, threads)
+        items = oblocks * shares
+    else:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
-        counters = item_runs(images * chunks * groups, threads)
-        for thread in prange(threads):
-            while True:
+        wide = np.empty((0, kp), np.int16)
+        shares = 1
+        items = images * chunks * groups
+    counters = item_runs(items, threads)
+    for thread in prange(threads):
+        while True:
+            if lone:
+                item = next_item(counters, thread)
+                if item < 0:
+                    break
+                ob0, p0, p1 = share_item(item, shares, p_n)
+                b, ob1, rows16 = np.intp(0), ob0 + 1, wide[p0:p1]
+            else:
                 b, chunk, ob0, ob1 = next_work(counters, thread, chunks, groups, per_group,
                                                oblocks)
                 if b < 0:
                     break
-                p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow,
-                                          p_n, chunk, chunks, kp, shared)
-                n = rows.shape[0]
-                rows16 = np.empty((n, kp), np.int16)
+                p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
+                                          chunk, chunks, kp, shared)
+                rows16 = np.empty((rows.shape[0], kp), np.int16)
                 _widen(rows, rows16)
-                _tile(rows16, packed, ob0, ob1, o_n, params, lo, hi, p0, out[b])
-                add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo,
-                             hi)
-    else:
-        # the first image (its index and first pixel): a literal 0 passed on would have
-        # Numba compile each callee a second time, for Literal[int](0)
-        first = np.intp(0)
-        rows = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, first, p_n, kp)
-        rows16 = np.empty((p_n, kp), np.int16)
-        _widen(rows, rows16)
-        shares = block_shares(p_n, oblocks, threads)
-        for item in prange(oblocks * shares):
-            ob, q0, q1 = share_item(item, shares, p_n)
-            _tile(rows16[q0:q1], packed, ob, ob + 1, o_n, params, lo, hi, q0, out[0])
-            add_residual(out, res, first, q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n),
-                         add, lo, hi)
+            n = rows16.shape[0]
+            _tile(rows16, packed, ob0, ob1, o_n, params, lo, hi, p0, out[b])
+            add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
 
 
 class _BytesDriver:
@@ -764,16 +769,38 @@ def _bytes_region(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, qua
     o_n = out.shape[2]
     oblocks, kp = packed.shape[0], packed.shape[1] * 2
     none = empties(kp)
-    wide = 0
-    if images > 1 or p_n >= SMALL or oblocks == 1:
+    # (one parallel loop for both ways of cutting the work, as ``conv_requantize``)
+    lone = images == 1 and p_n < SMALL and oblocks > 1
+    # each thread's count (a sum across the parallel loop's inner loop: Numba's reduction
+    # of ``wide`` there gave 0)
+    wides = np.zeros((threads, LINE), np.int64)
+    if lone:      # its operands made once, the items (block, share of its pixels)
+        chunks, groups, per_group = 1, 1, 1
+        shared = _rows(low[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, np.intp(0), p_n, kp)
+        low_1, starts_1, high_1, rows16_1 = _operands(nhwc[0], img_starts[0], img_high[0], kh,
+                                                      kw, sh, sw, pt, pl, dh, dw, pad, ow,
+                                                      np.intp(0), shared, none)
+        wides[0, 0] = 1 if rows16_1.shape[0] else -1
+        shares = block_shares(p_n, oblocks, threads)
+        items = oblocks * shares
+    else:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
         shared = shared_windows(low, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
-        counters = item_runs(images * chunks * groups, threads)
-        # each thread's count (a sum across the parallel loop's inner loop: Numba's
-        # reduction of ``wide`` there gave 0)
-        wides = np.zeros((threads, LINE), np.int64)
-        for thread in prange(threads):
-            while True:
+        low_1, starts_1, high_1, rows16_1 = none      # (the lone image's: none here)
+        shares = 1
+        items = images * chunks * groups
+    counters = item_runs(items, threads)
+    for thread in prange(threads):
+        while True:
+            if lone:
+                item = next_item(counters, thread)
+                if item < 0:
+                    break
+                ob0, p0, p1 = share_item(item, shares, p_n)
+                b, ob1, n = np.intp(0), ob0 + 1, p1 - p0
+                low_b, starts, high = low_1[p0:p1], starts_1[p0:p1 + 1], high_1
+                rows16 = rows16_1[p0:p1]
+            else:
                 b, chunk, ob0, ob1 = next_work(counters, thread, chunks, groups, per_group,
                                                oblocks)
                 if b < 0:
@@ -785,24 +812,8 @@ def _bytes_region(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, qua
                                                         kw, sh, sw, pt, pl, dh, dw, pad, ow, p0,
                                                         rows, none)
                 wides[thread, 0] += 1 if rows16.shape[0] else -1
-                _tile_bytes(low_b, starts, high, rows16, packed, quads, ob0, ob1, o_n, params,
-                            lo, hi, p0, out[b])
-                add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo,
-                             hi)
-        wide = wides[:, 0].sum()
-    else:
-        # the first image (its index and first pixel): a literal 0 passed on would have
-        # Numba compile each callee a second time, for Literal[int](0)
-        first = np.intp(0)
-        rows = _rows(low[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, first, p_n, kp)
-        low_b, starts, high, rows16 = _operands(nhwc[0], img_starts[0], img_high[0], kh, kw, sh,
-                                                sw, pt, pl, dh, dw, pad, ow, first, rows, none)
-        wide = 1 if rows16.shape[0] else -1
-        shares = block_shares(p_n, oblocks, threads)
-        for item in prange(oblocks * shares):
-            ob, q0, q1 = share_item(item, shares, p_n)
-            _tile_bytes(low_b[q0:q1], starts[q0:q1 + 1], high, rows16[q0:q1], packed, quads,
-                        ob, ob + 1, o_n, params, lo, hi, q0, out[0])
-            add_residual(out, res, first, q0, q1 - q0, ob * BLOCK, min((ob + 1) * BLOCK, o_n),
-                         add, lo, hi)
+            _tile_bytes(low_b, starts, high, rows16, packed, quads, ob0, ob1, o_n, params, lo,
+                        hi, p0, out[b])
+            add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
+    wide = wides[:, 0].sum()
     return True, wide
