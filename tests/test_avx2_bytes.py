@@ -275,6 +275,7 @@ def test_windows_whose_lists_outgrow_their_room_take_the_16_bit_kernel():
         (conv,) = [s.fn.conv for s in ex.steps if "qconv2d" in s.label]
         np.testing.assert_array_equal(ex.run({"x": x}), run(bound, {"x": x}))
     from eqquant.runtime.bindings import threads
-    chunks, groups, _ = avx2.work_split(1, oh * oh, 3, threads())
+    from eqquant.runtime.gather import work_split
+    chunks, groups, _ = work_split(1, oh * oh, 3, threads())
     # some chunks took the 16-bit kernel, not all: the count of those less the others
     assert -chunks * groups < conv.more_args[1][1] < chunks * groups

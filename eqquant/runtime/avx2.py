@@ -78,8 +78,7 @@ from .llvm_loops import (carried_loop, counted_loop, cpu_has, declare, gemm_defi
                          gemm_intrinsic, load_gemms, load_vectors, panel_gemm, splat,
                          while_loop)
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
-from .gather import (LINE, SMALL, _chunk_windows, _rows, block_shares, item_runs,
-                     load_entry, next_item, next_work, share_item, shared_windows, work_split)
+from .gather import LINE, _rows, load_entry, next_share, share_rows, split_work
 from .gather import windows  # noqa: F401
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
 from .vnni import requantize_params  # noqa: F401
@@ -634,41 +633,25 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, p
     ``vnni.conv_requantize``: out (N, oh*ow, O), channel-last; a residual ``res`` summed
     with each item's tile): gather a chunk of pixels' windows, widen them, multiply and
     requantize in registers (``_tile``)."""
-    images, p_n = nhwc.shape[0], oh * ow
-    o_n = out.shape[2]
+    p_n, o_n = oh * ow, out.shape[2]
     oblocks, kq = packed.shape[0], packed.shape[1]
     kp = kq * 2
-    # (one parallel loop for both ways of cutting the work, as ``vnni.conv_requantize``)
-    lone = images == 1 and p_n < SMALL and oblocks > 1
-    if lone:      # its rows gathered and widened once, the items (block, share of pixels)
-        chunks, groups, per_group = 1, 1, 1
-        shared = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, np.intp(0), p_n, kp)
-        wide = np.empty((p_n, kp), np.int16)
-        _widen(shared, wide)
-        shares = block_shares(p_n, oblocks, threads)
-        items = oblocks * shares
-    else:
-        chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
-        shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
-        wide = np.empty((0, kp), np.int16)
-        shares = 1
-        items = images * chunks * groups
-    counters = item_runs(items, threads)
+    work, shared, counters = split_work(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
+                                        oblocks, threads, kp)
+    lone = work[0] != 0
+    # a lone image's rows widened once (each item's chunk else)
+    wide = np.empty((shared.shape[0] if lone else 0, kp), np.int16)
+    _widen(shared[:wide.shape[0]], wide)
     for thread in prange(threads):
         while True:
+            b, ob0, ob1, p0, p1 = next_share(counters, thread, work)
+            if b < 0:
+                break
             if lone:
-                item = next_item(counters, thread)
-                if item < 0:
-                    break
-                ob0, p0, p1 = share_item(item, shares, p_n)
-                b, ob1, rows16 = np.intp(0), ob0 + 1, wide[p0:p1]
+                rows16 = wide[p0:p1]
             else:
-                b, chunk, ob0, ob1 = next_work(counters, thread, chunks, groups, per_group,
-                                               oblocks)
-                if b < 0:
-                    break
-                p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
-                                          chunk, chunks, kp, shared)
+                rows = share_rows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1, kp,
+                                  shared)
                 rows16 = np.empty((rows.shape[0], kp), np.int16)
                 _widen(rows, rows16)
             n = rows16.shape[0]
@@ -765,49 +748,33 @@ def _bytes_region(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, qua
     else:
         low, img_starts = nhwc, np.empty((nhwc.shape[0], 0), np.int32)
         img_high = np.empty((nhwc.shape[0], 0, 2), np.int32)
-    images, p_n = nhwc.shape[0], oh * ow
-    o_n = out.shape[2]
+    p_n, o_n = oh * ow, out.shape[2]
     oblocks, kp = packed.shape[0], packed.shape[1] * 2
     none = empties(kp)
-    # (one parallel loop for both ways of cutting the work, as ``conv_requantize``)
-    lone = images == 1 and p_n < SMALL and oblocks > 1
+    work, shared, counters = split_work(low, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
+                                        oblocks, threads, kp)
+    lone = work[0] != 0
     # each thread's count (a sum across the parallel loop's inner loop: Numba's reduction
     # of ``wide`` there gave 0)
     wides = np.zeros((threads, LINE), np.int64)
-    if lone:      # its operands made once, the items (block, share of its pixels)
-        chunks, groups, per_group = 1, 1, 1
-        shared = _rows(low[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, np.intp(0), p_n, kp)
+    low_1, starts_1, high_1, rows16_1 = none      # a lone image's operands, made once
+    if lone:
         low_1, starts_1, high_1, rows16_1 = _operands(nhwc[0], img_starts[0], img_high[0], kh,
                                                       kw, sh, sw, pt, pl, dh, dw, pad, ow,
                                                       np.intp(0), shared, none)
         wides[0, 0] = 1 if rows16_1.shape[0] else -1
-        shares = block_shares(p_n, oblocks, threads)
-        items = oblocks * shares
-    else:
-        chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
-        shared = shared_windows(low, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
-        low_1, starts_1, high_1, rows16_1 = none      # (the lone image's: none here)
-        shares = 1
-        items = images * chunks * groups
-    counters = item_runs(items, threads)
     for thread in prange(threads):
         while True:
+            b, ob0, ob1, p0, p1 = next_share(counters, thread, work)
+            if b < 0:
+                break
+            n = p1 - p0
             if lone:
-                item = next_item(counters, thread)
-                if item < 0:
-                    break
-                ob0, p0, p1 = share_item(item, shares, p_n)
-                b, ob1, n = np.intp(0), ob0 + 1, p1 - p0
                 low_b, starts, high = low_1[p0:p1], starts_1[p0:p1 + 1], high_1
                 rows16 = rows16_1[p0:p1]
             else:
-                b, chunk, ob0, ob1 = next_work(counters, thread, chunks, groups, per_group,
-                                               oblocks)
-                if b < 0:
-                    break
-                p0, rows = _chunk_windows(low[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
-                                          chunk, chunks, kp, shared)
-                n = rows.shape[0]
+                rows = share_rows(low[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1, kp,
+                                  shared)
                 low_b, starts, high, rows16 = _operands(nhwc[b], img_starts[b], img_high[b], kh,
                                                         kw, sh, sw, pt, pl, dh, dw, pad, ow, p0,
                                                         rows, none)

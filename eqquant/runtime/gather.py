@@ -188,14 +188,58 @@ def shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, k
 
 
 @njit(cache=True)
-def _chunk_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, chunk, chunks, kp,
-                   shared):
-    """Chunk ``chunk`` of ``chunks`` of an image's pixels (``chunk_bounds``): (its first
-    pixel, its rows: those of ``shared`` where it holds them, else ``_rows``)."""
+def split_work(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, oblocks, threads, kp):
+    """How a SIMD convolution driver's one parallel loop cuts a batch's work (both ways in
+    one loop: each parallel loop is about 0.3 s of Numba's compiling, with an empty cache):
+    (work, shared, counters) for ``next_share`` and ``share_rows``. A lone small image
+    (fewer than SMALL pixels, more than one block of channels) has its rows gathered once
+    (``shared``), and its items are (block, share of its pixels) (``block_shares``); else
+    the items are ``work_split``'s chunks and groups (``shared``: ``shared_windows``'s).
+    work: (lone, chunks, groups, per_group, shares, p_n, oblocks); counters:
+    ``item_runs``'s."""
+    images = nhwc.shape[0]
+    lone = images == 1 and p_n < SMALL and oblocks > 1
+    if lone:
+        chunks, groups, per_group = 1, 1, 1
+        shared = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, np.intp(0), p_n, kp)
+        shares = block_shares(p_n, oblocks, threads)
+        items = oblocks * shares
+    else:
+        chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
+        shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
+        shares = 1
+        items = images * chunks * groups
+    work = (np.intp(1 if lone else 0), np.intp(chunks), np.intp(groups), np.intp(per_group),
+            np.intp(shares), np.intp(p_n), np.intp(oblocks))
+    return work, shared, item_runs(items, threads)
+
+
+@njit(cache=True)
+def next_share(counters, thread, work):
+    """``thread``'s next work item of ``split_work``'s: (image, first block, end block,
+    first pixel, end pixel); image -1 when none is left."""
+    lone, chunks, groups, per_group, shares, p_n, oblocks = work
+    none = (np.intp(-1), np.intp(0), np.intp(0), np.intp(0), np.intp(0))
+    if lone:
+        item = next_item(counters, thread)
+        if item < 0:
+            return none
+        ob, p0, p1 = share_item(item, shares, p_n)
+        return np.intp(0), np.intp(ob), np.intp(ob + 1), np.intp(p0), np.intp(p1)
+    b, chunk, ob0, ob1 = next_work(counters, thread, chunks, groups, per_group, oblocks)
+    if b < 0:
+        return none
     p0, p1 = chunk_bounds(p_n, chunks, chunk)
+    return np.intp(b), np.intp(ob0), np.intp(ob1), np.intp(p0), np.intp(p1)
+
+
+@njit(cache=True)
+def share_rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1, kp, shared):
+    """The rows of an image's pixels p0..p1: ``shared``'s where it holds them (``split_work``),
+    else gathered (``_rows``)."""
     if shared.shape[0]:
-        return p0, shared[p0:p1]
-    return p0, _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1 - p0, kp)
+        return shared[p0:p1]
+    return _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1 - p0, kp)
 
 
 MOVES = (1, 2, 4, 8, 16, 32, 64)   # the sizes of move a run of bytes is copied with

@@ -428,10 +428,10 @@ def requantize_rows(acc, params, o0, cols, lo, hi, dst, r0, d0):
     row is one loop over contiguous arrays indexed by the loop's counter alone, so that it
     vectorises (an index o0 + c may be negative as far as LLVM knows: Numba's wrap-around
     of negative indices turned the loads into gathers and the stores into byte extractions,
-    and a call per row paid its set-up per row: 2.8 cycles an output, against 1.1). AVX2 has no arithmetic
-    right shift of 64-bit lanes by a per-lane amount, so the rounding shift is taken on the
-    sum moved into the unsigned range (its top bit flipped: + 2^63) and moved back after
-    (- 2^63 >> total): the same floor, the same bits, even where the sum wraps."""
+    and a call per row paid its set-up per row: 2.8 cycles an output, against 1.1). AVX2 has
+    no arithmetic right shift of 64-bit lanes by a per-lane amount, so the rounding shift is
+    taken on the sum moved into the unsigned range (its top bit flipped: + 2^63) and moved
+    back after (- 2^63 >> total): the same floor, the same bits, even where the sum wraps."""
     e = o0 + cols
     b, c_lo, c_hi = params[ADD, o0:e], params[LO, o0:e], params[HI, o0:e]
     sl, m, off = params[LEFT, o0:e], params[MULT, o0:e], params[OFFSET, o0:e]

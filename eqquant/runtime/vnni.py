@@ -25,9 +25,8 @@ from numba import njit, prange
 from .llvm_loops import (cpu_has, declare, gemm_at, gemm_definition, gemm_intrinsic,
                          load_gemms, panel_gemm, slot_address, splat)
 
-from .gather import CHUNK, SMALL, _chunk_windows, _rows, windows, work_split  # noqa: F401
-from .gather import (block_shares, item_runs, load_entry, next_item, next_work, share_item,
-                     shared_windows)
+from .gather import CHUNK, SMALL, windows  # noqa: F401
+from .gather import load_entry, next_share, share_rows, split_work
 from .kernels_int8 import add_residual, requantize_rows
 # each layer's epilogue table (re-exported: the bindings take it from the path's module)
 from .epilogue_table import requantize_params  # noqa: F401
@@ -314,50 +313,29 @@ def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, k
     uint8 -> out (N, oh*ow, O) 8-bit, channel-last (an NCHW call site moves it), on
     ``kernel``'s GEMMs (``gemm_kernel``: this module's, AMX's, the 256-bit or blocks-of-16
     ones; one compiled driver for all). Each work item gathers a chunk of one image's
-    pixels' windows into rows (``_rows``: a pointwise convolution reads the image's own),
-    multiplies them and finishes them in the GEMM's registers, so the worker threads wake
-    once per convolution; a lone small image (fewer than 192 pixels) has its rows gathered
-    once and is split by blocks of channels instead, and each block by pixels where the
-    blocks alone would leave the threads unequal runs (``block_shares``). A block whose
+    pixels' windows into rows (``share_rows``: a pointwise convolution reads the image's
+    own), multiplies them and finishes them in the GEMM's registers, so the worker threads
+    wake once per convolution; a lone small image (fewer than 192 pixels) has its rows
+    gathered once and is split by blocks of channels instead, and each block by pixels where
+    the blocks alone would leave the threads unequal runs (``gather.split_work``). A block whose
     last vector the channels end inside, on a kernel that cannot store it under a mask,
     goes through an int32 tile and ``_finish``. ``params``: the layer's
     ``requantize_params``. With a residual ``res`` (shaped as out; (0, 0, 0): none), each
     item's tile is then summed with it in place (``add_tile``, ``add``: its parameters), in
     cache: fused.qconv2d_add."""
     block, panel, lanes, masked = kernel[2], kernel[3], kernel[4], kernel[5] != 0
-    images, p_n = nhwc.shape[0], oh * ow
-    o_n = out.shape[2]
+    p_n, o_n = oh * ow, out.shape[2]
     oblocks, kq = packed.shape[0], packed.shape[1]
     kp = kq * 4
-    # (one parallel loop for both ways of cutting the work: each parallel loop is about
-    # 0.3 s of Numba's compiling, with an empty cache)
-    lone = images == 1 and p_n < SMALL and oblocks > 1
-    if lone:      # its rows gathered once, the items (block, share of its pixels)
-        chunks, groups, per_group = 1, 1, 1
-        shared = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, np.intp(0), p_n, kp)
-        shares = block_shares(p_n, oblocks, threads)
-        items = oblocks * shares
-    else:
-        chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
-        shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
-        shares = 1
-        items = images * chunks * groups
-    counters = item_runs(items, threads)
+    work, shared, counters = split_work(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
+                                        oblocks, threads, kp)
     for thread in prange(threads):
         while True:
-            if lone:
-                item = next_item(counters, thread)
-                if item < 0:
-                    break
-                ob0, p0, p1 = share_item(item, shares, p_n)
-                b, ob1, rows = np.intp(0), ob0 + 1, shared[p0:p1]
-            else:
-                b, chunk, ob0, ob1 = next_work(counters, thread, chunks, groups, per_group,
-                                               oblocks)
-                if b < 0:
-                    break
-                p0, rows = _chunk_windows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
-                                          chunk, chunks, kp, shared)
+            b, ob0, ob1, p0, p1 = next_share(counters, thread, work)
+            if b < 0:
+                break
+            rows = share_rows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1, kp,
+                              shared)
             n = rows.shape[0]
             # blocks requantized in registers, straight into out (all of them when the
             # channels fill whole vectors, or a vector may be stored in part: masked)
