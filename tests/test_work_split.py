@@ -207,16 +207,29 @@ def test_the_drivers_a_cpu_lacks_still_compile():
                                     0, 0, 0, 255, packed.shape[1] * 2)
     out = np.empty((1, 196, 32), np.uint8)
     signatures = set()
+    driver = vnni.conv_requantize
     for simd in (vnni, vnni16, avxvnni, amx):
-        driver, more = simd.conv_kernel(w, 0)
-        assert driver is vnni.conv_requantize and len(more) == 1
-        args = (x, 3, 3, 1, 1, 1, 1, 1, 1, 0, 14, 14, simd.pack(w)[0], *more, params, 0, 255,
-                out, 2, np.empty((0, 0, 0), np.uint8), np.zeros(7, np.int32))
+        assert simd.conv_requantize is driver
+        args = (x, 3, 3, 1, 1, 1, 1, 1, 1, 0, 14, 14, simd.pack(w)[0], simd.KERNEL, params, 0,
+                255, out, 2, np.empty((0, 0, 0), np.uint8), np.zeros(7, np.int32))
         sig = tuple(numba.typeof(a) for a in args)
         driver.compile(sig)
         assert sig in driver.overloads
         signatures.add(sig)
     assert len(signatures) == 1
+
+
+def test_a_kernel_whose_gemms_were_never_compiled_is_refused():
+    """A path's ``conv_kernel`` hands its driver the GEMMs' addresses; where the CPU lacks
+    them they were never compiled (0), and a layer asking for them is refused with an
+    error, not run into a jump to address 0."""
+    from eqquant.runtime import vnni
+    w = np.ones((16, 16), np.int8)
+    kernel = (0, 0) + vnni.KERNEL[2:]
+    with pytest.raises(RuntimeError, match="does not run the GEMMs"):
+        vnni.conv_kernel_of(kernel)(w, 16)
+    if vnni.available():
+        assert vnni.conv_kernel(w, 16) == (vnni.conv_requantize, (vnni.KERNEL,))
 
 
 def test_the_bindings_read_the_pools_size_as_it_is_now():

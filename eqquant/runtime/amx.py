@@ -189,14 +189,9 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return (memory.panels(w, BLOCK, 4, kp, np.int8), 128 * w.sum(axis=1, dtype=np.int32), kp)
 
 
-def conv_kernel(w, kp: int) -> tuple:
-    """(the fused convolution, its arguments besides ``pack``'s): ``conv_requantize`` and
-    this module's KERNEL (the interface of every SIMD path)."""
-    return conv_requantize, (KERNEL,)
-
-
 # the VNNI kernel's drivers run the tile GEMMs (with the 512-bit kernel's widths: blocks of 64
 # channels, 256 bytes of panel per k-quad, the epilogue on vectors of 16 sums)
 KERNEL = vnni.gemm_kernel("amx", lambda epilogue: define_tdpbusd("eqquant_amx_gemm", epilogue),
                           available(), BLOCK, PANEL, 16, True)
 gemm, gemm_parallel = vnni.bound_gemms(KERNEL)
+conv_kernel = vnni.conv_kernel_of(KERNEL)

@@ -49,13 +49,8 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return pack_panels(w, BLOCK, 4, np.int8)
 
 
-def conv_kernel(w: np.ndarray, kp: int) -> tuple:
-    """(the fused convolution, its arguments besides ``pack``'s): ``conv_requantize`` and
-    this module's KERNEL (the interface of every SIMD path; ``avx2.conv_kernel`` chooses)."""
-    return conv_requantize, (KERNEL,)
-
-
 # the 512-bit kernel's drivers run this kernel's GEMMs, with its widths: blocks of 16
 # channels, 64 bytes of panel per k-quad, 8 sums a vector
 KERNEL = vnni.gemm_kernel("avxvnni", _define, available(), BLOCK, PANEL, 8, False)
 gemm, gemm_parallel = vnni.bound_gemms(KERNEL)
+conv_kernel = vnni.conv_kernel_of(KERNEL)

@@ -220,8 +220,8 @@ def offset_at(c, n: int):
     """Where channel c's WOFFSET is in a row of n (``_lay_out_words``); c an int or an
     array."""
     g, i = c - c % WORDS_GROUP, c % WORDS_GROUP
-    return np.where(g + WORDS_GROUP > n, c, g + np.where(i % 2 == 0, i // 2,
-                                                          WORDS_GROUP // 2 + i // 2))
+    in_group = np.where(i % 2 == 0, i // 2, WORDS_GROUP // 2 + i // 2)  # evens, then odds
+    return np.where(g + WORDS_GROUP > n, c, g + in_group)
 
 
 def words_constants(params: np.ndarray, c: int) -> tuple[int, int, int, int, int]:

@@ -199,12 +199,6 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return pack_panels(w, BLOCK, 4, np.int8)
 
 
-def conv_kernel(w: np.ndarray, kp: int) -> tuple:
-    """(the fused convolution, its arguments besides ``pack``'s): ``conv_requantize`` and
-    this module's KERNEL (the interface of every SIMD path; ``avx2.conv_kernel`` chooses)."""
-    return conv_requantize, (KERNEL,)
-
-
 REQUANTIZING = ("ptr", "i64", "i64", "i64", "i64")   # the requantizing GEMM's extra arguments
 
 
@@ -281,7 +275,21 @@ def multiply_parallel(kernel, a_u8, packed, out):
                                  out.ctypes.data + ob * block * 4, out.shape[1], 0, p, kq, 1))
 
 
+def conv_kernel_of(kernel: tuple):
+    """A path module's ``conv_kernel(w, kp)`` on ``kernel`` (``gemm_kernel``'s): (the fused
+    convolution, its arguments besides ``pack``'s) = (``conv_requantize``, (kernel,)), the
+    interface of every SIMD path (``avx2.conv_kernel`` chooses). A kernel whose GEMMs were
+    never compiled (the CPU lacks them) is refused: its driver would call address 0."""
+    def conv_kernel(w: np.ndarray, kp: int) -> tuple:
+        if not (kernel[0] and kernel[1]):
+            raise RuntimeError("eqquant: this CPU does not run the GEMMs of the int8 kernel "
+                               "asked for (EQQUANT_INT8_KERNEL picks among those it runs)")
+        return conv_requantize, (kernel,)
+    return conv_kernel
+
+
 gemm, gemm_parallel = bound_gemms(KERNEL)
+conv_kernel = conv_kernel_of(KERNEL)
 
 
 @njit(cache=True)
