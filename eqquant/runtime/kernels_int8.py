@@ -474,7 +474,7 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, par
     sums go tap by tap along the channels (``_taps_along``: taps outside the image hold zx,
     and are skipped), then their bias, clamp and requantization (``requantize_rows``).
     Integer sums: the same in any order. ``params``: ``epilogue_table.depthwise_params``'s
-    table; ``inits``: ``depthwise_inits``'s; ``sweep``: the sweep of x's type
+    table; ``inits``: ``epilogue_table.depthwise_inits``'s; ``sweep``: the sweep of x's type
     (``depthwise_simd.entry``: "u8" or "i8"), called where mult is 1 only."""
     h, w = x.shape[0], x.shape[1]
     kh, kw, o_n = wt.shape

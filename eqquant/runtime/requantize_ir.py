@@ -1,7 +1,8 @@
 """The integer epilogue in LLVM IR, for kernels that finish their int32 sums in registers
 (the VNNI GEMM, the depthwise sweep): ``kernels_int8.requantize_rows``'s steps on vectors
-of sums, with the per-channel constants of ``epilogue_params`` (a (TABLE_ROWS, O) int64
-table whose rows are named here), giving the same bits. The full epilogue, in int64 lanes:
+of sums, with the per-channel constants of ``epilogue_table.epilogue_params`` (a
+(TABLE_ROWS, O) int64 table whose rows are named here), giving the same bits. The full
+epilogue, in int64 lanes:
 
     v = clamp(sum + ADD, LO, HI)                      the int32 saturation and the activation
     p = (v << LEFT) * MULT + OFFSET                   the fixed-point multiply, zero point in
