@@ -237,7 +237,8 @@ gemm_requantize = gemm_intrinsic(_define(True), "i8", EPILOGUE)
 bytes_block = gemm_intrinsic(_define_bytes(), "i8", HIGH)
 bytes_requantize = gemm_intrinsic(_define_bytes(True), "i8", EPILOGUE + HIGH)
 if available():
-    load_gemms("avx2", [gemm_block, gemm_requantize, bytes_block, bytes_requantize])
+    load_gemms("avx2", [g.define for g in (gemm_block, gemm_requantize, bytes_block,
+                                           bytes_requantize)])
 
 
 def _define_split(mod):

@@ -26,7 +26,7 @@ from . import vnni
 # bindings take them from the path's module)
 from .gather import windows  # noqa: F401
 from .vnni import conv_requantize, requantize_params  # noqa: F401
-from .vnni import define_vpdpbusd, pack_panels
+from .vnni import define_vpdpbusd
 
 BLOCK = 16   # output channels per register block (2 x 8 lanes)
 ROWS = 6     # pixels per micro-kernel step
@@ -44,9 +44,7 @@ def _define(epilogue: bool = False):
     return define_vpdpbusd("eqquant_vnni256_gemm", 8, 2, ROWS, epilogue)
 
 
-def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """int8 weights (O, K) -> [ceil(O/16)][Kp/4][16][4] int8 panels (``vnni.pack_panels``)."""
-    return pack_panels(w, BLOCK, 4, np.int8)
+pack = vnni.packer(BLOCK)    # [ceil(O/16)][Kp/4][16][4] int8 panels
 
 
 # the 512-bit kernel's drivers run this kernel's GEMMs, with its widths: blocks of 16

@@ -156,7 +156,7 @@ sgemm512_finish = gemm_intrinsic(_define("avx512", True), "float", FINISH_ARGS)
 for _path, _gemms in (("fma", [sgemm256_block, sgemm256_finish]),
                       ("avx512", [sgemm512_block, sgemm512_finish])):
     if available(_path):
-        load_gemms(_path, _gemms)
+        load_gemms(_path, [g.define for g in _gemms])
 
 
 def pack(w: np.ndarray, path: str = "fma") -> np.ndarray:

@@ -259,8 +259,8 @@ def _addresses(out):
 store = None   # (the placeholder ``_addresses``'s copies bind)
 
 
-def load_gemms(owner: str, gemms: list) -> None:
-    """Compile the GEMMs of ``gemms`` (``gemm_intrinsic``'s) once, as one module of C
+def load_gemms(owner: str, defines: list) -> None:
+    """Compile the GEMMs ``defines`` (``gemm_definition``'s) once, as one module of C
     functions (a Numba ``cfunc`` in Numba's disk cache, under ``owner``'s name: compiled
     with an empty cache, else loaded), and put their addresses in their slots, which every
     kernel calling them reads. Called by each SIMD module as it is imported, for the GEMMs
@@ -269,7 +269,6 @@ def load_gemms(owner: str, gemms: list) -> None:
     from numba import cfunc, types
     from numba.extending import intrinsic
     from .serial import twin
-    defines = [g.define for g in gemms]
 
     def fill(typingctx, out):
         def codegen(context, builder, signature, args):

@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .llvm_loops import (cpu_has, declare, gemm_at, gemm_definition, gemm_intrinsic,
-                         load_gemms, panel_gemm, slot_address, splat)
+from .llvm_loops import (cpu_has, declare, gemm_at, gemm_definition, load_gemms,
+                         panel_gemm, slot_address, splat)
 
 from .gather import CHUNK, SMALL, windows  # noqa: F401
 from .gather import load_entry, next_share, share_rows, split_work
@@ -194,9 +194,15 @@ def pack_panels(w: np.ndarray, block: int, group: int, dtype) -> tuple:
             128 * w.sum(axis=1, dtype=np.int32), kp)
 
 
-def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """int8 weights (O, K) -> [ceil(O/64)][Kp/4][64][4] int8 panels (``pack_panels``)."""
-    return pack_panels(w, BLOCK, 4, np.int8)
+def packer(block: int):
+    """A path module's ``pack(w)``: int8 weights (O, K) -> [ceil(O/block)][Kp/4][block][4]
+    int8 panels (``pack_panels``), for the VNNI kernels on blocks of ``block`` channels."""
+    def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        return pack_panels(w, block, 4, np.int8)
+    return pack
+
+
+pack = packer(BLOCK)    # [ceil(O/64)][Kp/4][64][4]
 
 
 REQUANTIZING = ("ptr", "i64", "i64", "i64", "i64")   # the requantizing GEMM's extra arguments
@@ -220,8 +226,7 @@ def gemm_kernel(owner: str, define, load: bool, block: int, panel: int, lanes: i
     this interface (AMX's, the 256-bit and blocks-of-16 ones), where each had its twin."""
     plain, requantizing = define(False), define(True)
     if load:
-        load_gemms(owner, [gemm_intrinsic(plain, "i8"),
-                           gemm_intrinsic(requantizing, "i8", REQUANTIZING)])
+        load_gemms(owner, [plain, requantizing])
     return (slot_address(plain.symbol), slot_address(requantizing.symbol), block, panel, lanes,
             int(masked))
 

@@ -19,7 +19,7 @@ from . import vnni
 # bindings take them from the path's module)
 from .gather import windows  # noqa: F401
 from .vnni import conv_requantize, requantize_params  # noqa: F401
-from .vnni import define_vpdpbusd, pack_panels
+from .vnni import define_vpdpbusd
 
 BLOCK = 16   # output channels per register block (one vector of 16 lanes)
 ROWS = 12    # pixels per micro-kernel step: 12 accumulators + the weights + the broadcast
@@ -37,9 +37,7 @@ def _define(epilogue: bool = False):
     return define_vpdpbusd("eqquant_vnni16_gemm", 16, 1, ROWS, epilogue)
 
 
-def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """int8 weights (O, K) -> [ceil(O/16)][Kp/4][16][4] int8 panels (``vnni.pack_panels``)."""
-    return pack_panels(w, BLOCK, 4, np.int8)
+pack = vnni.packer(BLOCK)    # [ceil(O/16)][Kp/4][16][4] int8 panels
 
 
 # the 512-bit kernel's drivers run this kernel's GEMMs, with its widths: blocks of 16
