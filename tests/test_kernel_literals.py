@@ -11,6 +11,8 @@ import textwrap
 import pytest
 from numba.core.registry import CPUDispatcher
 
+from eqquant.runtime.launch import Parallel
+
 MODULES = ["avx2", "avxvnni", "vnni", "vnni16", "fma", "gather", "kernels_int8",
            "kernels_fp32", "depthwise_simd", "pool_simd"]
 
@@ -20,6 +22,8 @@ def _literal_calls(module):
     end) with a literal integer argument, in the kernels of ``module``."""
     found = []
     for name, caller in vars(module).items():
+        if isinstance(caller, Parallel):
+            caller = caller.part        # (its own source: the share of one thread)
         if not isinstance(caller, CPUDispatcher) or caller.py_func.__module__ != module.__name__:
             continue
         tree = ast.parse(textwrap.dedent(inspect.getsource(caller.py_func)))

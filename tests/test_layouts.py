@@ -157,6 +157,7 @@ def test_mobilenet_int8_small_steps_are_bound_to_their_kernels(mobilenet_int8):
     not run through their bindings' Python (the bias of 1000 units took 18 us so, 2 bound)."""
     import functools
     from eqquant.runtime.bindings import Binding
+    from eqquant.runtime.launch import _BoundLaunch
     q, _ = mobilenet_int8
     ex = Executor(q.compiled)
     small = ("qnn.global_avg_pool2d", "add", "qnn.requantize", "qnn.dequantize")
@@ -164,7 +165,8 @@ def test_mobilenet_int8_small_steps_are_bound_to_their_kernels(mobilenet_int8):
     assert sorted({label for label, _ in sites}) == sorted(small)
     for label, p in sites:
         call = p[0]
-        assert isinstance(call, functools.partial) and not isinstance(call.func, Binding), label
+        assert isinstance(call, _BoundLaunch) or (isinstance(call, functools.partial) and
+                                                  not isinstance(call.func, Binding)), label
 
 
 @pytest.mark.parametrize("precision", ["int8", "fp32"])
@@ -179,6 +181,7 @@ def test_mobilenet_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8,
     from eqquant.runtime import (amx, avx2, avxvnni, fma, kernels_fp32, kernels_int8, vnni,
                                  vnni16)
     from eqquant.runtime.bindings import fp32_path
+    from eqquant.runtime.launch import Parallel, _BoundLaunch
     q, shape = mobilenet_int8
     if precision == "int8":
         ex, label = Executor(q.compiled), ("fused.qconv2d", "fused.qconv2d_add")
@@ -193,9 +196,15 @@ def test_mobilenet_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8,
     convs = [(step, p) for step, p in zip(ex.steps, ex._prepared) if step.label in label]
     # (bound to the compiled entry points themselves, not their dispatchers; AVX2's byte
     # driver to both of its drivers')
-    entries = {c.entry_point for k in kernels for c in k.overloads.values()}
+    # (a ``launch.parallel`` kernel: to its C entry, through the launcher)
+    entries = {c.entry_point for k in kernels if not isinstance(k, Parallel)
+               for c in k.overloads.values()}
+    entries |= {e.address for k in kernels if isinstance(k, Parallel)
+                for e in k._entries.values()}
 
     def to_entries(call):
+        if isinstance(call, _BoundLaunch):
+            return call.address in entries
         if getattr(call, "func", None) is avx2._drive:
             return all(f in entries for f in call.args[:2])
         return getattr(call, "func", None) in entries

@@ -1,6 +1,6 @@
-"""Small ops on one thread (``runtime/serial.py``): each elementwise kernel's one-thread twin
-gives the parallel kernel's bits, is cached under a name of its own, and a small op's step
-calls it while a large one's calls the parallel kernel."""
+"""Small ops on one thread (``runtime/serial.py``): each elementwise kernel's one-thread call
+gives the parallel kernel's bits through the same compiled entry, and a small op's step calls
+it while a large one's calls the parallel kernel."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,6 +9,7 @@ import pytest
 from eqquant.ir.parser import parse
 from eqquant.runtime import kernels_fp32 as k
 from eqquant.runtime import kernels_int8 as k8
+from eqquant.runtime import launch
 from eqquant.runtime.executor import Executor
 from eqquant.runtime.serial import SERIAL_BELOW, sized
 
@@ -46,8 +47,8 @@ def test_each_twin_gives_the_parallel_kernels_bits(name):
     kernel.serial(*values[:-1], ser)
     np.testing.assert_array_equal(ser, par)
     assert par.any()
-    # cached apart: Numba keys its disk cache by the function's qualified name
-    assert kernel.serial.py_func.__qualname__ != kernel.py_func.__qualname__
+    # one compiled entry serves both: the serial call runs it as thread 0 of 1
+    assert kernel._launch_args(values)[0] == kernel._launch_args((*values[:-1], ser))[0]
     assert sized(kernel, SERIAL_BELOW - 1) is kernel.serial
     assert sized(kernel, SERIAL_BELOW) is kernel
 
@@ -65,10 +66,10 @@ def test_a_small_sum_runs_on_the_calling_thread(side, serial):
     }}"""
     mod = parse(text)
     ex = Executor(mod)
-    kernel = k8.qadd_once_split.serial if serial else k8.qadd_once_split
-    entries = {c.entry_point for c in kernel.overloads.values()}
-    # (the second sum reads no program input: bound once, to its kernel's entry point)
-    assert ex._prepared[1] is not None and ex._prepared[1][0].func in entries
+    # (the second sum reads no program input: bound once, to its kernel's entry)
+    call = ex._prepared[1][0]
+    assert type(call) is (launch._BoundSerial if serial else launch._BoundLaunch)
+    assert call.address in {e.address for e in k8.qadd_once_split._entries.values()}
     rng = np.random.default_rng(1)
     x = {n: rng.integers(0, 256, (1, side, side, 64)).astype(np.uint8) for n in "ab"}
     np.testing.assert_array_equal(ex.run(x), run(mod, x))

@@ -14,9 +14,7 @@ import importlib
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from numba import get_num_threads
 from numba.core.registry import CPUDispatcher as Dispatcher
-from numba.np.ufunc import parallel as _pool
 
 from ..core.types import TensorType, Type
 from ..ops.fused import epilogue_bounds
@@ -25,18 +23,9 @@ from ..ops.registry import IDENTITY, get_op
 from . import kernels_fp32 as k
 from . import memory
 from .depthwise_simd import entry as sweep_entry
+from .launch import threads
 from .pool_simd import KIND_OF
 from .serial import sized
-
-
-def threads() -> int:
-    """The thread pool's size now (``numba.get_num_threads()``; ``numba.set_num_threads`` may
-    change it between two calls): once Numba has launched its pool, read straight from it
-    (0.14 us), as Numba's public getter takes two locks first (0.7 us, at every convolution
-    call)."""
-    read = getattr(_pool, "_get_num_threads", None)   # (set when the pool is launched)
-    count = read() if read is not None else 0
-    return count if count > 0 else get_num_threads()
 
 
 def entry_point(kernel, args: tuple):

@@ -322,7 +322,7 @@ class QDense(Binding):
             self.correction = (colsum128 // 128 * (self.shift + int(self.zx))).astype(np.int32)
         else:      # the image less its zero point, in 16 bits where the differences fit
             wide = abs(int(self.zx)) > 32000
-            self.shifted = np.empty(in_types[0].shape, np.int32 if wide else np.int16)
+            self.shifted = np.empty((0, 0), np.int32 if wide else np.int16)   # (its type)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -342,7 +342,13 @@ class QDense(Binding):
                 out[...] = acc[:, :out.shape[1]]
             out -= self.correction
             return
-        self.k8.dense_i8(ins[0], self.zx, self.w, self.zw, self.shifted, out)
+        self.call_kernel(ins, out)
+
+    def kernel_call(self, ins, out):
+        """the dot products (``dense_i8``), where no SIMD GEMM takes the layer"""
+        if self.simd is not None:
+            return None
+        return self.k8.dense_i8, (ins[0], self.zx, self.w, self.zw, self.shifted, out)
 
 
 class Lut(Binding):

@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .depthwise_simd import call_sweep
+from .launch import parallel, share
 from .pool_simd import ROWS as POOL_ROWS
-from .serial import twin, with_serial
+from .serial import twin
 
 
 @njit(inline="always")
@@ -37,12 +38,13 @@ def inside(n_out, stride, offset, size):
     return first, last
 
 
-@njit(parallel=True, cache=True)
-def im2col(x, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, col):
+@parallel
+def im2col(thread, threads, args):
     """x: (C, H, W) -> col: (C*kh*kw, oh*ow), zero where a window reads padding. Parallel over
     the rows of col (a 3-channel input still has 3*kh*kw rows to share out)."""
+    x, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, col = args
     c_in, h, w = x.shape
-    for row in prange(c_in * kh * kw):
+    for row in range(*share(c_in * kh * kw, thread, threads)):
         c = row // (kh * kw)
         i = (row // kw) % kh
         j = row % kw
@@ -63,12 +65,13 @@ def im2col(x, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, col):
                 col[row, base + xo] = 0.0
 
 
-@njit(parallel=True, cache=True)
-def bias_act(y, bias, lo, hi):
+@parallel
+def bias_act(thread, threads, args):
     """In place on y: (O, P): y = clamp(y + bias[o], lo, hi)."""
+    y, bias, lo, hi = args
     rows, cols = y.shape
     lo32, hi32 = np.float32(lo), np.float32(hi)
-    for o in prange(rows):
+    for o in range(*share(rows, thread, threads)):
         b = bias[o]
         for p in range(cols):
             y[o, p] = clamp(y[o, p] + b, lo32, hi32)
@@ -95,21 +98,22 @@ def interior(ow, sw, pl, dw, kw, wd):
     return first, max(first, last)
 
 
-@njit(parallel=True, cache=True)
-def depthwise_channels_last(x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out, sweep):
+@parallel
+def depthwise_channels_last(thread, threads, args):
     """x: (H, W, C), w: (kh, kw, C), out: (oh, ow, C); one filter per channel; all three
     C-contiguous. One output row per work item: the pixels all of whose taps lie inside the
     row go to the SIMD sweep (``sweep``: ``depthwise_simd.entry("float")``, 16 channels at a
     time, the sums in registers across the taps, then the clamp to [lo, hi]); the few at the
     borders are summed here over their inside taps, in the same order (kernel row, then
     column)."""
+    x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out, sweep = args
     h, wd, c_n = x.shape
     kh, kw, _ = w.shape
     oh, ow, _ = out.shape
     lo32 = np.float32(lo)
     hi32 = np.float32(hi)
     first, last = interior(ow, sw, pl, dw, kw, wd)
-    for y in prange(oh):
+    for y in range(*share(oh, thread, threads)):
         i0, i1 = kernel_rows(y, sh, pt, dh, kh, h)
         if i1 > i0 and last > first:
             call_sweep(sweep, x[y * sh - pt + i0 * dh].ctypes.data, w[i0].ctypes.data,
@@ -134,8 +138,8 @@ def depthwise_channels_last(x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out, swe
                 a[c] = clamp(a[c], lo32, hi32)
 
 
-@njit(parallel=True, cache=True)
-def depthwise(x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out):
+@parallel
+def depthwise(thread, threads, args):
     """x: (C, H, W), w: (C, kh, kw), out: (C, oh, ow); one filter per channel. Row by row:
     each filter tap is swept over the output columns whose input is inside the image, so
     the inner loop has no test; the epilogue runs on the finished row. The sums go to a row
@@ -143,13 +147,14 @@ def depthwise(x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out):
     and no negative index, and the loop vectorises); with a stride, each input row is first
     split into ``sw`` phase planes (plane r holds columns r, r + sw, ...), so that a tap
     reads a contiguous slice of one plane."""
+    x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out = args
     c_in, h, wd = x.shape
     _, kh, kw = w.shape
     _, oh, ow = out.shape
     lo32 = np.float32(lo)
     hi32 = np.float32(hi)
     pw = (wd + sw - 1) // sw
-    for c in prange(c_in):
+    for c in range(*share(c_in, thread, threads)):
         b = bias[c]
         acc = np.empty(ow, np.float32)
         planes = np.empty((sw, pw), np.float32)
@@ -213,16 +218,17 @@ def _max_into(dst, a, b):
         dst[i] = _max(a[i], b[i])
 
 
-@njit(parallel=True, cache=True)
-def max_pool(x, kh, kw, sh, sw, pt, pl, dh, dw, lowest, out):
+@parallel
+def max_pool(thread, threads, args):
     """Per channel: each input row is first split into ``sw`` phase planes (plane r holds
     columns r, r + sw, r + 2 sw, ...), so that every window tap is a contiguous slice of one
     plane at a fixed shift and the running maxima (``_max``, not a branch) vectorise.
     ``lowest`` is the dtype's least value (any dtype: int8 programs pool too)."""
+    x, kh, kw, sh, sw, pt, pl, dh, dw, lowest, out = args
     c_in, h, w = x.shape
     _, oh, ow = out.shape
     pw = (w + sw - 1) // sw + kw * dw + 2          # a plane, with room for the shifts
-    for c in prange(c_in):
+    for c in range(*share(c_in, thread, threads)):
         planes = np.empty((h, sw, pw), x.dtype)
         for iy in range(h):
             for r in range(sw):
@@ -263,7 +269,7 @@ def max_pool(x, kh, kw, sh, sw, pt, pl, dh, dw, lowest, out):
 maxpool_row = None   # bound in each twin of _max_pool_rows to its element type's row
 
 
-def _max_pool_rows(x, kh, kw, sh, sw, pt, pl, dh, dw, out):
+def _max_pool_rows(thread, threads, args):
     """x (H, W, C) -> out (oh, ow, C), both C-contiguous: one output row per work item, each
     computed by ``pool_simd``'s row ``maxpool_row`` (its channels in vectors, their running
     maxima in registers across the taps; taps outside the image skipped: padding is the
@@ -271,10 +277,11 @@ def _max_pool_rows(x, kh, kw, sh, sw, pt, pl, dh, dw, out):
     ``max_pool_channels_last[kind]`` (``pool_simd.KINDS``), with that type's row: a
     program compiles the one it uses (the four in one kernel took 4.9 s to compile, one
     2.0 s, on an AMD EPYC, Zen 3; the Numba loops it replaced took 1.7 s)."""
+    x, kh, kw, sh, sw, pt, pl, dh, dw, out = args
     h, w, c_n = x.shape
     oh, ow, _ = out.shape
     size = x.itemsize
-    for y in prange(oh):
+    for y in range(*share(oh, thread, threads)):
         i0, i1 = kernel_rows(y, sh, pt, dh, kh, h)
         src = x.ctypes.data + max(0, y * sh - pt + i0 * dh) * w * c_n * size
         dst = out.ctypes.data + y * ow * c_n * size
@@ -282,15 +289,16 @@ def _max_pool_rows(x, kh, kw, sh, sw, pt, pl, dh, dw, out):
 
 
 max_pool_channels_last = {
-    kind: njit(parallel=True, cache=True)(twin(_max_pool_rows, f"_{kind}", maxpool_row=row))
+    kind: parallel(twin(_max_pool_rows, f"_{kind}", maxpool_row=row))
     for kind, row in POOL_ROWS.items()}
 
 
-@njit(parallel=True, cache=True)
-def avg_pool(x, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, out):
+@parallel
+def avg_pool(thread, threads, args):
+    x, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, out = args
     c_in, h, w = x.shape
     _, oh, ow = out.shape
-    for c in prange(c_in):
+    for c in range(*share(c_in, thread, threads)):
         for y in range(oh):
             for xo in range(ow):
                 s = 0.0
@@ -308,11 +316,12 @@ def avg_pool(x, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, out):
                 out[c, y, xo] = s / n
 
 
-@njit(parallel=True, cache=True)
-def global_avg_pool(x, out):
+@parallel
+def global_avg_pool(thread, threads, args):
     """x: (C, H, W) -> out: (C,)."""
+    x, out = args
     c_in, h, w = x.shape
-    for c in prange(c_in):
+    for c in range(*share(c_in, thread, threads)):
         s = 0.0
         for i in range(h):
             for j in range(w):
@@ -334,13 +343,13 @@ def global_avg_pool_channels_last(x, out):
         out[c] = acc[c] / p_n
 
 
-@with_serial
-@njit(parallel=True, cache=True, error_model="numpy")
-def binary_same(a, b, op, act, out):
+@parallel(error_model="numpy")
+def binary_same(thread, threads, args):
     """Flat arrays of one size: out = act(a op b); op 0 add, 1 subtract, 2 multiply,
     3 divide (IEEE's: x / 0 is +-inf or NaN, as numpy's divide in the reference; Numba's
     default error model raised ZeroDivisionError)."""
-    for i in prange(a.size):
+    a, b, op, act, out = args
+    for i in range(*share(a.size, thread, threads)):
         x = a[i]
         y = b[i]
         if op == 0:
@@ -356,11 +365,12 @@ def binary_same(a, b, op, act, out):
         out[i] = v
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
-def binary_channel(a, b, op, out):
+@parallel(error_model="numpy")
+def binary_channel(thread, threads, args):
     """a, out: (C, P); b: (C,): out = a op b[c] (a division by zero as ``binary_same``'s)."""
+    a, b, op, out = args
     rows, cols = a.shape
-    for c in prange(rows):
+    for c in range(*share(rows, thread, threads)):
         y = b[c]
         for p in range(cols):
             x = a[c, p]
@@ -374,14 +384,14 @@ def binary_channel(a, b, op, out):
                 out[c, p] = x / y
 
 
-@with_serial
-@njit(parallel=True, cache=True)
-def unary(a, act, lo, hi, out):
+@parallel
+def unary(thread, threads, args):
     """Flat: relu (1), clip to [lo, hi] (2), leaky relu with slope lo (3), sigmoid (4);
     relu keeps the dtype (int32 accumulators too): a value below zero becomes 0 of it, -0.0
     and NaN stay (the reference's ``tensor._relu``; v - v had made -inf NaN)."""
+    a, act, lo, hi, out = args
     zero = np.zeros(1, a.dtype)[0]
-    for i in prange(a.size):
+    for i in range(*share(a.size, thread, threads)):
         v = a[i]
         if act == 1:
             if v < 0:
@@ -396,11 +406,12 @@ def unary(a, act, lo, hi, out):
         out[i] = v
 
 
-@njit(parallel=True, cache=True)
-def softmax_rows(x, out):
+@parallel
+def softmax_rows(thread, threads, args):
     """Softmax over the last axis of a (R, N) array."""
+    x, out = args
     rows, n = x.shape
-    for r in prange(rows):
+    for r in range(*share(rows, thread, threads)):
         m = -np.inf
         for i in range(n):
             m = max(m, x[r, i])
@@ -413,11 +424,12 @@ def softmax_rows(x, out):
             out[r, i] /= s
 
 
-@njit(parallel=True, cache=True)
-def copy_rows(src, dst):
+@parallel
+def copy_rows(thread, threads, args):
     """dst[r, :] = src[r, :] for 2-D arrays of one shape (strided views allowed)."""
+    src, dst = args
     rows, cols = src.shape
-    for r in prange(rows):
+    for r in range(*share(rows, thread, threads)):
         for c in range(cols):
             dst[r, c] = src[r, c]
 
@@ -438,14 +450,15 @@ def transpose_planes(src, dst) -> None:
         _transpose_tiles(src, dst)
 
 
-@njit(parallel=True, cache=True)
-def _interleave_rows(src, dst):
+@parallel
+def _interleave_rows(thread, threads, args):
     """``transpose_planes`` of three rows: interleaved along runs of 1024 columns with the
     stride a literal 3, which LLVM vectorises (tiles' inner loop of 3 did not: 0.11 ms for a
     224 x 224 image)."""
+    src, dst = args
     planes, _, b = src.shape
     runs = (b + 1023) // 1024
-    for t in prange(planes * runs):
+    for t in range(*share(planes * runs, thread, threads)):
         n = t // runs
         j0 = (t % runs) * 1024
         j1 = min(b, j0 + 1024)
@@ -457,13 +470,14 @@ def _interleave_rows(src, dst):
             d[3 * j + 2] = r2[j]
 
 
-@njit(parallel=True, cache=True)
-def _transpose_tiles(src, dst):
+@parallel
+def _transpose_tiles(thread, threads, args):
     """``transpose_planes`` by tiles of 32 x 32, the tiles of each plane's columns in
     parallel."""
+    src, dst = args
     planes, a, b = src.shape
     tiles = (b + 31) // 32
-    for t in prange(planes * tiles):
+    for t in range(*share(planes * tiles, thread, threads)):
         n = t // tiles
         j0 = (t % tiles) * 32
         j1 = min(b, j0 + 32)
@@ -474,12 +488,13 @@ def _transpose_tiles(src, dst):
                     dst[n, j, i] = src[n, i, j]
 
 
-@njit(parallel=True, cache=True)
-def pad_planes(x, value, pt, pl, out):
+@parallel
+def pad_planes(thread, threads, args):
     """x: (P, H, W) planes into out: (P, H + pt + pb, W + pl + pr), the border = value."""
+    x, value, pt, pl, out = args
     planes, h, w = x.shape
     _, oh, ow = out.shape
-    for p in prange(planes):
+    for p in range(*share(planes, thread, threads)):
         for i in range(oh):
             for j in range(ow):
                 ii = i - pt
@@ -492,35 +507,39 @@ def pad_planes(x, value, pt, pl, out):
 
 # ---- elementwise kernels that ops name in their registry entry (kernel_params["fn"]) --------
 
-@njit(parallel=True, cache=True)
-def hardswish(x, out):
+@parallel
+def hardswish(thread, threads, args):
     """x * min(max(x + 3, 0), 6) / 6, as ONNX Runtime computes it: x * hardsigmoid(x) with
     alpha 1/6, beta 0.5."""
+    x, out = args
     alpha, beta = np.float32(1.0 / 6.0), np.float32(0.5)
-    for i in prange(x.size):
+    for i in range(*share(x.size, thread, threads)):
         v = x[i]
         out[i] = v * min(max(alpha * v + beta, np.float32(0)), np.float32(1))
 
 
-@njit(parallel=True, cache=True)
-def hardsigmoid(x, out, alpha, beta):
+@parallel
+def hardsigmoid(thread, threads, args):
     """max(0, min(1, alpha * x + beta))."""
-    for i in prange(x.size):
+    x, out, alpha, beta = args
+    for i in range(*share(x.size, thread, threads)):
         out[i] = min(max(alpha * x[i] + beta, np.float32(0)), np.float32(1))
 
 
-@njit(parallel=True, cache=True)
-def erf(x, out):
+@parallel
+def erf(thread, threads, args):
     """The error function, in float64 then rounded (as the reference)."""
-    for i in prange(x.size):
+    x, out = args
+    for i in range(*share(x.size, thread, threads)):
         out[i] = math.erf(np.float64(x[i]))
 
 
-@njit(parallel=True, cache=True)
-def gelu(x, out, tanh_form):
+@parallel
+def gelu(thread, threads, args):
     """0.5 x (1 + erf(x / sqrt 2)), or with tanh_form != 0 the tanh approximation
     0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))); in float64, then rounded."""
-    for i in prange(x.size):
+    x, out, tanh_form = args
+    for i in range(*share(x.size, thread, threads)):
         v = np.float64(x[i])
         if tanh_form != 0:
             out[i] = 0.5 * v * (1.0 + math.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))

@@ -8,11 +8,11 @@ bit for bit.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .depthwise_simd import call_sweep
 from .kernels_fp32 import inside, interior, kernel_rows
-from .serial import with_serial
+from .launch import parallel, share
 from ..ops.qnn import ADD_FRACTION_BITS
 # the rows of ``epilogue_table.epilogue_params`` (requantize_ir.py emits the same steps in
 # LLVM IR)
@@ -20,12 +20,13 @@ from .requantize_ir import ADD, BACK, HI, LEFT, LO, MULT, OFFSET, TOTAL
 from .epilogue_table import SIGN as _SIGN
 
 
-@njit(parallel=True, cache=True)
-def im2col_i8(x, zero, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, col):
+@parallel
+def im2col_i8(thread, threads, args):
     """x: (C, H, W) int8/uint8 -> col: (C*kh*kw, oh*ow); padding reads ``zero`` (the input's
     zero point, so that padding stands for the real value 0)."""
+    x, zero, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, col = args
     c_in, h, w = x.shape
-    for row in prange(c_in * kh * kw):
+    for row in range(*share(c_in * kh * kw, thread, threads)):
         c = row // (kh * kw)
         i = (row // kw) % kh
         j = row % kw
@@ -40,12 +41,13 @@ def im2col_i8(x, zero, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, col):
                     col[row, base + xo] = zero
 
 
-@njit(parallel=True, cache=True)
-def gemm_i8(w, zw, col, zx, out):
+@parallel
+def gemm_i8(thread, threads, args):
     """out[o, p] = sum_k (w[o, k] - zw[o]) * (col[k, p] - zx), in int32."""
+    w, zw, col, zx, out = args
     rows, depth = w.shape
     cols = col.shape[1]
-    for o in prange(rows):
+    for o in range(*share(rows, thread, threads)):
         acc = np.zeros(cols, np.int32)
         for k in range(depth):
             a = np.int32(w[o, k]) - zw[o]
@@ -57,22 +59,26 @@ def gemm_i8(w, zw, col, zx, out):
             out[o, p] = acc[p]
 
 
-@njit(parallel=True, cache=True)
-def dense_i8(x, zx, w, zw, xs, out):
+@parallel
+def dense_i8(thread, threads, args):
     """out[n, o] = sum_k (w[o, k] - zw[o]) * (x[n, k] - zx), in int32 (wrapping, as the
     reference's int64 sum cast to int32), for x (N, K) and w (units, K): each output one dot
     product along K, which LLVM vectorizes (a weight row streams past once per image, so a
-    large layer runs at memory speed). The image is shifted by its zero point once, into
-    ``xs`` (N, K): int16 where the differences fit (8-bit data, a zero point of 16 bits), so
-    the products widen from 16 bits; the weights' zero points come off as zw[o] * sum(xs[n])."""
+    large layer runs at memory speed). Each thread first shifts the image by its zero point
+    into a buffer of its own (N x K values, against its share of N x K x units products),
+    of ``like``'s type: int16 where the differences fit (8-bit data, a zero point of 16
+    bits), so the products widen from 16 bits; the weights' zero points come off as zw[o] *
+    sum(xs[n])."""
+    x, zx, w, zw, like, out = args
     n_, k_ = x.shape
+    xs = np.empty((n_, k_), like.dtype)
     sums = np.zeros(n_, np.int64)
     for n in range(n_):
         for k in range(k_):
             v = np.int32(x[n, k]) - zx
             xs[n, k] = v
             sums[n] += v
-    for o in prange(w.shape[0]):
+    for o in range(*share(w.shape[0], thread, threads)):
         for n in range(n_):
             out[n, o] = _dot_i32(w[o], xs[n]) - zw[o] * sums[n]
 
@@ -88,27 +94,27 @@ def _dot_i32(a, b):
     return acc
 
 
-@with_serial
-@njit(parallel=True, cache=True)
-def requantize(q, zin, multiplier, shift, zout, lo, hi, out):
+@parallel
+def requantize(thread, threads, args):
     """Flat: out = clip(fixed_point_multiply(q - zin, multiplier, shift) + zout, lo, hi)."""
+    q, zin, multiplier, shift, zout, lo, hi, out = args
     left = max(shift, 0)
     total = max(-shift, 0) + 31
     half = np.int64(1) << (total - 1)
-    for i in prange(q.size):
+    for i in range(*share(q.size, thread, threads)):
         v = (np.int64(q[i]) - zin) << left
         v = (v * multiplier + half) >> total
         v = v + zout
         out[i] = min(max(v, lo), hi)
 
 
-@with_serial
-@njit(parallel=True, cache=True)
-def quantize(x, scale, zero, lo, hi, out):
+@parallel
+def quantize(thread, threads, args):
     """Flat: out = clip(round_half_even(x / scale) + zero, lo, hi), the rounded quotient
     converted to int64 as the reference's ``astype`` does (NaN, the infinities and values
     of 2^63 or more in magnitude: int64's least value, to which zero is added, wrapping)."""
-    for i in prange(x.size):
+    x, scale, zero, lo, hi, out = args
+    for i in range(*share(x.size, thread, threads)):
         v = np.int64(np.rint(np.float32(x[i]) / scale)) + zero
         out[i] = min(max(v, lo), hi)
 
@@ -124,9 +130,8 @@ def quantize_unconvertible(zero: int, lo: int, hi: int) -> int:
     return min(max(v, lo), hi)
 
 
-@with_serial
-@njit(parallel=True, cache=True)
-def quantize_narrow(x, scale, zero, lo, hi, unconvertible, out):
+@parallel
+def quantize_narrow(thread, threads, args):
     """``quantize``'s bits for an 8-bit output and a zero point below 2^24 in magnitude, in
     float32 lanes: the rounded quotient r is clipped to [lo - zero, hi - zero] as a float
     (those bounds and r are integers, exactly represented), converted to int32 and zero
@@ -134,93 +139,98 @@ def quantize_narrow(x, scale, zero, lo, hi, unconvertible, out):
     ``unconvertible`` (``quantize_unconvertible``). AVX2 has no conversion of floats to
     int64, and ``quantize`` converted one lane at a time: resnet18's input (1 x 3 x 224 x
     224) took 72 us on two threads, 42 in this form (AMD EPYC, Zen 3)."""
+    x, scale, zero, lo, hi, unconvertible, out = args
     flo, fhi = np.float32(lo - zero), np.float32(hi - zero)
     z = np.int32(zero)
-    for i in prange(x.size):
+    for i in range(*share(x.size, thread, threads)):
         r = np.rint(np.float32(x[i]) / scale)
         c = min(max(r, flo), fhi)
         out[i] = np.int32(c) + z if abs(r) < TWO_63 else unconvertible
 
 
-@njit(parallel=True, cache=True)
-def lut(codes, flip, table, channels, inner, out):
+@parallel
+def lut(thread, threads, args):
     """Flat 8-bit codes and output (as uint8 views): out[i] = table[c * 256 + (codes[i] ^
     flip)], where c = (i // inner) % channels is element i's channel (channels 1: one
     table); flip 0x80 turns an int8 code into its index (-128 -> 0)."""
+    codes, flip, table, channels, inner, out = args
     n = codes.size
     if n == 0:
         return
     if channels == 1:
         chunk = 16384
-        for b in prange((n + chunk - 1) // chunk):
+        for b in range(*share((n + chunk - 1) // chunk, thread, threads)):
             for i in range(b * chunk, min(n, (b + 1) * chunk)):
                 out[i] = table[codes[i] ^ flip]
     else:
-        for b in prange(n // inner):
+        for b in range(*share(n // inner, thread, threads)):
             base = (b % channels) * 256
             for i in range(b * inner, (b + 1) * inner):
                 out[i] = table[base + (codes[i] ^ flip)]
 
 
-@with_serial
-@njit(parallel=True, cache=True)
-def dequantize(q, zero, scale, out):
-    for i in prange(q.size):
+@parallel
+def dequantize(thread, threads, args):
+    q, zero, scale, out = args
+    for i in range(*share(q.size, thread, threads)):
         out[i] = np.float32(np.int64(q[i]) - zero) * scale
 
 
-@njit(parallel=True, cache=True)
-def clip_channels(q, lo, hi, out):
+@parallel
+def clip_channels(thread, threads, args):
     """q, out: (A, C, B); bounds per channel c (or one pair for all)."""
+    q, lo, hi, out = args
     a_n, c_n, b_n = q.shape
     for a in range(a_n):
-        for c in prange(c_n):
+        for c in range(*share(c_n, thread, threads)):
             k = c if lo.size > 1 else c - c
             for b in range(b_n):
                 out[a, c, b] = min(max(q[a, c, b], lo[k]), hi[k])
 
 
-@njit(parallel=True, cache=True)
-def to_hwc(x, shift, out):
+@parallel
+def to_hwc(thread, threads, args):
     """x: (C, H, W) 8-bit -> out: (H, W, C) uint8, each value plus ``shift`` (128 turns int8
     into the unsigned bytes vpdpbusd reads)."""
+    x, shift, out = args
     c_n, h, w = x.shape
-    for y in prange(h):
+    for y in range(*share(h, thread, threads)):
         for i in range(w):
             for c in range(c_n):
                 out[y, i, c] = np.uint8(np.int32(x[c, y, i]) + shift)
 
 
-@with_serial
-@njit(parallel=True, cache=True)
-def dequantize_channels(q, zero, scales, out):
+@parallel
+def dequantize_channels(thread, threads, args):
     """q, out: (A, C, B); one scale per channel c."""
+    q, zero, scales, out = args
     a_n, c_n, b_n = q.shape
     for a in range(a_n):
-        for c in prange(c_n):
+        for c in range(*share(c_n, thread, threads)):
             s = scales[c]
             for b in range(b_n):
                 out[a, c, b] = np.float32(np.int64(q[a, c, b]) - zero) * s
 
 
-@njit(parallel=True, cache=True)
-def finish_gemm(acc, correction, out):
+@parallel
+def finish_gemm(thread, threads, args):
     """acc: (P, O') int32 from a SIMD GEMM (O' >= O: padded channels are ignored) -> out:
     (O, P), minus the per-channel correction."""
+    acc, correction, out = args
     p_n = acc.shape[0]
     o_n = out.shape[0]
-    for o in prange(o_n):
+    for o in range(*share(o_n, thread, threads)):
         c = correction[o]
         for p in range(p_n):
             out[o, p] = acc[p, o] - c
 
 
-@with_serial
-@njit(parallel=True, cache=True)
-def requantize_channels(q, zin, multipliers, shifts, zout, lo, hi, out):
+@parallel
+def requantize_channels(thread, threads, args):
     """q, out: (N, C, P); one multiplier and shift per channel C (per-channel scales)."""
+    q, zin, multipliers, shifts, zout, lo, hi, out = args
     n, channels, size = q.shape
-    for c in prange(channels):
+    for c in range(*share(channels, thread, threads)):
         left = max(shifts[c], 0)
         total = max(-shifts[c], 0) + 31
         half = np.int64(1) << (total - 1)
@@ -233,16 +243,16 @@ def requantize_channels(q, zin, multipliers, shifts, zout, lo, hi, out):
                 out[b, c, i] = min(max(v, lo), hi)
 
 
-@with_serial
-@njit(parallel=True, cache=True)
-def qadd(a, za, b, zb, mb, shb, mo, sho, zo, lo, hi, out):
+@parallel
+def qadd(thread, threads, args):
     """Flat qnn.add: b rescaled to a's scale (mb, shb), added to a in int32, the sum rescaled to
     the output's (mo, sho); fixed-point steps as in ``requantize``."""
+    a, za, b, zb, mb, shb, mo, sho, zo, lo, hi, out = args
     lb, tb = max(shb, 0), max(-shb, 0) + 31
     lo_, to = max(sho, 0), max(-sho, 0) + 31
     hb = np.int64(1) << (tb - 1)
     ho = np.int64(1) << (to - 1)
-    for i in prange(a.size):
+    for i in range(*share(a.size, thread, threads)):
         vb = ((np.int64(b[i]) - zb) << lb) * mb
         vb = (vb + hb) >> tb
         total = np.int64(a[i]) - za + vb
@@ -252,13 +262,13 @@ def qadd(a, za, b, zb, mb, shb, mo, sho, zo, lo, hi, out):
         out[i] = min(max(v, lo), hi)
 
 
-@with_serial
-@njit(parallel=True, cache=True)
-def qadd_once(a, za, b, zb, ma, mb, bits, zo, lo, hi, out):
+@parallel
+def qadd_once(thread, threads, args):
     """Flat qnn.add(method="once"): ((a - za) * ma + (b - zb) * mb) rounded once at ``bits``
     fractional bits, plus zo, saturated."""
+    a, za, b, zb, ma, mb, bits, zo, lo, hi, out = args
     half = np.int64(1) << (bits - 1)
-    for i in prange(a.size):
+    for i in range(*share(a.size, thread, threads)):
         v = ((np.int64(a[i]) - za) * ma + (np.int64(b[i]) - zb) * mb + half) >> bits
         v = v + zo
         out[i] = min(max(v, lo), hi)
@@ -288,9 +298,8 @@ def _sum_once(a, b, za, zb, ah, al, bh, bl, c):
     return np.int32(np.int32(h + np.int32(low >> SPLIT)) >> _ONCE_SHIFT)
 
 
-@with_serial
-@njit(parallel=True, cache=True)
-def qadd_once_split(a, za, b, zb, ah, al, bh, bl, zo, lo, hi, out):
+@parallel
+def qadd_once_split(thread, threads, args):
     """``qadd_once``'s bits in int32 lanes (16 to a 512-bit vector, not 8), for multipliers
     below 2^30 (``split_multipliers``) and 8-bit operands. With ma = ah * 2^15 + al (the
     same for mb), da = a - za and db = b - zb (|d| <= 255), half = 2^23 = 2^15 * 2^8:
@@ -300,9 +309,10 @@ def qadd_once_split(a, za, b, zb, ah, al, bh, bl, zo, lo, hi, out):
 
     exactly (a floor division by 2^24 is one by 2^15 and then one by 2^9, and 2^15 * H is
     a multiple of 2^15); |H|, |L| < 2^24. The output zero point joins H as zo * 2^9."""
+    a, za, b, zb, ah, al, bh, bl, zo, lo, hi, out = args
     c = np.int32((1 << (_ONCE_SHIFT - 1)) + (zo << _ONCE_SHIFT))
     lo32, hi32 = np.int32(lo), np.int32(hi)
-    for i in prange(a.size):
+    for i in range(*share(a.size, thread, threads)):
         out[i] = min(max(_sum_once(a[i], b[i], za, zb, ah, al, bh, bl, c), lo32), hi32)
 
 
@@ -359,14 +369,14 @@ def requantize_acc(v, clamp_lo, clamp_hi, zin, left, multiplier, half, total, zo
     return min(max(v + zout, lo), hi)
 
 
-@njit(parallel=True, cache=True)
-def bias_clamp_requantize(acc, bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi,
-                          out):
+@parallel
+def bias_clamp_requantize(thread, threads, args):
     """acc: (O, P) int32 -> out: (O, P): requantize(clamp(acc + bias[o])) with one clamp (relu:
     [0, max]; clip: its integer bounds; none: the int32 range), multiplier and shift per
     channel, saturated to [lo, hi]."""
+    acc, bias, clamp_lo, clamp_hi, multipliers, shifts, zin, zout, lo, hi, out = args
     o_n, p_n = acc.shape
-    for o in prange(o_n):
+    for o in range(*share(o_n, thread, threads)):
         left = max(shifts[o], 0)
         total = max(-shifts[o], 0) + 31
         half = np.int64(1) << (total - 1)
@@ -406,12 +416,13 @@ def _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf)
                     a[o] += taps[o] * np.int32(src[o])
 
 
-@njit(parallel=True, cache=True)
-def depthwise_i8(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, out):
+@parallel
+def depthwise_i8(thread, threads, args):
     """qnn.conv2d with groups = input channels (any channel multiplier): x (C, H, W) 8-bit,
     wt (kh, kw, O) int32, out (O, oh*ow) int32. One output row per work item."""
+    x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, out = args
     o_n = out.shape[0]
-    for oy in prange(oh):
+    for oy in range(*share(oh, thread, threads)):
         acc = np.empty((ow, o_n), np.int32)
         rowbuf = np.empty((x.shape[2], o_n), np.int16)
         _depthwise_row(x, zx, wt, mult, oy, sh, sw, pt, pl, dh, dw, ow, acc, rowbuf)
@@ -462,9 +473,8 @@ def _taps_along(acc, row, tap, ox0, ox1, sw, offset, zx, mult):
                 a[c] += tap[c] * (np.int32(src[c // mult]) - zx)
 
 
-@njit(parallel=True, cache=True)
-def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, params, inits,
-                            lo, hi, out, sweep):
+@parallel
+def depthwise_channels_last(thread, threads, args):
     """fused.qconv2d with groups = input channels on channel-last data: x (H, W, C) 8-bit,
     wt (kh, kw, O) int32 (weight minus its zero point), out (oh*ow, O), all C-contiguous.
     One output row per work item: with one output channel per input channel, the SIMD sweep
@@ -476,12 +486,13 @@ def depthwise_channels_last(x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, par
     Integer sums: the same in any order. ``params``: ``epilogue_table.depthwise_params``'s
     table; ``inits``: ``epilogue_table.depthwise_inits``'s; ``sweep``: the sweep of x's type
     (``depthwise_simd.entry``: "u8" or "i8"), called where mult is 1 only."""
+    x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, params, inits, lo, hi, out, sweep = args
     h, w = x.shape[0], x.shape[1]
     kh, kw, o_n = wt.shape
     first, last = interior(ow, sw, pl, dw, kw, w)
     zrow = np.empty(o_n if mult == 1 else 0, x.dtype)     # a padding pixel, for the sweep
     zrow[:] = zx
-    for oy in prange(oh):
+    for oy in range(*share(oh, thread, threads)):
         i0, i1 = kernel_rows(oy, sh, pt, dh, kh, h)
         if mult == 1 and i1 > i0:   # the whole row summed and requantized straight into out
             call_sweep(sweep, x[oy * sh - pt + i0 * dh].ctypes.data, wt[i0].ctypes.data,
@@ -513,8 +524,8 @@ def _channel_sums(x, z, s, acc):
             acc[c] += np.float64((np.float32(x[p, c]) - z) * s)
 
 
-@njit(parallel=True, cache=True)
-def global_average(x, s, z, so, zo, lo, hi, out, parts):
+@parallel
+def global_average(thread, threads, args):
     """qnn.global_avg_pool2d on x (N, P, C) 8-bit (P the pixels) -> out (N, C): for each
     channel, the mean of the dequantized values (float32((q - z) * s)), then quantized with
     (so, zo), saturated to [lo, hi]. The reference takes the mean of the float32 values in
@@ -522,10 +533,11 @@ def global_average(x, s, z, so, zo, lo, hi, out, parts):
     ulp, 8 bits of spread, so fewer than 2^21 of them fill no float64 mantissa), so summing
     them in float64 here, divided by P and rounded to float32, gives the same bits. Each
     image's channels are summed in ``parts`` parts, one task each."""
+    x, s, z, so, zo, lo, hi, out, parts = args
     n, p_n, c_n = x.shape
     width = -(-c_n // parts)
     zf = np.float32(z)
-    for t in prange(n * parts):
+    for t in range(*share(n * parts, thread, threads)):
         b = t // parts
         c0 = (t % parts) * width
         c1 = min(c0 + width, c_n)

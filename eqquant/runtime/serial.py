@@ -1,29 +1,22 @@
-"""Small ops on one thread. A parallel Numba loop wakes the pool's workers and waits for them:
+"""Small ops on one thread. A parallel kernel wakes the pool's workers and waits for them:
 about 1.3 us a call on two threads, more than a flat op over a few thousand elements takes
-on one. An elementwise kernel declared with ``with_serial`` has a one-thread twin compiled
-from the same source, and a binding calls ``sized(kernel, n)``: the twin below
-``SERIAL_BELOW`` elements, the parallel kernel from there.
-
-    @with_serial
-    @njit(parallel=True, cache=True)
-    def qadd(a, ...): ...
+on one. Every kernel of ``launch.parallel`` has ``kernel.serial``, its same compiled entry
+run on the calling thread as thread 0 of 1, and a binding calls ``sized(kernel, n)``: the
+serial call below ``SERIAL_BELOW`` elements, the parallel kernel from there.
 
     sized(k8.qadd, out.size)(a, ...)      # 7 x 7 x 160 values: on the calling thread
 
-Both give the same bits (an elementwise loop's iterations are independent); both compile
-lazily, on first use. Measured on a 2-core AMD EPYC (qadd_once, warm caches): 1,000 values
-2.4 us in parallel against 0.8 on one thread, 8,000: 3.0 / 1.8, 16,000: 3.5 / 3.0,
-32,000: 4.7 / 5.2, 64,000: 6.9 / 9.7.
+Both give the same bits (an elementwise loop's iterations are independent). Measured on a
+2-core AMD EPYC (qadd_once, warm caches): 1,000 values 2.4 us in parallel against 0.8 on
+one thread, 8,000: 3.0 / 1.8, 16,000: 3.5 / 3.0, 32,000: 4.7 / 5.2, 64,000: 6.9 / 9.7.
 
-``twin``, the copy of a kernel's source that ``with_serial`` compiles, also gives a kernel
-one variant per element type, each with its own intrinsic bound
-(``kernels_fp32.max_pool_channels_last``).
+``twin``, a copy of a function's source under a name of its own, gives a kernel one variant
+per element type, each with its own intrinsic bound (``kernels_fp32.max_pool_channels_last``),
+and ``launch`` one entry per kernel and argument types.
 """
 from __future__ import annotations
 
 import types
-
-from numba import njit
 
 SERIAL_BELOW = 16384   # elements: below, one thread is the faster (the crossover: 20-30,000)
 
@@ -42,17 +35,6 @@ def twin(fn, suffix: str, **names):
     return copy
 
 
-def with_serial(kernel):
-    """``kernel`` (a parallel Numba function) with ``kernel.serial``: its Python source
-    compiled for one thread (``prange`` is then ``range``), with the kernel's other options
-    (its error model: the same bits), under its own name so that the two never share an
-    entry in Numba's disk cache."""
-    options = {k: v for k, v in kernel.targetoptions.items()
-               if k in ("error_model", "fastmath", "boundscheck")}
-    kernel.serial = njit(cache=True, **options)(twin(kernel.py_func, "_serial"))
-    return kernel
-
-
 def sized(kernel, n: int):
-    """The variant of ``kernel`` (``with_serial``'s) for an op over ``n`` elements."""
+    """The call of ``kernel`` (a ``launch.parallel`` kernel) for an op over ``n`` elements."""
     return kernel.serial if n < SERIAL_BELOW else kernel
