@@ -181,7 +181,7 @@ def test_mobilenet_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8,
     from eqquant.runtime import (amx, avx2, avxvnni, fma, kernels_fp32, kernels_int8, vnni,
                                  vnni16)
     from eqquant.runtime.bindings import fp32_path
-    from eqquant.runtime.launch import Parallel, _BoundLaunch
+    from eqquant.runtime.launch import Driver, Parallel, _BoundLaunch, _Calls
     q, shape = mobilenet_int8
     if precision == "int8":
         ex, label = Executor(q.compiled), ("fused.qconv2d", "fused.qconv2d_add")
@@ -196,13 +196,17 @@ def test_mobilenet_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8,
     convs = [(step, p) for step, p in zip(ex.steps, ex._prepared) if step.label in label]
     # (bound to the compiled entry points themselves, not their dispatchers; AVX2's byte
     # driver to both of its drivers')
-    # (a ``launch.parallel`` kernel: to its C entry, through the launcher)
-    entries = {c.entry_point for k in kernels if not isinstance(k, Parallel)
+    # (a ``launch.parallel`` kernel: to its C entry, through the launcher; a
+    # ``launch.Driver``: to its parts', in order)
+    parts = [p for k in kernels for p in (k.parts if isinstance(k, Driver) else (k,))]
+    entries = {c.entry_point for k in parts if not isinstance(k, Parallel)
                for c in k.overloads.values()}
-    entries |= {e.address for k in kernels if isinstance(k, Parallel)
+    entries |= {e.address for k in parts if isinstance(k, Parallel)
                 for e in k._entries.values()}
 
     def to_entries(call):
+        if isinstance(call, _Calls):
+            return all(map(to_entries, call.calls))
         if isinstance(call, _BoundLaunch):
             return call.address in entries
         if getattr(call, "func", None) is avx2._drive:

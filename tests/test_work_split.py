@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eqquant.runtime.gather import (ROWS, SHARE, block_shares, chunk_bounds, item_runs,
-                                   next_item, work_item, work_split)
+                                   next_item, release, work_item, work_split)
 
 
 @settings(max_examples=300, deadline=None)
@@ -109,6 +109,12 @@ def test_a_cached_kernel_is_stamped_with_the_whole_runtime_source():
     impl = caching.CompileResultCacheImpl(kernels_int8.depthwise_channels_last.py_func)
     stamp = impl.locator.get_source_stamp()
     assert isinstance(stamp, tuple) and stamp[1] == source_digest()
+    # (and a launched kernel's C entry, defined in launch.py: ``launch.Parallel.entry``)
+    kernels_int8.dequantize.serial(np.zeros(4, np.uint8), 0, np.float32(1.0),
+                                   np.zeros(4, np.float32))
+    entry = next(iter(kernels_int8.dequantize._entries.values()))
+    assert caching.CompileResultCacheImpl(entry._pyfunc).locator.get_source_stamp()[1] == \
+        source_digest()
     # (and a C function's: the depthwise sweep, which those kernels call by its address)
     from eqquant.runtime import depthwise_simd
     depthwise_simd.entry("u8")
@@ -149,6 +155,10 @@ def test_every_item_is_taken_once_its_threads_own_run_first(items, threads, orde
     for t, got in by.items():
         own = [i for i in got if t * items // threads <= i < (t + 1) * items // threads]
         assert got[:len(own)] == own == sorted(own)
+    # the last thread to finish puts the runs back at their start (``release``)
+    for t in range(threads):
+        release(counters)
+    np.testing.assert_array_equal(counters, item_runs(items, threads))
     # one thread alone takes every run, its own first
     counters = item_runs(items, threads)
     alone = [next_item(counters, threads - 1) for _ in range(items + 1)]
@@ -197,6 +207,7 @@ def test_the_drivers_a_cpu_lacks_still_compile():
     and a kernel (``vnni.gemm_kernel``). One compiled driver serves every kernel of the
     family: the GEMM is an argument, not a twin's."""
     from eqquant.runtime import amx, avx2, avxvnni, vnni, vnni16
+    from eqquant.runtime.launch import argument_type
     rng = np.random.default_rng(0)
     x = rng.integers(0, 128, (1, 14, 14, 16)).astype(np.uint8)
     w = rng.integers(-127, 128, (32, 3 * 3 * 16)).astype(np.int8)
@@ -206,17 +217,18 @@ def test_the_drivers_a_cpu_lacks_still_compile():
                                     np.full(32, 1 << 30, np.int64), np.zeros(32, np.int64),
                                     0, 0, 0, 255, packed.shape[1] * 2)
     out = np.empty((1, 196, 32), np.uint8)
-    signatures = set()
+    layouts = set()
     driver = vnni.conv_requantize
     for simd in (vnni, vnni16, avxvnni, amx):
         assert simd.conv_requantize is driver
         args = (x, 3, 3, 1, 1, 1, 1, 1, 1, 0, 14, 14, simd.pack(w)[0], simd.KERNEL, params, 0,
                 255, out, 2, np.empty((0, 0, 0), np.uint8), np.zeros(7, np.int32))
-        sig = tuple(numba.typeof(a) for a in args)
-        driver.compile(sig)
-        assert sig in driver.overloads
-        signatures.add(sig)
-    assert len(signatures) == 1
+        (items, values, count), = driver.plan(*args)      # (made in Python, nothing run)
+        assert items is vnni._conv_items and count == 2
+        layout = tuple(argument_type(v) for v in values)
+        assert items.entry(layout).address            # compiled (or loaded), not run
+        layouts.add(layout)
+    assert len(layouts) == 1
 
 
 def test_a_kernel_whose_gemms_were_never_compiled_is_refused():

@@ -425,13 +425,23 @@ class Dense(Binding):
         return len(in_types) == 2 or (2 in consts and consts[2].size == in_types[1].shape[0]
                                       and consts[2].ndim <= 1)
 
+    def kernel_call(self, ins, out):
+        """the FMA kernels' convolution, the batch its pixels (a 1 x 1 convolution)"""
+        if self.fma is None or not ins[0].flags.c_contiguous:
+            return None
+        return self._conv(ins[0], out)
+
+    def _conv(self, x, out):
+        n = x.shape[0]
+        return self.fma.conv, (x.reshape(1, 1, n, -1), 1, 1, 1, 1, 0, 0, 1, 1, 1, n,
+                               self.packed, self.bias, np.float32(self.lo),
+                               np.float32(self.hi), out.reshape(1, n, -1), threads(),
+                               _NO_RESIDUAL)
+
     def __call__(self, ins, out):
         if self.fma is not None:
-            x = np.ascontiguousarray(ins[0])
-            n = x.shape[0]
-            self.fma.conv(x.reshape(1, 1, n, -1), 1, 1, 1, 1, 0, 0, 1, 1, 1, n, self.packed,
-                          self.bias, np.float32(self.lo), np.float32(self.hi),
-                          out.reshape(1, n, -1), threads(), _NO_RESIDUAL)
+            kernel, args = self._conv(np.ascontiguousarray(ins[0]), out)
+            kernel(*args)
             return
         np.matmul(ins[0], self.wt, out=out)
         out += self.bias

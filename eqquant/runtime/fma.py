@@ -23,13 +23,14 @@ bit for bit.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .kernels_fp32 import clamp
 from .llvm_loops import (cpu_has, declare, gemm_definition, gemm_intrinsic, load_gemms,
                          panel_gemm, splat)
-from .gather import (chunk_bounds, copy_windows, item_runs, load_entry, next_work,
-                     shared_windows, work_split)
+from .gather import (chunk_bounds, copy_windows, load_entry, next_work, plan_chunks,
+                     release, windows)
+from .launch import Driver, parallel
 from . import memory
 
 load_entry("float32")   # the gather of this module's kernels, on floats
@@ -234,59 +235,71 @@ def _add_tile(out, res, p0, n, c0, c1, lo, hi):
             o[j] = clamp(o[j] + q[j], lo, hi)
 
 
-@njit(parallel=True, cache=True)
-def conv(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, out, threads, res):
-    """A float convolution of a batch in one parallel region: nhwc (N, H, W, C) float32 ->
-    out (N, oh*ow, O), channel-last (an NCHW call site moves it). Work items are chunks of
-    one image's pixels, and of output blocks where the batch gives few chunks
-    (``work_split``); each gathers its pixels' windows into rows (a 1x1 convolution with
-    stride 1 and no padding multiplies the image's own rows; a lone image split by channel
-    groups has them gathered once, before), multiplies them and finishes them (bias, clamp
-    to [lo, hi], write). With a residual ``res`` (shaped as out; (0, 0, 0): none) the
-    finished tile (its bias added) is summed with the residual's, then clamped
-    (``_add_tile``)."""
-    images, p_n = nhwc.shape[0], oh * ow
+def _conv_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, out,
+               threads, res):
+    """``conv``'s plan (``launch.Driver``): a float convolution of a batch in one launch of
+    its work items (``_conv_items``): nhwc (N, H, W, C) float32 -> out (N, oh*ow, O),
+    channel-last (an NCHW call site moves it). Work items are chunks of one image's pixels,
+    and of output blocks where the batch gives few chunks (``gather.plan_chunks``); each
+    gathers its pixels' windows into rows (a 1x1 convolution with stride 1 and no padding
+    multiplies the image's own rows; a lone image split by channel groups has them gathered
+    once, by a launch before the items), multiplies them and finishes them (bias, clamp to
+    [lo, hi], write). With a residual ``res`` (shaped as out; (0, 0, 0): none) the finished
+    tile (its bias added) is summed with the residual's, then clamped (``_add_tile``)."""
+    split, shared, counters, fill = plan_chunks(nhwc, kh, kw, sh, sw, pt, pl, dh, dw,
+                                                np.float32(0.0), ow, oh * ow, packed.shape[0],
+                                                threads, packed.shape[1])
+    items = (_conv_items, (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi,
+                           out, res, split, shared, counters), threads)
+    return [items] if fill is None else [(*fill, None), items]
+
+
+@parallel
+def _conv_items(thread, threads, args):
+    """The work items of ``conv`` one thread takes (``gather.next_work``)."""
+    (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, out, res, split,
+     shared, counters) = args
+    chunks, groups, per_group = split
+    p_n = oh * ow
     o_n = out.shape[2]
     oblocks, k, block = packed.shape[0], packed.shape[1], packed.shape[2]
     h, w, c = nhwc.shape[1], nhwc.shape[2], nhwc.shape[3]
     pointwise = kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
         ow == w and c == k
-    chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
-    # one image split by channel groups too: its windows gathered once (``shared_windows``)
-    shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p_n,
-                            groups, k)
     residual = res.shape[0] > 0
     # the activation after the residual's sum: none in the GEMM's epilogue then
     f_lo = np.float32(-np.inf) if residual else lo
     f_hi = np.float32(np.inf) if residual else hi
-    counters = item_runs(images * chunks * groups, threads)
-    for thread in prange(threads):
-        while True:
-            b, chunk, ob0, ob1 = next_work(counters, thread, chunks, groups, per_group, oblocks)
-            if b < 0:
-                break
-            p0, p1 = chunk_bounds(p_n, chunks, chunk)
-            n = p1 - p0
-            hwc = nhwc[b]
-            if pointwise:
-                rows = hwc.reshape(h * w, c)[p0:p0 + n]
-            elif shared.shape[0]:
-                rows = shared[p0:p0 + n]
-            else:
-                rows = np.empty((n, k), np.float32)
-                copy_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p0, rows)
-            # blocks finished in registers, straight into out (all of them when the channels
-            # fill whole vectors)
-            whole = ob1 if o_n % (block // 2) == 0 else min(ob1, o_n // block)
-            if whole > ob0:
-                _sgemm_finish(rows.ctypes.data, k, packed, ob0, whole,
-                              out[b, p0:].ctypes.data + ob0 * block * 4, o_n, n, bias, f_lo, f_hi)
-            rest = max(ob0, whole)      # the blocks finished through memory
-            if rest < ob1:
-                width = (ob1 - rest) * block
-                acc = np.empty((n, width), np.float32)
-                _sgemm(rows.ctypes.data, k, packed, rest, ob1, acc.ctypes.data, width, n)
-                o0 = rest * block
-                _finish(acc, bias, f_lo, f_hi, o0, min(width, o_n - o0), p0, out[b])
-            if residual:
-                _add_tile(out[b], res[b], p0, n, ob0 * block, min(ob1 * block, o_n), lo, hi)
+    while True:
+        b, chunk, ob0, ob1 = next_work(counters, thread, chunks, groups, per_group, oblocks)
+        if b < 0:
+            break
+        p0, p1 = chunk_bounds(p_n, chunks, chunk)
+        n = p1 - p0
+        hwc = nhwc[b]
+        if pointwise:
+            rows = hwc.reshape(h * w, c)[p0:p0 + n]
+        elif shared.shape[0]:
+            rows = shared[p0:p0 + n]
+        else:
+            rows = np.empty((n, k), np.float32)
+            copy_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p0, rows)
+        # blocks finished in registers, straight into out (all of them when the channels
+        # fill whole vectors)
+        whole = ob1 if o_n % (block // 2) == 0 else min(ob1, o_n // block)
+        if whole > ob0:
+            _sgemm_finish(rows.ctypes.data, k, packed, ob0, whole,
+                          out[b, p0:].ctypes.data + ob0 * block * 4, o_n, n, bias, f_lo, f_hi)
+        rest = max(ob0, whole)      # the blocks finished through memory
+        if rest < ob1:
+            width = (ob1 - rest) * block
+            acc = np.empty((n, width), np.float32)
+            _sgemm(rows.ctypes.data, k, packed, rest, ob1, acc.ctypes.data, width, n)
+            o0 = rest * block
+            _finish(acc, bias, f_lo, f_hi, o0, min(width, o_n - o0), p0, out[b])
+        if residual:
+            _add_tile(out[b], res[b], p0, n, ob0 * block, min(ob1 * block, o_n), lo, hi)
+    release(counters)
+
+
+conv = Driver(_conv_plan, (windows, _conv_items))

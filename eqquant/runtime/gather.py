@@ -9,10 +9,14 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit, prange
 
+from . import memory
+from .launch import parallel, share
 from .llvm_loops import call_slot, fetch_add_intrinsic, fill_slot, memcpy_intrinsic
+from .serial import twin
 
 _copy = memcpy_intrinsic()
 _fetch_add = fetch_add_intrinsic()
+_fetch_add_ordered = fetch_add_intrinsic("acq_rel")
 
 
 SMALL = 192   # images with fewer pixels are split by channel blocks instead of by pixels
@@ -70,19 +74,34 @@ def work_split(images, p_n, oblocks, threads):
     return chunks, groups, per_group
 
 
-LINE = 8   # int64 counters a cache line apart (``item_runs``): the next item, the run's end
+LINE = 8   # int64 counters a cache line apart (``item_runs``)
 
 
 @njit(cache=True)
 def item_runs(items, threads):
     """The counters of ``next_item``: thread t's run of the ``items`` work items is
     [t * items // threads, (t + 1) * items // threads); in a cache line of its own, the
-    next item of it to take (the counter) and the run's end."""
-    counters = np.empty((threads, LINE), np.int64)
+    next item of it to take (the counter), the run's end and its start. A last line counts
+    the threads that have taken their last item (``release``)."""
+    counters = np.zeros((threads + 1, LINE), np.int64)
     for t in range(threads):
         counters[t, 0] = t * items // threads
         counters[t, 1] = (t + 1) * items // threads
+        counters[t, 2] = counters[t, 0]
     return counters
+
+
+@njit(cache=True)
+def release(counters):
+    """The calling thread has taken its last item of ``counters``' (``next_item`` gave -1):
+    the last of the threads to do so puts every run back at its start, so that a bound
+    kernel's next call finds its counters as ``item_runs`` made them (every other thread
+    is done with them by then; the launch's end orders the reset before the next call)."""
+    threads = counters.shape[0] - 1
+    if _fetch_add_ordered(counters[threads].ctypes.data, np.int64(1)) == threads - 1:
+        for t in range(threads):
+            counters[t, 0] = counters[t, 2]
+        counters[threads, 0] = 0
 
 
 @njit(cache=True)
@@ -99,7 +118,7 @@ def next_item(counters, thread):
     other loads, 2 threads, alternating processes, two runs: int8 resnet18 1.01 and 0.94x
     the time, resnet50 0.99 and 0.99x, MobileNet-v2 0.98 and 0.94x; fp32 resnet18 and
     MobileNet-v2 0.98x. The same bits: every item is computed once, by whichever thread."""
-    threads = counters.shape[0]
+    threads = counters.shape[0] - 1
     for k in range(threads):
         t = (thread + k) % threads
         item = _fetch_add(counters[t].ctypes.data, np.int64(1))
@@ -183,35 +202,85 @@ def shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, k
     rows = np.empty((p_n if nhwc.shape[0] == 1 and groups > 1 and not pointwise else 0, kp),
                     nhwc.dtype)
     if rows.shape[0]:
-        windows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, rows)
+        _windows_region(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, rows)
     return rows
 
 
 @njit(cache=True)
-def split_work(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, oblocks, threads, kp):
+def split_plan(images, p_n, oblocks, threads):
     """How a SIMD convolution driver's one parallel loop cuts a batch's work (both ways in
     one loop: each parallel loop is about 0.3 s of Numba's compiling, with an empty cache):
-    (work, shared, counters) for ``next_share`` and ``share_rows``. A lone small image
-    (fewer than SMALL pixels, more than one block of channels) has its rows gathered once
-    (``shared``), and its items are (block, share of its pixels) (``block_shares``); else
-    the items are ``work_split``'s chunks and groups (``shared``: ``shared_windows``'s).
-    work: (lone, chunks, groups, per_group, shares, p_n, oblocks); counters:
-    ``item_runs``'s."""
-    images = nhwc.shape[0]
+    (work, items). A lone small image (fewer than SMALL pixels, more than one block of
+    channels) has its rows gathered once, and its items are (block, share of its pixels)
+    (``block_shares``); else the items are ``work_split``'s chunks and groups. work: (lone,
+    chunks, groups, per_group, shares, p_n, oblocks), for ``next_share``."""
     lone = images == 1 and p_n < SMALL and oblocks > 1
     if lone:
         chunks, groups, per_group = 1, 1, 1
-        shared = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, np.intp(0), p_n, kp)
         shares = block_shares(p_n, oblocks, threads)
         items = oblocks * shares
     else:
         chunks, groups, per_group = work_split(images, p_n, oblocks, threads)
-        shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, kp)
         shares = 1
         items = images * chunks * groups
     work = (np.intp(1 if lone else 0), np.intp(chunks), np.intp(groups), np.intp(per_group),
             np.intp(shares), np.intp(p_n), np.intp(oblocks))
+    return work, items
+
+
+@njit(cache=True)
+def split_work(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, oblocks, threads, kp):
+    """``split_plan``'s cut, with what the items share and their counters, inside a
+    driver's compiled code (the AVX2 drivers'): (work, shared, counters) for
+    ``next_share`` and ``share_rows``; ``shared``: a lone image's rows (``_rows``), else
+    ``shared_windows``'s. ``plan_shares`` makes the same in Python, for the drivers of
+    ``launch.Driver``."""
+    work, items = split_plan(nhwc.shape[0], p_n, oblocks, threads)
+    if work[0]:
+        shared = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, np.intp(0), p_n, kp)
+    else:
+        shared = shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, work[2],
+                                kp)
     return work, shared, item_runs(items, threads)
+
+
+def plan_shares(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, oblocks, threads, kp):
+    """``split_work`` in Python, for a driver of ``launch.Driver``: (work, shared, counters,
+    fill), ``fill`` the launch that gathers ``shared`` before the items run, or None
+    (``_shared``). The same cut: ``split_plan``'s source, run as Python."""
+    work, items = _split_plan(nhwc.shape[0], p_n, oblocks, threads)
+    shared, fill = _shared(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, kp, work[0] != 0,
+                           work[2])
+    return work, shared, _item_runs(items, threads), fill
+
+
+def plan_chunks(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, oblocks, threads, kp):
+    """The float driver's cut (``work_split``'s chunks and groups, no lone image's shares),
+    in Python: ((chunks, groups, per_group), shared, counters, fill), as ``plan_shares``."""
+    images = nhwc.shape[0]
+    chunks, groups, per_group = _work_split(images, p_n, oblocks, threads)
+    shared, fill = _shared(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, kp, False,
+                           groups)
+    split = (np.intp(chunks), np.intp(groups), np.intp(per_group))
+    return split, shared, _item_runs(images * chunks * groups, threads), fill
+
+
+def _shared(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, kp, lone, groups):
+    """The rows every work item of a lone image reads (``share_rows``), as ``split_work``
+    makes them: a lone small image's gathered on one thread (``_rows``; a view of its own
+    for a pointwise convolution), a lone image split by groups of channel blocks too
+    gathered in parallel (``shared_windows``); else none. (rows, fill): fill the launch
+    that gathers them, (kernel, arguments), or None."""
+    h, w, c = nhwc.shape[1], nhwc.shape[2], nhwc.shape[3]
+    pointwise = (kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and
+                 c == kp and ow == w)
+    if lone and pointwise:
+        return nhwc[0].reshape(h * w, c)[:p_n], None
+    if lone or (nhwc.shape[0] == 1 and groups > 1 and not pointwise):
+        rows = memory.empty((p_n, kp), nhwc.dtype)
+        kernel = windows.serial if lone else windows
+        return rows, (kernel, (nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, rows))
+    return np.empty((0, kp), nhwc.dtype), None
 
 
 @njit(cache=True)
@@ -360,15 +429,27 @@ def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
         x0 = 0
 
 
-@njit(parallel=True, cache=True)
-def windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, rows):
-    """All pixel rows of an image's windows (``_windows``), chunks of CHUNK rows in
-    parallel."""
+@parallel
+def windows(thread, threads, args):
+    """All pixel rows of an image's windows (``_windows``), chunks of CHUNK rows shared out."""
+    hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, rows = args
     n = rows.shape[0]
-    for t in prange((n + CHUNK - 1) // CHUNK):
+    for t in range(*share((n + CHUNK - 1) // CHUNK, thread, threads)):
         p0 = t * CHUNK
         copy_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0,
                      rows[p0:min(n, p0 + CHUNK)])
+
+
+_windows_part = windows.part
+
+
+@njit(parallel=True, cache=True)
+def _windows_region(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, rows):
+    """``windows`` as a parallel loop of Numba's own, each chunk of rows one share, for a
+    caller in compiled code (``shared_windows``, which only the AVX2 drivers reach)."""
+    chunks = (rows.shape[0] + CHUNK - 1) // CHUNK
+    for t in prange(chunks):
+        _windows_part(t, chunks, (hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, rows))
 
 
 # The gather compiled once, as a C function for each element type (``_windows_entry``), that
@@ -408,7 +489,6 @@ def load_entry(element: str) -> None:
     if element in _ENTRIES:
         return
     from numba import cfunc
-    from .serial import twin
     kind = _KINDS[element][0]
     entry = cfunc(_entry_signature(element), cache=True)(twin(_windows_entry, f"_{kind}"))
     fill_slot(f"eqquant_windows_{kind}", entry.address)
@@ -460,3 +540,10 @@ def _copy_windows_intrinsic():
 
 
 copy_windows = _copy_windows_intrinsic()
+
+
+# the Python twins of the plan's integer code (``plan_shares``), its calls bound to theirs
+_split_plan = twin(split_plan.py_func, "_py", block_shares=block_shares.py_func,
+                   work_split=work_split.py_func)
+_item_runs = item_runs.py_func
+_work_split = work_split.py_func

@@ -269,15 +269,21 @@ class Parallel:
         return known[0], argument_block(args, known[1])
 
     def __call__(self, *args) -> None:
-        address, block = self._launch_args(args)
-        _launch(address, block_address(block), threads())
+        self.run(threads(), *args)
 
-    def bind(self, args: tuple, entry_point):
+    def run(self, count: int, *args) -> None:
+        """The kernel on ``args`` as ``count`` threads (``count`` parts, thread 0..count-1 of
+        count; the pool's threads take them)."""
+        address, block = self._launch_args(args)
+        _launch(address, block_address(block), count)
+
+    def bind(self, args: tuple, entry_point, count: int | None = None):
         """A call with no arguments doing ``self(*args)`` on these arrays (``bindings.bound``):
-        the block written once; the pool's size read at each call."""
+        the block written once; as ``count`` threads, else as many as the pool has at each
+        call."""
         address, block = self._launch_args(args)
         run = entry_point(_launch, (address, block_address(block), 1))
-        return _BoundLaunch(run, address, block)
+        return _BoundLaunch(run, address, block, args, count)
 
 
 class _Serial:
@@ -291,11 +297,15 @@ class _Serial:
         address, block = self.kernel._launch_args(args)
         _run_one(address, block_address(block))
 
-    def bind(self, args: tuple, entry_point):
+    def run(self, count: int, *args) -> None:
+        """(``Parallel.run``'s: on one thread, whatever ``count``)"""
+        self(*args)
+
+    def bind(self, args: tuple, entry_point, count: int | None = None):
         """``Parallel.bind``'s, on one thread."""
         address, block = self.kernel._launch_args(args)
         return _BoundSerial(entry_point(_run_one, (address, block_address(block))), address,
-                            block)
+                            block, args)
 
 
 def _key(value):
@@ -316,16 +326,19 @@ def _run_one(address, block):
 
 
 class _BoundLaunch:
-    """``bind``'s call: the launcher's entry point, its part and block (kept alive)."""
+    """``bind``'s call: the launcher's entry point, the part's entry and its block, and the
+    arguments, kept alive (the block holds their addresses only)."""
 
-    __slots__ = ("run", "address", "block", "at")
+    __slots__ = ("run", "address", "block", "at", "args", "count")
 
-    def __init__(self, run, address: int, block: array.array):
-        self.run, self.address, self.block = run, address, block
+    def __init__(self, run, address: int, block: array.array, args: tuple,
+                 count: int | None = None):
+        self.run, self.address, self.block, self.count = run, address, block, count
+        self.args = args
         self.at = block_address(block)
 
     def __call__(self) -> None:
-        self.run(self.address, self.at, threads())
+        self.run(self.address, self.at, self.count or threads())
 
 
 def parallel(fn=None, **options):
@@ -345,3 +358,38 @@ class _BoundSerial(_BoundLaunch):
 
     def __call__(self) -> None:
         self.run(self.address, self.at)
+
+
+class Driver:
+    """A kernel whose call is a plan, then launches: ``plan(*args)`` (Python, run where the
+    kernel is called or bound) gives the launches, (kernel, its arguments, the threads it
+    runs as, or None for the pool's), each a ``parallel`` kernel or its ``serial`` call. A
+    convolution's plan cuts its work (``gather.plan_shares``) and gathers what its items
+    share before they run. Bound (``bind``), the plan is made once and its launches are
+    bound."""
+
+    def __init__(self, plan, parts: tuple = ()):
+        self.plan, self.parts = plan, parts      # (parts: the kernels its plan launches)
+        self.__name__, self.__doc__ = plan.__name__, plan.__doc__
+
+    def __call__(self, *args) -> None:
+        for kernel, values, count in self.plan(*args):
+            kernel.run(threads() if count is None else count, *values)
+
+    def bind(self, args: tuple, entry_point):
+        calls = [kernel.bind(values, entry_point, count)
+                 for kernel, values, count in self.plan(*args)]
+        return calls[0] if len(calls) == 1 else _Calls(calls)
+
+
+class _Calls:
+    """Bound calls made in order (``Driver.bind``)."""
+
+    __slots__ = ("calls",)
+
+    def __init__(self, calls: list):
+        self.calls = calls
+
+    def __call__(self) -> None:
+        for call in self.calls:
+            call()

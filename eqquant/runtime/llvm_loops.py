@@ -310,11 +310,13 @@ def memcpy_intrinsic():
     return intrinsic(copy)
 
 
-def fetch_add_intrinsic():
+def fetch_add_intrinsic(ordering: str = "monotonic"):
     """A Numba intrinsic ``fetch_add(address, n)``: the int64 at ``address`` (an integer)
-    increased by n atomically, its value before returned (LLVM's ``atomicrmw add``, monotonic:
-    the counters of ``gather.next_item`` only hand out indices, each once; the parallel
-    region's end orders what the work items wrote)."""
+    increased by n atomically, its value before returned (LLVM's ``atomicrmw add``, by
+    default monotonic: the counters of ``gather.next_item`` only hand out indices, each
+    once, and the parallel region's end orders what the work items wrote; ``gather.release``
+    counts the finished threads with "acq_rel", so that the last sees the others' last
+    takes before it resets the counters)."""
     from numba import types
     from numba.extending import intrinsic
 
@@ -323,8 +325,9 @@ def fetch_add_intrinsic():
             from llvmlite import ir
             at, v = args
             ptr = builder.inttoptr(at, ir.IntType(64).as_pointer())
-            return builder.atomic_rmw("add", ptr, v, "monotonic")
+            return builder.atomic_rmw("add", ptr, v, ordering)
         return types.int64(types.intp, types.int64), codegen
+    fetch_add.__name__ = f"fetch_add_{ordering}"
     return intrinsic(fetch_add)
 
 

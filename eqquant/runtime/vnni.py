@@ -20,13 +20,14 @@ from __future__ import annotations
 
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .llvm_loops import (cpu_has, declare, gemm_at, gemm_definition, load_gemms,
                          panel_gemm, slot_address, splat)
 
 from .gather import CHUNK, SMALL, windows  # noqa: F401
-from .gather import load_entry, next_share, share_rows, split_work
+from .gather import load_entry, next_share, plan_shares, release, share_rows
+from .launch import Driver, parallel, share
 from .kernels_int8 import add_residual, requantize_rows
 # each layer's epilogue table (re-exported: the bindings take it from the path's module)
 from .epilogue_table import requantize_params  # noqa: F401
@@ -261,20 +262,21 @@ def multiply(kernel, a_u8, packed, out, p0=0, p1=-1, ob0=0, ob1=-1):
                          ob1 - ob0))
 
 
-@njit(parallel=True, cache=True)
-def multiply_parallel(kernel, a_u8, packed, out):
-    """``multiply`` over the cores: by chunks of pixels when there are many, by output blocks
-    when the image is small (a 7x7 layer has 49 pixels)."""
+@parallel
+def multiply_parallel(thread, threads, args):
+    """``multiply`` over the cores, args (kernel, a_u8, packed, out): by chunks of pixels when
+    there are many, by output blocks when the image is small (a 7x7 layer has 49 pixels)."""
+    kernel, a_u8, packed, out = args
     block, panel = kernel[2], kernel[3]
     p, oblocks, kq = a_u8.shape[0], packed.shape[0], packed.shape[1]
     if p >= SMALL or oblocks == 1:
         chunks = (p + CHUNK - 1) // CHUNK
-        for t in prange(chunks):
+        for t in range(*share(chunks, thread, threads)):
             _gemm_at(kernel[0], (a_u8.ctypes.data, a_u8.shape[1], packed.ctypes.data,
                                  out.ctypes.data, out.shape[1], t * CHUNK,
                                  min(p, t * CHUNK + CHUNK), kq, oblocks))
     else:
-        for ob in prange(oblocks):
+        for ob in range(*share(oblocks, thread, threads)):
             _gemm_at(kernel[0], (a_u8.ctypes.data, a_u8.shape[1],
                                  packed.ctypes.data + ob * kq * panel,
                                  out.ctypes.data + ob * block * 4, out.shape[1], 0, p, kq, 1))
@@ -319,49 +321,63 @@ def _gemm_requantize(kernel, rows, kp, packed, ob0, ob1, out, n, params, lo, hi)
                                out.shape[1] - ob0 * block))
 
 
-@njit(parallel=True, cache=True)
-def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, kernel, params,
-                    lo, hi, out, threads, res, add):
-    """A whole fused int8 convolution of a batch in one parallel region: nhwc (N, H, W, C)
-    uint8 -> out (N, oh*ow, O) 8-bit, channel-last (an NCHW call site moves it), on
+def _conv_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, kernel, params, lo,
+               hi, out, threads, res, add):
+    """``conv_requantize``'s plan (``launch.Driver``): a whole fused int8 convolution of a
+    batch in one launch of its work items (``_conv_items``): nhwc (N, H, W, C) uint8 -> out
+    (N, oh*ow, O) 8-bit, channel-last (an NCHW call site moves it), on
     ``kernel``'s GEMMs (``gemm_kernel``: this module's, AMX's, the 256-bit or blocks-of-16
     ones; one compiled driver for all). Each work item gathers a chunk of one image's
     pixels' windows into rows (``share_rows``: a pointwise convolution reads the image's
     own), multiplies them and finishes them in the GEMM's registers, so the worker threads
     wake once per convolution; a lone small image (fewer than 192 pixels) has its rows
     gathered once and is split by blocks of channels instead, and each block by pixels where
-    the blocks alone would leave the threads unequal runs (``gather.split_work``). A block whose
+    the blocks alone would leave the threads unequal runs (``gather.plan_shares``: a lone image's
+    rows are gathered by a launch before the items). A block whose
     last vector the channels end inside, on a kernel that cannot store it under a mask,
     goes through an int32 tile and ``_finish``. ``params``: the layer's
     ``requantize_params``. With a residual ``res`` (shaped as out; (0, 0, 0): none), each
     item's tile is then summed with it in place (``add_tile``, ``add``: its parameters), in
     cache: fused.qconv2d_add."""
+    kp = packed.shape[1] * 4
+    work, shared, counters, fill = plan_shares(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow,
+                                               oh * ow, packed.shape[0], threads, kp)
+    items = (_conv_items, (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, kernel,
+                           params, lo, hi, out, res, add, work, shared, counters), threads)
+    return [items] if fill is None else [(*fill, None), items]
+
+
+@parallel
+def _conv_items(thread, threads, args):
+    """The work items of ``conv_requantize`` one thread takes (``gather.next_share``)."""
+    (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, kernel, params, lo, hi, out,
+     res, add, work, shared, counters) = args
     block, panel, lanes, masked = kernel[2], kernel[3], kernel[4], kernel[5] != 0
-    p_n, o_n = oh * ow, out.shape[2]
-    oblocks, kq = packed.shape[0], packed.shape[1]
+    o_n, kq = out.shape[2], packed.shape[1]
     kp = kq * 4
-    work, shared, counters = split_work(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
-                                        oblocks, threads, kp)
-    for thread in prange(threads):
-        while True:
-            b, ob0, ob1, p0, p1 = next_share(counters, thread, work)
-            if b < 0:
-                break
-            rows = share_rows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1, kp,
-                              shared)
-            n = rows.shape[0]
-            # blocks requantized in registers, straight into out (all of them when the
-            # channels fill whole vectors, or a vector may be stored in part: masked)
-            whole = ob1 if o_n % lanes == 0 or masked else min(ob1, o_n // block)
-            if whole > ob0:
-                _gemm_requantize(kernel, rows, kp, packed, ob0, whole, out[b, p0:], n, params,
-                                 lo, hi)
-            rest = max(ob0, whole)      # the blocks finished through memory
-            if rest < ob1:
-                cols = (ob1 - rest) * block
-                acc = np.empty((n, cols), np.int32)
-                _gemm_at(kernel[0], (rows.ctypes.data, kp, packed.ctypes.data + rest * kq * panel,
-                                     acc.ctypes.data, cols, 0, n, kq, ob1 - rest))
-                _finish(acc, min(cols, o_n - rest * block), params, lo, hi, rest * block, p0,
-                        out[b])
-            add_residual(out, res, b, p0, n, ob0 * block, min(ob1 * block, o_n), add, lo, hi)
+    while True:
+        b, ob0, ob1, p0, p1 = next_share(counters, thread, work)
+        if b < 0:
+            break
+        rows = share_rows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1, kp,
+                          shared)
+        n = rows.shape[0]
+        # blocks requantized in registers, straight into out (all of them when the
+        # channels fill whole vectors, or a vector may be stored in part: masked)
+        whole = ob1 if o_n % lanes == 0 or masked else min(ob1, o_n // block)
+        if whole > ob0:
+            _gemm_requantize(kernel, rows, kp, packed, ob0, whole, out[b, p0:], n, params,
+                             lo, hi)
+        rest = max(ob0, whole)      # the blocks finished through memory
+        if rest < ob1:
+            cols = (ob1 - rest) * block
+            acc = np.empty((n, cols), np.int32)
+            _gemm_at(kernel[0], (rows.ctypes.data, kp, packed.ctypes.data + rest * kq * panel,
+                                 acc.ctypes.data, cols, 0, n, kq, ob1 - rest))
+            _finish(acc, min(cols, o_n - rest * block), params, lo, hi, rest * block, p0,
+                    out[b])
+        add_residual(out, res, b, p0, n, ob0 * block, min(ob1 * block, o_n), add, lo, hi)
+    release(counters)
+
+
+conv_requantize = Driver(_conv_plan, (windows, _conv_items))
