@@ -11,10 +11,10 @@ from numba import carray, njit, prange
 
 from . import memory
 from .launch import parallel, share
-from .llvm_loops import call_slot, fetch_add_intrinsic, fill_slot, memcpy_intrinsic
+from .llvm_loops import call_slot, copy_runs_intrinsic, fetch_add_intrinsic, fill_slot
 from .serial import twin
 
-_copy = memcpy_intrinsic()
+_copy_runs = copy_runs_intrinsic()
 _fetch_add = fetch_add_intrinsic()
 _fetch_add_ordered = fetch_add_intrinsic("acq_rel")
 
@@ -311,75 +311,15 @@ def share_rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1, kp, shared)
     return _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1 - p0, kp)
 
 
-MOVES = (1, 2, 4, 8, 16, 32, 64)   # the sizes of move a run of bytes is copied with
-
-
-@njit(inline="always")
-def _copy_span(dst, src, nbytes, move):
-    """Copy nbytes (move <= nbytes <= 2 * move, ``_move_size``) as two moves of ``move``
-    bytes, the second ending where the run ends (they overlap; nothing past the run is read
-    or written); move 0: one memcpy. Called with ``move`` a constant (``_copy_runs``), each
-    move is a memcpy of known size, which LLVM inlines as a vector move or two."""
-    if move:
-        _copy(dst, src, move)
-        _copy(dst + nbytes - move, src + nbytes - move, move)
-    else:
-        _copy(dst, src, nbytes)
-
-
-@njit(inline="always")
-def _copy_loop(dst, src, nbytes, move, count, dst_step, src_step):
-    """``count`` runs of nbytes (``_copy_span``'s moves), dst_step and src_step bytes apart."""
-    for _ in range(count):
-        _copy_span(dst, src, nbytes, move)
-        dst += dst_step
-        src += src_step
-
-
-@njit(inline="always")
-def _copy_runs(dst, src, nbytes, move, count, dst_step, src_step):
-    """``_copy_loop`` with the size of its moves a constant in each branch: one loop for
-    each size (the choice made once, not run by run; MobileNet-v2's 3 x 3 stem's gather
-    took 1.3x as long with the choice in the loop). Written out, not a loop over MOVES:
-    that loop left the size a variable, every move a memcpy call (a 28 x 28 x 1 3 x 3
-    gather 12-18 -> 22-32 us)."""
-    if move == 1:
-        _copy_loop(dst, src, nbytes, 1, count, dst_step, src_step)
-    elif move == 2:
-        _copy_loop(dst, src, nbytes, 2, count, dst_step, src_step)
-    elif move == 4:
-        _copy_loop(dst, src, nbytes, 4, count, dst_step, src_step)
-    elif move == 8:
-        _copy_loop(dst, src, nbytes, 8, count, dst_step, src_step)
-    elif move == 16:
-        _copy_loop(dst, src, nbytes, 16, count, dst_step, src_step)
-    elif move == 32:
-        _copy_loop(dst, src, nbytes, 32, count, dst_step, src_step)
-    elif move == 64:
-        _copy_loop(dst, src, nbytes, 64, count, dst_step, src_step)
-    else:
-        _copy_loop(dst, src, nbytes, 0, count, dst_step, src_step)
-
-
-@njit(cache=True)
-def _move_size(nbytes):
-    """The moves ``_copy_span`` copies a run of nbytes with: the least of ``MOVES`` two of
-    which cover it, else 0 (one memcpy, past 128 bytes)."""
-    for move in MOVES:
-        if move <= nbytes <= 2 * move:
-            return move
-    return 0
-
-
 @njit(cache=True)
 def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
     """Pixel rows p0.. of the image's windows (taps in (tap, channel) order, ``pad`` outside
     the image, zeros in the padding of K) into ``rows`` (n, Kp). The pixels of one output
     row are taken a kernel row at a time: those whose kernel row lies inside the image (with
     dw 1, one run of kw pixels) in a loop of copies whose moves are chosen once
-    (``_copy_runs``), the others tap by tap. Taken pixel by pixel, each run's copy chosen
-    there and the border's tap-by-tap code in the same loop, resnet18's stem (87,808 runs of
-    21 bytes) took 0.73-1.1 ms on one core of an AMD EPYC (Zen 3), 0.38-0.51 ms so; the
+    (``llvm_loops.copy_runs_intrinsic``), the others tap by tap. Taken pixel by pixel, each
+    run's copy chosen there and the border's tap-by-tap code in the same loop, resnet18's
+    stem (87,808 runs of 21 bytes) took 0.73-1.1 ms on one core of an AMD EPYC (Zen 3), 0.38-0.51 ms so; the
     whole stem on two threads 1.19 -> 1.09 ms."""
     h, w, c_in = hwc.shape
     n, kp = rows.shape
@@ -390,7 +330,6 @@ def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
         raise ValueError("_windows reads and writes C-contiguous arrays")
     src, dst = hwc.ctypes.data, rows.ctypes.data
     run = span * size
-    move = _move_size(run)
     r0 = 0
     y = p0 // ow
     x0 = p0 - y * ow
@@ -405,7 +344,7 @@ def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
                 b = max(a, min(x0 + m, (w - kw + pl) // sw + 1))
             d = dst + ((r0 + a - x0) * kp + i * span) * size
             s = src + ((iy * w + a * sw - pl) * c_in) * size
-            _copy_runs(d, s, run, move, b - a, kp * size, sw * c_in * size)
+            _copy_runs(d, s, run, b - a, kp * size, sw * c_in * size)
             if a == x0 and b == x0 + m:
                 continue
             for xo in range(x0, x0 + m):
