@@ -1,10 +1,13 @@
-"""The CPU runtime: Numba kernels (``kernels_fp32.py``, ``kernels_int8.py``), the SIMD GEMMs
+"""The CPU runtime: Numba kernels (``kernels_fp32.py``, ``kernels_int8.py``) and the launcher
+that runs them on the thread pool (``launch.py``), the SIMD GEMMs
 generated with llvmlite (``fma.py`` for float, ``vnni.py``, ``avxvnni.py``, ``avx2.py`` for
 int8) and the window gather and work split their drivers share (``gather.py``), their
 bindings to registry ops (``bindings.py``, ``bindings_int8.py``) and the executor with its
 memory plan (``executor.py``).
 
-One thread pool runs every kernel: Numba's OpenMP workers, which spin a moment after each
+One thread pool runs every kernel, entered the same way by each (``launch.py``: a kernel is
+one thread's share, compiled into a C entry, and one parallel loop runs them all; the AVX2
+int8 drivers keep a loop of their own): Numba's OpenMP workers, which spin a moment after each
 parallel region before they sleep (libgomp's default), so the next op of a program finds
 them awake: a pool told to sleep at once (``OMP_WAIT_POLICY=PASSIVE``) cost 30-60 us per op,
 a quarter of resnet18's int8 time and half of MobileNet-v2's. Only where float convolutions
