@@ -210,7 +210,8 @@ def test_mobilenet_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8,
         if isinstance(call, _BoundLaunch):
             return call.address in entries
         if getattr(call, "func", None) is avx2._drive:
-            return all(f in entries for f in call.args[:2])
+            region, plain = call.args[:2]
+            return region.func in entries and to_entries(plain)
         return getattr(call, "func", None) in entries
     bound = [p is not None and to_entries(p[0]) for _, p in convs]
     depthwise = [step.fn.depthwise if precision == "fp32" else step.fn.conv.depthwise

@@ -74,12 +74,15 @@ import functools
 import numpy as np
 from numba import njit, prange
 
+from . import memory
+from .launch import Driver, parallel, share
+
 from .llvm_loops import (carried_loop, counted_loop, cpu_has, declare, gemm_definition,
                          gemm_intrinsic, load_gemms, load_vectors, panel_gemm, splat,
                          while_loop)
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
-from .gather import LINE, _rows, load_entry, next_share, share_rows, split_work
-from .gather import windows  # noqa: F401
+from .gather import (LINE, _rows, load_entry, next_share, plan_shares, release, share_rows,
+                     split_work, windows)
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
 from .vnni import requantize_params  # noqa: F401
 from .kernels_int8 import add_residual
@@ -486,14 +489,16 @@ def gemm_bytes(a_u8, packed, quads, out):
     return True
 
 
-@njit(parallel=True, cache=True)
-def gemm_parallel(a_u8, packed, out):
-    """``gemm`` over the cores: by chunks of pixels when there are many, by blocks of output
-    channels when the image is small."""
+@parallel
+def gemm_parallel(thread, threads, args):
+    """``gemm`` over the cores, args (a_u8, packed, out): by chunks of pixels when there are
+    many, by blocks of output channels when the image is small (each thread widening the
+    image's few rows for itself)."""
+    a_u8, packed, out = args
     p, oblocks, kq = a_u8.shape[0], packed.shape[0], packed.shape[1]
     kp = a_u8.shape[1]
     if p >= 192 or oblocks == 1:
-        for t in prange((p + 95) // 96):
+        for t in range(*share((p + 95) // 96, thread, threads)):
             p0, p1 = t * 96, min(p, t * 96 + 96)
             a16 = np.empty((p1 - p0, kp), np.int16)
             _widen(a_u8[p0:p1], a16)
@@ -502,7 +507,7 @@ def gemm_parallel(a_u8, packed, out):
     else:
         a16 = np.empty((p, kp), np.int16)
         _widen(a_u8, a16)
-        for ob in prange(oblocks):
+        for ob in range(*share(oblocks, thread, threads)):
             gemm_block(a16.ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
                        out.ctypes.data + ob * BLOCK * 4, out.shape[1], 0, p, kq, 1)
 
@@ -627,37 +632,60 @@ def empties(kp):
             np.empty((0, kp), np.int16))
 
 
-@njit(parallel=True, cache=True)
-def conv_requantize(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, params, lo, hi,
-                    out, threads, res, add):
-    """A whole fused int8 convolution of a batch in one parallel region (as
-    ``vnni.conv_requantize``: out (N, oh*ow, O), channel-last; a residual ``res`` summed
-    with each item's tile): gather a chunk of pixels' windows, widen them, multiply and
-    requantize in registers (``_tile``)."""
-    p_n, o_n = oh * ow, out.shape[2]
-    oblocks, kq = packed.shape[0], packed.shape[1]
-    kp = kq * 2
-    work, shared, counters = split_work(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
-                                        oblocks, threads, kp)
+def _conv_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, params, lo, hi, out,
+               threads, res, add):
+    """``conv_requantize``'s plan (``launch.Driver``): a whole fused int8 convolution of a
+    batch in one launch of its work items (``_conv_items``; as ``vnni.conv_requantize``: out
+    (N, oh*ow, O), channel-last; a residual ``res`` summed with each item's tile): gather a
+    chunk of pixels' windows, widen them, multiply and requantize in registers (``_tile``).
+    A lone image's rows are gathered and widened once, by launches before the items."""
+    kp = packed.shape[1] * 2
+    work, shared, counters, fill = plan_shares(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow,
+                                               oh * ow, packed.shape[0], threads, kp)
     lone = work[0] != 0
-    # a lone image's rows widened once (each item's chunk else)
-    wide = np.empty((shared.shape[0] if lone else 0, kp), np.int16)
-    _widen(shared[:wide.shape[0]], wide)
-    for thread in prange(threads):
-        while True:
-            b, ob0, ob1, p0, p1 = next_share(counters, thread, work)
-            if b < 0:
-                break
-            if lone:
-                rows16 = wide[p0:p1]
-            else:
-                rows = share_rows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1, kp,
-                                  shared)
-                rows16 = np.empty((rows.shape[0], kp), np.int16)
-                _widen(rows, rows16)
-            n = rows16.shape[0]
-            _tile(rows16, packed, ob0, ob1, o_n, params, lo, hi, p0, out[b])
-            add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
+    wide = memory.empty((shared.shape[0] if lone else 0, kp), np.int16)
+    launches = [] if fill is None else [(*fill, None)]
+    if lone:
+        launches.append((widen_rows.serial, (shared, wide), None))
+    launches.append((_conv_items, (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed,
+                                   params, lo, hi, out, res, add, work, shared, counters,
+                                   wide), threads))
+    return launches
+
+
+@parallel
+def widen_rows(thread, threads, args):
+    """``_widen`` of rows (n, kp) uint8 into int16 rows, the rows shared out."""
+    rows_u8, rows16 = args
+    lo, hi = share(rows_u8.shape[0], thread, threads)
+    _widen(rows_u8[lo:hi], rows16[lo:hi])
+
+
+@parallel
+def _conv_items(thread, threads, args):
+    """The work items of ``conv_requantize`` one thread takes (``gather.next_share``)."""
+    (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, params, lo, hi, out, res, add,
+     work, shared, counters, wide) = args
+    o_n, kp = out.shape[2], packed.shape[1] * 2
+    lone = work[0] != 0
+    while True:
+        b, ob0, ob1, p0, p1 = next_share(counters, thread, work)
+        if b < 0:
+            break
+        if lone:
+            rows16 = wide[p0:p1]
+        else:
+            rows = share_rows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1, kp,
+                              shared)
+            rows16 = np.empty((rows.shape[0], kp), np.int16)
+            _widen(rows, rows16)
+        n = rows16.shape[0]
+        _tile(rows16, packed, ob0, ob1, o_n, params, lo, hi, p0, out[b])
+        add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
+    release(counters)
+
+
+conv_requantize = Driver(_conv_plan, (windows, widen_rows, _conv_items))
 
 
 class _BytesDriver:
@@ -683,30 +711,32 @@ class _BytesDriver:
 
     def __call__(self, nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads,
                  record, params, lo, hi, out, threads, res, add):
-        _drive(_bytes_region, conv_requantize, record,
-               (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed), quads,
-               (params, lo, hi, out, threads, res, add))
+        head = (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed)
+        tail = (params, lo, hi, out, threads, res, add)
+        _drive(functools.partial(_bytes_region, *head, quads, *tail),
+               functools.partial(conv_requantize, *head, *tail), record)
 
     def bind(self, args: tuple, entry_point):
-        """``self(*args)`` as a call with no arguments, through the two drivers' compiled
-        entry points for these arguments' types (``entry_point(kernel, args)``)."""
+        """``self(*args)`` as a call with no arguments: the byte driver's compiled entry
+        point for these arguments' types (``entry_point(kernel, args)``) and the 16-bit
+        driver bound (``launch.Driver.bind``)."""
         head, quads, record, tail = args[:13], args[13], args[14], args[15:]
-        return functools.partial(_drive, entry_point(_bytes_region, (*head, quads, *tail)),
-                                 entry_point(conv_requantize, (*head, *tail)), record, head,
-                                 quads, tail)
+        region = (*head, quads, *tail)
+        return functools.partial(
+            _drive, functools.partial(entry_point(_bytes_region, region), *region),
+            conv_requantize.bind((*head, *tail), entry_point), record)
 
 
-def _drive(region, plain, record, head, quads, tail):
-    """``conv_requantize_bytes``'s choice: ``region`` (``_bytes_region``) on
-    (*head, quads, *tail), unless the record sends the layer to ``plain``
-    (``conv_requantize``) on (*head, *tail), or region could not list the image's high
-    bits."""
+def _drive(region, plain, record):
+    """``conv_requantize_bytes``'s choice: ``region()`` (``_bytes_region`` on the call's
+    arguments), unless the record sends the layer to ``plain()`` (``conv_requantize``), or
+    region could not list the image's high bits."""
     record[0] += 1
     if record[1] <= 0 or record[0] % RETRY == 0:
-        listed, record[1] = region(*head, quads, *tail)
+        listed, record[1] = region()
         if listed:
             return
-    plain(*head, *tail)
+    plain()
 
 
 conv_requantize_bytes = _BytesDriver()
