@@ -158,8 +158,8 @@ def _as_nchw(in_types, out_type, consts):
     types = [nchw(in_types[0]), TensorType(to_oihw(in_types[1].shape, "HWIO"),
                                            in_types[1].dtype), *in_types[2:]]
     consts = dict(consts)
-    if 1 in consts:
-        consts[1] = np.ascontiguousarray(to_oihw(consts[1], "HWIO"))
+    if 1 in consts:   # (a view: each kernel's packing copies it once, into its own layout)
+        consts[1] = to_oihw(consts[1], "HWIO")
     if len(types) == 3:
         types[2] = TensorType((in_types[2].size, 1, 1), in_types[2].dtype)
         if 2 in consts:
@@ -220,8 +220,6 @@ class Conv2D(_Spatial):
         self.depthwise = self.groups == in_types[0].shape[1] == o and cg == 1
         self.pointwise = (kh == kw == 1 and self.sh == self.sw == 1 and
                           attrs["padding"] == [0, 0, 0, 0] and self.groups == 1)
-        self.w = self._pack(w) if w is not None else None
-
         self.bias_vec = None
         if len(in_types) == 3 and 2 in consts and _per_channel(in_types[2].shape,
                                                                out_type.shape):
@@ -229,9 +227,6 @@ class Conv2D(_Spatial):
                 consts[2].reshape(-1), (o,)), dtype=np.float32)
         elif len(in_types) == 2:
             self.bias_vec = np.zeros(o, np.float32)
-        self.taps = None    # a channel-last depthwise convolution's (kh, kw, C) weights
-        if self.nhwc and self.depthwise and self.bias_vec is not None:
-            self.taps = memory.aligned(np.ascontiguousarray(self.w.transpose(1, 2, 0)))
         # an FMA GEMM with the window gather and the epilogue in one parallel region, where
         # the CPU has AVX2 and FMA (EQQUANT_FP32_KERNEL=blas keeps im2col + BLAS)
         self.fma = None
@@ -242,6 +237,12 @@ class Conv2D(_Spatial):
             self.fma = fma
             self.packed = fma.pack(np.ascontiguousarray(   # (tap, channel): as rows gather
                 w.transpose(0, 2, 3, 1).reshape(o, -1), dtype=np.float32), path)
+        # the weights as the NCHW kernels read them, where those run (the FMA kernel reads
+        # its panels only: ResNet-18's 47 MB were copied to no use at each load)
+        self.w = self._pack(w) if w is not None and self.fma is None else None
+        self.taps = None    # a channel-last depthwise convolution's (kh, kw, C) weights
+        if self.nhwc and self.depthwise and self.bias_vec is not None:
+            self.taps = memory.aligned(np.ascontiguousarray(self.w.transpose(1, 2, 0)))
 
     def _pack(self, w: np.ndarray) -> np.ndarray:
         o = w.shape[0]
