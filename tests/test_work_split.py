@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from eqquant.runtime.gather import (ROWS, SHARE, block_shares, chunk_bounds, item_runs,
                                    next_item, release, work_item, work_split)
+from eqquant.runtime.launch import parallel
 
 
 @settings(max_examples=300, deadline=None)
@@ -360,3 +361,29 @@ def test_the_gathered_windows_are_the_images_windows(h, w, c, kh, kw, sh, sw, dh
     np.testing.assert_array_equal(buffer[1:-1, :k], want)
     assert (buffer[1:-1, k:] == 0).all()
     assert (buffer[0] == 77).all() and (buffer[-1] == 77).all()
+
+
+@parallel
+def _take_all(thread, threads, args):
+    """Every item once (``next_item``), then ``release``: a driver's items as the launcher
+    runs them."""
+    counters, owner = args
+    while True:
+        item = next_item(counters, thread)
+        if item < 0:
+            break
+        owner[item] += 1
+    release(counters)
+
+
+@pytest.mark.parametrize("items, threads", [(0, 2), (1, 2), (37, 2), (37, 3), (64, 1)])
+def test_a_bound_launch_finds_its_counters_reset_at_every_call(items, threads):
+    """A bound convolution reuses its item counters: the last thread to finish puts every
+    run back at its start (``release``), so each call hands out every item once again."""
+    from eqquant.runtime.bindings import entry_point
+    counters, owner = item_runs(items, threads), np.zeros(items, np.int64)
+    call = _take_all.bind((counters, owner), entry_point, threads)
+    for n in range(1, 4):
+        call()
+        assert (owner == n).all()
+        np.testing.assert_array_equal(counters, item_runs(items, threads))
