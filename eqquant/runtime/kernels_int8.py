@@ -322,15 +322,18 @@ def residual_params(za: int, zb: int, split: tuple, zo: int) -> np.ndarray:
     return np.array([za, zb, *split, zo], np.int32)
 
 
-@njit(cache=True)
+@njit(inline="always")
 def add_residual(out, res, b, p0, n, c0, c1, add, lo, hi):
     """``add_tile`` on image b's tile where the convolution has a residual (``res`` of a
-    convolution without one: (0, 0, 0)): the SIMD drivers' last step of a work item."""
+    convolution without one: (0, 0, 0)): the SIMD drivers' last step of a work item.
+    Inlined into its callers, as ``add_tile`` and ``requantize_rows`` are: compiled apart
+    and linked into each driver's items, their code went through Numba and LLVM twice (0.28
+    s of resnet18 int8's first start, with an empty cache)."""
     if res.shape[0]:
         add_tile(out[b], res[b], p0, n, c0, c1, add, lo, hi)
 
 
-@njit(cache=True)
+@njit(inline="always")
 def add_tile(out, res, p0, n, c0, c1, add, lo, hi):
     """out[p0:p0 + n, c0:c1] (8-bit, (P, O)) summed in place with the same tile of ``res``
     as ``qadd_once_split`` sums (out the lhs; ``add``: ``residual_params``): the residual sum of
@@ -431,7 +434,7 @@ def depthwise_i8(thread, threads, args):
                 out[o, oy * ow + ox] = acc[ox, o]
 
 
-@njit(cache=True)
+@njit(inline="always")
 def requantize_rows(acc, params, o0, cols, lo, hi, dst, r0, d0):
     """dst[r0 + r, d0 + c] = requantize_acc(acc[r, c] + bias[o], ...) for o = o0 + c, c <
     cols, every row r of acc: the epilogue of the integer convolutions, ``params`` from
