@@ -168,7 +168,7 @@ def pack(w: np.ndarray, path: str = "fma") -> np.ndarray:
     return packed.reshape(packed.shape[:3])
 
 
-@njit(cache=True)
+@njit(inline="always")
 def _sgemm(a, lda, packed, ob0, ob1, c, ldc, n):
     """c[:n, :] = a[:n] @ the packed blocks ob0..ob1 (the GEMM of the packing's width)."""
     k, block = packed.shape[1], packed.shape[2]
@@ -179,7 +179,7 @@ def _sgemm(a, lda, packed, ob0, ob1, c, ldc, n):
         sgemm256_block(a, lda, b, c, ldc, 0, n, k, ob1 - ob0)
 
 
-@njit(cache=True)
+@njit(inline="always")
 def _sgemm_finish(a, lda, packed, ob0, ob1, c, ldc, n, bias, lo, hi):
     """c[:n, :] = clamp(a[:n] @ the packed blocks ob0..ob1 + bias[ob0 * block:], lo, hi),
     finished in registers, for the ldc - ob0 * block columns c has from the first block's
@@ -201,7 +201,7 @@ def sgemm(a, packed, out):
            out.shape[1], a.shape[0])     # (np.intp: _sgemm's one variant, not a Literal's)
 
 
-@njit(cache=True)
+@njit(inline="always")
 def _finish(acc, bias, lo, hi, o0, cols, p0, out):
     """acc (n, >= cols): channels o0..o0+cols of pixels p0.. plus the bias, clamped to
     [lo, hi], into out (P, O) channel-last, along each row. Every loop indexes slices from 0
@@ -215,7 +215,7 @@ def _finish(acc, bias, lo, hi, o0, cols, p0, out):
             dst[o] = clamp(a[o] + b[o], lo, hi)
 
 
-@njit(cache=True)
+@njit(inline="always")
 def _add_tile(out, res, p0, n, c0, c1, lo, hi):
     """out[p0:p0 + n, c0:c1] = clamp(out + res, lo, hi) on the same tile of ``res``: a
     residual summed into a finished tile while it is in cache (fused.conv2d_add: the sum,

@@ -25,7 +25,7 @@ def clamp(v, lo, hi):
     return min(max(v, lo), hi)
 
 
-@njit(cache=True)
+@njit(inline="always")
 def inside(n_out, stride, offset, size):
     """The output columns [first, last) whose input column, out * stride + offset, lies in
     [0, size): sweeping only those needs no bounds test in the inner loop."""
@@ -77,7 +77,7 @@ def bias_act(thread, threads, args):
             y[o, p] = clamp(y[o, p] + b, lo32, hi32)
 
 
-@njit(cache=True)
+@njit(inline="always")
 def kernel_rows(y, sh, pt, dh, kh, h):
     """The kernel rows [i0, i1) whose input row, y * sh - pt + i * dh, lies in [0, h)."""
     i0 = 0
@@ -89,7 +89,7 @@ def kernel_rows(y, sh, pt, dh, kh, h):
     return i0, i1
 
 
-@njit(cache=True)
+@njit(inline="always")
 def interior(ow, sw, pl, dw, kw, wd):
     """The output columns [first, last) all of whose kw taps lie inside a row of wd pixels
     (first >= last when there are none)."""

@@ -83,7 +83,7 @@ def dense_i8(thread, threads, args):
             out[n, o] = _dot_i32(w[o], xs[n]) - zw[o] * sums[n]
 
 
-@njit(cache=True)
+@njit(inline="always")
 def _dot_i32(a, b):
     """sum(a * b) wrapped to int32 at every step: held to 32 bits, LLVM's vectorized
     reduction multiplies 16-bit pairs (vpmaddwd; vpdpwssd with VNNI). Summed in int64, as
@@ -515,7 +515,7 @@ def depthwise_channels_last(thread, threads, args):
         requantize_rows(acc, params, np.intp(0), o_n, lo, hi, out, oy * ow, np.intp(0))
 
 
-@njit(cache=True)
+@njit(inline="always")
 def _channel_sums(x, z, s, acc):
     """acc[c] += float64(float32((x[p, c] - z) * s)) over the pixels p. The difference is
     taken in float32 (exact: two integers under 2^24 apart), so the loop converts bytes to
