@@ -125,6 +125,7 @@ def test_the_gather_is_called_through_its_slot_too():
 
     from eqquant.runtime import gather
     gather.load_entry("uint8")      # (as the modules whose kernels gather bytes do)
+    gather.load_entry("float32")    # (as fma.py does, whichever tests ran before here)
     rows_of = njit(gather._rows.py_func)     # compiled here (a cached kernel shows no IR)
     hwc = np.arange(5 * 6 * 4, dtype=np.uint8).reshape(5, 6, 4)
     got = rows_of(hwc, 3, 3, 1, 1, 1, 1, 1, 1, 7, 6, 2, 20, 40)
