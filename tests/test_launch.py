@@ -51,6 +51,22 @@ def test_scalars_and_tuples_reach_the_part_exactly():
     assert (seen == 2).all()
 
 
+@parallel
+def _first(thread, threads, args):
+    """out[0] = the integer argument (as Numba types it)."""
+    v, out = args
+    if thread == 0:
+        out[0] = v
+
+
+def test_integers_of_every_width_reach_the_part_exactly():
+    for value in (np.uint64(2 ** 64 - 3), np.int64(-2 ** 63), np.uint8(255), np.int8(-128),
+                  np.uint32(2 ** 32 - 1), np.int16(-30000)):
+        out = np.zeros(1, value.dtype)
+        _first(value, out)
+        assert out[0] == value, value
+
+
 def test_arrays_of_any_layout_are_read_through_their_strides():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(37, 50)).astype(np.float32)

@@ -144,7 +144,8 @@ def _write(words: list, values, plan: tuple) -> None:
             words.append(_address(v))
             words.extend(v.shape)
         elif kind == INTEGER:
-            words.append(int(v))
+            v = int(v)
+            words.append(v - (1 << 64) if v >= 1 << 63 else v)   # (a uint64's bits)
         elif kind == FLOAT:
             words.append(_WORD.unpack(_DOUBLE.pack(v))[0])
         elif kind == TUPLE:
@@ -323,12 +324,11 @@ class _Serial:
 def _key(value):
     """What decides an argument's type (``argument_type``), cheaply: an array's dtype, rank
     and contiguity, a number's Python type, a tuple's fields'."""
-    kind = type(value)
-    if kind is np.ndarray:
+    if isinstance(value, np.ndarray):
         return value.dtype, value.ndim, value.flags.c_contiguous
-    if kind is tuple:
+    if isinstance(value, tuple):
         return tuple([_key(v) for v in value])
-    return kind
+    return type(value)
 
 
 @njit(cache=True)
