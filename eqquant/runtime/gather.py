@@ -231,7 +231,7 @@ def split_plan(images, p_n, oblocks, threads):
 @njit(cache=True)
 def split_work(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, oblocks, threads, kp):
     """``split_plan``'s cut, with what the items share and their counters, inside a
-    driver's compiled code (the AVX2 drivers'): (work, shared, counters) for
+    driver's compiled code (AVX2's byte driver, ``avx2._bytes_region``): (work, shared, counters) for
     ``next_share`` and ``share_rows``; ``shared``: a lone image's rows (``_rows``), else
     ``shared_windows``'s. ``plan_shares`` makes the same in Python, for the drivers of
     ``launch.Driver``."""
@@ -319,8 +319,8 @@ def _windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows):
     dw 1, one run of kw pixels) in a loop of copies whose moves are chosen once
     (``llvm_loops.copy_runs_intrinsic``), the others tap by tap. Taken pixel by pixel, each
     run's copy chosen there and the border's tap-by-tap code in the same loop, resnet18's
-    stem (87,808 runs of 21 bytes) took 0.73-1.1 ms on one core of an AMD EPYC (Zen 3), 0.38-0.51 ms so; the
-    whole stem on two threads 1.19 -> 1.09 ms."""
+    stem (87,808 runs of 21 bytes) took 0.73-1.1 ms on one core of an AMD EPYC (Zen 3),
+    0.38-0.51 ms so; the whole stem on two threads 1.19 -> 1.09 ms."""
     h, w, c_in = hwc.shape
     n, kp = rows.shape
     k = kh * kw * c_in
@@ -385,7 +385,7 @@ _windows_part = windows.part
 @njit(parallel=True, cache=True)
 def _windows_region(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, rows):
     """``windows`` as a parallel loop of Numba's own, each chunk of rows one share, for a
-    caller in compiled code (``shared_windows``, which only the AVX2 drivers reach)."""
+    caller in compiled code (``shared_windows``, which only AVX2's byte driver reaches)."""
     chunks = (rows.shape[0] + CHUNK - 1) // CHUNK
     for t in prange(chunks):
         _windows_part(t, chunks, (hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, rows))

@@ -40,6 +40,7 @@ import array
 import ctypes
 import hashlib
 import struct
+import sys
 
 import numpy as np
 from numba import cfunc, from_dtype, get_num_threads, njit, prange, typeof, types
@@ -150,7 +151,7 @@ def _write(words: list, values, plan: tuple) -> None:
             words.append(_WORD.unpack(_DOUBLE.pack(v))[0])
         elif kind == TUPLE:
             _write(words, v, sub)
-        else:
+        else:                                   # STRIDED
             words.append(v.ctypes.data)
             words.extend(v.shape)
             words.extend(v.strides)
@@ -166,6 +167,7 @@ def argument_block(values: tuple, plan: tuple) -> array.array:
 
 
 def block_address(block: array.array) -> int:
+    """The address of a block's first word."""
     return block.buffer_info()[0]
 
 
@@ -207,9 +209,11 @@ def _read(context, builder, base, at: int, t):
         return context.cast(builder, double, types.float64, t), at + 1
     if isinstance(t, types.Boolean):
         return builder.icmp_unsigned("!=", word(at), ir.Constant(i64, 0)), at + 1
-    # an integer read in its own width (the word's low bytes: x86-64 is little-endian): a
-    # trunc of the 64-bit word let LLVM widen the kernels' 32-bit arithmetic to 64-bit lanes
+    # an integer read in its own width, the word's low bytes (where they come first: a trunc
+    # of the 64-bit word let LLVM widen the kernels' 32-bit arithmetic to 64-bit lanes)
     width = ir.IntType(t.bitwidth)
+    if sys.byteorder != "little" or t.bitwidth == 64:
+        return builder.trunc(word(at), width) if t.bitwidth < 64 else word(at), at + 1
     at_word = builder.gep(base, [ir.Constant(i64, at)])
     return builder.load(builder.bitcast(at_word, width.as_pointer())), at + 1
 
