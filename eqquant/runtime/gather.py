@@ -231,10 +231,10 @@ def split_plan(images, p_n, oblocks, threads):
 @njit(cache=True)
 def split_work(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, oblocks, threads, kp):
     """``split_plan``'s cut, with what the items share and their counters, inside a
-    driver's compiled code (AVX2's byte driver, ``avx2._bytes_region``): (work, shared, counters) for
-    ``next_share`` and ``share_rows``; ``shared``: a lone image's rows (``_rows``), else
-    ``shared_windows``'s. ``plan_shares`` makes the same in Python, for the drivers of
-    ``launch.Driver``."""
+    driver's compiled code (AVX2's byte driver, ``avx2._bytes_region``): (work, shared,
+    counters) for ``next_share`` and ``share_rows``; ``shared``: a lone image's rows
+    (``_rows``), else ``shared_windows``'s. ``plan_shares`` makes the same in Python, for
+    the drivers of ``launch.Driver``."""
     work, items = split_plan(nhwc.shape[0], p_n, oblocks, threads)
     if work[0]:
         shared = _rows(nhwc[0], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, np.intp(0), p_n, kp)
