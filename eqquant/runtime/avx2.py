@@ -703,8 +703,9 @@ class _BytesDriver:
     last try's chunks took the 16-bit kernel less how many took the byte kernel. Either way
     the sums are exact: the record only chooses the speed.
 
-    A plain-Python driver of the two compiled drivers, which ``bind`` binds to their entry
-    points (as ``bindings.bound`` binds a kernel): written as a Numba function calling both,
+    A plain-Python driver of the two drivers, which ``bind`` binds (the byte driver's
+    compiled entry point, the 16-bit ``launch.Driver``'s launches; as ``bindings.bound``
+    binds a kernel): written as a Numba function calling both,
     it was compiled with both linked into it, again, 3.7 s of a cold start (the two drivers'
     code optimised and emitted a fifth time, after their own compiles and their parallel
     regions' three wrappers); through Python it costs under a microsecond a call."""

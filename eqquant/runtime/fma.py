@@ -28,8 +28,8 @@ from numba import njit
 from .kernels_fp32 import clamp
 from .llvm_loops import (cpu_has, declare, gemm_definition, gemm_intrinsic, load_gemms,
                          panel_gemm, splat)
-from .gather import (chunk_bounds, copy_windows, load_entry, next_work, plan_chunks,
-                     release, windows)
+from .gather import (chunk_bounds, copy_windows, load_entry, next_work, own_rows,
+                     plan_chunks, release, windows)
 from .launch import Driver, parallel
 from . import memory
 
@@ -198,7 +198,7 @@ def _sgemm_finish(a, lda, packed, ob0, ob1, c, ldc, n, bias, lo, hi):
 def sgemm(a, packed, out):
     """out (P, O') = a (P, K) @ B, O' the padded width."""
     _sgemm(a.ctypes.data, a.shape[1], packed, np.intp(0), packed.shape[0], out.ctypes.data,
-           out.shape[1], a.shape[0])     # (np.intp: _sgemm's one variant, not a Literal's)
+           out.shape[1], a.shape[0])
 
 
 @njit(inline="always")
@@ -264,8 +264,7 @@ def _conv_items(thread, threads, args):
     o_n = out.shape[2]
     oblocks, k, block = packed.shape[0], packed.shape[1], packed.shape[2]
     h, w, c = nhwc.shape[1], nhwc.shape[2], nhwc.shape[3]
-    pointwise = kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
-        ow == w and c == k
+    pointwise = own_rows(kh, kw, sh, sw, pt, pl, c, k, ow, w)
     residual = res.shape[0] > 0
     # the activation after the residual's sum: none in the GEMM's epilogue then
     f_lo = np.float32(-np.inf) if residual else lo

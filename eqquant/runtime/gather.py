@@ -23,14 +23,22 @@ SMALL = 192   # images with fewer pixels are split by channel blocks instead of 
 CHUNK = 96    # pixels per work item
 
 
+@njit(inline="always")
+def own_rows(kh, kw, sh, sw, pt, pl, c, kp, ow, w):
+    """Whether a convolution's GEMM rows are the image's own (a view, no gather): 1x1, stride
+    1, no padding, its c channels filling the rows' kp and its ow columns the image's w.
+    The drivers' plans (Python: ``own_rows.py_func``) and their compiled items ask the same
+    question, so that they agree on which rows a work item reads."""
+    return (kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and
+            c == kp and ow == w)
+
+
 @njit(cache=True)
 def _rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, n, kp):
     """Pixel rows p0..p0+n of the GEMM's left operand (uint8, (n, kp)): the image's own rows
-    when the convolution is 1x1 with stride 1 and no padding and its channels fill kp (a
-    view, no copy), else the windows gathered (``_windows``)."""
+    where ``own_rows`` (a view, no copy), else the windows gathered (``_windows``)."""
     h, w, c = hwc.shape
-    if kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and c == kp and \
-            ow == w:
+    if own_rows(kh, kw, sh, sw, pt, pl, c, kp, ow, w):
         return hwc.reshape(h * w, c)[p0:p0 + n]
     rows = np.empty((n, kp), np.uint8)
     copy_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows)
@@ -196,9 +204,7 @@ def shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, k
     else an empty array, each work item gathering its own chunk (a pointwise convolution
     reads the image's own rows). Gathering per group had a 14 x 14 layer's 196 rows of 2304
     taps gathered four times."""
-    w, c = nhwc.shape[2], nhwc.shape[3]
-    pointwise = kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
-        c == kp and ow == w
+    pointwise = own_rows(kh, kw, sh, sw, pt, pl, nhwc.shape[3], kp, ow, nhwc.shape[2])
     rows = np.empty((p_n if nhwc.shape[0] == 1 and groups > 1 and not pointwise else 0, kp),
                     nhwc.dtype)
     if rows.shape[0]:
@@ -272,8 +278,7 @@ def _shared(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, kp, lone, groups
     gathered in parallel (``shared_windows``); else none. (rows, fill): fill the launch
     that gathers them, (kernel, arguments), or None."""
     h, w, c = nhwc.shape[1], nhwc.shape[2], nhwc.shape[3]
-    pointwise = (kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and
-                 c == kp and ow == w)
+    pointwise = _own_rows(kh, kw, sh, sw, pt, pl, c, kp, ow, w)
     if lone and pointwise:
         return nhwc[0].reshape(h * w, c)[:p_n], None
     if lone or (nhwc.shape[0] == 1 and groups > 1 and not pointwise):
@@ -488,3 +493,4 @@ _split_plan = twin(split_plan.py_func, "_py", block_shares=block_shares.py_func,
                    work_split=work_split.py_func)
 _item_runs = item_runs.py_func
 _work_split = work_split.py_func
+_own_rows = own_rows.py_func

@@ -450,6 +450,14 @@ def transpose_planes(src, dst) -> None:
         _transpose_tiles(src, dst)
 
 
+@njit(inline="always")
+def _columns(t, spans, width, b):
+    """Work item t of a transpose whose planes' b columns are cut into ``spans`` spans of
+    ``width``: (plane, first column, end column)."""
+    j0 = (t % spans) * width
+    return t // spans, j0, min(b, j0 + width)
+
+
 @parallel
 def _interleave_rows(thread, threads, args):
     """``transpose_planes`` of three rows: interleaved along runs of 1024 columns with the
@@ -459,9 +467,7 @@ def _interleave_rows(thread, threads, args):
     planes, _, b = src.shape
     runs = (b + 1023) // 1024
     for t in range(*share(planes * runs, thread, threads)):
-        n = t // runs
-        j0 = (t % runs) * 1024
-        j1 = min(b, j0 + 1024)
+        n, j0, j1 = _columns(t, runs, 1024, b)
         r0, r1, r2 = src[n, 0, j0:j1], src[n, 1, j0:j1], src[n, 2, j0:j1]
         d = dst[n].reshape(-1)[3 * j0:3 * j1]
         for j in range(j1 - j0):
@@ -478,9 +484,7 @@ def _transpose_tiles(thread, threads, args):
     planes, a, b = src.shape
     tiles = (b + 31) // 32
     for t in range(*share(planes * tiles, thread, threads)):
-        n = t // tiles
-        j0 = (t % tiles) * 32
-        j1 = min(b, j0 + 32)
+        n, j0, j1 = _columns(t, tiles, 32, b)
         for i0 in range(0, a, 32):
             i1 = min(a, i0 + 32)
             for j in range(j0, j1):
