@@ -671,6 +671,12 @@ class LayoutTransform(Binding):
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return isinstance(out_type, TensorType)
 
+    def kernel_call(self, ins, out):
+        if self.plane is None or not ins[0].flags.c_contiguous:
+            return None
+        n, a, b = self.plane
+        return k.transpose_call(ins[0].reshape(n, a, b), out.reshape(n, b, a))
+
     def __call__(self, ins, out):
         if self.plane is None:
             np.copyto(out, ins[0].transpose(self.perm))

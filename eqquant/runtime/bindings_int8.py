@@ -452,13 +452,21 @@ class Quantize(_PerTensorQ):
         return (super().supports(op, attrs, in_types, out_type, consts) and
                 in_types[0].dtype == "float32" and out_type.shape == in_types[0].shape)
 
-    def __call__(self, ins, out):
-        x, o = ins[0].reshape(-1), out.reshape(-1)
+    def kernel_call(self, ins, out):
+        if not ins[0].flags.c_contiguous:       # (its flat view would be a copy)
+            return None
+        return self._call(ins[0].reshape(-1), out.reshape(-1))
+
+    def _call(self, x, o):
         if self.narrow:
-            sized(self.k8.quantize_narrow, out.size)(x, self.scale, self.zero, self.lo,
-                                                     self.hi, self.unconvertible, o)
-            return
-        sized(self.k8.quantize, out.size)(x, self.scale, self.zero, self.lo, self.hi, o)
+            return sized(self.k8.quantize_narrow, o.size), (
+                x, self.scale, self.zero, self.lo, self.hi, self.unconvertible, o)
+        return sized(self.k8.quantize, o.size), (x, self.scale, self.zero, self.lo, self.hi,
+                                                 o)
+
+    def __call__(self, ins, out):
+        kernel, args = self._call(ins[0].reshape(-1), out.reshape(-1))
+        kernel(*args)
 
 
 class Dequantize(Binding):

@@ -441,13 +441,20 @@ def transpose_planes(src, dst) -> None:
     channel-last) are interleaved (``_interleave_rows``), any other shape goes by tiles
     (``_transpose_tiles``): two kernels, each compiled where a program uses it (one parallel
     loop is about 0.3 s of Numba's compiling, with an empty cache)."""
+    call = transpose_call(src, dst)
+    if call is None:
+        np.copyto(dst.reshape(src.shape), src)
+    else:
+        call[0](*call[1])
+
+
+def transpose_call(src, dst):
+    """``transpose_planes``'s kernel and its arguments, or None where the planes are copied
+    (one row or one column)."""
     a, b = src.shape[1], src.shape[2]
     if a == 1 or b == 1:
-        np.copyto(dst.reshape(src.shape), src)
-    elif a == 3:
-        _interleave_rows(src, dst)
-    else:
-        _transpose_tiles(src, dst)
+        return None
+    return (_interleave_rows if a == 3 else _transpose_tiles), (src, dst)
 
 
 @njit(inline="always")
