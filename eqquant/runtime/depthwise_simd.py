@@ -374,10 +374,12 @@ def entry(kind: str) -> int:
     gather are, ``llvm_loops.slot``: so a program without depthwise layers never compiles
     it.)"""
     if kind not in _entries:
-        from numba import cfunc
+        from .compiling import c_function
         from .serial import twin
-        _entries[kind] = cfunc(_signature(), cache=True)(
-            twin(_entry, f"_{kind}", sweep=_INTRINSICS[kind]))
+        c = c_function(twin(_entry, f"_{kind}", sweep=_INTRINSICS[kind]), _signature())
+        if c is None:                       # (recorded by compiling.survey)
+            return 0
+        _entries[kind] = c
     return _entries[kind].address
 
 

@@ -30,7 +30,7 @@ from ..ir.interp import check_input
 from ..ir.typecheck import infer_types
 from ..core.types import TensorType, type_of_array
 from ..passes.inline import inline_calls
-from . import memory
+from . import compiling, memory
 
 
 def _binding_class(path: str):
@@ -52,6 +52,14 @@ class Step:
 
 class Executor:
     def __init__(self, module: Module):
+        with compiling.deferring():     # (slot modules imported here load at its end)
+            self._build(module)
+            # what binding the steps compiles, found first, then compiled on two processes
+            # where it can be (compiling.share): most of a first start
+            self.compiled = compiling.share(compiling.survey(self._bind_ahead))
+        self._prepare()
+
+    def _build(self, module: Module) -> None:
         flat = inline_calls(module)
         self.module = flat
         types = infer_types(flat)
@@ -89,7 +97,6 @@ class Executor:
         self.step_of = {st.output: i for i, st in enumerate(self.steps)}
         self._extra_slots = itertools.count(len(self.types))   # with_constant's constants
         self._plan()
-        self._prepare()
 
     def _step(self, node: Call, slot: dict[int, int], types, fixed=None) -> Step:
         op = node.op
@@ -173,6 +180,14 @@ class Executor:
         for i, (block, t) in placed.items():
             self.buffers[i] = self.blocks[block][:_nbytes(t)].view(t.dtype).reshape(t.shape)
 
+    def _bind_ahead(self) -> None:
+        """Bind every kernel step as ``_prepare`` does, and those reading the program's
+        input too (on arrays standing in for it, of its types), so that every kernel a run
+        calls is compiled before it. The bound calls are dropped (under
+        ``compiling.survey``, those of kernels still to compile are incomplete)."""
+        stand_ins = {s: np.empty(t.shape, t.dtype) for s, t in self.inputs.values()}
+        self._bind_steps(stand_ins)
+
     def _prepare(self) -> None:
         """Bind each step whose operands are the same arrays at every run (constants, planned
         buffers, views of them) to those arrays once (``Binding.prepare``): a plain run then
@@ -181,10 +196,15 @@ class Executor:
         thread pool's size has changed (a convolution's work split is bound with it)."""
         from .bindings import threads
         self._threads = threads()
+        self._prepared = self._bind_steps({})
+
+    def _bind_steps(self, inputs: dict) -> list[tuple | None]:
+        """Each step bound where its operands are known now (constants, planned buffers,
+        ``inputs``: slot -> array, views of them): (its call, its value), else None."""
         stable: list[Any] = [None] * len(self.types)
-        for s, v in self.fixed.items():
+        for s, v in itertools.chain(self.fixed.items(), inputs.items()):
             stable[s] = v
-        self._prepared: list[tuple | None] = []
+        bound: list[tuple | None] = []
         for i, st in enumerate(self.steps):
             ins = [stable[s] for s in st.inputs]
             prepared = None
@@ -197,7 +217,8 @@ class Executor:
                 stable[st.output] = prepared[1]
             # (the rest, and steps reading the program's input or a view of it, gather their
             # operands at each run)
-            self._prepared.append(prepared)
+            bound.append(prepared)
+        return bound
 
     def run(self, inputs: Mapping[str, np.ndarray], profile: bool = False,
             observe=None) -> Any:

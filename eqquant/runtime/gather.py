@@ -11,7 +11,7 @@ from numba import carray, njit, prange
 
 from . import memory
 from .launch import parallel, share
-from .llvm_loops import call_slot, copy_runs_intrinsic, fetch_add_intrinsic, fill_slot
+from .llvm_loops import call_slot, copy_runs_intrinsic, fetch_add_intrinsic, fill_slot, slot
 from .serial import twin
 
 _copy_runs = copy_runs_intrinsic()
@@ -429,16 +429,23 @@ def load_entry(element: str) -> None:
     ("uint8" or "float32") once, and put its address in its slot. Each module whose kernels
     gather calls it as it is imported, for the element type its kernels read (``vnni.py``
     and ``avx2.py`` bytes, ``fma.py`` floats), so the slot is filled before any of them
-    runs, cached or compiled (a kernel calling an empty slot would jump to 0). One type's
+    runs, cached or compiled (a kernel calling an empty slot would jump to 0): at once, or
+    at the end of ``compiling.deferring`` (``llvm_loops.load_gemms``). One type's
     alone: compiled with an empty cache, each took 1.2-1.3 s of a first start, and a program
     reads one."""
-    if element in _ENTRIES:
-        return
-    from numba import cfunc
+    from .compiling import c_function, defer
     kind = _KINDS[element][0]
-    entry = cfunc(_entry_signature(element), cache=True)(twin(_windows_entry, f"_{kind}"))
-    fill_slot(f"eqquant_windows_{kind}", entry.address)
-    _ENTRIES[element] = entry
+
+    def load() -> bool:
+        if element not in _ENTRIES:
+            entry = c_function(twin(_windows_entry, f"_{kind}"), _entry_signature(element))
+            if entry is None:               # (recorded by compiling.survey)
+                return False
+            fill_slot(f"eqquant_windows_{kind}", entry.address)
+            _ENTRIES[element] = entry
+        return True
+    slot(f"eqquant_windows_{kind}")   # (at once: a cached kernel links to it)
+    defer(f"windows {kind}", load)
 
 
 def _copy_windows_intrinsic():

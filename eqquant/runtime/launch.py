@@ -43,10 +43,11 @@ import struct
 import sys
 
 import numpy as np
-from numba import cfunc, from_dtype, get_num_threads, njit, prange, typeof, types
+from numba import config, from_dtype, get_num_threads, njit, prange, typeof, types
 from numba.extending import intrinsic
 from numba.np.ufunc import parallel as _pool
 
+from .compiling import c_function, surveying
 from .serial import twin
 
 
@@ -54,10 +55,16 @@ def threads() -> int:
     """The thread pool's size now (``numba.get_num_threads()``; ``numba.set_num_threads`` may
     change it between two calls): once Numba has launched its pool, read straight from it
     (0.14 us), as Numba's public getter takes two locks first (0.7 us, at every convolution
-    call)."""
+    call); before, the size it will have."""
     read = getattr(_pool, "_get_num_threads", None)   # (set when the pool is launched)
     count = read() if read is not None else 0
-    return count if count > 0 else get_num_threads()
+    if count > 0:
+        return count
+    if not getattr(_pool, "_is_initialized", True):
+        # not launched yet: its size to be (Numba's getter would launch it, and a process
+        # with threads is not forked, ``compiling.share``); set_num_threads launches it
+        return config.NUMBA_NUM_THREADS
+    return get_num_threads()
 
 
 @njit(inline="always")
@@ -265,24 +272,29 @@ class Parallel:
 
     def entry(self, layout: tuple):
         """The C function that runs the part on a block of arguments of types ``layout``
-        (compiled, or loaded from Numba's disk cache, once per layout)."""
+        (compiled, or loaded from Numba's disk cache, once per layout; None while
+        ``compiling.survey`` records it)."""
         c = self._entries.get(layout)
         if c is None:
             key = hashlib.sha1(repr((layout, self.options)).encode()).hexdigest()[:10]
             name = f"_{self.__module__.rsplit('.', 1)[-1]}_{self.__name__}_{key}"
-            c = cfunc(_ENTRY_SIGNATURE, cache=True, **self.options)(
-                twin(_entry, name, part=self.part, read_block=_reader(layout)))
-            self._entries[layout] = c
+            c = c_function(twin(_entry, name, part=self.part, read_block=_reader(layout)),
+                           _ENTRY_SIGNATURE, **self.options)
+            if c is not None:
+                self._entries[layout] = c
         return c
 
     def _launch_args(self, args: tuple):
-        """(the entry's address, the argument block) for a call on ``args``."""
+        """(the entry's address, the argument block) for a call on ``args`` (an address of
+        0 while ``compiling.survey`` records the entry: never kept, never called)."""
         key = tuple([_key(a) for a in args])
         known = self._calls.get(key)
         if known is None:
             layout = tuple(argument_type(a) for a in args)
-            known = self._calls[key] = (self.entry(layout).address,
-                                        _plan(layout, self.__name__))
+            entry = self.entry(layout)
+            known = (0 if entry is None else entry.address, _plan(layout, self.__name__))
+            if entry is not None:
+                self._calls[key] = known
         return known[0], argument_block(args, known[1])
 
     def __call__(self, *args) -> None:
@@ -292,13 +304,15 @@ class Parallel:
         """The kernel on ``args`` as ``count`` threads (``count`` parts, thread 0..count-1 of
         count; the pool's threads take them)."""
         address, block = self._launch_args(args)
-        _launch(address, block_address(block), count)
+        _launch(_callable(address, self), block_address(block), count)
 
     def bind(self, args: tuple, entry_point, count: int | None = None):
         """A call with no arguments doing ``self(*args)`` on these arrays (``bindings.bound``):
         the block written once; as ``count`` threads, else as many as the pool has at each
         call."""
         address, block = self._launch_args(args)
+        if surveying():        # (dropped: the launcher, a parallel loop, is not loaded yet)
+            return _BoundLaunch(None, address, block, args, count)
         run = entry_point(_launch, (address, block_address(block), 1))
         return _BoundLaunch(run, address, block, args, count)
 
@@ -312,7 +326,7 @@ class _Serial:
 
     def __call__(self, *args) -> None:
         address, block = self.kernel._launch_args(args)
-        _run_one(address, block_address(block))
+        _run_one(_callable(address, self.kernel), block_address(block))
 
     def run(self, count: int, *args) -> None:
         """(``Parallel.run``'s: on one thread, whatever ``count``)"""
@@ -321,8 +335,19 @@ class _Serial:
     def bind(self, args: tuple, entry_point, count: int | None = None):
         """``Parallel.bind``'s, on one thread."""
         address, block = self.kernel._launch_args(args)
+        if surveying():
+            return _BoundSerial(None, address, block, args)
         return _BoundSerial(entry_point(_run_one, (address, block_address(block))), address,
                             block, args)
+
+
+def _callable(address: int, kernel) -> int:
+    """``address``, checked: a kernel cannot run while its entry is only recorded."""
+    if not address:
+        raise RuntimeError(f"{kernel.__name__} was called while compiling.survey recorded "
+                           "what the binding compiles: a binding may bind kernels then, "
+                           "not run them")
+    return address
 
 
 def _key(value):

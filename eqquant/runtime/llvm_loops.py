@@ -163,8 +163,8 @@ def gemm_intrinsic(define, element: str, extra: tuple = ()):
 
 
 def gemm_at(element: str, extra: tuple = ()):
-    """A Numba intrinsic ``call(address, args)`` that calls the GEMM whose C function is at
-    ``address`` (an integer: the value of its slot, ``slot_address``) on the tuple ``args``,
+    """A Numba intrinsic ``call(cell, args)`` that calls the GEMM whose C function's address
+    is in the slot at ``cell`` (an integer: ``slot_cell``'s) on the tuple ``args``,
     which holds what ``gemm_intrinsic``'s intrinsic takes, in its order and meaning. One
     driver then serves every GEMM of the same interface, the GEMM's address being one of its
     arguments (``vnni.conv_requantize``): compiled once, where a twin bound to each GEMM's
@@ -173,6 +173,7 @@ def gemm_at(element: str, extra: tuple = ()):
     from numba.extending import intrinsic
 
     def codegen(context, builder, signature, args):
+        from llvmlite import ir
         fnty = _gemm_type(element, extra)
         ptr = fnty.args[0]
         kinds = ("ptr", "i64", "ptr", "ptr") + ("i64",) * 5 + tuple(extra)
@@ -182,7 +183,8 @@ def gemm_at(element: str, extra: tuple = ()):
             value = context.cast(builder, builder.extract_value(args[1], j),
                                  tuple_type[j], types.float32 if kind == "f32" else types.intp)
             values.append(builder.inttoptr(value, ptr) if kind == "ptr" else value)
-        callee = builder.inttoptr(args[0], fnty.as_pointer())
+        cell = builder.inttoptr(args[0], ir.IntType(8).as_pointer().as_pointer())
+        callee = builder.bitcast(builder.load(cell), fnty.as_pointer())
         builder.call(callee, values)
         return context.get_dummy_value()
 
@@ -198,7 +200,8 @@ def gemm_at(element: str, extra: tuple = ()):
 # (ctypes.c_void_p), which LLVM's symbol table knows as "eqquant_slot.<symbol>": kernels
 # compiled or loaded from Numba's disk cache in any process link to this process's cell.
 # A slot must be filled before any kernel calling it runs, so its C function is compiled (or
-# loaded) as its module is imported. The depthwise sweep, which only the kernels the
+# loaded) as its module is imported, or, while the executor binds a program, once it has
+# (``compiling.deferring``), before it runs anything. The depthwise sweep, which only the kernels the
 # bindings call reach, takes the other way: its address is one of their arguments
 # (``depthwise_simd.entry``), and each of its three kinds compiles on first use.
 _SLOTS: dict = {}
@@ -228,6 +231,14 @@ def slot_address(symbol: str) -> int:
     """The address in ``symbol``'s slot: its C function's, 0 while it was never loaded."""
     slot(symbol)
     return _SLOTS[symbol].value or 0
+
+
+def slot_cell(symbol: str) -> int:
+    """The address of ``symbol``'s slot itself, the cell holding its C function's address
+    (known before the function is loaded, which ``compiling.deferring`` may put off)."""
+    import ctypes
+    slot(symbol)
+    return ctypes.addressof(_SLOTS[symbol])
 
 
 def call_slot(builder, symbol: str, fnty, args):
@@ -264,10 +275,13 @@ def load_gemms(owner: str, defines: list) -> None:
     functions (a Numba ``cfunc`` in Numba's disk cache, under ``owner``'s name: compiled
     with an empty cache, else loaded), and put their addresses in their slots, which every
     kernel calling them reads. Called by each SIMD module as it is imported, for the GEMMs
-    the CPU runs; a kernel calling a GEMM whose slot was never filled would jump to 0."""
-    import ctypes
-    from numba import cfunc, types
+    the CPU runs: at once, or, while the executor binds a program
+    (``compiling.deferring``), once it has bound it, so that a first start compiles them
+    beside its kernels. A kernel calling a GEMM whose slot was never filled would jump to
+    0."""
+    from numba import types
     from numba.extending import intrinsic
+    from .compiling import c_function, defer
     from .serial import twin
 
     def fill(typingctx, out):
@@ -281,13 +295,24 @@ def load_gemms(owner: str, defines: list) -> None:
             return context.get_dummy_value()
         return types.void(types.intp), codegen
     fill.__name__ = f"fill_{owner}"
-    table = cfunc(types.void(types.intp), cache=True)(
-        twin(_addresses, f"_{owner}", store=intrinsic(fill)))
-    out = (ctypes.c_int64 * len(defines))()
-    table.ctypes(ctypes.addressof(out))
-    for define, address in zip(defines, out):
-        fill_slot(define.symbol, address)
-    _TABLES[owner] = table
+
+    def load() -> bool:
+        import ctypes
+        if owner in _TABLES:
+            return True
+        table = c_function(twin(_addresses, f"_{owner}", store=intrinsic(fill)),
+                           types.void(types.intp))
+        if table is None:                   # (recorded by compiling.survey)
+            return False
+        out = (ctypes.c_int64 * len(defines))()
+        table.ctypes(ctypes.addressof(out))
+        for define, address in zip(defines, out):
+            fill_slot(define.symbol, address)
+        _TABLES[owner] = table
+        return True
+    for define in defines:      # (the slots exist at once: a cached kernel links to them)
+        slot(define.symbol)
+    defer(f"gemms {owner}", load)
 
 
 MOVES = (1, 2, 4, 8, 16, 32, 64)   # the sizes of move ``copy_runs`` copies a run with

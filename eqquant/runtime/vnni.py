@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit
 
 from .llvm_loops import (cpu_has, declare, gemm_at, gemm_definition, load_gemms,
-                         panel_gemm, slot_address, splat)
+                         panel_gemm, slot_cell, splat)
 
 from .gather import CHUNK, SMALL, windows  # noqa: F401
 from .gather import load_entry, next_share, plan_shares, release, share_rows
@@ -211,10 +211,11 @@ REQUANTIZING = ("ptr", "i64", "i64", "i64", "i64")   # the requantizing GEMM's e
 
 def gemm_kernel(owner: str, define, load: bool, block: int, panel: int, lanes: int,
                 masked: bool) -> tuple:
-    """A kernel of the drivers below: (the address of the GEMM that ``define(False)``
-    defines, that of ``define(True)``'s requantizing one, block, panel, lanes, masked),
-    the GEMMs compiled as C functions under ``owner``'s name where ``load`` (the CPU runs
-    them; else both addresses are 0, and no layer may take the kernel):
+    """A kernel of the drivers below: (the slot of the GEMM that ``define(False)`` defines,
+    that of ``define(True)``'s requantizing one, block, panel, lanes, masked), the GEMMs
+    compiled as C functions under ``owner``'s name where ``load`` (the CPU runs them; else
+    both slots are 0, and no layer may take the kernel). A slot is the address of the cell
+    that holds its GEMM's address (``llvm_loops.slot_cell``), known before the GEMMs load:
 
     - GEMM(A, lda, B, C, ldc, p0, p1, kq, oblocks): C rows p0..p1 (int32) = A rows times the
       packed B (``oblocks`` panels of ``kq`` x ``block`` x 4 bytes);
@@ -228,8 +229,8 @@ def gemm_kernel(owner: str, define, load: bool, block: int, panel: int, lanes: i
     plain, requantizing = define(False), define(True)
     if load:
         load_gemms(owner, [plain, requantizing])
-    return (slot_address(plain.symbol), slot_address(requantizing.symbol), block, panel, lanes,
-            int(masked))
+    cells = (slot_cell(plain.symbol), slot_cell(requantizing.symbol)) if load else (0, 0)
+    return (*cells, block, panel, lanes, int(masked))
 
 
 def bound_gemms(kernel: tuple) -> tuple:

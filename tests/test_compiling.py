@@ -1,0 +1,123 @@
+"""A first start's compiling (``runtime/compiling.py``): what binding a program compiles is
+found first (``survey``), without compiling it and without leaving anything half-made
+behind, then compiled here and in a forked helper (``share``); the program computes the
+same bits whichever process compiled what, and the next process finds it all in the
+cache."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+from eqquant.runtime import compiling
+from eqquant.runtime.bindings import entry_point
+from eqquant.runtime.launch import parallel, share
+from eqquant.runtime.serial import twin
+
+
+def _double(thread, threads, args):
+    x, out = args
+    for i in range(*share(x.size, thread, threads)):
+        out[i] = 2 * x[i]
+
+
+def _new_kernel():
+    """A parallel kernel no cache holds yet (its name is new at each call)."""
+    return parallel(twin(_double, "_" + uuid.uuid4().hex[:12]))
+
+
+def test_a_survey_records_what_binding_would_compile_and_keeps_nothing_of_it():
+    kernel = _new_kernel()
+    x, out = np.arange(10, dtype=np.int64), np.zeros(10, np.int64)
+    units = compiling.survey(lambda: kernel.bind((x, out), entry_point))
+    assert len(units) == 1 and kernel.__name__ in units[0].name
+    assert not kernel._entries and not kernel._calls      # no address 0 kept
+    # a kernel may be bound while surveying, never run
+    with pytest.raises(RuntimeError, match="survey"):
+        compiling.survey(lambda: kernel(x, out))
+    shared = compiling.share(units)
+    assert shared.units == 1
+    kernel(x, out)                  # the unit's own C function, compiled once
+    np.testing.assert_array_equal(out, 2 * x)
+    assert next(iter(kernel._entries.values())) is units[0].function
+    # surveyed again, it is known: nothing to compile
+    assert compiling.survey(lambda: kernel.bind((x, out), entry_point)) == []
+
+
+def test_a_unit_met_twice_is_compiled_once():
+    kernel = _new_kernel()
+    x, out = np.arange(4.0), np.zeros(4)
+
+    def twice():
+        kernel.bind((x, out), entry_point)
+        kernel.serial.bind((x, out), entry_point)
+    assert len(compiling.survey(twice)) == 1
+
+
+def test_loaders_deferred_run_when_the_block_ends_even_on_an_error():
+    ran = []
+    with pytest.raises(KeyError):
+        with compiling.deferring():
+            compiling.defer("test loader", lambda: ran.append(1) or True)
+            assert ran == []
+            raise KeyError("a failed binding")
+    assert ran == [1]
+    compiling.defer("test loader", lambda: ran.append(2) or True)   # outside: at once
+    assert ran == [1, 2]
+
+
+@pytest.mark.parametrize("value, want", [("1", 1), ("2", 2), ("8", 2)])
+def test_compile_jobs_from_the_environment(monkeypatch, value, want):
+    monkeypatch.setenv(compiling.JOBS_VARIABLE, value)
+    assert compiling.jobs() == want
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_a_wrong_compile_jobs_value_is_refused_clearly(monkeypatch, value):
+    monkeypatch.setenv(compiling.JOBS_VARIABLE, value)
+    with pytest.raises(ValueError, match=compiling.JOBS_VARIABLE):
+        compiling.jobs()
+
+
+_FIRST_START = """
+import json, sys
+import numpy as np
+from eqquant.optimizer import optimize
+from eqquant.runtime.executor import Executor
+from eqquant.zoo import build
+m = build("resnet18_stem", image_size=32)
+r = optimize(m.module, m.params, ["simplify", "bn_fold", "fusion"],
+             "simplify; bn_fold; simplify; fusion")
+ex = Executor(r.module)
+np.save(sys.argv[1], ex.run(m.inputs))
+c = ex.compiled
+print(json.dumps({"units": c.units, "helper": c.helper}))
+"""
+
+
+def _first_start(cache, out, jobs: str) -> dict:
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), EQQUANT_COMPILE_JOBS=jobs)
+    done = subprocess.run([sys.executable, "-c", _FIRST_START, str(out)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks on Linux only")
+def test_a_first_start_compiled_on_two_processes_gives_the_same_bits(tmp_path):
+    """With an empty cache, a helper process compiles some of the program's units; the
+    output is the same bits as with one process; a second start finds every unit in the
+    cache (none lost, none compiled again)."""
+    two = _first_start(tmp_path / "two", tmp_path / "two.npy", "2")
+    assert two["units"] >= 2 and two["helper"] >= 1, two
+    one = _first_start(tmp_path / "one", tmp_path / "one.npy", "1")
+    assert one["units"] == two["units"] and one["helper"] == 0, one
+    assert np.load(tmp_path / "two.npy").tobytes() == np.load(tmp_path / "one.npy").tobytes()
+    again = _first_start(tmp_path / "two", tmp_path / "again.npy", "2")
+    assert again == {"units": 0, "helper": 0}
+    assert np.load(tmp_path / "again.npy").tobytes() == np.load(tmp_path / "one.npy").tobytes()
