@@ -10,17 +10,19 @@ program and runs it once, as a user's first ``eqquant run`` would, and reports i
 - imports: numpy and eqquant's loader and executor (Numba among them);
 - read: the text IR and its .npz parsed and bound;
 - executor: every step bound to its kernel (the kernels loaded from Numba's cache, or
-  compiled with an empty one; weights packed);
+  compiled with an empty one, shared with a helper process, ``runtime/compiling.py``;
+  weights packed);
 - first run: the program's first inference (kernels used only at run time load then);
 - to result: from the process's start (Python's own start-up included) to its result;
 - process: the whole process, its exit included (Numba's and OpenMP's teardown).
 
 Python's bytecode of eqquant is compiled first (``compileall``), as installing a package
 compiles it: where ``PYTHONDONTWRITEBYTECODE`` is set (as on some build hosts), each process
-would otherwise compile eqquant's source again (0.07 s). Cache empty: ``NUMBA_CACHE_DIR`` a
-new empty folder, once per program (every kernel the program
-uses is compiled: tens of seconds). Cache warm: ``--warm`` processes on the folder the cold one
-filled (medians and ranges). ONNX Runtime's first inference on the same program's ONNX form
+would otherwise compile eqquant's source again (0.07 s). Cache empty:
+``NUMBA_CACHE_DIR`` a new empty folder, once per program (every kernel the program uses is
+compiled), and once more with ``EQQUANT_COMPILE_JOBS=1`` (this process alone compiling).
+Cache warm: ``--warm`` processes on the folder the cold one filled (medians and ranges).
+ONNX Runtime's first inference on the same program's ONNX form
 (a new process: import, session, first run) is measured beside it for scale. Each process
 runs with 2 threads. The CPU model and eqquant's kernel paths are printed first.
 """
@@ -55,6 +57,7 @@ def child(program: str, inputs: str) -> None:
         sess = ort_session(program, threads=int(THREADS), spinning=True)
         t3 = time.perf_counter()
         sess.run(None, {sess.get_inputs()[0].name: x})
+        compiled = None
     else:
         from eqquant.ir.loader import load_program
         from eqquant.ir.params import bind_params
@@ -67,16 +70,18 @@ def child(program: str, inputs: str) -> None:
         ex = Executor(bound)
         t3 = time.perf_counter()
         ex.run(x)
+        compiled = ex.compiled        # (what binding compiled: units, by the helper)
     t4 = time.perf_counter()
     print(json.dumps({"imports": t1 - t0, "read": t2 - t1, "executor": t3 - t2,
-                      "first run": t4 - t3, "done at": time.time()}))
+                      "first run": t4 - t3, "done at": time.time(),
+                      "compiled": [compiled.units, compiled.helper] if compiled else None}))
 
 
-def measure(program: Path, inputs: Path, cache: Path) -> dict[str, float]:
+def measure(program: Path, inputs: Path, cache: Path, **more: str) -> dict[str, float]:
     """A fresh process's stages, the time from its start to its result, and its whole wall
-    time (seconds)."""
+    time (seconds); ``more``: environment variables."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "EQQUANT_CACHE_DIR": str(cache),
-           "NUMBA_NUM_THREADS": THREADS, "OMP_NUM_THREADS": THREADS}
+           "NUMBA_NUM_THREADS": THREADS, "OMP_NUM_THREADS": THREADS, **more}
     started, t0 = time.time(), time.perf_counter()
     out = subprocess.run([sys.executable, __file__, "--child", str(program), str(inputs)],
                          env=env, capture_output=True, text=True)
@@ -96,7 +101,12 @@ def summary(runs: list[dict[str, float]]) -> str:
         if len(v) == 1:
             return f"{key} {v[0]:.2f}"
         return f"{key} {statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
-    return ", ".join(one(k) for k in STAGES) + " s"
+    text = ", ".join(one(k) for k in STAGES) + " s"
+    compiled = runs[0].get("compiled")
+    if len(runs) == 1 and compiled and compiled[0]:
+        text += (f"; {compiled[0]} C functions compiled, {compiled[1]} of them by the "
+                 "helper process")
+    return text
 
 
 def main() -> None:
@@ -131,6 +141,11 @@ def main() -> None:
                 cold = measure(program, files["inputs"], cache)
                 if not args.no_cold:
                     print(f"{name} {precision}, cache empty: {summary([cold])}", flush=True)
+                    alone = d / f"cache-{name}-{precision}-alone"
+                    alone.mkdir()
+                    one = measure(program, files["inputs"], alone, EQQUANT_COMPILE_JOBS="1")
+                    print(f"{name} {precision}, cache empty, compiled by this process "
+                          f"alone (EQQUANT_COMPILE_JOBS=1): {summary([one])}", flush=True)
                 warm = [measure(program, files["inputs"], cache) for _ in range(args.warm)]
                 print(f"{name} {precision}, cache warm: {summary(warm)}", flush=True)
                 ort = [measure(files[f"ORT {precision}"], files["inputs"], cache)
