@@ -35,16 +35,17 @@ def test_a_survey_records_what_binding_would_compile_and_keeps_nothing_of_it():
     kernel = _new_kernel()
     x, out = np.arange(10, dtype=np.int64), np.zeros(10, np.int64)
     units = compiling.survey(lambda: kernel.bind((x, out), entry_point))
-    assert len(units) == 1 and kernel.__name__ in units[0].name
+    # (the launcher's own loop may be a unit too, where this process has not loaded it)
+    assert [kernel.__name__ in u.name for u in units].count(True) == 1
     assert not kernel._entries and not kernel._calls      # no address 0 kept
     # a kernel may be bound while surveying, never run
     with pytest.raises(RuntimeError, match="survey"):
         compiling.survey(lambda: kernel(x, out))
     shared = compiling.share(units)
-    assert shared.units == 1
+    assert shared.units == len(units)
     kernel(x, out)                  # the unit's own C function, compiled once
     np.testing.assert_array_equal(out, 2 * x)
-    assert next(iter(kernel._entries.values())) is units[0].function
+    assert next(iter(kernel._entries.values())) in [u.function for u in units]
     # surveyed again, it is known: nothing to compile
     assert compiling.survey(lambda: kernel.bind((x, out), entry_point)) == []
 
@@ -56,7 +57,29 @@ def test_a_unit_met_twice_is_compiled_once():
     def twice():
         kernel.bind((x, out), entry_point)
         kernel.serial.bind((x, out), entry_point)
-    assert len(compiling.survey(twice)) == 1
+    units = compiling.survey(twice)
+    assert [kernel.__name__ in u.name for u in units].count(True) == 1
+
+
+def _total(x):
+    s = 0.0
+    for i in range(x.size):
+        s += x[i]
+    return s
+
+
+def test_a_survey_records_numba_functions_missing_from_the_cache_and_binds_none():
+    from numba import njit
+    fn = njit(cache=True)(twin(_total, "_" + uuid.uuid4().hex[:12]))
+    x = np.arange(5.0)
+    got = []
+    units = compiling.survey(lambda: got.append(entry_point(fn, (x,))))
+    assert got == [compiling.not_compiled] and len(units) == 1
+    assert units[0].signature == (fn.typeof_pyval(x),) and not fn.overloads
+    with pytest.raises(RuntimeError, match="survey"):
+        got[0](x)
+    compiling.share(units)
+    assert entry_point(fn, (x,))(x) == 10.0
 
 
 def test_loaders_deferred_run_when_the_block_ends_even_on_an_error():

@@ -20,8 +20,8 @@ from ..core.types import TensorType, Type
 from ..ops.fused import epilogue_bounds
 from ..ops.numerics import from_nchw, to_nchw, to_oihw
 from ..ops.registry import IDENTITY, get_op
+from . import compiling, memory
 from . import kernels_fp32 as k
-from . import memory
 from .depthwise_simd import entry as sweep_entry
 from .launch import threads
 from .pool_simd import KIND_OF
@@ -30,8 +30,9 @@ from .serial import sized
 
 def entry_point(kernel, args: tuple):
     """The Numba function ``kernel``'s compiled entry point for these arguments' types
-    (compiled, or loaded from the cache, now where it is not yet)."""
-    return kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+    (compiled, or loaded from the cache, now where it is not yet; while the executor
+    surveys what it compiles, ``compiling.entry_point``)."""
+    return compiling.entry_point(kernel, tuple(kernel.typeof_pyval(a) for a in args))
 
 
 def bound(kernel, args: tuple):

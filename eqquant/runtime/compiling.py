@@ -4,7 +4,8 @@ process.
 Every C function the runtime compiles (a parallel kernel's entry, ``launch``; the GEMMs' and
 the gather's modules, ``llvm_loops.load_gemms`` and ``gather.load_entry``; the depthwise
 sweep) is made by ``c_function``: a Numba ``cfunc`` in Numba's disk cache, made once per
-process. With an empty cache, compiling them is most of a first start (resnet18 int8: 5 s
+process; every Numba function a binding binds (the launcher's loop, a few kernels of their
+own) goes through ``entry_point``. With an empty cache, compiling them is most of a first start (resnet18 int8: 5 s
 of Numba, one function at a time, as Numba's compiler holds a lock). The executor finds out
 first what its program will compile, then compiles it on two processes:
 
@@ -14,8 +15,9 @@ first what its program will compile, then compiles it on two processes:
         share(units)                   # compiled here and in a forked helper, into the cache
     ...bind for real: each unit loads from memory or from the cache...
 
-``survey(fn)`` runs ``fn`` with every C function missing from the cache recorded as a unit
-and given as None (its callers then leave nothing behind: an address of 0 is never kept).
+``survey(fn)`` runs ``fn`` with every function missing from the cache recorded as a unit
+and given as None (a C function: its callers then leave nothing behind, an address of 0 is
+never kept) or ``not_compiled`` (a Numba function's entry point).
 ``share(units)`` forks a helper process where it is safe (Linux, one Python thread, Numba's
 thread pool not launched yet, two CPUs or ``EQQUANT_COMPILE_JOBS``): the helper and this
 process take units in turn from a pipe and compile each into Numba's cache, and this one
@@ -44,12 +46,22 @@ HELPER_DEADLINE = 600.0   # seconds a helper may take before it is stopped and i
 
 @dataclass
 class Unit:
-    """A C function to compile (``survey``'s): its name and its uncompiled CFunc."""
+    """A function to compile (``survey``'s): its name, its uncompiled CFunc or Numba
+    dispatcher, and for a dispatcher, the argument types."""
     name: str
     function: object
+    signature: tuple | None = None
 
     def compile(self) -> None:
-        self.function.compile()     # (Numba's: from the cache if there, else compiled, saved)
+        # (Numba's: from the cache where it is there, else compiled and saved)
+        if self.signature is None:
+            self.function.compile()
+        else:
+            self.function.compile(self.signature)
+
+    @property
+    def key(self) -> tuple:
+        return id(self.function), self.signature
 
 
 @dataclass
@@ -88,6 +100,40 @@ def c_function(fn, signature, **options):
     return c
 
 
+def entry_point(dispatcher, signature: tuple):
+    """The Numba function ``dispatcher``'s compiled entry point for argument types
+    ``signature`` (loaded from the cache or compiled). While ``survey`` runs, one the cache
+    does not hold is recorded and ``not_compiled`` returned, and so is a parallel one
+    (``prange``) that it holds: loading it would launch Numba's thread pool, and a process
+    with threads is not forked."""
+    known = dispatcher.overloads.get(signature)
+    if known is not None:
+        return known.entry_point
+    if _survey is not None:
+        parallel = dispatcher.targetoptions.get("parallel")
+        if parallel or not _cached(dispatcher, signature):
+            if not _cached(dispatcher, signature):
+                _survey.append(Unit(dispatcher.py_func.__qualname__, dispatcher, signature))
+            return not_compiled
+    return dispatcher.compile(signature)
+
+
+def not_compiled(*args):
+    """(``entry_point``'s while surveying: a binding made then is dropped, never called)"""
+    raise RuntimeError("a kernel bound while compiling.survey ran was called")
+
+
+def _cached(dispatcher, signature: tuple) -> bool:
+    """Whether Numba's disk cache holds ``dispatcher`` for ``signature`` (its index read,
+    nothing loaded)."""
+    try:
+        cache = dispatcher._cache
+        key = cache._index_key(signature, dispatcher.targetctx.codegen())
+        return cache._cache_file._load_index().get(key) is not None
+    except AttributeError:      # (no disk cache, or a Numba that keeps it otherwise)
+        return True
+
+
 def _load(c) -> bool:
     """Load ``c`` (a CFunc) from Numba's disk cache, as ``CFunc.compile`` does first;
     whether the cache held it."""
@@ -104,13 +150,6 @@ def _load(c) -> bool:
     return True
 
 
-def surveying() -> bool:
-    """Whether ``survey`` is running: what is bound now is dropped, and nothing may load
-    Numba's thread pool (a parallel loop compiled or loaded launches it, and a process
-    with threads is not forked)."""
-    return _survey is not None
-
-
 def survey(fn) -> list[Unit]:
     """Run ``fn()`` with C functions missing from the cache recorded, not compiled (their
     callers get None); the units recorded, each once."""
@@ -121,8 +160,8 @@ def survey(fn) -> list[Unit]:
         load_deferred()
         units, seen = [], set()
         for u in _survey:
-            if id(u.function) not in seen:
-                seen.add(id(u.function))
+            if u.key not in seen:
+                seen.add(u.key)
                 units.append(u)
         return units
     finally:

@@ -47,7 +47,7 @@ from numba import config, from_dtype, get_num_threads, njit, prange, typeof, typ
 from numba.extending import intrinsic
 from numba.np.ufunc import parallel as _pool
 
-from .compiling import c_function, surveying
+from .compiling import c_function
 from .serial import twin
 
 
@@ -311,8 +311,6 @@ class Parallel:
         the block written once; as ``count`` threads, else as many as the pool has at each
         call."""
         address, block = self._launch_args(args)
-        if surveying():        # (dropped: the launcher, a parallel loop, is not loaded yet)
-            return _BoundLaunch(None, address, block, args, count)
         run = entry_point(_launch, (address, block_address(block), 1))
         return _BoundLaunch(run, address, block, args, count)
 
@@ -335,8 +333,6 @@ class _Serial:
     def bind(self, args: tuple, entry_point, count: int | None = None):
         """``Parallel.bind``'s, on one thread."""
         address, block = self.kernel._launch_args(args)
-        if surveying():
-            return _BoundSerial(None, address, block, args)
         return _BoundSerial(entry_point(_run_one, (address, block_address(block))), address,
                             block, args)
 
