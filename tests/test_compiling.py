@@ -61,6 +61,27 @@ def test_a_unit_met_twice_is_compiled_once():
     assert [kernel.__name__ in u.name for u in units].count(True) == 1
 
 
+def test_a_survey_in_one_thread_leaves_the_others_compiling():
+    import threading
+    mine, theirs = _new_kernel(), _new_kernel()
+    x, out = np.arange(6, dtype=np.int64), np.zeros(6, np.int64)
+    done = []
+
+    def elsewhere():
+        theirs(x, out)              # compiled (not recorded) although a survey runs here
+        done.append(out.copy())
+
+    def bind_and_wait():
+        mine.bind((x, out), entry_point)
+        t = threading.Thread(target=elsewhere)
+        t.start()
+        t.join()
+    units = compiling.survey(bind_and_wait)
+    assert [mine.__name__ in u.name for u in units].count(True) == 1
+    assert not [u for u in units if theirs.__name__ in u.name]
+    np.testing.assert_array_equal(done[0], 2 * x)
+
+
 def _total(x):
     s = 0.0
     for i in range(x.size):

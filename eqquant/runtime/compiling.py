@@ -5,9 +5,10 @@ Every C function the runtime compiles (a parallel kernel's entry, ``launch``; th
 the gather's modules, ``llvm_loops.load_gemms`` and ``gather.load_entry``; the depthwise
 sweep) is made by ``c_function``: a Numba ``cfunc`` in Numba's disk cache, made once per
 process; every Numba function a binding binds (the launcher's loop, a few kernels of their
-own) goes through ``entry_point``. With an empty cache, compiling them is most of a first start (resnet18 int8: 5 s
-of Numba, one function at a time, as Numba's compiler holds a lock). The executor finds out
-first what its program will compile, then compiles it on two processes:
+own) goes through ``entry_point``. With an empty cache, compiling them is most of a first
+start (resnet18 int8: 5 s of Numba, one function at a time, as Numba's compiler holds a
+lock). The executor finds out first what its program will compile, then compiles it on two
+processes:
 
     with deferring():                  # slots' modules imported now are loaded at the end
         ...bind the steps...
@@ -36,9 +37,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 _made: dict = {}          # (module, qualified name, signature) -> its CFunc (kept alive)
-_survey: list | None = None
 _deferred: dict = {}      # name -> a slot module's loader, while deferring
-_deferring = 0
+
+
+class _State(threading.local):
+    survey: list | None = None      # the units recorded, while this thread surveys
+    deferring: int = 0              # open ``deferring`` blocks of this thread
+
+
+_state = _State()
+session = threading.RLock()   # held by the executor while it surveys and shares (one at a time)
 
 JOBS_VARIABLE = "EQQUANT_COMPILE_JOBS"
 HELPER_DEADLINE = 600.0   # seconds a helper may take before it is stopped and ignored
@@ -53,10 +61,12 @@ class Unit:
     signature: tuple | None = None
 
     def compile(self) -> None:
-        # (Numba's: from the cache where it is there, else compiled and saved)
+        # (Numba's: from the cache where it is there, else compiled and saved; once: a
+        # CFunc compiled again would drop the code its address points into)
         if self.signature is None:
-            self.function.compile()
-        else:
+            if self.function.address is None:
+                self.function.compile()
+        elif self.signature not in self.function.overloads:
             self.function.compile(self.signature)
 
     @property
@@ -91,10 +101,10 @@ def c_function(fn, signature, **options):
         c.enable_caching()
     if c.address is not None:
         return c
-    if _survey is not None:
+    if _state.survey is not None:
         if _load(c):
             return c
-        _survey.append(Unit(fn.__qualname__, c))
+        _state.survey.append(Unit(fn.__qualname__, c))
         return None
     c.compile()
     return c
@@ -109,11 +119,12 @@ def entry_point(dispatcher, signature: tuple):
     known = dispatcher.overloads.get(signature)
     if known is not None:
         return known.entry_point
-    if _survey is not None:
-        parallel = dispatcher.targetoptions.get("parallel")
-        if parallel or not _cached(dispatcher, signature):
-            if not _cached(dispatcher, signature):
-                _survey.append(Unit(dispatcher.py_func.__qualname__, dispatcher, signature))
+    if _state.survey is not None:
+        cached = _cached(dispatcher, signature)
+        if not cached or dispatcher.targetoptions.get("parallel"):
+            if not cached:
+                _state.survey.append(Unit(dispatcher.py_func.__qualname__, dispatcher,
+                                          signature))
             return not_compiled
     return dispatcher.compile(signature)
 
@@ -153,26 +164,25 @@ def _load(c) -> bool:
 def survey(fn) -> list[Unit]:
     """Run ``fn()`` with C functions missing from the cache recorded, not compiled (their
     callers get None); the units recorded, each once."""
-    global _survey
-    outer, _survey = _survey, []
+    outer, _state.survey = _state.survey, []
     try:
         fn()
         load_deferred()
         units, seen = [], set()
-        for u in _survey:
+        for u in _state.survey:
             if u.key not in seen:
                 seen.add(u.key)
                 units.append(u)
         return units
     finally:
-        _survey = outer
+        _state.survey = outer
 
 
 def defer(name: str, load) -> None:
     """Run ``load()`` (a slot module's: it compiles or loads C functions and fills their
     slots) now, or at the end of ``deferring`` while one is open (its units then join the
     survey); ``load`` returns whether it loaded."""
-    if _deferring:
+    if _state.deferring:
         _deferred[name] = load
     else:
         load()
@@ -190,13 +200,12 @@ def load_deferred() -> None:
 def deferring():
     """Defer slot modules' loaders (``defer``) to the end of the block, where they run
     whatever happened in it: a kernel calling an empty slot would jump to 0."""
-    global _deferring
-    _deferring += 1
+    _state.deferring += 1
     try:
         yield
     finally:
-        _deferring -= 1
-        if not _deferring:
+        _state.deferring -= 1
+        if not _state.deferring:
             load_deferred()
 
 
@@ -235,40 +244,36 @@ def share(units: list[Unit]) -> Shared:
     """Compile ``units`` into Numba's cache, here and, where ``jobs()`` and ``can_fork()``
     allow, in a forked helper: each process takes the next unit from a pipe until none is
     left; this one then waits for the helper (at most HELPER_DEADLINE). What the helper
-    compiled, this process loads from the cache when its binding asks."""
+    compiled, this process loads from the cache when its binding asks. Interrupted (an
+    error here, Ctrl-C), this process stops the helper first."""
     global last_share
     t0 = time.perf_counter()
-    done = Shared(units=len(units))
-    if len(units) < 2 or jobs() < 2 or not can_fork() or len(units) >= 1 << 16:
+    done = last_share = Shared(units=len(units))
+    pid = -1
+    if 2 <= len(units) <= MAX_SHARED and jobs() >= 2 and can_fork():
+        todo_r, todo_w = os.pipe()       # (all tokens fit in the pipe: MAX_SHARED)
+        report_r, report_w = os.pipe()
+        os.write(todo_w, b"".join(_TOKEN.pack(i) for i in range(len(units))))
+        os.close(todo_w)
+        try:
+            pid = os.fork()
+        except OSError:                  # (no memory or process left: alone, then)
+            for fd in (todo_r, report_r, report_w):
+                os.close(fd)
+    if pid == 0:
+        _helper(units, todo_r, report_r, report_w)      # (never returns)
+    if pid < 0:
         for u in units:
             u.compile()
         done.seconds = time.perf_counter() - t0
-        last_share = done
         return done
-    todo_r, todo_w = os.pipe()
-    report_r, report_w = os.pipe()
-    os.write(todo_w, b"".join(_TOKEN.pack(i) for i in range(len(units))))
-    os.close(todo_w)
-    pid = os.fork()
-    if pid == 0:                                    # the helper
-        try:
-            os.close(report_r)
-            quiet = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(quiet, 1)
-            os.dup2(quiet, 2)
-            while token := os.read(todo_r, _TOKEN.size):
-                i = _TOKEN.unpack(token)[0]
-                try:
-                    units[i].compile()
-                except BaseException:               # (this process compiles it again)
-                    continue
-                os.write(report_w, token)
-        finally:
-            os._exit(0)
     os.close(report_w)
     try:
         while token := os.read(todo_r, _TOKEN.size):
             units[_TOKEN.unpack(token)[0]].compile()
+    except BaseException:
+        _stop(pid)
+        raise
     finally:
         os.close(todo_r)
         _reap(pid)
@@ -280,8 +285,37 @@ def share(units: list[Unit]) -> Shared:
               for j in range(0, len(report) - 1, _TOKEN.size)]
     done.helper, done.helper_names = len(helped), helped
     done.seconds = time.perf_counter() - t0
-    last_share = done
     return done
+
+
+MAX_SHARED = 4096     # units a helper may share (their tokens fill 8 KB of a pipe's 64)
+
+
+def _helper(units: list[Unit], todo_r: int, report_r: int, report_w: int) -> None:
+    """The forked helper: compile the units whose tokens it reads, report each done, exit
+    (quietly: what it would print, this process prints when it compiles the unit again). A
+    unit that fails is left to this process; Ctrl-C ends the helper."""
+    try:
+        os.close(report_r)
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(quiet, 1)
+        os.dup2(quiet, 2)
+        while token := os.read(todo_r, _TOKEN.size):
+            try:
+                units[_TOKEN.unpack(token)[0]].compile()
+            except Exception:
+                continue
+            os.write(report_w, token)
+    finally:
+        os._exit(0)
+
+
+def _stop(pid: int) -> None:
+    import signal
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def _reap(pid: int) -> None:
@@ -292,8 +326,7 @@ def _reap(pid: int) -> None:
         if finished:
             return
         if time.monotonic() > deadline:
-            import signal
-            os.kill(pid, signal.SIGKILL)
+            _stop(pid)
             os.waitpid(pid, 0)
             return
         time.sleep(0.002)

@@ -5,9 +5,12 @@
     print(ex.profile_table())        # after run(..., profile=True)
     t = ex.trace({"data": x})        # every value of a run, kept
     y2 = ex.rerun(t, {ex.slot(v): v2})   # one value changed: only what reads it runs again
+    ex.compiled                      # what making it compiled (units, the helper's share)
 
 At load, calls are inlined and put in dependency order; each op gets the binding its registry
-entry names (weights prepacked once), or its reference semantics where no binding fits. Each
+entry names (weights prepacked once), or its reference semantics where no binding fits. The
+kernels the bindings call are loaded from Numba's cache, or compiled, before the executor is
+made (with an empty cache, on two processes: ``compiling``). Each
 intermediate value gets a block of bytes from a pool, whatever its shape and dtype: a block
 returns to the pool after the last use of every value stored in it (views share their
 input's storage), and the next output takes the block freed last, so a few blocks serve the
@@ -52,12 +55,13 @@ class Step:
 
 class Executor:
     def __init__(self, module: Module):
-        with compiling.deferring():     # (slot modules imported here load at its end)
-            self._build(module)
-            # what binding the steps compiles, found first, then compiled on two processes
-            # where it can be (compiling.share): most of a first start
-            self.compiled = compiling.share(compiling.survey(self._bind_ahead))
-        self._prepare()
+        with compiling.session:         # (one executor at a time surveys and shares)
+            with compiling.deferring():     # (slot modules imported here load at its end)
+                self._build(module)
+                # what binding the steps compiles, found first, then compiled on two
+                # processes where it can be (compiling.share): most of a first start
+                self.compiled = compiling.share(compiling.survey(self._bind_ahead))
+            self._prepare()
 
     def _build(self, module: Module) -> None:
         flat = inline_calls(module)

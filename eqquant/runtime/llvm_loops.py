@@ -227,12 +227,6 @@ def fill_slot(symbol: str, address: int) -> None:
     _SLOTS[symbol].value = address
 
 
-def slot_address(symbol: str) -> int:
-    """The address in ``symbol``'s slot: its C function's, 0 while it was never loaded."""
-    slot(symbol)
-    return _SLOTS[symbol].value or 0
-
-
 def slot_cell(symbol: str) -> int:
     """The address of ``symbol``'s slot itself, the cell holding its C function's address
     (known before the function is loaded, which ``compiling.deferring`` may put off)."""
