@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 _made: dict = {}          # (module, qualified name, signature) -> its CFunc (kept alive)
+_making = threading.RLock()   # (a CFunc is compiled once, whichever thread asks first)
 _deferred: dict = {}      # name -> a slot module's loader, while deferring
 
 
@@ -64,8 +65,9 @@ class Unit:
         # (Numba's: from the cache where it is there, else compiled and saved; once: a
         # CFunc compiled again would drop the code its address points into)
         if self.signature is None:
-            if self.function.address is None:
-                self.function.compile()
+            with _making:
+                if self.function.address is None:
+                    self.function.compile()
         elif self.signature not in self.function.overloads:
             self.function.compile(self.signature)
 
@@ -83,9 +85,6 @@ class Shared:
     helper_names: list = field(default_factory=list)
 
 
-last_share = Shared()
-
-
 def c_function(fn, signature, **options):
     """``fn`` as a C function of Numba type ``signature`` (Numba's ``cfunc``, in its disk
     cache): loaded from the cache or compiled, once per process (by ``fn``'s module and
@@ -94,20 +93,21 @@ def c_function(fn, signature, **options):
     from numba.core import sigutils
     from numba.core.ccallback import CFunc
     key = (fn.__module__, fn.__qualname__, str(signature))
-    c = _made.get(key)
-    if c is None:
-        c = _made[key] = CFunc(fn, sigutils.normalize_signature(signature), locals={},
-                               options=options)
-        c.enable_caching()
-    if c.address is not None:
-        return c
-    if _state.survey is not None:
-        if _load(c):
+    with _making:
+        c = _made.get(key)
+        if c is None:
+            c = _made[key] = CFunc(fn, sigutils.normalize_signature(signature), locals={},
+                                   options=options)
+            c.enable_caching()
+        if c.address is not None:
             return c
-        _state.survey.append(Unit(fn.__qualname__, c))
-        return None
-    c.compile()
-    return c
+        if _state.survey is not None:
+            if _load(c):
+                return c
+            _state.survey.append(Unit(fn.__qualname__, c))
+            return None
+        c.compile()
+        return c
 
 
 def entry_point(dispatcher, signature: tuple):
@@ -246,9 +246,8 @@ def share(units: list[Unit]) -> Shared:
     left; this one then waits for the helper (at most HELPER_DEADLINE). What the helper
     compiled, this process loads from the cache when its binding asks. Interrupted (an
     error here, Ctrl-C), this process stops the helper first."""
-    global last_share
     t0 = time.perf_counter()
-    done = last_share = Shared(units=len(units))
+    done = Shared(units=len(units))
     pid = -1
     if 2 <= len(units) <= MAX_SHARED and jobs() >= 2 and can_fork():
         todo_r, todo_w = os.pipe()       # (all tokens fit in the pipe: MAX_SHARED)

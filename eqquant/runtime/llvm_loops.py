@@ -201,9 +201,9 @@ def gemm_at(element: str, extra: tuple = ()):
 # compiled or loaded from Numba's disk cache in any process link to this process's cell.
 # A slot must be filled before any kernel calling it runs, so its C function is compiled (or
 # loaded) as its module is imported, or, while the executor binds a program, once it has
-# (``compiling.deferring``), before it runs anything. The depthwise sweep, which only the kernels the
-# bindings call reach, takes the other way: its address is one of their arguments
-# (``depthwise_simd.entry``), and each of its three kinds compiles on first use.
+# (``compiling.deferring``), before it runs anything. The depthwise sweep, which only the
+# kernels the bindings call reach, takes the other way: its address is one of their
+# arguments (``depthwise_simd.entry``), and each of its three kinds compiles on first use.
 _SLOTS: dict = {}
 _TABLES: dict = {}   # owner -> the C function that gave its GEMMs' addresses (kept alive)
 
