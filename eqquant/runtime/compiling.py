@@ -101,9 +101,9 @@ def c_function(fn, signature, **options):
             c.enable_caching()
         if c.address is not None:
             return c
+        if _load(c):
+            return c
         if _state.survey is not None:
-            if _load(c):
-                return c
             _state.survey.append(Unit(fn.__qualname__, c))
             return None
         c.compile()
@@ -112,20 +112,23 @@ def c_function(fn, signature, **options):
 
 def entry_point(dispatcher, signature: tuple):
     """The Numba function ``dispatcher``'s compiled entry point for argument types
-    ``signature`` (loaded from the cache or compiled). While ``survey`` runs, one the cache
-    does not hold is recorded and ``not_compiled`` returned, and so is a parallel one
-    (``prange``) that it holds: loading it would launch Numba's thread pool, and a process
-    with threads is not forked."""
+    ``signature`` (loaded from the cache, ``_load_dispatcher``, or compiled). While
+    ``survey`` runs, one the cache does not hold is recorded and ``not_compiled`` returned,
+    and so is a parallel one (``prange``) that it holds: loading it would launch Numba's
+    thread pool, and a process with threads is not forked."""
     known = dispatcher.overloads.get(signature)
     if known is not None:
         return known.entry_point
-    if _state.survey is not None:
-        cached = _cached(dispatcher, signature)
-        if not cached or dispatcher.targetoptions.get("parallel"):
-            if not cached:
-                _state.survey.append(Unit(dispatcher.py_func.__qualname__, dispatcher,
-                                          signature))
-            return not_compiled
+    surveying = _state.survey is not None
+    if not (surveying and dispatcher.targetoptions.get("parallel")):
+        loaded = _load_dispatcher(dispatcher, signature)
+        if loaded is not None:
+            return loaded
+    if surveying:
+        if not _cached(dispatcher, signature):
+            _state.survey.append(Unit(dispatcher.py_func.__qualname__, dispatcher,
+                                      signature))
+        return not_compiled
     return dispatcher.compile(signature)
 
 
@@ -145,20 +148,57 @@ def _cached(dispatcher, signature: tuple) -> bool:
         return True
 
 
-def _load(c) -> bool:
-    """Load ``c`` (a CFunc) from Numba's disk cache, as ``CFunc.compile`` does first;
-    whether the cache held it."""
+def _from_cache(cache, signature, context):
+    """What Numba's disk cache holds for ``signature``, or None: its ``load_overload``
+    without the refresh of the context's typing and lowering registries it makes first
+    (about 0.08 s the first time, most of a warm start's loading: loading compiled code uses
+    none of them, and a compile refreshes them itself), Numba's runtime (NRT) set up as that
+    refresh would, for code that allocates."""
+    from numba.core.runtime import rtsys
+    rtsys.initialize(context)
     try:
-        found = c._cache.load_overload(c._sig, c._targetdescr.target_context)
-    except AttributeError:         # (a Numba whose CFunc differs: compiled where asked)
-        c.compile()
+        return cache._load_overload(signature, context)
+    except OSError:             # (as load_overload's guard: read as not cached)
+        return None
+
+
+def _load_dispatcher(dispatcher, signature: tuple):
+    """``dispatcher`` for ``signature`` loaded from the disk cache as its ``compile`` would
+    (``_from_cache``): its entry point, or None where the cache lacks it."""
+    from numba.core.compiler_lock import global_compiler_lock
+    with global_compiler_lock:
+        known = dispatcher.overloads.get(signature)
+        if known is not None:
+            return known.entry_point
+        try:
+            found = _from_cache(dispatcher._cache, signature, dispatcher.targetctx)
+        except AttributeError:  # (no disk cache: compiled where asked)
+            return None
+        if found is None:
+            return None
+        if not found.objectmode:
+            dispatcher.targetctx.insert_user_function(found.entry_point, found.fndesc,
+                                                      [found.library])
+        dispatcher.add_overload(found)
+        return found.entry_point
+
+
+def _load(c) -> bool:
+    """Load ``c`` (a CFunc) from Numba's disk cache, as ``CFunc.compile`` does first
+    (``_from_cache``); whether the cache held it."""
+    from numba.core.compiler_lock import global_compiler_lock
+    with global_compiler_lock:
+        try:
+            found = _from_cache(c._cache, c._sig, c._targetdescr.target_context)
+        except AttributeError:     # (a Numba whose CFunc differs: compiled where asked)
+            c.compile()
+            return True
+        if found is None:
+            return False
+        c._library = found.library
+        c._wrapper_name = found.fndesc.llvm_cfunc_wrapper_name
+        c._wrapper_address = c._library.get_pointer_to_function(c._wrapper_name)
         return True
-    if found is None:
-        return False
-    c._library = found.library
-    c._wrapper_name = found.fndesc.llvm_cfunc_wrapper_name
-    c._wrapper_address = c._library.get_pointer_to_function(c._wrapper_name)
-    return True
 
 
 def survey(fn) -> list[Unit]:
