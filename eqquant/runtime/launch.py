@@ -47,6 +47,7 @@ from numba import config, from_dtype, get_num_threads, njit, prange, typeof, typ
 from numba.extending import intrinsic
 from numba.np.ufunc import parallel as _pool
 
+from . import compiling
 from .compiling import c_function
 from .serial import twin
 
@@ -304,7 +305,7 @@ class Parallel:
         """The kernel on ``args`` as ``count`` threads (``count`` parts, thread 0..count-1 of
         count; the pool's threads take them)."""
         address, block = self._launch_args(args)
-        _launch(_callable(address, self), block_address(block), count)
+        _loaded(_launch)(_callable(address, self), block_address(block), count)
 
     def bind(self, args: tuple, entry_point, count: int | None = None):
         """A call with no arguments doing ``self(*args)`` on these arrays (``bindings.bound``):
@@ -324,7 +325,7 @@ class _Serial:
 
     def __call__(self, *args) -> None:
         address, block = self.kernel._launch_args(args)
-        _run_one(_callable(address, self.kernel), block_address(block))
+        _loaded(_run_one)(_callable(address, self.kernel), block_address(block))
 
     def run(self, count: int, *args) -> None:
         """(``Parallel.run``'s: on one thread, whatever ``count``)"""
@@ -335,6 +336,22 @@ class _Serial:
         address, block = self.kernel._launch_args(args)
         return _BoundSerial(entry_point(_run_one, (address, block_address(block))), address,
                             block, args)
+
+
+_LOADED: dict = {}
+
+
+def _loaded(launcher):
+    """``_launch``'s or ``_run_one``'s compiled entry point (on integers), loaded once as
+    a binding's are (``compiling.entry_point``: without Numba's registry refresh, where
+    its dispatcher's call would make one)."""
+    point = _LOADED.get(launcher)
+    if point is None:
+        count = launcher.py_func.__code__.co_argcount
+        point = compiling.entry_point(launcher, (types.intp,) * count)
+        if point is not compiling.not_compiled:
+            _LOADED[launcher] = point
+    return point
 
 
 def _callable(address: int, kernel) -> int:
