@@ -123,9 +123,12 @@ def test_compile_jobs_from_the_environment(monkeypatch, value, want):
 
 @pytest.mark.parametrize("value", ["0", "two", "-1"])
 def test_a_wrong_compile_jobs_value_is_refused_clearly(monkeypatch, value):
+    from eqquant.errors import EqquantError
     monkeypatch.setenv(compiling.JOBS_VARIABLE, value)
-    with pytest.raises(ValueError, match=compiling.JOBS_VARIABLE):
+    with pytest.raises(EqquantError, match=compiling.JOBS_VARIABLE):
         compiling.jobs()
+    with pytest.raises(EqquantError, match=compiling.JOBS_VARIABLE):
+        compiling.share([])         # (whether or not anything is to compile)
 
 
 _FIRST_START = """

@@ -255,8 +255,9 @@ def jobs() -> int:
     value = os.environ.get(JOBS_VARIABLE, "").strip()
     if value:
         if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"{JOBS_VARIABLE}={value!r}: expected a whole number of "
-                             "processes, 1 or more")
+            from ..errors import EqquantError
+            raise EqquantError(f"{JOBS_VARIABLE}={value!r}: expected a whole number of "
+                               "processes, 1 or more")
         return min(int(value), 2)
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -289,7 +290,8 @@ def share(units: list[Unit]) -> Shared:
     t0 = time.perf_counter()
     done = Shared(units=len(units))
     pid = -1
-    if 2 <= len(units) <= MAX_SHARED and jobs() >= 2 and can_fork():
+    helpers = jobs() - 1        # (read first: a wrong value is an error with a cache warm too)
+    if 2 <= len(units) <= MAX_SHARED and helpers and can_fork():
         todo_r, todo_w = os.pipe()       # (all tokens fit in the pipe: MAX_SHARED)
         report_r, report_w = os.pipe()
         os.write(todo_w, b"".join(_TOKEN.pack(i) for i in range(len(units))))
