@@ -10,11 +10,11 @@
 At load, calls are inlined and put in dependency order; each op gets the binding its registry
 entry names (weights prepacked once), or its reference semantics where no binding fits. The
 kernels the bindings call are loaded from Numba's cache, or compiled, before the executor is
-made (with an empty cache, on two processes: ``compiling``). Each
-intermediate value gets a block of bytes from a pool, whatever its shape and dtype: a block
-returns to the pool after the last use of every value stored in it (views share their
-input's storage), and the next output takes the block freed last, so a few blocks serve the
-whole program. The result is copied out, so callers may keep it.
+made (with an empty cache, on two processes: ``compiling``). Each intermediate value gets a
+block of bytes from a pool, whatever its shape and dtype: a block returns to the pool after
+the last use of every value stored in it (views share their input's storage), and the next
+output takes the block freed last, so a few blocks serve the whole program. The result is
+copied out, so callers may keep it.
 """
 from __future__ import annotations
 
@@ -189,7 +189,8 @@ class Executor:
         input too (on arrays standing in for it, of its types), so that every kernel a run
         calls is compiled before it. The bound calls are dropped (under
         ``compiling.survey``, those of kernels still to compile are incomplete)."""
-        stand_ins = {s: np.empty(t.shape, t.dtype) for s, t in self.inputs.values()}
+        stand_ins = {s: np.empty(t.shape, t.dtype) for s, t in self.inputs.values()
+                     if isinstance(t, TensorType)}
         self._bind_steps(stand_ins)
 
     def _prepare(self) -> None:
