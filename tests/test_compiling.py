@@ -115,7 +115,7 @@ def test_loaders_deferred_run_when_the_block_ends_even_on_an_error():
     assert ran == [1, 2]
 
 
-@pytest.mark.parametrize("value, want", [("1", 1), ("2", 2), ("8", 2)])
+@pytest.mark.parametrize("value, want", [("1", 1), ("2", 2), ("8", 8), ("99", 16)])
 def test_compile_jobs_from_the_environment(monkeypatch, value, want):
     monkeypatch.setenv(compiling.JOBS_VARIABLE, value)
     assert compiling.jobs() == want
@@ -163,6 +163,46 @@ def _first_start(cache, out, jobs: str) -> dict:
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
+
+
+_MANY_HELPERS = """
+import json, sys
+import numpy as np
+from numba import njit
+from eqquant.runtime import compiling
+from eqquant.runtime.bindings import entry_point
+from eqquant.runtime.serial import twin
+
+def total(x):
+    s = 0.0
+    for i in range(x.size):
+        s += x[i]
+    return s
+
+fns = [njit(cache=True)(twin(total, f"_{i}")) for i in range(8)]
+x = np.arange(3.0)
+units = compiling.survey(lambda: [entry_point(f, (x,)) for f in fns])
+shared = compiling.share(units)
+here = [u.name for u in units if u.signature in u.function.overloads]
+print(json.dumps({"units": len(units), "helpers": shared.helpers, "here": here,
+                  "helped": shared.helper_names, "sums": [entry_point(f, (x,))(x) for f in fns]}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks on Linux only")
+def test_units_are_shared_among_as_many_helpers_as_asked_and_each_compiled_once(tmp_path):
+    """Three helpers and this process take the units from one pipe: each unit is compiled
+    by one of them (a helper's reported, the rest here), none twice, and every one runs."""
+    script = tmp_path / "many_helpers.py"      # (a file: Numba caches no "-c" function)
+    script.write_text(_MANY_HELPERS)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), EQQUANT_COMPILE_JOBS="4")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got["units"] == 8 and got["helpers"] == 3, got
+    assert sorted(got["here"] + got["helped"]) == sorted(f"total_{i}" for i in range(8))
+    assert got["sums"] == [3.0] * 8
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks on Linux only")

@@ -1,5 +1,5 @@
-"""The kernels' C functions compiled once, and a first start's compiling shared with a helper
-process.
+"""The kernels' C functions compiled once, and a first start's compiling shared with helper
+processes.
 
 Every C function the runtime compiles (a parallel kernel's entry, ``launch``; the GEMMs' and
 the gather's modules, ``llvm_loops.load_gemms`` and ``gather.load_entry``; the depthwise
@@ -7,24 +7,28 @@ sweep) is made by ``c_function``: a Numba ``cfunc`` in Numba's disk cache, made 
 process; every Numba function a binding binds (the launcher's loop, a few kernels of their
 own) goes through ``entry_point``. With an empty cache, compiling them is most of a first
 start (resnet18 int8: 5 s of Numba, one function at a time, as Numba's compiler holds a
-lock). The executor finds out first what its program will compile, then compiles it on two
-processes:
+lock). The executor finds out first what its program will compile, then compiles it on
+several processes:
 
     with deferring():                  # slots' modules imported now are loaded at the end
         ...bind the steps...
         units = survey(bind_again)     # what the binding compiled: recorded, not compiled
-        share(units)                   # compiled here and in a forked helper, into the cache
+        share(units)                   # compiled here and in forked helpers, into the cache
     ...bind for real: each unit loads from memory or from the cache...
 
 ``survey(fn)`` runs ``fn`` with every function missing from the cache recorded as a unit
 and given as None (a C function: its callers then leave nothing behind, an address of 0 is
 never kept) or ``not_compiled`` (a Numba function's entry point).
-``share(units)`` forks a helper process where it is safe (Linux, one Python thread, Numba's
-thread pool not launched yet, two CPUs or ``EQQUANT_COMPILE_JOBS``): the helper and this
-process take units in turn from a pipe and compile each into Numba's cache, and this one
-waits for the helper's last. A unit the helper did not finish is compiled here when the
-binding asks for it, so the outcome never depends on the helper: only the time does. The
-bits are the same: a unit is the same C function, compiled by the same compiler, wherever.
+``share(units)`` forks helper processes where it is safe (Linux, one Python thread, Numba's
+thread pool not launched yet), one for each CPU past the first (``jobs``;
+``EQQUANT_COMPILE_JOBS``): the helpers and this process take units in turn from a pipe and
+compile each into Numba's cache, and this one waits for the helpers' last. A unit no helper
+finished is compiled here when the binding asks for it, so the outcome never depends on the
+helpers: only the time does. The bits are the same: a unit is the same C function, compiled
+by the same compiler, wherever.
+
+Loads skip the refresh of Numba's typing and lowering registries that its cache makes first
+(``_from_cache``): a warm start then sets up none of them.
 """
 from __future__ import annotations
 
@@ -50,6 +54,8 @@ _state = _State()
 session = threading.RLock()   # held by the executor while it surveys and shares (one at a time)
 
 JOBS_VARIABLE = "EQQUANT_COMPILE_JOBS"
+DEFAULT_JOBS = 4          # (each helper holds a compiler's memory, some 100 MB, for seconds)
+MAX_JOBS = 16
 HELPER_DEADLINE = 600.0   # seconds a helper may take before it is stopped and ignored
 
 
@@ -78,11 +84,13 @@ class Unit:
 
 @dataclass
 class Shared:
-    """What ``share`` did: the units, how many the helper compiled, in how long."""
+    """What ``share`` did: the units, the helpers forked, how many units they compiled
+    (which), in how long."""
     units: int = 0
     helper: int = 0
     seconds: float = 0.0
     helper_names: list = field(default_factory=list)
+    helpers: int = 0
 
 
 def c_function(fn, signature, **options):
@@ -251,19 +259,20 @@ def deferring():
 
 def jobs() -> int:
     """How many processes compile a first start's units: ``EQQUANT_COMPILE_JOBS`` (1: this
-    process alone; 2: a helper too), else 2 where this process may run on two CPUs."""
+    process alone; n: n - 1 helpers too, at most MAX_JOBS in all), else as many as the CPUs
+    this process may run on, at most DEFAULT_JOBS."""
     value = os.environ.get(JOBS_VARIABLE, "").strip()
     if value:
         if not value.isdigit() or int(value) < 1:
             from ..errors import EqquantError
             raise EqquantError(f"{JOBS_VARIABLE}={value!r}: expected a whole number of "
                                "processes, 1 or more")
-        return min(int(value), 2)
+        return min(int(value), MAX_JOBS)
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    return 2 if cpus >= 2 else 1
+    return max(1, min(cpus, DEFAULT_JOBS))
 
 
 def can_fork() -> bool:
@@ -283,27 +292,31 @@ _TOKEN = struct.Struct("<H")
 
 def share(units: list[Unit]) -> Shared:
     """Compile ``units`` into Numba's cache, here and, where ``jobs()`` and ``can_fork()``
-    allow, in a forked helper: each process takes the next unit from a pipe until none is
-    left; this one then waits for the helper (at most HELPER_DEADLINE). What the helper
+    allow, in forked helpers: each process takes the next unit from a pipe until none is
+    left; this one then waits for the helpers (at most HELPER_DEADLINE). What a helper
     compiled, this process loads from the cache when its binding asks. Interrupted (an
-    error here, Ctrl-C), this process stops the helper first."""
+    error here, Ctrl-C), this process stops the helpers first."""
     t0 = time.perf_counter()
     done = Shared(units=len(units))
-    pid = -1
-    helpers = jobs() - 1        # (read first: a wrong value is an error with a cache warm too)
-    if 2 <= len(units) <= MAX_SHARED and helpers and can_fork():
+    helpers = min(jobs() - 1, len(units) - 1)   # (read first: a wrong value is an error,
+    pids: list[int] = []                        # with a cache warm too)
+    if helpers > 0 and len(units) <= MAX_SHARED and can_fork():
         todo_r, todo_w = os.pipe()       # (all tokens fit in the pipe: MAX_SHARED)
         report_r, report_w = os.pipe()
         os.write(todo_w, b"".join(_TOKEN.pack(i) for i in range(len(units))))
         os.close(todo_w)
-        try:
-            pid = os.fork()
-        except OSError:                  # (no memory or process left: alone, then)
+        for _ in range(helpers):
+            try:
+                pid = os.fork()
+            except OSError:              # (no memory or process left: fewer helpers)
+                break
+            if pid == 0:
+                _helper(units, todo_r, report_r, report_w)      # (never returns)
+            pids.append(pid)
+        if not pids:
             for fd in (todo_r, report_r, report_w):
                 os.close(fd)
-    if pid == 0:
-        _helper(units, todo_r, report_r, report_w)      # (never returns)
-    if pid < 0:
+    if not pids:
         for u in units:
             u.compile()
         done.seconds = time.perf_counter() - t0
@@ -313,27 +326,30 @@ def share(units: list[Unit]) -> Shared:
         while token := os.read(todo_r, _TOKEN.size):
             units[_TOKEN.unpack(token)[0]].compile()
     except BaseException:
-        _stop(pid)
+        for pid in pids:
+            _stop(pid)
         raise
     finally:
         os.close(todo_r)
-        _reap(pid)
+        deadline = time.monotonic() + HELPER_DEADLINE
+        for pid in pids:
+            _reap(pid, deadline)
         report = b""
         while chunk := os.read(report_r, 4096):
             report += chunk
         os.close(report_r)
     helped = [units[_TOKEN.unpack_from(report, j)[0]].name
               for j in range(0, len(report) - 1, _TOKEN.size)]
-    done.helper, done.helper_names = len(helped), helped
+    done.helpers, done.helper, done.helper_names = len(pids), len(helped), helped
     done.seconds = time.perf_counter() - t0
     return done
 
 
-MAX_SHARED = 4096     # units a helper may share (their tokens fill 8 KB of a pipe's 64)
+MAX_SHARED = 4096     # units shared at most (their tokens fill 8 KB of a pipe's 64)
 
 
 def _helper(units: list[Unit], todo_r: int, report_r: int, report_w: int) -> None:
-    """The forked helper: compile the units whose tokens it reads, report each done, exit
+    """A forked helper: compile the units whose tokens it reads, report each done, exit
     (quietly: what it would print, this process prints when it compiles the unit again). A
     unit that fails is left to this process; Ctrl-C ends the helper."""
     try:
@@ -359,9 +375,9 @@ def _stop(pid: int) -> None:
         pass
 
 
-def _reap(pid: int) -> None:
-    """Wait for the helper to exit, at most HELPER_DEADLINE; past it, stop it."""
-    deadline = time.monotonic() + HELPER_DEADLINE
+def _reap(pid: int, deadline: float) -> None:
+    """Wait for a helper to exit, until ``deadline`` (``time.monotonic``); past it, stop
+    it."""
     while True:
         finished, _ = os.waitpid(pid, os.WNOHANG)
         if finished:

@@ -10,7 +10,7 @@
 At load, calls are inlined and put in dependency order; each op gets the binding its registry
 entry names (weights prepacked once), or its reference semantics where no binding fits. The
 kernels the bindings call are loaded from Numba's cache, or compiled, before the executor is
-made (with an empty cache, on two processes: ``compiling``). Each intermediate value gets a
+made (with an empty cache, on several processes: ``compiling``). Each intermediate value gets a
 block of bytes from a pool, whatever its shape and dtype: a block returns to the pool after
 the last use of every value stored in it (views share their input's storage), and the next
 output takes the block freed last, so a few blocks serve the whole program. The result is
@@ -58,7 +58,7 @@ class Executor:
         with compiling.session:         # (one executor at a time surveys and shares)
             with compiling.deferring():     # (slot modules imported here load at its end)
                 self._build(module)
-                # what binding the steps compiles, found first, then compiled on two
+                # what binding the steps compiles, found first, then compiled on several
                 # processes where it can be (compiling.share): most of a first start
                 self.compiled = compiling.share(compiling.survey(self._bind_ahead))
             self._prepare()
