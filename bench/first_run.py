@@ -74,7 +74,7 @@ def child(program: str, inputs: str) -> None:
     t4 = time.perf_counter()
     print(json.dumps({"imports": t1 - t0, "read": t2 - t1, "executor": t3 - t2,
                       "first run": t4 - t3, "done at": time.time(),
-                      "compiled": [compiled.units, compiled.helper] if compiled else None}))
+                      "compiled": [compiled.units, compiled.by_helpers] if compiled else None}))
 
 
 def measure(program: Path, inputs: Path, cache: Path, **more: str) -> dict[str, float]:
@@ -104,8 +104,8 @@ def summary(runs: list[dict[str, float]]) -> str:
     text = ", ".join(one(k) for k in STAGES) + " s"
     compiled = runs[0].get("compiled")
     if len(runs) == 1 and compiled and compiled[0]:
-        text += (f"; {compiled[0]} C functions compiled, {compiled[1]} of them by the "
-                 "helper process")
+        text += (f"; {compiled[0]} C functions compiled, {compiled[1]} of them by helper "
+                 "processes")
     return text
 
 

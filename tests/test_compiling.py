@@ -152,7 +152,7 @@ for cls in (ccallback.CFunc, dispatcher.Dispatcher):
     cls.compile = (lambda f: lambda *a: at_run.append(1) or f(*a))(cls.compile)
 np.save(sys.argv[1], ex.run(m.inputs))
 c = ex.compiled
-print(json.dumps({"units": c.units, "helper": c.helper, "refreshed": bool(refreshes),
+print(json.dumps({"units": c.units, "helper": c.by_helpers, "refreshed": bool(refreshes),
                   "compiled at run": len(at_run)}))
 """
 

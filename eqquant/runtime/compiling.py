@@ -84,13 +84,13 @@ class Unit:
 
 @dataclass
 class Shared:
-    """What ``share`` did: the units, the helpers forked, how many units they compiled
-    (which), in how long."""
+    """What ``share`` did: the units, the helper processes forked, how many units they
+    compiled (and which), in how long."""
     units: int = 0
-    helper: int = 0
-    seconds: float = 0.0
-    helper_names: list = field(default_factory=list)
     helpers: int = 0
+    by_helpers: int = 0
+    helper_names: list = field(default_factory=list)
+    seconds: float = 0.0
 
 
 def c_function(fn, signature, **options):
@@ -340,7 +340,7 @@ def share(units: list[Unit]) -> Shared:
         os.close(report_r)
     helped = [units[_TOKEN.unpack_from(report, j)[0]].name
               for j in range(0, len(report) - 1, _TOKEN.size)]
-    done.helpers, done.helper, done.helper_names = len(pids), len(helped), helped
+    done.helpers, done.by_helpers, done.helper_names = len(pids), len(helped), helped
     done.seconds = time.perf_counter() - t0
     return done
 
