@@ -1,6 +1,6 @@
 """A first start's compiling (``runtime/compiling.py``): what binding a program compiles is
 found first (``survey``), without compiling it and without leaving anything half-made
-behind, then compiled here and in a forked helper (``share``); the program computes the
+behind, then compiled here and in forked helpers (``share``); the program computes the
 same bits whichever process compiled what, and the next process finds it all in the
 cache and loads it without Numba's registry refresh."""
 from __future__ import annotations
