@@ -222,3 +222,58 @@ def test_a_first_start_compiled_on_two_processes_gives_the_same_bits(tmp_path):
     # (compiling._from_cache: most of a warm start's loading)
     assert again == {"units": 0, "helper": 0, "refreshed": False, "compiled at run": 0}
     assert np.load(tmp_path / "again.npy").tobytes() == np.load(tmp_path / "one.npy").tobytes()
+
+
+_HELPER_FAILS = """
+import json, os, sys, time
+from eqquant.runtime import compiling
+parent, log = os.getpid(), sys.argv[1]
+
+
+class Fake:
+    def __init__(self, name, fail=None):
+        self.name, self.fail = name, fail
+
+    def compile(self):
+        if self.fail == "helper dies" and os.getpid() != parent:
+            os._exit(3)
+        if self.fail == "error here" and os.getpid() == parent:
+            raise ValueError("a compile error")
+        time.sleep(0.05)
+        with open(log, "a") as f:
+            f.write(f"{self.name} {'here' if os.getpid() == parent else 'helper'}\\n")
+
+
+shared = compiling.share([Fake(f"u{i}", "helper dies" if i == 1 else None) for i in range(8)])
+try:
+    compiling.share([Fake(f"v{i}", "error here" if i < 2 else None) for i in range(40)])
+    raised = False
+except ValueError:
+    raised = True
+try:
+    os.waitpid(-1, os.WNOHANG)
+    children = True
+except ChildProcessError:
+    children = False
+print(json.dumps({"helpers": shared.helpers, "by_helpers": shared.by_helpers,
+                  "raised": raised, "children left": children}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks on Linux only")
+def test_a_helper_that_dies_or_an_error_here_leaves_no_unit_twice_and_no_process(tmp_path):
+    """A helper that dies on a unit costs that unit only (the binding compiles it when it
+    asks); an error here stops the helper and is raised; no process is left behind."""
+    log = tmp_path / "log"
+    env = dict(os.environ, EQQUANT_COMPILE_JOBS="2")
+    done = subprocess.run([sys.executable, "-c", _HELPER_FAILS, str(log)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got == {"helpers": 1, "by_helpers": got["by_helpers"], "raised": True,
+                   "children left": False}, got
+    names = [line.split()[0] for line in log.read_text().splitlines()]
+    first = [n for n in names if n.startswith("u")]
+    assert len(first) == len(set(first))        # none twice
+    assert set(first) >= {f"u{i}" for i in range(8)} - {"u1"}
+    assert len(names) == len(set(names))
