@@ -210,8 +210,9 @@ def _load(c) -> bool:
 
 
 def survey(fn) -> list[Unit]:
-    """Run ``fn()`` with C functions missing from the cache recorded, not compiled (their
-    callers get None); the units recorded, each once."""
+    """Run ``fn()`` with the functions missing from the cache recorded, not compiled (a C
+    function's caller gets None, a Numba function's ``not_compiled``), and the deferred
+    loaders tried; the units recorded, each once."""
     outer, _state.survey = _state.survey, []
     try:
         fn()
