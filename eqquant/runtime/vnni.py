@@ -286,8 +286,9 @@ def multiply_parallel(thread, threads, args):
 def conv_kernel_of(kernel: tuple):
     """A path module's ``conv_kernel(w, kp)`` on ``kernel`` (``gemm_kernel``'s): (the fused
     convolution, its arguments besides ``pack``'s) = (``conv_requantize``, (kernel,)), the
-    interface of every SIMD path (``avx2.conv_kernel`` chooses). A kernel whose GEMMs were
-    never compiled (the CPU lacks them) is refused: its driver would call address 0."""
+    interface of every SIMD path (``avx2.conv_kernel`` chooses). A kernel whose GEMMs are
+    never compiled (the CPU lacks them: its slots are 0) is refused: its driver would call
+    through a null cell."""
     def conv_kernel(w: np.ndarray, kp: int) -> tuple:
         if not (kernel[0] and kernel[1]):
             raise RuntimeError("eqquant: this CPU does not run the GEMMs of the int8 kernel "
