@@ -93,11 +93,16 @@ class Model:
         names its ONNX file used)."""
         return {self.aliases.get(k, k): v for k, v in inputs.items()}
 
-    def run(self, x: Any):
-        """Outputs for one input: an array (a one-input model) or a dict by input name."""
+    def executor(self):
+        """The Numba executor of this program with its weights, made once."""
         if self._executor is None:
             from .runtime.executor import Executor
             self._executor = Executor(self._bound())
+        return self._executor
+
+    def run(self, x: Any):
+        """Outputs for one input: an array (a one-input model) or a dict by input name."""
+        self.executor()
         if not isinstance(x, Mapping):
             names = list(self.inputs)
             if len(names) != 1:

@@ -1,4 +1,4 @@
-"""Where the grammar/ and rules/ folders are.
+"""Where the grammar/ and rules/ folders are, and the user's cache folder.
 
 In a source checkout (or an editable install) they sit at the top of the repository, next to
 the ``eqquant`` package; a wheel carries them inside the package as ``eqquant/_data/`` (see
@@ -6,6 +6,7 @@ the ``eqquant`` package; a wheel carries them inside the package as ``eqquant/_d
 """
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -27,3 +28,12 @@ def grammar_path(name: str) -> Path:
 
 def rules_dir() -> Path:
     return data_dir("rules")
+
+
+def cache_dir() -> Path:
+    """The folder of eqquant's caches (measured kernel times, programs saved ahead of
+    time): ``EQQUANT_CACHE_DIR``, else ``$XDG_CACHE_HOME/eqquant`` (``~/.cache/eqquant``)."""
+    if os.environ.get("EQQUANT_CACHE_DIR"):
+        return Path(os.environ["EQQUANT_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "eqquant"

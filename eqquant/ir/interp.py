@@ -17,43 +17,13 @@ import numpy as np
 from ..errors import EvalError
 from ..core.nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
                           TupleGetItem, Var, post_order)
-from ..core.types import TensorType, TupleType, Type
+from ..core.types import check_input
 
 
 @dataclass
 class _Closure:
     fn: Function
     env: Mapping[int, Any]
-
-
-def check_input(name: str, value: Any, ty: Type) -> np.ndarray:
-    """An input value for a parameter of type ``ty``: the same shape; the same dtype, or one
-    that converts without changing a value (a wider float narrowed to float32, an integer
-    array whose values fit). A float array for an integer input, or integers out of the
-    input's range, are refused: they would be cast silently otherwise."""
-    if isinstance(ty, TensorType):
-        arr = np.asarray(value)
-        if tuple(arr.shape) != ty.shape:
-            raise EvalError(f"%{name} expects shape {ty.shape}, got {tuple(arr.shape)}")
-        if str(arr.dtype) != ty.dtype:
-            want = np.dtype(ty.dtype)
-            if want.kind == "f" and arr.dtype.kind in "fiub":
-                return arr.astype(want)
-            if want.kind in "iu" and arr.dtype.kind in "iub":
-                info = np.iinfo(want)
-                if arr.size == 0 or (int(arr.min()) >= info.min and int(arr.max()) <= info.max):
-                    return arr.astype(want)
-                raise EvalError(f"%{name} expects {ty.dtype}: values in [{info.min}, "
-                                f"{info.max}], got {arr.dtype} values in "
-                                f"[{arr.min()}, {arr.max()}]")
-            if want.kind == "b" and arr.dtype.kind == "b":
-                return arr
-            raise EvalError(f"%{name} expects {ty.dtype}, got {arr.dtype}")
-        return arr
-    if isinstance(ty, TupleType):
-        return tuple(check_input(f"{name}.{i}", v, t)
-                     for i, (v, t) in enumerate(zip(value, ty.fields)))
-    return value
 
 
 class Interpreter:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import EqquantError, ParamsError
+from ..errors import EqquantError
 from ..core.nodes import Module
 from .params import load_params, meta_constants
 from .parser import parse
@@ -60,25 +60,6 @@ def load_program(path: str | Path, params: str | Path | None = None,
             params = params_for(Path(path), text, params)
     values = load_params(params) if params is not None else {}
     return parse_source(text, path, values), values
-
-
-def load_inputs(path: str | Path, mod: Module, params: dict[str, np.ndarray]
-                ) -> dict[str, np.ndarray]:
-    """An ``.npy`` (the one input the program has) or an ``.npz`` keyed by input name."""
-    path = Path(path)
-    free = [p.name for p in mod.main.params if p.name not in params]
-    if path.suffix == ".npy":
-        try:
-            arr = np.load(path, allow_pickle=False)
-        except FileNotFoundError:
-            raise ParamsError(f"{path}: no such input file") from None
-        except (ValueError, OSError) as e:
-            raise ParamsError(f"{path}: not a readable .npy file ({e})") from None
-        if len(free) != 1:
-            raise ParamsError(f"{path}: an .npy gives one input, but the program has "
-                              f"{len(free)} ({', '.join('%' + f for f in free)}); use an .npz")
-        return {free[0]: arr}
-    return load_params(path)
 
 
 def save_program(path: str | Path, mod: Module, params: dict[str, np.ndarray] | None = None,

@@ -196,3 +196,20 @@ def bind_params(mod: Module, params: Mapping[str, np.ndarray],
                                    name=f.name, loc=f.loc)
     return Module(functions, version=mod.version)
 
+
+def load_inputs(path: str | Path, free: list[str]) -> dict[str, np.ndarray]:
+    """A program's inputs, whose names are ``free``: an ``.npy`` (the one input the program
+    has) or an ``.npz`` keyed by input name."""
+    path = Path(path)
+    if path.suffix == ".npy":
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except FileNotFoundError:
+            raise ParamsError(f"{path}: no such input file") from None
+        except (ValueError, OSError) as e:
+            raise ParamsError(f"{path}: not a readable .npy file ({e})") from None
+        if len(free) != 1:
+            raise ParamsError(f"{path}: an .npy gives one input, but the program has "
+                              f"{len(free)} ({', '.join('%' + f for f in free)}); use an .npz")
+        return {free[0]: arr}
+    return load_params(path)

@@ -519,15 +519,16 @@ class GlobalAvgPool2D(_Averaging):
         x = ins[0]
         if not (self.nhwc and x.shape[0] == 1 and x.flags.c_contiguous):
             return None
-        return k.global_avg_pool_channels_last, (x[0].reshape(-1, x.shape[3]),
-                                                 out[0].reshape(-1))
+        return sized(k.global_avg_pool_channels_last, x.size), (x[0].reshape(-1, x.shape[3]),
+                                                                out[0].reshape(-1))
 
     def __call__(self, ins, out):
         if not self.nhwc:
             return self.compute(ins, out)
         x = ins[0]          # channel-last: each pixel's channels summed as a row
         for b in range(x.shape[0]):
-            k.global_avg_pool_channels_last(x[b].reshape(-1, x.shape[3]), out[b].reshape(-1))
+            sized(k.global_avg_pool_channels_last, x[b].size)(x[b].reshape(-1, x.shape[3]),
+                                                              out[b].reshape(-1))
 
     def compute(self, ins, out):
         for b in range(ins[0].shape[0]):

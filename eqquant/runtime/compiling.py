@@ -93,6 +93,22 @@ class Shared:
     seconds: float = 0.0
 
 
+class Address(int):
+    """A C function's address passed to a kernel as an integer (the depthwise sweep's), or
+    the address of the cell holding one (a GEMM's slot, ``llvm_loops.slot_cell``): an
+    integer that says what it points to, so that a program saved ahead of time
+    (``eqquant.deploy``) can point it at the same code in its own library. ``function``: the
+    CFunc (``c_function``'s) at the address; ``slot``: the slot's name, for a cell."""
+
+    function = None
+    slot = None
+
+    def __new__(cls, value: int, function=None, slot: str | None = None):
+        self = super().__new__(cls, value)
+        self.function, self.slot = function, slot
+        return self
+
+
 def c_function(fn, signature, **options):
     """``fn`` as a C function of Numba type ``signature`` (Numba's ``cfunc``, in its disk
     cache): loaded from the cache or compiled, once per process (by ``fn``'s module and
@@ -116,6 +132,13 @@ def c_function(fn, signature, **options):
             return None
         c.compile()
         return c
+
+
+def made() -> dict:
+    """The C functions ``c_function`` made in this process and compiled or loaded, by
+    address (for a program saved ahead of time, ``eqquant.deploy``)."""
+    with _making:
+        return {c.address: c for c in _made.values() if c.address is not None}
 
 
 def entry_point(dispatcher, signature: tuple):

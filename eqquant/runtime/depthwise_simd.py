@@ -370,7 +370,7 @@ def _signature():
 def entry(kind: str) -> int:
     """The address of the sweep of ``kind`` ("float", "u8", "i8") compiled as a C function
     (a Numba ``cfunc`` in Numba's disk cache, compiled or loaded on first use), for
-    ``call_sweep``. (Passed as an argument, not read from a slot as the GEMMs and the
+    ``call_sweep`` (a ``compiling.Address``). (Passed as an argument, not read from a slot as the GEMMs and the
     gather are, ``llvm_loops.slot``: so a program without depthwise layers never compiles
     it.)"""
     if kind not in _entries:
@@ -380,7 +380,8 @@ def entry(kind: str) -> int:
         if c is None:                       # (recorded by compiling.survey)
             return 0
         _entries[kind] = c
-    return _entries[kind].address
+    from .compiling import Address
+    return Address(_entries[kind].address, function=_entries[kind])
 
 
 def _call_intrinsic():

@@ -29,9 +29,8 @@ import numpy as np
 from ..errors import EvalError
 from ..core.nodes import (Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var,
                           post_order, rebuild)
-from ..ir.interp import check_input
 from ..ir.typecheck import infer_types
-from ..core.types import TensorType, type_of_array
+from ..core.types import TensorType, check_input, type_of_array
 from ..passes.inline import inline_calls
 from . import compiling, memory
 
@@ -191,7 +190,7 @@ class Executor:
         ``compiling.survey``, those of kernels still to compile are incomplete)."""
         stand_ins = {s: np.empty(t.shape, t.dtype) for s, t in self.inputs.values()
                      if isinstance(t, TensorType)}
-        self._bind_steps(stand_ins)
+        self.bind_steps(stand_ins)
 
     def _prepare(self) -> None:
         """Bind each step whose operands are the same arrays at every run (constants, planned
@@ -201,9 +200,9 @@ class Executor:
         thread pool's size has changed (a convolution's work split is bound with it)."""
         from .bindings import threads
         self._threads = threads()
-        self._prepared = self._bind_steps({})
+        self._prepared = self.bind_steps({})
 
-    def _bind_steps(self, inputs: dict) -> list[tuple | None]:
+    def bind_steps(self, inputs: dict) -> list[tuple | None]:
         """Each step bound where its operands are known now (constants, planned buffers,
         ``inputs``: slot -> array, views of them): (its call, its value), else None."""
         stable: list[Any] = [None] * len(self.types)

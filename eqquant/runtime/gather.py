@@ -441,7 +441,7 @@ def load_entry(element: str) -> None:
             entry = c_function(twin(_windows_entry, f"_{kind}"), _entry_signature(element))
             if entry is None:               # (recorded by compiling.survey)
                 return False
-            fill_slot(f"eqquant_windows_{kind}", entry.address)
+            fill_slot(f"eqquant_windows_{kind}", entry.address, entry)
             _ENTRIES[element] = entry
         return True
     slot(f"eqquant_windows_{kind}")   # (at once: a cached kernel links to it)

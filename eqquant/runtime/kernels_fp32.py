@@ -329,18 +329,19 @@ def global_avg_pool(thread, threads, args):
         out[c] = s / (h * w)
 
 
-@njit(cache=True)
-def global_avg_pool_channels_last(x, out):
-    """x: (H*W, C) -> out: (C,): each pixel's row added along the channels (contiguous), in
-    the pixels' order, as ``global_avg_pool`` adds each channel's plane: the same sums."""
-    p_n, c_n = x.shape
-    acc = np.zeros(c_n, np.float64)
-    for p in range(p_n):
-        row = x[p]
-        for c in range(c_n):
-            acc[c] += row[c]
-    for c in range(c_n):
-        out[c] = acc[c] / p_n
+@parallel
+def global_avg_pool_channels_last(thread, threads, args):
+    """x: (H*W, C) -> out: (C,): each channel's pixels added in the pixels' order, in
+    float64, as ``global_avg_pool`` adds each channel's plane: the same sums. A thread's
+    share is a run of channels (a strided walk down the rows: a few thousand values, read
+    once, at the end of a network)."""
+    x, out = args
+    p_n = x.shape[0]
+    for c in range(*share(x.shape[1], thread, threads)):
+        s = 0.0
+        for p in range(p_n):
+            s += x[p, c]
+        out[c] = s / p_n
 
 
 @parallel(error_model="numpy")

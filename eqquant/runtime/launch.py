@@ -174,6 +174,34 @@ def argument_block(values: tuple, plan: tuple) -> array.array:
     return array.array("q", words or [0])
 
 
+def references(values, plan: tuple) -> tuple[list, list]:
+    """What the words of ``argument_block(values, plan)`` that are addresses point to:
+    (word, value) for each array's data address (the array) and each integer that is a
+    ``compiling.Address``; and the words that hold other integers. (For a program saved
+    ahead of time, ``eqquant.deploy``, whose arrays and code lie elsewhere in the process
+    that loads it.)"""
+    from .compiling import Address
+    found: list = []
+    integers: list = []
+
+    def walk(values, plan, at):
+        for v, (kind, sub) in zip(values, plan):
+            if kind in (ARRAY, STRIDED):
+                found.append((at, v))
+                at += 1 + v.ndim * (1 if kind == ARRAY else 2)
+            elif kind == TUPLE:
+                at = walk(v, sub, at)
+            else:
+                if isinstance(v, Address):
+                    found.append((at, v))
+                elif kind == INTEGER:
+                    integers.append(at)
+                at += 1
+        return at
+    walk(values, plan, 0)
+    return found, integers
+
+
 def block_address(block: array.array) -> int:
     """The address of a block's first word."""
     return block.buffer_info()[0]
@@ -286,8 +314,9 @@ class Parallel:
         return c
 
     def _launch_args(self, args: tuple):
-        """(the entry's address, the argument block) for a call on ``args`` (an address of
-        0 while ``compiling.survey`` records the entry: never kept, never called)."""
+        """(the entry's address, the argument block, how it was written: ``_plan``'s) for a
+        call on ``args`` (an address of 0 while ``compiling.survey`` records the entry:
+        never kept, never called)."""
         key = tuple([_key(a) for a in args])
         known = self._calls.get(key)
         if known is None:
@@ -296,7 +325,7 @@ class Parallel:
             known = (0 if entry is None else entry.address, _plan(layout, self.__name__))
             if entry is not None:
                 self._calls[key] = known
-        return known[0], argument_block(args, known[1])
+        return known[0], argument_block(args, known[1]), known[1]
 
     def __call__(self, *args) -> None:
         self.run(threads(), *args)
@@ -304,16 +333,16 @@ class Parallel:
     def run(self, count: int, *args) -> None:
         """The kernel on ``args`` as ``count`` threads (``count`` parts, thread 0..count-1 of
         count; the pool's threads take them)."""
-        address, block = self._launch_args(args)
+        address, block, _ = self._launch_args(args)
         _loaded(_launch)(_callable(address, self), block_address(block), count)
 
     def bind(self, args: tuple, entry_point, count: int | None = None):
         """A call with no arguments doing ``self(*args)`` on these arrays (``bindings.bound``):
         the block written once; as ``count`` threads, else as many as the pool has at each
         call."""
-        address, block = self._launch_args(args)
+        address, block, plan = self._launch_args(args)
         run = entry_point(_launch, (address, block_address(block), 1))
-        return _BoundLaunch(run, address, block, args, count)
+        return _BoundLaunch(run, address, block, args, plan, count)
 
 
 class _Serial:
@@ -324,7 +353,7 @@ class _Serial:
         self.kernel = kernel
 
     def __call__(self, *args) -> None:
-        address, block = self.kernel._launch_args(args)
+        address, block, _ = self.kernel._launch_args(args)
         _loaded(_run_one)(_callable(address, self.kernel), block_address(block))
 
     def run(self, count: int, *args) -> None:
@@ -333,9 +362,9 @@ class _Serial:
 
     def bind(self, args: tuple, entry_point, count: int | None = None):
         """``Parallel.bind``'s, on one thread."""
-        address, block = self.kernel._launch_args(args)
+        address, block, plan = self.kernel._launch_args(args)
         return _BoundSerial(entry_point(_run_one, (address, block_address(block))), address,
-                            block, args)
+                            block, args, plan, 1)
 
 
 _LOADED: dict = {}
@@ -381,15 +410,21 @@ def _run_one(address, block):
 
 class _BoundLaunch:
     """``bind``'s call: the launcher's entry point, the part's entry and its block, and the
-    arguments, kept alive (the block holds their addresses only)."""
+    arguments, kept alive (the block holds their addresses only), with how they were
+    written (``references`` reads it); ``count``: the threads it runs as (None: the
+    pool's)."""
 
-    __slots__ = ("run", "address", "block", "at", "args", "count")
+    __slots__ = ("run", "address", "block", "at", "args", "plan", "count")
 
-    def __init__(self, run, address: int, block: array.array, args: tuple,
+    def __init__(self, run, address: int, block: array.array, args: tuple, plan: tuple,
                  count: int | None = None):
         self.run, self.address, self.block, self.count = run, address, block, count
-        self.args = args
+        self.args, self.plan = args, plan
         self.at = block_address(block)
+
+    def launches(self) -> list:
+        """This call as the launches it makes, in order: [self]."""
+        return [self]
 
     def __call__(self) -> None:
         self.run(self.address, self.at, self.count or threads())
@@ -443,6 +478,10 @@ class _Calls:
 
     def __init__(self, calls: list):
         self.calls = calls
+
+    def launches(self) -> list:
+        """The launches of the calls, in order."""
+        return [launch for call in self.calls for launch in call.launches()]
 
     def __call__(self) -> None:
         for call in self.calls:

@@ -206,6 +206,9 @@ def gemm_at(element: str, extra: tuple = ()):
 # arguments (``depthwise_simd.entry``), and each of its three kinds compiles on first use.
 _SLOTS: dict = {}
 _TABLES: dict = {}   # owner -> the C function that gave its GEMMs' addresses (kept alive)
+# symbol -> where its slot's address came from (``fill_slot``): (a CFunc, None), the C
+# function itself, or (a CFunc, j), the j-th address its table gives (``load_gemms``)
+FILLED: dict = {}
 
 
 def slot(symbol: str) -> str:
@@ -221,18 +224,22 @@ def slot(symbol: str) -> str:
     return name
 
 
-def fill_slot(symbol: str, address: int) -> None:
-    """Put the address of ``symbol``'s C function in its slot (``slot``)."""
+def fill_slot(symbol: str, address: int, function, index: int | None = None) -> None:
+    """Put the address of ``symbol``'s C function in its slot (``slot``): that of
+    ``function`` (a CFunc), or where ``index`` is given, the index-th address its table
+    gives (``load_gemms``), as ``FILLED`` keeps."""
     slot(symbol)
     _SLOTS[symbol].value = address
+    FILLED[symbol] = (function, index)
 
 
 def slot_cell(symbol: str) -> int:
     """The address of ``symbol``'s slot itself, the cell holding its C function's address
     (known before the function is loaded, which ``compiling.deferring`` may put off)."""
     import ctypes
+    from .compiling import Address
     slot(symbol)
-    return ctypes.addressof(_SLOTS[symbol])
+    return Address(ctypes.addressof(_SLOTS[symbol]), slot=symbol)
 
 
 def call_slot(builder, symbol: str, fnty, args):
@@ -300,8 +307,8 @@ def load_gemms(owner: str, defines: list) -> None:
             return False
         out = (ctypes.c_int64 * len(defines))()
         table.ctypes(ctypes.addressof(out))
-        for define, address in zip(defines, out):
-            fill_slot(define.symbol, address)
+        for j, (define, address) in enumerate(zip(defines, out)):
+            fill_slot(define.symbol, address, table, j)
         _TABLES[owner] = table
         return True
     for define in defines:      # (the slots exist at once: a cached kernel links to them)

@@ -30,15 +30,9 @@ from typing import Any, Mapping, Sequence
 from ..core.types import TensorType, Type
 from ..extract.cost import CostModel, CpuLatency, constant_bytes, cost_model, unfused_calls
 from ..ops.registry import ANNOTATION, OpDef
+from ..resources import cache_dir
 
 CACHE_FILE = "kernel-times.json"
-
-
-def cache_dir() -> Path:
-    if os.environ.get("EQQUANT_CACHE_DIR"):
-        return Path(os.environ["EQQUANT_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "eqquant"
 
 
 def cpu_model() -> str:
