@@ -22,6 +22,7 @@ LAYERS = [
     ("quant",),                       # calibration, marking, the int8 flow
     ("interop", "viz"),               # ONNX import/export, plots
     ("api",),
+    ("deploy",),                      # programs saved ahead of time, run without Numba
     ("pipeline",),                    # eqquant demo
     ("cli", "__init__"),
 ]

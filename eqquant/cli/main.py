@@ -92,7 +92,7 @@ def check(file: Path, params: Path | None) -> None:
 
 
 @cli.command()
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("file", type=click.Path(path_type=Path))
 @click.option("--params", "-p", type=click.Path(dir_okay=False, path_type=Path),
               help="Weights (.npz); default: the .npz beside FILE, if any.")
 @click.option("--input", "-x", "input_path", required=True,
@@ -100,32 +100,34 @@ def check(file: Path, params: Path | None) -> None:
               help="The input: .npy (one input) or .npz keyed by input name.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the output here (.npy); default: print a summary.")
-@click.option("--engine", type=click.Choice(["cpu", "reference"]), default="cpu",
-              show_default=True, help="cpu: the Numba executor; reference: the numpy "
-              "reference interpreter.")
-@click.option("--profile", is_flag=True, help="Print the time per op (cpu engine).")
+@click.option("--engine", type=click.Choice(["cpu", "executor", "reference"]), default="cpu",
+              show_default=True, help="cpu: the program's library saved ahead of time "
+              "(saved in the cache at its first run; else the executor); executor: the "
+              "Numba executor; reference: the numpy reference interpreter.")
+@click.option("--profile", is_flag=True, help="Print the time per op (the executor).")
 def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
         engine: str, profile: bool) -> None:
-    """Run FILE (text IR or .onnx) on an input."""
-    from ..api import load
-    from ..ir.interp import run as interpret
-    from ..ir.loader import load_inputs
-    from ..ir.params import atomic_write, bind_params
-    from ..ir.typecheck import check_module
-    m = load(file, params)
-    mod, values = m.module, m.params
-    check_module(mod)
-    inputs = m.named(load_inputs(input_path, mod, values))
-    if engine == "reference":
-        out = interpret(mod, inputs, values)
+    """Run FILE (text IR, .onnx, or a library saved by `eqquant compile`) on an input."""
+    from ..ir.params import atomic_write, load_inputs
+    if file.is_dir() or (engine == "cpu" and not profile):
+        out = _run_library(file, params, input_path, engine)
     else:
-        from ..runtime.executor import Executor
-        ex = Executor(bind_params(mod, values) if values else mod)
-        out = ex.run(inputs, profile=profile)
-        if profile:
-            for _ in range(4):
-                ex.run(inputs, profile=True)
-            click.echo(ex.profile_table(), err=True)
+        from ..api import load
+        from ..ir.interp import run as interpret
+        from ..ir.typecheck import check_module
+        m = load(file, params)
+        mod, values = m.module, m.params
+        check_module(mod)
+        inputs = m.named(load_inputs(input_path, list(m.inputs)))
+        if engine == "reference":
+            out = interpret(mod, inputs, values)
+        else:
+            ex = m.executor()
+            out = ex.run(inputs, profile=profile)
+            if profile:
+                for _ in range(4):
+                    ex.run(inputs, profile=True)
+                click.echo(ex.profile_table(), err=True)
     leaves = _output_leaves(out)
     if output is not None:
         if len(leaves) == 1 and output.suffix != ".npz":
@@ -152,6 +154,24 @@ def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
                      f"first {np.array2string(arr.reshape(-1)[:5], precision=5)}"
                      if flat.size else "empty")
             click.echo(f"{name} {arr.dtype}{list(arr.shape)}: {stats}")
+
+
+def _run_library(file: Path, params: Path | None, input_path: Path, engine: str):
+    """FILE's output on the input, from its library: FILE itself (a folder `eqquant compile`
+    wrote), or the one saved in the cache (``deploy.cache.open_program``)."""
+    from ..ir.params import load_inputs
+    if file.is_dir():
+        if engine != "cpu" or params is not None:
+            raise EqquantError(f"{file}: a saved library runs as it was saved (no --params, "
+                               "--engine cpu)")
+        from ..deploy.loader import Library
+        program = Library(file)
+    else:
+        if not file.exists():
+            raise EqquantError(f"{file}: no such file")
+        from ..deploy.cache import open_program
+        program = open_program(file, params)
+    return program.run(load_inputs(input_path, list(program.inputs)))
 
 
 def _output_leaves(out) -> list[np.ndarray]:
@@ -464,6 +484,34 @@ def export_cmd(model, params, output):
     mod, values = load_program(model, params)
     kind = save_onnx(bind_params(mod, values), output)
     click.echo(f"wrote {output} ({kind})")
+
+
+@cli.command("compile")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--params", "-p", type=click.Path(dir_okay=False, path_type=Path),
+              help="Weights (.npz); default: the .npz beside MODEL, if any.")
+@click.option("--out", "-o", "out_dir", required=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="The folder to write the library into (replaced whole).")
+def compile_cmd(model, params, out_dir):
+    """Compile MODEL ahead of time: its kernels linked into one library with its weights,
+    which `eqquant run OUT -x ...` runs without Numba (on this machine's CPU, with as many
+    threads as now)."""
+    from ..api import load
+    from ..deploy.build import build
+    from ..deploy.cache import differs
+    from ..deploy.loader import Library
+    m = load(model, params)
+    ex = m.executor()
+    build(ex, out_dir, aliases=m.aliases)
+    library = Library(out_dir)
+    reason = differs(ex, library)
+    if reason is not None:
+        raise EqquantError(f"{out_dir}: {reason} (the library is kept for a bug report)")
+    size = sum(f.stat().st_size for f in out_dir.iterdir())
+    click.echo(f"wrote {out_dir}: {len(library.plan['launches'])} launches of "
+               f"{len(library.plan['functions'])} C functions, {size / 1e6:.1f} MB, "
+               f"{library.threads} threads")
 
 
 @cli.group()

@@ -1,0 +1,311 @@
+"""A program saved ahead of time: an executor's bound launches written into a folder that
+``loader.Library`` runs without Numba.
+
+    ex = Executor(module)                      # the kernels compiled or loaded by Numba
+    build(ex, "out/resnet18.eqq")              # program.so, data.bin, plan.json
+
+What is saved: every step of the executor bound to its operands (``Executor.bind_steps``,
+the program's inputs on arrays of their own), each a table of launches of kernels' C entries
+on argument blocks (``runtime/launch.py``). The entries, and the C functions they reach
+(the GEMMs' tables, the gather, the depthwise sweeps), are compiled again from the LLVM
+modules Numba made for them (the same optimised IR, as position-independent code) and
+linked with ``library.c`` (the run loop, Numba's runtime functions the kernels call) into
+``program.so`` by the C compiler. Each array an argument block points into (weights packed
+for the kernels, tables, buffers) is one of a few allocations, a root: those the executor
+fills at a run (activations, inputs) are made empty by the loader; the rest are written to
+``data.bin``, each at an offset with the same remainder modulo 64 as its address had (the
+kernels' aligned loads stay aligned). ``plan.json`` says where each word of each block
+points: a root and an offset, a C function, a slot's cell.
+
+What cannot be saved is refused with the reason (``NotDeployable``): a step that is not
+launches (a reference op, a kernel bound as a Numba function of its own, the AVX2 byte
+driver's), a tuple output, an integer argument that looks like an address nothing names.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..core.types import TensorType
+from ..errors import EqquantError
+from ..runtime import amx, compiling, launch, llvm_loops, memory
+from ..runtime.bindings import threads as pool_threads
+
+FORMAT = 1
+PHASE = memory.ALIGN          # a root keeps its address modulo this
+_C_SOURCE = Path(__file__).with_name("library.c")
+
+
+class NotDeployable(EqquantError):
+    """The executor's program cannot be saved ahead of time: why."""
+
+
+def build(executor, folder: str | os.PathLike, key: str = "",
+          aliases: dict | None = None) -> Path:
+    """Save ``executor``'s program into ``folder`` (made, or replaced whole: written beside
+    it first, so a failure leaves what was there); ``key``: what it was made from
+    (``cache.key``), kept in its plan; ``aliases``: other names its inputs answer to (an
+    imported model's, ``api.Model.aliases``). Raises NotDeployable with the reason."""
+    folder = Path(folder)
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        raise NotDeployable("no C compiler (cc) to link the library with")
+    plan, roots, functions = _plan(executor)
+    plan["key"] = key
+    plan["aliases"] = dict(aliases or {})
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+    try:
+        _write_data(roots, plan, work / "data.bin")
+        _link(functions, plan, work, cc)
+        (work / "plan.json").write_text(json.dumps(plan))
+        if folder.exists():
+            old = folder.with_name(folder.name + f".old{os.getpid()}")
+            folder.rename(old)
+            work.rename(folder)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            work.rename(folder)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return folder
+
+
+# -- the plan: launches, roots, C functions -----------------------------------------------
+
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array whose allocation ``a`` lies in (following views to their base)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _span(a: np.ndarray) -> tuple[int, int]:
+    """The bytes ``a`` may touch: [first, last) addresses."""
+    lo = hi = a.ctypes.data
+    if a.size == 0:
+        return lo, lo
+    for n, stride in zip(a.shape, a.strides):
+        if stride < 0:
+            lo += (n - 1) * stride
+        else:
+            hi += (n - 1) * stride
+    return lo, hi + a.itemsize
+
+
+class _Roots:
+    """The roots met so far, by identity, and which of them the loader makes empty."""
+
+    def __init__(self):
+        self.arrays: list[np.ndarray] = []
+        self.index: dict[int, int] = {}
+        self.fresh: set[int] = set()
+
+    def place(self, a: np.ndarray, where: str) -> tuple[int, int]:
+        """(root index, byte offset) of ``a``'s data."""
+        root = _root(a)
+        if not root.flags.c_contiguous:
+            raise NotDeployable(f"{where}: an operand lies in an array that is not one "
+                                "contiguous allocation")
+        r = self.index.get(id(root))
+        if r is None:
+            r = self.index[id(root)] = len(self.arrays)
+            self.arrays.append(root)
+        base = root.ctypes.data
+        lo, hi = _span(a)
+        if lo < base or hi > base + root.nbytes:
+            raise NotDeployable(f"{where}: an operand reaches past its allocation")
+        return r, a.ctypes.data - base
+
+
+def _plan(executor) -> tuple[dict, _Roots, list]:
+    roots = _Roots()
+    inputs = {}
+    for name, (slot, t) in executor.inputs.items():
+        if not isinstance(t, TensorType):
+            raise NotDeployable(f"input %{name} is not a tensor")
+        inputs[slot] = memory.empty(t.shape, t.dtype)
+    bound = executor.bind_steps(inputs)
+    for a in list(executor.blocks) + list(inputs.values()):
+        roots.fresh.add(roots.place(a, "buffers")[0])
+
+    made = compiling.made()
+    functions: list = []                 # CFuncs, in the library's order
+    function_index: dict[int, int] = {}
+
+    def function(c) -> int:
+        if id(c) not in function_index:
+            function_index[id(c)] = len(functions)
+            functions.append(c)
+        return function_index[id(c)]
+
+    slots: dict[str, int] = {}
+    launches = []
+    for i, (st, prepared) in enumerate(zip(executor.steps, bound)):
+        where = f"step {i} ({st.label})"
+        if st.kind == "view" and prepared is not None:
+            continue
+        if prepared is None or st.kind != "kernel":
+            raise NotDeployable(f"{where}: computed by Python at each run "
+                                f"({st.kind}), not by kernels' launches")
+        calls = getattr(prepared[0], "launches", None)
+        if calls is None:
+            raise NotDeployable(f"{where}: its binding calls a Numba function of its own, "
+                                "not launches of C entries")
+        for call in calls():
+            entry = made.get(call.address)
+            if entry is None:
+                raise NotDeployable(f"{where}: its entry is not a C function of "
+                                    "compiling.c_function's")
+            words = list(call.block)
+            refs = []
+            pointers, integers = launch.references(call.args, call.plan)
+            for at, value in pointers:
+                if isinstance(value, np.ndarray):
+                    r, offset = roots.place(value, where)
+                    refs.append([at, "root", r, offset])
+                elif value.slot is not None:
+                    slots.setdefault(value.slot, len(slots))
+                    refs.append([at, "slot", value.slot])
+                elif value.function is not None:
+                    refs.append([at, "function", function(value.function)])
+                else:
+                    raise NotDeployable(f"{where}: an address of nothing known")
+                words[at] = 0
+            for at in integers:
+                if abs(words[at]) >= 1 << 32:
+                    raise NotDeployable(f"{where}: argument word {at} ({words[at]:#x}) "
+                                        "looks like an address that no argument names")
+            count = call.count or 0      # (a serial call's: 1; None: the pool's threads)
+            launches.append({"step": i, "op": st.label, "function": function(entry),
+                             "count": count, "words": words, "refs": refs})
+
+    slot_sources = []
+    for name in sorted(llvm_loops._SLOTS):      # every slot a kernel's code may name
+        source, index = llvm_loops.FILLED.get(name, (None, None))
+        slot_sources.append({"name": name, "index": index,
+                             "function": None if source is None else function(source)})
+
+    def value_of(array, what):
+        r, offset = roots.place(array, what)
+        return {"root": r, "offset": offset, "shape": list(array.shape),
+                "dtype": str(array.dtype)}
+    out_step = executor.step_of.get(executor.out_slot)
+    if out_step is None or bound[out_step] is None or \
+            not isinstance(bound[out_step][1], np.ndarray):
+        raise NotDeployable("the program's output is not an array a step computes")
+    plan = {
+        "format": FORMAT,
+        "threads": pool_threads(),
+        "tiles": amx.available(),       # (the kernels may use AMX: ask Linux at load)
+        "inputs": [{"name": name, **value_of(inputs[slot], f"input %{name}")}
+                   for name, (slot, _) in executor.inputs.items()],
+        "output": value_of(bound[out_step][1], "the output"),
+        "launches": launches,
+        "slots": slot_sources,
+        "functions": [c._wrapper_name for c in functions],
+    }
+    return plan, roots, functions
+
+
+def _write_data(roots: _Roots, plan: dict, path: Path) -> None:
+    """The roots' bytes, each at an offset with its address's remainder modulo PHASE (the
+    empty ones: their size and remainder only)."""
+    entries = []
+    with open(path, "wb") as f:
+        at = 0
+        for r, a in enumerate(roots.arrays):
+            phase = a.ctypes.data % PHASE
+            if r in roots.fresh:
+                entries.append({"bytes": a.nbytes, "phase": phase, "at": None})
+                continue
+            at += (phase - at) % PHASE
+            f.seek(at)
+            f.write(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
+            entries.append({"bytes": a.nbytes, "phase": phase, "at": at})
+            at += a.nbytes
+    plan["roots"] = entries
+
+
+# -- the library: the C functions' code, again, and library.c ----------------------------
+
+def _link(functions: list, plan: dict, work: Path, cc: str) -> None:
+    """program.so: each C function's module (as Numba optimised it) compiled to
+    position-independent code, the slots' cells, ``library.c``."""
+    items = []
+    for j, c in enumerate(functions):
+        library = c._library                     # (Numba's; eqquant pins its version)
+        items.append((j, c._wrapper_name, library._get_module_for_linking().as_bitcode()))
+    codegen = functions[0]._library.codegen if functions else None
+    machine = (codegen._get_host_cpu_name(), codegen._get_host_cpu_features()) \
+        if codegen else ("", "")
+    _emit_shared(items, machine, work)
+    objects = [str(work / f"f{j}.o") for j, _, _ in items]
+    cells = work / "slots.c"
+    cells.write_text("".join(
+        f'void *eqq_slot_{j} __asm__("eqquant_slot.{s["name"]}") = 0;\n'
+        for j, s in enumerate(plan["slots"])) or "int eqq_no_slots;\n")
+    command = [cc, "-shared", "-fPIC", "-O2", "-fopenmp", "-Wl,-Bsymbolic", "-o",
+               str(work / "program.so"), str(_C_SOURCE), str(cells), *objects]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise NotDeployable("linking the library failed: " + done.stderr.strip()[-2000:])
+    for path in objects:
+        os.unlink(path)
+    cells.unlink()
+
+
+def _emit(items: list, machine: tuple, work: Path) -> None:
+    """Each (j, entry's name, module's bitcode) compiled to ``f{j}.o``, its entry exported,
+    as Numba's codegen would for this CPU (``machine``: its name and features; the same
+    optimisation level), as position-independent code."""
+    import llvmlite.binding as ll
+    target = ll.Target.from_triple(ll.get_process_triple())
+    tm = target.create_target_machine(cpu=machine[0], features=machine[1], opt=3,
+                                      reloc="pic", codemodel="default")
+    for j, name, bitcode in items:
+        module = ll.parse_bitcode(bitcode)
+        module.get_function(name).linkage = ll.Linkage.external
+        part = work / f"f{j}.o.part"           # (whole or not at all: a helper may die)
+        part.write_bytes(tm.emit_object(module))
+        part.replace(work / f"f{j}.o")
+
+
+def _emit_shared(items: list, machine: tuple, work: Path) -> None:
+    """``_emit`` on several processes where ``compiling`` may fork helpers (its jobs; the
+    largest modules first, each to the least loaded): LLVM's code generation is most of a
+    library's making (0.46 s of resnet18 int8's 0.59), and llvmlite holds one lock for all
+    threads. What a helper failed to write is compiled here."""
+    n = min(compiling.jobs(), len(items)) if compiling.can_fork() else 1
+    shares: list[list] = [[] for _ in range(max(n, 1))]
+    loads = [0] * len(shares)
+    for item in sorted(items, key=lambda it: -len(it[2])):
+        k = loads.index(min(loads))
+        shares[k].append(item)
+        loads[k] += len(item[2])
+    pids = []
+    for share in shares[1:]:
+        try:
+            pid = os.fork()
+        except OSError:
+            shares[0] += share
+            continue
+        if pid == 0:
+            code = 1
+            try:
+                _emit(share, machine, work)
+                code = 0
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    _emit(shares[0], machine, work)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    _emit([it for it in items if not (work / f"f{it[0]}.o").exists()], machine, work)

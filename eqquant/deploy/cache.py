@@ -1,0 +1,222 @@
+"""Saved programs kept in the user's cache, so that a later process runs a program it has run
+before without Numba: ``eqquant run`` on a program file takes its library from here, and a
+first run saves it (the kernels compiled, or loaded from Numba's cache, then linked).
+
+    program = open_program("resnet18.ir")      # numpy and ctypes only, where it is saved
+    y = program.run({"data": x})
+    program.engine                              # "library" or "executor"
+
+A program is found by a digest (``key``) of what decides its machine code and its data: the
+program's file and its weights' (their contents, not their names or times: a weights file's
+members' CRC-32s and sizes, as a saved program records them), eqquant's runtime
+source, Numba's and llvmlite's versions, the CPU's model and features, the settings that
+choose kernels (``EQQUANT_INT8_KERNEL``, ``EQQUANT_FP32_KERNEL``, Numba's CPU options) and
+the threads. A program the library cannot hold (``build.NotDeployable``) is noted with the
+reason and runs on the executor, without trying again. A library is checked once, as it is
+saved: its output on a random input must equal the executor's bit for bit, else it is
+dropped. ``EQQUANT_DEPLOY=0``: neither used nor saved. The cache keeps the KEEP programs used
+last.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from ..errors import EvalError
+from ..ir.outputs import backup_path, digest_file
+from ..resources import cache_dir
+from .loader import FORMAT, Library, pool_threads
+
+KEEP = 8
+SETTINGS = ("EQQUANT_INT8_KERNEL", "EQQUANT_FP32_KERNEL", "NUMBA_OPT", "NUMBA_CPU_NAME",
+            "NUMBA_CPU_FEATURES", "NUMBA_NUM_THREADS")
+_PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def enabled() -> bool:
+    """Whether libraries are used and saved: on Linux (a library is an ELF shared object
+    built with cc and OpenMP), unless ``EQQUANT_DEPLOY=0``."""
+    return sys.platform.startswith("linux") and \
+        os.environ.get("EQQUANT_DEPLOY", "1").strip() != "0"
+
+
+def programs_dir() -> Path:
+    return cache_dir() / "programs"
+
+
+def _file_digest(path: Path) -> str:
+    """A weights file's digest as a saved program records it (``ir.outputs.digest_file``:
+    its members' names, CRC-32s and sizes, read in microseconds), any other file's bytes'."""
+    if path.suffix == ".npz":
+        found = digest_file(path)
+        if found is not None:
+            return found
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _code() -> bytes:
+    """eqquant's runtime and deploy source, Numba's and llvmlite's versions."""
+    h = hashlib.sha256()
+    for folder in (_PACKAGE / "runtime", _PACKAGE / "deploy"):
+        for path in sorted(folder.iterdir()):
+            if path.suffix in (".py", ".c"):
+                h.update(path.name.encode() + b"\0" + path.read_bytes())
+    for package in ("numba", "llvmlite"):
+        spec = importlib.util.find_spec(package)      # (found, not imported)
+        version = Path(spec.origin).with_name("_version.py") if spec and spec.origin else None
+        h.update(version.read_bytes() if version and version.exists() else b"?")
+    return h.digest()
+
+
+def _cpu() -> bytes:
+    """The CPU's model name and feature flags (Linux's /proc/cpuinfo; elsewhere, what
+    Python says of the machine)."""
+    try:
+        with open("/proc/cpuinfo", "rb") as f:
+            lines = f.read().split(b"\n\n", 1)[0].splitlines()
+        return b"\n".join(line for line in lines if line.startswith((b"model name", b"flags")))
+    except OSError:
+        import platform
+        return platform.processor().encode() + platform.machine().encode()
+
+
+def key(files: list[Path]) -> str:
+    """The digest a program made from ``files`` is saved under (in this setting)."""
+    h = hashlib.sha256(f"eqquant-library {FORMAT}\n".encode())
+    for path in files:
+        h.update(_file_digest(path).encode() + b"\n")
+    h.update(_code())
+    h.update(_cpu())
+    for name in SETTINGS:
+        h.update(f"{name}={os.environ.get(name, '')}\n".encode())
+    h.update(f"threads={pool_threads()}".encode())
+    return h.hexdigest()[:32]
+
+
+def lookup(digest: str) -> Library | str | None:
+    """The library saved under ``digest``, the reason it could not be saved (a string), or
+    None."""
+    folder = programs_dir() / digest
+    refused = folder.with_suffix(".refused")
+    if refused.exists():
+        return refused.read_text(encoding="utf-8")
+    if not (folder / "plan.json").exists():
+        return None
+    try:
+        library = Library(folder)
+    except (OSError, ValueError, KeyError, EvalError):    # (damaged: saved again)
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+    try:
+        os.utime(folder / "plan.json")          # (used now: kept longer, ``_prune``)
+    except OSError:
+        pass
+    return library
+
+
+def save(executor, digest: str, aliases: dict | None = None) -> Library | str:
+    """Save ``executor``'s program under ``digest`` (``aliases``: other names of its inputs,
+    ``build``'s): its library, checked against the executor, or the reason it was not saved
+    (also noted in the cache)."""
+    from .build import NotDeployable, build
+    folder = programs_dir() / digest
+    try:
+        build(executor, folder, key=digest, aliases=aliases)
+        library = Library(folder)
+        reason = differs(executor, library)
+    except NotDeployable as e:
+        library, reason = None, str(e)
+    if reason is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.with_suffix(".refused").write_text(reason, encoding="utf-8")
+        return reason
+    _prune()
+    return library
+
+
+def differs(executor, library: Library) -> str | None:
+    """Why the library's output differs from the executor's on a random input (None: the
+    same bits)."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    inputs = {}
+    for name, t in library.inputs.items():
+        if np.dtype(t.dtype).kind == "f":
+            inputs[name] = rng.standard_normal(t.shape).astype(t.dtype)
+        else:
+            info = np.iinfo(t.dtype)
+            inputs[name] = rng.integers(info.min, info.max, t.shape, dtype=t.dtype,
+                                        endpoint=True)
+    want, got = executor.run(inputs), library.run(inputs)
+    if want.dtype == got.dtype and want.shape == got.shape and \
+            np.array_equal(want, got, equal_nan=True):
+        return None
+    return "the saved library's output differed from the executor's on a random input"
+
+
+def _prune() -> None:
+    """Keep the KEEP programs used last (and the notes of refusals)."""
+    folders = [p for p in programs_dir().iterdir() if (p / "plan.json").exists()]
+    folders.sort(key=lambda p: (p / "plan.json").stat().st_mtime, reverse=True)
+    for old in folders[KEEP:]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+class Program:
+    """A program to run: its saved library, or the executor (``engine``; ``note``: why not
+    the library; ``compiled``: what making the executor compiled, where one was made,
+    ``runtime.compiling.Shared``)."""
+
+    def __init__(self, runner, engine: str, inputs: dict, note: str = "", compiled=None):
+        self.runner, self.engine, self.inputs, self.note = runner, engine, inputs, note
+        self.compiled = compiled
+
+    def run(self, inputs):
+        return self.runner.run(inputs)
+
+
+def open_program(program: str | os.PathLike, params: str | os.PathLike | None = None,
+                 save_library: bool = True) -> Program:
+    """``program`` (text IR, with ``params`` or the .npz beside it; or .onnx) ready to run:
+    from its library where one is saved (Numba never imported), else on the executor,
+    its library saved for the next process (``save_library``)."""
+    program = Path(program)
+    files = [program]
+    if params is not None:
+        files.append(Path(params))
+    elif program.suffix != ".onnx":     # (the weights beside it, ``ir.loader``'s rule)
+        files += [f for f in (program.with_suffix(".npz"),
+                              backup_path(program.with_suffix(".npz"))) if f.exists()]
+    digest = key(files) if enabled() and all(f.is_file() for f in files) else None
+    found = lookup(digest) if digest else None
+    if isinstance(found, Library):
+        return Program(found, "library", found.inputs)
+    from ..api import load
+    model = load(program, params)
+    executor = model.executor()
+    inputs = {name: t for name, (_, t) in executor.inputs.items()}
+    note = found if isinstance(found, str) else ""
+    if digest and found is None and save_library:
+        saved = save(executor, digest, model.aliases)
+        if isinstance(saved, Library):
+            return Program(saved, "library", inputs, compiled=executor.compiled)
+        note = saved
+    if not enabled():
+        note = "libraries are off (EQQUANT_DEPLOY=0, or not on Linux)"
+    return Program(_Named(model, executor), "executor", inputs, note, executor.compiled)
+
+
+class _Named:
+    """The executor, taking inputs by the names the model's file gave them."""
+
+    def __init__(self, model, executor):
+        self.model, self.executor = model, executor
+
+    def run(self, inputs):
+        return self.executor.run(self.model.named(inputs))

@@ -1,0 +1,297 @@
+"""Programs saved ahead of time (``eqquant.deploy``): the executor's launches linked into one
+library, run without Numba. The library gives the executor's bits (int8 on every kernel
+path this CPU has, fp32, depthwise), a new process runs it without importing Numba, the
+cache saves it once and finds it again by content, and what cannot be saved is refused with
+its reason and runs on the executor."""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import eqquant
+from conftest import cli_exit
+from eqquant.deploy import cache
+from eqquant.deploy.build import NotDeployable, build
+from eqquant.deploy.loader import Library
+from eqquant.ir.loader import save_program
+from eqquant.quant.flow import compile_layouts, quantize
+from eqquant.runtime.executor import Executor
+from eqquant.zoo import build as zoo_build
+from kernel_paths import forced_int8_path, int8_paths
+
+pytest.importorskip("onnx", reason="the onnx extra is not installed")
+from onnx_models import mobilenet_block  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _programs(model, shape, seed=0):
+    """(int8, fp32) of a model as the product runs them: per-channel minmax, uint8
+    activations, layouts chosen for the kernels."""
+    rng = np.random.default_rng(seed)
+    samples = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
+    q = quantize(model.module, model.params, samples, "minmax", per_channel=True)
+    return q.runnable, compile_layouts(q.fp32).module
+
+
+@pytest.fixture(scope="module")
+def stem():
+    return _programs(eqquant.load(*_zoo("resnet18_stem")), (1, 3, 32, 32))
+
+
+@pytest.fixture(scope="module")
+def inverted_residual(tmp_path_factory):
+    import onnx
+    path = tmp_path_factory.mktemp("onnx") / "block.onnx"
+    onnx.save(mobilenet_block(c=16, t=4), str(path))
+    return _programs(eqquant.load(path), (1, 16, 16, 16), seed=1)
+
+
+def _zoo(name):
+    built = zoo_build(name, image_size=32)
+    return built.module, built.params
+
+
+def _input(ex, seed=3, scale=1.0):
+    rng = np.random.default_rng(seed)
+    return {name: (scale * rng.standard_normal(t.shape)).astype(t.dtype)
+            for name, (_, t) in ex.inputs.items()}
+
+
+def _same_bits(ex, folder, scale=1.0):
+    build(ex, folder)
+    library = Library(folder)
+    for seed in (3, 4):
+        x = _input(ex, seed, scale)
+        want, got = ex.run(x), library.run(x)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    return library
+
+
+def test_an_int8_program_gives_the_executors_bits_on_every_kernel_path(stem, tmp_path):
+    int8, _ = stem
+    refused = {}
+    for path in int8_paths():
+        with forced_int8_path(path):
+            ex = Executor(int8)
+            try:
+                library = _same_bits(ex, tmp_path / path)
+            except NotDeployable as e:
+                refused[path] = str(e)
+                continue
+            assert library.plan["launches"] and library.plan["functions"]
+    # the AVX2 byte driver and the portable convolution are Numba functions of their own
+    # (not launches of C entries): refused, and why; the SIMD paths are saved
+    assert set(refused) <= {"avx2", "portable"}, refused
+    assert set(int8_paths()) - set(refused), "no path of this CPU was saved"
+    assert all("Numba function of its own" in why for why in refused.values())
+
+
+def test_fp32_and_depthwise_programs_give_the_executors_bits(stem, inverted_residual,
+                                                              tmp_path):
+    for j, program in enumerate([stem[1], *inverted_residual]):
+        ex = Executor(program)
+        _same_bits(ex, tmp_path / f"p{j}")
+        # far outside any calibrated range too: saturating, the same integers
+        _same_bits(ex, tmp_path / f"q{j}", scale=50.0)
+
+
+def test_a_new_process_runs_the_library_without_numba(stem, tmp_path):
+    ex = Executor(stem[0])
+    build(ex, tmp_path / "lib")
+    x = _input(ex)
+    np.savez(tmp_path / "x.npz", **x)
+    np.save(tmp_path / "want.npy", ex.run(x))
+    script = (
+        "import sys, numpy as np\n"
+        "from eqquant.deploy.loader import Library\n"
+        f"lib = Library({str(tmp_path / 'lib')!r})\n"
+        f"y = lib.run(dict(np.load({str(tmp_path / 'x.npz')!r})))\n"
+        f"assert np.array_equal(y, np.load({str(tmp_path / 'want.npy')!r}))\n"
+        "assert 'numba' not in sys.modules and 'llvmlite' not in sys.modules\n"
+        "assert 'lark' not in sys.modules\n"
+        "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_the_plan_names_every_address_it_patches(stem, tmp_path):
+    ex = Executor(stem[0])
+    build(ex, tmp_path / "lib")
+    plan = json.loads((tmp_path / "lib" / "plan.json").read_text())
+    kinds = {ref[1] for launch in plan["launches"] for ref in launch["refs"]}
+    assert "root" in kinds
+    for launch in plan["launches"]:
+        for at, *_ in launch["refs"]:
+            assert launch["words"][at] == 0       # (patched at load, nothing kept)
+    stored = [r for r in plan["roots"] if r["at"] is not None]
+    assert all(r["at"] % 64 == r["phase"] for r in stored)
+    # the weights are stored; activations and inputs are made empty at load
+    assert any(r["at"] is None for r in plan["roots"]) and stored
+
+
+def test_a_program_with_a_step_no_kernel_runs_is_refused_with_the_reason(tmp_path):
+    text = """def @main(%x: Tensor[(1, 8), float32]) {
+  tanh(%x)
+}
+"""
+    mod = eqquant.parse(text)
+    ex = Executor(mod)
+    assert any(st.kind == "reference" for st in ex.steps)
+    with pytest.raises(NotDeployable, match="step 0 .*tanh.*reference"):
+        build(ex, tmp_path / "lib")
+    assert not (tmp_path / "lib").exists() and not list(tmp_path.iterdir())
+
+
+def test_the_cache_saves_once_and_finds_the_library_by_content(stem, tmp_path, monkeypatch):
+    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    path, _ = save_program(tmp_path / "stem.int8.ir", stem[0])
+    first = cache.open_program(path)
+    assert first.engine == "library" and first.note == ""
+    saved = list((tmp_path / "cache" / "programs").iterdir())
+    assert len(saved) == 1
+    x = _input(Executor(stem[0]))
+    want = Executor(stem[0]).run(x)
+    np.testing.assert_array_equal(first.run(x), want)
+    # a new process finds it: no executor, no Numba, no parser
+    script = (
+        "import sys, numpy as np\n"
+        "from eqquant.deploy.cache import open_program\n"
+        f"p = open_program({str(path)!r})\n"
+        f"y = p.run(dict(np.load({str(tmp_path / 'x.npz')!r})))\n"
+        f"assert np.array_equal(y, np.load({str(tmp_path / 'want.npy')!r}))\n"
+        "assert p.engine == 'library' and 'numba' not in sys.modules\n"
+        "assert 'lark' not in sys.modules\n"
+        "print('ok')\n")
+    np.savez(tmp_path / "x.npz", **x)
+    np.save(tmp_path / "want.npy", want)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    # other weights (same names and shapes): another key, another library
+    npz = path.with_suffix(".npz")
+    params = dict(np.load(npz))
+    name = next(n for n, v in params.items() if v.dtype == np.int8)
+    params[name] = -params[name]
+    np.savez(npz, **params)
+    assert cache.key([path, npz]) not in {p.name for p in saved}
+
+
+def test_a_refused_program_runs_on_the_executor_and_is_not_tried_again(tmp_path,
+                                                                       monkeypatch):
+    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "t.ir"
+    path.write_text("def @main(%x: Tensor[(1, 8), float32]) {\n  tanh(%x)\n}\n")
+    first = cache.open_program(path)
+    assert first.engine == "executor" and "tanh" in first.note
+    notes = list((tmp_path / "cache" / "programs").glob("*.refused"))
+    assert len(notes) == 1
+    again = cache.open_program(path)
+    assert again.engine == "executor" and again.note == first.note
+    x = np.linspace(-2, 2, 8, dtype=np.float32).reshape(1, 8)
+    want = Executor(eqquant.parse(path.read_text())).run({"x": x})
+    np.testing.assert_array_equal(again.run({"x": x}), want)
+
+
+def test_a_library_whose_output_differs_is_dropped(stem, tmp_path, monkeypatch):
+    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    ex = Executor(stem[0])
+    real = Library.run
+
+    def off_by_one_ulp(self, inputs):               # a library that is wrong, slightly
+        out = real(self, inputs)
+        return np.nextafter(out, np.inf) if out.dtype.kind == "f" else out + 1
+    monkeypatch.setattr(Library, "run", off_by_one_ulp)
+    got = cache.save(ex, "k" * 32)
+    assert isinstance(got, str) and "differed" in got
+    assert not (tmp_path / "cache" / "programs" / ("k" * 32)).exists()
+    assert cache.lookup("k" * 32) == got            # noted: not tried again
+
+
+def test_compile_and_run_from_the_command_line(stem, tmp_path, capsys):
+    path, _ = save_program(tmp_path / "stem.ir", stem[0])
+    ex = Executor(stem[0])
+    x = _input(ex)
+    np.save(tmp_path / "x.npy", next(iter(x.values())))
+    assert cli_exit(["compile", str(path), "-o", str(tmp_path / "lib")]) == 0
+    assert "launches" in capsys.readouterr().out
+    out = tmp_path / "y.npy"
+    assert cli_exit(["run", str(tmp_path / "lib"), "-x", str(tmp_path / "x.npy"),
+                     "-o", str(out)]) == 0
+    np.testing.assert_array_equal(np.load(out), ex.run(x))
+    # a folder that is not a library: a clear error, exit 2
+    (tmp_path / "empty").mkdir()
+    assert cli_exit(["run", str(tmp_path / "empty"), "-x", str(tmp_path / "x.npy")]) == 2
+    assert "plan.json" in capsys.readouterr().err
+
+
+# -- library.c's share of Numba's runtime, against Numba's own ----------------------------
+
+@pytest.fixture(scope="module")
+def c_library(stem, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("lib") / "lib"
+    build(Executor(stem[0]), folder)
+    return ctypes.CDLL(str(folder / "program.so"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=4),
+       st.lists(st.integers(0, 3), min_size=1, max_size=4), st.integers(0, 3),
+       st.booleans(), st.sampled_from([1, 4, 8]))
+def test_the_no_copy_reshape_is_numbas(c_library, shape, order, cut, f_order, itemsize):
+    """Same verdict and strides as Numba's helper, on views (permuted, sliced) reshaped to
+    every factorisation of the same size."""
+    from numba import _helperlib
+    signature = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    theirs = ctypes.CFUNCTYPE(ctypes.c_int, *signature)(
+        _helperlib.c_helpers["attempt_nocopy_reshape"])
+    ours = c_library.numba_attempt_nocopy_reshape
+    ours.argtypes = signature
+    ours.restype = ctypes.c_int
+    a = np.zeros(shape, dtype=f"u{itemsize}")
+    axes = sorted(range(a.ndim), key=lambda i: order[i % len(order)])
+    v = a.transpose(axes)
+    if cut and v.shape[0] > 1:
+        v = v[::2]
+    dims = np.array(v.shape, np.int64)
+    strides = np.array(v.strides, np.int64)
+    size = int(np.prod(v.shape))
+    if f_order and size == 1:
+        return      # (Numba's reads newdims[-1] there: undefined; ours gives the item size)
+    for new in ([size], [1, size], [size, 1], *_splits(size)):
+        new = np.array(new, np.int64)
+        out_a, out_b = np.zeros(len(new), np.int64), np.zeros(len(new), np.int64)
+        args = (v.ndim, dims.ctypes.data, strides.ctypes.data, len(new), new.ctypes.data)
+        got = ours(*args, out_a.ctypes.data, itemsize, int(f_order))
+        want = theirs(*args, out_b.ctypes.data, itemsize, int(f_order))
+        assert got == want
+        if got:
+            np.testing.assert_array_equal(out_a, out_b)
+
+
+def _splits(n):
+    return [[d, n // d] for d in range(2, n) if n % d == 0][:4]
+
+
+def test_an_allocation_inside_a_kernel_is_aligned_and_freed(c_library):
+    alloc = c_library.NRT_MemInfo_alloc_aligned
+    alloc.restype, alloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_uint]
+    dtor = c_library.NRT_MemInfo_call_dtor
+    dtor.argtypes = [ctypes.c_void_p]
+    for size, align in [(1, 1), (100, 32), (4096, 64), (0, 16)]:
+        mi = alloc(size, align)
+        refct, _, _, data, got_size, _ = (ctypes.c_size_t * 6).from_address(mi)
+        assert refct == 1 and got_size == size and data % align == 0 and data >= mi + 48
+        ctypes.memset(data, 0xAB, size)          # (writable: the whole size)
+        dtor(mi)
