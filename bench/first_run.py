@@ -1,30 +1,36 @@
-"""The first inference in a fresh process: with Numba's kernel cache warm, and the first ever
-(the cache empty), and where the time goes.
+"""The first inference in a fresh process: with eqquant's caches warm, and the first ever
+(the caches empty), and where the time goes.
 
     python bench/first_run.py [--models resnet18] [--warm 5] [--no-cold]
 
 For each model, int8 and fp32 (prepared as ``bench/peers.py`` prepares them: the zoo's model,
-per-channel minmax int8, layouts chosen for the kernels), a new Python process loads the
-program and runs it once, as a user's first ``eqquant run`` would, and reports its stages:
+per-channel minmax int8, layouts chosen for the kernels), a new Python process opens the
+program and runs it once, as a user's ``eqquant run`` does (``deploy.cache.open_program``),
+and reports its stages:
 
-- imports: numpy and eqquant's loader and executor (Numba among them);
-- read: the text IR and its .npz parsed and bound;
-- executor: every step bound to its kernel (the kernels loaded from Numba's cache, or
-  compiled with an empty one, shared with a helper process, ``runtime/compiling.py``;
-  weights packed);
-- first run: the program's first inference (kernels used only at run time load then);
+- imports: numpy and eqquant's program cache (with the caches empty, Numba and the executor
+  are imported by the next stage);
+- read: the input's .npz;
+- open: with the program's library saved (``eqquant.deploy``), finding it (a digest of the
+  program's files) and loading it, without Numba; else the text IR parsed, the executor
+  made (the kernels loaded from Numba's cache, or compiled with an empty one, shared with
+  helper processes, ``runtime/compiling.py``; weights packed) and the library saved (linked
+  and checked against the executor);
+- first run: the program's first inference;
 - to result: from the process's start (Python's own start-up included) to its result;
-- process: the whole process, its exit included (Numba's and OpenMP's teardown).
+- process: the whole process, its exit included.
 
 Python's bytecode of eqquant is compiled first (``compileall``), as installing a package
 compiles it: where ``PYTHONDONTWRITEBYTECODE`` is set (as on some build hosts), each process
-would otherwise compile eqquant's source again (0.07 s). Cache empty:
-``NUMBA_CACHE_DIR`` a new empty folder, once per program (every kernel the program uses is
-compiled), and once more with ``EQQUANT_COMPILE_JOBS=1`` (this process alone compiling).
-Cache warm: ``--warm`` processes on the folder the cold one filled (medians and ranges).
-ONNX Runtime's first inference on the same program's ONNX form
-(a new process: import, session, first run) is measured beside it for scale. Each process
-runs with 2 threads. The CPU model and eqquant's kernel paths are printed first.
+would otherwise compile eqquant's source again (0.07 s). Caches empty: ``NUMBA_CACHE_DIR``
+and ``EQQUANT_CACHE_DIR`` a new empty folder, once per program (every kernel the program
+uses is compiled, its library saved), and once more with ``EQQUANT_COMPILE_JOBS=1`` (this
+process alone compiling). Caches warm: ``--warm`` processes on the folder the cold one
+filled (medians and ranges), with the library, and with libraries off
+(``EQQUANT_DEPLOY=0``: the executor, its kernels loaded from Numba's cache). ONNX Runtime's
+first inference on the same program's ONNX form (a new process: import, session, first run)
+is measured beside it for scale. Each process runs with 2 threads. The CPU model and
+eqquant's kernel paths are printed first.
 """
 from __future__ import annotations
 
@@ -57,23 +63,20 @@ def child(program: str, inputs: str) -> None:
         sess = ort_session(program, threads=int(THREADS), spinning=True)
         t3 = time.perf_counter()
         sess.run(None, {sess.get_inputs()[0].name: x})
-        compiled = None
+        compiled, engine = None, "onnxruntime"
     else:
-        from eqquant.ir.loader import load_program
-        from eqquant.ir.params import bind_params
-        from eqquant.runtime.executor import Executor
+        from eqquant.deploy.cache import open_program       # (as `eqquant run` does)
         t1 = time.perf_counter()
-        mod, params = load_program(program)
-        bound = bind_params(mod, params) if params else mod
         x = dict(np.load(inputs))
         t2 = time.perf_counter()
-        ex = Executor(bound)
+        program = open_program(program)
         t3 = time.perf_counter()
-        ex.run(x)
-        compiled = ex.compiled        # (what binding compiled: units, by the helper)
+        program.run(x)
+        compiled = program.compiled    # (where the executor was made: what it compiled)
+        engine = program.engine
     t4 = time.perf_counter()
-    print(json.dumps({"imports": t1 - t0, "read": t2 - t1, "executor": t3 - t2,
-                      "first run": t4 - t3, "done at": time.time(),
+    print(json.dumps({"imports": t1 - t0, "read": t2 - t1, "open": t3 - t2,
+                      "first run": t4 - t3, "done at": time.time(), "engine": engine,
                       "compiled": [compiled.units, compiled.by_helpers] if compiled else None}))
 
 
@@ -92,7 +95,7 @@ def measure(program: Path, inputs: Path, cache: Path, **more: str) -> dict[str, 
     return {**stages, "to result": stages.pop("done at") - started, "process": whole}
 
 
-STAGES = ("imports", "read", "executor", "first run", "to result", "process")
+STAGES = ("imports", "read", "open", "first run", "to result", "process")
 
 
 def summary(runs: list[dict[str, float]]) -> str:
@@ -102,6 +105,8 @@ def summary(runs: list[dict[str, float]]) -> str:
             return f"{key} {v[0]:.2f}"
         return f"{key} {statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
     text = ", ".join(one(k) for k in STAGES) + " s"
+    engines = sorted({r["engine"] for r in runs})
+    text += f" [{', '.join(engines)}]"
     compiled = runs[0].get("compiled")
     if len(runs) == 1 and compiled and compiled[0]:
         text += (f"; {compiled[0]} C functions compiled, {compiled[1]} of them by helper "
@@ -147,7 +152,13 @@ def main() -> None:
                     print(f"{name} {precision}, cache empty, compiled by this process "
                           f"alone (EQQUANT_COMPILE_JOBS=1): {summary([one])}", flush=True)
                 warm = [measure(program, files["inputs"], cache) for _ in range(args.warm)]
-                print(f"{name} {precision}, cache warm: {summary(warm)}", flush=True)
+                print(f"{name} {precision}, cache warm (the saved library): "
+                      f"{summary(warm)}", flush=True)
+                numba = [measure(program, files["inputs"], cache, EQQUANT_DEPLOY="0")
+                         for _ in range(args.warm)]
+                print(f"{name} {precision}, cache warm, libraries off (EQQUANT_DEPLOY=0: "
+                      f"the executor, its kernels from Numba's cache): {summary(numba)}",
+                      flush=True)
                 ort = [measure(files[f"ORT {precision}"], files["inputs"], cache)
                        for _ in range(args.warm)]
                 print(f"{name} {precision}, ONNX Runtime (import, session, first run): "

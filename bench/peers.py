@@ -19,6 +19,11 @@ int16 with saturation (``vpmaddubsw``), so their sums are not exact (``ort_exact
 shows by how much), while eqquant's kernels are bit-exact. There ONNX Runtime also runs
 with ``session.x64quantprecision`` set ("ORT int8 exact", its own exact mode), and the
 ratio eqquant / ORT-exact compares like with like.
+
+eqquant runs each program as ``eqquant run`` does: on its library saved ahead of time
+(``eqquant.deploy``, made by the worker's first start), or on the Numba executor where the
+library cannot hold it; which one is printed per model. ``EQQUANT_DEPLOY=0`` measures the
+executor.
 """
 from __future__ import annotations
 
@@ -53,6 +58,7 @@ def worker(system: str, model: str, inputs: str) -> None:
     import warnings
     warnings.filterwarnings("ignore")     # (PyTorch's deprecation notes on its quantized ops)
     x = dict(np.load(inputs))
+    engine = system.split()[0]
     if system.startswith("PyTorch"):
         import torch
         torch.set_num_threads(int(THREADS))
@@ -66,12 +72,13 @@ def worker(system: str, model: str, inputs: str) -> None:
             with torch.inference_mode():
                 return net(value)
     elif system.startswith("eqquant"):
-        from eqquant.ir.loader import load_program
-        from eqquant.ir.params import bind_params
-        from eqquant.runtime.executor import Executor
-        mod, params = load_program(model)
-        ex = Executor(bind_params(mod, params) if params else mod)
-        run = lambda: ex.run(x)  # noqa: E731
+        # as `eqquant run` runs it: the program's library (saved at its first run, run
+        # without Numba), or the executor where the library cannot hold the program (or
+        # EQQUANT_DEPLOY=0)
+        from eqquant.deploy.cache import open_program
+        program = open_program(model)
+        engine = program.engine
+        run = lambda: program.run(x)  # noqa: E731
     else:
         sys.path.insert(0, str(Path(__file__).parent))
         from _common import ort_session
@@ -82,7 +89,7 @@ def worker(system: str, model: str, inputs: str) -> None:
         value = next(iter(x.values()))
         run = lambda: sess.run(None, {name: value})  # noqa: E731
     run()
-    print(json.dumps("ready"), flush=True)
+    print(json.dumps(["ready", engine]), flush=True)
     for line in sys.stdin:
         n = int(line.split()[1])
         run()       # wakes this system's threads, untimed
@@ -100,9 +107,10 @@ class Worker:
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--worker", system, str(model), str(inputs)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV)
-        ready = self.proc.stdout.readline()
-        if json.loads(ready or "null") != "ready":
+        ready = json.loads(self.proc.stdout.readline() or "null")
+        if not (isinstance(ready, list) and ready[0] == "ready"):
             raise RuntimeError(f"{system} did not start")
+        self.engine = ready[1]
 
     def run(self, n: int) -> list[float]:
         self.proc.stdin.write(f"run {n}\n")
@@ -182,6 +190,9 @@ def main() -> None:
         for name in args.models:
             files = prepare(name, args.calib, Path(tmp))
             workers = {s: Worker(s, files[s], files["inputs"]) for s in systems}
+            print(f"{name}: eqquant runs on its " + ", ".join(
+                f"{w.engine} ({s.split()[1]})" for s, w in workers.items()
+                if s.startswith("eqquant")), flush=True)
             times: dict[str, list[float]] = {s: [] for s in systems}
             for _ in range(args.rounds):
                 for s, w in workers.items():         # rounds alternate between the systems

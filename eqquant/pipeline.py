@@ -105,9 +105,29 @@ def demo(model: str, out_dir: str | Path, echo: Callable[[str], None] = print) -
     echo(f"  int8 kernels ({int8_path()}) equal the int8 reference bit for bit; warm run "
          f"{warm8:.2f} ms int8 vs {warm32:.2f} ms fp32 (medians of 5; a shared machine)")
     echo(f"  wrote {q_paths[0]} and its realize view")
+    _library(q, inputs, q_out, Path(out_dir) / f"{model}.int8.eqq", stage, echo)
     _exports(q, inputs, q_out, Path(out_dir) / model, echo)
     return {"module": mod, "optimized": result, "output": out, "paths": paths,
             "int8": q, "sqnr": q.report().output["sqnr"]}
+
+
+def _library(q, inputs, q_out, folder: Path, stage, echo) -> None:
+    """The int8 program compiled ahead of time (``eqquant.deploy``): its kernels linked into
+    one library, loaded and run without Numba, bit for bit the executor's."""
+    from .deploy.build import NotDeployable, build as build_library
+    from .deploy.loader import Library
+    try:
+        stage("compile the int8 program ahead of time", build_library, q.executor(), folder)
+    except NotDeployable as e:
+        echo(f"  no library: {e}")
+        return
+    library = stage("load its library (no Numba)", Library, folder)
+    out = stage("run the library (first)", library.run, inputs)
+    if not np.array_equal(out, q_out):
+        raise EqquantError("internal: the library's output differs from the executor's")
+    warm = _median_ms(lambda: library.run(inputs))
+    echo(f"  wrote {folder}/: {len(library.plan['launches'])} launches, the executor's bits; "
+         f"warm run {warm:.2f} ms (`eqquant run {folder} -x ...` runs it)")
 
 
 def _median_ms(fn, runs: int = 5) -> float:

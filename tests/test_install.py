@@ -1,4 +1,5 @@
-"""A non-editable install carries grammar/ and rules/ and works from another directory."""
+"""A non-editable install carries grammar/, rules/ and the deploy library's C source, and works
+from another directory."""
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ def test_wheel_install_runs_fmt_elsewhere(tmp_path):
     assert r.returncode == 0, r.stderr
     assert (target / "eqquant" / "_data" / "grammar" / "ir.lark").is_file()
     assert (target / "eqquant" / "_data" / "rules").is_dir()
+    assert (target / "eqquant" / "deploy" / "library.c").is_file()   # (eqquant compile's)
     work = tmp_path / "elsewhere"
     work.mkdir()
     (work / "m.ir").write_text("def @main(%x: Tensor[(2), float32]) { nn.relu(%x) }")

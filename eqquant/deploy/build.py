@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -34,7 +35,7 @@ import numpy as np
 
 from ..core.types import TensorType
 from ..errors import EqquantError
-from ..runtime import amx, compiling, launch, llvm_loops, memory
+from ..runtime import compiling, launch, llvm_loops, memory
 from ..runtime.bindings import threads as pool_threads
 
 FORMAT = 1
@@ -106,7 +107,8 @@ class _Roots:
     def __init__(self):
         self.arrays: list[np.ndarray] = []
         self.index: dict[int, int] = {}
-        self.fresh: set[int] = set()
+        self.fresh: set[int] = set()        # made empty by the loader
+        self.state: set[int] = set()        # stored, and written by a run
 
     def place(self, a: np.ndarray, where: str) -> tuple[int, int]:
         """(root index, byte offset) of ``a``'s data."""
@@ -187,11 +189,23 @@ def _plan(executor) -> tuple[dict, _Roots, list]:
             launches.append({"step": i, "op": st.label, "function": function(entry),
                              "count": count, "words": words, "refs": refs})
 
+    # the slots the functions use (named in their blocks, or read by their code), and the
+    # C functions that fill them, until none is new: only those go into the library (a
+    # process may have loaded other paths' GEMMs)
+    used: dict[str, int | None] = {name: None for name in slots}
+    done = 0
+    while done < len(functions):
+        for name in _slots_read(functions[done]):
+            used.setdefault(name, None)
+        done += 1
+        for name in list(used):
+            if used[name] is None and name in llvm_loops.FILLED:
+                source, index = llvm_loops.FILLED[name]
+                used[name] = (function(source), index)
     slot_sources = []
-    for name in sorted(llvm_loops._SLOTS):      # every slot a kernel's code may name
-        source, index = llvm_loops.FILLED.get(name, (None, None))
-        slot_sources.append({"name": name, "index": index,
-                             "function": None if source is None else function(source)})
+    for name in sorted(llvm_loops._SLOTS):      # (every cell defined: a module may name it)
+        source, index = used.get(name) or (None, None)
+        slot_sources.append({"name": name, "function": source, "index": index})
 
     def value_of(array, what):
         r, offset = roots.place(array, what)
@@ -201,10 +215,11 @@ def _plan(executor) -> tuple[dict, _Roots, list]:
     if out_step is None or bound[out_step] is None or \
             not isinstance(bound[out_step][1], np.ndarray):
         raise NotDeployable("the program's output is not an array a step computes")
+    roots.state = _written(roots, bound, inputs)
     plan = {
         "format": FORMAT,
         "threads": pool_threads(),
-        "tiles": amx.available(),       # (the kernels may use AMX: ask Linux at load)
+        "tiles": _tiles(),             # (the kernels may use AMX: ask Linux at load)
         "inputs": [{"name": name, **value_of(inputs[slot], f"input %{name}")}
                    for name, (slot, _) in executor.inputs.items()],
         "output": value_of(bound[out_step][1], "the output"),
@@ -215,9 +230,42 @@ def _plan(executor) -> tuple[dict, _Roots, list]:
     return plan, roots, functions
 
 
+def _written(roots: _Roots, bound: list, inputs: dict) -> set[int]:
+    """The stored roots a run writes (scratch, work counters): their bytes compared before
+    and after one run of the bound steps, on zero inputs. (They are left as that run left
+    them, as a run leaves them for the next.)"""
+    for a in inputs.values():
+        a[...] = 0
+    before = {r: np.array(_bytes(a)) for r, a in enumerate(roots.arrays)
+              if r not in roots.fresh}
+    for prepared in bound:
+        if prepared is not None:
+            prepared[0]()
+    return {r for r, b in before.items() if not np.array_equal(b, _bytes(roots.arrays[r]))}
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def _tiles() -> bool:
+    """Whether this process's kernels may use the AMX tiles: only where their module was
+    imported (importing it here would compile its GEMMs) and Linux granted them."""
+    amx = sys.modules.get("eqquant.runtime.amx")
+    return amx is not None and amx.available()
+
+
+def _slots_read(c) -> list[str]:
+    """The slots the code of ``c`` (a CFunc) reads (``llvm_loops.call_slot``'s globals)."""
+    module = c._library._get_module_for_linking()     # (Numba's; eqquant pins its version)
+    prefix = "eqquant_slot."
+    return [g.name[len(prefix):] for g in module.global_variables
+            if g.name.startswith(prefix)]
+
+
 def _write_data(roots: _Roots, plan: dict, path: Path) -> None:
     """The roots' bytes, each at an offset with its address's remainder modulo PHASE (the
-    empty ones: their size and remainder only)."""
+    empty ones: their size and remainder only), and whether a run writes them."""
     entries = []
     with open(path, "wb") as f:
         at = 0
@@ -228,8 +276,9 @@ def _write_data(roots: _Roots, plan: dict, path: Path) -> None:
                 continue
             at += (phase - at) % PHASE
             f.seek(at)
-            f.write(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
-            entries.append({"bytes": a.nbytes, "phase": phase, "at": at})
+            f.write(_bytes(a).data)
+            entries.append({"bytes": a.nbytes, "phase": phase, "at": at,
+                            "state": r in roots.state})
             at += a.nbytes
     plan["roots"] = entries
 
