@@ -57,14 +57,15 @@ def build(executor, folder: str | os.PathLike, key: str = "",
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None:
         raise NotDeployable("no C compiler (cc) to link the library with")
-    plan, roots, functions = _plan(executor)
+    plan, roots, functions, bound, inputs = _plan(executor)
     plan["key"] = key
     plan["aliases"] = dict(aliases or {})
     folder.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
     try:
+        _link(functions, plan, work, cc)     # (first: before a run launches Numba's pool,
+        roots.state = _written(roots, bound, inputs)   # so that its helpers may fork)
         _write_data(roots, plan, work / "data.bin")
-        _link(functions, plan, work, cc)
         (work / "plan.json").write_text(json.dumps(plan))
         if folder.exists():
             old = folder.with_name(folder.name + f".old{os.getpid()}")
@@ -127,7 +128,9 @@ class _Roots:
         return r, a.ctypes.data - base
 
 
-def _plan(executor) -> tuple[dict, _Roots, list]:
+def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
+    """The plan (launches, slots, inputs, output; roots filled in by ``_write_data``), the
+    roots, the C functions, the steps bound, the inputs' arrays."""
     roots = _Roots()
     inputs = {}
     for name, (slot, t) in executor.inputs.items():
@@ -215,7 +218,6 @@ def _plan(executor) -> tuple[dict, _Roots, list]:
     if out_step is None or bound[out_step] is None or \
             not isinstance(bound[out_step][1], np.ndarray):
         raise NotDeployable("the program's output is not an array a step computes")
-    roots.state = _written(roots, bound, inputs)
     plan = {
         "format": FORMAT,
         "threads": pool_threads(),
@@ -227,7 +229,7 @@ def _plan(executor) -> tuple[dict, _Roots, list]:
         "slots": slot_sources,
         "functions": [c._wrapper_name for c in functions],
     }
-    return plan, roots, functions
+    return plan, roots, functions, bound, inputs
 
 
 def _written(roots: _Roots, bound: list, inputs: dict) -> set[int]:
@@ -287,74 +289,50 @@ def _write_data(roots: _Roots, plan: dict, path: Path) -> None:
 
 def _link(functions: list, plan: dict, work: Path, cc: str) -> None:
     """program.so: each C function's module (as Numba optimised it) compiled to
-    position-independent code, the slots' cells, ``library.c``."""
-    items = []
-    for j, c in enumerate(functions):
-        library = c._library                     # (Numba's; eqquant pins its version)
-        items.append((j, c._wrapper_name, library._get_module_for_linking().as_bitcode()))
-    codegen = functions[0]._library.codegen if functions else None
-    machine = (codegen._get_host_cpu_name(), codegen._get_host_cpu_features()) \
-        if codegen else ("", "")
-    _emit_shared(items, machine, work)
-    objects = [str(work / f"f{j}.o") for j, _, _ in items]
+    position-independent code, the slots' cells, ``library.c`` (compiled by ``cc`` beside
+    LLVM's code generation, which is most of a library's making: 0.48 s of resnet18
+    int8's 0.6, one module after another, as llvmlite holds one lock for all threads and
+    a process whose Numba pool runs may not fork)."""
     cells = work / "slots.c"
     cells.write_text("".join(
         f'void *eqq_slot_{j} __asm__("eqquant_slot.{s["name"]}") = 0;\n'
         for j, s in enumerate(plan["slots"])) or "int eqq_no_slots;\n")
-    command = [cc, "-shared", "-fPIC", "-O2", "-fopenmp", "-Wl,-Bsymbolic", "-o",
-               str(work / "program.so"), str(_C_SOURCE), str(cells), *objects]
-    done = subprocess.run(command, capture_output=True, text=True)
+    c_side = subprocess.Popen([cc, "-c", "-fPIC", "-O2", "-fopenmp", str(_C_SOURCE),
+                               str(cells)], cwd=work, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        objects = [_emit(j, c, work) for j, c in enumerate(functions)]
+    finally:
+        said = c_side.communicate()[0]
+    if c_side.returncode != 0:
+        raise NotDeployable("compiling library.c failed: " + said.strip()[-2000:])
+    done = subprocess.run([cc, "-shared", "-fopenmp", "-Wl,-Bsymbolic", "-o",
+                           str(work / "program.so"), str(work / "library.o"),
+                           str(work / "slots.o"), *objects], capture_output=True, text=True)
     if done.returncode != 0:
         raise NotDeployable("linking the library failed: " + done.stderr.strip()[-2000:])
-    for path in objects:
+    for path in [*objects, work / "library.o", work / "slots.o", cells]:
         os.unlink(path)
-    cells.unlink()
 
 
-def _emit(items: list, machine: tuple, work: Path) -> None:
-    """Each (j, entry's name, module's bitcode) compiled to ``f{j}.o``, its entry exported,
-    as Numba's codegen would for this CPU (``machine``: its name and features; the same
-    optimisation level), as position-independent code."""
+_MACHINES: dict = {}
+
+
+def _emit(j: int, c, work: Path) -> Path:
+    """The C function ``c``'s module compiled to ``f{j}.o``, its entry exported, as Numba's
+    codegen compiles for this CPU (its name and features, the same optimisation level),
+    as position-independent code."""
     import llvmlite.binding as ll
-    target = ll.Target.from_triple(ll.get_process_triple())
-    tm = target.create_target_machine(cpu=machine[0], features=machine[1], opt=3,
-                                      reloc="pic", codemodel="default")
-    for j, name, bitcode in items:
-        module = ll.parse_bitcode(bitcode)
-        module.get_function(name).linkage = ll.Linkage.external
-        part = work / f"f{j}.o.part"           # (whole or not at all: a helper may die)
-        part.write_bytes(tm.emit_object(module))
-        part.replace(work / f"f{j}.o")
-
-
-def _emit_shared(items: list, machine: tuple, work: Path) -> None:
-    """``_emit`` on several processes where ``compiling`` may fork helpers (its jobs; the
-    largest modules first, each to the least loaded): LLVM's code generation is most of a
-    library's making (0.46 s of resnet18 int8's 0.59), and llvmlite holds one lock for all
-    threads. What a helper failed to write is compiled here."""
-    n = min(compiling.jobs(), len(items)) if compiling.can_fork() else 1
-    shares: list[list] = [[] for _ in range(max(n, 1))]
-    loads = [0] * len(shares)
-    for item in sorted(items, key=lambda it: -len(it[2])):
-        k = loads.index(min(loads))
-        shares[k].append(item)
-        loads[k] += len(item[2])
-    pids = []
-    for share in shares[1:]:
-        try:
-            pid = os.fork()
-        except OSError:
-            shares[0] += share
-            continue
-        if pid == 0:
-            code = 1
-            try:
-                _emit(share, machine, work)
-                code = 0
-            finally:
-                os._exit(code)
-        pids.append(pid)
-    _emit(shares[0], machine, work)
-    for pid in pids:
-        os.waitpid(pid, 0)
-    _emit([it for it in items if not (work / f"f{it[0]}.o").exists()], machine, work)
+    library = c._library                         # (Numba's; eqquant pins its version)
+    codegen = library.codegen
+    machine = (codegen._get_host_cpu_name(), codegen._get_host_cpu_features())
+    tm = _MACHINES.get(machine)
+    if tm is None:
+        target = ll.Target.from_triple(ll.get_process_triple())
+        tm = _MACHINES[machine] = target.create_target_machine(
+            cpu=machine[0], features=machine[1], opt=3, reloc="pic", codemodel="default")
+    module = ll.parse_bitcode(library._get_module_for_linking().as_bitcode())
+    module.get_function(c._wrapper_name).linkage = ll.Linkage.external
+    path = work / f"f{j}.o"
+    path.write_bytes(tm.emit_object(module))
+    return path
