@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +20,14 @@ from hypothesis import given, settings, strategies as st
 import eqquant
 from conftest import cli_exit
 from eqquant.deploy import cache
-from eqquant.deploy.build import NotDeployable, build
+from eqquant.deploy.build import NotDeployable, build, keep_object
 from eqquant.deploy.loader import Library
 from eqquant.ir.loader import save_program
 from eqquant.quant.flow import compile_layouts, quantize
+from eqquant.runtime import compiling
 from eqquant.runtime.executor import Executor
+from eqquant.runtime.launch import parallel, share
+from eqquant.runtime.serial import twin
 from eqquant.zoo import build as zoo_build
 from kernel_paths import forced_int8_path, int8_paths
 
@@ -233,6 +237,31 @@ def test_compile_and_run_from_the_command_line(stem, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert cli_exit(["run", str(tmp_path / "empty"), "-x", str(tmp_path / "x.npy")]) == 2
     assert "plan.json" in capsys.readouterr().err
+
+
+def _double(thread, threads, args):
+    x, out = args
+    for i in range(*share(x.size, thread, threads)):
+        out[i] = 2 * x[i]
+
+
+def test_what_compiles_while_objects_are_kept_is_compiled_for_the_library_too(
+        tmp_path, monkeypatch):
+    import eqquant.deploy.build as building
+    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    kernel = parallel(twin(_double, "_" + uuid.uuid4().hex[:12]))   # (no cache has it)
+    x, out = np.arange(8.0), np.zeros(8)
+    with building.keeping_objects():
+        kernel(x, out)
+    kept = list(building.objects_dir().glob("*.o"))
+    assert len(kept) == 1 and kept[0].stat().st_size > 0
+    entry = next(iter(kernel._entries.values()))
+
+    def no_code_generation(*args):
+        raise AssertionError("compiled again")
+    monkeypatch.setattr(building, "_object", no_code_generation)
+    assert building._emit(0, entry, tmp_path).read_bytes() == kept[0].read_bytes()
+    assert keep_object not in compiling.compiled_hooks      # (the block removed it)
 
 
 # -- library.c's share of Numba's runtime, against Numba's own ----------------------------

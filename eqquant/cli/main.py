@@ -498,11 +498,12 @@ def compile_cmd(model, params, out_dir):
     which `eqquant run OUT -x ...` runs without Numba (on this machine's CPU, with as many
     threads as now)."""
     from ..api import load
-    from ..deploy.build import build
+    from ..deploy.build import build, keeping_objects
     from ..deploy.cache import differs
     from ..deploy.loader import Library
     m = load(model, params)
-    ex = m.executor()
+    with keeping_objects():
+        ex = m.executor()
     build(ex, out_dir, aliases=m.aliases)
     library = Library(out_dir)
     reason = differs(ex, library)

@@ -23,18 +23,21 @@ driver's), a tuple output, an integer argument that looks like an address nothin
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from ..core.types import TensorType
 from ..errors import EqquantError
+from ..resources import cache_dir
 from ..runtime import compiling, launch, llvm_loops, memory
 from ..runtime.bindings import threads as pool_threads
 
@@ -289,10 +292,8 @@ def _write_data(roots: _Roots, plan: dict, path: Path) -> None:
 
 def _link(functions: list, plan: dict, work: Path, cc: str) -> None:
     """program.so: each C function's module (as Numba optimised it) compiled to
-    position-independent code, the slots' cells, ``library.c`` (compiled by ``cc`` beside
-    LLVM's code generation, which is most of a library's making: 0.48 s of resnet18
-    int8's 0.6, one module after another, as llvmlite holds one lock for all threads and
-    a process whose Numba pool runs may not fork)."""
+    position-independent code (``_emit``: kept by the first start's compiling, or
+    compiled now), the slots' cells, ``library.c`` (compiled by ``cc`` meanwhile)."""
     cells = work / "slots.c"
     cells.write_text("".join(
         f'void *eqq_slot_{j} __asm__("eqquant_slot.{s["name"]}") = 0;\n'
@@ -316,23 +317,110 @@ def _link(functions: list, plan: dict, work: Path, cc: str) -> None:
 
 
 _MACHINES: dict = {}
+OBJECTS_KEPT = 512          # objects in the cache, the newest (``prune_objects``)
 
 
 def _emit(j: int, c, work: Path) -> Path:
-    """The C function ``c``'s module compiled to ``f{j}.o``, its entry exported, as Numba's
-    codegen compiles for this CPU (its name and features, the same optimisation level),
-    as position-independent code."""
+    """The C function ``c``'s module compiled to ``f{j}.o`` (``_object``), from the object
+    cache where a first start's compiling put it (``keeping_objects``)."""
+    path = work / f"f{j}.o"
+    digest, module = _object_key(c)
+    kept = objects_dir() / f"{digest}.o"
+    try:
+        shutil.copyfile(kept, path)
+        return path
+    except OSError:
+        pass
+    code = _object(c, module)
+    path.write_bytes(code)
+    _keep(kept, code)
+    return path
+
+
+def _object_key(c) -> tuple[str, bytes]:
+    """(the digest an object of ``c`` is kept under, its module's bitcode). The digest is
+    what Numba's cache keys the C function by (its Python function's module and name, its
+    signature; the runtime's source, which stamps every kernel, ``runtime.source_digest``;
+    Numba's version), with the CPU it is compiled for and LLVM's version: the same in the
+    helper that compiled it and in the process that loaded it (their modules' bitcode is
+    not, byte for byte)."""
     import llvmlite.binding as ll
+    import numba
+    from ..runtime import source_digest
     library = c._library                         # (Numba's; eqquant pins its version)
-    codegen = library.codegen
-    machine = (codegen._get_host_cpu_name(), codegen._get_host_cpu_features())
+    bitcode = library._get_module_for_linking().as_bitcode()
+    fn = c._pyfunc
+    what = (FORMAT, fn.__module__, fn.__qualname__, str(c._sig), source_digest(),
+            numba.__version__, ll.llvm_version_info, _machine(c))
+    return hashlib.sha256(repr(what).encode()).hexdigest()[:32], bitcode
+
+
+def _machine(c) -> tuple[str, str]:
+    codegen = c._library.codegen
+    return codegen._get_host_cpu_name(), codegen._get_host_cpu_features()
+
+
+def _object(c, bitcode: bytes) -> bytes:
+    """The module ``bitcode`` of ``c`` compiled, its entry exported, as Numba's codegen
+    compiles for this CPU (its name and features, the same optimisation level), as
+    position-independent code."""
+    import llvmlite.binding as ll
+    machine = _machine(c)
     tm = _MACHINES.get(machine)
     if tm is None:
         target = ll.Target.from_triple(ll.get_process_triple())
         tm = _MACHINES[machine] = target.create_target_machine(
             cpu=machine[0], features=machine[1], opt=3, reloc="pic", codemodel="default")
-    module = ll.parse_bitcode(library._get_module_for_linking().as_bitcode())
+    module = ll.parse_bitcode(bitcode)
     module.get_function(c._wrapper_name).linkage = ll.Linkage.external
-    path = work / f"f{j}.o"
-    path.write_bytes(tm.emit_object(module))
-    return path
+    return tm.emit_object(module)
+
+
+def objects_dir() -> Path:
+    return cache_dir() / "objects"
+
+
+def _keep(path: Path, code: bytes) -> None:
+    """Put an object in the cache, whole or not at all (a cache: a failure is ignored)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")
+        part.write_bytes(code)
+        part.replace(path)
+    except OSError:
+        pass
+
+
+def keep_object(c) -> None:
+    """``compiling.compiled_hooks``' hook: compile ``c``'s object for a library now, where
+    its compiling ran (on a first start, shared with the helper processes: LLVM's code
+    generation is most of saving a library, 0.5 s of resnet18 int8's 0.55, and it runs one
+    module at a time per process), and keep it in the cache."""
+    try:
+        digest, bitcode = _object_key(c)
+        kept = objects_dir() / f"{digest}.o"
+        if not kept.exists():
+            _keep(kept, _object(c, bitcode))
+    except Exception:           # noqa: BLE001 (a cache: the library compiles it again)
+        pass
+
+
+@contextmanager
+def keeping_objects():
+    """While open, each C function compiled gets its library object too (``keep_object``)."""
+    compiling.compiled_hooks.append(keep_object)
+    try:
+        yield
+    finally:
+        compiling.compiled_hooks.remove(keep_object)
+
+
+def prune_objects() -> None:
+    """Keep the OBJECTS_KEPT objects made last."""
+    try:
+        kept = sorted(objects_dir().glob("*.o"), key=lambda p: p.stat().st_mtime,
+                      reverse=True)
+    except OSError:
+        return
+    for old in kept[OBJECTS_KEPT:]:
+        old.unlink(missing_ok=True)

@@ -123,7 +123,7 @@ def save(executor, digest: str, aliases: dict | None = None) -> Library | str:
     """Save ``executor``'s program under ``digest`` (``aliases``: other names of its inputs,
     ``build``'s): its library, checked against the executor, or the reason it was not saved
     (also noted in the cache)."""
-    from .build import NotDeployable, build
+    from .build import NotDeployable, build, prune_objects
     folder = programs_dir() / digest
     try:
         build(executor, folder, key=digest, aliases=aliases)
@@ -137,6 +137,7 @@ def save(executor, digest: str, aliases: dict | None = None) -> Library | str:
         folder.with_suffix(".refused").write_text(reason, encoding="utf-8")
         return reason
     _prune()
+    prune_objects()
     return library
 
 
@@ -198,8 +199,10 @@ def open_program(program: str | os.PathLike, params: str | os.PathLike | None = 
     if isinstance(found, Library):
         return Program(found, "library", found.inputs)
     from ..api import load
+    from .build import keeping_objects
     model = load(program, params)
-    executor = model.executor()
+    with keeping_objects():         # (what compiles, compiled for the library too)
+        executor = model.executor()
     inputs = {name: t for name, (_, t) in executor.inputs.items()}
     note = found if isinstance(found, str) else ""
     if digest and found is None and save_library:

@@ -74,6 +74,7 @@ class Unit:
             with _making:
                 if self.function.address is None:
                     self.function.compile()
+                    _compiled(self.function)
         elif self.signature not in self.function.overloads:
             self.function.compile(self.signature)
 
@@ -109,6 +110,17 @@ class Address(int):
         return self
 
 
+# called with each C function compiled (in this process or a helper), while registered:
+# what else a first start would do with its code is done there, on the helpers too
+# (``eqquant.deploy`` keeps its position-independent object for the program's library)
+compiled_hooks: list = []
+
+
+def _compiled(c) -> None:
+    for hook in list(compiled_hooks):
+        hook(c)
+
+
 def c_function(fn, signature, **options):
     """``fn`` as a C function of Numba type ``signature`` (Numba's ``cfunc``, in its disk
     cache): loaded from the cache or compiled, once per process (by ``fn``'s module and
@@ -131,6 +143,7 @@ def c_function(fn, signature, **options):
             _state.survey.append(Unit(fn.__qualname__, c))
             return None
         c.compile()
+        _compiled(c)
         return c
 
 
