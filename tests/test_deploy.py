@@ -207,6 +207,18 @@ def test_a_refused_program_runs_on_the_executor_and_is_not_tried_again(tmp_path,
     np.testing.assert_array_equal(again.run({"x": x}), want)
 
 
+def test_a_cache_that_cannot_be_written_leaves_the_program_on_the_executor(stem, tmp_path,
+                                                                          monkeypatch):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache would be")
+    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(blocked))
+    path, _ = save_program(tmp_path / "stem.ir", stem[0])
+    program = cache.open_program(path)
+    assert program.engine == "executor" and "could not be written" in program.note
+    x = _input(Executor(stem[0]))
+    np.testing.assert_array_equal(program.run(x), Executor(stem[0]).run(x))
+
+
 def test_a_library_whose_output_differs_is_dropped(stem, tmp_path, monkeypatch):
     monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
     ex = Executor(stem[0])

@@ -122,19 +122,26 @@ def lookup(digest: str) -> Library | str | None:
 def save(executor, digest: str, aliases: dict | None = None) -> Library | str:
     """Save ``executor``'s program under ``digest`` (``aliases``: other names of its inputs,
     ``build``'s): its library, checked against the executor, or the reason it was not saved
-    (also noted in the cache)."""
+    (noted in the cache, unless it was the cache itself: a folder that cannot be written,
+    a full disk)."""
     from .build import NotDeployable, build, prune_objects
     folder = programs_dir() / digest
     try:
         build(executor, folder, key=digest, aliases=aliases)
         library = Library(folder)
         reason = differs(executor, library)
-    except NotDeployable as e:
+    except (NotDeployable, EvalError) as e:
         library, reason = None, str(e)
+    except OSError as e:
+        shutil.rmtree(folder, ignore_errors=True)
+        return f"the library could not be written to the cache ({e})"
     if reason is not None:
         shutil.rmtree(folder, ignore_errors=True)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        folder.with_suffix(".refused").write_text(reason, encoding="utf-8")
+        try:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            folder.with_suffix(".refused").write_text(reason, encoding="utf-8")
+        except OSError:
+            pass
         return reason
     _prune()
     prune_objects()
@@ -163,8 +170,11 @@ def differs(executor, library: Library) -> str | None:
 
 def _prune() -> None:
     """Keep the KEEP programs used last (and the notes of refusals)."""
-    folders = [p for p in programs_dir().iterdir() if (p / "plan.json").exists()]
-    folders.sort(key=lambda p: (p / "plan.json").stat().st_mtime, reverse=True)
+    try:
+        folders = [p for p in programs_dir().iterdir() if (p / "plan.json").exists()]
+        folders.sort(key=lambda p: (p / "plan.json").stat().st_mtime, reverse=True)
+    except OSError:
+        return
     for old in folders[KEEP:]:
         shutil.rmtree(old, ignore_errors=True)
 
