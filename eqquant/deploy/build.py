@@ -10,12 +10,15 @@ on argument blocks (``runtime/launch.py``). The entries, and the C functions the
 (the GEMMs' tables, the gather, the depthwise sweeps), are compiled again from the LLVM
 modules Numba made for them (the same optimised IR, as position-independent code) and
 linked with ``library.c`` (the run loop, Numba's runtime functions the kernels call) into
-``program.so`` by the C compiler. Each array an argument block points into (weights packed
-for the kernels, tables, buffers) is one of a few allocations, a root: those the executor
-fills at a run (activations, inputs) are made empty by the loader; the rest are written to
-``data.bin``, each at an offset with the same remainder modulo 64 as its address had (the
-kernels' aligned loads stay aligned). ``plan.json`` says where each word of each block
-points: a root and an offset, a C function, a slot's cell.
+``program.so`` by the C compiler; a first start compiles those objects as its kernels
+compile, on its helper processes too, into the cache (``keeping_objects``). Each array an
+argument block points into (weights packed for the kernels, tables, buffers) is one of a few
+allocations, a root: those the executor fills at a run (activations, inputs) are made empty
+by the loader; the rest are written to ``data.bin``, each at an offset with the same
+remainder modulo 64 as its address had (the kernels' aligned loads stay aligned), and
+marked where a run writes them (scratch, work counters: the loader copies those into
+memory). ``plan.json`` says where each word of each block points: a root and an offset, a
+C function, a slot's cell.
 
 What cannot be saved is refused with the reason (``NotDeployable``): a step that is not
 launches (a reference op, a kernel bound as a Numba function of its own, the AVX2 byte
@@ -40,8 +43,8 @@ from ..errors import EqquantError
 from ..resources import cache_dir
 from ..runtime import compiling, launch, llvm_loops, memory
 from ..runtime.bindings import threads as pool_threads
+from .loader import FORMAT
 
-FORMAT = 1
 PHASE = memory.ALIGN          # a root keeps its address modulo this
 _C_SOURCE = Path(__file__).with_name("library.c")
 
@@ -66,8 +69,8 @@ def build(executor, folder: str | os.PathLike, key: str = "",
     folder.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
     try:
-        _link(functions, plan, work, cc)     # (first: before a run launches Numba's pool,
-        roots.state = _written(roots, bound, inputs)   # so that its helpers may fork)
+        _link(functions, plan, work, cc)
+        roots.state = _written(roots, bound, inputs)
         _write_data(roots, plan, work / "data.bin")
         (work / "plan.json").write_text(json.dumps(plan))
         if folder.exists():
@@ -154,7 +157,7 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
             functions.append(c)
         return function_index[id(c)]
 
-    slots: dict[str, int] = {}
+    named: set[str] = set()              # slots whose cells blocks hold
     launches = []
     for i, (st, prepared) in enumerate(zip(executor.steps, bound)):
         where = f"step {i} ({st.label})"
@@ -180,7 +183,7 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
                     r, offset = roots.place(value, where)
                     refs.append([at, "root", r, offset])
                 elif value.slot is not None:
-                    slots.setdefault(value.slot, len(slots))
+                    named.add(value.slot)
                     refs.append([at, "slot", value.slot])
                 elif value.function is not None:
                     refs.append([at, "function", function(value.function)])
@@ -198,7 +201,7 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
     # the slots the functions use (named in their blocks, or read by their code), and the
     # C functions that fill them, until none is new: only those go into the library (a
     # process may have loaded other paths' GEMMs)
-    used: dict[str, int | None] = {name: None for name in slots}
+    used: dict[str, tuple | None] = {name: None for name in named}
     done = 0
     while done < len(functions):
         for name in _slots_read(functions[done]):
@@ -209,7 +212,7 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
                 source, index = llvm_loops.FILLED[name]
                 used[name] = (function(source), index)
     slot_sources = []
-    for name in sorted(llvm_loops._SLOTS):      # (every cell defined: a module may name it)
+    for name in llvm_loops.slot_names():    # (every cell defined: a module may name it)
         source, index = used.get(name) or (None, None)
         slot_sources.append({"name": name, "function": source, "index": index})
 
@@ -223,6 +226,7 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
         raise NotDeployable("the program's output is not an array a step computes")
     plan = {
         "format": FORMAT,
+        "phase": PHASE,
         "threads": pool_threads(),
         "tiles": _tiles(),             # (the kernels may use AMX: ask Linux at load)
         "inputs": [{"name": name, **value_of(inputs[slot], f"input %{name}")}

@@ -4,11 +4,12 @@ no Numba, no parser, no executor.
     lib = Library("out/resnet18.eqq")
     y = lib.run({"data": x})            # the same bits as the executor it was saved from
 
-Loading maps ``data.bin`` copy-on-write (pages read as the first run touches them), makes
-the empty roots, opens ``program.so``, fills the slots' cells and writes each launch's
-argument block with the addresses of this process: a few milliseconds. A run copies the
-inputs into their arrays, makes every launch in C (``eqq_run``: no Python between two
-kernels) and copies the output out.
+Loading maps ``data.bin`` (the weights: their pages found as the first run reads them),
+puts the arrays a run writes in one region of memory (``Library._roots``), opens
+``program.so``, fills the slots' cells and writes each launch's argument block with the
+addresses of this process: a few milliseconds. A run copies the inputs into their arrays,
+makes every launch in C (``eqq_run``: no Python between two kernels) and copies the output
+out.
 """
 from __future__ import annotations
 
@@ -23,8 +24,7 @@ import numpy as np
 from ..core.types import TensorType, check_input
 from ..errors import EvalError
 
-FORMAT = 1
-PHASE = 64
+FORMAT = 1          # plan.json's (``build.py`` writes it)
 
 
 def pool_threads() -> int:
@@ -53,7 +53,7 @@ def _region(size: int) -> np.ndarray:
     start = -base.ctypes.data % HUGE
     if hasattr(room, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
         try:
-            room.madvise(mmap.MADV_HUGEPAGE, start, size - size % HUGE)
+            room.madvise(mmap.MADV_HUGEPAGE, start, size)
         except (OSError, ValueError):
             pass
     return base[start:start + size]
@@ -84,7 +84,7 @@ class Library:
         if plan["tiles"] and not lib.eqq_request_tiles():
             raise EvalError(f"{folder}: its kernels use AMX tiles, which Linux refused this "
                             "process")
-        self.roots = self._roots(folder / "data.bin", plan["roots"])
+        self.roots = self._roots(folder / "data.bin", plan["roots"], plan["phase"])
         functions = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
                      for name in plan["functions"]]
         tables: dict = {}           # a GEMM table's function -> the addresses it gives
@@ -127,7 +127,7 @@ class Library:
         self.output = self._array(plan["output"])
 
     @staticmethod
-    def _roots(path: Path, entries: list) -> list[np.ndarray]:
+    def _roots(path: Path, entries: list, phase: int) -> list[np.ndarray]:
         """The roots: those a run only reads (the weights) mapped from data.bin, where
         their pages are found as the first run reads them; those it writes (activations,
         inputs, scratch, counters) in one region of memory asked for huge pages, the
@@ -135,14 +135,15 @@ class Library:
         (a fault; for a stored page, a copy) is not paid at the first run. Resnet18 fp32
         on the Xeon: loading 3.5 ms and a first run of 15.5 ms, against 1.7 and 18.3 with
         every root mapped or made empty (the CPU kept busy first: a process's first
-        inference after an idle moment took 30-60 ms either way, the machine waking)."""
+        inference after an idle moment took 30-60 ms either way, the machine waking).
+        Each root keeps its address modulo ``phase`` (the kernels' alignment)."""
         data = None
         if any(e["at"] is not None for e in entries) and path.stat().st_size:
             data = np.memmap(path, np.uint8, mode="c")
         places, at = [], 0
         for e in entries:
             if e["at"] is None or e.get("state"):
-                at += (e["phase"] - at) % PHASE
+                at += (e["phase"] - at) % phase
                 places.append(at)
                 at += e["bytes"]
             else:

@@ -224,6 +224,11 @@ def slot(symbol: str) -> str:
     return name
 
 
+def slot_names() -> list[str]:
+    """The symbols whose slots this process has registered, sorted."""
+    return sorted(_SLOTS)
+
+
 def fill_slot(symbol: str, address: int, function, index: int | None = None) -> None:
     """Put the address of ``symbol``'s C function in its slot (``slot``): that of
     ``function`` (a CFunc), or where ``index`` is given, the index-th address its table
