@@ -37,12 +37,13 @@ from onnx_models import mobilenet_block  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _programs(model, shape, seed=0):
+def _programs(model, shape, seed=0, **how):
     """(int8, fp32) of a model as the product runs them: per-channel minmax, uint8
-    activations, layouts chosen for the kernels."""
+    activations (or ``how``), layouts chosen for the kernels."""
     rng = np.random.default_rng(seed)
     samples = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
-    q = quantize(model.module, model.params, samples, "minmax", per_channel=True)
+    q = quantize(model.module, model.params, samples, "minmax", **{"per_channel": True,
+                                                                   **how})
     return q.runnable, compile_layouts(q.fp32).module
 
 
@@ -98,6 +99,26 @@ def test_an_int8_program_gives_the_executors_bits_on_every_kernel_path(stem, tmp
     assert set(refused) <= {"avx2", "portable"}, refused
     assert set(int8_paths()) - set(refused), "no path of this CPU was saved"
     assert all("Numba function of its own" in why for why in refused.values())
+
+
+def test_signed_activations_give_the_executors_bits_on_every_kernel_path(tmp_path):
+    """int8 activations (the seed's symmetric flow, eqquant demo's): each SIMD convolution
+    moves its signed image to unsigned bytes first, as launches of their own."""
+    int8, _ = _programs(eqquant.load(*_zoo("resnet18_stem")), (1, 3, 32, 32), seed=2,
+                        per_channel=False, dtype="int8")
+    saved = 0
+    for path in int8_paths():
+        with forced_int8_path(path):
+            ex = Executor(int8)
+            if path != "portable":      # (the SIMD paths read unsigned bytes)
+                assert any(getattr(st.fn.conv, "shift", 0) for st in ex.steps
+                           if hasattr(st.fn, "conv"))
+            try:
+                _same_bits(ex, tmp_path / path, scale=20.0)
+                saved += 1
+            except NotDeployable as e:
+                assert path in ("avx2", "portable"), (path, str(e))
+    assert saved
 
 
 def test_fp32_and_depthwise_programs_give_the_executors_bits(stem, inverted_residual,

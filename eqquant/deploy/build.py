@@ -167,10 +167,11 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
             raise NotDeployable(f"{where}: computed by Python at each run "
                                 f"({st.kind}), not by kernels' launches")
         calls = getattr(prepared[0], "launches", None)
+        calls = calls() if calls is not None else None
         if calls is None:
             raise NotDeployable(f"{where}: its binding calls a Numba function of its own, "
                                 "not launches of C entries")
-        for call in calls():
+        for call in calls:
             entry = made.get(call.address)
             if entry is None:
                 raise NotDeployable(f"{where}: its entry is not a C function of "

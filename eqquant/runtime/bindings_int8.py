@@ -17,10 +17,11 @@ from ..ops.fused import epilogue_bounds
 from ..ops.fixed_point import quantize_multiplier
 from ..ops.numerics import qrange
 from ..ops.registry import get_op
-from . import epilogue_table, memory
+from . import epilogue_table, kernels_fp32 as k, memory
 from .depthwise_simd import TAP_MAX, entry as sweep_entry
 from .bindings import (Binding, _per_channel, _per_channel_last, bound, move_into, moved,
                        threads)
+from .launch import in_order
 from .serial import sized
 
 
@@ -658,13 +659,48 @@ class FusedQConv2D(Binding):
 
     def prepare(self, ins, out):
         """The kernel call itself, bound to this site's arrays, where the image is read as it
-        is (channel-last, and unsigned on a SIMD path)."""
+        is (channel-last, and unsigned on a SIMD path); at an NCHW site on a SIMD path, the
+        moves in and out bound with it (``_nchw_calls``)."""
         c = self.conv
         if self.channels_last and c.simd is not None and not c.shift:
             return bound(*self._simd_call(ins[0], out))
+        if self.channels_last and c.simd is not None and ins[0].flags.c_contiguous:
+            flip, image = self._unsigned(ins[0])
+            return in_order([flip, bound(*self._simd_call(image, out))])
         if self.channels_last and c.depthwise and out.shape[0] == 1:
             return bound(*self._depthwise_call(ins[0][0], out[0]))
+        if not self.channels_last and c.simd is not None:
+            calls = self._nchw_calls(ins[0], out)
+            if calls is not None:
+                return calls
         return super().prepare(ins, out)
+
+    def _unsigned(self, x):
+        """(the bound launch moving the signed channel-last bytes ``x``, contiguous, to
+        unsigned into the site's image, as ``c.nhwc`` does; the image)."""
+        flat = x.view(np.uint8).reshape(-1)
+        image = self.scratch("image", x.shape, np.uint8)
+        return bound(sized(self.k8.flip_top_bits, flat.size), (flat, image.reshape(-1))), image
+
+    def _nchw_calls(self, x, out):
+        """``__call__``'s SIMD branch at an NCHW site as bound launches, its kernels the
+        same: each image moved channel-last into the site's image (``c.nhwc``: shifted to
+        unsigned, ``to_hwc``, or moved, ``transpose_call``), the kernel into its result,
+        moved back into ``out``; None where a move is a plain copy (one channel, one
+        pixel)."""
+        c = self.conv
+        n, ch, h, w = x.shape
+        o, oh, ow = out.shape[1:]
+        image = self.scratch("image", (n, h, w, ch), np.uint8)
+        res = self.scratch("result", (n, oh, ow, o), out.dtype)
+        moves_in = [(self.k8.to_hwc, (x[b], c.shift, image[b])) if c.shift else
+                    k.transpose_call(x[b].reshape(1, ch, h * w), image[b].reshape(1, h * w, ch))
+                    for b in range(n)]
+        move_out = k.transpose_call(res.reshape(n, oh * ow, o), out.reshape(n, o, oh * ow))
+        if move_out is None or any(m is None for m in moves_in):
+            return None
+        return in_order([*(bound(*m) for m in moves_in), bound(*self._simd_call(image, res)),
+                         bound(*move_out)])
 
     def __call__(self, ins, out):
         c = self.conv
@@ -735,6 +771,9 @@ class FusedQConv2DAdd(FusedQConv2D):
         c = self.conv
         if self.in_tile and not c.shift:
             return bound(*self._simd_call(ins[0], out, ins[11]))
+        if self.in_tile and ins[0].flags.c_contiguous:
+            flip, image = self._unsigned(ins[0])
+            return in_order([flip, bound(*self._simd_call(image, out, ins[11]))])
         return functools.partial(self, ins, out)
 
     def __call__(self, ins, out):

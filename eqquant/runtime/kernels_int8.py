@@ -189,6 +189,15 @@ def clip_channels(thread, threads, args):
 
 
 @parallel
+def flip_top_bits(thread, threads, args):
+    """Flat bytes with their top bit flipped: int8 + 128 as the unsigned bytes vpdpbusd
+    reads (``np.bitwise_xor(x.view(np.uint8), 0x80)``)."""
+    x, out = args
+    for i in range(*share(x.size, thread, threads)):
+        out[i] = x[i] ^ np.uint8(0x80)
+
+
+@parallel
 def to_hwc(thread, threads, args):
     """x: (C, H, W) 8-bit -> out: (H, W, C) uint8, each value plus ``shift`` (128 turns int8
     into the unsigned bytes vpdpbusd reads)."""

@@ -466,22 +466,33 @@ class Driver:
             kernel.run(threads() if count is None else count, *values)
 
     def bind(self, args: tuple, entry_point):
-        calls = [kernel.bind(values, entry_point, count)
-                 for kernel, values, count in self.plan(*args)]
-        return calls[0] if len(calls) == 1 else _Calls(calls)
+        return in_order([kernel.bind(values, entry_point, count)
+                         for kernel, values, count in self.plan(*args)])
+
+
+def in_order(calls: list):
+    """Bound calls (``bind``'s) as one bound call making them in order."""
+    return calls[0] if len(calls) == 1 else _Calls(calls)
 
 
 class _Calls:
-    """Bound calls made in order (``Driver.bind``)."""
+    """Bound calls made in order (``Driver.bind``, ``in_order``)."""
 
     __slots__ = ("calls",)
 
     def __init__(self, calls: list):
         self.calls = calls
 
-    def launches(self) -> list:
-        """The launches of the calls, in order."""
-        return [launch for call in self.calls for launch in call.launches()]
+    def launches(self) -> list | None:
+        """The launches of the calls, in order; None where one is not a launch (a Numba
+        function's entry point, bound)."""
+        found = []
+        for call in self.calls:
+            more = call.launches() if hasattr(call, "launches") else None
+            if more is None:
+                return None
+            found += more
+        return found
 
     def __call__(self) -> None:
         for call in self.calls:
