@@ -212,6 +212,23 @@ def test_the_cache_saves_once_and_finds_the_library_by_content(stem, tmp_path, m
     assert cache.key([path, npz]) not in {p.name for p in saved}
 
 
+def test_the_key_changes_with_eqquants_source_and_the_settings(tmp_path, monkeypatch):
+    package = tmp_path / "eqquant"
+    (package / "ops").mkdir(parents=True)
+    source = package / "ops" / "an_op.py"
+    source.write_text("X = 1\n")
+    monkeypatch.setattr(cache, "_PACKAGE", package)
+    program = tmp_path / "p.ir"
+    program.write_text("def @main(%x: Tensor[(1, 8), float32]) {\n  tanh(%x)\n}\n")
+    first = cache.key([program])
+    assert cache.key([program]) == first
+    source.write_text("X = 2  # edited\n")          # (any module: the parser, the registry)
+    second = cache.key([program])
+    assert second != first
+    monkeypatch.setenv("EQQUANT_INT8_KERNEL", "portable")
+    assert cache.key([program]) not in (first, second)
+
+
 def test_a_refused_program_runs_on_the_executor_and_is_not_tried_again(tmp_path,
                                                                        monkeypatch):
     monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))

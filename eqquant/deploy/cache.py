@@ -8,8 +8,8 @@ first run saves it (the kernels compiled, or loaded from Numba's cache, then lin
 
 A program is found by a digest (``key``) of what decides its machine code and its data: the
 program's file and its weights' (their contents, not their names or times: a weights file's
-members' CRC-32s and sizes, as a saved program records them), eqquant's runtime
-source, Numba's and llvmlite's versions, the CPU's model and features, the settings that
+members' CRC-32s and sizes, as a saved program records them), eqquant's source (each file's
+size and time), Numba's and llvmlite's versions, the CPU's model and features, the settings that
 choose kernels (``EQQUANT_INT8_KERNEL``, ``EQQUANT_FP32_KERNEL``, Numba's CPU options) and
 the threads. A program the library cannot hold (``build.NotDeployable``) is noted with the
 reason and runs on the executor, without trying again. A library is checked once, as it is
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..errors import EvalError
 from ..ir.outputs import backup_path, digest_file
-from ..resources import cache_dir
+from ..resources import cache_dir, data_dir
 from .loader import FORMAT, Library, pool_threads
 
 KEEP = 8
@@ -60,12 +60,18 @@ def _file_digest(path: Path) -> str:
 
 
 def _code() -> bytes:
-    """eqquant's runtime and deploy source, Numba's and llvmlite's versions."""
+    """eqquant's source as installed (every .py, .c and .lark file: its path, size and
+    modification time, which any edit changes; all of it, as a program's binding reads the
+    parser, the registry and the passes besides the runtime), Numba's and llvmlite's
+    versions."""
     h = hashlib.sha256()
-    for folder in (_PACKAGE / "runtime", _PACKAGE / "deploy"):
-        for path in sorted(folder.iterdir()):
-            if path.suffix in (".py", ".c"):
-                h.update(path.name.encode() + b"\0" + path.read_bytes())
+    for folder in (_PACKAGE, data_dir("grammar")):
+        for top, dirs, names in os.walk(folder):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(names):
+                if name.endswith((".py", ".c", ".lark")):
+                    st = os.stat(os.path.join(top, name))
+                    h.update(f"{top}/{name} {st.st_size} {st.st_mtime_ns}\n".encode())
     for package in ("numba", "llvmlite"):
         spec = importlib.util.find_spec(package)      # (found, not imported)
         version = Path(spec.origin).with_name("_version.py") if spec and spec.origin else None
