@@ -121,6 +121,16 @@ def test_signed_activations_give_the_executors_bits_on_every_kernel_path(tmp_pat
     assert saved
 
 
+@pytest.mark.parametrize("name", ["conv_bn", "vgg_small"])
+def test_the_zoos_programs_are_saved_with_the_executors_bits(name, tmp_path):
+    """An NCHW float convolution (conv_bn's: its moves bound with it), float activations
+    between int8 layers (vgg_small's classifier): launches too."""
+    model = eqquant.load(*_zoo(name))
+    shape = model.module.main.params[0].type.shape
+    for j, program in enumerate(_programs(model, shape, seed=4)):
+        _same_bits(Executor(program), tmp_path / f"p{j}")
+
+
 def test_fp32_and_depthwise_programs_give_the_executors_bits(stem, inverted_residual,
                                                               tmp_path):
     for j, program in enumerate([stem[1], *inverted_residual]):

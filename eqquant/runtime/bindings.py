@@ -23,7 +23,7 @@ from ..ops.registry import IDENTITY, get_op
 from . import compiling, memory
 from . import kernels_fp32 as k
 from .depthwise_simd import entry as sweep_entry
-from .launch import threads
+from .launch import Parallel, in_order, threads
 from .pool_simd import KIND_OF
 from .serial import sized
 
@@ -288,7 +288,29 @@ class Conv2D(_Spatial):
                 return bound(*self._depthwise_call(ins[0][0], out[0]))
             if self.taps is None and self.fma is not None:
                 return bound(*self._fma_call(ins[0], out))
+        if not self.nhwc and self.taps is None and self.fma is not None:
+            calls = self._nchw_calls(ins[0], out)
+            if calls is not None:
+                return calls
         return super().prepare(ins, out)
+
+    def _nchw_calls(self, x, out):
+        """``compute``'s FMA branch at an NCHW site as bound launches, its kernels the same:
+        the image moved channel-last into the site's image, the kernel into its result,
+        moved back into ``out`` (``transpose_call``); None where a move is a plain copy
+        (one channel, one pixel) or an array is not contiguous."""
+        if not (x.flags.c_contiguous and out.flags.c_contiguous):
+            return None             # (a reshape would be a copy, bound in place of them)
+        n, c, h, w = x.shape
+        _, o, oh, ow = out.shape
+        image = self.scratch("image", (n, h, w, c), x.dtype)
+        res = self.scratch("result", (n, oh, ow, o), np.float32)
+        move_in = k.transpose_call(x.reshape(n, c, h * w), image.reshape(n, h * w, c))
+        move_out = k.transpose_call(res.reshape(n, oh * ow, o), out.reshape(n, o, oh * ow))
+        if move_in is None or move_out is None:
+            return None
+        return in_order([bound(*move_in), bound(*self._fma_call(image, res)),
+                         bound(*move_out)])
 
     def __call__(self, ins, out):
         if self.taps is not None:       # depthwise, channel-last as its kernel reads
@@ -599,6 +621,13 @@ class Activation(Binding):
         params = op.kernel_params.get("params")
         self.p0, self.p1 = (float(v) for v in params(attrs)) if params else (0.0, 0.0)
 
+    def kernel_call(self, ins, out):
+        """the elementwise loop over the contiguous values"""
+        if not (ins[0].flags.c_contiguous and out.flags.c_contiguous):
+            return None
+        return sized(k.unary, out.size), (ins[0].reshape(-1), self.code, self.p0, self.p1,
+                                          out.reshape(-1))
+
     def __call__(self, ins, out):
         sized(k.unary, out.size)(ins[0].reshape(-1), self.code, self.p0, self.p1,
                                  out.reshape(-1))
@@ -624,6 +653,13 @@ class Elementwise(Binding):
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return "fn" in op.kernel_params and _is_f32(*in_types, out_type) and \
             in_types[0].shape == out_type.shape
+
+    def kernel_call(self, ins, out):
+        """a launch kernel's loop over the contiguous values (a numpy function is called)"""
+        if not (isinstance(self.fn, Parallel) and ins[0].flags.c_contiguous and
+                out.flags.c_contiguous):
+            return None
+        return self.fn, (ins[0].reshape(-1), out.reshape(-1), *self.params)
 
     def __call__(self, ins, out):
         self.fn(np.ascontiguousarray(ins[0]).reshape(-1), out.reshape(-1), *self.params)

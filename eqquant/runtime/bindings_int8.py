@@ -687,8 +687,10 @@ class FusedQConv2D(Binding):
         same: each image moved channel-last into the site's image (``c.nhwc``: shifted to
         unsigned, ``to_hwc``, or moved, ``transpose_call``), the kernel into its result,
         moved back into ``out``; None where a move is a plain copy (one channel, one
-        pixel)."""
+        pixel) or an array is not contiguous."""
         c = self.conv
+        if not (x.flags.c_contiguous and out.flags.c_contiguous):
+            return None             # (a reshape would be a copy, bound in place of them)
         n, ch, h, w = x.shape
         o, oh, ow = out.shape[1:]
         image = self.scratch("image", (n, h, w, ch), np.uint8)
