@@ -239,7 +239,7 @@ def test_the_key_changes_with_eqquants_source_and_the_settings(tmp_path, monkeyp
     assert cache.key([program]) not in (first, second)
 
 
-def test_a_refused_program_runs_on_the_executor_and_is_not_tried_again(tmp_path,
+def test_a_refused_program_runs_on_the_executor_and_is_not_tried_again(tmp_path, capsys,
                                                                        monkeypatch):
     monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
     path = tmp_path / "t.ir"
@@ -253,6 +253,9 @@ def test_a_refused_program_runs_on_the_executor_and_is_not_tried_again(tmp_path,
     x = np.linspace(-2, 2, 8, dtype=np.float32).reshape(1, 8)
     want = Executor(eqquant.parse(path.read_text())).run({"x": x})
     np.testing.assert_array_equal(again.run({"x": x}), want)
+    np.save(tmp_path / "x.npy", x)          # eqquant run -v says so, and why
+    assert cli_exit(["run", str(path), "-x", str(tmp_path / "x.npy"), "-v"]) == 0
+    assert "run on the executor" in capsys.readouterr().err and "tanh" in first.note
 
 
 def test_a_cache_that_cannot_be_written_leaves_the_program_on_the_executor(stem, tmp_path,
@@ -291,8 +294,9 @@ def test_compile_and_run_from_the_command_line(stem, tmp_path, capsys):
     assert "launches" in capsys.readouterr().out
     out = tmp_path / "y.npy"
     assert cli_exit(["run", str(tmp_path / "lib"), "-x", str(tmp_path / "x.npy"),
-                     "-o", str(out)]) == 0
+                     "-o", str(out), "-v"]) == 0
     np.testing.assert_array_equal(np.load(out), ex.run(x))
+    assert "run on the library" in capsys.readouterr().err
     # a folder that is not a library: a clear error, exit 2
     (tmp_path / "empty").mkdir()
     assert cli_exit(["run", str(tmp_path / "empty"), "-x", str(tmp_path / "x.npy")]) == 2

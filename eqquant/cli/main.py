@@ -105,12 +105,14 @@ def check(file: Path, params: Path | None) -> None:
               "(saved in the cache at its first run; else the executor); executor: the "
               "Numba executor; reference: the numpy reference interpreter.")
 @click.option("--profile", is_flag=True, help="Print the time per op (the executor).")
+@click.option("--verbose", "-v", is_flag=True,
+              help="Say on stderr what ran the program (its library, or the executor and why).")
 def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
-        engine: str, profile: bool) -> None:
+        engine: str, profile: bool, verbose: bool) -> None:
     """Run FILE (text IR, .onnx, or a library saved by `eqquant compile`) on an input."""
     from ..ir.params import atomic_write, load_inputs
     if file.is_dir() or (engine == "cpu" and not profile):
-        out = _run_library(file, params, input_path, engine)
+        out = _run_library(file, params, input_path, engine, verbose)
     else:
         from ..api import load
         from ..ir.interp import run as interpret
@@ -156,9 +158,11 @@ def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
             click.echo(f"{name} {arr.dtype}{list(arr.shape)}: {stats}")
 
 
-def _run_library(file: Path, params: Path | None, input_path: Path, engine: str):
+def _run_library(file: Path, params: Path | None, input_path: Path, engine: str,
+                 verbose: bool = False):
     """FILE's output on the input, from its library: FILE itself (a folder `eqquant compile`
-    wrote), or the one saved in the cache (``deploy.cache.open_program``)."""
+    wrote), or the one saved in the cache (``deploy.cache.open_program``; the executor where
+    there is none)."""
     from ..ir.params import load_inputs
     if file.is_dir():
         if engine != "cpu" or params is not None:
@@ -166,11 +170,16 @@ def _run_library(file: Path, params: Path | None, input_path: Path, engine: str)
                                "--engine cpu)")
         from ..deploy.loader import Library
         program = Library(file)
+        said = f"the library {file}"
     else:
         if not file.exists():
             raise EqquantError(f"{file}: no such file")
         from ..deploy.cache import open_program
         program = open_program(file, params)
+        said = (f"its library ({program.runner.folder})" if program.engine == "library"
+                else f"the executor ({program.note or 'no library'})")
+    if verbose:
+        click.echo(f"{file}: run on {said}", err=True)
     return program.run(load_inputs(input_path, list(program.inputs)))
 
 
