@@ -297,6 +297,12 @@ def test_compile_and_run_from_the_command_line(stem, tmp_path, capsys):
                      "-o", str(out), "-v"]) == 0
     np.testing.assert_array_equal(np.load(out), ex.run(x))
     assert "run on the library" in capsys.readouterr().err
+    # compiled over a folder that is not a library: refused, the folder left as it was
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's")
+    assert cli_exit(["compile", str(path), "-o", str(tmp_path / "mine")]) == 2
+    assert "not a library" in capsys.readouterr().err
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "the user's"
     # a folder that is not a library: a clear error, exit 2
     (tmp_path / "empty").mkdir()
     assert cli_exit(["run", str(tmp_path / "empty"), "-x", str(tmp_path / "x.npy")]) == 2

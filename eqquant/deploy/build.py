@@ -55,11 +55,16 @@ class NotDeployable(EqquantError):
 
 def build(executor, folder: str | os.PathLike, key: str = "",
           aliases: dict | None = None) -> Path:
-    """Save ``executor``'s program into ``folder`` (made, or replaced whole: written beside
-    it first, so a failure leaves what was there); ``key``: what it was made from
+    """Save ``executor``'s program into ``folder`` (made, or an earlier library there
+    replaced whole: written beside it first, so a failure leaves what was there; any other
+    folder that is not empty is refused); ``key``: what it was made from
     (``cache.key``), kept in its plan; ``aliases``: other names its inputs answer to (an
     imported model's, ``api.Model.aliases``). Raises NotDeployable with the reason."""
     folder = Path(folder)
+    if folder.exists() and not (folder / "plan.json").is_file() and \
+            (not folder.is_dir() or any(folder.iterdir())):
+        raise EqquantError(f"{folder}: exists and is not a library eqquant saved: not "
+                           "replaced (give a new folder, or an old library's)")
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None:
         raise NotDeployable("no C compiler (cc) to link the library with")
@@ -67,14 +72,14 @@ def build(executor, folder: str | os.PathLike, key: str = "",
     plan["key"] = key
     plan["aliases"] = dict(aliases or {})
     folder.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+    work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         _link(functions, plan, work, cc)
         roots.state = _written(roots, bound, inputs)
         _write_data(roots, plan, work / "data.bin")
         (work / "plan.json").write_text(json.dumps(plan))
         if folder.exists():
-            old = folder.with_name(folder.name + f".old{os.getpid()}")
+            old = folder.with_name(f".{folder.name}.old{os.getpid()}")
             folder.rename(old)
             work.rename(folder)
             shutil.rmtree(old, ignore_errors=True)
