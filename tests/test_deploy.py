@@ -332,6 +332,23 @@ def test_what_compiles_while_objects_are_kept_is_compiled_for_the_library_too(
     monkeypatch.setattr(building, "_object", no_code_generation)
     assert building._emit(0, entry, tmp_path).read_bytes() == kept[0].read_bytes()
     assert keep_object not in compiling.compiled_hooks      # (the block removed it)
+    # the same function compiled for another Numba cache names its entry anew: another key
+    name = entry._wrapper_name
+    try:
+        entry._wrapper_name = name + "_elsewhere"
+        assert building._object_key(entry)[0] != kept[0].stem
+    finally:
+        entry._wrapper_name = name
+
+
+def test_a_library_lacking_a_function_of_its_plan_is_an_error(stem, tmp_path):
+    build(Executor(stem[0]), tmp_path / "lib")
+    plan_path = tmp_path / "lib" / "plan.json"
+    plan = json.loads(plan_path.read_text())
+    plan["functions"][0] += "_missing"
+    plan_path.write_text(json.dumps(plan))
+    with pytest.raises(eqquant.errors.EvalError, match="lacks a C function"):
+        Library(tmp_path / "lib")
 
 
 # -- library.c's share of Numba's runtime, against Numba's own ----------------------------

@@ -351,17 +351,18 @@ def _object_key(c) -> tuple[str, bytes]:
     """(the digest an object of ``c`` is kept under, its module's bitcode). The digest is
     what Numba's cache keys the C function by (its Python function's module and name, its
     signature; the runtime's source, which stamps every kernel, ``runtime.source_digest``;
-    Numba's version), with the CPU it is compiled for and LLVM's version: the same in the
-    helper that compiled it and in the process that loaded it (their modules' bitcode is
-    not, byte for byte)."""
+    Numba's version), with its entry's symbol (numbered anew at each compile: an object
+    kept from another Numba cache's compile names another), the CPU it is compiled for and
+    LLVM's version: the same in the helper that compiled it and in the process that loaded
+    it from Numba's cache (their modules' bitcode is not, byte for byte)."""
     import llvmlite.binding as ll
     import numba
     from ..runtime import source_digest
     library = c._library                         # (Numba's; eqquant pins its version)
     bitcode = library._get_module_for_linking().as_bitcode()
     fn = c._pyfunc
-    what = (FORMAT, fn.__module__, fn.__qualname__, str(c._sig), source_digest(),
-            numba.__version__, ll.llvm_version_info, _machine(c))
+    what = (FORMAT, fn.__module__, fn.__qualname__, str(c._sig), c._wrapper_name,
+            source_digest(), numba.__version__, ll.llvm_version_info, _machine(c))
     return hashlib.sha256(repr(what).encode()).hexdigest()[:32], bitcode
 
 

@@ -85,8 +85,12 @@ class Library:
             raise EvalError(f"{folder}: its kernels use AMX tiles, which Linux refused this "
                             "process")
         self.roots = self._roots(folder / "data.bin", plan["roots"], plan["phase"])
-        functions = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-                     for name in plan["functions"]]
+        try:
+            functions = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+                         for name in plan["functions"]]
+        except AttributeError as e:
+            raise EvalError(f"{folder}: its library lacks a C function its plan names "
+                            f"({e})") from None
         tables: dict = {}           # a GEMM table's function -> the addresses it gives
         for s in plan["slots"]:
             if s["index"] is not None:
