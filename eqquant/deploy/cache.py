@@ -214,14 +214,16 @@ def open_program(program: str | os.PathLike, params: str | os.PathLike | None = 
     found = lookup(digest) if digest else None
     if isinstance(found, Library):
         return Program(found, "library", found.inputs)
+    from contextlib import nullcontext
     from ..api import load
     from .build import keeping_objects
     model = load(program, params)
-    with keeping_objects():         # (what compiles, compiled for the library too)
-        executor = model.executor()
+    saving = bool(digest) and found is None and save_library
+    with keeping_objects() if saving else nullcontext():   # (what compiles, compiled for
+        executor = model.executor()                         # the library too)
     inputs = {name: t for name, (_, t) in executor.inputs.items()}
     note = found if isinstance(found, str) else ""
-    if digest and found is None and save_library:
+    if saving:
         saved = save(executor, digest, model.aliases)
         if isinstance(saved, Library):
             return Program(saved, "library", inputs, compiled=executor.compiled)

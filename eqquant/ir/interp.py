@@ -101,4 +101,3 @@ def run(mod: Module, inputs: Mapping[str, Any] | None = None,
         args.append(check_input(p.name, given[p.name], p.type))
     with np.errstate(all="ignore"):
         return Interpreter(mod, observe).call_function(fn, args, {})
-

@@ -370,9 +370,9 @@ def _signature():
 def entry(kind: str) -> int:
     """The address of the sweep of ``kind`` ("float", "u8", "i8") compiled as a C function
     (a Numba ``cfunc`` in Numba's disk cache, compiled or loaded on first use), for
-    ``call_sweep`` (a ``compiling.Address``). (Passed as an argument, not read from a slot as the GEMMs and the
-    gather are, ``llvm_loops.slot``: so a program without depthwise layers never compiles
-    it.)"""
+    ``call_sweep``, as a ``compiling.Address``. (Passed as an argument, not read from a
+    slot as the GEMMs and the gather are, ``llvm_loops.slot``: so a program without
+    depthwise layers never compiles it.)"""
     if kind not in _entries:
         from .compiling import c_function
         from .serial import twin
