@@ -341,6 +341,34 @@ def test_what_compiles_while_objects_are_kept_is_compiled_for_the_library_too(
         entry._wrapper_name = name
 
 
+def test_a_library_compiled_for_another_cpu_is_refused_and_runs_are_one_at_a_time(
+        stem, tmp_path):
+    import threading
+    ex = Executor(stem[0])
+    build(ex, tmp_path / "lib")
+    library = Library(tmp_path / "lib")
+    inputs = [_input(ex, seed) for seed in range(6)]
+    wants = [ex.run(x) for x in inputs]
+    got: dict = {}
+
+    def runs(j):
+        for _ in range(5):
+            got[j] = library.run(inputs[j])
+    threads = [threading.Thread(target=runs, args=(j,)) for j in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for j, want in enumerate(wants):
+        np.testing.assert_array_equal(got[j], want)
+    plan_path = tmp_path / "lib" / "plan.json"
+    plan = json.loads(plan_path.read_text())
+    plan["cpu"] = "0" * 16                 # (as if copied from another machine)
+    plan_path.write_text(json.dumps(plan))
+    with pytest.raises(eqquant.errors.EvalError, match="another CPU"):
+        Library(tmp_path / "lib")
+
+
 def test_a_library_lacking_a_function_of_its_plan_is_an_error(stem, tmp_path):
     build(Executor(stem[0]), tmp_path / "lib")
     plan_path = tmp_path / "lib" / "plan.json"

@@ -43,7 +43,7 @@ from ..errors import EqquantError
 from ..resources import cache_dir
 from ..runtime import compiling, launch, llvm_loops, memory
 from ..runtime.bindings import threads as pool_threads
-from .loader import FORMAT
+from .loader import FORMAT, cpu_digest
 
 PHASE = memory.ALIGN          # a root keeps its address modulo this
 _C_SOURCE = Path(__file__).with_name("library.c")
@@ -234,6 +234,7 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
         "format": FORMAT,
         "phase": PHASE,
         "threads": pool_threads(),
+        "cpu": cpu_digest(),            # (the CPU its code is compiled for)
         "tiles": _tiles(),             # (the kernels may use AMX: ask Linux at load)
         "inputs": [{"name": name, **value_of(inputs[slot], f"input %{name}")}
                    for name, (slot, _) in executor.inputs.items()],

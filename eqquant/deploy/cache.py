@@ -29,7 +29,7 @@ from pathlib import Path
 from ..errors import EvalError
 from ..ir.outputs import backup_path, digest_file
 from ..resources import cache_dir, data_dir
-from .loader import FORMAT, Library, pool_threads
+from .loader import FORMAT, Library, cpu_digest, pool_threads
 
 KEEP = 8
 SETTINGS = ("EQQUANT_INT8_KERNEL", "EQQUANT_FP32_KERNEL", "NUMBA_OPT", "NUMBA_CPU_NAME",
@@ -79,25 +79,13 @@ def _code() -> bytes:
     return h.digest()
 
 
-def _cpu() -> bytes:
-    """The CPU's model name and feature flags (Linux's /proc/cpuinfo; elsewhere, what
-    Python says of the machine)."""
-    try:
-        with open("/proc/cpuinfo", "rb") as f:
-            lines = f.read().split(b"\n\n", 1)[0].splitlines()
-        return b"\n".join(line for line in lines if line.startswith((b"model name", b"flags")))
-    except OSError:
-        import platform
-        return platform.processor().encode() + platform.machine().encode()
-
-
 def key(files: list[Path]) -> str:
     """The digest a program made from ``files`` is saved under (in this setting)."""
     h = hashlib.sha256(f"eqquant-library {FORMAT}\n".encode())
     for path in files:
         h.update(_file_digest(path).encode() + b"\n")
     h.update(_code())
-    h.update(_cpu())
+    h.update(cpu_digest().encode())
     for name in SETTINGS:
         h.update(f"{name}={os.environ.get(name, '')}\n".encode())
     h.update(f"threads={pool_threads()}".encode())

@@ -14,8 +14,10 @@ out.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -38,6 +40,19 @@ def pool_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def cpu_digest() -> str:
+    """A digest of this CPU's model name and feature flags (Linux's /proc/cpuinfo;
+    elsewhere, what Python says of the machine): a library's code is compiled for them."""
+    try:
+        with open("/proc/cpuinfo", "rb") as f:
+            lines = f.read().split(b"\n\n", 1)[0].splitlines()
+        seen = b"\n".join(line for line in lines if line.startswith((b"model name", b"flags")))
+    except OSError:
+        import platform
+        seen = (platform.processor() + platform.machine()).encode()
+    return hashlib.sha256(seen).hexdigest()[:16]
 
 
 HUGE = 1 << 21    # a huge page's bytes (x86-64)
@@ -78,6 +93,9 @@ class Library:
         if plan.get("format") != FORMAT:
             raise EvalError(f"{folder}: a saved program of format {plan.get('format')}, "
                             f"this eqquant reads {FORMAT}")
+        if plan["cpu"] != cpu_digest():     # (its code may use what this CPU lacks)
+            raise EvalError(f"{folder}: compiled for another CPU than this one (its model or "
+                            "features differ): compile the program again here")
         self.plan = plan
         self.threads = plan["threads"]
         self._lib = lib = ctypes.CDLL(str(folder / "program.so"))
@@ -121,6 +139,7 @@ class Library:
             table[j] = _Launch(functions[launch["function"]], words.ctypes.data,
                                launch["count"])
         self._table = table
+        self._lock = threading.Lock()   # (one run at a time: they share the buffers)
         self._run = lib.eqq_run
         self._run.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
         self._run.restype = None
@@ -180,9 +199,13 @@ class Library:
                                 "by name")
             inputs = {next(iter(self.inputs)): inputs}
         inputs = {self.aliases.get(k, k): v for k, v in inputs.items()}
+        values = {}
         for name, t in self.inputs.items():
             if name not in inputs:
                 raise EvalError(f"no value for input %{name}")
-            self._arrays[name][...] = check_input(name, inputs[name], t)
-        self._run(ctypes.addressof(self._table), len(self._table), self.threads)
-        return np.array(self.output)
+            values[name] = check_input(name, inputs[name], t)
+        with self._lock:
+            for name, value in values.items():
+                self._arrays[name][...] = value
+            self._run(ctypes.addressof(self._table), len(self._table), self.threads)
+            return np.array(self.output)
