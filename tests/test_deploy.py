@@ -297,6 +297,12 @@ def test_compile_and_run_from_the_command_line(stem, tmp_path, capsys):
                      "-o", str(out), "-v"]) == 0
     np.testing.assert_array_equal(np.load(out), ex.run(x))
     assert "run on the library" in capsys.readouterr().err
+    # --profile: each launch timed in C, the time per op
+    assert cli_exit(["run", str(tmp_path / "lib"), "-x", str(tmp_path / "x.npy"),
+                     "--profile"]) == 0
+    table = capsys.readouterr().err
+    assert "fused.qconv2d" in table and table.splitlines()[-1].startswith("total")
+    assert float(table.splitlines()[-1].split()[-1]) > 0
     # compiled over a folder that is not a library: refused, the folder left as it was
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("the user's")

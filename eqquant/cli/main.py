@@ -104,15 +104,15 @@ def check(file: Path, params: Path | None) -> None:
               show_default=True, help="cpu: the program's library saved ahead of time "
               "(saved in the cache at its first run; else the executor); executor: the "
               "Numba executor; reference: the numpy reference interpreter.")
-@click.option("--profile", is_flag=True, help="Print the time per op (the executor).")
+@click.option("--profile", is_flag=True, help="Print the time per op (on stderr).")
 @click.option("--verbose", "-v", is_flag=True,
               help="Say on stderr what ran the program (its library, or the executor and why).")
 def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
         engine: str, profile: bool, verbose: bool) -> None:
     """Run FILE (text IR, .onnx, or a library saved by `eqquant compile`) on an input."""
     from ..ir.params import atomic_write, load_inputs
-    if file.is_dir() or (engine == "cpu" and not profile):
-        out = _run_library(file, params, input_path, engine, verbose)
+    if file.is_dir() or engine == "cpu":
+        out = _run_library(file, params, input_path, engine, verbose, profile)
     else:
         from ..api import load
         from ..ir.interp import run as interpret
@@ -159,7 +159,7 @@ def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
 
 
 def _run_library(file: Path, params: Path | None, input_path: Path, engine: str,
-                 verbose: bool = False):
+                 verbose: bool = False, profile: bool = False):
     """FILE's output on the input, from its library: FILE itself (a folder `eqquant compile`
     wrote), or the one saved in the cache (``deploy.cache.open_program``; the executor where
     there is none)."""
@@ -180,7 +180,18 @@ def _run_library(file: Path, params: Path | None, input_path: Path, engine: str,
                 else f"the executor ({program.note or 'no library'})")
     if verbose:
         click.echo(f"{file}: run on {said}", err=True)
-    return program.run(load_inputs(input_path, list(program.inputs)))
+    inputs = load_inputs(input_path, list(program.inputs))
+    out = program.run(inputs)
+    if profile:
+        runner = getattr(program, "runner", program)
+        if hasattr(runner, "profile"):          # the library: each launch timed in C
+            click.echo(runner.profile(inputs), err=True)
+        else:                                   # the executor: each step timed
+            named = runner.model.named(inputs)
+            for _ in range(5):
+                runner.executor.run(named, profile=True)
+            click.echo(runner.executor.profile_table(), err=True)
+    return out
 
 
 def _output_leaves(out) -> list[np.ndarray]:

@@ -50,6 +50,16 @@ void eqq_run(const eqq_launch *launches, int64_t n, int64_t pool)
     }
 }
 
+/* eqq_run, each launch's wall time (seconds) added to seconds[i] (a profile). */
+void eqq_run_timed(const eqq_launch *launches, int64_t n, int64_t pool, double *seconds)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double t0 = omp_get_wtime();
+        eqq_run(&launches[i], 1, pool);
+        seconds[i] += omp_get_wtime() - t0;
+    }
+}
+
 /* Ask Linux for the AMX tile state, which a process gets only when it asks (as
  * runtime/amx.py asks for a process running the kernels with Numba): 1 where granted. */
 int eqq_request_tiles(void)

@@ -143,6 +143,11 @@ class Library:
         self._run = lib.eqq_run
         self._run.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
         self._run.restype = None
+        self._run_timed = lib.eqq_run_timed
+        self._run_timed.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                    ctypes.c_void_p]
+        self._run_timed.restype = None
+        self._seconds, self._profiled = None, 0      # (while ``profile`` runs)
         self._arrays = {i["name"]: self._array(i) for i in plan["inputs"]}
         self.inputs = {i["name"]: TensorType(tuple(i["shape"]), i["dtype"])
                        for i in plan["inputs"]}            # name -> type
@@ -207,5 +212,40 @@ class Library:
         with self._lock:
             for name, value in values.items():
                 self._arrays[name][...] = value
-            self._run(ctypes.addressof(self._table), len(self._table), self.threads)
+            if self._seconds is None:
+                self._run(ctypes.addressof(self._table), len(self._table), self.threads)
+            else:
+                self._run_timed(ctypes.addressof(self._table), len(self._table), self.threads,
+                                self._seconds.ctypes.data)
+                self._profiled += 1
             return np.array(self.output)
+
+    def profile(self, inputs, runs: int = 20) -> str:
+        """``runs`` runs of ``inputs`` after as many untimed (a process's first runs are
+        slower, its second thread settling), each launch timed in C around it: the table
+        of the mean time per op, as ``Executor.profile_table`` lays it out."""
+        self._seconds, self._profiled = np.zeros(len(self._table)), 0
+        try:
+            for _ in range(runs):
+                self.run(inputs)
+            self._seconds[:] = 0
+            self._profiled = 0
+            for _ in range(runs):
+                self.run(inputs)
+            per_launch = self._seconds / max(self._profiled, 1)
+        finally:
+            self._seconds = None
+        rows: dict[str, list] = {}
+        steps: dict[tuple, float] = {}
+        for launch, t in zip(self.plan["launches"], per_launch):
+            key = (launch["step"], launch["op"])
+            steps[key] = steps.get(key, 0.0) + float(t)
+        for (_, op), t in steps.items():
+            rows.setdefault(op, []).append(t)
+        total = sum(sum(v) for v in rows.values()) or 1.0
+        lines = [f"{'op':36s} {'calls':>5s} {'ms':>9s} {'share':>6s}"]
+        for op, times in sorted(rows.items(), key=lambda kv: -sum(kv[1])):
+            lines.append(f"{op:36s} {len(times):5d} {sum(times) * 1e3:9.3f} "
+                         f"{100 * sum(times) / total:5.1f}%")
+        lines.append(f"{'total':36s} {'':5s} {total * 1e3:9.3f}")
+        return "\n".join(lines)
