@@ -125,7 +125,7 @@ def save(executor, digest: str, aliases: dict | None = None) -> Library | str:
         library = Library(folder)
         reason = differs(executor, library)
     except (NotDeployable, EvalError) as e:
-        library, reason = None, str(e)
+        library, reason = None, e.message
     except OSError as e:
         shutil.rmtree(folder, ignore_errors=True)
         return f"the library could not be written to the cache ({e})"
