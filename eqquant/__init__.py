@@ -16,6 +16,8 @@ The Python API (``eqquant/api.py``)::
     q = eqquant.quantize(model, "calib.npz", mode="kl_divergence", per_channel=True)
     print(q.report())                            # SQNR per layer and at the output
     q.save("out/"); q.export_onnx("model.int8.onnx")
+    p = eqquant.open_program("out/model.int8.ir")   # as `eqquant run` runs it: from its
+    y = p.run(x)                                     # library, saved at its first run
 
 and the pieces underneath::
 
@@ -40,6 +42,7 @@ optimize        eqquant.optimizer
 load            eqquant.api
 quantize        eqquant.api
 Model           eqquant.api
+open_program    eqquant.deploy.cache
 load_rules      eqquant.rules.loader
 check_rules     eqquant.rules.check:check_ruleset
 """

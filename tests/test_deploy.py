@@ -191,7 +191,7 @@ def test_a_program_with_a_step_no_kernel_runs_is_refused_with_the_reason(tmp_pat
 def test_the_cache_saves_once_and_finds_the_library_by_content(stem, tmp_path, monkeypatch):
     monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
     path, _ = save_program(tmp_path / "stem.int8.ir", stem[0])
-    first = cache.open_program(path)
+    first = eqquant.open_program(path)
     assert first.engine == "library" and first.note == ""
     saved = list((tmp_path / "cache" / "programs").iterdir())
     assert len(saved) == 1
@@ -253,9 +253,13 @@ def test_a_refused_program_runs_on_the_executor_and_is_not_tried_again(tmp_path,
     x = np.linspace(-2, 2, 8, dtype=np.float32).reshape(1, 8)
     want = Executor(eqquant.parse(path.read_text())).run({"x": x})
     np.testing.assert_array_equal(again.run({"x": x}), want)
+    np.testing.assert_array_equal(again.run(x), want)          # (its one input's array)
     np.save(tmp_path / "x.npy", x)          # eqquant run -v says so, and why
     assert cli_exit(["run", str(path), "-x", str(tmp_path / "x.npy"), "-v"]) == 0
     assert "run on the executor" in capsys.readouterr().err and "tanh" in first.note
+    assert cli_exit(["run", str(path), "-x", str(tmp_path / "x.npy"), "--profile"]) == 0
+    table = capsys.readouterr().err.splitlines()
+    assert table[-1].startswith("total") and any(line.startswith("tanh") for line in table)
 
 
 def test_a_cache_that_cannot_be_written_leaves_the_program_on_the_executor(stem, tmp_path,
@@ -297,7 +301,10 @@ def test_compile_and_run_from_the_command_line(stem, tmp_path, capsys):
                      "-o", str(out), "-v"]) == 0
     np.testing.assert_array_equal(np.load(out), ex.run(x))
     assert "run on the library" in capsys.readouterr().err
-    # --profile: each launch timed in C, the time per op
+    # --profile: each launch timed in C, the time per op (the executor's steps where it ran)
+    assert cli_exit(["run", str(path), "-x", str(tmp_path / "x.npy"), "--profile",
+                     "--engine", "executor"]) == 0
+    assert capsys.readouterr().err.splitlines()[-1].startswith("total")
     assert cli_exit(["run", str(tmp_path / "lib"), "-x", str(tmp_path / "x.npy"),
                      "--profile"]) == 0
     table = capsys.readouterr().err

@@ -187,10 +187,10 @@ def _run_library(file: Path, params: Path | None, input_path: Path, engine: str,
         if hasattr(runner, "profile"):          # the library: each launch timed in C
             click.echo(runner.profile(inputs), err=True)
         else:                                   # the executor: each step timed
-            named = runner.model.named(inputs)
+            named = runner.named(inputs)
             for _ in range(5):
-                runner.executor.run(named, profile=True)
-            click.echo(runner.executor.profile_table(), err=True)
+                runner.executor().run(named, profile=True)
+            click.echo(runner.executor().profile_table(), err=True)
     return out
 
 

@@ -180,8 +180,10 @@ def _prune() -> None:
 
 
 class Program:
-    """A program to run: its saved library, or the executor (``engine``; ``note``: why not
-    the library; ``compiled``: what making the executor compiled, where one was made,
+    """A program to run (``run``: an array for its one input, or a dict by input name): its
+    saved library (``runner``: a ``loader.Library``), or the executor (``runner``: the
+    ``api.Model``, its executor made) (``engine``; ``note``: why not the library;
+    ``compiled``: what making the executor compiled, where one was made,
     ``runtime.compiling.Shared``)."""
 
     def __init__(self, runner, engine: str, inputs: dict, note: str = "", compiled=None):
@@ -224,14 +226,4 @@ def open_program(program: str | os.PathLike, params: str | os.PathLike | None = 
         note = saved
     if not enabled():
         note = "libraries are off (EQQUANT_DEPLOY=0, or not on Linux)"
-    return Program(_Named(model, executor), "executor", inputs, note, executor.compiled)
-
-
-class _Named:
-    """The executor, taking inputs by the names the model's file gave them."""
-
-    def __init__(self, model, executor):
-        self.model, self.executor = model, executor
-
-    def run(self, inputs):
-        return self.executor.run(self.model.named(inputs))
+    return Program(model, "executor", inputs, note, executor.compiled)
