@@ -25,6 +25,7 @@ from eqquant.deploy.loader import Library
 from eqquant.ir.loader import save_program
 from eqquant.quant.flow import compile_layouts, quantize
 from eqquant.runtime import compiling
+from eqquant.runtime.bindings_int8 import int8_path
 from eqquant.runtime.executor import Executor
 from eqquant.runtime.launch import parallel, share
 from eqquant.runtime.serial import twin
@@ -129,6 +130,29 @@ def test_the_zoos_programs_are_saved_with_the_executors_bits(name, tmp_path):
     shape = model.module.main.params[0].type.shape
     for j, program in enumerate(_programs(model, shape, seed=4)):
         _same_bits(Executor(program), tmp_path / f"p{j}")
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_an_nchw_int8_site_binds_its_moves_and_gives_the_reference_bits(dtype, tmp_path):
+    """Layouts left as written (NCHW): the SIMD convolution's moves in (made unsigned for
+    signed bytes) and out are launches bound with it, the integer reference's bits."""
+    z = zoo_build("conv_bn", image_size=32)
+    rng = np.random.default_rng(5)
+    shape = z.module.main.params[0].type.shape
+    samples = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)]
+    q = quantize(z.module, z.params, samples, "minmax", per_channel=True, dtype=dtype,
+                 layouts=False)
+    ex = Executor(q.module)
+    conv = next(i for i, st in enumerate(ex.steps) if st.label == "fused.qconv2d")
+    assert not ex.steps[conv].fn.channels_last
+    x = _input(ex, 6, scale=10.0)
+    np.testing.assert_array_equal(ex.run(x), eqquant.run(q.module, x))
+    if int8_path() in ("avx2", "portable"):   # (their kernels are not launches: refused)
+        with pytest.raises(NotDeployable):
+            build(ex, tmp_path / "lib")
+        return
+    assert len(ex._prepared[conv][0].launches()) >= 3        # in, the kernel, out
+    _same_bits(ex, tmp_path / "lib", scale=10.0)
 
 
 def test_fp32_and_depthwise_programs_give_the_executors_bits(stem, inverted_residual,

@@ -169,28 +169,29 @@ def _run_library(file: Path, params: Path | None, input_path: Path, engine: str,
             raise EqquantError(f"{file}: a saved library runs as it was saved (no --params, "
                                "--engine cpu)")
         from ..deploy.loader import Library
-        program = Library(file)
+        library, model = Library(file), None
         said = f"the library {file}"
     else:
         if not file.exists():
             raise EqquantError(f"{file}: no such file")
         from ..deploy.cache import open_program
         program = open_program(file, params)
-        said = (f"its library ({program.runner.folder})" if program.engine == "library"
+        library = program.runner if program.engine == "library" else None
+        model = None if library else program.runner
+        said = (f"its library ({library.folder})" if library
                 else f"the executor ({program.note or 'no library'})")
     if verbose:
         click.echo(f"{file}: run on {said}", err=True)
-    inputs = load_inputs(input_path, list(program.inputs))
-    out = program.run(inputs)
-    if profile:
-        runner = getattr(program, "runner", program)
-        if hasattr(runner, "profile"):          # the library: each launch timed in C
-            click.echo(runner.profile(inputs), err=True)
-        else:                                   # the executor: each step timed
-            named = runner.named(inputs)
-            for _ in range(5):
-                runner.executor().run(named, profile=True)
-            click.echo(runner.executor().profile_table(), err=True)
+    runner = library or model
+    inputs = load_inputs(input_path, list(runner.inputs))
+    out = runner.run(inputs)
+    if profile and library:                     # each launch timed in C
+        click.echo(library.profile(inputs), err=True)
+    elif profile:                               # each of the executor's steps timed
+        named = model.named(inputs)
+        for _ in range(5):
+            model.executor().run(named, profile=True)
+        click.echo(model.executor().profile_table(), err=True)
     return out
 
 

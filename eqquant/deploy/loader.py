@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.timing import time_table
 from ..core.types import TensorType, check_input
 from ..errors import EvalError
 
@@ -147,7 +148,6 @@ class Library:
         self._run_timed.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                     ctypes.c_void_p]
         self._run_timed.restype = None
-        self._seconds, self._profiled = None, 0      # (while ``profile`` runs)
         self._arrays = {i["name"]: self._array(i) for i in plan["inputs"]}
         self.inputs = {i["name"]: TensorType(tuple(i["shape"]), i["dtype"])
                        for i in plan["inputs"]}            # name -> type
@@ -198,6 +198,36 @@ class Library:
 
     def run(self, inputs) -> np.ndarray:
         """The program's output for ``inputs`` (name -> array, or the one input's array)."""
+        values = self._values(inputs)
+        with self._lock:
+            self._put(values)
+            self._run(ctypes.addressof(self._table), len(self._table), self.threads)
+            return np.array(self.output)
+
+    def profile(self, inputs, runs: int = 20) -> str:
+        """``runs`` runs of ``inputs`` after as many untimed (a process's first runs are
+        slower, its second thread settling), each launch timed in C around it: the time
+        per op (``core.timing.time_table``), each step's mean."""
+        values = self._values(inputs)
+        seconds = np.zeros(len(self._table))
+        with self._lock:
+            self._put(values)
+            for _ in range(runs):
+                self._run(ctypes.addressof(self._table), len(self._table), self.threads)
+            for _ in range(runs):
+                self._run_timed(ctypes.addressof(self._table), len(self._table),
+                                self.threads, seconds.ctypes.data)
+        steps: dict[tuple, float] = {}
+        for launch, t in zip(self.plan["launches"], seconds / runs):
+            key = (launch["step"], launch["op"])
+            steps[key] = steps.get(key, 0.0) + float(t)
+        rows: dict[str, list[float]] = {}
+        for (_, op), t in steps.items():
+            rows.setdefault(op, []).append(t)
+        return time_table(rows)
+
+    def _values(self, inputs) -> dict:
+        """``inputs`` checked against the program's (``check_input``), by its names."""
         if not isinstance(inputs, Mapping):
             if len(self.inputs) != 1:
                 raise EvalError(f"the program takes {len(self.inputs)} inputs: give them "
@@ -209,43 +239,8 @@ class Library:
             if name not in inputs:
                 raise EvalError(f"no value for input %{name}")
             values[name] = check_input(name, inputs[name], t)
-        with self._lock:
-            for name, value in values.items():
-                self._arrays[name][...] = value
-            if self._seconds is None:
-                self._run(ctypes.addressof(self._table), len(self._table), self.threads)
-            else:
-                self._run_timed(ctypes.addressof(self._table), len(self._table), self.threads,
-                                self._seconds.ctypes.data)
-                self._profiled += 1
-            return np.array(self.output)
+        return values
 
-    def profile(self, inputs, runs: int = 20) -> str:
-        """``runs`` runs of ``inputs`` after as many untimed (a process's first runs are
-        slower, its second thread settling), each launch timed in C around it: the table
-        of the mean time per op, as ``Executor.profile_table`` lays it out."""
-        self._seconds, self._profiled = np.zeros(len(self._table)), 0
-        try:
-            for _ in range(runs):
-                self.run(inputs)
-            self._seconds[:] = 0
-            self._profiled = 0
-            for _ in range(runs):
-                self.run(inputs)
-            per_launch = self._seconds / max(self._profiled, 1)
-        finally:
-            self._seconds = None
-        rows: dict[str, list] = {}
-        steps: dict[tuple, float] = {}
-        for launch, t in zip(self.plan["launches"], per_launch):
-            key = (launch["step"], launch["op"])
-            steps[key] = steps.get(key, 0.0) + float(t)
-        for (_, op), t in steps.items():
-            rows.setdefault(op, []).append(t)
-        total = sum(sum(v) for v in rows.values()) or 1.0
-        lines = [f"{'op':36s} {'calls':>5s} {'ms':>9s} {'share':>6s}"]
-        for op, times in sorted(rows.items(), key=lambda kv: -sum(kv[1])):
-            lines.append(f"{op:36s} {len(times):5d} {sum(times) * 1e3:9.3f} "
-                         f"{100 * sum(times) / total:5.1f}%")
-        lines.append(f"{'total':36s} {'':5s} {total * 1e3:9.3f}")
-        return "\n".join(lines)
+    def _put(self, values: dict) -> None:
+        for name, value in values.items():
+            self._arrays[name][...] = value

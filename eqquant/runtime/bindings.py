@@ -131,6 +131,28 @@ def move_into(src: np.ndarray, out: np.ndarray, to_last: bool = True) -> None:
     k.transpose_planes(np.ascontiguousarray(src).reshape(n, a, b), out.reshape(n, b, a))
 
 
+def nchw_calls(site: Binding, x: np.ndarray, out: np.ndarray, kernel, moves_in=None):
+    """A channel-last kernel at an NCHW call site as bound launches, as the site's own call
+    makes them: the image (N, C, H, W) moved channel-last into the site's image (``moved``;
+    or ``moves_in(x, image)``'s calls), ``kernel(image, result)``'s call into its result
+    (N, oh, ow, O), moved back into ``out`` (``move_into``). None where a move is a plain
+    copy (one channel, one pixel) or an array is not contiguous (a reshape would be a copy,
+    bound in place of it)."""
+    if not (x.flags.c_contiguous and out.flags.c_contiguous):
+        return None
+    n, c, h, w = x.shape
+    o, oh, ow = out.shape[1:]
+    image = site.scratch("image", (n, h, w, c), np.uint8 if moves_in else x.dtype)
+    res = site.scratch("result", (n, oh, ow, o), out.dtype)
+    calls = moves_in(x, image) if moves_in else [
+        k.transpose_call(x.reshape(n, c, h * w), image.reshape(n, h * w, c))]
+    calls += [kernel(image, res),
+              k.transpose_call(res.reshape(n, oh * ow, o), out.reshape(n, o, oh * ow))]
+    if any(call is None for call in calls):
+        return None
+    return in_order([bound(*call) for call in calls])
+
+
 class _Spatial(Binding):
     """Convolutions and pools: the kernels work on NCHW; a channels-last call site (NHWC)
     runs them between two transposes (``compute`` is the NCHW body)."""
@@ -289,28 +311,10 @@ class Conv2D(_Spatial):
             if self.taps is None and self.fma is not None:
                 return bound(*self._fma_call(ins[0], out))
         if not self.nhwc and self.taps is None and self.fma is not None:
-            calls = self._nchw_calls(ins[0], out)
+            calls = nchw_calls(self, ins[0], out, self._fma_call)   # (``compute``'s moves)
             if calls is not None:
                 return calls
         return super().prepare(ins, out)
-
-    def _nchw_calls(self, x, out):
-        """``compute``'s FMA branch at an NCHW site as bound launches, its kernels the same:
-        the image moved channel-last into the site's image, the kernel into its result,
-        moved back into ``out`` (``transpose_call``); None where a move is a plain copy
-        (one channel, one pixel) or an array is not contiguous."""
-        if not (x.flags.c_contiguous and out.flags.c_contiguous):
-            return None             # (a reshape would be a copy, bound in place of them)
-        n, c, h, w = x.shape
-        _, o, oh, ow = out.shape
-        image = self.scratch("image", (n, h, w, c), x.dtype)
-        res = self.scratch("result", (n, oh, ow, o), np.float32)
-        move_in = k.transpose_call(x.reshape(n, c, h * w), image.reshape(n, h * w, c))
-        move_out = k.transpose_call(res.reshape(n, oh * ow, o), out.reshape(n, o, oh * ow))
-        if move_in is None or move_out is None:
-            return None
-        return in_order([bound(*move_in), bound(*self._fma_call(image, res)),
-                         bound(*move_out)])
 
     def __call__(self, ins, out):
         if self.taps is not None:       # depthwise, channel-last as its kernel reads

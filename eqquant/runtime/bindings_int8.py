@@ -17,10 +17,10 @@ from ..ops.fused import epilogue_bounds
 from ..ops.fixed_point import quantize_multiplier
 from ..ops.numerics import qrange
 from ..ops.registry import get_op
-from . import epilogue_table, kernels_fp32 as k, memory
+from . import epilogue_table, memory
 from .depthwise_simd import TAP_MAX, entry as sweep_entry
 from .bindings import (Binding, _per_channel, _per_channel_last, bound, move_into, moved,
-                       threads)
+                       nchw_calls, threads)
 from .launch import in_order
 from .serial import sized
 
@@ -660,7 +660,7 @@ class FusedQConv2D(Binding):
     def prepare(self, ins, out):
         """The kernel call itself, bound to this site's arrays, where the image is read as it
         is (channel-last, and unsigned on a SIMD path); at an NCHW site on a SIMD path, the
-        moves in and out bound with it (``_nchw_calls``)."""
+        moves in and out bound with it (``bindings.nchw_calls``)."""
         c = self.conv
         if self.channels_last and c.simd is not None and not c.shift:
             return bound(*self._simd_call(ins[0], out))
@@ -669,11 +669,17 @@ class FusedQConv2D(Binding):
             return in_order([flip, bound(*self._simd_call(image, out))])
         if self.channels_last and c.depthwise and out.shape[0] == 1:
             return bound(*self._depthwise_call(ins[0][0], out[0]))
-        if not self.channels_last and c.simd is not None:
-            calls = self._nchw_calls(ins[0], out)
+        if not self.channels_last and c.simd is not None:   # (``c.nhwc``'s moves)
+            calls = nchw_calls(self, ins[0], out, self._simd_call,
+                               self._unsigned_moves if c.shift else None)
             if calls is not None:
                 return calls
         return super().prepare(ins, out)
+
+    def _unsigned_moves(self, x, image):
+        """Each signed image (C, H, W) of ``x`` made unsigned as it moves channel-last into
+        ``image`` (``to_hwc``, as ``c.nhwc``): the calls."""
+        return [(self.k8.to_hwc, (x[b], self.conv.shift, image[b])) for b in range(x.shape[0])]
 
     def _unsigned(self, x):
         """(the bound launch moving the signed channel-last bytes ``x``, contiguous, to
@@ -681,28 +687,6 @@ class FusedQConv2D(Binding):
         flat = x.view(np.uint8).reshape(-1)
         image = self.scratch("image", x.shape, np.uint8)
         return bound(sized(self.k8.flip_top_bits, flat.size), (flat, image.reshape(-1))), image
-
-    def _nchw_calls(self, x, out):
-        """``__call__``'s SIMD branch at an NCHW site as bound launches, its kernels the
-        same: each image moved channel-last into the site's image (``c.nhwc``: shifted to
-        unsigned, ``to_hwc``, or moved, ``transpose_call``), the kernel into its result,
-        moved back into ``out``; None where a move is a plain copy (one channel, one
-        pixel) or an array is not contiguous."""
-        c = self.conv
-        if not (x.flags.c_contiguous and out.flags.c_contiguous):
-            return None             # (a reshape would be a copy, bound in place of them)
-        n, ch, h, w = x.shape
-        o, oh, ow = out.shape[1:]
-        image = self.scratch("image", (n, h, w, ch), np.uint8)
-        res = self.scratch("result", (n, oh, ow, o), out.dtype)
-        moves_in = [(self.k8.to_hwc, (x[b], c.shift, image[b])) if c.shift else
-                    k.transpose_call(x[b].reshape(1, ch, h * w), image[b].reshape(1, h * w, ch))
-                    for b in range(n)]
-        move_out = k.transpose_call(res.reshape(n, oh * ow, o), out.reshape(n, o, oh * ow))
-        if move_out is None or any(m is None for m in moves_in):
-            return None
-        return in_order([*(bound(*m) for m in moves_in), bound(*self._simd_call(image, res)),
-                         bound(*move_out)])
 
     def __call__(self, ins, out):
         c = self.conv

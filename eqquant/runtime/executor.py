@@ -30,6 +30,7 @@ from ..errors import EvalError
 from ..core.nodes import (Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var,
                           post_order, rebuild)
 from ..ir.typecheck import infer_types
+from ..core.timing import time_table
 from ..core.types import TensorType, check_input, type_of_array
 from ..passes.inline import inline_calls
 from . import compiling, memory
@@ -333,17 +334,12 @@ class Executor:
         return self.step_of[self.slot(node)], step, {extra: value}
 
     def profile_table(self) -> str:
+        """The time per op of the profiled runs (each step's median)."""
         rows: dict[str, list[float]] = {}
         for st in self.steps:
             if st.seconds:
                 rows.setdefault(st.label, []).append(float(np.median(st.seconds)))
-        total = sum(sum(v) for v in rows.values())
-        lines = [f"{'op':36s} {'calls':>5s} {'ms':>9s} {'share':>6s}"]
-        for label, times in sorted(rows.items(), key=lambda kv: -sum(kv[1])):
-            t = sum(times)
-            lines.append(f"{label:36s} {len(times):5d} {t * 1e3:9.3f} {100 * t / total:5.1f}%")
-        lines.append(f"{'total':36s} {'':5s} {total * 1e3:9.3f}")
-        return "\n".join(lines)
+        return time_table(rows)
 
 
 def _nbytes(t: TensorType) -> int:
