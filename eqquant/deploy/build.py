@@ -218,9 +218,12 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
                 source, index = llvm_loops.FILLED[name]
                 used[name] = (function(source), index)
     slot_sources = []
+    tables: dict[int, int] = {}          # a table's function -> the addresses it writes
     for name in llvm_loops.slot_names():    # (every cell defined: a module may name it)
         source, index = used.get(name) or (None, None)
         slot_sources.append({"name": name, "function": source, "index": index})
+        if index is not None:
+            tables[source] = llvm_loops.table_length(functions[source])
 
     def value_of(array, what):
         r, offset = roots.place(array, what)
@@ -241,6 +244,9 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
         "output": value_of(bound[out_step][1], "the output"),
         "launches": launches,
         "slots": slot_sources,
+        # (all of a table's addresses, however few the program uses: the loader gives the
+        # table room for each, or it writes past its buffer)
+        "tables": [{"function": f, "length": n} for f, n in sorted(tables.items())],
         "functions": [c._wrapper_name for c in functions],
     }
     return plan, roots, functions, bound, inputs

@@ -27,7 +27,7 @@ from ..core.timing import time_table
 from ..core.types import TensorType, check_input
 from ..errors import EvalError
 
-FORMAT = 1          # plan.json's (``build.py`` writes it)
+FORMAT = 2          # plan.json's (``build.py`` writes it; 2: each GEMM table's length)
 
 
 def pool_threads() -> int:
@@ -110,11 +110,15 @@ class Library:
         except AttributeError as e:
             raise EvalError(f"{folder}: its library lacks a C function its plan names "
                             f"({e})") from None
-        tables: dict = {}           # a GEMM table's function -> the addresses it gives
+        # a GEMM table's function -> the addresses it gives: it writes all of its module's,
+        # so its buffer has the room its plan says (not just for the ones the program uses)
+        lengths = {t["function"]: t["length"] for t in plan["tables"]}
         for s in plan["slots"]:
-            if s["index"] is not None:
-                tables[s["function"]] = max(tables.get(s["function"], 0), s["index"] + 1)
-        for f, count in tables.items():
+            if s["index"] is not None and not 0 <= s["index"] < lengths.get(s["function"], 0):
+                raise EvalError(f"{folder}: its plan names address {s['index']} of a GEMM "
+                                "table it gives no such length")
+        tables: dict = {}
+        for f, count in lengths.items():
             out = (ctypes.c_int64 * count)()
             ctypes.CFUNCTYPE(None, ctypes.c_int64)(functions[f])(ctypes.addressof(out))
             tables[f] = list(out)

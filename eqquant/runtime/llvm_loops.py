@@ -238,6 +238,14 @@ def fill_slot(symbol: str, address: int, function, index: int | None = None) -> 
     FILLED[symbol] = (function, index)
 
 
+def table_length(function) -> int:
+    """How many addresses the GEMM table ``function`` (a CFunc ``load_gemms`` made) writes
+    when called: all of its module's GEMMs, whichever of them a program uses (a caller must
+    give it room for every one)."""
+    return 1 + max(index for source, index in FILLED.values()
+                   if source is function and index is not None)
+
+
 def slot_cell(symbol: str) -> int:
     """The address of ``symbol``'s slot itself, the cell holding its C function's address
     (known before the function is loaded, which ``compiling.deferring`` may put off)."""
@@ -552,8 +560,15 @@ def store_rows(builder, accs, out, p, ldc, ob, block: int, align: int = 4) -> No
 
 @lru_cache(maxsize=None)
 def cpu_has(feature: str) -> bool:
-    """Whether the host CPU has ``feature`` (LLVM's name: "avx2", "fma", "avx512vnni");
-    False where llvmlite cannot tell (the portable kernels are then used)."""
+    """Whether the CPU the kernels are compiled for has ``feature`` (LLVM's name: "avx2",
+    "fma", "avx512vnni"): the host's, or, where Numba is told to compile for another CPU
+    (``NUMBA_CPU_FEATURES``, with ``NUMBA_CPU_NAME``), the features given there, so that
+    every kernel choice follows the code Numba emits (a machine can run the kernels of a
+    CPU with fewer features: tests/cpu_kinds.py). False where llvmlite cannot tell (the
+    portable kernels are then used)."""
+    given = _target_features()
+    if given is not None:
+        return given.get(feature, False)
     try:
         import llvmlite.binding as llvm
         llvm.initialize_native_target()
@@ -561,6 +576,16 @@ def cpu_has(feature: str) -> bool:
         return bool(llvm.get_host_cpu_features().get(feature))
     except Exception:  # noqa: BLE001 - no llvmlite, an odd platform: use the portable path
         return False
+
+
+def _target_features() -> dict[str, bool] | None:
+    """The features Numba is told to compile for (``NUMBA_CPU_FEATURES``: "+avx2,-avx512f,
+    ..."), or None where it compiles for the host."""
+    from numba.core import config
+    given = config.CPU_FEATURES
+    if not given:
+        return None
+    return {f[1:]: f[0] == "+" for f in given.split(",") if f[:1] in "+-" and len(f) > 1}
 
 
 def prefetch_line(builder, pointer, write: bool = False) -> None:
