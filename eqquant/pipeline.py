@@ -113,14 +113,20 @@ def demo(model: str, out_dir: str | Path, echo: Callable[[str], None] = print) -
 
 def _library(q, inputs, q_out, folder: Path, stage, echo) -> None:
     """The int8 program compiled ahead of time (``eqquant.deploy``): its kernels linked into
-    one library, loaded and run without Numba, bit for bit the executor's."""
+    one library, checked in a child process (``deploy.check``), then loaded and run here
+    without Numba, bit for bit the executor's. A program the library cannot hold on this
+    CPU runs on the executor: a note, with the reason."""
     from .deploy.build import NotDeployable, build as build_library
+    from .deploy.check import check
     from .deploy.loader import Library
     try:
         stage("compile the int8 program ahead of time", build_library, q.executor(), folder)
     except NotDeployable as e:
-        echo(f"  no library: {e}")
+        echo(f"  runs on the executor: {e.message}")
         return
+    reason = stage("check the library in a child process", check, q.executor(), folder)
+    if reason is not None:
+        raise EqquantError(f"internal: {folder}: {reason}")
     library = stage("load its library (no Numba)", Library, folder)
     out = stage("run the library (first)", library.run, inputs)
     if not np.array_equal(out, q_out):

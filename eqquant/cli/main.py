@@ -170,7 +170,7 @@ def _run_library(file: Path, params: Path | None, input_path: Path, engine: str,
                                "--engine cpu)")
         from ..deploy.loader import Library
         library, model = Library(file), None
-        said = f"the library {file}"
+        said = f"runs on the library {file}"
     else:
         if not file.exists():
             raise EqquantError(f"{file}: no such file")
@@ -178,10 +178,10 @@ def _run_library(file: Path, params: Path | None, input_path: Path, engine: str,
         program = open_program(file, params)
         library = program.runner if program.engine == "library" else None
         model = None if library else program.runner
-        said = (f"its library ({library.folder})" if library
-                else f"the executor ({program.note or 'no library'})")
+        said = (f"runs on its library ({library.folder})" if library
+                else f"runs on the executor: {program.note or 'no library'}")
     if verbose:
-        click.echo(f"{file}: run on {said}", err=True)
+        click.echo(f"{file}: {said}", err=True)
     runner = library or model
     inputs = load_inputs(input_path, list(runner.inputs))
     out = runner.run(inputs)
@@ -520,16 +520,16 @@ def compile_cmd(model, params, out_dir):
     threads as now)."""
     from ..api import load
     from ..deploy.build import build, keeping_objects
-    from ..deploy.cache import differs
+    from ..deploy.check import check
     from ..deploy.loader import Library
     m = load(model, params)
     with keeping_objects():
         ex = m.executor()
     build(ex, out_dir, aliases=m.aliases)
-    library = Library(out_dir)
-    reason = differs(ex, library)
+    reason = check(ex, out_dir)            # (in a child process: a crash is its only)
     if reason is not None:
         raise EqquantError(f"{out_dir}: {reason} (the library is kept for a bug report)")
+    library = Library(out_dir)
     size = sum(f.stat().st_size for f in out_dir.iterdir())
     click.echo(f"wrote {out_dir}: {len(library.plan['launches'])} launches of "
                f"{len(library.plan['functions'])} C functions, {size / 1e6:.1f} MB, "

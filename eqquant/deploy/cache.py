@@ -13,8 +13,8 @@ size and time), Numba's and llvmlite's versions, the CPU's model and features, t
 choose kernels (``EQQUANT_INT8_KERNEL``, ``EQQUANT_FP32_KERNEL``, Numba's CPU options) and
 the threads. A program the library cannot hold (``build.NotDeployable``) is noted with the
 reason and runs on the executor, without trying again. A library is checked once, as it is
-saved: its output on a random input must equal the executor's bit for bit, else it is
-dropped. ``EQQUANT_DEPLOY=0``: neither used nor saved. The cache keeps the KEEP programs used
+saved, in a child process (``check.py``): its output on a random input must equal the
+executor's bit for bit, else it is dropped (a crash there too, with the signal named). ``EQQUANT_DEPLOY=0``: neither used nor saved. The cache keeps the KEEP programs used
 last.
 """
 from __future__ import annotations
@@ -115,17 +115,21 @@ def lookup(digest: str) -> Library | str | None:
 
 def save(executor, digest: str, aliases: dict | None = None) -> Library | str:
     """Save ``executor``'s program under ``digest`` (``aliases``: other names of its inputs,
-    ``build``'s): its library, checked against the executor, or the reason it was not saved
-    (noted in the cache, unless it was the cache itself: a folder that cannot be written,
-    a full disk)."""
+    ``build``'s): its library, checked in a child process against the executor
+    (``check.check``: a library that crashes there costs the child only) and only then
+    loaded here, or the reason it was not saved (noted in the cache, unless it was the
+    cache itself: a folder that cannot be written, a full disk)."""
     from .build import NotDeployable, build, prune_objects
+    from .check import check
     folder = programs_dir() / digest
+    library = None
     try:
         build(executor, folder, key=digest, aliases=aliases)
-        library = Library(folder)
-        reason = differs(executor, library)
+        reason = check(executor, folder)
+        if reason is None:
+            library = Library(folder)
     except (NotDeployable, EvalError) as e:
-        library, reason = None, e.message
+        reason = e.message
     except OSError as e:
         shutil.rmtree(folder, ignore_errors=True)
         return f"the library could not be written to the cache ({e})"
@@ -140,32 +144,6 @@ def save(executor, digest: str, aliases: dict | None = None) -> Library | str:
     _prune()
     prune_objects()
     return library
-
-
-def differs(executor, library: Library) -> str | None:
-    """Why the library's output differs from the executor's on a random input (None: the
-    same bits)."""
-    import numpy as np
-    rng = np.random.default_rng(0)
-    inputs = {}
-    for name, t in library.inputs.items():
-        kind = np.dtype(t.dtype).kind
-        if kind == "f":
-            inputs[name] = rng.standard_normal(t.shape).astype(t.dtype)
-        elif kind == "b":
-            inputs[name] = rng.integers(0, 2, t.shape).astype(bool)
-        else:
-            info = np.iinfo(t.dtype)
-            inputs[name] = rng.integers(info.min, info.max, t.shape, dtype=t.dtype,
-                                        endpoint=True)
-    try:
-        want, got = executor.run(inputs), library.run(inputs)
-    except EqquantError as e:       # (a program refusing such an input: not checked)
-        return f"the saved library could not be checked on a random input ({e})"
-    if want.dtype == got.dtype and want.shape == got.shape and \
-            np.array_equal(want, got, equal_nan=True):
-        return None
-    return "the saved library's output differed from the executor's on a random input"
 
 
 def _prune() -> None:
