@@ -74,9 +74,11 @@ def test_at_least_fifteen_kinds():
     assert len({c[0] for c in CASES}) >= 15
 
 
-def _cli(*args, cwd=None):
+def _cli(*args, cwd=None, env=None):
+    import os
     return subprocess.run([sys.executable, "-m", "eqquant.cli.main", *args],
-                          capture_output=True, text=True, cwd=cwd)
+                          capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, **env} if env else None)
 
 
 @pytest.mark.parametrize("name,src,cls,line,col,word", CASES[::3], ids=[c[0] for c in CASES[::3]])
@@ -115,3 +117,22 @@ def test_fmt_check_and_in_place(tmp_path):
     before = f.read_text()
     r = _cli("fmt", "-i", str(f))
     assert r.returncode == 2 and f.read_text() == before  # nothing overwritten on failure
+
+
+@pytest.mark.parametrize("variable, value, said", [
+    ("EQQUANT_INT8_KERNEL", "avx1024", "not an int8 path"),
+    ("EQQUANT_FP32_KERNEL", "avx1024", "not a float path"),
+])
+def test_a_forced_kernel_path_that_is_not_one_is_a_clear_error(tmp_path, variable, value,
+                                                               said):
+    """Forcing a kernel path that does not exist (or that this CPU lacks: test_runtime_int8,
+    test_runtime) stops `eqquant run` with the reason, exit 2, never a silent fallback."""
+    import numpy as np
+    from eqquant.zoo import build, write
+    paths = write(build("conv_bn", image_size=8), tmp_path)
+    with np.load(paths["input"]) as f:
+        np.save(tmp_path / "x.npy", f[f.files[0]])
+    r = _cli("run", str(paths["ir"]), "-x", str(tmp_path / "x.npy"), "--engine", "executor",
+             env={variable: value})
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"{variable}={value}: {said}" in r.stderr

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from eqquant.errors import EqquantError
 from eqquant.ir.builder import Builder
 from eqquant.ir.interp import run
 from eqquant.ir.params import bind_params
@@ -108,8 +109,8 @@ def _simd_used(ex, path):
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
 def test_every_int8_path_agrees_bit_for_bit(monkeypatch, dtype):
     """Every int8 GEMM path the CPU has (VNNI, AVX2, portable) runs the seed block and agrees
-    with the reference bit for bit; a path the CPU lacks falls back, and the dispatcher picks
-    the fastest the CPU has."""
+    with the reference bit for bit; forcing a path the CPU lacks (or no path) is an error,
+    never a silent fallback, and the dispatcher picks the fastest the CPU has."""
     from eqquant.quant.flow import quantize
     from eqquant.runtime.bindings_int8 import PATHS, int8_path, path_available
     from eqquant.zoo import build
@@ -119,12 +120,16 @@ def test_every_int8_path_agrees_bit_for_bit(monkeypatch, dtype):
     r = quantize(m.module, m.params, samples, "minmax", per_channel=True, dtype=dtype)
     x = {"data": rng.normal(size=(1, 3, 64, 64)).astype("float32")}
     ref = run(r.module, x)
-    for path in PATHS:
+    for path in [*PATHS, "avx1024"]:
         monkeypatch.setenv("EQQUANT_INT8_KERNEL", path)
+        if path not in PATHS or not path_available(path):
+            with pytest.raises(EqquantError, match=f"EQQUANT_INT8_KERNEL={path}: "
+                               + ("this CPU runs" if path in PATHS else "not an int8 path")):
+                Executor(r.module)
+            continue
         ex = Executor(r.module)
         assert not [s.label for s in ex.steps if "reference" in s.label]
-        assert _simd_used(ex, path) == (3 if path_available(path) and path != "portable"
-                                        else 0)
+        assert _simd_used(ex, path) == (0 if path == "portable" else 3)
         np.testing.assert_array_equal(ex.run(x), ref)
     monkeypatch.delenv("EQQUANT_INT8_KERNEL")
     assert int8_path() == next(p for p in PATHS if path_available(p))

@@ -217,6 +217,9 @@ def fp32_path() -> str:
     paths = fp32_paths()
     if not chosen:
         return paths[0]
+    if chosen not in FP32_PATHS:
+        raise EqquantError(f"EQQUANT_FP32_KERNEL={chosen}: not a float path (one of "
+                           f"{', '.join(FP32_PATHS)})")
     if chosen not in paths:
         raise EqquantError(f"EQQUANT_FP32_KERNEL={chosen}: this CPU runs {', '.join(paths)}")
     return chosen

@@ -63,13 +63,32 @@ def path_available(path: str) -> bool:
 
 def int8_path() -> str:
     """The int8 GEMM this CPU runs: the first of PATHS it has; EQQUANT_INT8_KERNEL=amx|vnni|
-    vnni16|avxvnni|avx2|portable forces one (a path the CPU lacks falls back to the best it
-    has)."""
+    vnni16|avxvnni|avx2|portable forces one (a path the CPU lacks, or no path, is an error:
+    never a silent fallback)."""
     import os
+    from ..errors import EqquantError
     chosen = os.environ.get("EQQUANT_INT8_KERNEL", "")
-    if chosen in PATHS and path_available(chosen):
-        return chosen
-    return next(p for p in PATHS if path_available(p))
+    if not chosen:
+        return next(p for p in PATHS if path_available(p))
+    if chosen not in PATHS:
+        raise EqquantError(f"EQQUANT_INT8_KERNEL={chosen}: not an int8 path (one of "
+                           f"{', '.join(PATHS)})")
+    if not path_available(chosen):
+        raise EqquantError(f"EQQUANT_INT8_KERNEL={chosen}: this CPU runs "
+                           f"{', '.join(p for p in PATHS if path_available(p))}")
+    return chosen
+
+
+def check_forced_paths() -> None:
+    """The kernel paths forced (EQQUANT_INT8_KERNEL, EQQUANT_FP32_KERNEL), where set, are
+    paths this CPU runs: an error otherwise, whatever a program runs (an executor asks as
+    it is made)."""
+    import os
+    from .bindings import fp32_path
+    if os.environ.get("EQQUANT_INT8_KERNEL"):
+        int8_path()
+    if os.environ.get("EQQUANT_FP32_KERNEL"):
+        fp32_path()
 
 
 # How much wider than its blocks of 16 would, padding a layer to the 512-bit VNNI kernel's

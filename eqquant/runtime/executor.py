@@ -55,6 +55,8 @@ class Step:
 
 class Executor:
     def __init__(self, module: Module):
+        from .bindings_int8 import check_forced_paths
+        check_forced_paths()            # (a path forced that this CPU lacks: an error)
         with compiling.session:         # (one executor at a time surveys and shares)
             with compiling.deferring():     # (slot modules imported here load at its end)
                 self._build(module)
