@@ -520,13 +520,14 @@ def compile_cmd(model, params, out_dir):
     threads as now)."""
     from ..api import load
     from ..deploy.build import build, keeping_objects
-    from ..deploy.check import check
+    from ..deploy.check import Checker
     from ..deploy.loader import Library
     m = load(model, params)
     with keeping_objects():
         ex = m.executor()
-    build(ex, out_dir, aliases=m.aliases)
-    reason = check(ex, out_dir)            # (in a child process: a crash is its only)
+    with Checker() as checker:              # (in a child process: a crash is its only)
+        build(ex, out_dir, aliases=m.aliases)
+        reason = checker.check(ex, out_dir)
     if reason is not None:
         raise EqquantError(f"{out_dir}: {reason} (the library is kept for a bug report)")
     library = Library(out_dir)

@@ -120,12 +120,13 @@ def save(executor, digest: str, aliases: dict | None = None) -> Library | str:
     loaded here, or the reason it was not saved (noted in the cache, unless it was the
     cache itself: a folder that cannot be written, a full disk)."""
     from .build import NotDeployable, build, prune_objects
-    from .check import check
+    from .check import Checker
     folder = programs_dir() / digest
     library = None
     try:
-        build(executor, folder, key=digest, aliases=aliases)
-        reason = check(executor, folder)
+        with Checker() as checker:          # (starting while the library is linked)
+            build(executor, folder, key=digest, aliases=aliases)
+            reason = checker.check(executor, folder)
         if reason is None:
             library = Library(folder)
     except (NotDeployable, EvalError) as e:

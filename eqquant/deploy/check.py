@@ -3,13 +3,16 @@ it is loaded and run on a random input, and its output must equal the executor's
 bit. A library that crashes there (a signal), fails, hangs or differs is refused with the
 reason; the process that asked carries on, with the executor.
 
-    reason = check(executor, "out/resnet18.eqq")     # None: the executor's bits
+    with Checker() as checker:                  # the child starts (Python, numpy) ...
+        build(executor, folder)                 # ... while the library is linked
+        reason = checker.check(executor, folder)    # None: the executor's bits
 
-The child (``python -m eqquant.deploy.check FOLDER INPUTS.npz OUTPUT.npy``) imports numpy
-and the loader only, as a later process running the library does.
+The child (``python -m eqquant.deploy.check``) imports numpy and the loader only, as a later
+process running the library does, then reads what to check on its standard input.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -43,40 +46,70 @@ def random_inputs(types: dict, seed: int = 0) -> dict:
     return inputs
 
 
-def check(executor, folder: str | os.PathLike) -> str | None:
-    """Why the library in ``folder`` (saved from ``executor``) is refused: it crashed,
-    failed or hung while a child process loaded and ran it, or its output differs from the
-    executor's on a random input. None: the same bits."""
-    types = {name: t for name, (_, t) in executor.inputs.items()}
-    inputs = random_inputs(types)
-    try:
-        want = executor.run(inputs)
-    except EqquantError as e:       # (a program refusing such an input: not checked)
-        return f"the saved library could not be checked on a random input ({e.message})"
-    with tempfile.TemporaryDirectory(prefix="eqquant-check.") as work:
-        given, got_path = Path(work) / "inputs.npz", Path(work) / "output.npy"
-        np.savez(given, **inputs)
+class Checker:
+    """A child process started ahead (its start-up, most of a check's time, overlaps the
+    library's linking), which checks one library (``check``); closed unused, it exits."""
+
+    def __init__(self):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (str(_PACKAGE_PARENT), os.environ.get("PYTHONPATH", "")) if p)}
+        self._child = subprocess.Popen(
+            [sys.executable, "-m", "eqquant.deploy.check"], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        if self._child.poll() is None:
+            try:
+                self._child.communicate("", timeout=TIMEOUT)    # (nothing to check: it exits)
+            except subprocess.TimeoutExpired:
+                self._child.kill()
+                self._child.communicate()
+
+    def check(self, executor, folder: str | os.PathLike) -> str | None:
+        """Why the library in ``folder`` (saved from ``executor``) is refused: it crashed,
+        failed or hung while the child loaded and ran it, or its output differs from the
+        executor's on a random input. None: the same bits."""
+        types = {name: t for name, (_, t) in executor.inputs.items()}
+        inputs = random_inputs(types)
         try:
-            done = subprocess.run(
-                [sys.executable, "-m", "eqquant.deploy.check", str(folder), str(given),
-                 str(got_path)], capture_output=True, text=True, env=env, timeout=TIMEOUT,
-                stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return f"the library did not finish within {TIMEOUT:.0f} s while checking it"
-        if done.returncode < 0:
-            return f"the library crashed with {_signal_name(-done.returncode)} while " \
-                   "checking it"
-        if done.returncode != 0:
-            said = done.stderr.strip().splitlines()
-            return "the library failed while checking it" + \
-                (f" ({said[-1]})" if said else f" (exit status {done.returncode})")
-        got = np.load(got_path, allow_pickle=False)
-    if want.dtype == got.dtype and want.shape == got.shape and \
-            np.array_equal(want, got, equal_nan=True):
-        return None
-    return "the saved library's output differed from the executor's on a random input"
+            want = executor.run(inputs)
+        except EqquantError as e:       # (a program refusing such an input: not checked)
+            self.close()
+            return f"the saved library could not be checked on a random input ({e.message})"
+        with tempfile.TemporaryDirectory(prefix="eqquant-check.") as work:
+            given, got_path = Path(work) / "inputs.npz", Path(work) / "output.npy"
+            np.savez(given, **inputs)
+            asked = json.dumps({"folder": str(Path(folder).resolve()), "inputs": str(given),
+                                "output": str(got_path)})
+            try:
+                _, said = self._child.communicate(asked + "\n", timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self._child.kill()
+                self._child.communicate()
+                return f"the library did not finish within {TIMEOUT:.0f} s while checking it"
+            code = self._child.returncode
+            if code < 0:
+                return f"the library crashed with {_signal_name(-code)} while checking it"
+            if code != 0:
+                said = said.strip().splitlines()
+                return "the library failed while checking it" + \
+                    (f" ({said[-1]})" if said else f" (exit status {code})")
+            got = np.load(got_path, allow_pickle=False)
+        if want.dtype == got.dtype and want.shape == got.shape and \
+                np.array_equal(want, got, equal_nan=True):
+            return None
+        return "the saved library's output differed from the executor's on a random input"
+
+
+def check(executor, folder: str | os.PathLike) -> str | None:
+    """``Checker().check``: a library already saved, checked by a child started now."""
+    return Checker().check(executor, folder)
 
 
 def _signal_name(number: int) -> str:
@@ -86,14 +119,19 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _child(folder: str, given: str, out: str) -> int:
-    """The child's side: load the library, run it on the inputs, save its output."""
+def _child() -> int:
+    """The child's side: wait for what to check (one line of JSON on standard input; none:
+    exit), load the library, run it on the inputs, save its output."""
     from .loader import Library
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0
+    asked = json.loads(line)
     try:
-        library = Library(folder)
-        with np.load(given, allow_pickle=False) as f:
+        library = Library(asked["folder"])
+        with np.load(asked["inputs"], allow_pickle=False) as f:
             inputs = {name: f[name] for name in f.files}
-        np.save(out, library.run(inputs), allow_pickle=False)
+        np.save(asked["output"], library.run(inputs), allow_pickle=False)
     except EqquantError as e:
         print(e.message, file=sys.stderr)
         return 1
@@ -101,4 +139,4 @@ def _child(folder: str, given: str, out: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_child(*sys.argv[1:4]))
+    sys.exit(_child())
