@@ -468,8 +468,9 @@ def test_memory_plan_keeps_the_fields_of_a_tuple_alive():
     mod = bind_params(*b.finish(b.call("split", y, indices=[4], axis=1)))
     ex = Executor(mod)
     xs = {"x": rng.normal(size=(1, 8, 12, 12)).astype("float32")}
-    for got, want in zip(ex.run(xs), run(mod, xs)):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for got, want in zip(ex.run(xs), run(mod, xs)):     # (a block overwritten: whole values
+        # off; float32 sums in another order, as BLAS's: a few ulps of the largest)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
 
 
 def test_kernels_are_cached_on_disk():
