@@ -117,14 +117,17 @@ def _library(q, inputs, q_out, folder: Path, stage, echo) -> None:
     without Numba, bit for bit the executor's. A program the library cannot hold on this
     CPU runs on the executor: a note, with the reason."""
     from .deploy.build import NotDeployable, build as build_library
-    from .deploy.check import check
+    from .deploy.check import Checker
     from .deploy.loader import Library
-    try:
-        stage("compile the int8 program ahead of time", build_library, q.executor(), folder)
-    except NotDeployable as e:
-        echo(f"  runs on the executor: {e.message}")
-        return
-    reason = stage("check the library in a child process", check, q.executor(), folder)
+    with Checker() as checker:
+        try:
+            stage("compile the int8 program ahead of time", build_library, q.executor(),
+                  folder)
+        except NotDeployable as e:
+            echo(f"  runs on the executor: {e.message}")
+            return
+        reason = stage("check the library in a child process", checker.check,
+                       q.executor(), folder)
     if reason is not None:
         raise EqquantError(f"internal: {folder}: {reason}")
     library = stage("load its library (no Numba)", Library, folder)

@@ -14,8 +14,8 @@ choose kernels (``EQQUANT_INT8_KERNEL``, ``EQQUANT_FP32_KERNEL``, Numba's CPU op
 the threads. A program the library cannot hold (``build.NotDeployable``) is noted with the
 reason and runs on the executor, without trying again. A library is checked once, as it is
 saved, in a child process (``check.py``): its output on a random input must equal the
-executor's bit for bit, else it is dropped (a crash there too, with the signal named). ``EQQUANT_DEPLOY=0``: neither used nor saved. The cache keeps the KEEP programs used
-last.
+executor's bit for bit, else it is dropped (a crash there too, with the signal named).
+``EQQUANT_DEPLOY=0``: neither used nor saved. The cache keeps the KEEP programs used last.
 """
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def lookup(digest: str) -> Library | str | None:
 def save(executor, digest: str, aliases: dict | None = None) -> Library | str:
     """Save ``executor``'s program under ``digest`` (``aliases``: other names of its inputs,
     ``build``'s): its library, checked in a child process against the executor
-    (``check.check``: a library that crashes there costs the child only) and only then
+    (``check.Checker``: a library that crashes there costs the child only) and only then
     loaded here, or the reason it was not saved (noted in the cache, unless it was the
     cache itself: a folder that cannot be written, a full disk)."""
     from .build import NotDeployable, build, prune_objects

@@ -107,11 +107,6 @@ class Checker:
         return "the saved library's output differed from the executor's on a random input"
 
 
-def check(executor, folder: str | os.PathLike) -> str | None:
-    """``Checker().check``: a library already saved, checked by a child started now."""
-    return Checker().check(executor, folder)
-
-
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
