@@ -21,10 +21,8 @@ memory). ``plan.json`` says where each word of each block points: a root and an 
 C function, a slot's cell.
 
 What cannot be saved is refused with the reason (``NotDeployable``): a step that is not
-launches (a reference op, a kernel bound as a Numba function of its own: the portable
-convolution's, the BLAS path's), a tuple output, an integer argument that looks like an
-address nothing names. A step whose call chooses among kernels at each run is saved as the
-launches it gives for a library (AVX2's byte driver: its 16-bit driver's, the same sums).
+launches (a reference op, a kernel bound as a Numba function of its own, the AVX2 byte
+driver's), a tuple output, an integer argument that looks like an address nothing names.
 """
 from __future__ import annotations
 
@@ -256,18 +254,15 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
 
 def _written(roots: _Roots, bound: list, inputs: dict) -> set[int]:
     """The stored roots a run writes (scratch, work counters): their bytes compared before
-    and after one run of the launches the library makes (each step's, which may be
-    another kernel than the executor's call chooses: ``avx2._BoundBytes``), on zero
-    inputs. (They are left as that run left them, as a run leaves them for the next.)"""
+    and after one run of the bound steps, on zero inputs. (They are left as that run left
+    them, as a run leaves them for the next.)"""
     for a in inputs.values():
         a[...] = 0
     before = {r: np.array(_bytes(a)) for r, a in enumerate(roots.arrays)
               if r not in roots.fresh}
     for prepared in bound:
         if prepared is not None:
-            calls = prepared[0].launches() if hasattr(prepared[0], "launches") else None
-            for call in calls if calls is not None else [prepared[0]]:
-                call()
+            prepared[0]()
     return {r for r, b in before.items() if not np.array_equal(b, _bytes(roots.arrays[r]))}
 
 

@@ -718,34 +718,14 @@ class _BytesDriver:
                functools.partial(conv_requantize, *head, *tail), record)
 
     def bind(self, args: tuple, entry_point):
-        """``self(*args)`` as a call with no arguments (``_BoundBytes``): the byte driver's
-        compiled entry point for these arguments' types (``entry_point(kernel, args)``) and
-        the 16-bit driver bound (``launch.Driver.bind``)."""
+        """``self(*args)`` as a call with no arguments: the byte driver's compiled entry
+        point for these arguments' types (``entry_point(kernel, args)``) and the 16-bit
+        driver bound (``launch.Driver.bind``)."""
         head, quads, record, tail = args[:13], args[13], args[14], args[15:]
         region = (*head, quads, *tail)
-        plain = conv_requantize.bind((*head, *tail), entry_point)
-        return _BoundBytes(functools.partial(
-            _drive, functools.partial(entry_point(_bytes_region, region), *region), plain,
-            record), plain)
-
-
-class _BoundBytes:
-    """``conv_requantize_bytes`` bound: a call is ``_drive``'s choice between the byte and
-    the 16-bit driver; as launches (a program saved ahead of time, ``eqquant.deploy``), the
-    16-bit driver's, whose sums are the byte driver's exactly (the choice is speed only:
-    the byte kernel ran resnet18's layers 0.93x the time on an AMD EPYC), so the library
-    gives the executor's bits."""
-
-    __slots__ = ("drive", "plain")
-
-    def __init__(self, drive, plain):
-        self.drive, self.plain = drive, plain
-
-    def launches(self) -> list:
-        return self.plain.launches()
-
-    def __call__(self) -> None:
-        self.drive()
+        return functools.partial(
+            _drive, functools.partial(entry_point(_bytes_region, region), *region),
+            conv_requantize.bind((*head, *tail), entry_point), record)
 
 
 def _drive(region, plain, record):
