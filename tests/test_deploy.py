@@ -494,6 +494,25 @@ def test_compile_and_run_from_the_command_line(saved, tmp_path, capsys):
     assert "plan.json" in capsys.readouterr().err
 
 
+def test_relative_folders_for_a_library_and_the_cache(saved, tmp_path, monkeypatch, capsys):
+    """`eqquant compile M.ir -o lib` and EQQUANT_CACHE_DIR=cache, folders relative to the
+    working one (the C compiler runs inside the work folder: it once failed to find them)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EQQUANT_CACHE_DIR", "cache")
+    path, _ = save_program(Path("p.ir"), saved)
+    ex = Executor(saved)
+    x = _input(ex)
+    np.save("x.npy", next(iter(x.values())))
+    assert cli_exit(["compile", "p.ir", "-o", "lib"]) == 0
+    assert "wrote lib" in capsys.readouterr().out
+    assert cli_exit(["run", "lib", "-x", "x.npy", "-o", "y.npy"]) == 0
+    np.testing.assert_array_equal(np.load("y.npy"), ex.run(x))
+    program = cache.open_program(path)
+    assert program.engine == "library", program.note
+    assert not list(Path("cache", "programs").glob("*.refused"))
+    np.testing.assert_array_equal(program.run(x), ex.run(x))
+
+
 def _double(thread, threads, args):
     x, out = args
     for i in range(*share(x.size, thread, threads)):

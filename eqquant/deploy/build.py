@@ -60,7 +60,7 @@ def build(executor, folder: str | os.PathLike, key: str = "",
     folder that is not empty is refused); ``key``: what it was made from
     (``cache.key``), kept in its plan; ``aliases``: other names its inputs answer to (an
     imported model's, ``api.Model.aliases``). Raises NotDeployable with the reason."""
-    folder = Path(folder)
+    folder = Path(folder).absolute()    # (the compiler runs inside the work folder)
     if folder.exists() and not (folder / "plan.json").is_file() and \
             (not folder.is_dir() or any(folder.iterdir())):
         raise EqquantError(f"{folder}: exists and is not a library eqquant saved: not "
