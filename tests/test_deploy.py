@@ -385,6 +385,64 @@ def test_the_demo_notes_a_program_left_on_the_executor_and_runs_a_saved_one(save
     assert said[-1].startswith(f"  wrote {tmp_path / 'lib'}/") and "error" not in "".join(said)
 
 
+def test_what_this_cache_did_not_write_is_set_aside_never_trusted(saved, tmp_path,
+                                                                   monkeypatch, capsys):
+    """Found in the cache where a program's library or note would be: a folder without a
+    plan, a symlink to another program's library, a note that is a folder or a symlink
+    to a file outside. Each is set aside and the program saved again (never a hard failure,
+    never followed); no file outside the cache is read out or written through."""
+    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    path, _ = save_program(tmp_path / "p.ir", saved)
+    folder = tmp_path / "cache" / "programs" / cache.key([path, path.with_suffix(".npz")])
+    note = folder.with_suffix(".refused")
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not eqquant's")
+    other = tmp_path / "other-library"
+    other.mkdir()
+    (other / "plan.json").write_text("{}")
+    x = _input(Executor(saved))
+    want = Executor(saved).run(x)
+    for plant in ("a folder without a plan", "a symlink to another library",
+                  "a note that is a folder", "a note that is a symlink"):
+        _set_aside(folder)
+        _set_aside(note)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        if plant == "a folder without a plan":
+            folder.mkdir()
+            (folder / "stray").write_text("x")
+        elif plant == "a symlink to another library":
+            folder.symlink_to(other, target_is_directory=True)
+        elif plant == "a note that is a folder":
+            note.mkdir()
+        else:
+            note.symlink_to(outside)
+        program = cache.open_program(path)
+        assert program.engine == "library" and program.note == "", (plant, program.note)
+        assert not folder.is_symlink() and (folder / "plan.json").is_file()
+        np.testing.assert_array_equal(program.run(x), want)
+    assert outside.read_text() == "not eqquant's" and (other / "plan.json").read_text() == "{}"
+    # a program refused, its note planted as a symlink to a file outside: the note is
+    # written anew (the file outside untouched), and -v never shows the file's contents
+    refused = tmp_path / "t.ir"
+    refused.write_text("def @main(%x: Tensor[(1, 8), float32]) {\n  tanh(%x)\n}\n")
+    note = (tmp_path / "cache" / "programs" / cache.key([refused])).with_suffix(".refused")
+    note.symlink_to(outside)
+    np.save(tmp_path / "x8.npy", np.zeros((1, 8), np.float32))
+    assert cli_exit(["run", str(refused), "-x", str(tmp_path / "x8.npy"), "-v"]) == 0
+    said = capsys.readouterr().err
+    assert "not eqquant's" not in said and "runs on the executor: step 0 (tanh" in said
+    assert outside.read_text() == "not eqquant's"
+    assert not note.is_symlink() and "tanh" in note.read_text()
+
+
+def _set_aside(path):
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        import shutil
+        shutil.rmtree(path)
+
+
 def test_a_cache_that_cannot_be_written_leaves_the_program_on_the_executor(saved, tmp_path,
                                                                           monkeypatch):
     blocked = tmp_path / "not-a-folder"

@@ -97,20 +97,56 @@ def lookup(digest: str) -> Library | str | None:
     None."""
     folder = programs_dir() / digest
     refused = folder.with_suffix(".refused")
-    if refused.exists():
-        return refused.read_text(encoding="utf-8")
-    if not (folder / "plan.json").exists():
+    if refused.exists() or refused.is_symlink():
+        note = _note(refused)
+        if note is not None:
+            return note
+        _set_aside(refused)             # (not a note this cache wrote: tried again)
+    if folder.is_symlink() or (folder.exists() and not _is_library(folder)):
+        _set_aside(folder)              # (not a library this cache saved: saved again)
+    if not folder.exists():
         return None
     try:
         library = Library(folder)
-    except (OSError, ValueError, KeyError, EvalError):    # (damaged: saved again)
-        shutil.rmtree(folder, ignore_errors=True)
+    except (OSError, ValueError, KeyError, TypeError, EvalError):    # (damaged: saved again)
+        _set_aside(folder)
         return None
     try:
         os.utime(folder / "plan.json")          # (used now: kept longer, ``_prune``)
     except OSError:
         pass
     return library
+
+
+NOTE_BYTES = 4096     # a refusal's note is one line of eqquant's: longer is not one
+
+
+def _note(path: Path) -> str | None:
+    """The refusal noted at ``path``, or None where that is not a note this cache wrote (a
+    symlink, a folder, a large or binary file): never another file's contents."""
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > NOTE_BYTES:
+            return None
+        return path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _is_library(folder: Path) -> bool:
+    plan = folder / "plan.json"
+    return folder.is_dir() and not plan.is_symlink() and plan.is_file()
+
+
+def _set_aside(path: Path) -> None:
+    """Remove what lies at ``path`` in the cache, whatever it is (a symlink: the link, never
+    what it points to)."""
+    try:
+        if path.is_symlink() or not path.is_dir():
+            path.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(path)
+    except OSError:
+        pass
 
 
 def save(executor, digest: str, aliases: dict | None = None) -> Library | str:
@@ -122,6 +158,8 @@ def save(executor, digest: str, aliases: dict | None = None) -> Library | str:
     from .build import NotDeployable, build, prune_objects
     from .check import Checker
     folder = programs_dir() / digest
+    if folder.is_symlink() or (folder.exists() and not _is_library(folder)):
+        _set_aside(folder)                  # (not a library this cache saved)
     library = None
     try:
         with Checker() as checker:          # (starting while the library is linked)
@@ -132,13 +170,16 @@ def save(executor, digest: str, aliases: dict | None = None) -> Library | str:
     except (NotDeployable, EvalError) as e:
         reason = e.message
     except OSError as e:
-        shutil.rmtree(folder, ignore_errors=True)
+        _set_aside(folder)
         return f"the library could not be written to the cache ({e})"
     if reason is not None:
-        shutil.rmtree(folder, ignore_errors=True)
-        try:
+        _set_aside(folder)
+        note = folder.with_suffix(".refused")
+        try:                                # (a new file: never written through a link)
             folder.parent.mkdir(parents=True, exist_ok=True)
-            folder.with_suffix(".refused").write_text(reason, encoding="utf-8")
+            part = note.with_name(f"{note.name}.{os.getpid()}.part")
+            part.write_text(reason, encoding="utf-8")
+            part.replace(note)
         except OSError:
             pass
         return reason
