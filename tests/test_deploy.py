@@ -443,6 +443,23 @@ def _set_aside(path):
         shutil.rmtree(path)
 
 
+def test_a_library_the_compiler_could_not_build_is_tried_again(saved, tmp_path,
+                                                                monkeypatch):
+    """A failing C compiler (CC=false) is a cause that may pass: the program runs on the
+    executor, nothing is noted, and the next run with a compiler saves the library."""
+    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    path, _ = save_program(tmp_path / "p.ir", saved)
+    x = _input(Executor(saved))
+    monkeypatch.setenv("CC", "false")
+    first = cache.open_program(path)
+    assert first.engine == "executor" and "compiling library.c failed" in first.note
+    assert not list((tmp_path / "cache" / "programs").glob("*"))       # nothing noted
+    np.testing.assert_array_equal(first.run(x), Executor(saved).run(x))
+    monkeypatch.delenv("CC")
+    again = cache.open_program(path)
+    assert again.engine == "library" and again.note == ""
+
+
 def test_a_cache_that_cannot_be_written_leaves_the_program_on_the_executor(saved, tmp_path,
                                                                           monkeypatch):
     blocked = tmp_path / "not-a-folder"

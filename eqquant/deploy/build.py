@@ -53,6 +53,11 @@ class NotDeployable(EqquantError):
     """The executor's program cannot be saved ahead of time: why."""
 
 
+class NotBuiltHere(NotDeployable):
+    """The library could not be built in this setting (no C compiler, the compiler or the
+    linker failing): a cause that may pass, so the cache tries again next time."""
+
+
 def build(executor, folder: str | os.PathLike, key: str = "",
           aliases: dict | None = None) -> Path:
     """Save ``executor``'s program into ``folder`` (made, or an earlier library there
@@ -67,7 +72,7 @@ def build(executor, folder: str | os.PathLike, key: str = "",
                            "replaced (give a new folder, or an old library's)")
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None:
-        raise NotDeployable("no C compiler (cc) to link the library with")
+        raise NotBuiltHere("no C compiler (cc) to link the library with")
     plan, roots, functions, bound, inputs = _plan(executor)
     plan["key"] = key
     plan["aliases"] = dict(aliases or {})
@@ -323,12 +328,12 @@ def _link(functions: list, plan: dict, work: Path, cc: str) -> None:
     finally:
         said = c_side.communicate()[0]
     if c_side.returncode != 0:
-        raise NotDeployable("compiling library.c failed: " + said.strip()[-2000:])
+        raise NotBuiltHere("compiling library.c failed: " + said.strip()[-2000:])
     done = subprocess.run([cc, "-shared", "-fopenmp", "-Wl,-Bsymbolic", "-o",
                            str(work / "program.so"), str(work / "library.o"),
                            str(work / "slots.o"), *objects], capture_output=True, text=True)
     if done.returncode != 0:
-        raise NotDeployable("linking the library failed: " + done.stderr.strip()[-2000:])
+        raise NotBuiltHere("linking the library failed: " + done.stderr.strip()[-2000:])
     for path in [*objects, work / "library.o", work / "slots.o", cells]:
         os.unlink(path)
 

@@ -12,7 +12,9 @@ members' CRC-32s and sizes, as a saved program records them), eqquant's source (
 size and time), Numba's and llvmlite's versions, the CPU's model and features, the settings that
 choose kernels (``EQQUANT_INT8_KERNEL``, ``EQQUANT_FP32_KERNEL``, Numba's CPU options) and
 the threads. A program the library cannot hold (``build.NotDeployable``) is noted with the
-reason and runs on the executor, without trying again. A library is checked once, as it is
+reason and runs on the executor, without trying again; one whose library could not be built
+in this setting (``build.NotBuiltHere``: no C compiler, the compiler failing) is tried again
+at its next run. A library is checked once, as it is
 saved, in a child process (``check.py``): its output on a random input must equal the
 executor's bit for bit, else it is dropped (a crash there too, with the signal named).
 ``EQQUANT_DEPLOY=0``: neither used nor saved. The cache keeps the KEEP programs used last.
@@ -155,7 +157,7 @@ def save(executor, digest: str, aliases: dict | None = None) -> Library | str:
     (``check.Checker``: a library that crashes there costs the child only) and only then
     loaded here, or the reason it was not saved (noted in the cache, unless it was the
     cache itself: a folder that cannot be written, a full disk)."""
-    from .build import NotDeployable, build, prune_objects
+    from .build import NotBuiltHere, NotDeployable, build, prune_objects
     from .check import Checker
     folder = programs_dir() / digest
     if folder.is_symlink() or (folder.exists() and not _is_library(folder)):
@@ -167,6 +169,9 @@ def save(executor, digest: str, aliases: dict | None = None) -> Library | str:
             reason = checker.check(executor, folder)
         if reason is None:
             library = Library(folder)
+    except NotBuiltHere as e:               # (may pass: not noted, tried again next time)
+        _set_aside(folder)
+        return e.message
     except (NotDeployable, EvalError) as e:
         reason = e.message
     except OSError as e:
