@@ -193,6 +193,40 @@ def test_an_nchw_int8_site_binds_its_moves_and_gives_the_reference_bits(dtype, t
         assert int8_path() == "portable"     # (AVX2's 16-bit driver takes its 27-byte rows)
 
 
+def test_the_kernel_plan_says_what_runs_each_op_on_every_path(stem, tmp_path, capsys):
+    """``Executor.kernel_plan``: a row per op in order (kernels run, the GEMM path chosen,
+    layout, dtypes, threads); on each int8 path forced, the convolutions' rows name it; a
+    saved library keeps the executor's plan, and `eqquant run -v` prints it."""
+    int8, _ = stem
+    for path in int8_paths():
+        with forced_int8_path(path):
+            ex = Executor(int8)
+            rows = ex.kernel_plan()
+            assert [r["step"] for r in rows] == [
+                i for i, st in enumerate(ex.steps) if st.kind not in ("tuple", "getitem")]
+            convs = [r for r in rows if r["op"].startswith("fused.qconv2d")]
+            assert convs and {r["path"] for r in convs} == {path}, (path, convs)
+            assert all(r["kernels"] and "?" not in r["kernels"] and r["threads"] >= 1
+                       for r in rows)
+            assert {r["layout"] for r in convs} == {"NHWC"}     # (the program's layouts)
+            assert rows[0]["dtypes"] == "float32 -> uint8"
+            try:
+                build(ex, tmp_path / path)
+            except NotDeployable:
+                continue
+            assert Library(tmp_path / path).plan["ops"] == rows
+    path, _ = save_program(tmp_path / "stem.ir", int8)
+    np.save(tmp_path / "x.npy", next(iter(_input(Executor(int8)).values())))
+    for engine in ("cpu", "executor"):
+        assert cli_exit(["run", str(path), "-x", str(tmp_path / "x.npy"), "-v",
+                         "--engine", engine]) == 0
+        said = capsys.readouterr().err.splitlines()
+        header = next(i for i, line in enumerate(said) if line.split()[:3] == ["step", "op",
+                                                                             "kernel"])
+        assert [line.split()[1] for line in said[header + 1:]] == [
+            r["op"] for r in Executor(int8).kernel_plan()]
+
+
 def test_fp32_and_depthwise_programs_give_the_executors_bits(stem, inverted_residual,
                                                               tmp_path):
     for j, program in enumerate([stem[1], *inverted_residual]):

@@ -106,7 +106,8 @@ def check(file: Path, params: Path | None) -> None:
               "Numba executor; reference: the numpy reference interpreter.")
 @click.option("--profile", is_flag=True, help="Print the time per op (on stderr).")
 @click.option("--verbose", "-v", is_flag=True,
-              help="Say on stderr what ran the program (its library, or the executor and why).")
+              help="Say on stderr what runs the program (its library, or the executor and "
+              "why) and what runs each op: kernel, path, layout, dtypes, threads.")
 def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
         engine: str, profile: bool, verbose: bool) -> None:
     """Run FILE (text IR, .onnx, or a library saved by `eqquant compile`) on an input."""
@@ -122,9 +123,13 @@ def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
         check_module(mod)
         inputs = m.named(load_inputs(input_path, list(m.inputs)))
         if engine == "reference":
+            if verbose:
+                _say(file, "runs on the reference interpreter (--engine reference)")
             out = interpret(mod, inputs, values)
         else:
             ex = m.executor()
+            if verbose:
+                _say(file, "runs on the executor (--engine executor)", ex.kernel_plan())
             out = ex.run(inputs, profile=profile)
             if profile:
                 for _ in range(4):
@@ -158,6 +163,15 @@ def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
             click.echo(f"{name} {arr.dtype}{list(arr.shape)}: {stats}")
 
 
+def _say(file: Path, said: str, rows: list | None = None) -> None:
+    """``run -v``: on stderr, which engine runs FILE, and what runs each op (the kernel
+    plan's ``rows``, where it has one)."""
+    from ..core.timing import plan_table
+    click.echo(f"{file}: {said}", err=True)
+    if rows:
+        click.echo(plan_table(rows), err=True)
+
+
 def _run_library(file: Path, params: Path | None, input_path: Path, engine: str,
                  verbose: bool = False, profile: bool = False):
     """FILE's output on the input, from its library: FILE itself (a folder `eqquant compile`
@@ -181,7 +195,8 @@ def _run_library(file: Path, params: Path | None, input_path: Path, engine: str,
         said = (f"runs on its library ({library.folder})" if library
                 else f"runs on the executor: {program.note or 'no library'}")
     if verbose:
-        click.echo(f"{file}: {said}", err=True)
+        _say(file, said, library.plan.get("ops") if library
+             else model.executor().kernel_plan())
     runner = library or model
     inputs = load_inputs(input_path, list(runner.inputs))
     out = runner.run(inputs)

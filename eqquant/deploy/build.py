@@ -253,6 +253,7 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
         # table room for each, or it writes past its buffer)
         "tables": [{"function": f, "length": n} for f, n in sorted(tables.items())],
         "functions": [c._wrapper_name for c in functions],
+        "ops": executor.kernel_plan(bound),     # (what runs each op: eqquant run -v)
     }
     return plan, roots, functions, bound, inputs
 

@@ -66,6 +66,13 @@ class Binding:
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return _is_f32(*in_types, out_type)
 
+    @property
+    def path(self) -> str | None:
+        """The kernel path this call site took where the binding chose among several (a
+        convolution's GEMM: "amx", "vnni", ..., "fma", "blas"), for the kernel plan
+        (``Executor.kernel_plan``); None where it chose none."""
+        return None
+
     def kernel_call(self, ins, out):
         """(kernel, args): the one Numba call that does ``self(ins, out)`` on these arrays as
         they are (views of them, no copies), or None where the binding does more (the
@@ -265,6 +272,7 @@ class Conv2D(_Spatial):
             self.fma = fma
             self.packed = fma.pack(np.ascontiguousarray(   # (tap, channel): as rows gather
                 w.transpose(0, 2, 3, 1).reshape(o, -1), dtype=np.float32), path)
+        self.fp32_path = path if self.fma is not None else None if self.depthwise else "blas"
         # the weights as the NCHW kernels read them, where those run (the FMA kernel reads
         # its panels only: ResNet-18's 47 MB were copied to no use at each load)
         self.w = self._pack(w) if w is not None and self.fma is None else None
@@ -369,6 +377,11 @@ class Conv2D(_Spatial):
         if self.bias_vec is None and len(ins) == 3:  # a bias that is not per channel
             np.add(out, ins[2], out=out)
             np.clip(out, self.lo, self.hi, out=out)
+
+    @property
+    def path(self) -> str | None:
+        """The float convolution's path (None: the depthwise kernel)."""
+        return self.fp32_path
 
 
 _SCRATCH: list[np.ndarray] = [np.empty(0, np.float32)]

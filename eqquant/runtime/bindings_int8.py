@@ -284,6 +284,11 @@ class QConv2D(Binding):
         for b in range(x.shape[0]):
             self.k8.finish_gemm(self.gemm(x[b]), self.correction, out[b].reshape(o, -1))
 
+    @property
+    def path(self) -> str | None:
+        """The GEMM's path (None: the depthwise kernel, which has no GEMM)."""
+        return None if self.depthwise else self.gemm_path
+
 
 class QClip(Binding):
     """qnn.clip: integer bounds worked out once from the constant scale and zero point."""
@@ -369,6 +374,10 @@ class QDense(Binding):
         if self.simd is not None:
             return None
         return self.k8.dense_i8, (ins[0], self.zx, self.w, self.zw, self.shifted, out)
+
+    @property
+    def path(self) -> str | None:
+        return self.gemm_path
 
 
 class Lut(Binding):
@@ -746,6 +755,10 @@ class FusedQConv2D(Binding):
                                           res[b].reshape(o, -1))
         if last:
             move_into(res, out)
+
+    @property
+    def path(self) -> str | None:
+        return self.conv.path
 
 
 class FusedQConv2DAdd(FusedQConv2D):

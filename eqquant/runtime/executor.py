@@ -335,6 +335,50 @@ class Executor:
         step = self._step(call, slots, types, {**self.fixed, extra: value})
         return self.step_of[self.slot(node)], step, {extra: value}
 
+    def kernel_plan(self, bound: list | None = None) -> list[dict]:
+        """What runs each op of the program, in order, as this executor bound it (``bound``:
+        ``bind_steps``' answer; by default its steps bound on stand-ins for the inputs): the
+        kernels its launches run ("vnni._conv_items"), or why none (reference semantics, a
+        view, a Numba function of its own); the path its binding chose (a GEMM's); its
+        layout, the dtypes of its first input and its output, the threads. Rows of plain
+        data (``core.timing.plan_table`` prints them; a saved library keeps them)."""
+        from .bindings import threads
+        from .compiling import made
+        from .launch import kernel_of
+        if bound is None:
+            bound = self.bind_steps({s: memory.empty(t.shape, t.dtype)
+                                     for s, t in self.inputs.values()
+                                     if isinstance(t, TensorType)})
+        entries = made()
+        rows = []
+        for i, (st, prepared) in enumerate(zip(self.steps, bound)):
+            if st.kind in ("tuple", "getitem"):
+                continue
+            calls = prepared[0].launches() if prepared is not None and \
+                hasattr(prepared[0], "launches") else None
+            if st.kind == "reference":
+                kernels = ["reference semantics (numpy)"]
+            elif st.kind == "view":
+                kernels = ["a view (nothing runs)"]
+            elif calls is None:
+                kernels = [f"{type(st.fn).__name__} (a Numba function of its own)"]
+            else:
+                kernels = list(dict.fromkeys(
+                    kernel_of(entries[c.address]) if c.address in entries else "?"
+                    for c in calls))
+            attrs = st.node.attrs if st.node is not None else {}
+            first = self.types[st.inputs[0]] if st.inputs else None
+            rows.append({
+                "step": i, "op": st.label, "kernels": kernels,
+                "path": st.fn.path if st.kind == "kernel" else None,
+                "layout": next((attrs[k] for k in ("data_layout", "layout", "dst_layout")
+                                if k in attrs), None),
+                "dtypes": f"{getattr(first, 'dtype', '-')} -> "
+                          f"{getattr(self.types[st.output], 'dtype', 'tuple')}",
+                "threads": max((c.count or threads() for c in calls), default=1)
+                if calls else 1})
+        return rows
+
     def profile_table(self) -> str:
         """The time per op of the profiled runs (each step's median)."""
         rows: dict[str, list[float]] = {}

@@ -284,6 +284,15 @@ def _entry(block, thread, threads):
 _ENTRY_SIGNATURE = types.void(types.intp, types.intp, types.intp)
 
 
+def kernel_of(entry) -> str:
+    """The kernel a launch's entry (a C function ``Parallel.entry`` made) runs, as its
+    source names it ("vnni._conv_items", "kernels_fp32.binary_same"), for the kernel plan;
+    another C function: its own name."""
+    fn = entry._pyfunc                  # (Numba's; eqquant pins its version)
+    kernel = fn.__globals__["part"].py_func if fn.__code__ is _entry.__code__ else fn
+    return f"{kernel.__module__.removeprefix('eqquant.runtime.')}.{kernel.__qualname__}"
+
+
 class Parallel:
     """A kernel run by the pool's threads, each doing its share (``parallel``)."""
 
