@@ -2,6 +2,9 @@
 (or a documented behaviour), never another exception, a hang, or a silent wrong result."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -301,3 +304,58 @@ def test_a_damaged_array_header_in_an_npz_is_a_params_error(tmp_path):
     path.write_bytes(data)
     with pytest.raises(EqquantError, match="not an array|not a readable"):
         dict(load_params(path))
+
+
+# -- programs whose kernel raised inside Numba: the error was printed as "ignored" and the
+# run exited 0 with an uninitialised output (the hostile probe of #54). Each is now a
+# located type error on every engine, or the same numbers on every engine.
+
+SWALLOWED = {
+    "a zero scale": ("def @main(%x: Tensor[(1, 8), float32]) {\n"
+                     "  qnn.quantize(%x, 0f, 0, out_dtype=\"int8\")\n}\n", (1, 8),
+                     "2:20: type error: qnn.quantize: its output_scale must be positive and "
+                     "finite, got 0.0"),
+    "an empty image averaged": ("def @main(%x: Tensor[(1, 2, 0, 3), float32]) {\n"
+                                "  nn.global_avg_pool2d(%x)\n}\n", (1, 2, 0, 3),
+                                "2:3: type error: nn.global_avg_pool2d: averages an empty "
+                                "image (0 x 3 pixels)"),
+    "a stride of 2**40": ("def @main(%x: Tensor[(1, 2, 8, 8), float32]) {\n"
+                          "  nn.max_pool2d(%x, pool_size=[2, 2], strides=[2, 1099511627776])"
+                          "\n}\n", (1, 2, 8, 8), None),
+}
+
+
+@pytest.mark.parametrize("case", list(SWALLOWED))
+def test_a_kernels_error_is_never_swallowed(tmp_path, case):
+    text, shape, error = SWALLOWED[case]
+    (tmp_path / "p.ir").write_text(text)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    outputs = []
+    for engine in ("executor", "reference"):
+        r = subprocess.run([sys.executable, "-m", "eqquant.cli.main", "run",
+                            str(tmp_path / "p.ir"), "-x", str(tmp_path / "x.npy"),
+                            "--engine", engine, "-o", str(tmp_path / f"{engine}.npy")],
+                           capture_output=True, text=True)
+        assert "ignored" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+        if error is not None:
+            assert r.returncode == 2 and f"p.ir:{error}" in r.stderr, r.stderr
+        else:
+            assert r.returncode == 0, r.stderr
+            outputs.append(np.load(tmp_path / f"{engine}.npy"))
+    if outputs:
+        np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+def test_a_per_channel_scale_with_a_zero_is_a_type_error():
+    """A constant scale per channel, one of them 0: located at the constant, on the API."""
+    from eqquant.errors import TypeCheckError
+    from eqquant.ir.builder import Builder
+    from eqquant.ir.params import bind_params
+    from eqquant.runtime.executor import Executor
+    b = Builder()
+    x = b.input("x", (1, 4, 2, 2), "int8")
+    y = b.call("qnn.dequantize", x, b.param("s", np.array([0.1, 0.2, 0.0, 0.3], np.float32)),
+               b.param("z", np.zeros(4, np.int32)), axis=1)
+    with pytest.raises(TypeCheckError, match="input_scale must be positive and finite, got 0.0"):
+        Executor(bind_params(*b.finish(y)))

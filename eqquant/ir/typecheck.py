@@ -10,7 +10,7 @@ nn.conv2d: argument 2 ('weight') must have rank 4, got Tensor[(3, 3), float32]``
 from __future__ import annotations
 
 from ..errors import TypeCheckError
-from ..ops.registry import OpTypeError
+from ..ops.registry import OpTypeError, is_scale
 from ..core.nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
                           TupleGetItem, Var, post_order)
 from ..core.types import FuncType, TupleType, Type, size_problem
@@ -110,6 +110,11 @@ class Inferer:
         problem = size_problem(out)
         if problem:
             raise TypeCheckError(f"{op.name}: {problem}", node.loc)
+        for name, arg in zip(op.inputs, node.args):
+            bad = _not_a_scale(arg) if is_scale(name) else None
+            if bad is not None:
+                raise TypeCheckError(f"{op.name}: its {name} must be positive and finite, "
+                                     f"got {bad}", getattr(arg, "loc", None) or node.loc)
         return out
 
 
@@ -133,3 +138,17 @@ def check_module(mod: Module) -> dict[int, Type]:
         if got is not None and got != ty:
             raise TypeCheckError(f"the annotation says {ty} but the value has type {got}", loc)
     return types
+
+
+def _not_a_scale(arg: Expr) -> float | None:
+    """The first value of a literal scale (a Scalar, or a Constant's data) that is not a
+    positive finite number, else None (a value computed at run time: not known here)."""
+    import numpy as np
+    if isinstance(arg, Scalar):
+        values = np.asarray(arg.value, np.float64)
+    elif isinstance(arg, Constant) and arg.data is not None:
+        values = np.asarray(arg.data, np.float64)
+    else:
+        return None
+    bad = values[~(np.isfinite(values) & (values > 0))]
+    return float(bad.reshape(-1)[0]) if bad.size else None

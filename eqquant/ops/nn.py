@@ -326,7 +326,9 @@ register(OpDef("nn.avg_pool2d", inputs=("data",), props=frozenset({POOL}),
 def _global_pool_rel(types, attrs):
     x = tensor(types, 0, "data", rank=4)
     layout = data_layout(attrs)
-    n, c = numerics.to_nchw(x.shape, layout)[:2]
+    n, c, h, w = numerics.to_nchw(x.shape, layout)
+    if h * w == 0:              # (a mean of nothing: no value, on any engine)
+        raise OpTypeError(f"averages an empty image ({h} x {w} pixels)", 0)
     return TensorType(numerics.from_nchw((n, c, 1, 1), layout), x.dtype)
 
 

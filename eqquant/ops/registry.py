@@ -55,6 +55,13 @@ OUTPUT_ZERO_POINT = "output_zero_point"
 INPUT_SCALE = "input_scale"              # the scale of a quantized input (a QNN op)
 
 
+def is_scale(input_name: str) -> bool:
+    """Whether an input so named is a quantization scale ("scale", "*_scale"): a positive,
+    finite number (each, per channel) wherever it is a literal; the type checker holds it,
+    so that no engine divides by a zero scale."""
+    return input_name == "scale" or input_name.endswith("_scale")
+
+
 class OpTypeError(Exception):
     """Raised by a type relation; ``arg`` is the index of the offending input, if one is."""
 

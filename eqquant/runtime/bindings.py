@@ -181,6 +181,15 @@ class _Spatial(Binding):
     def compute(self, ins, out):
         raise NotImplementedError
 
+    def geometry(self):
+        """A pool's (kh, kw, sh, sw, pt, pl, pb, pr, dh, dw), a stride along an axis where
+        the output has one element made 1: it never multiplies a nonzero index there, so any
+        stride gives the same result (one of 2**40 sized the NCHW max pool's phase planes:
+        an allocation failed inside the kernel)."""
+        kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = _geometry(self.attrs)
+        oh, ow = self.out_type.shape[1:3] if self.nhwc else self.out_type.shape[2:4]
+        return kh, kw, sh if oh > 1 else 1, sw if ow > 1 else 1, pt, pl, pb, pr, dh, dw
+
 
 def _as_nchw(in_types, out_type, consts):
     """A channels-last convolution's types and constants as the NCHW kernels see them: data
@@ -517,12 +526,12 @@ class MaxPool2D(_Spatial):
         """one channel-last image: one call of the row kernel"""
         if not (self.nhwc and out.shape[0] == 1):
             return None
-        kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = _geometry(self.attrs)
+        kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = self.geometry()
         return k.max_pool_channels_last[KIND_OF[out.dtype.name]], (
             ins[0][0], kh, kw, sh, sw, pt, pl, dh, dw, out[0])
 
     def __call__(self, ins, out):
-        kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = _geometry(self.attrs)
+        kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = self.geometry()
         dtype = out.dtype
         if self.nhwc:
             kernel = k.max_pool_channels_last[KIND_OF[dtype.name]]
@@ -549,7 +558,7 @@ class _Averaging(_Spatial):
 
 class AvgPool2D(_Averaging):
     def compute(self, ins, out):
-        kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = _geometry(self.attrs)
+        kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = self.geometry()
         for b in range(ins[0].shape[0]):
             k.avg_pool(ins[0][b], kh, kw, sh, sw, pt, pl, pb, pr, dh, dw,
                        bool(self.attrs["count_include_pad"]), out[b])
