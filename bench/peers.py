@@ -11,7 +11,9 @@ process of its own (two runtimes in one process fight over threads), with 2 thre
 own threading defaults; the rounds alternate between the systems, so that the machine's
 changing load hits all of them alike, half a second apart (so that one system's spinning
 threads have stopped before the next one runs), each after one untimed run, and each figure
-is the median over the rounds. The CPU model and eqquant's kernel paths are printed first,
+is the median over the rounds; the runs' 10th, 50th and 90th percentiles are printed beside
+it, per system, with p90/p50 (a system whose runs are bimodal shows it there; eqquant's is
+flagged above 1.3). The CPU model and eqquant's kernel paths are printed first,
 the ratios eqquant / ONNX Runtime (and / PyTorch) last.
 
 On a CPU without VNNI, ONNX Runtime's int8 convolutions add pairs of uint8 x int8 products in
@@ -156,6 +158,9 @@ def prepare(name: str, calib: int, d: Path) -> dict[str, Path]:
     return files
 
 
+SPREAD = 1.3        # eqquant's p90/p50 above this: its runs are not stable (flagged)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["resnet18", "resnet50", "mobilenet_v2"])
@@ -203,6 +208,12 @@ def main() -> None:
             results[name] = {s: statistics.median(v) for s, v in times.items()}
             row = "  ".join(f"{s} {results[name][s]:7.2f} ms" for s in systems)
             print(f"{name:13s} {row}", flush=True)
+            for s, v in times.items():
+                p10, p50, p90 = np.percentile(v, [10, 50, 90])
+                flag = "  (unstable: above 1.3)" if s.startswith("eqquant") and \
+                    p90 / p50 > SPREAD else ""
+                print(f"{'':13s} {s:14s} p10/p50/p90 {p10:7.2f} {p50:7.2f} {p90:7.2f} ms, "
+                      f"p90/p50 {p90 / p50:4.2f}{flag}")
     print("ratios (below 1: eqquant is faster)")
     for name, r in results.items():
         torch_ratio = (f"int8 eqquant/PyTorch {r['eqquant int8'] / r['PyTorch int8']:5.2f}   "
