@@ -494,6 +494,59 @@ def test_a_library_the_compiler_could_not_build_is_tried_again(saved, tmp_path,
     assert again.engine == "library" and again.note == ""
 
 
+def test_a_save_waits_for_anothers_and_takes_its_library(saved, tmp_path, monkeypatch):
+    """While another holds the program's lock (here a second descriptor, as another process
+    would), a save waits; the library saved meanwhile is taken, not built again."""
+    import threading
+    import eqquant.deploy.build as building
+    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    digest = "d" * 32
+    ex = Executor(saved)
+    other = cache._lock(digest).__enter__()
+    got: dict = {}
+    waiting = threading.Thread(target=lambda: got.setdefault("it", cache.save(ex, digest)))
+    waiting.start()
+    waiting.join(1.0)
+    assert waiting.is_alive() and not got             # (waiting on the lock)
+    building.build(ex, cache.programs_dir() / digest)      # the other one saves it
+
+    def built_again(*args, **kwargs):
+        raise AssertionError("built twice")
+    monkeypatch.setattr(building, "build", built_again)
+    other.__exit__(None, None, None)
+    waiting.join(60)
+    assert isinstance(got["it"], Library)
+    x = _input(ex)
+    np.testing.assert_array_equal(got["it"].run(x), ex.run(x))
+
+
+def test_two_processes_saving_one_program_at_once_end_with_one_good_library(saved, tmp_path):
+    path, _ = save_program(tmp_path / "p.ir", saved)
+    ex = Executor(saved)
+    x = _input(ex)
+    np.savez(tmp_path / "x.npz", **x)
+    np.save(tmp_path / "want.npy", ex.run(x))
+    script = (
+        "import numpy as np\n"
+        "from eqquant.deploy.cache import open_program\n"
+        f"p = open_program({str(path)!r})\n"
+        f"y = p.run(dict(np.load({str(tmp_path / 'x.npz')!r})))\n"
+        f"assert np.array_equal(y, np.load({str(tmp_path / 'want.npy')!r}))\n"
+        "print(p.engine, p.note)\n")
+    for trial in range(2):
+        env = {**os.environ, "PYTHONPATH": str(ROOT),
+               "EQQUANT_CACHE_DIR": str(tmp_path / f"cache{trial}")}
+        both = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+                for _ in range(2)]
+        for p in both:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0 and out.strip() == "library", (out, err)
+        programs = tmp_path / f"cache{trial}" / "programs"
+        assert not list(programs.glob("*.refused"))
+        assert len([f for f in programs.iterdir() if (f / "plan.json").is_file()]) == 1
+
+
 def test_a_cache_that_cannot_be_written_leaves_the_program_on_the_executor(saved, tmp_path,
                                                                           monkeypatch):
     blocked = tmp_path / "not-a-folder"

@@ -28,7 +28,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..errors import EqquantError, EvalError
+from ..errors import EvalError
 from ..ir.outputs import backup_path, digest_file
 from ..resources import cache_dir, data_dir
 from .loader import FORMAT, Library, cpu_digest, pool_threads
@@ -156,12 +156,26 @@ def save(executor, digest: str, aliases: dict | None = None) -> Library | str:
     ``build``'s): its library, checked in a child process against the executor
     (``check.Checker``: a library that crashes there costs the child only) and only then
     loaded here, or the reason it was not saved (noted in the cache, unless it was the
-    cache itself: a folder that cannot be written, a full disk)."""
+    cache itself: a folder that cannot be written, a full disk). One process saves a
+    program at a time (``_lock``): another that asked meanwhile waits, then takes the
+    library it saved, or its reason (two saves at once had read one's plan with the
+    other's data, and noted the mix as a refusal)."""
+    folder = programs_dir() / digest
+    try:
+        lock = _lock(digest)
+    except OSError as e:
+        return f"the library could not be written to the cache ({e})"
+    with lock:
+        found = lookup(digest)      # (saved or refused while this one waited; a folder
+        if found is not None:       # this cache did not write: set aside)
+            return found
+        return _save(executor, folder, digest, aliases)
+
+
+def _save(executor, folder: Path, digest: str, aliases: dict | None) -> Library | str:
+    """``save``'s work, its lock held."""
     from .build import NotBuiltHere, NotDeployable, build, prune_objects
     from .check import Checker
-    folder = programs_dir() / digest
-    if folder.is_symlink() or (folder.exists() and not _is_library(folder)):
-        _set_aside(folder)                  # (not a library this cache saved)
     library = None
     try:
         with Checker() as checker:          # (starting while the library is linked)
@@ -191,6 +205,24 @@ def save(executor, digest: str, aliases: dict | None = None) -> Library | str:
     _prune()
     prune_objects()
     return library
+
+
+class _lock:
+    """An exclusive lock on saving the program ``digest`` names (``flock`` on its file in the
+    cache's ``locks/``, released when the block ends, or when the process dies)."""
+
+    def __init__(self, digest: str):
+        path = cache_dir() / "locks" / f"{digest}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+
+    def __enter__(self):
+        import fcntl
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)               # (the lock goes with its descriptor)
 
 
 def _prune() -> None:
