@@ -271,12 +271,19 @@ def test_a_gemm_table_gets_room_for_every_address_it_writes(inverted_residual, t
     assert tables_seen or set(int8_paths()) == {"portable"}
 
 
+def _for_a_new_process(ex, folder):
+    """An input, and the executor's output on it, written to x.npz and want.npy in
+    ``folder`` for a new process to check itself against; the input."""
+    x = _input(ex)
+    np.savez(folder / "x.npz", **x)
+    np.save(folder / "want.npy", ex.run(x))
+    return x
+
+
 def test_a_new_process_runs_the_library_without_numba(saved, tmp_path):
     ex = Executor(saved)
     build(ex, tmp_path / "lib")
-    x = _input(ex)
-    np.savez(tmp_path / "x.npz", **x)
-    np.save(tmp_path / "want.npy", ex.run(x))
+    _for_a_new_process(ex, tmp_path)
     script = (
         "import sys, numpy as np\n"
         "from eqquant.deploy.loader import Library\n"
@@ -522,10 +529,7 @@ def test_a_save_waits_for_anothers_and_takes_its_library(saved, tmp_path, monkey
 
 def test_two_processes_saving_one_program_at_once_end_with_one_good_library(saved, tmp_path):
     path, _ = save_program(tmp_path / "p.ir", saved)
-    ex = Executor(saved)
-    x = _input(ex)
-    np.savez(tmp_path / "x.npz", **x)
-    np.save(tmp_path / "want.npy", ex.run(x))
+    _for_a_new_process(Executor(saved), tmp_path)
     script = (
         "import numpy as np\n"
         "from eqquant.deploy.cache import open_program\n"
