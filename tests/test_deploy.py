@@ -509,7 +509,7 @@ def test_a_save_waits_for_anothers_and_takes_its_library(saved, tmp_path, monkey
     monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
     digest = "d" * 32
     ex = Executor(saved)
-    other = cache._lock(digest).__enter__()
+    other = cache._SaveLock(digest).__enter__()
     got: dict = {}
     waiting = threading.Thread(target=lambda: got.setdefault("it", cache.save(ex, digest)))
     waiting.start()

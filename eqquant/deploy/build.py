@@ -148,11 +148,10 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
     """The plan (launches, slots, inputs, output; roots filled in by ``_write_data``), the
     roots, the C functions, the steps bound, the inputs' arrays."""
     roots = _Roots()
-    inputs = {}
-    for name, (slot, t) in executor.inputs.items():
+    for name, (_, t) in executor.inputs.items():
         if not isinstance(t, TensorType):
             raise NotDeployable(f"input %{name} is not a tensor")
-        inputs[slot] = memory.empty(t.shape, t.dtype)
+    inputs = executor.stand_ins()
     bound = executor.bind_steps(inputs)
     for a in list(executor.blocks) + list(inputs.values()):
         roots.fresh.add(roots.place(a, "buffers")[0])

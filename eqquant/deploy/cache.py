@@ -157,12 +157,12 @@ def save(executor, digest: str, aliases: dict | None = None) -> Library | str:
     (``check.Checker``: a library that crashes there costs the child only) and only then
     loaded here, or the reason it was not saved (noted in the cache, unless it was the
     cache itself: a folder that cannot be written, a full disk). One process saves a
-    program at a time (``_lock``): another that asked meanwhile waits, then takes the
+    program at a time (``_SaveLock``): another that asked meanwhile waits, then takes the
     library it saved, or its reason (two saves at once had read one's plan with the
     other's data, and noted the mix as a refusal)."""
     folder = programs_dir() / digest
     try:
-        lock = _lock(digest)
+        lock = _SaveLock(digest)
     except OSError as e:
         return f"the library could not be written to the cache ({e})"
     with lock:
@@ -207,7 +207,7 @@ def _save(executor, folder: Path, digest: str, aliases: dict | None) -> Library 
     return library
 
 
-class _lock:
+class _SaveLock:
     """An exclusive lock on saving the program ``digest`` names (``flock`` on its file in the
     cache's ``locks/``, released when the block ends, or when the process dies)."""
 

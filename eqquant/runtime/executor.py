@@ -335,6 +335,12 @@ class Executor:
         step = self._step(call, slots, types, {**self.fixed, extra: value})
         return self.step_of[self.slot(node)], step, {extra: value}
 
+    def stand_ins(self) -> dict[int, np.ndarray]:
+        """An empty array for each tensor input (slot -> array), to bind the steps reading
+        the program's input on (``bind_steps``)."""
+        return {s: memory.empty(t.shape, t.dtype) for s, t in self.inputs.values()
+                if isinstance(t, TensorType)}
+
     def kernel_plan(self, bound: list | None = None) -> list[dict]:
         """What runs each op of the program, in order, as this executor bound it (``bound``:
         ``bind_steps``' answer; by default its steps bound on stand-ins for the inputs): the
@@ -346,9 +352,7 @@ class Executor:
         from .compiling import made
         from .launch import kernel_of
         if bound is None:
-            bound = self.bind_steps({s: memory.empty(t.shape, t.dtype)
-                                     for s, t in self.inputs.values()
-                                     if isinstance(t, TensorType)})
+            bound = self.bind_steps(self.stand_ins())
         entries = made()
         rows = []
         for i, (st, prepared) in enumerate(zip(self.steps, bound)):
