@@ -113,3 +113,10 @@ class EvalError(EqquantError):
     """The interpreter cannot run the program (missing input, unbound constant...)."""
 
     kind = "evaluation error"
+
+
+class KernelError(EqquantError):
+    """A call site names a kernel that cannot run it: the target does not offer it, or it does
+    not apply to the site (``runtime/lowering.py`` says why)."""
+
+    kind = "kernel error"

@@ -76,6 +76,10 @@ class OptimizeResult:
     enodes: int = 0
     eclasses: int = 0
     model_summary: str = ""        # where the costs came from (a measured model's counts)
+    # the kernels its int8 sites were given (``runtime.lowering.planned``: its decisions, and
+    # the table ``explain`` prints)
+    kernel_plan: list = field(default_factory=list)
+    kernel_table: str = ""
 
     def explain(self) -> str:
         unit = "s" if self.model in ("cpu", "measured") else ""
@@ -100,6 +104,8 @@ class OptimizeResult:
             lines.append(f"  {n:6d}  {name}  ({self.rule_locations.get(name, '?')})")
         if not fired:
             lines.append("  (none)")
+        if self.kernel_table:
+            lines += ["", self.kernel_table]
         lines.append("times: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in
                                           self.seconds.items()))
         return "\n".join(lines)

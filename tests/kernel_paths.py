@@ -6,7 +6,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from eqquant.runtime.bindings_int8 import PATHS, path_available
+from eqquant.runtime.target import int8_paths as simd_paths
 
 
 @contextlib.contextmanager
@@ -26,4 +26,4 @@ def forced_int8_path(path: str) -> Iterator[None]:
 def int8_paths() -> list[str]:
     """Every int8 path this CPU has (run each under ``forced_int8_path``: a ``with`` in the
     test's own body puts the variable back whatever the test raises)."""
-    return [path for path in PATHS if path_available(path)]
+    return [*simd_paths(), "portable"]

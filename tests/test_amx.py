@@ -50,28 +50,28 @@ def test_the_tile_gemms_keep_their_tiles_in_registers(epilogue):
     assert frame < (4096 + 1024 if epilogue else 1024), frame
 
 
-def test_layers_take_the_tiles_where_they_pay(monkeypatch):
-    """Chosen automatically, the tiles take layers of K a multiple of 64, 128 or more; the
-    others (MobileNet's 1 x 1 layers of 24 or 144 inputs, a 7 x 7 stem of 3) go to the next
-    path (and there, the narrow layers to the blocks of 16); EQQUANT_INT8_KERNEL=amx forces
-    the tiles on every layer, =vnni the blocks of 64."""
-    from eqquant.runtime import bindings_int8 as b8
+def test_layers_take_the_tiles_where_they_pay():
+    """Chosen by the lowering's costs, the tiles take layers of K a multiple of 64, 128 or
+    more; the others (MobileNet's 1 x 1 layers of 24 or 144 inputs, a 7 x 7 stem of 3) go to
+    the next path (and there, the narrow layers to the blocks of 16); a target that offers
+    only the tiles puts every layer on them, one that offers only VNNI the blocks of 64."""
+    from eqquant.runtime.lowering import Site, choose
+    from eqquant.runtime.target import INT8_PATHS, Target
+    every = Target("every", INT8_PATHS, ("blas",))     # (as if this CPU had every path)
+
+    def kernel(o, k, zero_points=False, target=every):
+        return choose(Site("fused.qconv2d", o, k, 1, zero_points, False), target).kernel
+
     assert [amx.suits(k) for k in (64, 128, 147, 192, 256, 576, 4608)] == \
         [False, True, False, True, True, True, True]
-    monkeypatch.setattr(b8, "int8_path", lambda: "amx")
-    monkeypatch.setattr(b8, "path_available", lambda path: True)
-    monkeypatch.delenv("EQQUANT_INT8_KERNEL", raising=False)
-    assert b8.choose_gemm(64, 576, True)[1] == "amx"
-    assert b8.choose_gemm(192, 24, True)[1] == "vnni"
-    assert b8.choose_gemm(24, 144, True)[1] == "vnni16"       # and VNNI's narrow rule
-    assert [b8.choose_gemm(o, 64, True)[1] for o in (16, 96, 144, 160, 192, 320, 1000)] == \
-        ["vnni16", "vnni16", "vnni16", "vnni16", "vnni", "vnni", "vnni"]
-    assert b8.choose_gemm(64, 576, False) == (None, "portable")
-    monkeypatch.setenv("EQQUANT_INT8_KERNEL", "amx")
-    assert b8.choose_gemm(144, 24, True)[1] == "amx"
-    monkeypatch.setattr(b8, "int8_path", lambda: "vnni")
-    monkeypatch.setenv("EQQUANT_INT8_KERNEL", "vnni")      # forced: every layer on it
-    assert b8.choose_gemm(24, 64, True)[1] == "vnni"
+    assert kernel(64, 576) == "x86.amx"
+    assert kernel(192, 24) == "x86.vnni"
+    assert kernel(24, 144) == "x86.vnni16"       # and VNNI's narrow rule
+    assert [kernel(o, 64) for o in (16, 96, 144, 160, 192, 320, 1000)] == \
+        ["x86.vnni16"] * 4 + ["x86.vnni"] * 3
+    assert kernel(64, 576, zero_points=True) == "portable"
+    assert kernel(144, 24, target=Target("tiles", ("amx",), ("blas",))) == "x86.amx"
+    assert kernel(24, 64, target=Target("vnni", ("vnni",), ("blas",))) == "x86.vnni"
 
 
 def test_the_tiles_are_asked_of_the_system_once():

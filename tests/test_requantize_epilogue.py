@@ -299,7 +299,7 @@ def test_kernels_give_the_reference_bits_on_either_epilogue(monkeypatch, scale, 
     registers) scaled below 1 (narrowed) and above 1 (full), on every int8 path the CPU has,
     against the integer reference."""
     from eqquant.ops.fixed_point import quantize_multiplier
-    from eqquant.runtime.bindings_int8 import PATHS, path_available
+    from eqquant.runtime.target import int8_paths
     rng = np.random.default_rng(7)
     c, o, size = (48, 48, 10) if depthwise else (24, 80, 9)
     s1 = np.float32(0.002 if scale == "below one" else 3.0)
@@ -318,7 +318,7 @@ def test_kernels_give_the_reference_bits_on_either_epilogue(monkeypatch, scale, 
     bound = bind_params(*b.finish(y))
     xs = {"x": rng.integers(0, 256, (1, size, size, c)).astype("uint8")}
     want = run(bound, xs)
-    paths = [p for p in PATHS if path_available(p)]
+    paths = [*int8_paths(), "portable"]
     assert paths
     for path in paths:
         monkeypatch.setenv("EQQUANT_INT8_KERNEL", path)

@@ -96,7 +96,8 @@ def test_a_fused_residual_sum_gives_the_bits_of_the_sum_on_every_path(
     s = _sum(b, y, r, (0.1, z2, 0.1 * ratio, zr, 0.1 * 1.3, zo)) if first else \
         _sum(b, r, y, (0.1 * ratio, zr, 0.1, z2, 0.1 * 1.3, zo))
     unfused = bind_params(*b.finish(s))
-    fused = compile_layouts(unfused).module
+    from eqquant.runtime.lowering import unplanned
+    fused = unplanned(compile_layouts(unfused).module)     # (planned for each path below)
     ops = [n.op_name for n in post_order(fused.main.body) if isinstance(n, Call)]
     assert "fused.qconv2d_add" in ops and "qnn.add" not in ops
     xs = {"x": rng.integers(lo, hi, shape).astype(dtype),
@@ -227,7 +228,7 @@ def test_a_float_residual_sum_joins_the_convolution(monkeypatch, path, c, first,
     kernels the residual summed into each finished tile (of some channel blocks on 9 x 9
     images, of whole rows from 16 x 16), on the BLAS path after the convolution."""
     from eqquant.quant.flow import compile_layouts
-    from eqquant.runtime.bindings import fp32_paths
+    from eqquant.runtime.target import fp32_paths
     if path not in fp32_paths():
         pytest.skip(f"this CPU has no {path} path")   # (blas: always there)
     monkeypatch.setenv("EQQUANT_FP32_KERNEL", path)

@@ -112,8 +112,11 @@ def test_every_int8_path_agrees_bit_for_bit(monkeypatch, dtype):
     with the reference bit for bit; forcing a path the CPU lacks (or no path) is an error,
     never a silent fallback, and the dispatcher picks the fastest the CPU has."""
     from eqquant.quant.flow import quantize
-    from eqquant.runtime.bindings_int8 import PATHS, int8_path, path_available
+    from eqquant.runtime.bindings_int8 import int8_path
+    from eqquant.runtime.target import INT8_PATHS, int8_paths
     from eqquant.zoo import build
+    PATHS = (*INT8_PATHS, "portable")
+    runs = (*int8_paths(), "portable")
     m = build("resnet18_stem", image_size=64)
     rng = np.random.default_rng(0)
     samples = [{"data": rng.normal(size=(1, 3, 64, 64)).astype("float32")} for _ in range(2)]
@@ -122,7 +125,7 @@ def test_every_int8_path_agrees_bit_for_bit(monkeypatch, dtype):
     ref = run(r.module, x)
     for path in [*PATHS, "avx1024"]:
         monkeypatch.setenv("EQQUANT_INT8_KERNEL", path)
-        if path not in PATHS or not path_available(path):
+        if path not in runs:
             with pytest.raises(EqquantError, match=f"EQQUANT_INT8_KERNEL={path}: "
                                + ("this CPU runs" if path in PATHS else "not an int8 path")):
                 Executor(r.module)
@@ -132,13 +135,14 @@ def test_every_int8_path_agrees_bit_for_bit(monkeypatch, dtype):
         assert _simd_used(ex, path) == (0 if path == "portable" else 3)
         np.testing.assert_array_equal(ex.run(x), ref)
     monkeypatch.delenv("EQQUANT_INT8_KERNEL")
-    assert int8_path() == next(p for p in PATHS if path_available(p))
+    assert int8_path() == runs[0]
 
 
 @pytest.mark.parametrize("path", ["amx", "vnni", "vnni16", "avxvnni", "avx2"])
 def test_simd_gemms_exact_on_random_matrices(path):
-    from eqquant.runtime.bindings_int8 import path_available, simd_module
-    if not path_available(path):
+    from eqquant.runtime.bindings_int8 import simd_module
+    from eqquant.runtime.target import int8_paths
+    if path not in int8_paths():
         pytest.skip(f"this CPU has no {path}: that path cannot run here")
     module = simd_module(path)
     rng = np.random.default_rng(1)
@@ -282,21 +286,19 @@ def _check_dense(n, k, units, unsigned, zx, per_unit, seed):
     bound = bind_params(*b.finish(y))
     ex = Executor(bound)
     assert [s.label for s in ex.steps] == ["qnn.dense"]
-    import os
-    from eqquant.runtime.bindings_int8 import WIDER, int8_path, simd_module
-    path = int8_path()
-    # (on the AMX path, rows of K the tiles do not suit take the VNNI kernel unless the
-    # tiles are forced; on the VNNI path, few units take the 512-bit kernel's blocks of 16:
-    # see choose_gemm)
-    if path == "amx" and not simd_module("amx").suits(k) and \
-            os.environ.get("EQQUANT_INT8_KERNEL") != "amx":
-        path = "vnni"
-    if path == "vnni" and -(-units // 64) * 64 >= WIDER["vnni16"] * (-(-units // 16) * 16):
-        path = "vnni16"
-    module = simd_module(path)
+    from eqquant.runtime.bindings_int8 import simd_module
+    from eqquant.runtime.lowering import Site, choose
+    from eqquant.runtime.target import current, gemm_path
+    # the lowering's choice for the layer (see its table): a GEMM, or the dot products
+    kernel = choose(Site("qnn.dense", units, k, 1, bool(np.any(zw)), False, n),
+                    current()).kernel
+    assert ex.steps[0].fn.path == kernel
+    path = gemm_path(kernel)
+    module = simd_module(path) if path else None
     simd = module is not None and not np.any(zw) and (units % module.BLOCK == 0 or
                                                       module.PADS) and n >= module.ROWS
     assert ex.steps[0].fn.gemm_path == (path if simd else "portable")
+    assert simd == (path is not None)
     lo, hi = (0, 256) if unsigned else (-128, 128)
     xs = {"x": rng.integers(lo, hi, size=(n, k)).astype(xdt)}
     np.testing.assert_array_equal(ex.run(xs), run(bound, xs))
@@ -325,8 +327,8 @@ def test_integer_average_pools_are_bit_exact(dtype, k, stride, pad, include_pad,
 
 def _cpu_runs(path: str) -> None:
     """Skip a test of ``path`` where this CPU lacks it (forcing it would be an error)."""
-    from eqquant.runtime.bindings_int8 import path_available
-    if not path_available(path):
+    from eqquant.runtime.target import int8_paths
+    if path not in (*int8_paths(), "portable"):
         pytest.skip(f"this CPU has no {path} path")
 
 

@@ -23,6 +23,23 @@ def _fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+def _use_target(ctx, param, value):
+    """``--target``: the process's target (``runtime.target``), checked against this CPU."""
+    if value is not None:
+        from ..runtime.target import use
+        use(value)
+    return value
+
+
+# the kernels a command may plan and run: the host's, or a kind of CPU as this one runs it
+_TARGET = click.option(
+    "--target", type=click.Choice(["host", "avx512", "avxvnni", "avx2", "portable"]),
+    default=None, expose_value=False, is_eager=True, callback=_use_target,
+    help="The kernels to plan and run: host (every kernel this CPU runs; default) or a kind "
+    "of CPU as this one runs it: avx512 (VNNI, no AMX), avxvnni, avx2 (no VNNI), portable. "
+    "A kind whose kernels this CPU lacks is an error.")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="eqquant")
 def cli() -> None:
@@ -105,20 +122,27 @@ def check(file: Path, params: Path | None) -> None:
               "(saved in the cache at its first run; else the executor); executor: the "
               "Numba executor; reference: the numpy reference interpreter.")
 @click.option("--profile", is_flag=True, help="Print the time per op (on stderr).")
+@_TARGET
+@click.option("--replan", is_flag=True, help="Forget the kernels FILE names (a plan made for "
+              "another CPU or target) and plan them for this one.")
 @click.option("--verbose", "-v", is_flag=True,
               help="Say on stderr what runs the program (its library, or the executor and "
               "why) and what runs each op: kernel, path, layout, dtypes, threads.")
 def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
-        engine: str, profile: bool, verbose: bool) -> None:
+        engine: str, profile: bool, replan: bool, verbose: bool) -> None:
     """Run FILE (text IR, .onnx, or a library saved by `eqquant compile`) on an input."""
     from ..ir.params import atomic_write, load_inputs
     if file.is_dir() or engine == "cpu":
-        out = _run_library(file, params, input_path, engine, verbose, profile)
+        out = _run_library(file, params, input_path, engine, verbose, profile, replan)
     else:
+        import dataclasses
         from ..api import load
         from ..ir.interp import run as interpret
         from ..ir.typecheck import check_module
+        from ..runtime.lowering import unplanned
         m = load(file, params)
+        if replan:
+            m = dataclasses.replace(m, module=unplanned(m.module))
         mod, values = m.module, m.params
         check_module(mod)
         inputs = m.named(load_inputs(input_path, list(m.inputs)))
@@ -173,15 +197,15 @@ def _say(file: Path, said: str, rows: list | None = None) -> None:
 
 
 def _run_library(file: Path, params: Path | None, input_path: Path, engine: str,
-                 verbose: bool = False, profile: bool = False):
+                 verbose: bool = False, profile: bool = False, replan: bool = False):
     """FILE's output on the input, from its library: FILE itself (a folder `eqquant compile`
     wrote), or the one saved in the cache (``deploy.cache.open_program``; the executor where
     there is none)."""
     from ..ir.params import load_inputs
     if file.is_dir():
-        if engine != "cpu" or params is not None:
+        if engine != "cpu" or params is not None or replan:
             raise EqquantError(f"{file}: a saved library runs as it was saved (no --params, "
-                               "--engine cpu)")
+                               "--replan; --engine cpu)")
         from ..deploy.loader import Library
         library, model = Library(file), None
         said = f"runs on the library {file}"
@@ -189,7 +213,7 @@ def _run_library(file: Path, params: Path | None, input_path: Path, engine: str,
         if not file.exists():
             raise EqquantError(f"{file}: no such file")
         from ..deploy.cache import open_program
-        program = open_program(file, params)
+        program = open_program(file, params, replan=replan)
         library = program.runner if program.engine == "library" else None
         model = None if library else program.runner
         said = (f"runs on its library ({library.folder})" if library
@@ -268,6 +292,9 @@ def _opt_options(fn):
                      help="E-node limit."),
         click.option("--time-limit", default=60.0, show_default=True,
                      help="Saturation time limit (seconds)."),
+        _TARGET,
+        click.option("--replan", is_flag=True, help="Forget the kernels MODEL names (a plan "
+                     "made for another CPU or target) and plan them for this one."),
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -275,7 +302,7 @@ def _opt_options(fn):
 
 
 def _optimize(model, params, rules, schedule, cost, extractor, iterations, node_limit,
-              time_limit):
+              time_limit, replan):
     from ..egraph.engine import Limits
     from ..ir.loader import load_program, read_source
     from ..optimizer import optimize
@@ -287,10 +314,13 @@ def _optimize(model, params, rules, schedule, cost, extractor, iterations, node_
     if schedule and schedule.startswith("@"):
         schedule = read_source(schedule[1:])
     bound = bind_params(mod, values) if values else mod
-    return optimize(bound, None, [load_rules(r) for r in rules], schedule=schedule,
-                    cost=resolve_cost(cost).for_weights(constant_bytes(bound)),
-                    extractor=extractor,
-                    limits=Limits(iterations, node_limit, time_limit))
+    from ..runtime.lowering import planned, unplanned
+    if replan:
+        bound = unplanned(bound)
+    return planned(optimize(bound, None, [load_rules(r) for r in rules], schedule=schedule,
+                            cost=resolve_cost(cost).for_weights(constant_bytes(bound)),
+                            extractor=extractor,
+                            limits=Limits(iterations, node_limit, time_limit)))
 
 
 @cli.command()
@@ -299,12 +329,12 @@ def _optimize(model, params, rules, schedule, cost, extractor, iterations, node_
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the new program (.ir); its weights go to the .npz beside.")
 def opt(model, params, rules, schedule, cost, extractor, iterations, node_limit, time_limit,
-        output):
+        replan, output):
     """Optimize MODEL: saturate with rules, extract the cheapest program, fold constants."""
     from ..ir.loader import refuse_overwriting_inputs, save_program
     refuse_overwriting_inputs(output, model, params)
     result = _optimize(model, params, rules, schedule, cost, extractor, iterations,
-                       node_limit, time_limit)
+                       node_limit, time_limit, replan)
     ir_path, npz = save_program(output, result.module)
     click.echo(f"wrote {ir_path} and {npz}: cost {result.before.total:.4g} -> "
                f"{result.after.total:.4g} ({result.model})")
@@ -319,11 +349,11 @@ def opt(model, params, rules, schedule, cost, extractor, iterations, node_limit,
 @_opt_options
 @click.option("--explain", is_flag=True, help="Cost table, rules that fired, e-graph size.")
 def extract(model, params, rules, schedule, cost, extractor, iterations, node_limit,
-            time_limit, explain):
+            time_limit, replan, explain):
     """Print the cheapest program equivalent to MODEL under a cost model."""
     from ..ir.printer import print_module
     result = _optimize(model, params, rules, schedule, cost, extractor, iterations,
-                       node_limit, time_limit)
+                       node_limit, time_limit, replan)
     click.echo(print_module(result.module), nl=False)
     if explain:
         click.echo("\n" + result.report.table(result.rule_locations))
@@ -368,7 +398,8 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
               "budgets (one saturation), and write them to OUT.pareto.json (eqquant plot "
               "pareto draws them).")
 @click.option("--explain", is_flag=True, help="Print the program's cost per op: the cost "
-              "model's prediction beside the executor's measured time.")
+              "model's prediction beside the executor's measured time; and its kernel plan.")
+@_TARGET
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The int8 program (.ir); weights go to the .npz and the calibration "
                    "table to the .calib.json beside it.")
@@ -413,6 +444,8 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
     if explain:
         from ..runtime.measured_cost import cost_table, resolve_cost
         click.echo(cost_table(result.runnable, resolve_cost(cost), samples[0]))
+        if result.layouts is not None:
+            click.echo(result.layouts.kernel_table)
     click.echo(f"wrote {ir_path}, {npz}, {table_path} and {report_path} "
                f"(eqquant plot sqnr {report_path} -o sqnr.png draws it)")
 
@@ -529,6 +562,7 @@ def export_cmd(model, params, output):
 @click.option("--out", "-o", "out_dir", required=True,
               type=click.Path(file_okay=False, path_type=Path),
               help="The folder to write the library into (replaced whole).")
+@_TARGET
 def compile_cmd(model, params, out_dir):
     """Compile MODEL ahead of time: its kernels linked into one library with its weights,
     which `eqquant run OUT -x ...` runs without Numba (on this machine's CPU, with as many
@@ -666,8 +700,13 @@ def demo(model: str, out_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from ..runtime.target import chosen, use
+    before = chosen()      # (--target is the command's: a caller in-process keeps its own)
     try:
-        cli.main(args=argv, prog_name="eqquant", standalone_mode=False)
+        try:
+            cli.main(args=argv, prog_name="eqquant", standalone_mode=False)
+        finally:
+            use(before)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.ClickException as e:

@@ -20,10 +20,10 @@ def time_table(rows: Mapping[str, list[float]]) -> str:
 
 def plan_table(rows: list[dict]) -> str:
     """The kernel plan (``Executor.kernel_plan``'s rows), a line per op in order."""
-    lines = [f"{'step':>4s}  {'op':26s} {'kernel':38s} {'path':9s} {'layout':7s} "
+    lines = [f"{'step':>4s}  {'op':26s} {'kernel':38s} {'path':11s} {'layout':7s} "
              f"{'dtypes':18s} {'threads':>7s}"]
     for r in rows:
         lines.append(f"{r['step']:4d}  {r['op']:26s} {', '.join(r['kernels']):38s} "
-                     f"{r['path'] or '-':9s} {r['layout'] or '-':7s} {r['dtypes']:18s} "
+                     f"{r['path'] or '-':11s} {r['layout'] or '-':7s} {r['dtypes']:18s} "
                      f"{r['threads']:7d}")
     return "\n".join(lines)

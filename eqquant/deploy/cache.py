@@ -81,15 +81,22 @@ def _code() -> bytes:
     return h.digest()
 
 
-def key(files: list[Path]) -> str:
-    """The digest a program made from ``files`` is saved under (in this setting)."""
-    h = hashlib.sha256(f"eqquant-library {FORMAT}\n".encode())
+def key(files: list[Path], how: str = "") -> str:
+    """The digest a program made from ``files`` is saved under (in this setting; ``how``:
+    what was done to the program after loading it, e.g. its kernels planned again)."""
+    h = hashlib.sha256(f"eqquant-library {FORMAT}\n{how}\n".encode())
     for path in files:
         h.update(_file_digest(path).encode() + b"\n")
     h.update(_code())
     h.update(cpu_digest().encode())
     for name in SETTINGS:
         h.update(f"{name}={os.environ.get(name, '')}\n".encode())
+    # the target chosen (--target: the kernels the program is planned for; the host's follow
+    # from the CPU and the settings above). None was where the module was never imported,
+    # which this process's first run of a saved library must not do (it imports Numba)
+    targets = sys.modules.get("eqquant.runtime.target")
+    target = targets.chosen() if targets else None
+    h.update(f"target={target.to_json() if target else 'host'}\n".encode())
     h.update(f"threads={pool_threads()}".encode())
     return h.hexdigest()[:32]
 
@@ -252,10 +259,11 @@ class Program:
 
 
 def open_program(program: str | os.PathLike, params: str | os.PathLike | None = None,
-                 save_library: bool = True) -> Program:
+                 save_library: bool = True, replan: bool = False) -> Program:
     """``program`` (text IR, with ``params`` or the .npz beside it; or .onnx) ready to run:
     from its library where one is saved (Numba never imported), else on the executor,
-    its library saved for the next process (``save_library``)."""
+    its library saved for the next process (``save_library``). ``replan``: the kernels the
+    program names forgotten and planned for this process's target (``lowering.unplanned``)."""
     program = Path(program)
     files = [program]
     if params is not None:
@@ -263,7 +271,8 @@ def open_program(program: str | os.PathLike, params: str | os.PathLike | None = 
     elif program.suffix != ".onnx":     # (the weights beside it, ``ir.loader``'s rule)
         files += [f for f in (program.with_suffix(".npz"),
                               backup_path(program.with_suffix(".npz"))) if f.exists()]
-    digest = key(files) if enabled() and all(f.is_file() for f in files) else None
+    digest = key(files, "replan" if replan else "") \
+        if enabled() and all(f.is_file() for f in files) else None
     found = lookup(digest) if digest else None
     if isinstance(found, Library):
         return Program(found, "library", found.inputs)
@@ -271,6 +280,10 @@ def open_program(program: str | os.PathLike, params: str | os.PathLike | None = 
     from ..api import load
     from .build import keeping_objects
     model = load(program, params)
+    if replan:
+        import dataclasses
+        from ..runtime.lowering import unplanned
+        model = dataclasses.replace(model, module=unplanned(model.module))
     saving = bool(digest) and found is None and save_library
     with keeping_objects() if saving else nullcontext():   # (what compiles, compiled for
         executor = model.executor()                         # the library too)

@@ -22,8 +22,8 @@ from . import numerics
 from .attrs import DTYPE_REQUIRED, FLOAT_F, INT, OPT_INT, Attr, DTypeKind, StrKind
 from .fused import write_epilogue
 from .nn import CONV2D_ATTRS, conv2d_flops, conv2d_rel, dense_rel
-from .registry import (ANNOTATION, COMPUTE, QUANT, OnnxForm, OpDef, OpTypeError, get_op,
-                       register)
+from .registry import (ANNOTATION, COMPUTE, KERNEL, QUANT, OnnxForm, OpDef, OpTypeError,
+                       get_op, register)
 from .typerel import broadcast_shapes, tensor
 
 QDTYPE = DTypeKind("dtype", allow_empty=False, choices=("int8", "uint8", "int32"))
@@ -255,7 +255,7 @@ def _qconv_realize(args, attrs, in_types, out_type):
     """nn.conv2d(x, w, ..., out_dtype="int32")"""
     x, w, zx, zw = args[:4]
     _symmetric(zx, zw)
-    return _call("nn.conv2d", x, w, **attrs)
+    return _call("nn.conv2d", x, w, **{k: v for k, v in attrs.items() if k != KERNEL})
 
 
 def _requantize_realize(args, attrs, in_types, out_type):
@@ -384,9 +384,11 @@ def _qcompute_rel(core_rel):
         if x.dtype not in ("int8", "uint8") or w.dtype not in ("int8", "uint8"):
             raise OpTypeError(f"takes int8/uint8 data and weight, got {x.dtype} and {w.dtype}",
                               0)
-        _param(types, 2, "input_zero_point", x, 1, False)
+        # (per channel, the data's parameters go along its channel axis: 3 in NHWC)
+        channel = 3 if attrs.get("data_layout") == "NHWC" else 1
+        _param(types, 2, "input_zero_point", x, channel, False)
         _param(types, 3, "kernel_zero_point", w, _weight_axis(attrs), False)
-        _param(types, 4, "input_scale", x, 1, True)
+        _param(types, 4, "input_scale", x, channel, True)
         _param(types, 5, "kernel_scale", w, _weight_axis(attrs), True)
         out = core_rel(types[:2], {**attrs, "out_dtype": "int32"})
         return TensorType(out.shape, attrs["out_dtype"])
@@ -408,6 +410,16 @@ def _qdense(x, w, zx, zw, sx, sw, *, units, out_dtype):
 
 QINPUTS = ("data", "weight", "input_zero_point", "kernel_zero_point", "input_scale",
            "kernel_scale")
+
+# The kernels an int8 convolution or dense layer may run on (``kernel="x86.vnni16"``): the
+# SIMD GEMMs, the direct depthwise kernel and the portable loops. Which apply to a site, what
+# each costs and which a CPU runs is the lowering's (``runtime/lowering.py``, ``runtime/
+# target.py``); "" leaves the choice to the target's plan, made when the program is extracted
+# or, at the latest, loaded. Every kernel gives the same bits: the attribute says how, never
+# what (the reference semantics never see it).
+INT8_KERNELS = ("x86.amx", "x86.vnni", "x86.vnni16", "x86.avxvnni", "x86.avx2", "depthwise",
+                "portable")
+KERNEL_ATTR = Attr(KERNEL, StrKind("kernel", ("",) + INT8_KERNELS), "")
 def _qconv_channels_last(attrs, in_types) -> bool:
     """The integer convolution kernels read and write channel-last images for a dense
     convolution (groups 1: the SIMD GEMMs) and a depthwise one (one input channel per group:
@@ -424,14 +436,15 @@ register(OpDef(
     channels_last=_qconv_channels_last,
     kernel="eqquant.runtime.bindings_int8:QConv2D",
     attrs=tuple(a for a in CONV2D_ATTRS if a.name != "out_dtype")
-    + (Attr("out_dtype", DTYPE_REQUIRED, "int32"),),
+    + (Attr("out_dtype", DTYPE_REQUIRED, "int32"), KERNEL_ATTR),
     type_rel=_qcompute_rel(conv2d_rel), semantics=_qconv2d, flops=conv2d_flops,
     doc="conv2d of (data - zx) and (weight - zw), accumulated in int32"))
 register(OpDef(
     "qnn.dense", inputs=QINPUTS, onnx=(OnnxForm("Gemm", reads=False, qdq=_qdense_qdq),),
                                  props=frozenset({COMPUTE, QUANT}),
     kernel="eqquant.runtime.bindings_int8:QDense",
-    attrs=(Attr("units", OPT_INT, None), Attr("out_dtype", DTYPE_REQUIRED, "int32")),
+    attrs=(Attr("units", OPT_INT, None), Attr("out_dtype", DTYPE_REQUIRED, "int32"),
+           KERNEL_ATTR),
     type_rel=_qcompute_rel(dense_rel), semantics=_qdense,
     flops=lambda ins, out, a: 2.0 * out.size * ins[1].shape[1],
     doc="dense of (data - zx) and (weight - zw), accumulated in int32"))
@@ -762,7 +775,7 @@ register(OpDef(
     + (Attr("activation", StrKind("activation", ("none", "relu", "clip")), "none"),
        Attr("a_min", FLOAT_F, -math.inf), Attr("a_max", FLOAT_F, math.inf),
        Attr("axis", INT, 1), Attr("rounding", ROUNDING, "UPWARD"),
-       Attr("out_dtype", QDTYPE, "int8")),
+       Attr("out_dtype", QDTYPE, "int8"), KERNEL_ATTR),
     type_rel=_fqconv_rel, semantics=_fqconv, flops=conv2d_flops,
     doc="requantize(activation(qnn.conv2d(...) + bias)): an int8 convolution with its int32 "
         "bias, relu and requantization in one kernel"))

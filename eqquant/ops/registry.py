@@ -44,6 +44,10 @@ COMPUTE = "compute"        # heavy ops: conv2d, dense
 EPILOGUE = "epilogue"      # an activation a quantized op applies to its accumulator (relu, clip)
 SELECTS = "selects"        # every output element is one of the input's elements (max pools)
 QUANT = "quant"
+# the attribute naming the kernel a call site runs on (an op that has one lists its kernels'
+# names as the attribute's choices): it says how the op runs, never what it computes, so the
+# reference semantics never see it (``register``)
+KERNEL = "kernel"
 
 
 # Quantization roles: an input with one of these names plays that part, whatever its
@@ -228,6 +232,14 @@ def site_layout(attrs: Mapping[str, Any]) -> str | None:
 def register(op: OpDef) -> OpDef:
     if op.name in _OPS:
         raise ValueError(f"op {op.name} registered twice")
+    if KERNEL in op.attr_map:     # (how it runs: not an argument of what it computes)
+        semantics = op.semantics
+
+        def what(*args, _semantics=semantics, **attrs):
+            attrs.pop(KERNEL, None)
+            return _semantics(*args, **attrs)
+        what.__doc__ = semantics.__doc__
+        object.__setattr__(op, "semantics", what)
     _OPS[op.name] = op
     return op
 

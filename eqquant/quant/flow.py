@@ -236,13 +236,15 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
                           front)
 
 
-def compile_layouts(mod: Module, cost: str | CostModel = "auto") -> OptimizeResult:
+def compile_layouts(mod: Module, cost: str | CostModel = "auto", target=None) -> OptimizeResult:
     """``mod`` (float or integer) with its layouts chosen for the CPU kernels by
     ``rules/layout.rules`` (exact rules: the same numbers): convolutions channel-last where
-    their kernels read it, layout changes where they pay. What runs; the NCHW form stays
-    the interchange one (ONNX)."""
+    their kernels read it, layout changes where they pay; and each int8 site's kernel named
+    for ``target`` (default: the process's, ``runtime.target.current``). What runs; the
+    NCHW form stays the interchange one (ONNX)."""
+    from ..runtime.lowering import planned
     from ..runtime.measured_cost import resolve_cost
-    return optimize(mod, None, LAYOUT_RULES, cost=resolve_cost(cost))
+    return planned(optimize(mod, None, LAYOUT_RULES, cost=resolve_cost(cost)), target)
 
 
 def _mixed_as_optimized(space, program: Module, marked: Module, cost) -> OptimizeResult:

@@ -214,31 +214,12 @@ def _per_channel_last(bias_shape: tuple[int, ...], out_shape: tuple[int, ...]) -
         (not bias_shape or bias_shape[-1] in (1, out_shape[-1]))
 
 
-FP32_PATHS = ("avx512", "fma", "blas")
-
-
-def fp32_paths() -> list[str]:
-    """The float convolution paths this CPU runs, fastest first: "avx512" and "fma" (the
-    512- and 256-bit FMA GEMMs of ``fma.py``), "blas" (im2col + numpy's BLAS) everywhere."""
-    from . import fma
-    return [p for p in FP32_PATHS if p == "blas" or fma.available(p)]
-
-
 def fp32_path() -> str:
-    """The float convolution path: the fastest this CPU runs, or EQQUANT_FP32_KERNEL's
-    (avx512|fma|blas; a path the CPU lacks is an error, not a silent fallback)."""
-    import os
-    from ..errors import EqquantError
-    chosen = os.environ.get("EQQUANT_FP32_KERNEL", "")
-    paths = fp32_paths()
-    if not chosen:
-        return paths[0]
-    if chosen not in FP32_PATHS:
-        raise EqquantError(f"EQQUANT_FP32_KERNEL={chosen}: not a float path (one of "
-                           f"{', '.join(FP32_PATHS)})")
-    if chosen not in paths:
-        raise EqquantError(f"EQQUANT_FP32_KERNEL={chosen}: this CPU runs {', '.join(paths)}")
-    return chosen
+    """The float convolution path: the fastest the process's target offers (``target.py``:
+    "avx512" and "fma", the 512- and 256-bit FMA GEMMs of ``fma.py``; "blas", im2col and
+    numpy's BLAS, everywhere)."""
+    from .target import current
+    return current().fp32_path
 
 
 class Conv2D(_Spatial):

@@ -33,9 +33,6 @@ def _const_scalar(consts, i):
     return np.asarray(v).reshape(())
 
 
-PATHS = ("amx", "vnni", "vnni16", "avxvnni", "avx2", "portable")     # fastest first
-
-
 def simd_module(path: str):
     """The GEMM module of a SIMD path (they share one interface), or None."""
     if path == "amx":
@@ -56,87 +53,17 @@ def simd_module(path: str):
     return None
 
 
-def path_available(path: str) -> bool:
-    module = simd_module(path)
-    return path == "portable" or (module is not None and module.available())
-
-
 def int8_path() -> str:
-    """The int8 GEMM this CPU runs: the first of PATHS it has; EQQUANT_INT8_KERNEL=amx|vnni|
-    vnni16|avxvnni|avx2|portable forces one (a path the CPU lacks, or no path, is an error:
-    never a silent fallback)."""
-    import os
-    from ..errors import EqquantError
-    chosen = os.environ.get("EQQUANT_INT8_KERNEL", "")
-    if not chosen:
-        return next(p for p in PATHS if path_available(p))
-    if chosen not in PATHS:
-        raise EqquantError(f"EQQUANT_INT8_KERNEL={chosen}: not an int8 path (one of "
-                           f"{', '.join(PATHS)})")
-    if not path_available(chosen):
-        raise EqquantError(f"EQQUANT_INT8_KERNEL={chosen}: this CPU runs "
-                           f"{', '.join(p for p in PATHS if path_available(p))}")
-    return chosen
+    """The fastest int8 GEMM path the process's target offers (``target.current``)."""
+    from .target import current
+    return current().int8_path
 
 
-def check_forced_paths() -> None:
-    """The kernel paths forced (EQQUANT_INT8_KERNEL, EQQUANT_FP32_KERNEL), where set, are
-    paths this CPU runs: an error otherwise, whatever a program runs (an executor asks as
-    it is made)."""
-    import os
-    from .bindings import fp32_path
-    if os.environ.get("EQQUANT_INT8_KERNEL"):
-        int8_path()
-    if os.environ.get("EQQUANT_FP32_KERNEL"):
-        fp32_path()
-
-
-# How much wider than its blocks of 16 would, padding a layer to the 512-bit VNNI kernel's
-# blocks of 64 must make it for a narrow kernel to take it (``choose_gemm``), measured:
-# - vnni16, on an Intel Xeon (AMX, AVX512-VNNI; MobileNet-v2 int8, layer by layer): a layer
-#   with no padding either way runs 1.04-1.16x slower on it, 96 channels (padded to 128)
-#   0.84x and 144 (to 192) 0.9x the time (not yet measured on an AMD EPYC with AVX512-VNNI,
-#   whose 512-bit instructions run as two halves);
-# - avxvnni, on an AMD EPYC with AVX512-VNNI: 16 and 24 channels ran 1.3-1.5x faster on it,
-#   96-160 channels 1.2-1.35x slower than padded.
-WIDER = {"vnni16": 1.15, "avxvnni": 2.0}
-
-
-def _narrow_or_vnni(channels: int) -> str:
-    """The narrow kernel the CPU has (``vnni16``, else ``avxvnni``) for a layer of
-    ``channels`` on the VNNI path where padding to blocks of 64 makes it at least
-    ``WIDER`` times as wide as the narrow kernel's blocks would, else "vnni"."""
-    narrow = next((p for p in ("vnni16", "avxvnni") if path_available(p)), None)
-    if narrow is None:
-        return "vnni"
-    wide, block = simd_module("vnni").BLOCK, simd_module(narrow).BLOCK
-    padded, narrowed = -(-channels // wide) * wide, -(-channels // block) * block
-    return narrow if padded >= WIDER[narrow] * narrowed else "vnni"
-
-
-def choose_gemm(channels: int, depth: int, eligible: bool):
-    """(the SIMD GEMM module, its path) for a layer of ``channels`` outputs, each a sum of
-    ``depth`` products (K), or (None, "portable") when the CPU has none or the layer is not
-    ``eligible`` (groups, weight zero points). On the AMX path, a layer the tiles do not
-    suit (``amx.suits``: K not a multiple of 64 or below 128) takes the next path the CPU
-    has (VNNI), unless EQQUANT_INT8_KERNEL=amx forces the tiles on every layer. On the
-    512-bit VNNI path, a layer that padding to its blocks of 64 channels makes at least
-    ``WIDER`` times as wide as the narrow kernel's blocks of 16 would takes that kernel: the
-    512-bit one on blocks of 16 (``vnni16``), or the 256-bit one where the CPU has only
-    that (``avxvnni``), unless EQQUANT_INT8_KERNEL=vnni forces the blocks of 64 on every
-    layer."""
-    import os
-    path = int8_path()
-    forced = os.environ.get("EQQUANT_INT8_KERNEL") == path
-    if path == "amx" and not forced and not simd_module("amx").suits(depth):
-        path = next(p for p in PATHS[1:] if path_available(p))
-    # (a layer of whole blocks of 64 never takes a narrow kernel: its module is not loaded)
-    if path == "vnni" and not forced and channels % simd_module("vnni").BLOCK:
-        path = _narrow_or_vnni(channels)
-    simd = simd_module(path)
-    if simd is None or not eligible or not (channels % simd.BLOCK == 0 or simd.PADS):
-        return None, "portable"
-    return simd, path
+def _gemm(kernel: str):
+    """(the SIMD GEMM module, its path) of a kernel name, or (None, "portable")."""
+    from .target import gemm_path
+    path = gemm_path(kernel)
+    return (simd_module(path), path) if path else (None, "portable")
 
 
 class QConv2D(Binding):
@@ -153,10 +80,17 @@ class QConv2D(Binding):
         says channel-last: a dense or a depthwise convolution): the depthwise kernel and the
         SIMD GEMMs read channel-last images, the portable GEMM (no SIMD path, or one forced)
         NCHW ones."""
+        if attrs.get("kernel"):
+            return attrs["kernel"] != "portable"
         return attrs["groups"] > 1 or int8_path() != "portable"
 
-    def __init__(self, op, attrs, in_types, out_type, consts):
+    def __init__(self, op, attrs, in_types, out_type, consts, kernel: str | None = None):
+        """``kernel``: the site's kernel (``lowering.resolve``'s), where the caller resolved
+        it (a fused op's, on its own constants)."""
         super().__init__(op, attrs, in_types, out_type, consts)
+        from .lowering import resolve
+        self.kernel = kernel if kernel is not None else resolve(op, attrs, in_types, out_type,
+                                                                consts)
         from . import kernels_int8 as k8
         from ..ops.numerics import to_oihw
         self.k8 = k8
@@ -173,17 +107,14 @@ class QConv2D(Binding):
         self.pt, self.pl, _, _ = attrs["padding"]
         # depthwise (one input channel per group, any channel multiplier): a direct kernel,
         # whose sweep takes the taps (weight minus zero point) as 16-bit numbers
-        channels = in_types[0].shape[3 if self.channels_last else 1]
-        self.depthwise = cg == 1 and self.groups == channels and self.groups > 1 and \
-            np.abs(w.astype(np.int64).reshape(o, -1) - self.zw.reshape(o, 1)).max() <= TAP_MAX
+        self.depthwise = self.kernel == "depthwise"
         if self.depthwise:
             self.mult = o // self.groups
             self.wdw = memory.aligned(np.ascontiguousarray(   # (kh, kw, O): taps along
                 (w.reshape(o, kh, kw).astype(np.int32) - self.zw.reshape(o, 1, 1))   # channels
                 .transpose(1, 2, 0)))
         # a SIMD GEMM: uint8 activations (int8 shifted by 128) times int8 weights
-        self.simd, self.gemm_path = choose_gemm(o, cg * kh * kw,
-                                                   self.groups == 1 and not self.zw.any())
+        self.simd, self.gemm_path = _gemm(self.kernel)
         if self.simd is not None:
             self.shift = 128 if in_types[0].dtype == "int8" else 0
             # (tap, channel) order, so that each tap of a window is contiguous in NHWC rows
@@ -286,8 +217,8 @@ class QConv2D(Binding):
 
     @property
     def path(self) -> str | None:
-        """The GEMM's path (None: the depthwise kernel, which has no GEMM)."""
-        return None if self.depthwise else self.gemm_path
+        """The site's kernel (``lowering``'s name: "x86.vnni", "depthwise", "portable")."""
+        return self.kernel
 
 
 class QClip(Binding):
@@ -338,9 +269,9 @@ class QDense(Binding):
         self.zw = np.ascontiguousarray(
             np.broadcast_to(np.asarray(consts[3], np.int32).reshape(-1), (units,)))
         self.zx = np.int32(_const_scalar(consts, 2))
-        self.simd, self.gemm_path = choose_gemm(units, self.w.shape[1], not self.zw.any())
-        if self.simd is not None and in_types[0].shape[0] < self.simd.ROWS:
-            self.simd, self.gemm_path = None, "portable"
+        from .lowering import resolve
+        self.kernel = resolve(op, attrs, in_types, out_type, consts)
+        self.simd, self.gemm_path = _gemm(self.kernel)
         if self.simd is not None:
             self.shift = 128 if in_types[0].dtype == "int8" else 0
             self.packed, colsum128, self.kp = self.simd.pack(self.w)
@@ -377,7 +308,7 @@ class QDense(Binding):
 
     @property
     def path(self) -> str | None:
-        return self.gemm_path
+        return self.kernel
 
 
 class Lut(Binding):
@@ -604,8 +535,10 @@ class FusedQConv2D(Binding):
         self.channels_last = attrs["data_layout"] == "NHWC"
         o = out_type.shape[3 if self.channels_last else 1]
         acc_type = TensorType(out_type.shape, "int32")
+        from .lowering import resolve
+        kernel = resolve(op, attrs, in_types, out_type, consts)
         self.conv = QConv2D(op, attrs, [in_types[0], in_types[1], in_types[3], in_types[4]],
-                            acc_type, {1: consts[1], 2: consts[3], 3: consts[4]})
+                            acc_type, {1: consts[1], 2: consts[3], 3: consts[4]}, kernel)
         # (fresh writable copies, whatever the constants' shapes: a read-only view is
         # another type to Numba, and the parameters' kernels would be compiled again, 3 s)
         self.bias = np.array(np.broadcast_to(np.asarray(consts[2], np.int64).reshape(-1),

@@ -54,10 +54,15 @@ class Step:
 
 
 class Executor:
-    def __init__(self, module: Module):
-        from .bindings_int8 import check_forced_paths
-        check_forced_paths()            # (a path forced that this CPU lacks: an error)
-        with compiling.session:         # (one executor at a time surveys and shares)
+    def __init__(self, module: Module, target=None):
+        """``target``: the kernels the program may run on (``target.Target``; default: the
+        process's, ``target.current``). Each int8 site runs the kernel its program names, or
+        the one the target's plan gives it (``lowering.plan_kernels``), before any binding
+        is made: ``kernel_plan`` shows it."""
+        from .target import current, using
+        self.target = target or current()   # (a path pinned that this CPU lacks: an error)
+        with using(self.target), compiling.session:   # (one executor at a time surveys
+                                                      # and shares)
             with compiling.deferring():     # (slot modules imported here load at its end)
                 self._build(module)
                 # what binding the steps compiles, found first, then compiled on several
@@ -66,7 +71,8 @@ class Executor:
             self._prepare()
 
     def _build(self, module: Module) -> None:
-        flat = inline_calls(module)
+        from .lowering import plan_kernels
+        flat, self.kernel_decisions = plan_kernels(inline_calls(module), self.target)
         self.module = flat
         types = infer_types(flat)
         body = flat.main.body

@@ -1,0 +1,277 @@
+"""Lowering: the kernel each call site runs on, chosen for a target and written into the program.
+
+    mod, plan = plan_kernels(mod)          # every site given a kernel: kernel="x86.vnni16"
+    print(plan_table(plan))                # per site: the kernels, their costs, why not
+    resolve(op, attrs, in_types, out_type, consts)    # one site's kernel (a binding asks)
+
+An op whose registry entry has a ``kernel`` attribute (the int8 convolutions and dense layers:
+``ops.qnn.INT8_KERNELS``) names at each call site the kernel it runs on. Every kernel gives the
+same bits (the tests check each, bit for bit); they differ in where they apply and in what they
+cost. This table is where both are said, and the only place a kernel is chosen:
+
+==============  =============================================  ==================================
+kernel          applies to                                     relative cost
+==============  =============================================  ==================================
+x86.amx         groups 1 and no weight zero points (dense: a   0.1 where K is a multiple of 64
+                batch of at least the tile's rows)             and at least 128 (``amx.suits``),
+                                                               else 10; times the padding
+x86.vnni        as x86.amx                                     1 times the padding to 64 channels
+x86.vnni16      as x86.amx                                     1.15 times the padding to 16
+x86.avxvnni     as x86.amx                                     2 times the padding to 16
+x86.avx2        as x86.amx                                     4 times the padding to 16
+depthwise       a depthwise convolution (one input channel     1
+                per group) whose taps fit 16 bits
+portable        every site                                     1000: the last resort
+==============  =============================================  ==================================
+
+A cost is a time per useful multiply-add relative to the 512-bit VNNI kernel on whole blocks;
+the padding is the channels a kernel computes over those the layer has. The factors are
+measured rankings: on an Intel Xeon (AMX, AVX512-VNNI; MobileNet-v2 int8, layer by layer) a
+layer without padding either way ran 1.04-1.16x slower on vnni16 than on vnni, 96 channels
+(padded to 128) 0.84x and 144 (to 192) 0.9x; on an AMD EPYC with AVX512-VNNI, 16 and 24
+channels ran 1.3-1.5x faster on avxvnni than padded to 64, 96-160 channels 1.2-1.35x slower;
+the tiles' sums pass through memory, which pays only on deep layers (``amx.suits``). A site
+takes the cheapest kernel its target offers (``target.py``); a kernel named in the program (a
+plan made earlier, or a user's pin) is kept, or refused with the site's location and the
+reason (``KernelError``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..core.nodes import Call, Constant, Expr, Function, Module, Scalar, freeze_attrs, rewrite
+from ..core.types import Type
+from ..errors import KernelError
+from ..ops.qnn import INT8_KERNELS
+from ..ops.registry import KERNEL, OpDef
+from .target import Target, current, gemm_path
+
+SPEED = {"amx": 0.1, "vnni": 1.0, "vnni16": 1.15, "avxvnni": 2.0, "avx2": 4.0}
+AMX_UNSUITED = 10.0     # the tiles on a layer they do not suit
+DEPTHWISE = 1.0
+PORTABLE = 1000.0
+
+
+@dataclass(frozen=True)
+class Site:
+    """What the kernel choice of one call site depends on."""
+
+    op: str
+    channels: int            # outputs per pixel (O; a dense layer's units)
+    depth: int               # products summed per output (K)
+    groups: int
+    zero_points: bool        # the weights have zero points other than 0
+    depthwise: bool          # one input channel per group, the taps within 16 bits
+    rows: int | None = None  # a dense layer's batch (the GEMM's rows)
+
+    def describe(self) -> str:
+        shape = f"{self.channels} outputs x K {self.depth}"
+        if self.rows is not None:
+            shape += f", {self.rows} rows"
+        if self.depthwise:
+            shape += ", depthwise"
+        elif self.groups > 1:
+            shape += f", {self.groups} groups"
+        return shape + (", weight zero points" if self.zero_points else "")
+
+
+@dataclass(frozen=True)
+class Option:
+    kernel: str
+    cost: float | None       # relative (see the table); None: it does not run this site
+    why: str = ""            # why not, where it does not
+
+
+def site_of(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_type: Type,
+            consts: Mapping[int, Any]) -> Site | None:
+    """The site of a call of ``op`` whose constant inputs are ``consts`` (index -> value), or
+    None where it has no kernel to choose (the op has none, or its weights or their zero
+    points are not constants: it runs on its reference semantics)."""
+    if KERNEL not in op.attr_map:
+        return None
+    wi, zi = op.inputs.index("weight"), op.inputs.index("kernel_zero_point")
+    if wi not in consts or zi not in consts:
+        return None
+    w = np.asarray(consts[wi])
+    zw = np.asarray(consts[zi], np.int64).reshape(-1)
+    if "groups" not in attrs:          # a dense layer: (units, K)
+        return Site(op.name, w.shape[0], w.shape[1], 1, bool(zw.any()), False,
+                    in_types[0].shape[0])
+    from ..ops.numerics import to_oihw
+    from .depthwise_simd import TAP_MAX
+    w = to_oihw(w, attrs["kernel_layout"])
+    o, cg, kh, kw = w.shape
+    groups = attrs["groups"]
+    channels = in_types[0].shape[3 if attrs["data_layout"] == "NHWC" else 1]
+    depthwise = cg == 1 and groups == channels and groups > 1
+    if depthwise:
+        taps = w.astype(np.int64).reshape(o, -1) - np.broadcast_to(zw, (o,)).reshape(o, 1)
+        depthwise = int(np.abs(taps).max(initial=0)) <= TAP_MAX
+    return Site(op.name, o, cg * kh * kw, groups, bool(zw.any()), depthwise)
+
+
+def _gemm_option(kernel: str, site: Site) -> Option:
+    from .bindings_int8 import simd_module
+    path = gemm_path(kernel)
+    simd = simd_module(path)
+    if site.groups > 1:
+        return Option(kernel, None, f"a GEMM runs groups 1 ({site.groups} groups here)")
+    if site.zero_points:
+        return Option(kernel, None, "a GEMM takes weights without zero points")
+    if site.rows is not None and site.rows < simd.ROWS:
+        return Option(kernel, None, f"a batch of {site.rows} rows fills no tile of "
+                                    f"{simd.ROWS}")
+    if site.channels % simd.BLOCK and not simd.PADS:
+        return Option(kernel, None, f"{site.channels} channels are no multiple of "
+                                    f"{simd.BLOCK}")
+    padding = -(-site.channels // simd.BLOCK) * simd.BLOCK / site.channels
+    speed = SPEED[path]
+    if path == "amx" and not simd.suits(site.depth):
+        speed = AMX_UNSUITED
+    return Option(kernel, speed * padding)
+
+
+def options(site: Site, target: Target) -> list[Option]:
+    """Every kernel of the site's op, in the table's order: its cost, or why it does not run
+    the site."""
+    out = []
+    for kernel in INT8_KERNELS:
+        if not target.offers(kernel):
+            out.append(Option(kernel, None, f"target {target.name} does not offer it"))
+        elif gemm_path(kernel):
+            out.append(_gemm_option(kernel, site))
+        elif kernel == "depthwise":
+            out.append(Option(kernel, DEPTHWISE) if site.depthwise else Option(
+                kernel, None, "not a depthwise convolution with 16-bit taps"
+                if site.rows is None else "a dense layer"))
+        else:
+            out.append(Option(kernel, PORTABLE))
+    return out
+
+
+def choose(site: Site, target: Target, pinned: str = "") -> Option:
+    """The cheapest option the target offers for ``site`` (the first in the table's order on a
+    tie), or the ``pinned`` one, which must run it (``KernelError`` says why not)."""
+    opts = options(site, target)
+    if pinned:
+        chosen = next(o for o in opts if o.kernel == pinned)
+        if chosen.cost is None:
+            raise KernelError(f'{site.op}: kernel="{pinned}" cannot run this site '
+                              f"({site.describe()}): {chosen.why}")
+        return chosen
+    return min((o for o in opts if o.cost is not None), key=lambda o: o.cost)
+
+
+def resolve(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_type: Type,
+            consts: Mapping[int, Any], target: Target | None = None) -> str:
+    """The kernel a call site runs on: its own (checked), else the target's choice; "" where
+    it has none to choose (``site_of``)."""
+    site = site_of(op, attrs, in_types, out_type, consts)
+    if site is None:
+        return attrs.get(KERNEL, "")
+    return choose(site, target or current(), attrs[KERNEL]).kernel
+
+
+@dataclass(frozen=True)
+class Decision:
+    label: str               # the value's name in the printed program (%12)
+    site: Site
+    chosen: Option
+    pinned: bool             # the program named the kernel
+    options: tuple[Option, ...]
+
+
+def plan_kernels(mod: Module, target: Target | None = None) -> tuple[Module, list[Decision]]:
+    """``mod`` with a kernel named at every call site that has one to choose (the cheapest its
+    target offers; one already named is kept where it runs the site, else a ``KernelError``
+    located at the site), and the decisions, in program order."""
+    from ..ir.printer import value_labels
+    from ..ir.typecheck import infer_types
+    target = target or current()
+    fn = mod.main
+    types = infer_types(mod)
+    labels = value_labels(fn)
+    decisions: list[Decision] = []
+
+    def visit(node: Expr, children):
+        if not (isinstance(node, Call) and not isinstance(node.op, Expr) and
+                KERNEL in node.op.attr_map):
+            return None
+        consts = {i: (a.data if isinstance(a, Constant) else a.value)
+                  for i, a in enumerate(node.args) if isinstance(a, (Constant, Scalar))}
+        site = site_of(node.op, node.attrs, [types[id(a)] for a in node.args],
+                       types[id(node)], consts)
+        if site is None:
+            return None
+        pinned = node.attrs[KERNEL]
+        label = labels.get(id(node), node.op.name)
+        try:
+            chosen = choose(site, target, pinned)
+        except KernelError as e:
+            raise KernelError(f"{label} = {e.message} (a plan made for another CPU or "
+                              "target: --replan plans it again here)", node.loc) from None
+        decisions.append(Decision(label, site, chosen, bool(pinned),
+                                  tuple(options(site, target))))
+        if pinned:
+            return None
+        attrs = freeze_attrs({**node.attrs, KERNEL: chosen.kernel})
+        return Call(op=node.op, args=children, attrs=attrs, name=node.name, loc=node.loc)
+
+    body = rewrite(fn.body, visit)
+    main = Function(params=fn.params, body=body, ret_type=fn.ret_type, attrs=fn.attrs,
+                    name=fn.name, loc=fn.loc)
+    return Module({**mod.functions, "main": main}, version=mod.version), decisions
+
+
+def unplanned(mod: Module) -> Module:
+    """``mod`` with every kernel it names forgotten (``kernel=""``): a program planned for
+    another CPU, or for another target, planned again where it runs (``--replan``)."""
+    def visit(node: Expr, children):
+        if isinstance(node, Call) and not isinstance(node.op, Expr) and \
+                node.attrs.get(KERNEL):
+            return Call(op=node.op, args=children, attrs=freeze_attrs(
+                {**node.attrs, KERNEL: ""}), name=node.name, loc=node.loc)
+        return None
+    functions = {name: Function(params=fn.params, body=rewrite(fn.body, visit),
+                                ret_type=fn.ret_type, attrs=fn.attrs, name=fn.name,
+                                loc=fn.loc)
+                 for name, fn in mod.functions.items()}
+    return Module(functions, version=mod.version)
+
+
+def planned(result, target: Target | None = None):
+    """An ``optimizer.OptimizeResult`` with its program's kernels planned for ``target``
+    (``plan_kernels``), the decisions and their table kept for ``explain()``."""
+    import dataclasses
+    import time
+    target = target or current()
+    t = time.perf_counter()
+    mod, decisions = plan_kernels(result.module, target)
+    seconds = {**result.seconds, "kernels": time.perf_counter() - t}
+    return dataclasses.replace(result, module=mod, kernel_plan=decisions, seconds=seconds,
+                               kernel_table=plan_table(decisions, target))
+
+
+def plan_table(decisions: Sequence[Decision], target: Target | None = None) -> str:
+    """The kernel plan as ``extract --explain`` prints it: per site, the kernel and why (the
+    costs of the kernels that run it, what keeps the others out)."""
+    lines = [(target or current()).describe(), "kernel plan (relative cost per multiply-add; "
+             "runtime/lowering.py):"]
+    if not decisions:
+        lines.append("  (no site chooses a kernel)")
+    for d in decisions:
+        how = "pinned in the program" if d.pinned else "cheapest"
+        lines.append(f"  {d.label} = {d.site.op} ({d.site.describe()}): {d.chosen.kernel} "
+                     f"({how})")
+        runs = [f"{o.kernel} {o.cost:.3g}" for o in d.options if o.cost is not None]
+        lines.append(f"      runs it: {', '.join(runs)}")
+        kept_out: dict[str, list[str]] = {}     # why -> the kernels it keeps out
+        for o in d.options:
+            if o.cost is None and "does not offer" not in o.why:
+                kept_out.setdefault(o.why, []).append(o.kernel)
+        for why, kernels in kept_out.items():
+            lines.append(f"      not {', '.join(kernels)}: {why}")
+    return "\n".join(lines)
