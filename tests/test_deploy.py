@@ -360,7 +360,7 @@ def test_the_cache_saves_once_and_finds_the_library_by_content(saved, tmp_path, 
     name = next(iter(params))
     params[name] = params[name] + np.ones((), params[name].dtype)
     np.savez(npz, **params)
-    assert cache.key([path, npz]) not in {p.name for p in folders}
+    assert cache.program_key([path, npz]) not in {p.name for p in folders}
 
 
 def test_the_key_changes_with_eqquants_source_and_the_settings(tmp_path, monkeypatch):
@@ -437,7 +437,7 @@ def test_what_this_cache_did_not_write_is_set_aside_never_trusted(saved, tmp_pat
     never followed); no file outside the cache is read out or written through."""
     monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
     path, _ = save_program(tmp_path / "p.ir", saved)
-    folder = tmp_path / "cache" / "programs" / cache.key([path, path.with_suffix(".npz")])
+    folder = tmp_path / "cache" / "programs" / cache.program_key([path, path.with_suffix(".npz")])
     note = folder.with_suffix(".refused")
     outside = tmp_path / "secret.txt"
     outside.write_text("not eqquant's")
@@ -469,7 +469,7 @@ def test_what_this_cache_did_not_write_is_set_aside_never_trusted(saved, tmp_pat
     # written anew (the file outside untouched), and -v never shows the file's contents
     refused = tmp_path / "t.ir"
     refused.write_text("def @main(%x: Tensor[(1, 8), float32]) {\n  tanh(%x)\n}\n")
-    note = (tmp_path / "cache" / "programs" / cache.key([refused])).with_suffix(".refused")
+    note = (tmp_path / "cache" / "programs" / cache.program_key([refused])).with_suffix(".refused")
     note.symlink_to(outside)
     np.save(tmp_path / "x8.npy", np.zeros((1, 8), np.float32))
     assert cli_exit(["run", str(refused), "-x", str(tmp_path / "x8.npy"), "-v"]) == 0
@@ -619,7 +619,7 @@ def test_a_library_that_crashes_is_refused_with_the_signal_and_the_program_carri
     ex = Executor(saved)
     x = _input(ex)
     np.testing.assert_array_equal(program.run(x), ex.run(x))
-    assert not (tmp_path / "cache" / "programs" / cache.key([path, path.with_suffix(".npz")])
+    assert not (tmp_path / "cache" / "programs" / cache.program_key([path, path.with_suffix(".npz")])
                 ).exists()
     # noted: a later run does not try again, and eqquant run -v says why
     np.save(tmp_path / "x.npy", next(iter(x.values())))

@@ -125,24 +125,37 @@ def check(file: Path, params: Path | None) -> None:
 @_TARGET
 @click.option("--replan", is_flag=True, help="Forget the kernels FILE names (a plan made for "
               "another CPU or target) and plan them for this one.")
+@click.option("--no-opt", is_flag=True, help="Run FILE as it is: no batch norm folding, "
+              "fusion, layouts (by default, a program is optimized for the CPU at its first "
+              "run, and the result cached).")
 @click.option("--verbose", "-v", is_flag=True,
               help="Say on stderr what runs the program (its library, or the executor and "
               "why) and what runs each op: kernel, path, layout, dtypes, threads.")
 def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
-        engine: str, profile: bool, replan: bool, verbose: bool) -> None:
-    """Run FILE (text IR, .onnx, or a library saved by `eqquant compile`) on an input."""
+        engine: str, profile: bool, replan: bool, no_opt: bool, verbose: bool) -> None:
+    """Run FILE (text IR, .onnx, or a library saved by `eqquant compile`) on an input: as
+    optimized for this CPU (batch norms folded, epilogues fused, layouts and kernels chosen;
+    once, then cached), unless --no-opt; the reference interpreter runs it as it is."""
     from ..ir.params import atomic_write, load_inputs
     if file.is_dir() or engine == "cpu":
-        out = _run_library(file, params, input_path, engine, verbose, profile, replan)
+        out = _run_library(file, params, input_path, engine, verbose, profile, replan,
+                           not no_opt)
     else:
         import dataclasses
         from ..api import load
         from ..ir.interp import run as interpret
         from ..ir.typecheck import check_module
         from ..runtime.lowering import unplanned
-        m = load(file, params)
-        if replan:
-            m = dataclasses.replace(m, module=unplanned(m.module))
+        if engine == "reference":
+            m = load(file, params)
+            if replan:
+                m = dataclasses.replace(m, module=unplanned(m.module))
+            said = ""
+        else:
+            from ..deploy.cache import prepare
+            if not file.exists():
+                raise EqquantError(f"{file}: no such file")
+            m, said, _ = prepare(file, params, replan, not no_opt)
         mod, values = m.module, m.params
         check_module(mod)
         inputs = m.named(load_inputs(input_path, list(m.inputs)))
@@ -153,7 +166,8 @@ def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
         else:
             ex = m.executor()
             if verbose:
-                _say(file, "runs on the executor (--engine executor)", ex.kernel_plan())
+                _say(file, f"runs on the executor (--engine executor){_said(said)}",
+                     ex.kernel_plan())
             out = ex.run(inputs, profile=profile)
             if profile:
                 for _ in range(4):
@@ -196,16 +210,21 @@ def _say(file: Path, said: str, rows: list | None = None) -> None:
         click.echo(plan_table(rows), err=True)
 
 
+def _said(said: str) -> str:
+    return f"; {said}" if said else ""
+
+
 def _run_library(file: Path, params: Path | None, input_path: Path, engine: str,
-                 verbose: bool = False, profile: bool = False, replan: bool = False):
+                 verbose: bool = False, profile: bool = False, replan: bool = False,
+                 optimize: bool = True):
     """FILE's output on the input, from its library: FILE itself (a folder `eqquant compile`
     wrote), or the one saved in the cache (``deploy.cache.open_program``; the executor where
     there is none)."""
     from ..ir.params import load_inputs
     if file.is_dir():
-        if engine != "cpu" or params is not None or replan:
+        if engine != "cpu" or params is not None or replan or not optimize:
             raise EqquantError(f"{file}: a saved library runs as it was saved (no --params, "
-                               "--replan; --engine cpu)")
+                               "--replan, --no-opt; --engine cpu)")
         from ..deploy.loader import Library
         library, model = Library(file), None
         said = f"runs on the library {file}"
@@ -213,11 +232,12 @@ def _run_library(file: Path, params: Path | None, input_path: Path, engine: str,
         if not file.exists():
             raise EqquantError(f"{file}: no such file")
         from ..deploy.cache import open_program
-        program = open_program(file, params, replan=replan)
+        program = open_program(file, params, replan=replan, optimize=optimize)
         library = program.runner if program.engine == "library" else None
         model = None if library else program.runner
         said = (f"runs on its library ({library.folder})" if library
                 else f"runs on the executor: {program.note or 'no library'}")
+        said += _said(program.said)
     if verbose:
         _say(file, said, library.plan.get("ops") if library
              else model.executor().kernel_plan())
@@ -563,15 +583,21 @@ def export_cmd(model, params, output):
               type=click.Path(file_okay=False, path_type=Path),
               help="The folder to write the library into (replaced whole).")
 @_TARGET
-def compile_cmd(model, params, out_dir):
+@click.option("--no-opt", is_flag=True, help="Compile MODEL as it is (by default it is "
+              "optimized for the CPU first, as `eqquant run` runs it).")
+def compile_cmd(model, params, out_dir, no_opt):
     """Compile MODEL ahead of time: its kernels linked into one library with its weights,
     which `eqquant run OUT -x ...` runs without Numba (on this machine's CPU, with as many
     threads as now)."""
-    from ..api import load
     from ..deploy.build import build, keeping_objects
+    from ..deploy.cache import prepare
     from ..deploy.check import Checker
     from ..deploy.loader import Library
-    m = load(model, params)
+    if not model.exists():
+        raise EqquantError(f"{model}: no such file")
+    m, said, _ = prepare(model, params, optimize=not no_opt)
+    if said:
+        click.echo(said)
     with keeping_objects():
         ex = m.executor()
     with Checker() as checker:              # (in a child process: a crash is its only)

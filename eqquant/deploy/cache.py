@@ -28,7 +28,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..errors import EvalError
+from ..errors import EqquantError, EvalError
 from ..ir.outputs import backup_path, digest_file
 from ..resources import cache_dir, data_dir
 from .loader import FORMAT, Library, cpu_digest, pool_threads
@@ -248,42 +248,124 @@ class Program:
     saved library (``runner``: a ``loader.Library``), or the executor (``runner``: the
     ``api.Model``, its executor made) (``engine``; ``note``: why not the library;
     ``compiled``: what making the executor compiled, where one was made,
-    ``runtime.compiling.Shared``)."""
+    ``runtime.compiling.Shared``; ``said``: what was done to the program as it was loaded,
+    ``prepare``'s)."""
 
-    def __init__(self, runner, engine: str, inputs: dict, note: str = "", compiled=None):
+    def __init__(self, runner, engine: str, inputs: dict, note: str = "", compiled=None,
+                 said: str = ""):
         self.runner, self.engine, self.inputs, self.note = runner, engine, inputs, note
-        self.compiled = compiled
+        self.compiled, self.said = compiled, said
 
     def run(self, inputs):
         return self.runner.run(inputs)
 
 
-def open_program(program: str | os.PathLike, params: str | os.PathLike | None = None,
-                 save_library: bool = True, replan: bool = False) -> Program:
-    """``program`` (text IR, with ``params`` or the .npz beside it; or .onnx) ready to run:
-    from its library where one is saved (Numba never imported), else on the executor,
-    its library saved for the next process (``save_library``). ``replan``: the kernels the
-    program names forgotten and planned for this process's target (``lowering.unplanned``)."""
-    program = Path(program)
+def program_files(program: Path, params: str | os.PathLike | None) -> list[Path]:
+    """The files a program is made from: it, and its weights (``params``, else the .npz
+    beside a text IR, ``ir.loader``'s rule)."""
     files = [program]
     if params is not None:
         files.append(Path(params))
-    elif program.suffix != ".onnx":     # (the weights beside it, ``ir.loader``'s rule)
+    elif program.suffix != ".onnx":
         files += [f for f in (program.with_suffix(".npz"),
                               backup_path(program.with_suffix(".npz"))) if f.exists()]
-    digest = key(files, "replan" if replan else "") \
-        if enabled() and all(f.is_file() for f in files) else None
-    found = lookup(digest) if digest else None
-    if isinstance(found, Library):
-        return Program(found, "library", found.inputs)
-    from contextlib import nullcontext
+    return files
+
+
+def program_key(files: list[Path], replan: bool = False, optimize: bool = True) -> str:
+    """The digest of a program run from ``files`` the way ``eqquant run`` was asked to
+    (``key``'s, with what ``prepare`` does to it)."""
+    return key(files, ",".join(h for h, on in (("replan", replan), ("optimized", optimize))
+                               if on))
+
+
+def prepare(program: str | os.PathLike, params: str | os.PathLike | None = None,
+            replan: bool = False, optimize: bool = True, digest: str | None = None):
+    """(the ``api.Model`` of ``program`` as ``eqquant run`` runs it, what was done to it, the
+    digest its library is saved under (None: not saved)): with ``optimize``, its batch norms
+    folded, epilogues fused, layouts and kernels chosen (``quant.flow.cpu_program``), once
+    per program, the result kept in the cache (``_optimized``); with ``replan``, the kernels
+    it names forgotten first and planned for this process's target. ``digest``: the
+    program's, where the caller has it."""
+    program = Path(program)
+    files = program_files(program, params)
+    if digest is None and all(f.is_file() for f in files):
+        digest = program_key(files, replan, optimize)
     from ..api import load
-    from .build import keeping_objects
     model = load(program, params)
     if replan:
         import dataclasses
         from ..runtime.lowering import unplanned
         model = dataclasses.replace(model, module=unplanned(model.module))
+    said = ""
+    if optimize:
+        model, said = _optimized(model, digest)
+    return model, said, digest
+
+
+OPTIMIZED = "optimized"    # the cache's folder of optimized programs: <digest>.ir, .npz, .sha256
+
+
+def _optimized(model, digest: str | None):
+    """(``model`` optimized for the CPU, what was done): from the cache where it holds it (its
+    files checked against the digests written beside them: damaged, they are made again),
+    else optimized now and kept there."""
+    import dataclasses
+    from ..core.nodes import Call, post_order
+    from ..ir.loader import load_program, save_program
+    from ..quant.flow import cpu_program
+
+    def calls(mod) -> int:
+        return sum(isinstance(n, Call) for n in post_order(mod.main.body))
+    before = calls(model.module)
+    folder = cache_dir() / OPTIMIZED
+    ir, npz, sums = (folder / f"{digest}{ext}" for ext in (".ir", ".npz", ".sha256")) \
+        if digest else (None, None, None)
+    if digest and sums.is_file():
+        try:
+            if sums.read_text() == _digests(ir, npz):
+                mod, values = load_program(ir, npz)
+                return (dataclasses.replace(model, module=mod, params=values, _executor=None),
+                        f"optimized: {before} ops -> {calls(mod)} (cached)")
+        except (OSError, UnicodeDecodeError, EqquantError):
+            pass                                   # damaged: made again below
+        for f in (sums, ir, npz):
+            f.unlink(missing_ok=True)
+    mod = cpu_program(model._bound()).module
+    if digest:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            save_program(ir, mod)
+            tmp = sums.with_suffix(f".{os.getpid()}.part")
+            tmp.write_text(_digests(ir, npz))
+            os.replace(tmp, sums)
+        except OSError:
+            pass                                   # (a cache that cannot be written: none)
+    return (dataclasses.replace(model, module=mod, params={}, _executor=None),
+            f"optimized: {before} ops -> {calls(mod)} (bn_fold, fusion, layouts, kernels)")
+
+
+def _digests(*files: Path) -> str:
+    return "".join(f"{_file_digest(f)}  {f.name}\n" for f in files)
+
+
+def open_program(program: str | os.PathLike, params: str | os.PathLike | None = None,
+                 save_library: bool = True, replan: bool = False,
+                 optimize: bool = True) -> Program:
+    """``program`` (text IR, with ``params`` or the .npz beside it; or .onnx) ready to run:
+    from its library where one is saved (Numba never imported), else on the executor,
+    its library saved for the next process (``save_library``). ``optimize`` and ``replan``:
+    as ``prepare``'s (``Program.said`` says what was done)."""
+    program = Path(program)
+    files = program_files(program, params)
+    digest = program_key(files, replan, optimize) \
+        if enabled() and all(f.is_file() for f in files) else None
+    found = lookup(digest) if digest else None
+    if isinstance(found, Library):
+        return Program(found, "library", found.inputs)
+    from contextlib import nullcontext
+    from .build import keeping_objects
+    model, said, _ = prepare(program, params, replan, optimize, digest)
     saving = bool(digest) and found is None and save_library
     with keeping_objects() if saving else nullcontext():   # (what compiles, compiled for
         executor = model.executor()                         # the library too)
@@ -292,8 +374,8 @@ def open_program(program: str | os.PathLike, params: str | os.PathLike | None = 
     if saving:
         saved = save(executor, digest, model.aliases)
         if isinstance(saved, Library):
-            return Program(saved, "library", inputs, compiled=executor.compiled)
+            return Program(saved, "library", inputs, compiled=executor.compiled, said=said)
         note = saved
     if not enabled():
         note = "libraries are off (EQQUANT_DEPLOY=0, or not on Linux)"
-    return Program(model, "executor", inputs, note, executor.compiled)
+    return Program(model, "executor", inputs, note, executor.compiled, said)

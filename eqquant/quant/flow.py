@@ -236,6 +236,15 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
                           front)
 
 
+def cpu_program(mod: Module, cost: str | CostModel = "auto", target=None) -> OptimizeResult:
+    """What ``eqquant run`` runs of a program as it was given (an ONNX import, a float text
+    IR): its batch norms folded and epilogues fused (``FP32_RULES``, chosen by the roofline
+    model as ``quantize``'s float phase is), then its layouts and kernels chosen
+    (``compile_layouts``). A program already in that form comes back the same."""
+    fp = optimize(mod, None, FP32_RULES, FP32_SCHEDULE, cost="cpu").module
+    return compile_layouts(fp, cost, target)
+
+
 def compile_layouts(mod: Module, cost: str | CostModel = "auto", target=None) -> OptimizeResult:
     """``mod`` (float or integer) with its layouts chosen for the CPU kernels by
     ``rules/layout.rules`` (exact rules: the same numbers): convolutions channel-last where
