@@ -13,7 +13,7 @@ from numba.core.registry import CPUDispatcher
 
 from eqquant.runtime.launch import Parallel
 
-MODULES = ["avx2", "avxvnni", "vnni", "vnni16", "fma", "gather", "kernels_int8",
+MODULES = ["avx2", "vnni", "fma", "gather", "kernels_int8",
            "kernels_fp32", "depthwise_simd", "pool_simd"]
 
 

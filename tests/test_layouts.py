@@ -178,8 +178,8 @@ def test_mobilenet_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8,
     convolutions' work split is bound with them)."""
     import numba
     from eqquant.quant.flow import compile_layouts
-    from eqquant.runtime import (amx, avx2, avxvnni, fma, kernels_fp32, kernels_int8, vnni,
-                                 vnni16)
+    from eqquant.runtime import amx, avx2, fma, kernels_fp32, kernels_int8, vnni
+    vnni16, avxvnni = vnni.PATHS["vnni16"], vnni.PATHS["avxvnni"]
     from eqquant.runtime.bindings import fp32_path
     from eqquant.runtime.launch import Driver, Parallel, _BoundLaunch, _Calls
     q, shape = mobilenet_int8

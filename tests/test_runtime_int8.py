@@ -365,7 +365,8 @@ def test_epilogue_tables_are_derived_without_compiling():
     the layer: nothing is compiled for it. As Numba kernels, the derivations took 1.4 s of
     resnet18's first start, and were compiled again for each new type of their arguments."""
     from numba.core.dispatcher import Dispatcher
-    from eqquant.runtime import amx, avx2, avxvnni, epilogue_table, vnni, vnni16
+    from eqquant.runtime import amx, avx2, epilogue_table, vnni
+    vnni16, avxvnni = vnni.PATHS["vnni16"], vnni.PATHS["avxvnni"]
     assert not [k for k, v in vars(epilogue_table).items() if isinstance(v, Dispatcher)]
     for simd in (amx, avx2, avxvnni, vnni, vnni16):
         assert simd.requantize_params is epilogue_table.requantize_params

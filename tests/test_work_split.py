@@ -207,8 +207,9 @@ def test_the_drivers_a_cpu_lacks_still_compile():
     without running, for the AVX2 driver's argument types with the family's packed weights
     and a kernel (``vnni.gemm_kernel``). One compiled driver serves every kernel of the
     family: the GEMM is an argument, not a twin's."""
-    from eqquant.runtime import amx, avx2, avxvnni, vnni, vnni16
+    from eqquant.runtime import amx, avx2, vnni
     from eqquant.runtime.launch import argument_type
+    vnni16, avxvnni = vnni.PATHS["vnni16"], vnni.PATHS["avxvnni"]
     rng = np.random.default_rng(0)
     x = rng.integers(0, 128, (1, 14, 14, 16)).astype(np.uint8)
     w = rng.integers(-127, 128, (32, 3 * 3 * 16)).astype(np.int8)

@@ -1,9 +1,9 @@
 """Kernel bindings of the integer ops: quantize, dequantize, requantize, qnn.conv2d,
 qnn.dense, qnn.add, qnn.clip and the fused int8 convolution. Convolutions and dense layers run
-on a SIMD GEMM chosen from the CPU's features at run time (``int8_path``): AMX tiles
-(``amx.py``), AVX512-VNNI (``vnni.py``; ``vnni16.py`` for narrow layers), else 256-bit
-AVX-VNNI (``avxvnni.py``), else AVX2 (``avx2.py``), else portable
-Numba loops (``kernels_int8.py``); every path gives the reference's bits. See
+on the kernel each site names (``kernel="x86.vnni"``, the lowering's plan for the target:
+``lowering.py``): AMX tiles (``amx.py``), the VNNI GEMMs (``vnni.py``'s rows: 512-bit on blocks
+of 64 or of 16, 256-bit), AVX2 (``avx2.py``), the direct depthwise kernel, or portable Numba
+loops (``kernels_int8.py``); every kernel gives the reference's bits. See
 ``bindings.py`` for what a binding is.
 """
 from __future__ import annotations
@@ -34,19 +34,14 @@ def _const_scalar(consts, i):
 
 
 def simd_module(path: str):
-    """The GEMM module of a SIMD path (they share one interface), or None."""
+    """The GEMM of a SIMD path (a module, or a row of ``vnni.PATHS``: they share one
+    interface), or None."""
     if path == "amx":
         from . import amx
         return amx
-    if path == "vnni":
-        from . import vnni
-        return vnni
-    if path == "vnni16":
-        from . import vnni16
-        return vnni16
-    if path == "avxvnni":
-        from . import avxvnni
-        return avxvnni
+    if path in ("vnni", "vnni16", "avxvnni"):
+        from .vnni import PATHS
+        return PATHS[path]
     if path == "avx2":
         from . import avx2
         return avx2

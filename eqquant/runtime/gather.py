@@ -3,7 +3,7 @@ window of a channel-last image gathered into one row (taps in (tap, channel) ord
 a convolution's work is shared out: chunks of about CHUNK pixels, and on an image of few
 chunks also groups of output-channel blocks (``work_split``, ``chunk_bounds``); the images of
 a batch are the work items of one parallel region. The SIMD drivers (``vnni.py``,
-``avxvnni.py``, ``avx2.py``, ``fma.py``) call these from their parallel regions."""
+``avx2.py``, ``fma.py``) call these from their parallel regions."""
 from __future__ import annotations
 
 import numpy as np

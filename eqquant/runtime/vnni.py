@@ -1,6 +1,9 @@
-"""An int8 GEMM on AVX512-VNNI (``vpdpbusd``): LLVM IR written with llvmlite, compiled once as
-C functions that Numba-compiled kernels call through an intrinsic (``llvm_loops.load_gemms``;
-both cache like any other Numba kernel).
+"""The int8 GEMMs of ``vpdpbusd`` (AVX512-VNNI, AVX-VNNI): LLVM IR written with llvmlite by one
+generator (``define_vpdpbusd``), compiled once as C functions that Numba-compiled kernels call
+through an intrinsic (``llvm_loops.load_gemms``; both cache like any other Numba kernel), and
+the drivers every GEMM of this interface runs under (AMX's too, ``amx.py``). The family's
+paths are rows of one table (``WIDTHS``: vector width, vectors a block, pixels a step, the
+features they need); this text says it for the 512-bit one on blocks of 64 (``vnni``).
 
     C[p, o] = sum_k A[p, k] * B[k, o]     A uint8 (P x K), B int8, C int32
 
@@ -13,11 +16,22 @@ keeps 6 pixels x 64 channels in 24 accumulators, so each weight load feeds 6 ``v
 int8 activation x is fed as the byte x + 128 and the product corrected by 128 * sum_k B[k, o]
 (see ``pack``).
 
-``available()`` says whether the host CPU has VNNI; callers keep the portable kernels for the
-rest (the GEMMs are compiled, as the module is imported, only where it is true).
+The other rows: ``vnni16``, the same instruction on blocks of 16 channels (one vector of 16
+sums a pixel, 12 pixels a step: 12 accumulators + the weights + the broadcast pixel), for the
+layers that padding to 64 would waste (MobileNet's 16 to 160 channels), whose whole blocks are
+requantized together on 32-bit words (``requantize_ir.block_words``); ``avxvnni``, 256-bit
+(AVX-VNNI, or AVX512-VNNI with VL) on blocks of 16 as two vectors of 8, 6 pixels a step (16
+ymm registers), for CPUs without AVX-512; it has no byte mask, so the last vector of a block
+the channels end inside goes through an int32 tile (``masked`` False). Both pack B as
+[O/16][K/4][16][4]. Which layer takes which is the lowering's (``lowering.py``).
+
+``Path.available()`` says whether the host CPU runs a row; a row's GEMMs are compiled at its
+first use (``Path.KERNEL``), only where it does (the 512-bit row's as the module is imported).
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
@@ -35,22 +49,29 @@ from . import memory
 
 load_entry("uint8")   # the gather of this module's kernels, on bytes
 
-BLOCK = 64  # output channels per register block (4 x 16 lanes)
-LANES = 16  # int32 sums a vector: a block whose channels fill whole vectors is requantized in
-#             the GEMM's registers
-PANEL = BLOCK * 4   # bytes of packed weights per k-quad and block (64 channels x 4 k)
-# the last vector of a block not whole is requantized in registers too and stored under a byte
-# mask (AVX-512BW), where it went through an int32 tile and ``requantize_rows`` (the 256-bit
-# kernel, which has no byte mask, sets it False in its KERNEL)
-MASKED = True
-PADS = True   # any number of output channels: the last block is padded with zeros
+@dataclass(frozen=True)
+class Width:
+    """A row of the family: a GEMM on vectors of ``lanes`` int32 sums (16: zmm; 8: ymm),
+    ``vectors`` of them a block of output channels, ``rows`` pixels a step (rows x vectors
+    accumulators, the weight vectors and the broadcast pixel within the vector registers),
+    named ``symbol``; ``needs``: the CPU features it runs on (all of one group); ``masked``:
+    the last vector of a block not whole is requantized in registers too and stored under a
+    byte mask (AVX-512BW), else through an int32 tile and ``requantize_rows``."""
+
+    symbol: str
+    lanes: int
+    vectors: int
+    rows: int
+    needs: tuple[tuple[str, ...], ...]
+    masked: bool
 
 
-def available() -> bool:
-    return cpu_has("avx512vnni")
-
-
-ROWS = 6    # pixels per micro-kernel step: 6 x 4 accumulators + 4 weight vectors in zmm
+WIDTHS = {
+    "vnni": Width("eqquant_vnni_gemm", 16, 4, 6, (("avx512vnni",),), True),
+    "vnni16": Width("eqquant_vnni16_gemm", 16, 1, 12, (("avx512vnni", "avx512bw"),), True),
+    "avxvnni": Width("eqquant_vnni256_gemm", 8, 2, 6, (("avxvnni",), ("avx512vnni",
+                                                                       "avx512vl")), False),
+}
 
 
 def define_vpdpbusd(name: str, lanes: int, vectors: int, rows: int, epilogue: bool):
@@ -87,11 +108,6 @@ def define_vpdpbusd(name: str, lanes: int, vectors: int, rows: int, epilogue: bo
                    row_step=row_step, out_lane=i32,
                    finish=requantize_finish(args, block) if epilogue else None)
     return define_gemm
-
-
-def _define(epilogue: bool = False):
-    """The 512-bit GEMM: blocks of 64 channels, ROWS x 4 accumulators (``define_vpdpbusd``)."""
-    return define_vpdpbusd("eqquant_vnni_gemm", 16, 4, ROWS, epilogue)
 
 
 def requantize_finish(args, block: int):
@@ -203,9 +219,6 @@ def packer(block: int):
     return pack
 
 
-pack = packer(BLOCK)    # [ceil(O/64)][Kp/4][64][4]
-
-
 REQUANTIZING = ("ptr", "i64", "i64", "i64", "i64")   # the requantizing GEMM's extra arguments
 
 
@@ -246,9 +259,6 @@ def bound_gemms(kernel: tuple) -> tuple:
 
 _gemm_at = gemm_at("i8")                       # (the drivers' calls of a kernel's GEMMs)
 _requantize_at = gemm_at("i8", REQUANTIZING)
-
-KERNEL = gemm_kernel("vnni", _define, available(), BLOCK, PANEL, LANES, MASKED)
-
 
 @njit(cache=True)
 def multiply(kernel, a_u8, packed, out, p0=0, p1=-1, ob0=0, ob1=-1):
@@ -292,11 +302,67 @@ def conv_kernel_of(kernel: tuple):
     def conv_kernel(w: np.ndarray, kp: int) -> tuple:
         if not (kernel[0] and kernel[1]):
             raise RuntimeError("eqquant: this CPU does not run the GEMMs of the int8 kernel "
-                               "asked for (EQQUANT_INT8_KERNEL picks among those it runs)")
+                               "asked for (the target offers only those it runs)")
         return conv_requantize, (kernel,)
     return conv_kernel
 
 
+class Path:
+    """A row of ``WIDTHS`` as the bindings take a SIMD path (the interface of a GEMM module:
+    ``BLOCK``, ``ROWS``, ``PADS``, ``available``, ``pack``, ``conv_kernel``, ``gemm``,
+    ``gemm_parallel``, ``windows``, ``requantize_params``, ``conv_requantize``); its GEMMs
+    compiled at first use (``KERNEL``: ``gemm_kernel``'s), only where the CPU runs them."""
+
+    PADS = True     # any number of output channels: the last block is padded with zeros
+    windows = staticmethod(windows)
+    requantize_params = staticmethod(requantize_params)
+
+    def __init__(self, name: str, width: Width):
+        self.name, self.width = name, width
+        self.LANES, self.ROWS = width.lanes, width.rows
+        self.BLOCK = width.lanes * width.vectors       # output channels a block
+        self.PANEL = self.BLOCK * 4      # bytes of packed weights a k-quad and block
+        self.MASKED = width.masked
+        self.pack = packer(self.BLOCK)   # [ceil(O/BLOCK)][Kp/4][BLOCK][4] int8 panels
+
+    def __repr__(self) -> str:
+        return f"<vpdpbusd path {self.name}>"
+
+    def available(self) -> bool:
+        return any(all(cpu_has(f) for f in group) for group in self.width.needs)
+
+    def define(self, epilogue: bool = False):
+        w = self.width
+        return define_vpdpbusd(w.symbol, w.lanes, w.vectors, w.rows, epilogue)
+
+    @functools.cached_property
+    def KERNEL(self) -> tuple:
+        return gemm_kernel(self.name, self.define, self.available(), self.BLOCK, self.PANEL,
+                           self.LANES, self.MASKED)
+
+    @property
+    def conv_requantize(self):
+        return conv_requantize
+
+    def gemm(self, a_u8, packed, out, p0=0, p1=-1, ob0=0, ob1=-1):
+        multiply(self.KERNEL, a_u8, packed, out, p0, p1, ob0, ob1)
+
+    def gemm_parallel(self, a_u8, packed, out):
+        multiply_parallel(self.KERNEL, a_u8, packed, out)
+
+    def conv_kernel(self, w: np.ndarray, kp: int) -> tuple:
+        return conv_kernel_of(self.KERNEL)(w, kp)
+
+
+PATHS = {name: Path(name, width) for name, width in WIDTHS.items()}
+
+# the 512-bit row on blocks of 64, as this module's own names (the AMX kernel and the tests
+# take them from here); its GEMMs compiled as the module is imported, where the CPU runs them
+_WIDE = PATHS["vnni"]
+BLOCK, ROWS, LANES, PANEL, MASKED, PADS = (_WIDE.BLOCK, _WIDE.ROWS, _WIDE.LANES, _WIDE.PANEL,
+                                           _WIDE.MASKED, _WIDE.PADS)
+available, pack = _WIDE.available, _WIDE.pack
+KERNEL = _WIDE.KERNEL
 gemm, gemm_parallel = bound_gemms(KERNEL)
 conv_kernel = conv_kernel_of(KERNEL)
 
