@@ -436,7 +436,7 @@ class Dequantize(Binding):
         self.scales = np.ascontiguousarray(np.asarray(consts[1], np.float32).reshape(-1))
         self.zero = int(_const_scalar(consts, 2))
         axis = attrs["axis"] % len(shape) if shape else 0
-        self.shape3 = (int(np.prod(shape[:axis], dtype=np.int64)), self.scales.size, -1)
+        self.inner = max(1, int(np.prod(shape[axis + 1:], dtype=np.int64)))   # channel stride
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -450,11 +450,8 @@ class Dequantize(Binding):
         x = ins[0]
         if not (x.flags.c_contiguous and out.flags.c_contiguous):
             return None
-        if self.scales.size == 1:
-            return sized(self.k8.dequantize, out.size), (x.reshape(-1), self.zero,
-                                                         self.scales[0], out.reshape(-1))
-        return sized(self.k8.dequantize_channels, out.size), (
-            x.reshape(self.shape3), self.zero, self.scales, out.reshape(self.shape3))
+        return sized(self.k8.dequantize, out.size), (x.reshape(-1), self.zero, self.scales,
+                                                     self.inner, out.reshape(-1))
 
     def __call__(self, ins, out):
         if not self.call_kernel([np.ascontiguousarray(ins[0])], out):

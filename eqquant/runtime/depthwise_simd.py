@@ -125,7 +125,7 @@ def _define(kind: str):
     for the whole row of pixels."""
     def define(mod):
         from llvmlite import ir
-        from .llvm_loops import counted_loop, prefetch_line, splat
+        from .llvm_loops import carried_loop, counted_loop, prefetch_line, splat
         from .requantize_ir import with_epilogue
         name = f"eqquant_dw_{kind}"
         if name in mod.globals:
@@ -145,26 +145,7 @@ def _define(kind: str):
 
         def carried(builder, count, inits, name, body):
             """accs = inits; for (v = 0; v < count; v++) accs = body(builder, v, accs)"""
-            pre = builder.block
-            head = fn.append_basic_block(f"{name}.head")
-            work = fn.append_basic_block(f"{name}.body")
-            done = fn.append_basic_block(f"{name}.done")
-            builder.branch(head)
-            builder.position_at_end(head)
-            v = builder.phi(i64)
-            accs = [builder.phi(a.type) for a in inits]
-            v.add_incoming(c64(0), pre)
-            for acc, a in zip(accs, inits):
-                acc.add_incoming(a, pre)
-            builder.cbranch(builder.icmp_signed("<", v, count), work, done)
-            builder.position_at_end(work)
-            new = body(builder, v, accs)
-            v.add_incoming(builder.add(v, c64(1)), builder.block)
-            for acc, a in zip(accs, new):
-                acc.add_incoming(a, builder.block)
-            builder.branch(head)
-            builder.position_at_end(done)
-            return accs
+            return carried_loop(fn, builder, c64(0), count, inits, body, name)
 
         def load(bd, ptr, at, t):
             return bd.load(bd.bitcast(bd.gep(ptr, [at]), t.as_pointer()), align=1)
@@ -322,18 +303,12 @@ def _intrinsic(kind: str):
     (addresses as integers)."""
     from numba import types
     from numba.extending import intrinsic
-    define = _define(kind)
+    from .llvm_loops import direct_call
+    codegen = direct_call(_define(kind), 6)
+    sig = types.void(*([types.intp] * 15), types.float32, types.float32, *([types.intp] * 6))
 
     def sweep(typingctx, x, w, init, out, table, zrow, x0, x1, c_n, rows, rstride, kw, sw, dw,
               off, lo, hi, stride, qlo, qhi, b0, b1, win):
-        sig = types.void(*([types.intp] * 15), types.float32, types.float32,
-                         *([types.intp] * 6))
-
-        def codegen(context, builder, signature, args):
-            fn = define(builder.module)
-            ptrs = [builder.inttoptr(a, t) for a, t in zip(args[:6], fn.ftype.args[:6])]
-            builder.call(fn, ptrs + list(args[6:]))
-            return context.get_dummy_value()
         return sig, codegen
     sweep.__name__ = f"depthwise_sweep_{kind}"
     return intrinsic(sweep)

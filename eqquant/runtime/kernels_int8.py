@@ -171,9 +171,12 @@ def lut(thread, threads, args):
 
 @parallel
 def dequantize(thread, threads, args):
-    q, zero, scale, out = args
+    """Flat q, out: (q - zero) * scales[c], c the channel of element i: (i // inner) % C
+    (one scale: C = 1)."""
+    q, zero, scales, inner, out = args
+    c_n = scales.size
     for i in range(*share(q.size, thread, threads)):
-        out[i] = np.float32(np.int64(q[i]) - zero) * scale
+        out[i] = np.float32(np.int64(q[i]) - zero) * scales[(i // inner) % c_n]
 
 
 @parallel
@@ -207,18 +210,6 @@ def to_hwc(thread, threads, args):
         for i in range(w):
             for c in range(c_n):
                 out[y, i, c] = np.uint8(np.int32(x[c, y, i]) + shift)
-
-
-@parallel
-def dequantize_channels(thread, threads, args):
-    """q, out: (A, C, B); one scale per channel c."""
-    q, zero, scales, out = args
-    a_n, c_n, b_n = q.shape
-    for a in range(a_n):
-        for c in range(*share(c_n, thread, threads)):
-            s = scales[c]
-            for b in range(b_n):
-                out[a, c, b] = np.float32(np.int64(q[a, c, b]) - zero) * s
 
 
 @parallel

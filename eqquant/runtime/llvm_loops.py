@@ -111,6 +111,18 @@ def reduction_loop(fn, builder, count, rows: int, cols: int, vtype, body):
     return [flat[r * cols:(r + 1) * cols] for r in range(rows)]
 
 
+def direct_call(define, pointers: int):
+    """The code generator of a Numba intrinsic that calls the function ``define`` emits
+    into the caller's module, its first ``pointers`` arguments integer addresses passed on
+    as the function's pointer types, the rest as they are."""
+    def codegen(context, builder, signature, args):
+        fn = define(builder.module)
+        ptrs = [builder.inttoptr(a, t) for a, t in zip(args[:pointers], fn.ftype.args)]
+        builder.call(fn, ptrs + list(args[pointers:]))
+        return context.get_dummy_value()
+    return codegen
+
+
 def gemm_intrinsic(define, element: str, extra: tuple = ()):
     """A Numba intrinsic that calls the GEMM function ``define`` (``gemm_definition``'s)
     through its slot (``load_gemms``), with the arguments every hand-written GEMM here takes:

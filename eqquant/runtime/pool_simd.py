@@ -118,16 +118,11 @@ def _intrinsic(kind: str):
     calling ``eqquant_maxpool_<kind>`` (x and out addresses as integers)."""
     from numba import types
     from numba.extending import intrinsic
-    define = _define(kind)
+    from .llvm_loops import direct_call
+    codegen = direct_call(_define(kind), 2)
+    sig = types.void(*([types.intp] * 11))
 
     def maxpool_row(typingctx, x, out, rows, rstride, c_n, w, ow, kw, sw, dw, off):
-        sig = types.void(*([types.intp] * 11))
-
-        def codegen(context, builder, signature, args):
-            fn = define(builder.module)
-            ptrs = [builder.inttoptr(a, t) for a, t in zip(args[:2], fn.ftype.args[:2])]
-            builder.call(fn, ptrs + list(args[2:]))
-            return context.get_dummy_value()
         return sig, codegen
     maxpool_row.__name__ = f"maxpool_row_{kind}"
     return intrinsic(maxpool_row)
