@@ -12,7 +12,11 @@ from eqquant.ir.builder import Builder
 from eqquant.ir.interp import run
 from eqquant.ir.params import bind_params
 from eqquant.runtime.executor import Executor
+from eqquant.runtime.target import Target
 from kernel_paths import forced_int8_path
+
+# the byte driver is an executor's kernel (x86.avx2.bytes), offered by such a target
+BYTES = Target.named("avx2:executor")
 
 avx2 = pytest.importorskip("eqquant.runtime.avx2")
 if not avx2.available():
@@ -243,7 +247,7 @@ def test_convolutions_on_the_byte_kernel_are_bit_exact(c, o, k, stride, size, ba
     rows = _rows(xs["x"][0], k, k, stride, stride, k // 2, k // 2, 1, 1, 3, oh, 0, oh * oh, kp)
     assert avx2.split_or_widen(np.ascontiguousarray(rows), avx2.empties(kp))[3].size == 0
     with forced_int8_path("avx2"):
-        ex = Executor(bound)
+        ex = Executor(bound, target=BYTES)
         convs = [s.fn.conv for s in ex.steps if "qconv2d" in s.label]
         assert [c.conv_kernel for c in convs] == [avx2.conv_requantize_bytes]
         record = convs[0].more_args[1]
@@ -271,7 +275,7 @@ def test_windows_whose_lists_outgrow_their_room_take_the_16_bit_kernel():
     x[0, :6, :6, :] |= 0x80                             # 36 of 400 pixels: 9% of the quads
     assert avx2.image_lists(x)[3]
     with forced_int8_path("avx2"):
-        ex = Executor(bound)
+        ex = Executor(bound, target=BYTES)
         (conv,) = [s.fn.conv for s in ex.steps if "qconv2d" in s.label]
         np.testing.assert_array_equal(ex.run({"x": x}), run(bound, {"x": x}))
     from eqquant.runtime.bindings import threads

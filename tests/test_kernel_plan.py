@@ -159,6 +159,35 @@ def test_the_cheapest_kernel_follows_the_tables_costs():
     assert choose(Site("qnn.conv2d", 64, 9, 64, False, True), every).kernel == "depthwise"
 
 
+def test_the_avx2_byte_driver_is_planned_only_for_an_executor(tmp_path):
+    """x86.avx2.bytes (the byte driver: not launches, so no library holds it) is offered by
+    a target ``NAME:executor`` only, on rows of BYTES_FROM bytes or more; a pin of it where
+    the target does not offer it is refused; a target name the CLI does not know is a usage
+    error (exit 2), nothing run."""
+    from eqquant.runtime import avx2
+    site = Site("fused.qconv2d", 32, 288, 1, False, False)
+    library, executor = Target("t", ("avx2",), ("blas",)), Target("t", ("avx2",), ("blas",),
+                                                                  True)
+    assert not library.offers("x86.avx2.bytes") and executor.offers("x86.avx2.bytes")
+    assert choose(site, library).kernel == "x86.avx2"
+    assert choose(site, executor).kernel == "x86.avx2.bytes"
+    short = {o.kernel: o for o in options(Site("fused.qconv2d", 32, 64, 1, False, False),
+                                          executor)}["x86.avx2.bytes"]
+    assert short.cost is None and str(avx2.BYTES_FROM) in short.why
+    dense = Site("qnn.dense", 32, 2048, 1, False, False, 64)
+    assert choose(dense, executor).kernel == "x86.avx2"
+    assert Target.named("avx2:executor") == Target.named("avx2").for_executor()
+    assert Target.from_json(executor.to_json()) == executor
+    with pytest.raises(KernelError, match="does not offer it"):
+        Executor(_program(k0="x86.avx2.bytes")[0], Target.named("avx2"))
+    mod, _ = _program(k0="x86.avx2.bytes")
+    x = _x(5)
+    np.testing.assert_array_equal(Executor(mod, Target.named("avx2:executor")).run(x),
+                                  run(mod, x))
+    save_program(tmp_path / "p.ir", mod)
+    assert cli_exit(["extract", str(tmp_path / "p.ir"), "--target", "avx9000"]) == 2
+
+
 def test_targets_are_checked_against_this_cpu_and_round_trip():
     host = Target.named("host")
     assert host.int8 == int8_paths()

@@ -26,18 +26,23 @@ def _fail(message: str, code: int = 2) -> None:
 def _use_target(ctx, param, value):
     """``--target``: the process's target (``runtime.target``), checked against this CPU."""
     if value is not None:
-        from ..runtime.target import use
+        from ..runtime.target import NAMES, use
+        kind = value[:-len(":executor")] if value.endswith(":executor") else value
+        if kind not in NAMES:
+            raise click.BadParameter(f"{value!r} is none of {', '.join(NAMES)} (each "
+                                     "optionally with ':executor')")
         use(value)
     return value
 
 
 # the kernels a command may plan and run: the host's, or a kind of CPU as this one runs it
 _TARGET = click.option(
-    "--target", type=click.Choice(["host", "avx512", "avxvnni", "avx2", "portable"]),
-    default=None, expose_value=False, is_eager=True, callback=_use_target,
+    "--target", metavar="NAME[:executor]", default=None, expose_value=False, is_eager=True,
+    callback=_use_target,
     help="The kernels to plan and run: host (every kernel this CPU runs; default) or a kind "
     "of CPU as this one runs it: avx512 (VNNI, no AMX), avxvnni, avx2 (no VNNI), portable. "
-    "A kind whose kernels this CPU lacks is an error.")
+    "A kind whose kernels this CPU lacks is an error. ':executor' offers the kernels only "
+    "the executor runs too (x86.avx2.bytes): a library saved ahead of time cannot hold them.")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -144,6 +144,35 @@ class _Roots:
         return r, a.ctypes.data - base
 
 
+def _launches(step, prepared, where: str) -> list:
+    """The launches ``step`` makes, bound (``prepared``: ``Executor.bind_steps``'s), or
+    NotDeployable saying why it makes none."""
+    if prepared is None or step.kind != "kernel":
+        raise NotDeployable(f"{where}: computed by Python at each run ({step.kind}), not by "
+                            "kernels' launches")
+    calls = getattr(prepared[0], "launches", None)
+    calls = calls() if calls is not None else None
+    if calls is None:
+        raise NotDeployable(f"{where}: its binding ({type(step.fn).__name__}) calls a Numba "
+                            "function of its own, not launches of C entries")
+    return calls
+
+
+def not_launches(executor) -> list[str]:
+    """Every step of ``executor`` that stops its program being saved, with why (``build``
+    raises at the first): what a kernel still needs to become launches."""
+    why = []
+    bound = executor.bind_steps(executor.stand_ins())
+    for i, (st, prepared) in enumerate(zip(executor.steps, bound)):
+        if st.kind == "view" and prepared is not None:
+            continue
+        try:
+            _launches(st, prepared, f"step {i} ({st.label})")
+        except NotDeployable as e:
+            why.append(str(e))
+    return why
+
+
 def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
     """The plan (launches, slots, inputs, output; roots filled in by ``_write_data``), the
     roots, the C functions, the steps bound, the inputs' arrays."""
@@ -172,15 +201,7 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
         where = f"step {i} ({st.label})"
         if st.kind == "view" and prepared is not None:
             continue
-        if prepared is None or st.kind != "kernel":
-            raise NotDeployable(f"{where}: computed by Python at each run "
-                                f"({st.kind}), not by kernels' launches")
-        calls = getattr(prepared[0], "launches", None)
-        calls = calls() if calls is not None else None
-        if calls is None:
-            raise NotDeployable(f"{where}: its binding calls a Numba function of its own, "
-                                "not launches of C entries")
-        for call in calls:
+        for call in _launches(st, prepared, where):
             entry = made.get(call.address)
             if entry is None:
                 raise NotDeployable(f"{where}: its entry is not a C function of "

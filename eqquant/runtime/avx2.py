@@ -29,8 +29,11 @@ Where listing does not pay, the 16-bit kernel (``gemm_block``, ``gemm_requantize
 the rows, widened to int16 a chunk at a time (each pixel's pair (a_k, a_k+1) one broadcast
 32-bit load). Which kernel runs is decided at three levels; none changes a bit of the sums:
 
-- per layer (``conv_kernel``): rows of fewer than BYTES_FROM bytes always take the 16-bit
-  kernel and its driver (``conv_requantize``). Measured layer by layer on an AMD EPYC (Zen
+- per layer, by the kernel plan (``lowering``): the byte driver is its own kernel,
+  ``x86.avx2.bytes``, which an executor runs (its choices below are made per call, in
+  Python, so a library saved ahead of time holds ``x86.avx2``, the 16-bit driver's
+  launches); rows of fewer than BYTES_FROM bytes always take the 16-bit kernel and its
+  driver (``conv_requantize``). Measured layer by layer on an AMD EPYC (Zen
   3), the byte kernel lost on them: resnet18's 7 x 7 stem (148 bytes) 7-11%, its 1x1
   stride-2 layers (64-256 bytes) 4-5%, resnet50's 1x1 layers of 64 bytes 0-7%;
 - per image: where its channels are a multiple of 4 and the padding byte has no high bit
@@ -219,13 +222,13 @@ def pack_quads(w: np.ndarray) -> np.ndarray:
     return pack_panels(w, BLOCK, 4, np.int8)[0]
 
 
-def conv_kernel(w: np.ndarray, kp: int) -> tuple:
+def conv_kernel(w: np.ndarray, kp: int, name: str = "x86.avx2") -> tuple:
     """(the fused convolution, its arguments besides ``pack``'s) for weights (O, K) whose
-    rows are padded to kp bytes: ``conv_requantize_bytes`` with the byte quads and a record
-    of its calls (``BytesRecord``) for rows of BYTES_FROM bytes or more, else
-    ``conv_requantize`` alone (a layer of short rows runs the 16-bit kernel's driver as it
-    was)."""
-    if kp >= BYTES_FROM:
+    rows are padded to kp bytes, on the kernel the plan named: ``conv_requantize_bytes``
+    with the byte quads and a record of its calls for "x86.avx2.bytes" (rows of BYTES_FROM
+    bytes or more: ``lowering``'s guard), else ``conv_requantize`` alone, the 16-bit
+    kernel's launches."""
+    if name == "x86.avx2.bytes" and kp >= BYTES_FROM:
         return conv_requantize_bytes, (pack_quads(w), np.zeros(RECORD, np.int64))
     return conv_requantize, ()
 

@@ -116,7 +116,8 @@ class QConv2D(Binding):
             w_tap = np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(o, -1))
             self.packed, colsum128, self.kp = self.simd.pack(w_tap)
             # the fused convolution of this layer's shape, and its arguments besides packed
-            self.conv_kernel, self.more_args = self.simd.conv_kernel(w_tap, self.kp)
+            self.conv_kernel, self.more_args = self.simd.conv_kernel(w_tap, self.kp,
+                                                                     self.kernel)
             colsum = colsum128 // 128
             self.correction = (colsum * (self.shift + self.zx)).astype(np.int32)
             self.out_hw = tuple(out_type.shape[1:3] if self.channels_last else
@@ -328,10 +329,16 @@ class Lut(Binding):
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return 1 in consts
 
+    def kernel_call(self, ins, out):
+        if not (ins[0].flags.c_contiguous and out.flags.c_contiguous):
+            return None
+        return sized(self.k8.lut, out.size), (ins[0].reshape(-1).view(np.uint8), self.flip,
+                                              self.table, self.channels, self.inner,
+                                              out.reshape(-1).view(np.uint8))
+
     def __call__(self, ins, out):
-        codes = np.ascontiguousarray(ins[0]).reshape(-1).view(np.uint8)
-        self.k8.lut(codes, self.flip, self.table, self.channels, self.inner,
-                    out.reshape(-1).view(np.uint8))
+        if not self.call_kernel([np.ascontiguousarray(ins[0])], out):
+            raise ValueError(f"{type(self).__name__}: the output must be C-contiguous")
 
 
 class Requantize(Binding):

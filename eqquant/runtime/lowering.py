@@ -19,6 +19,9 @@ x86.vnni        as x86.amx                                     1 times the paddi
 x86.vnni16      as x86.amx                                     1.15 times the padding to 16
 x86.avxvnni     as x86.amx                                     2 times the padding to 16
 x86.avx2        as x86.amx                                     4 times the padding to 16
+x86.avx2.bytes  as x86.amx, rows of BYTES_FROM bytes or more;  3.7 times the padding to 16
+                an executor's only (not launches: offered by
+                a target NAME:executor)
 depthwise       a depthwise convolution (one input channel     1
                 per group) whose taps fit 16 bits
 portable        every site                                     1000: the last resort
@@ -30,7 +33,9 @@ measured rankings: on an Intel Xeon (AMX, AVX512-VNNI; MobileNet-v2 int8, layer 
 layer without padding either way ran 1.04-1.16x slower on vnni16 than on vnni, 96 channels
 (padded to 128) 0.84x and 144 (to 192) 0.9x; on an AMD EPYC with AVX512-VNNI, 16 and 24
 channels ran 1.3-1.5x faster on avxvnni than padded to 64, 96-160 channels 1.2-1.35x slower;
-the tiles' sums pass through memory, which pays only on deep layers (``amx.suits``). A site
+the tiles' sums pass through memory, which pays only on deep layers (``amx.suits``); the
+AVX2 byte driver ran ResNets 0.91-0.94x the time of the 16-bit one on an AMD EPYC (Zen 3),
+MobileNet-v2 level (``avx2.py``), a speed a saved library matches with the 16-bit kernel. A site
 takes the cheapest kernel its target offers (``target.py``); a kernel named in the program (a
 plan made earlier, or a user's pin) is kept, or refused with the site's location and the
 reason (``KernelError``).
@@ -49,7 +54,8 @@ from ..ops.qnn import INT8_KERNELS
 from ..ops.registry import KERNEL, OpDef
 from .target import Target, current, gemm_path
 
-SPEED = {"amx": 0.1, "vnni": 1.0, "vnni16": 1.15, "avxvnni": 2.0, "avx2": 4.0}
+SPEED = {"amx": 0.1, "vnni": 1.0, "vnni16": 1.15, "avxvnni": 2.0, "avx2": 4.0,
+         "x86.avx2.bytes": 3.7}
 AMX_UNSUITED = 10.0     # the tiles on a layer they do not suit
 DEPTHWISE = 1.0
 PORTABLE = 1000.0
@@ -128,7 +134,12 @@ def _gemm_option(kernel: str, site: Site) -> Option:
         return Option(kernel, None, f"{site.channels} channels are no multiple of "
                                     f"{simd.BLOCK}")
     padding = -(-site.channels // simd.BLOCK) * simd.BLOCK / site.channels
-    speed = SPEED[path]
+    speed = SPEED.get(kernel, SPEED[path])
+    if kernel == "x86.avx2.bytes" and site.rows is not None:
+        return Option(kernel, None, "a convolution's driver (a dense layer here)")
+    if kernel == "x86.avx2.bytes" and -(-site.depth // 4) * 4 < simd.BYTES_FROM:
+        return Option(kernel, None, f"rows of {site.depth} bytes: the byte kernel pays from "
+                                    f"{simd.BYTES_FROM}")
     if path == "amx" and not simd.suits(site.depth):
         speed = AMX_UNSUITED
     return Option(kernel, speed * padding)

@@ -294,12 +294,12 @@ def multiply_parallel(thread, threads, args):
 
 
 def conv_kernel_of(kernel: tuple):
-    """A path module's ``conv_kernel(w, kp)`` on ``kernel`` (``gemm_kernel``'s): (the fused
+    """A path module's ``conv_kernel(w, kp, name)`` on ``kernel`` (``gemm_kernel``'s): (the fused
     convolution, its arguments besides ``pack``'s) = (``conv_requantize``, (kernel,)), the
     interface of every SIMD path (``avx2.conv_kernel`` chooses). A kernel whose GEMMs are
     never compiled (the CPU lacks them: its slots are 0) is refused: its driver would call
     through a null cell."""
-    def conv_kernel(w: np.ndarray, kp: int) -> tuple:
+    def conv_kernel(w: np.ndarray, kp: int, name: str = "") -> tuple:
         if not (kernel[0] and kernel[1]):
             raise RuntimeError("eqquant: this CPU does not run the GEMMs of the int8 kernel "
                                "asked for (the target offers only those it runs)")
@@ -350,7 +350,7 @@ class Path:
     def gemm_parallel(self, a_u8, packed, out):
         multiply_parallel(self.KERNEL, a_u8, packed, out)
 
-    def conv_kernel(self, w: np.ndarray, kp: int) -> tuple:
+    def conv_kernel(self, w: np.ndarray, kp: int, name: str = "") -> tuple:
         return conv_kernel_of(self.KERNEL)(w, kp)
 
 
