@@ -21,6 +21,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from zoo import MODELS, build, export  # noqa: E402
 
 
+# the input size below which PyTorch's export refuses the model (an adaptive pool to 7 x 7 or
+# 6 x 6 of a smaller map; inception's stem)
+MIN_SIZE = {"inception_v3": 75, "vgg11_bn": 224, "alexnet": 224}
+
+
 def _saved(ex, folder: Path, shape) -> str:
     from eqquant.deploy.build import NotDeployable
     from eqquant.deploy.build import build as save
@@ -50,7 +55,7 @@ def one(name: str, size: int, d: Path) -> tuple[str, str]:
     import eqquant
     from eqquant.deploy.build import keeping_objects
     from eqquant.deploy.cache import prepare
-    size = max(size, 75) if name == "inception_v3" else size
+    size = max(size, MIN_SIZE.get(name, 0))
     shape = (1, 3, size, size)
     path = d / f"{name}.onnx"
     path.write_bytes(export(build(name), size))
@@ -78,7 +83,10 @@ def main() -> None:
     counts = {"fp32": 0, "int8": 0}
     for name in args.models:
         with tempfile.TemporaryDirectory() as d:
-            fp, i8 = one(name, args.size, Path(d))
+            try:
+                fp, i8 = one(name, args.size, Path(d))
+            except Exception as e:      # (a bench: report the model's failure, go on)
+                fp = i8 = f"FAILED: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
         counts["fp32"] += fp.endswith("same bits")
         counts["int8"] += i8.endswith("same bits")
         print(f"{name:20s} fp32 {fp}\n{'':20s} int8 {i8}", flush=True)

@@ -30,6 +30,7 @@ from conftest import cli_exit
 from eqquant.deploy import cache
 from eqquant.deploy.build import NotDeployable, build, keep_object
 from eqquant.deploy.loader import Library
+from eqquant.ir.interp import run
 from eqquant.ir.loader import save_program
 from eqquant.ir.params import bind_params
 from eqquant.quant.flow import compile_layouts, quantize
@@ -818,3 +819,44 @@ def test_an_allocation_inside_a_kernel_is_aligned_and_freed(c_library):
         assert refct == 1 and got_size == size and data % align == 0 and data >= mi + 48
         ctypes.memset(data, 0xAB, size)          # (writable: the whole size)
         dtor(mi)
+
+
+def test_concatenation_squeeze_excitation_and_nchw_depthwise_are_launches(tmp_path):
+    """Ops that ran as Numba calls of their own or as Python, now launches (issue 51): a
+    concatenation (float and bytes; its tuple names its fields' buffers), a per-channel
+    first operand of a product (a squeeze-excitation's scales times the image), an NCHW
+    depthwise convolution, a layout change of one-pixel planes. Saved, the executor's bits;
+    those the reference's within rounding."""
+    rng = np.random.default_rng(0)
+    mod = bind_params(eqquant.parse("""def @main(%x: Tensor[(1, 8, 5, 5), float32],
+          %w: Tensor[(8, 1, 3, 3), float32]) {
+  %0 = nn.conv2d(%x, %w, padding=[1, 1, 1, 1], groups=8, channels=8, kernel_size=[3, 3]);
+  %1 = nn.global_avg_pool2d(%0);
+  %2 = multiply(%1, %0);
+  %3 = (%2, %x, %0);
+  %4 = concatenate(%3, axis=1);
+  %5 = layout_transform(%1, src_layout="NCHW", dst_layout="NHWC");
+  %6 = reshape(%5, newshape=[1, 8, 1, 1]);
+  %7 = add(%6, %1);
+  %8 = multiply(%7, %0);
+  %9 = nn.relu(%8);
+  %10 = (%9, %4);
+  concatenate(%10, axis=1)
+}
+"""), {"w": rng.standard_normal((8, 1, 3, 3)).astype(np.float32)})
+    ex = Executor(mod)
+    from eqquant.deploy.build import not_launches
+    assert not_launches(ex) == []
+    _same_bits(ex, tmp_path / "lib")
+    x = _input(ex)
+    np.testing.assert_allclose(ex.run(x), run(mod, x), rtol=1e-5, atol=1e-5)
+    codes = eqquant.parse("""def @main(%x: Tensor[(1, 4, 3, 3), uint8]) {
+  %0 = (%x, %x);
+  concatenate(%0, axis=1)
+}
+""")
+    ex8 = Executor(codes)
+    assert not_launches(ex8) == []
+    build(ex8, tmp_path / "bytes")
+    x8 = {"x": rng.integers(0, 256, (1, 4, 3, 3)).astype(np.uint8)}
+    np.testing.assert_array_equal(Library(tmp_path / "bytes").run(x8), run(codes, x8))

@@ -46,6 +46,7 @@ from ..runtime.bindings import threads as pool_threads
 from .loader import FORMAT, cpu_digest
 
 PHASE = memory.ALIGN          # a root keeps its address modulo this
+ALIASES = ("view", "tuple", "getitem")   # steps that name their operands' arrays: no launch
 _C_SOURCE = Path(__file__).with_name("library.c")
 
 
@@ -164,7 +165,7 @@ def not_launches(executor) -> list[str]:
     why = []
     bound = executor.bind_steps(executor.stand_ins())
     for i, (st, prepared) in enumerate(zip(executor.steps, bound)):
-        if st.kind == "view" and prepared is not None:
+        if st.kind in ALIASES and prepared is not None:
             continue
         try:
             _launches(st, prepared, f"step {i} ({st.label})")
@@ -199,7 +200,7 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
     launches = []
     for i, (st, prepared) in enumerate(zip(executor.steps, bound)):
         where = f"step {i} ({st.label})"
-        if st.kind == "view" and prepared is not None:
+        if st.kind in ALIASES and prepared is not None:
             continue
         for call in _launches(st, prepared, where):
             entry = made.get(call.address)

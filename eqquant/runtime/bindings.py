@@ -142,8 +142,8 @@ def nchw_calls(site: Binding, x: np.ndarray, out: np.ndarray, kernel, moves_in=N
     """A channel-last kernel at an NCHW call site as bound launches, as the site's own call
     makes them: the image (N, C, H, W) moved channel-last into the site's image (``moved``;
     or ``moves_in(x, image)``'s calls), ``kernel(image, result)``'s call into its result
-    (N, oh, ow, O), moved back into ``out`` (``move_into``). None where a move is a plain
-    copy (one channel, one pixel) or an array is not contiguous (a reshape would be a copy,
+    (N, oh, ow, O), moved back into ``out`` (``move_into``). None where an array is not
+    contiguous (a reshape would be a copy,
     bound in place of it)."""
     if not (x.flags.c_contiguous and out.flags.c_contiguous):
         return None
@@ -315,7 +315,16 @@ class Conv2D(_Spatial):
             calls = nchw_calls(self, ins[0], out, self._fma_call)   # (``compute``'s moves)
             if calls is not None:
                 return calls
+        if not self.nhwc and self.depthwise and self.bias_vec is not None and \
+                ins[0].flags.c_contiguous and out.flags.c_contiguous:
+            return in_order([bound(*call) for call in self._nchw_depthwise_calls(ins[0], out)])
         return super().prepare(ins, out)
+
+    def _nchw_depthwise_calls(self, x, out) -> list:
+        """(the NCHW depthwise kernel, its arguments) per image, as ``compute`` runs it."""
+        return [(k.depthwise, (x[b], self.w, self.bias_vec, self.sh, self.sw, self.pt,
+                               self.pl, self.dh, self.dw, self.lo, self.hi, out[b]))
+                for b in range(out.shape[0])]
 
     def __call__(self, ins, out):
         if self.taps is not None:       # depthwise, channel-last as its kernel reads
@@ -404,6 +413,20 @@ class Conv2DAdd(Conv2D):
     def prepare(self, ins, out):
         if self.in_gemm and ins[0].flags.c_contiguous:
             return bound(*self._fma_call(ins[0], out, ins[3], self.act_bounds))
+        res = ins[3]
+        conv = super().prepare(ins[:3], out) if self.conv_type == self.out_type == \
+            TensorType(res.shape, "float32") and res.flags.c_contiguous else None
+        if getattr(conv, "launches", lambda: None)() is not None:
+            # the convolution's own launches into out, then the sum and the activation
+            # (where it has none, its fallback would call this binding: not taken)
+            calls = [conv,
+                     bound(sized(k.binary_same, out.size), (out.reshape(-1), res.reshape(-1),
+                                                            0, 0, out.reshape(-1)))]
+            if self.act_lo > -np.inf or self.act_hi < np.inf:
+                calls.append(bound(sized(k.unary, out.size), (
+                    out.reshape(-1), 2, np.float32(self.act_lo), np.float32(self.act_hi),
+                    out.reshape(-1))))
+            return in_order(calls)
         return functools.partial(self, ins, out)
 
     def __call__(self, ins, out):
@@ -536,35 +559,46 @@ class _Averaging(_Spatial):
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return _pool_dtypes(in_types, out_type)
 
+    def image_calls(self, x, out) -> list | None:
+        """(kernel, its arguments) per image, as the binding's own call runs them; None
+        where its layout has no kernel of its own."""
+        return None
+
+    def prepare(self, ins, out):
+        if ins[0].flags.c_contiguous and out.flags.c_contiguous:
+            calls = self.image_calls(ins[0], out)
+            if calls:
+                return in_order([bound(*call) for call in calls])
+        return super().prepare(ins, out)
+
 
 class AvgPool2D(_Averaging):
-    def compute(self, ins, out):
+    def image_calls(self, x, out) -> list | None:
+        if self.nhwc:
+            return None
         kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = self.geometry()
-        for b in range(ins[0].shape[0]):
-            k.avg_pool(ins[0][b], kh, kw, sh, sw, pt, pl, pb, pr, dh, dw,
-                       bool(self.attrs["count_include_pad"]), out[b])
+        return [(k.avg_pool, (x[b], kh, kw, sh, sw, pt, pl, pb, pr, dh, dw,
+                              bool(self.attrs["count_include_pad"]), out[b]))
+                for b in range(x.shape[0])]
+
+    def compute(self, ins, out):
+        for kernel, args in self.image_calls(ins[0], out):
+            kernel(*args)
 
 
 class GlobalAvgPool2D(_Averaging):
-    def kernel_call(self, ins, out):
-        """one channel-last image (contiguous): one call summing its pixels' rows"""
-        x = ins[0]
-        if not (self.nhwc and x.shape[0] == 1 and x.flags.c_contiguous):
-            return None
-        return sized(k.global_avg_pool_channels_last, x.size), (x[0].reshape(-1, x.shape[3]),
-                                                                out[0].reshape(-1))
+    def image_calls(self, x, out) -> list:
+        """NCHW: each channel's plane summed; channel-last: each pixel's channels summed as
+        a row (the same sums, in the same order)."""
+        if not self.nhwc:
+            return [(k.global_avg_pool, (x[b], out[b].reshape(-1))) for b in range(x.shape[0])]
+        return [(sized(k.global_avg_pool_channels_last, x[b].size),
+                 (x[b].reshape(-1, x.shape[3]), out[b].reshape(-1)))
+                for b in range(x.shape[0])]
 
     def __call__(self, ins, out):
-        if not self.nhwc:
-            return self.compute(ins, out)
-        x = ins[0]          # channel-last: each pixel's channels summed as a row
-        for b in range(x.shape[0]):
-            sized(k.global_avg_pool_channels_last, x[b].size)(x[b].reshape(-1, x.shape[3]),
-                                                              out[b].reshape(-1))
-
-    def compute(self, ins, out):
-        for b in range(ins[0].shape[0]):
-            k.global_avg_pool(ins[0][b], out[b].reshape(-1))
+        for kernel, args in self.image_calls(np.ascontiguousarray(ins[0]), out):
+            kernel(*args)
 
 
 class Binary(Binding):
@@ -583,30 +617,52 @@ class Binary(Binding):
         self.code = op.kernel_params["code"]   # (0 add, 1 subtract, 2 multiply, 3 divide)
         a, b = in_types
         self.same = a.shape == b.shape == out_type.shape
-        self.channel = (a.shape == out_type.shape and len(a.shape) >= 2 and
-                        _per_channel(b.shape, out_type.shape) and
-                        int(np.prod(b.shape)) == out_type.shape[1])
+
+        def per_channel(full, other):
+            return (full.shape == out_type.shape and len(full.shape) >= 2 and
+                    _per_channel(other.shape, out_type.shape) and
+                    int(np.prod(other.shape)) == out_type.shape[1])
+        self.channel = per_channel(a, b)
+        # a per-channel first operand of a sum or a product (a squeeze-excitation's scales
+        # times the image): the operands swapped, the same values
+        self.swap = not self.channel and self.code in (0, 2) and per_channel(b, a)
+        self.channel = self.channel or self.swap
 
     def kernel_call(self, ins, out):
         """Operands of one shape, or a per-channel one with one value per channel (a
         classifier's bias): one elementwise loop over the contiguous values (taken as a
         channel's loop of one value, the bias of 1000 units took 18 us)."""
         a, b = ins
-        flat = self.same or (self.channel and b.size == out.size)
+        per = a if self.swap else b            # the per-channel operand
+        flat = self.same or (self.channel and per.size == out.size)
         if flat and a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous:
             return sized(k.binary_same, out.size), (a.reshape(-1), b.reshape(-1), self.code, 0,
                                                     out.reshape(-1))
         return None
+
+    def _channel_calls(self, a, b, out) -> list:
+        """(binary_channel, its arguments) per image: the full operand's channels, each
+        with its one value of the other (C-contiguous operands)."""
+        a, b = (b, a) if self.swap else (a, b)
+        n, c = out.shape[:2]
+        return [(sized(k.binary_channel, out[i].size), (a[i].reshape(c, -1), b.reshape(-1),
+                                                        self.code, out[i].reshape(c, -1)))
+                for i in range(n)]
+
+    def prepare(self, ins, out):
+        if self.kernel_call(ins, out) is None and self.channel and \
+                all(v.flags.c_contiguous for v in (*ins, out)):
+            return in_order([bound(*call) for call in self._channel_calls(*ins, out)])
+        return super().prepare(ins, out)
 
     def __call__(self, ins, out):
         a, b = ins
         if self.call_kernel(ins, out):
             return
         if self.channel:
-            n, c = out.shape[:2]
-            bv = np.ascontiguousarray(b.reshape(-1))
-            for i in range(n):
-                k.binary_channel(a[i].reshape(c, -1), bv, self.code, out[i].reshape(c, -1))
+            for kernel, args in self._channel_calls(np.ascontiguousarray(a),
+                                                    np.ascontiguousarray(b), out):
+                kernel(*args)
         else:
             (np.add, np.subtract, np.multiply, np.divide)[self.code](a, b, out=out)
 
@@ -734,22 +790,35 @@ class LayoutTransform(Binding):
 
 
 class Concatenate(Binding):
-    """concatenate: each input copied into its slice of the output."""
+    """concatenate (any one dtype): each input copied into its slice of the output, one
+    launch each."""
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        return _is_f32(out_type) and all(_is_f32(t) for t in in_types[0].fields)
+        return isinstance(out_type, TensorType) and all(
+            isinstance(t, TensorType) and t.dtype == out_type.dtype for t in in_types[0].fields)
 
-    def __call__(self, ins, out):
+    def _calls(self, parts, out) -> list:
+        """(copy_rows, its arguments) per input: its rows into their columns of the output."""
         axis = self.attrs["axis"] % out.ndim
         lead = int(np.prod(out.shape[:axis], dtype=np.int64))
         dst = out.reshape(lead, -1)
-        start = 0
-        for part in ins[0]:
+        calls, start = [], 0
+        for part in parts:
             width = int(np.prod(part.shape[axis:], dtype=np.int64))
-            k.copy_rows(np.ascontiguousarray(part).reshape(lead, width),
-                        dst[:, start:start + width])
+            calls.append((sized(k.copy_rows, part.size), (part.reshape(lead, width),
+                                                          dst[:, start:start + width])))
             start += width
+        return calls
+
+    def prepare(self, ins, out):
+        if not (out.flags.c_contiguous and all(p.flags.c_contiguous for p in ins[0])):
+            return super().prepare(ins, out)
+        return in_order([bound(*call) for call in self._calls(ins[0], out)])
+
+    def __call__(self, ins, out):
+        for kernel, args in self._calls([np.ascontiguousarray(p) for p in ins[0]], out):
+            kernel(*args)
 
 
 class Pad(Binding):

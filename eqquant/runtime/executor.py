@@ -225,9 +225,11 @@ class Executor:
                 stable[st.output] = self.buffers[i]       # whichever way it is computed
                 if all(v is not None for v in ins):
                     prepared = (st.fn.prepare(ins, self.buffers[i]), self.buffers[i])
-            elif st.kind == "view" and all(v is not None for v in ins):
-                prepared = (_nothing, st.fn(ins))
-                stable[st.output] = prepared[1]
+            elif st.kind in ("view", "tuple", "getitem") and all(v is not None for v in ins):
+                # a view of its operand, a tuple of its fields' buffers, a field: no copy
+                stable[st.output] = st.fn(ins) if st.kind == "view" else tuple(ins) \
+                    if st.kind == "tuple" else ins[0][st.extra]
+                prepared = (_nothing, stable[st.output])
             # (the rest, and steps reading the program's input or a view of it, gather their
             # operands at each run)
             bound.append(prepared)

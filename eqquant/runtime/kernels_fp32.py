@@ -443,18 +443,16 @@ def transpose_planes(src, dst) -> None:
     (``_transpose_tiles``): two kernels, each compiled where a program uses it (one parallel
     loop is about 0.3 s of Numba's compiling, with an empty cache)."""
     call = transpose_call(src, dst)
-    if call is None:
-        np.copyto(dst.reshape(src.shape), src)
-    else:
-        call[0](*call[1])
+    call[0](*call[1])
 
 
 def transpose_call(src, dst):
-    """``transpose_planes``'s kernel and its arguments, or None where the planes are copied
-    (one row or one column)."""
-    a, b = src.shape[1], src.shape[2]
+    """``transpose_planes``'s kernel and its arguments: planes of one row or one column
+    copied as rows (``copy_rows``; both C-contiguous), three rows interleaved, the rest by
+    tiles."""
+    n, a, b = src.shape
     if a == 1 or b == 1:
-        return None
+        return copy_rows, (src.reshape(n, a * b), dst.reshape(n, a * b))
     return (_interleave_rows if a == 3 else _transpose_tiles), (src, dst)
 
 
