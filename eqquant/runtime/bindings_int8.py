@@ -307,7 +307,16 @@ class QDense(Binding):
         return self.kernel
 
 
-class Lut(Binding):
+class _OneCall(Binding):
+    """A binding whose work is its one kernel call (``kernel_call``) on its operand made
+    contiguous."""
+
+    def __call__(self, ins, out):
+        if not self.call_kernel([np.ascontiguousarray(ins[0])], out):
+            raise ValueError(f"{type(self).__name__}: the output must be C-contiguous")
+
+
+class Lut(_OneCall):
     """qnn.lut: one look-up per element, in a table, or in its channel's table (flat tables
     at channel * 256 + code), on the 8-bit codes as bytes."""
 
@@ -336,12 +345,9 @@ class Lut(Binding):
                                               self.table, self.channels, self.inner,
                                               out.reshape(-1).view(np.uint8))
 
-    def __call__(self, ins, out):
-        if not self.call_kernel([np.ascontiguousarray(ins[0])], out):
-            raise ValueError(f"{type(self).__name__}: the output must be C-contiguous")
 
 
-class Requantize(Binding):
+class Requantize(_OneCall):
     """qnn.requantize: per-tensor parameters, or per-channel input scales along axis 1."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
@@ -381,9 +387,6 @@ class Requantize(Binding):
                                                    self.zout, self.lo, self.hi,
                                                    out.reshape(-1))
 
-    def __call__(self, ins, out):
-        if not self.call_kernel([np.ascontiguousarray(ins[0])], out):
-            raise ValueError(f"{type(self).__name__}: the output must be C-contiguous")
 
 
 class _PerTensorQ(Binding):
@@ -431,7 +434,7 @@ class Quantize(_PerTensorQ):
         kernel(*args)
 
 
-class Dequantize(Binding):
+class Dequantize(_OneCall):
     """(q - z) * s with one scale, or one per channel along ``axis`` (an int32 accumulator
     read back at the scales sx * sw); the zero point is per tensor."""
 
@@ -460,9 +463,6 @@ class Dequantize(Binding):
         return sized(self.k8.dequantize, out.size), (x.reshape(-1), self.zero, self.scales,
                                                      self.inner, out.reshape(-1))
 
-    def __call__(self, ins, out):
-        if not self.call_kernel([np.ascontiguousarray(ins[0])], out):
-            raise ValueError(f"{type(self).__name__}: the output must be C-contiguous")
 
 
 class QAdd(Binding):
