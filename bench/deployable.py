@@ -36,8 +36,8 @@ def _saved(ex, folder: Path, shape) -> str:
         import re
         from collections import Counter
         from eqquant.deploy.build import not_launches
-        what = r"^(?:error: )?step \d+ \((.*?)\): (.{0,48}).*"     # (the op, the reason)
-        steps = Counter(re.sub(what, r"\1: \2", why) for why in not_launches(ex))
+        pattern = r"^(?:error: )?step \d+ \((.*?)\): (.{0,48}).*"     # (the op, the reason)
+        steps = Counter(re.sub(pattern, r"\1: \2", why) for why in not_launches(ex))
         return "refused: " + "; ".join(f"{n} x {what}" for what, n in steps.items())
     library = Library(folder)
     rng = np.random.default_rng(1)
