@@ -860,3 +860,26 @@ def test_concatenation_squeeze_excitation_and_nchw_depthwise_are_launches(tmp_pa
     build(ex8, tmp_path / "bytes")
     x8 = {"x": rng.integers(0, 256, (1, 4, 3, 3)).astype(np.uint8)}
     np.testing.assert_array_equal(Library(tmp_path / "bytes").run(x8), run(codes, x8))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "uint8"])
+def test_transposes_and_slices_are_one_strided_copy_each(dtype, tmp_path):
+    """transpose and strided_slice (a channel shuffle's, negative steps, the default
+    reversal) copy their registry entry's view in one launch each: saved, the reference's
+    bits."""
+    mod = eqquant.parse(f"""def @main(%x: Tensor[(1, 4, 6, 5), {dtype}]) {{
+  %0 = nn.relu(%x);
+  %1 = reshape(%0, newshape=[1, 2, 2, 6, 5]);
+  %2 = transpose(%1, axes=[0, 2, 1, 3, 4]);
+  %3 = reshape(%2, newshape=[1, 4, 6, 5]);
+  %4 = strided_slice(%3, begin=[0, 1, 5], end=[1, 4, 0], strides=[1, 2, -2]);
+  transpose(%4)
+}}
+""")
+    ex = Executor(mod)
+    assert [type(s.fn).__name__ for s in ex.steps].count("StridedCopy") == 3
+    build(ex, tmp_path / "lib")
+    x = {"x": (np.arange(120).reshape(1, 4, 6, 5) % 200).astype(dtype)}
+    want = run(mod, x)
+    np.testing.assert_array_equal(ex.run(x), want)
+    np.testing.assert_array_equal(Library(tmp_path / "lib").run(x), want)

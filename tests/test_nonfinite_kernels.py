@@ -46,6 +46,8 @@ CALLS = {
     "nn.pad": lambda b, x: b.call("nn.pad", x, b.param("v", np.array(-0.0, np.float32)),
                                   pad_width=[[0, 0], [0, 0], [1, 1], [2, 0]]),
     "reshape": lambda b, x: b.call("reshape", x, newshape=[4, 144]),
+    "strided_slice": lambda b, x: b.call("strided_slice", x, begin=[0, 3, 1], end=[1, 0, 5],
+                                         strides=[1, -1, 2]),
 }
 
 

@@ -96,3 +96,38 @@ def test_qnn_type_errors(src, word):
     from eqquant.errors import TypeCheckError
     with pytest.raises(TypeCheckError, match=word):
         check_module(parse(text))
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(shapes=st.sampled_from([((1, 8, 1, 1), (1, 8, 5, 5)), ((1, 8, 5, 5), (1, 8, 5, 5)),
+                               ((2, 3, 4), (4,)), ((6,), (1,)), ((1, 4, 3, 3), (1, 1, 3, 1))]),
+       dtype=st.sampled_from(["uint8", "int8"]),
+       scales=st.tuples(*[st.floats(1e-4, 4.0) for _ in range(3)]),
+       zeros=st.tuples(*[st.integers(-128, 127) for _ in range(3)]),
+       seed=st.integers(0, 999))
+def test_qnn_mul_runs_on_its_kernel_with_the_references_bits(shapes, dtype, scales, zeros,
+                                                            seed):
+    """qnn.mul on its kernel (``kernels_int8.qmul``, broadcast operands as views of stride 0),
+    either operand the broadcast one, scales whose ratio shifts the product far left or
+    right (saturating), against the reference; and a launch, so a library can hold it."""
+    from eqquant.deploy.build import not_launches
+    from eqquant.runtime.executor import Executor
+    rng = np.random.default_rng(seed)
+    lo, hi = (0, 255) if dtype == "uint8" else (-128, 127)
+    za, zb, zo = (min(max(z, lo), hi) for z in zeros)
+    sa, sb, so = scales
+    for a_shape, b_shape in (shapes, shapes[::-1]):
+        mod = parse(f"""def @main(%a: Tensor[{a_shape}, {dtype}], %b: Tensor[{b_shape}, {dtype}]) {{
+  qnn.mul(%a, %b, {sa}f, {za}, {sb}f, {zb}, {so}f, {zo}, out_dtype="{dtype}")
+}}
+""".replace(",)", ")"))
+        x = {"a": rng.integers(lo, hi + 1, a_shape).astype(dtype),
+             "b": rng.integers(lo, hi + 1, b_shape).astype(dtype)}
+        ex = Executor(mod)
+        assert [type(s.fn).__name__ for s in ex.steps] == ["QMul"]
+        assert not_launches(ex) == []
+        np.testing.assert_array_equal(ex.run(x), run(mod, x))

@@ -39,8 +39,13 @@ def _strided_slice_rel(types, attrs):
     return TensorType(tuple(len(range(*s.indices(d))) for s, d in zip(cut, t.shape)), t.dtype)
 
 
-def _strided_slice(x, *, begin, end, strides, axes):
-    return np.ascontiguousarray(x[_slices(x.shape, begin, end, strides, axes)])
+def _strided_slice_view(x, *, begin, end, strides, axes):
+    """The slice as a view of ``x`` (the runtime copies it: ``bindings.StridedCopy``)."""
+    return x[_slices(x.shape, begin, end, strides, axes)]
+
+
+def _strided_slice(x, **attrs):
+    return np.ascontiguousarray(_strided_slice_view(x, **attrs))
 
 
 def _slice_from_onnx(im, attrs, ins):
@@ -73,6 +78,8 @@ register(OpDef("strided_slice", inputs=("data",), props=frozenset({LAYOUT}),
                attrs=(Attr("begin", INTS, REQUIRED), Attr("end", INTS, REQUIRED),
                       Attr("strides", OPT_INTS, None), Attr("axes", OPT_INTS, None)),
                type_rel=_strided_slice_rel, semantics=_strided_slice,
+               kernel="eqquant.runtime.bindings:StridedCopy",
+               kernel_params={"view": _strided_slice_view},
                onnx=(OnnxForm("Slice", convert=_slice_from_onnx, export=_slice_to_onnx),),
                doc="x[begin:end:strides] on axes (all leading axes when axes is None); "
                    "indices clamp as Python's and ONNX's do"))

@@ -550,6 +550,7 @@ register(OpDef(
                        "rhs_zero_point", "output_scale", "output_zero_point"),
     onnx=(OnnxForm("Mul", reads=False, qdq=_qmul_qdq),),
     props=frozenset({QUANT}), type_rel=_qmul_rel, semantics=_qmul,
+    kernel="eqquant.runtime.bindings_int8:QMul",
     attrs=(Attr("out_dtype", EIGHT_BIT_OUT, "uint8"),),
     doc="the product of two quantized tensors (numpy broadcasting), quantized: the integer "
         "product of the centred values, requantized once (as ONNX Runtime's QLinearMul)"))

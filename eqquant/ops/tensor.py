@@ -418,6 +418,11 @@ def _perm(rank, axes):
     return perm
 
 
+def _transpose_view(x, *, axes):
+    """The permuted axes as a view of ``x`` (the runtime copies it: ``bindings.StridedCopy``)."""
+    return np.transpose(x, _perm(x.ndim, axes))
+
+
 def _transpose_rel(types, attrs):
     t = tensor(types, 0, "data")
     return TensorType(tuple(t.shape[p] for p in _perm(t.rank, attrs["axes"])), t.dtype)
@@ -437,7 +442,9 @@ register(OpDef("transpose", inputs=("data",), props=frozenset({LAYOUT}),
                onnx=(OnnxForm("Transpose", convert=_transpose_from_onnx,
                               export=_transpose_to_onnx),),
                attrs=(Attr("axes", OPT_INTS, None),), type_rel=_transpose_rel,
-               semantics=lambda x, *, axes: np.transpose(x, _perm(x.ndim, axes)).copy(),
+               semantics=lambda x, *, axes: _transpose_view(x, axes=axes).copy(),
+               kernel="eqquant.runtime.bindings:StridedCopy",
+               kernel_params={"view": _transpose_view},
                doc="permute axes (reverse them when axes is None)"))
 
 

@@ -518,46 +518,8 @@ def _same_dtype(in_types, out_type, dtypes=("float32", "int8", "uint8", "int32")
                for t in (*in_types, out_type))
 
 
-class MaxPool2D(_Spatial):
-    """max_pool2d on NCHW (phase planes per channel), or channel-last as it is (NHWC: a row of
-    ``pool_simd`` per output row; its element types are ``_same_dtype``'s)."""
-
-    @classmethod
-    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        return _same_dtype(in_types, out_type)
-
-    def kernel_call(self, ins, out):
-        """one channel-last image: one call of the row kernel"""
-        if not (self.nhwc and out.shape[0] == 1):
-            return None
-        kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = self.geometry()
-        return k.max_pool_channels_last[KIND_OF[out.dtype.name]], (
-            ins[0][0], kh, kw, sh, sw, pt, pl, dh, dw, out[0])
-
-    def __call__(self, ins, out):
-        kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = self.geometry()
-        dtype = out.dtype
-        if self.nhwc:
-            kernel = k.max_pool_channels_last[KIND_OF[dtype.name]]
-            for b in range(ins[0].shape[0]):
-                kernel(ins[0][b], kh, kw, sh, sw, pt, pl, dh, dw, out[b])
-            return
-        lowest = dtype.type(-np.inf) if dtype.kind == "f" else np.iinfo(dtype).min
-        for b in range(ins[0].shape[0]):
-            k.max_pool(ins[0][b], kh, kw, sh, sw, pt, pl, dh, dw, dtype.type(lowest), out[b])
-
-
-def _pool_dtypes(in_types, out_type) -> bool:
-    """float32, or integers averaged exactly and truncated toward zero (as numpy's reference
-    does: the float64 sum of 8- or 32-bit integers is exact)."""
-    return _is_f32(*in_types, out_type) or (
-        _same_dtype(in_types, out_type) and out_type.dtype in ("int8", "uint8", "int32"))
-
-
-class _Averaging(_Spatial):
-    @classmethod
-    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        return _pool_dtypes(in_types, out_type)
+class _PerImage(_Spatial):
+    """A pool whose kernels take one image a call: bound as one launch per image."""
 
     def image_calls(self, x, out) -> list | None:
         """(kernel, its arguments) per image, as the binding's own call runs them; None
@@ -570,6 +532,43 @@ class _Averaging(_Spatial):
             if calls:
                 return in_order([bound(*call) for call in calls])
         return super().prepare(ins, out)
+
+
+class MaxPool2D(_PerImage):
+    """max_pool2d on NCHW (phase planes per channel), or channel-last as it is (NHWC: a row of
+    ``pool_simd`` per output row; its element types are ``_same_dtype``'s)."""
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return _same_dtype(in_types, out_type)
+
+    def image_calls(self, x, out) -> list:
+        kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = self.geometry()
+        dtype = out.dtype
+        if self.nhwc:
+            kernel = k.max_pool_channels_last[KIND_OF[dtype.name]]
+            return [(kernel, (x[b], kh, kw, sh, sw, pt, pl, dh, dw, out[b]))
+                    for b in range(x.shape[0])]
+        lowest = dtype.type(-np.inf) if dtype.kind == "f" else np.iinfo(dtype).min
+        return [(k.max_pool, (x[b], kh, kw, sh, sw, pt, pl, dh, dw, dtype.type(lowest),
+                              out[b])) for b in range(x.shape[0])]
+
+    def __call__(self, ins, out):
+        for kernel, args in self.image_calls(np.ascontiguousarray(ins[0]), out):
+            kernel(*args)
+
+
+def _pool_dtypes(in_types, out_type) -> bool:
+    """float32, or integers averaged exactly and truncated toward zero (as numpy's reference
+    does: the float64 sum of 8- or 32-bit integers is exact)."""
+    return _is_f32(*in_types, out_type) or (
+        _same_dtype(in_types, out_type) and out_type.dtype in ("int8", "uint8", "int32"))
+
+
+class _Averaging(_PerImage):
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return _pool_dtypes(in_types, out_type)
 
 
 class AvgPool2D(_Averaging):
@@ -754,6 +753,31 @@ class View(Binding):
 
     def __call__(self, ins, out=None):
         return ins[0].reshape(self.out_type.shape)
+
+
+class StridedCopy(Binding):
+    """An op whose result is a view of its operand, copied (transpose, strided_slice): the
+    registry entry's ``view(x, **attrs)`` (the reference copies the same view) copied in one
+    launch (``kernels_fp32.copy_strided``) of up to six axes."""
+
+    RANK = 6
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return (isinstance(out_type, TensorType) and len(in_types[0].shape) <= cls.RANK and
+                "view" in op.kernel_params)
+
+    def kernel_call(self, ins, out):
+        view = self.op.kernel_params["view"](ins[0], **self.attrs)
+        if not out.flags.c_contiguous or view.shape != out.shape or \
+                not np.shares_memory(view, ins[0]):
+            return None
+        lead = (None,) * (self.RANK - view.ndim)          # (unit axes: still a view)
+        return sized(k.copy_strided, out.size), (view[lead], out[lead])
+
+    def __call__(self, ins, out):
+        if not self.call_kernel(ins, out):
+            np.copyto(out, self.op.kernel_params["view"](ins[0], **self.attrs))
 
 
 class LayoutTransform(Binding):

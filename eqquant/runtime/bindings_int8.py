@@ -465,6 +465,44 @@ class Dequantize(_OneCall):
 
 
 
+class QMul(Binding):
+    """qnn.mul with per-tensor parameters, any broadcast of up to four axes (a
+    squeeze-excitation's per-channel scales times the image): ``kernels_int8.qmul``, the
+    reference's integer product and rounding."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from . import kernels_int8 as k8
+        self.k8 = k8
+        sa, za, sb, zb, so, zo = (_const_scalar(consts, i) for i in range(2, 8))
+        self.za, self.zb, self.zo = np.int64(za), np.int64(zb), np.int64(zo)
+        self.m, self.shift = quantize_multiplier(float(np.float64(sa) * np.float64(sb) /
+                                                       np.float64(so)))
+        self.lo, self.hi = (np.int64(v) for v in qrange(out_type.dtype))
+        self.shape4 = (1,) * (4 - len(out_type.shape)) + tuple(out_type.shape)
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return (all(_const_scalar(consts, i) is not None for i in range(2, 8)) and
+                isinstance(out_type, TensorType) and len(out_type.shape) <= 4 and
+                all(t.dtype in ("int8", "uint8") for t in in_types[:2]))
+
+    def _operand(self, x):
+        """``x`` as a 4-D view of the output's shape (stride 0 along its broadcast axes)."""
+        return np.broadcast_to(x.reshape((1,) * (4 - x.ndim) + x.shape), self.shape4)
+
+    def kernel_call(self, ins, out):
+        if not out.flags.c_contiguous:
+            return None
+        return sized(self.k8.qmul, out.size), (
+            self._operand(ins[0]), self._operand(ins[1]), self.za, self.zb, np.int64(self.m),
+            int(self.shift), self.zo, self.lo, self.hi, out.reshape(self.shape4))
+
+    def __call__(self, ins, out):
+        if not self.call_kernel(ins, out):
+            raise ValueError(f"{type(self).__name__}: the output must be C-contiguous")
+
+
 class QAdd(Binding):
     """qnn.add with per-tensor parameters (see eqquant.ops.qnn for the arithmetic); method
     "once" on 8-bit operands in int32 lanes (``kernels_int8.qadd_once_split``) unless a scale
@@ -775,6 +813,19 @@ class GlobalAverage(Binding):
     def _parts(c: int) -> int:
         """the tasks a batch's image is summed in: a worker sums 128 channels at least"""
         return max(1, min(threads(), c // 128))
+
+    def prepare(self, ins, out):
+        """NCHW: the image's (C, P) planes transposed into (P, C) rows of the site's, then
+        summed, two launches."""
+        x = ins[0]
+        if self.nhwc or not (x.flags.c_contiguous and out.flags.c_contiguous):
+            return super().prepare(ins, out)
+        from .kernels_fp32 import transpose_call
+        n, c = x.shape[:2]
+        npc = self.scratch("pixels", (n, x[0, 0].size, c), x.dtype)
+        return in_order([bound(*transpose_call(x.reshape(n, c, -1), npc)), bound(
+            self.k8.global_average, (npc, self.s, self.z, self.so, self.zo, self.lo, self.hi,
+                                     out.reshape(n, c), self._parts(c)))])
 
     def __call__(self, ins, out):
         if self.call_kernel(ins, out):

@@ -435,6 +435,22 @@ def copy_rows(thread, threads, args):
             dst[r, c] = src[r, c]
 
 
+@parallel
+def copy_strided(thread, threads, args):
+    """dst = src for 6-D arrays of one shape, src of any strides (a transpose's or a slice's
+    view), dst C-contiguous; a unit of work a row of the last axis."""
+    src, dst = args
+    d0, d1, d2, d3, d4, d5 = dst.shape
+    for r in range(*share(d0 * d1 * d2 * d3 * d4, thread, threads)):
+        i4 = r % d4
+        i3 = (r // d4) % d3
+        i2 = (r // (d3 * d4)) % d2
+        i1 = (r // (d2 * d3 * d4)) % d1
+        i0 = r // (d1 * d2 * d3 * d4)
+        for j in range(d5):
+            dst[i0, i1, i2, i3, i4, j] = src[i0, i1, i2, i3, i4, j]
+
+
 def transpose_planes(src, dst) -> None:
     """dst[n, j, i] = src[n, i, j] for src (N, A, B), any dtype: NCHW <-> NHWC as (N, C, HW)
     <-> (N, HW, C). Planes of one row or one column are the same values in the same order

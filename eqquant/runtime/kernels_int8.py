@@ -109,6 +109,24 @@ def requantize(thread, threads, args):
 
 
 @parallel
+def qmul(thread, threads, args):
+    """qnn.mul on 4-D operands of the output's shape (broadcast views: strides of 0):
+    out = clip(fixed_point_multiply((a - za) * (b - zb), multiplier, shift) + zo, lo, hi)
+    (``requantize``'s rounding: ties up), one output row of the last axis a unit."""
+    a, b, za, zb, multiplier, shift, zo, lo, hi, out = args
+    d0, d1, d2, d3 = out.shape
+    left = max(shift, 0)
+    total = max(-shift, 0) + 31
+    half = np.int64(1) << (total - 1)
+    for r in range(*share(d0 * d1 * d2, thread, threads)):
+        i0, i1, i2 = r // (d1 * d2), (r // d2) % d1, r % d2
+        for j in range(d3):
+            v = (np.int64(a[i0, i1, i2, j]) - za) * (np.int64(b[i0, i1, i2, j]) - zb)
+            v = ((v << left) * multiplier + half) >> total
+            out[i0, i1, i2, j] = min(max(v + zo, lo), hi)
+
+
+@parallel
 def quantize(thread, threads, args):
     """Flat: out = clip(round_half_even(x / scale) + zero, lo, hi), the rounded quotient
     converted to int64 as the reference's ``astype`` does (NaN, the infinities and values
