@@ -626,8 +626,8 @@ def test_a_library_that_crashes_is_refused_with_the_signal_and_the_program_carri
     ex = Executor(saved)
     x = _input(ex)
     np.testing.assert_array_equal(program.run(x), ex.run(x))
-    assert not (tmp_path / "cache" / "programs" / cache.program_key([path, path.with_suffix(".npz")])
-                ).exists()
+    key = cache.program_key([path, path.with_suffix(".npz")])
+    assert not (tmp_path / "cache" / "programs" / key).exists()
     # noted: a later run does not try again, and eqquant run -v says why
     np.save(tmp_path / "x.npy", next(iter(x.values())))
     assert cli_exit(["run", str(path), "-x", str(tmp_path / "x.npy"), "-v"]) == 0
@@ -883,3 +883,22 @@ def test_transposes_and_slices_are_one_strided_copy_each(dtype, tmp_path):
     want = run(mod, x)
     np.testing.assert_array_equal(ex.run(x), want)
     np.testing.assert_array_equal(Library(tmp_path / "lib").run(x), want)
+
+
+def test_an_nchw_int8_program_is_launches_too(tmp_path):
+    """The int8 program in its interchange layout (NCHW: before the layout phase), an
+    inverted residual block: its depthwise convolution (moved channel-last and back, one
+    launch an image), its pointwise ones and the residual sum are launches; saved, with the
+    executor's bits."""
+    import onnx
+    path = tmp_path / "block.onnx"
+    onnx.save(mobilenet_block(c=16, t=4), str(path))
+    model = eqquant.load(path)
+    rng = np.random.default_rng(4)
+    samples = [rng.standard_normal((1, 16, 16, 16)).astype(np.float32) for _ in range(3)]
+    q = quantize(model.module, model.params, samples, "minmax", per_channel=True)
+    ex = Executor(q.module)
+    assert "depthwise" in {d.chosen.kernel for d in ex.kernel_decisions}
+    from eqquant.deploy.build import not_launches
+    assert not_launches(ex) == []
+    _same_bits(ex, tmp_path / "lib", scale=5.0)

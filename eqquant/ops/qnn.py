@@ -417,8 +417,8 @@ QINPUTS = ("data", "weight", "input_zero_point", "kernel_zero_point", "input_sca
 # target.py``); "" leaves the choice to the target's plan, made when the program is extracted
 # or, at the latest, loaded. Every kernel gives the same bits: the attribute says how, never
 # what (the reference semantics never see it).
-INT8_KERNELS = ("x86.amx", "x86.vnni", "x86.vnni16", "x86.avxvnni", "x86.avx2", "x86.avx2.bytes", "depthwise",
-                "portable")
+INT8_KERNELS = ("x86.amx", "x86.vnni", "x86.vnni16", "x86.avxvnni", "x86.avx2", "x86.avx2.bytes",
+                "depthwise", "portable")
 KERNEL_ATTR = Attr(KERNEL, StrKind("kernel", ("",) + INT8_KERNELS), "")
 def _qconv_channels_last(attrs, in_types) -> bool:
     """The integer convolution kernels read and write channel-last images for a dense

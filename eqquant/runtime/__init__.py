@@ -1,7 +1,7 @@
 """The CPU runtime: Numba kernels (``kernels_fp32.py``, ``kernels_int8.py``) and the launcher
-that runs them on the thread pool (``launch.py``), the SIMD GEMMs
-generated with llvmlite (``fma.py`` for float; ``vnni.py``, its table of VNNI widths,
-``amx.py``, ``avx2.py`` for int8) and the window gather and work split their drivers share (``gather.py``), their
+that runs them on the thread pool (``launch.py``), the SIMD GEMMs generated with llvmlite
+(``fma.py`` for float; ``vnni.py``, its table of VNNI widths, ``amx.py``, ``avx2.py`` for
+int8) and the window gather and work split their drivers share (``gather.py``), their
 bindings to registry ops (``bindings.py``, ``bindings_int8.py``) and the executor with its
 memory plan (``executor.py``).
 

@@ -142,9 +142,8 @@ def nchw_calls(site: Binding, x: np.ndarray, out: np.ndarray, kernel, moves_in=N
     """A channel-last kernel at an NCHW call site as bound launches, as the site's own call
     makes them: the image (N, C, H, W) moved channel-last into the site's image (``moved``;
     or ``moves_in(x, image)``'s calls), ``kernel(image, result)``'s call into its result
-    (N, oh, ow, O), moved back into ``out`` (``move_into``). None where an array is not
-    contiguous (a reshape would be a copy,
-    bound in place of it)."""
+    (N, oh, ow, O) (or its calls, a list), moved back into ``out`` (``move_into``). None
+    where an array is not contiguous (a reshape would be a copy, bound in place of it)."""
     if not (x.flags.c_contiguous and out.flags.c_contiguous):
         return None
     n, c, h, w = x.shape
@@ -153,7 +152,8 @@ def nchw_calls(site: Binding, x: np.ndarray, out: np.ndarray, kernel, moves_in=N
     res = site.scratch("result", (n, oh, ow, o), out.dtype)
     calls = moves_in(x, image) if moves_in else [
         k.transpose_call(x.reshape(n, c, h * w), image.reshape(n, h * w, c))]
-    calls += [kernel(image, res),
+    made = kernel(image, res)             # (a call, or a list of them: one per image)
+    calls += [*(made if isinstance(made, list) else [made]),
               k.transpose_call(res.reshape(n, oh * ow, o), out.reshape(n, o, oh * ow))]
     if any(call is None for call in calls):
         return None

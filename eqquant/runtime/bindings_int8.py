@@ -665,14 +665,19 @@ class FusedQConv2D(Binding):
         if self.channels_last and c.simd is not None and ins[0].flags.c_contiguous:
             flip, image = self._unsigned(ins[0])
             return in_order([flip, bound(*self._simd_call(image, out))])
-        if self.channels_last and c.depthwise and out.shape[0] == 1:
-            return bound(*self._depthwise_call(ins[0][0], out[0]))
-        if not self.channels_last and c.simd is not None:   # (``c.nhwc``'s moves)
-            calls = nchw_calls(self, ins[0], out, self._simd_call,
-                               self._unsigned_moves if c.shift else None)
+        if self.channels_last and c.depthwise and ins[0].flags.c_contiguous:
+            return in_order([bound(*call) for call in self._depthwise_calls(ins[0], out)])
+        if not self.channels_last and (c.simd is not None or c.depthwise):   # (moves too)
+            calls = nchw_calls(self, ins[0], out, self._simd_call if c.simd is not None else
+                               self._depthwise_calls,
+                               self._unsigned_moves if getattr(c, "shift", 0) else None)
             if calls is not None:
                 return calls
         return super().prepare(ins, out)
+
+    def _depthwise_calls(self, nhwc, res) -> list:
+        """``_depthwise_call`` per image of a channel-last batch."""
+        return [self._depthwise_call(nhwc[b], res[b]) for b in range(res.shape[0])]
 
     def _unsigned_moves(self, x, image):
         """Each signed image (C, H, W) of ``x`` made unsigned as it moves channel-last into
@@ -762,6 +767,11 @@ class FusedQConv2DAdd(FusedQConv2D):
         if self.in_tile and ins[0].flags.c_contiguous:
             flip, image = self._unsigned(ins[0])
             return in_order([flip, bound(*self._simd_call(image, out, ins[11]))])
+        # the convolution's launches into out, then the sum's in place (where either has
+        # none, its fallback would call this binding: not taken)
+        calls = [FusedQConv2D.prepare(self, ins[:11], out), self.add.prepare([out, ins[11]], out)]
+        if all(getattr(call, "launches", lambda: None)() is not None for call in calls):
+            return in_order(calls)
         return functools.partial(self, ins, out)
 
     def __call__(self, ins, out):
