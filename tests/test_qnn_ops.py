@@ -131,3 +131,37 @@ def test_qnn_mul_runs_on_its_kernel_with_the_references_bits(shapes, dtype, scal
         assert [type(s.fn).__name__ for s in ex.steps] == ["QMul"]
         assert not_launches(ex) == []
         np.testing.assert_array_equal(ex.run(x), run(mod, x))
+
+
+@settings(max_examples=20, deadline=None)
+@given(layout=st.sampled_from(["NCHW", "NHWC"]), dtype=st.sampled_from(["uint8", "int8"]),
+       pool=st.sampled_from([3, 2]), stride=st.sampled_from([1, 2]),
+       pad=st.sampled_from([0, 1]), ceil=st.booleans(), include=st.booleans(),
+       batch=st.sampled_from([1, 2]), seed=st.integers(0, 999))
+def test_average_pools_run_on_their_kernels_with_the_references_bits(layout, dtype, pool,
+                                                                     stride, pad, ceil, include,
+                                                                     batch, seed):
+    """qnn.avg_pool2d (dequantize, the float pool, quantize: three launches) and
+    nn.avg_pool2d, channel-first and channel-last, with padding counted or not and ceil
+    mode, against the reference bit for bit; and launches, so a library can hold them."""
+    from eqquant.deploy.build import not_launches
+    from eqquant.runtime.executor import Executor
+    rng = np.random.default_rng(seed)
+    shape = (batch, 5, 7, 6) if layout == "NCHW" else (batch, 7, 6, 5)
+    lo, hi = (0, 255) if dtype == "uint8" else (-128, 127)
+    attrs = (f"pool_size=[{pool}, {pool}], strides=[{stride}, {stride}], "
+             f"padding=[{pad}, {pad}, {pad}, {pad}], ceil_mode={ceil}, "
+             f"count_include_pad={include}, layout=\"{layout}\"")
+    for src, x in (
+            (f"""def @main(%x: Tensor[{shape}, {dtype}]) {{
+  qnn.avg_pool2d(%x, 0.05f, {lo + 7}, 0.04f, {lo + 3}, {attrs}, out_dtype="{dtype}")
+}}
+""", rng.integers(lo, hi + 1, shape).astype(dtype)),
+            (f"""def @main(%x: Tensor[{shape}, float32]) {{
+  nn.avg_pool2d(%x, {attrs})
+}}
+""", rng.standard_normal(shape).astype(np.float32))):
+        mod = parse(src)
+        ex = Executor(mod)
+        assert not_launches(ex) == []
+        np.testing.assert_array_equal(ex.run({"x": x}), run(mod, {"x": x}))

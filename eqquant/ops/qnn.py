@@ -709,7 +709,7 @@ def _qpool(float_name: str, kernel: str | None = None):
             f"data, input_scale, input_zero_point)), output_scale, output_zero_point)"))
 
 
-_qpool("nn.avg_pool2d")
+_qpool("nn.avg_pool2d", kernel="eqquant.runtime.bindings_int8:QAvgPool2D")
 _qpool("nn.global_avg_pool2d", kernel="eqquant.runtime.bindings_int8:GlobalAverage")
 
 

@@ -572,16 +572,17 @@ class _Averaging(_PerImage):
 
 
 class AvgPool2D(_Averaging):
-    def image_calls(self, x, out) -> list | None:
-        if self.nhwc:
-            return None
+    def image_calls(self, x, out) -> list:
+        """Per image: NCHW each channel's plane, channel-last each output pixel's channels
+        at once (the same sums in the same order)."""
+        kernel = k.avg_pool_channels_last if self.nhwc else k.avg_pool
         kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = self.geometry()
-        return [(k.avg_pool, (x[b], kh, kw, sh, sw, pt, pl, pb, pr, dh, dw,
-                              bool(self.attrs["count_include_pad"]), out[b]))
+        return [(kernel, (x[b], kh, kw, sh, sw, pt, pl, pb, pr, dh, dw,
+                          bool(self.attrs["count_include_pad"]), out[b]))
                 for b in range(x.shape[0])]
 
-    def compute(self, ins, out):
-        for kernel, args in self.image_calls(ins[0], out):
+    def __call__(self, ins, out):
+        for kernel, args in self.image_calls(np.ascontiguousarray(ins[0]), out):
             kernel(*args)
 
 

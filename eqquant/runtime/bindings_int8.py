@@ -783,6 +783,48 @@ class FusedQConv2DAdd(FusedQConv2D):
         self.add([out, ins[11]], out)
 
 
+class QAvgPool2D(Binding):
+    """qnn.avg_pool2d with one scale and zero point in and out, as the op is defined:
+    dequantize, the float pool, quantize, three launches through the float buffers of the
+    site (the pool's float64 sums of dequantized 8-bit values are exact: the reference's
+    bits)."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from .bindings import AvgPool2D
+        pool_attrs = {k: v for k, v in attrs.items() if k != "out_dtype"}
+        real_in = TensorType(in_types[0].shape, "float32")
+        real_out = TensorType(out_type.shape, "float32")
+        self.steps = (
+            Dequantize(get_op("qnn.dequantize"), {"axis": -1}, [in_types[0], *in_types[1:3]],
+                       real_in, {1: consts[1], 2: consts[2]}),
+            AvgPool2D(get_op("nn.avg_pool2d"), pool_attrs, [real_in], real_out, {}),
+            Quantize(get_op("qnn.quantize"), {"axis": -1, "out_dtype": out_type.dtype},
+                     [real_out, *in_types[3:5]], out_type, {1: consts[3], 2: consts[4]}))
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return (in_types[0].dtype in ("int8", "uint8") and len(in_types[0].shape) == 4 and
+                all(_const_scalar(consts, i) is not None for i in (1, 2, 3, 4)))
+
+    def _buffers(self, out):
+        return (self.scratch("real", self.in_types[0].shape, np.float32),
+                self.scratch("pooled", out.shape, np.float32))
+
+    def prepare(self, ins, out):
+        real, pooled = self._buffers(out)
+        deq, pool, quant = self.steps
+        return in_order([deq.prepare([ins[0]], real), pool.prepare([real], pooled),
+                         quant.prepare([pooled], out)])
+
+    def __call__(self, ins, out):
+        real, pooled = self._buffers(out)
+        deq, pool, quant = self.steps
+        deq([ins[0]], real)
+        pool([real], pooled)
+        quant([pooled], out)
+
+
 class GlobalAverage(Binding):
     """qnn.global_avg_pool2d with one scale and zero point in and out: one pass summing each
     channel's dequantized values (``kernels_int8.global_average``: the same bits as the

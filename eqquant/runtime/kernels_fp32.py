@@ -317,6 +317,34 @@ def avg_pool(thread, threads, args):
 
 
 @parallel
+def avg_pool_channels_last(thread, threads, args):
+    """``avg_pool`` on one channel-last image x (H, W, C) -> out (oh, ow, C): each channel's
+    window summed in float64 in the same order of taps, the same bits. A unit of work an
+    output row."""
+    x, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, out = args
+    h, w, c_n = x.shape
+    _, ow, _ = out.shape
+    acc = np.empty(c_n, np.float64)
+    for y in range(*share(out.shape[0], thread, threads)):
+        for xo in range(ow):
+            acc[:] = 0.0
+            n = 0
+            for i in range(kh):
+                iy = y * sh - pt + i * dh
+                for j in range(kw):
+                    ix = xo * sw - pl + j * dw
+                    if iy >= 0 and iy < h and ix >= 0 and ix < w:
+                        for c in range(c_n):
+                            acc[c] += x[iy, ix, c]
+                        n += 1
+                    elif include_pad and iy >= -pt and iy < h + pb and ix >= -pl \
+                            and ix < w + pr:
+                        n += 1
+            for c in range(c_n):
+                out[y, xo, c] = acc[c] / n
+
+
+@parallel
 def global_avg_pool(thread, threads, args):
     """x: (C, H, W) -> out: (C,)."""
     x, out = args
