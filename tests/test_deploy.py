@@ -7,7 +7,7 @@ its reason and runs on the executor.
 What holds depends on the CPU kind, and each test says it: a program whose kernels are
 launches of C entries is saved, with the executor's bits; one with a kernel bound as a
 Numba function of its own (the AVX2 byte driver, ``x86.avx2.bytes``, which only a target
-``NAME:executor`` offers; the portable convolution; the float BLAS path) is refused, with
+``NAME:executor`` offers; the float BLAS path) is refused, with
 that reason. The tests of
 the cache's mechanics use the first program this CPU saves (``saved``). CI runs this file
 again as an AVX2-only CPU and with the portable paths forced (tests/cpu_kinds.py)."""
@@ -103,15 +103,14 @@ NOT_LAUNCHES = "calls a Numba function of its own"
 
 def _saved_or_refused(ex, folder, scale=1.0) -> str | None:
     """None where ``ex``'s program is saved (and gives the executor's bits), else why it was
-    refused, which must be a kernel that is not launches, on a path that binds one: the
-    AVX2 or portable int8 path, or the float BLAS path."""
+    refused, which must be a kernel that is not launches, on a path that binds one: AVX2's
+    byte driver (a target planned for the executor), or the float BLAS path."""
     try:
         _same_bits(ex, folder, scale)
         return None
     except NotDeployable as e:
         assert NOT_LAUNCHES in e.message, e.message
-        assert int8_path() == "portable" or fp32_path() == "blas" or \
-            ex.target.executor, (int8_path(), fp32_path(), e.message)
+        assert fp32_path() == "blas" or ex.target.executor, (fp32_path(), e.message)
         return e.message
 
 
@@ -138,10 +137,11 @@ def saved(stem, inverted_residual, tmp_path_factory):
 
 
 def test_an_int8_program_gives_the_executors_bits_on_every_kernel_path(stem, tmp_path):
-    """The SIMD GEMMs (AMX, the VNNI family, AVX2's 16-bit kernel) are launches: saved
-    wherever the CPU has them. The portable path's convolution is not: refused, and why; and
-    so is AVX2's byte driver (the stem's 3x3 convolutions have 576-byte rows), the kernel of
-    a target planned for the executor."""
+    """The SIMD GEMMs (AMX, the VNNI family, AVX2's 16-bit kernel) and the portable
+    convolution (its windows gathered and multiplied, per image and group) are launches:
+    saved on every path the CPU has. AVX2's byte driver (the stem's 3x3 convolutions have
+    576-byte rows), the kernel of a target planned for the executor, is not: refused, and
+    why."""
     int8, _ = stem
     refused = {}
     for path in int8_paths():
@@ -150,7 +150,7 @@ def test_an_int8_program_gives_the_executors_bits_on_every_kernel_path(stem, tmp
             why = _saved_or_refused(ex, tmp_path / path)
             if why is not None:
                 refused[path] = why
-    assert set(refused) == {"portable"} & set(int8_paths()), refused
+    assert not refused, refused
     ex = Executor(int8, target=Target.named("avx2:executor"))
     assert "x86.avx2.bytes" in {d.chosen.kernel for d in ex.kernel_decisions}
     assert "FusedQConv2D" in _saved_or_refused(ex, tmp_path / "bytes")
@@ -168,7 +168,7 @@ def test_signed_activations_give_the_executors_bits_on_every_kernel_path(tmp_pat
                 assert any(getattr(st.fn.conv, "shift", 0) for st in ex.steps
                            if hasattr(st.fn, "conv"))
             why = _saved_or_refused(ex, tmp_path / path, scale=20.0)
-            assert (why is None) == (path != "portable"), (path, why)
+            assert why is None, (path, why)
 
 
 @pytest.mark.parametrize("name", ["conv_bn", "vgg_small"])
@@ -196,10 +196,8 @@ def test_an_nchw_int8_site_binds_its_moves_and_gives_the_reference_bits(dtype, t
     assert not ex.steps[conv].fn.channels_last
     x = _input(ex, 6, scale=10.0)
     np.testing.assert_array_equal(ex.run(x), eqquant.run(q.module, x))
-    if _saved_or_refused(ex, tmp_path / "lib", scale=10.0) is None:
-        assert len(ex._prepared[conv][0].launches()) >= 3        # in, the kernel, out
-    else:
-        assert int8_path() == "portable"     # (AVX2's 16-bit driver takes its 27-byte rows)
+    assert _saved_or_refused(ex, tmp_path / "lib", scale=10.0) is None
+    assert len(ex._prepared[conv][0].launches()) >= 3        # in, the kernel(s), out
 
 
 def test_the_kernel_plan_says_what_runs_each_op_on_every_path(stem, tmp_path, capsys):

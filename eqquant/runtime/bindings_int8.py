@@ -142,25 +142,31 @@ class QConv2D(Binding):
         self._portable(ins[0], out)
 
     def _portable(self, x, out):
-        if self.depthwise:
-            oh, ow = out.shape[2:]
-            for b in range(x.shape[0]):
-                self.k8.depthwise_i8(x[b], self.zx, self.wdw, self.mult, self.sh, self.sw,
-                                     self.pt, self.pl, self.dh, self.dw, oh, ow,
-                                     out[b].reshape(out.shape[1], -1))
-            return
-        n, c, h, wd = x.shape
+        for kernel, args in self.portable_calls(np.ascontiguousarray(x), out):
+            kernel(*args)
+
+    def portable_calls(self, x, out) -> list:
+        """The portable kernels' calls on an NCHW batch x into the int32 sums out (N, O, oh,
+        ow), both C-contiguous: per image the direct depthwise kernel, or per image and
+        group its windows gathered (im2col, into the site's scratch) and multiplied."""
+        n, c = x.shape[:2]
         _, o, oh, ow = out.shape
+        if self.depthwise:
+            return [(self.k8.depthwise_i8, (x[b], self.zx, self.wdw, self.mult, self.sh,
+                                            self.sw, self.pt, self.pl, self.dh, self.dw, oh,
+                                            ow, out[b].reshape(o, -1))) for b in range(n)]
         g = self.groups
         cg, og = c // g, o // g
-        col = np.empty((cg * self.kh * self.kw, oh * ow), x.dtype)
+        col = self.scratch("columns", (cg * self.kh * self.kw, oh * ow), x.dtype)
+        calls = []
         for b in range(n):
             for gi in range(g):
-                self.k8.im2col_i8(x[b, gi * cg:(gi + 1) * cg], self.zx, self.kh, self.kw,
-                                  self.sh, self.sw, self.pt, self.pl, self.dh, self.dw, oh, ow,
-                                  col)
-                y = out[b, gi * og:(gi + 1) * og].reshape(og, oh * ow)
-                self.k8.gemm_i8(self.w[gi], self.zw[gi], col, np.int32(self.zx), y)
+                calls += [(self.k8.im2col_i8, (x[b, gi * cg:(gi + 1) * cg], self.zx, self.kh,
+                                               self.kw, self.sh, self.sw, self.pt, self.pl,
+                                               self.dh, self.dw, oh, ow, col)),
+                          (self.k8.gemm_i8, (self.w[gi], self.zw[gi], col, np.int32(self.zx),
+                                             out[b, gi * og:(gi + 1) * og].reshape(og, -1)))]
+        return calls
 
     def nhwc(self, x: np.ndarray) -> np.ndarray:
         """A batch (N, C, H, W), or (N, H, W, C) at an NHWC call site, channel-last as the
@@ -667,6 +673,9 @@ class FusedQConv2D(Binding):
             return in_order([flip, bound(*self._simd_call(image, out))])
         if self.channels_last and c.depthwise and ins[0].flags.c_contiguous:
             return in_order([bound(*call) for call in self._depthwise_calls(ins[0], out)])
+        if c.simd is None and not (self.channels_last and c.depthwise) and \
+                ins[0].flags.c_contiguous and out.flags.c_contiguous:
+            return in_order([bound(*call) for call in self._portable_calls(ins[0], out)])
         if not self.channels_last and (c.simd is not None or c.depthwise):   # (moves too)
             calls = nchw_calls(self, ins[0], out, self._simd_call if c.simd is not None else
                                self._depthwise_calls,
@@ -678,6 +687,29 @@ class FusedQConv2D(Binding):
     def _depthwise_calls(self, nhwc, res) -> list:
         """``_depthwise_call`` per image of a channel-last batch."""
         return [self._depthwise_call(nhwc[b], res[b]) for b in range(res.shape[0])]
+
+    def _portable_calls(self, x, out) -> list:
+        """The portable path's calls (``__call__``'s): at a channel-last site the image moved
+        NCHW, the sums (NCHW, the site's scratch), each image's bias, clamp and
+        requantization, the result moved back."""
+        from .kernels_fp32 import transpose_call
+        last, n = self.channels_last, out.shape[0]
+        calls = []
+        if last:
+            h, w, c = x.shape[1:]
+            image = self.scratch("nchw", (n, c, h, w), x.dtype)
+            calls.append(transpose_call(x.reshape(n, h * w, c), image.reshape(n, c, h * w)))
+            x = image
+        acc = self.scratch("acc", self.acc_shape, np.int32)
+        calls += self.conv.portable_calls(x, acc)
+        o = acc.shape[1]
+        res = self.scratch("result", acc.shape, out.dtype) if last else out
+        calls += [(self.k8.bias_clamp_requantize, (
+            acc[b].reshape(o, -1), self.bias, self.clamp_lo, self.clamp_hi, self.m, self.sh,
+            self.zin, self.zout, self.lo, self.hi, res[b].reshape(o, -1))) for b in range(n)]
+        if last:
+            calls.append(transpose_call(res.reshape(n, o, -1), out.reshape(n, -1, o)))
+        return calls
 
     def _unsigned_moves(self, x, image):
         """Each signed image (C, H, W) of ``x`` made unsigned as it moves channel-last into
@@ -719,17 +751,8 @@ class FusedQConv2D(Binding):
             return
         # the portable GEMM (grouped convolutions, weight zero points, no SIMD path) runs
         # NCHW: a channel-last call site transposes its image in and its result out
-        x = moved(ins[0], to_last=False) if last else ins[0]
-        acc = self.scratch("acc", self.acc_shape, np.int32)
-        c._portable(x, acc)
-        res = np.empty(acc.shape, out.dtype) if last else out
-        for b in range(n):
-            self.k8.bias_clamp_requantize(acc[b].reshape(o, -1), self.bias,
-                                          self.clamp_lo, self.clamp_hi, self.m, self.sh,
-                                          self.zin, self.zout, self.lo, self.hi,
-                                          res[b].reshape(o, -1))
-        if last:
-            move_into(res, out)
+        for kernel, args in self._portable_calls(np.ascontiguousarray(ins[0]), out):
+            kernel(*args)
 
     @property
     def path(self) -> str | None:
