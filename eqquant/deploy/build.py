@@ -151,8 +151,7 @@ def _launches(step, prepared, where: str) -> list:
     if prepared is None or step.kind != "kernel":
         raise NotDeployable(f"{where}: computed by Python at each run ({step.kind}), not by "
                             "kernels' launches")
-    calls = getattr(prepared[0], "launches", None)
-    calls = calls() if calls is not None else None
+    calls = launch.launches_of(prepared[0])
     if calls is None:
         raise NotDeployable(f"{where}: its binding ({type(step.fn).__name__}) calls a Numba "
                             "function of its own, not launches of C entries")

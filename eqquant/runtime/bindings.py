@@ -23,7 +23,7 @@ from ..ops.registry import IDENTITY, get_op
 from . import compiling, memory
 from . import kernels_fp32 as k
 from .depthwise_simd import entry as sweep_entry
-from .launch import Parallel, in_order, threads
+from .launch import Parallel, in_order, launches_of, threads
 from .pool_simd import KIND_OF
 from .serial import sized
 
@@ -317,13 +317,14 @@ class Conv2D(_Spatial):
                 return calls
         if not self.nhwc and self.depthwise and self.bias_vec is not None and \
                 ins[0].flags.c_contiguous and out.flags.c_contiguous:
-            return in_order([bound(*call) for call in self._nchw_depthwise_calls(ins[0], out)])
+            return in_order([bound(*call) for call in self._nchw_depthwise_calls(
+                ins[0], out, self.bias_vec, self.lo, self.hi)])
         return super().prepare(ins, out)
 
-    def _nchw_depthwise_calls(self, x, out) -> list:
-        """(the NCHW depthwise kernel, its arguments) per image, as ``compute`` runs it."""
-        return [(k.depthwise, (x[b], self.w, self.bias_vec, self.sh, self.sw, self.pt,
-                               self.pl, self.dh, self.dw, self.lo, self.hi, out[b]))
+    def _nchw_depthwise_calls(self, x, out, bias, lo, hi) -> list:
+        """(the NCHW depthwise kernel, its arguments) per image (``compute``'s)."""
+        return [(k.depthwise, (x[b], self.w, bias, self.sh, self.sw, self.pt, self.pl,
+                               self.dh, self.dw, lo, hi, out[b]))
                 for b in range(out.shape[0])]
 
     def __call__(self, ins, out):
@@ -353,16 +354,23 @@ class Conv2D(_Spatial):
         bias, lo, hi = self.bias_vec, self.lo, self.hi
         if bias is None:   # the bias (then the activation) is added after, not per channel
             bias, lo, hi = np.zeros(out.shape[1], np.float32), -np.inf, np.inf
+        if self.depthwise:
+            for kernel, args in self._nchw_depthwise_calls(x, out, bias, lo, hi):
+                kernel(*args)
+        else:
+            self._grouped_gemms(x, w, bias, lo, hi, out)
+        if self.bias_vec is None and len(ins) == 3:  # a bias that is not per channel
+            np.add(out, ins[2], out=out)
+            np.clip(out, self.lo, self.hi, out=out)
+
+    def _grouped_gemms(self, x, w, bias, lo, hi, out) -> None:
+        """Per image and group: its windows (im2col; a pointwise convolution reads the image),
+        BLAS's product with the group's weights, the bias and activation."""
         n, c, h, wd = x.shape
         _, o, oh, ow = out.shape
+        cg, og = c // self.groups, o // self.groups
         for b in range(n):
-            if self.depthwise:
-                k.depthwise(x[b], w, bias, self.sh, self.sw, self.pt, self.pl, self.dh,
-                            self.dw, lo, hi, out[b])
-                continue
-            g = self.groups
-            cg, og = c // g, o // g
-            for gi in range(g):
+            for gi in range(self.groups):
                 xg = x[b, gi * cg:(gi + 1) * cg]
                 y = out[b, gi * og:(gi + 1) * og].reshape(og, oh * ow)
                 if self.pointwise:
@@ -373,9 +381,6 @@ class Conv2D(_Spatial):
                              self.dh, self.dw, oh, ow, col)
                 np.matmul(w[gi], col, out=y)
                 k.bias_act(y, bias[gi * og:(gi + 1) * og], lo, hi)
-        if self.bias_vec is None and len(ins) == 3:  # a bias that is not per channel
-            np.add(out, ins[2], out=out)
-            np.clip(out, self.lo, self.hi, out=out)
 
     @property
     def path(self) -> str | None:
@@ -416,7 +421,7 @@ class Conv2DAdd(Conv2D):
         res = ins[3]
         conv = super().prepare(ins[:3], out) if self.conv_type == self.out_type == \
             TensorType(res.shape, "float32") and res.flags.c_contiguous else None
-        if getattr(conv, "launches", lambda: None)() is not None:
+        if launches_of(conv) is not None:
             # the convolution's own launches into out, then the sum and the activation
             # (where it has none, its fallback would call this binding: not taken)
             calls = [conv,

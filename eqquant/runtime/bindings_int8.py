@@ -21,7 +21,7 @@ from . import epilogue_table, memory
 from .depthwise_simd import TAP_MAX, entry as sweep_entry
 from .bindings import (Binding, _per_channel, _per_channel_last, bound, move_into, moved,
                        nchw_calls, threads)
-from .launch import in_order
+from .launch import in_order, launches_of
 from .serial import sized
 
 
@@ -793,7 +793,7 @@ class FusedQConv2DAdd(FusedQConv2D):
         # the convolution's launches into out, then the sum's in place (where either has
         # none, its fallback would call this binding: not taken)
         calls = [FusedQConv2D.prepare(self, ins[:11], out), self.add.prepare([out, ins[11]], out)]
-        if all(getattr(call, "launches", lambda: None)() is not None for call in calls):
+        if all(launches_of(call) is not None for call in calls):
             return in_order(calls)
         return functools.partial(self, ins, out)
 

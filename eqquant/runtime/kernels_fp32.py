@@ -293,55 +293,53 @@ max_pool_channels_last = {
     for kind, row in POOL_ROWS.items()}
 
 
-@parallel
-def avg_pool(thread, threads, args):
-    x, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, out = args
-    c_in, h, w = x.shape
-    _, oh, ow = out.shape
-    for c in range(*share(c_in, thread, threads)):
-        for y in range(oh):
-            for xo in range(ow):
-                s = 0.0
-                n = 0
-                for i in range(kh):
-                    iy = y * sh - pt + i * dh
-                    for j in range(kw):
-                        ix = xo * sw - pl + j * dw
-                        if iy >= 0 and iy < h and ix >= 0 and ix < w:
-                            s += x[c, iy, ix]
-                            n += 1
-                        elif include_pad and iy >= -pt and iy < h + pb and ix >= -pl \
-                                and ix < w + pr:
-                            n += 1
-                out[c, y, xo] = s / n
-
-
-@parallel
-def avg_pool_channels_last(thread, threads, args):
-    """``avg_pool`` on one channel-last image x (H, W, C) -> out (oh, ow, C): each channel's
-    window summed in float64 in the same order of taps, the same bits. A unit of work an
-    output row."""
-    x, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, out = args
-    h, w, c_n = x.shape
-    _, ow, _ = out.shape
-    acc = np.empty(c_n, np.float64)
-    for y in range(*share(out.shape[0], thread, threads)):
-        for xo in range(ow):
-            acc[:] = 0.0
+@njit(inline="always")
+def _average(x, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, out, y0, y1, c0, c1,
+             acc):
+    """Output rows y0..y1, channels c0..c1 of an average pool of x (H, W, C) into out (oh,
+    ow, C): each window's taps summed in float64 in row-major order (acc: C float64s), over
+    the taps inside the image, plus the padding's where include_pad."""
+    h, w, _ = x.shape
+    for y in range(y0, y1):
+        for xo in range(out.shape[1]):
+            for c in range(c0, c1):
+                acc[c] = 0.0
             n = 0
             for i in range(kh):
                 iy = y * sh - pt + i * dh
                 for j in range(kw):
                     ix = xo * sw - pl + j * dw
                     if iy >= 0 and iy < h and ix >= 0 and ix < w:
-                        for c in range(c_n):
+                        for c in range(c0, c1):
                             acc[c] += x[iy, ix, c]
                         n += 1
                     elif include_pad and iy >= -pt and iy < h + pb and ix >= -pl \
                             and ix < w + pr:
                         n += 1
-            for c in range(c_n):
+            for c in range(c0, c1):
                 out[y, xo, c] = acc[c] / n
+
+
+@parallel
+def avg_pool(thread, threads, args):
+    """One image x (C, H, W) -> out (C, oh, ow); a unit of work a channel."""
+    x, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, out = args
+    acc = np.empty(x.shape[0], np.float64)
+    xt, ot = x.transpose(1, 2, 0), out.transpose(1, 2, 0)
+    for c in range(*share(x.shape[0], thread, threads)):
+        _average(xt, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, ot, 0, ot.shape[0],
+                 c, c + 1, acc)
+
+
+@parallel
+def avg_pool_channels_last(thread, threads, args):
+    """``avg_pool`` on one channel-last image x (H, W, C) -> out (oh, ow, C): each channel's
+    window summed in the same order of taps, the same bits. A unit of work an output row."""
+    x, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, out = args
+    acc = np.empty(x.shape[2], np.float64)
+    for y in range(*share(out.shape[0], thread, threads)):
+        _average(x, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, out, y, y + 1, 0,
+                 x.shape[2], acc)
 
 
 @parallel

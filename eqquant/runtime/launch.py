@@ -479,6 +479,13 @@ class Driver:
                          for kernel, values, count in self.plan(*args)])
 
 
+def launches_of(call) -> list | None:
+    """The launches a bound call makes (``bind``'s, ``in_order``'s), or None where it is not
+    launches of C entries (a Numba function's entry point, a binding's own call)."""
+    found = getattr(call, "launches", None)
+    return found() if found is not None else None
+
+
 def in_order(calls: list):
     """Bound calls (``bind``'s) as one bound call making them in order."""
     return calls[0] if len(calls) == 1 else _Calls(calls)
@@ -497,7 +504,7 @@ class _Calls:
         function's entry point, bound)."""
         found = []
         for call in self.calls:
-            more = call.launches() if hasattr(call, "launches") else None
+            more = launches_of(call)
             if more is None:
                 return None
             found += more
