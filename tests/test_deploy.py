@@ -900,3 +900,59 @@ def test_an_nchw_int8_program_is_launches_too(tmp_path):
     from eqquant.deploy.build import not_launches
     assert not_launches(ex) == []
     _same_bits(ex, tmp_path / "lib", scale=5.0)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_grouped_convolutions_and_reductions_are_launches(layout, tmp_path):
+    """A grouped convolution (RegNet's, ResNeXt's: 8 channels a group) runs on the direct
+    kernel at either layout (between two moves at a channel-last site), a batch of two, and
+    depthwise ones one launch per image; a mean over the image (ShuffleNet's global pool)
+    and sums, maxima and minima over runs of adjacent axes are one launch each, the rest
+    (axes apart) the reference. Saved, the executor's bits; those the reference's within
+    rounding, NaN included."""
+    rng = np.random.default_rng(5)
+    nhwc = layout == "NHWC"
+    shape, wshape = ((2, 7, 6, 16), (3, 3, 8, 32)) if nhwc else ((2, 16, 7, 6), (32, 8, 3, 3))
+    dshape = (3, 3, 1, 32) if nhwc else (32, 1, 3, 3)
+    conv = f'data_layout="{layout}", kernel_layout="{"HWIO" if nhwc else "OIHW"}"'
+    image = "[1, 2]" if nhwc else "[2, 3]"
+    mod = bind_params(eqquant.parse(f"""def @main(%x: Tensor[{shape}, float32],
+          %w: Tensor[{wshape}, float32], %d: Tensor[{dshape}, float32]) {{
+  %0 = nn.conv2d(%x, %w, strides=[2, 1], padding=[1, 1, 1, 1], groups=2, {conv});
+  %1 = nn.conv2d(%0, %d, padding=[1, 1, 1, 1], groups=32, {conv});
+  %2 = mean(%1, axis={image});
+  %3 = sum(%1, axis={image}, keepdims=True);
+  %4 = max(%1, axis=[3]);
+  %5 = min(%1, axis=[0, 1, 2, 3]);
+  %6 = mean(%1, axis=[1, 3]);
+  (%2, %3, %4, %5, %6)
+}}
+"""), {"w": rng.standard_normal(wshape).astype(np.float32),
+       "d": rng.standard_normal(dshape).astype(np.float32)})
+    ex = Executor(mod)
+    labels = [s.label for s in ex.steps]
+    assert labels.count("mean (reference)") == 1           # axes 1 and 3: not adjacent
+    assert not [a for a in labels if "reference" in a and not a.startswith("mean")]
+    from eqquant.deploy.build import not_launches
+    why = not_launches(ex)
+    assert len(why) == 2 and "(mean (reference))" in why[0] and "(tuple)" in why[1], why
+    x = _input(ex)
+    x["x"][1, 0, 0, 0] = np.nan
+    for got, want in zip(ex.run(x), run(mod, x)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    saved_part = bind_params(eqquant.parse(f"""def @main(%x: Tensor[{shape}, float32],
+          %w: Tensor[{wshape}, float32], %d: Tensor[{dshape}, float32]) {{
+  %0 = nn.conv2d(%x, %w, strides=[2, 1], padding=[1, 1, 1, 1], groups=2, {conv});
+  %1 = nn.conv2d(%0, %d, padding=[1, 1, 1, 1], groups=32, {conv});
+  %2 = max(%1, axis=[3]);
+  %3 = reshape(%2, newshape=[-1]);
+  %4 = mean(%1, axis={image});
+  %5 = reshape(%4, newshape=[-1]);
+  %6 = (%3, %5);
+  concatenate(%6)
+}}
+"""), {"w": rng.standard_normal(wshape).astype(np.float32),
+       "d": rng.standard_normal(dshape).astype(np.float32)})
+    ex = Executor(saved_part)
+    assert not_launches(ex) == []
+    _same_bits(ex, tmp_path / "lib")

@@ -187,7 +187,14 @@ def test_mobilenet_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8,
         ex, label = Executor(q.compiled), ("fused.qconv2d", "fused.qconv2d_add")
         kernels = (kernels_int8.depthwise_channels_last, amx.conv_requantize,
                    vnni.conv_requantize, vnni16.conv_requantize, avxvnni.conv_requantize,
-                   avx2.conv_requantize, avx2._bytes_region)
+                   avx2.conv_requantize, avx2._bytes_region,
+                   # the portable path's launches: windows, products, requantization, the
+                   # moves between layouts
+                   kernels_int8.im2col_i8, kernels_int8.gemm_i8,
+                   kernels_int8.bias_clamp_requantize, kernels_fp32.copy_rows,
+                   kernels_fp32._transpose_tiles, kernels_fp32._interleave_rows,
+                   # a residual added after the convolution (where not in its tiles)
+                   kernels_int8.qadd, kernels_int8.qadd_once, kernels_int8.qadd_once_split)
     else:
         ex, label = Executor(compile_layouts(q.fp32).module), ("fused.conv2d",
                                                                 "fused.conv2d_add")

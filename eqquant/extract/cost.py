@@ -95,7 +95,8 @@ class NodeCount(CostModel):
 
 @dataclass
 class CpuLatency(CostModel):
-    """Seconds: flops / peak(dtype) + bytes / bandwidth."""
+    """Seconds: flops / peak(dtype) + bytes / bandwidth (times ``reference_factor`` for an op
+    with no kernel)."""
 
     name: str = "cpu"
     peak: dict[str, float] = field(default_factory=lambda: {
@@ -103,6 +104,10 @@ class CpuLatency(CostModel):
         "int8": 240e9, "uint8": 240e9, "int32": 50e9, "int64": 25e9, "int16": 100e9})
     bandwidth: float = 10e9
     call_overhead: float = 2e-6
+    # an op with no kernel runs its reference semantics (numpy, float64 inside, temporaries
+    # allocated): priced this many times its roofline, so that where the rules offer a form
+    # with kernels (a lone batch norm as a multiply and an add) extraction takes it
+    reference_factor: float = 8.0
 
     def op_cost(self, op, attrs, in_types, out_type) -> float:
         if not op.moves_data:
@@ -116,7 +121,8 @@ class CpuLatency(CostModel):
             # the kernels transpose the image on the way in and the result on the way out:
             # each a read and a write
             moved += 2 * (nbytes(in_types[0]) + nbytes(out_type))
-        return self.call_overhead + flops / rate + moved / self.bandwidth
+        cost = self.call_overhead + flops / rate + moved / self.bandwidth
+        return cost if op.kernel else cost * self.reference_factor
 
 
 def channels_last_instance(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type],

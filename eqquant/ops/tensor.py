@@ -570,7 +570,8 @@ register(OpDef("concatenate", inputs=("data",), props=frozenset({LAYOUT}),
 # ---- reductions ------------------------------------------------------------------------------
 
 
-def _reduce_axes(rank, axis, exclude):
+def reduce_axes(rank, axis, exclude) -> tuple[int, ...]:
+    """The axes a reduction's attributes (``axis``, ``exclude``) name, sorted, each once."""
     axes = list(range(rank)) if axis is None else [norm_axis(a, rank) for a in axis]
     if exclude:
         axes = [i for i in range(rank) if i not in axes]
@@ -579,7 +580,7 @@ def _reduce_axes(rank, axis, exclude):
 
 def _reduce_rel(types, attrs):
     t = tensor(types, 0, "data")
-    axes = _reduce_axes(t.rank, attrs["axis"], attrs["exclude"])
+    axes = reduce_axes(t.rank, attrs["axis"], attrs["exclude"])
     if attrs["keepdims"]:
         shape = tuple(1 if i in axes else d for i, d in enumerate(t.shape))
     else:
@@ -600,7 +601,7 @@ def _reduce_onnx(name: str, onnx_type: str, axes_input_from: int) -> OnnxForm:
 
     def export(ex, node, ins):
         rank = ex.type(node.args[0]).rank
-        axes = list(_reduce_axes(rank, node.attrs["axis"], node.attrs["exclude"]))
+        axes = list(reduce_axes(rank, node.attrs["axis"], node.attrs["exclude"]))
         keep = int(node.attrs["keepdims"])
         if axes_input_from <= ex.opset:
             return ex.emit(onnx_type, [ins[0], ex.const(np.asarray(axes, np.int64))],
@@ -609,22 +610,24 @@ def _reduce_onnx(name: str, onnx_type: str, axes_input_from: int) -> OnnxForm:
     return OnnxForm(onnx_type, convert=convert, export=export)
 
 
-def _reduction(name, fn, doc, onnx_type, axes_input_from):
+def _reduction(name, fn, doc, onnx_type, axes_input_from, code):
     def sem(x, *, axis, keepdims, exclude, _fn=fn):
-        axes = _reduce_axes(x.ndim, axis, exclude)
+        axes = reduce_axes(x.ndim, axis, exclude)
         return np.asarray(_fn(x, axis=axes, keepdims=keepdims)).astype(x.dtype)
 
     register(OpDef(name, inputs=("data",), props=frozenset({REDUCE}),
+                   kernel="eqquant.runtime.bindings:Reduce", kernel_params={"code": code},
                    attrs=(Attr("axis", OPT_INTS, None), Attr("keepdims", BOOL, False),
                           Attr("exclude", BOOL, False)),
                    onnx=(_reduce_onnx(name, onnx_type, axes_input_from),),
                    type_rel=_reduce_rel, semantics=sem, doc=doc))
 
 
-_reduction("max", np.max, "maximum over axis", "ReduceMax", 18)
-_reduction("min", np.min, "minimum over axis", "ReduceMin", 18)
-_reduction("sum", np.sum, "sum over axis", "ReduceSum", 13)
-_reduction("mean", np.mean, "mean over axis", "ReduceMean", 18)
+# (the kernel's code: kernels_fp32.reduce_middle)
+_reduction("sum", np.sum, "sum over axis", "ReduceSum", 13, code=0)
+_reduction("mean", np.mean, "mean over axis", "ReduceMean", 18, code=1)
+_reduction("max", np.max, "maximum over axis", "ReduceMax", 18, code=2)
+_reduction("min", np.min, "minimum over axis", "ReduceMin", 18, code=3)
 
 
 def _softmax(x, *, axis):

@@ -138,26 +138,39 @@ def move_into(src: np.ndarray, out: np.ndarray, to_last: bool = True) -> None:
     k.transpose_planes(np.ascontiguousarray(src).reshape(n, a, b), out.reshape(n, b, a))
 
 
-def nchw_calls(site: Binding, x: np.ndarray, out: np.ndarray, kernel, moves_in=None):
+def nchw_calls(site: Binding, x: np.ndarray, out: np.ndarray, kernel, moves_in=None,
+               to_last: bool = True):
     """A channel-last kernel at an NCHW call site as bound launches, as the site's own call
     makes them: the image (N, C, H, W) moved channel-last into the site's image (``moved``;
     or ``moves_in(x, image)``'s calls), ``kernel(image, result)``'s call into its result
-    (N, oh, ow, O) (or its calls, a list), moved back into ``out`` (``move_into``). None
-    where an array is not contiguous (a reshape would be a copy, bound in place of it)."""
+    (N, oh, ow, O) (or its calls, a list), moved back into ``out`` (``move_into``). With
+    ``to_last`` False the other way round: an NCHW kernel at a channel-last site. None where
+    an array is not contiguous (a reshape would be a copy, bound in place of it)."""
     if not (x.flags.c_contiguous and out.flags.c_contiguous):
         return None
-    n, c, h, w = x.shape
-    o, oh, ow = out.shape[1:]
-    image = site.scratch("image", (n, h, w, c), np.uint8 if moves_in else x.dtype)
-    res = site.scratch("result", (n, oh, ow, o), out.dtype)
-    calls = moves_in(x, image) if moves_in else [
-        k.transpose_call(x.reshape(n, c, h * w), image.reshape(n, h * w, c))]
+    first = 1 if to_last else 3       # the channels' axis
+    n, c = x.shape[0], x.shape[first]
+    o = out.shape[first]
+    plane, oplane = x.size // (n * c), out.size // (n * o)
+    image = site.scratch("image", _moved_shape(x.shape, to_last),
+                         np.uint8 if moves_in else x.dtype)
+    res = site.scratch("result", _moved_shape(out.shape, to_last), out.dtype)
+    calls = moves_in(x, image) if moves_in else [k.transpose_call(
+        *((x.reshape(n, c, plane), image.reshape(n, plane, c)) if to_last else
+          (x.reshape(n, plane, c), image.reshape(n, c, plane))))]
     made = kernel(image, res)             # (a call, or a list of them: one per image)
-    calls += [*(made if isinstance(made, list) else [made]),
-              k.transpose_call(res.reshape(n, oh * ow, o), out.reshape(n, o, oh * ow))]
+    calls += [*(made if isinstance(made, list) else [made]), k.transpose_call(
+        *((res.reshape(n, oplane, o), out.reshape(n, o, oplane)) if to_last else
+          (res.reshape(n, o, oplane), out.reshape(n, oplane, o))))]
     if any(call is None for call in calls):
         return None
     return in_order([bound(*call) for call in calls])
+
+
+def _moved_shape(shape: tuple, to_last: bool) -> tuple:
+    """An image's shape moved channel-last (N, C, H, W) -> (N, H, W, C), or back."""
+    n, a, b, c = shape
+    return (n, b, c, a) if to_last else (n, c, a, b)
 
 
 class _Spatial(Binding):
@@ -224,9 +237,10 @@ def fp32_path() -> str:
 
 class Conv2D(_Spatial):
     """nn.conv2d and fused.conv2d: the FMA GEMM with gather and epilogue fused (``fma.py``),
-    or im2col + BLAS GEMM + fused epilogue on the "blas" path; depthwise: direct. A dense or
-    depthwise convolution at a channel-last call site (NHWC) runs as it is on its kernel;
-    other NHWC call sites run between two transposes."""
+    or im2col + BLAS GEMM + fused epilogue on the "blas" path; depthwise and other grouped
+    convolutions: the direct kernel (``kernels_fp32.grouped``; depthwise at a channel-last
+    site, its channel-last twin). A dense or depthwise convolution at a channel-last call site
+    (NHWC) runs as it is on its kernel; other NHWC call sites run between two transposes."""
 
     layout_key = "data_layout"
 
@@ -243,6 +257,7 @@ class Conv2D(_Spatial):
         self.pt, self.pl, self.pb, self.pr = attrs["padding"]
         self.lo, self.hi = epilogue_bounds(attrs)
         self.depthwise = self.groups == in_types[0].shape[1] == o and cg == 1
+        self.direct = self.depthwise or self.groups > 1    # the direct kernel
         self.pointwise = (kh == kw == 1 and self.sh == self.sw == 1 and
                           attrs["padding"] == [0, 0, 0, 0] and self.groups == 1)
         self.bias_vec = None
@@ -262,20 +277,19 @@ class Conv2D(_Spatial):
             self.fma = fma
             self.packed = fma.pack(np.ascontiguousarray(   # (tap, channel): as rows gather
                 w.transpose(0, 2, 3, 1).reshape(o, -1), dtype=np.float32), path)
-        self.fp32_path = path if self.fma is not None else None if self.depthwise else "blas"
+        self.fp32_path = path if self.fma is not None else None if self.direct else "blas"
         # the weights as the NCHW kernels read them, where those run (the FMA kernel reads
         # its panels only: ResNet-18's 47 MB were copied to no use at each load)
         self.w = self._pack(w) if w is not None and self.fma is None else None
         self.taps = None    # a channel-last depthwise convolution's (kh, kw, C) weights
         if self.nhwc and self.depthwise and self.bias_vec is not None:
-            self.taps = memory.aligned(np.ascontiguousarray(self.w.transpose(1, 2, 0)))
+            self.taps = memory.aligned(np.ascontiguousarray(self.w[:, 0].transpose(1, 2, 0)))
 
     def _pack(self, w: np.ndarray) -> np.ndarray:
         o = w.shape[0]
-        if self.depthwise:
-            return np.ascontiguousarray(w.reshape(o, self.kh, self.kw), dtype=np.float32)
-        g = self.groups
-        return np.ascontiguousarray(w.reshape(g, o // g, -1), dtype=np.float32)
+        if self.direct:     # (O, cg, kh, kw), as the direct kernel reads it
+            return np.ascontiguousarray(w, dtype=np.float32)
+        return np.ascontiguousarray(w.reshape(1, o, -1), dtype=np.float32)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -305,26 +319,32 @@ class Conv2D(_Spatial):
 
     def prepare(self, ins, out):
         """The kernel's entry point bound to this site's arrays, where it reads them as they
-        are (channel-last, contiguous; depthwise: one image)."""
+        are (channel-last, contiguous; depthwise: one launch per image)."""
         if self.nhwc and ins[0].flags.c_contiguous:
-            if self.taps is not None and out.shape[0] == 1:
-                return bound(*self._depthwise_call(ins[0][0], out[0]))
+            if self.taps is not None and out.flags.c_contiguous:
+                return in_order([bound(*self._depthwise_call(ins[0][i], out[i]))
+                                 for i in range(out.shape[0])])
             if self.taps is None and self.fma is not None:
                 return bound(*self._fma_call(ins[0], out))
         if not self.nhwc and self.taps is None and self.fma is not None:
             calls = nchw_calls(self, ins[0], out, self._fma_call)   # (``compute``'s moves)
             if calls is not None:
                 return calls
-        if not self.nhwc and self.depthwise and self.bias_vec is not None and \
+        if self.direct and self.taps is None and self.bias_vec is not None and \
                 ins[0].flags.c_contiguous and out.flags.c_contiguous:
-            return in_order([bound(*call) for call in self._nchw_depthwise_calls(
-                ins[0], out, self.bias_vec, self.lo, self.hi)])
+            if not self.nhwc:
+                return in_order([bound(*call) for call in self._direct_calls(
+                    ins[0], out, self.bias_vec, self.lo, self.hi)])
+            calls = nchw_calls(self, ins[0], out, lambda image, res: self._direct_calls(
+                image, res, self.bias_vec, self.lo, self.hi), to_last=False)
+            if calls is not None:
+                return calls
         return super().prepare(ins, out)
 
-    def _nchw_depthwise_calls(self, x, out, bias, lo, hi) -> list:
-        """(the NCHW depthwise kernel, its arguments) per image (``compute``'s)."""
-        return [(k.depthwise, (x[b], self.w, bias, self.sh, self.sw, self.pt, self.pl,
-                               self.dh, self.dw, lo, hi, out[b]))
+    def _direct_calls(self, x, out, bias, lo, hi) -> list:
+        """(the NCHW direct kernel, its arguments) per image (``compute``'s)."""
+        return [(k.grouped, (x[b], self.w, bias, self.sh, self.sw, self.pt, self.pl,
+                             self.dh, self.dw, lo, hi, out[b]))
                 for b in range(out.shape[0])]
 
     def __call__(self, ins, out):
@@ -354,37 +374,34 @@ class Conv2D(_Spatial):
         bias, lo, hi = self.bias_vec, self.lo, self.hi
         if bias is None:   # the bias (then the activation) is added after, not per channel
             bias, lo, hi = np.zeros(out.shape[1], np.float32), -np.inf, np.inf
-        if self.depthwise:
-            for kernel, args in self._nchw_depthwise_calls(x, out, bias, lo, hi):
+        if self.direct:
+            for kernel, args in self._direct_calls(x, out, bias, lo, hi):
                 kernel(*args)
         else:
-            self._grouped_gemms(x, w, bias, lo, hi, out)
+            self._gemms(x, w, bias, lo, hi, out)
         if self.bias_vec is None and len(ins) == 3:  # a bias that is not per channel
             np.add(out, ins[2], out=out)
             np.clip(out, self.lo, self.hi, out=out)
 
-    def _grouped_gemms(self, x, w, bias, lo, hi, out) -> None:
-        """Per image and group: its windows (im2col; a pointwise convolution reads the image),
-        BLAS's product with the group's weights, the bias and activation."""
+    def _gemms(self, x, w, bias, lo, hi, out) -> None:
+        """Per image (groups 1): its windows (im2col; a pointwise convolution reads the image),
+        BLAS's product with the weights, the bias and activation."""
         n, c, h, wd = x.shape
         _, o, oh, ow = out.shape
-        cg, og = c // self.groups, o // self.groups
         for b in range(n):
-            for gi in range(self.groups):
-                xg = x[b, gi * cg:(gi + 1) * cg]
-                y = out[b, gi * og:(gi + 1) * og].reshape(og, oh * ow)
-                if self.pointwise:
-                    col = xg.reshape(cg, h * wd)
-                else:
-                    col = _scratch((cg * self.kh * self.kw, oh * ow))
-                    k.im2col(xg, self.kh, self.kw, self.sh, self.sw, self.pt, self.pl,
-                             self.dh, self.dw, oh, ow, col)
-                np.matmul(w[gi], col, out=y)
-                k.bias_act(y, bias[gi * og:(gi + 1) * og], lo, hi)
+            y = out[b].reshape(o, oh * ow)
+            if self.pointwise:
+                col = x[b].reshape(c, h * wd)
+            else:
+                col = _scratch((c * self.kh * self.kw, oh * ow))
+                k.im2col(x[b], self.kh, self.kw, self.sh, self.sw, self.pt, self.pl,
+                         self.dh, self.dw, oh, ow, col)
+            np.matmul(w[0], col, out=y)
+            k.bias_act(y, bias, lo, hi)
 
     @property
     def path(self) -> str | None:
-        """The float convolution's path (None: the depthwise kernel)."""
+        """The float convolution's path (None: the direct kernel, depthwise or grouped)."""
         return self.fp32_path
 
 
@@ -604,6 +621,40 @@ class GlobalAvgPool2D(_Averaging):
     def __call__(self, ins, out):
         for kernel, args in self.image_calls(np.ascontiguousarray(ins[0]), out):
             kernel(*args)
+
+
+class Reduce(Binding):
+    """sum, mean, max and min over a run of adjacent axes of a float32 tensor (a global
+    pool written as a mean, a sum over channels): the input read as (outer, reduced, inner),
+    one launch (``kernels_fp32.reduce_middle``). Other axis sets run the reference."""
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        from ..ops.tensor import reduce_axes
+        axes = reduce_axes(in_types[0].rank, attrs["axis"], attrs["exclude"])
+        return _is_f32(in_types[0], out_type) and bool(axes) and \
+            axes == tuple(range(axes[0], axes[-1] + 1)) and in_types[0].size > 0
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from ..ops.tensor import reduce_axes
+        shape = in_types[0].shape
+        axes = reduce_axes(len(shape), attrs["axis"], attrs["exclude"])
+        self.code = op.kernel_params["code"]
+        self.split = (int(np.prod(shape[:axes[0]])), int(np.prod(shape[axes[0]:axes[-1] + 1])),
+                      int(np.prod(shape[axes[-1] + 1:])))
+
+    def kernel_call(self, ins, out):
+        if not (ins[0].flags.c_contiguous and out.flags.c_contiguous):
+            return None
+        a, r, b = self.split
+        return sized(k.reduce_middle, a * r * b), (ins[0].reshape(a, r, b), self.code,
+                                                   out.reshape(a, b))
+
+    def __call__(self, ins, out):
+        a, r, b = self.split
+        k.reduce_middle(np.ascontiguousarray(ins[0]).reshape(a, r, b), self.code,
+                        out.reshape(a, b))
 
 
 class Binary(Binding):

@@ -139,50 +139,55 @@ def depthwise_channels_last(thread, threads, args):
 
 
 @parallel
-def depthwise(thread, threads, args):
-    """x: (C, H, W), w: (C, kh, kw), out: (C, oh, ow); one filter per channel. Row by row:
-    each filter tap is swept over the output columns whose input is inside the image, so
-    the inner loop has no test; the epilogue runs on the finished row. The sums go to a row
-    of their own and read contiguous slices indexed from 0 (Numba then proves no aliasing
-    and no negative index, and the loop vectorises); with a stride, each input row is first
-    split into ``sw`` phase planes (plane r holds columns r, r + sw, ...), so that a tap
-    reads a contiguous slice of one plane."""
+def grouped(thread, threads, args):
+    """x: (C, H, W), w: (O, cg, kh, kw), out: (O, oh, ow): a grouped convolution (groups =
+    C / cg; depthwise: cg = 1, O = C), output channel o reading the cg input channels of its
+    group. Row by row: each filter tap of each input channel is swept over the output columns
+    whose input is inside the image, so the inner loop has no test; the epilogue runs on the
+    finished row. The sums go to a row of their own and read contiguous slices indexed from 0
+    (Numba then proves no aliasing and no negative index, and the loop vectorises); with a
+    stride, each input row is first split into ``sw`` phase planes (plane r holds columns r,
+    r + sw, ...), so that a tap reads a contiguous slice of one plane. The sums run over the
+    group's input channels, then kernel rows, then columns."""
     x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out = args
     c_in, h, wd = x.shape
-    _, kh, kw = w.shape
+    o_n, cg, kh, kw = w.shape
     _, oh, ow = out.shape
+    per_group = o_n // (c_in // cg)      # output channels per group
     lo32 = np.float32(lo)
     hi32 = np.float32(hi)
     pw = (wd + sw - 1) // sw
-    for c in range(*share(c_in, thread, threads)):
-        b = bias[c]
+    for o in range(*share(o_n, thread, threads)):
+        first_in = (o // per_group) * cg
+        b = bias[o]
         acc = np.empty(ow, np.float32)
         planes = np.empty((sw, pw), np.float32)
         for y in range(oh):
             acc[:] = b
-            for i in range(kh):
-                iy = y * sh - pt + i * dh
-                if iy < 0 or iy >= h:
-                    continue
-                src = x[c, iy]
-                if sw > 1:
-                    for r in range(sw):
-                        for k in range((wd - r + sw - 1) // sw):
-                            planes[r, k] = src[k * sw + r]
-                for j in range(kw):
-                    off = j * dw - pl
-                    first, last = inside(ow, sw, off, wd)
-                    if last <= first:
+            for ci in range(cg):
+                for i in range(kh):
+                    iy = y * sh - pt + i * dh
+                    if iy < 0 or iy >= h:
                         continue
-                    tap = w[c, i, j]
-                    r = off % sw
-                    q = (off - r) // sw       # input column xo * sw + off = (xo + q) * sw + r
-                    part = src[first + off:last + off] if sw == 1 else \
-                        planes[r, first + q:last + q]
-                    dst = acc[first:last]
-                    for t in range(last - first):
-                        dst[t] += part[t] * tap
-            row = out[c, y]
+                    src = x[first_in + ci, iy]
+                    if sw > 1:
+                        for r in range(sw):
+                            for k in range((wd - r + sw - 1) // sw):
+                                planes[r, k] = src[k * sw + r]
+                    for j in range(kw):
+                        off = j * dw - pl
+                        first, last = inside(ow, sw, off, wd)
+                        if last <= first:
+                            continue
+                        tap = w[o, ci, i, j]
+                        r = off % sw
+                        q = (off - r) // sw   # input column xo * sw + off = (xo + q) * sw + r
+                        part = src[first + off:last + off] if sw == 1 else \
+                            planes[r, first + q:last + q]
+                        dst = acc[first:last]
+                        for t in range(last - first):
+                            dst[t] += part[t] * tap
+            row = out[o, y]
             for xo in range(ow):
                 row[xo] = clamp(acc[xo], lo32, hi32)
 
@@ -368,6 +373,45 @@ def global_avg_pool_channels_last(thread, threads, args):
         for p in range(p_n):
             s += x[p, c]
         out[c] = s / p_n
+
+
+@parallel
+def reduce_middle(thread, threads, args):
+    """x: (A, R, B) -> out: (A, B), the middle axis reduced: code 0 sum, 1 mean (both summed
+    in float64, in the order of r), 2 max, 3 min (NaN propagates, as numpy's). A thread's
+    share is a run of the pairs (a, b-block): one pass down the rows of a, each row's block
+    added into a row of sums, so the inner loop runs along contiguous memory."""
+    x, code, out = args
+    a_n, r_n, b_n = x.shape
+    block = 256
+    blocks = (b_n + block - 1) // block
+    acc = np.empty(block, np.float64)
+    for item in range(*share(a_n * blocks, thread, threads)):
+        a = item // blocks
+        b0 = (item % blocks) * block
+        b1 = min(b0 + block, b_n)
+        width = b1 - b0
+        first = x[a, 0, b0:b1]
+        for j in range(width):
+            acc[j] = first[j] if code >= 2 else np.float64(first[j])
+        for r in range(1, r_n):
+            row = x[a, r, b0:b1]
+            if code <= 1:
+                for j in range(width):
+                    acc[j] += row[j]
+            elif code == 2:
+                for j in range(width):
+                    v = np.float64(row[j])
+                    if v > acc[j] or v != v:
+                        acc[j] = v if acc[j] == acc[j] else acc[j]
+            else:
+                for j in range(width):
+                    v = np.float64(row[j])
+                    if v < acc[j] or v != v:
+                        acc[j] = v if acc[j] == acc[j] else acc[j]
+        dst = out[a, b0:b1]
+        for j in range(width):
+            dst[j] = acc[j] / r_n if code == 1 else acc[j]
 
 
 @parallel(error_model="numpy")
