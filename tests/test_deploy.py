@@ -956,3 +956,47 @@ def test_grouped_convolutions_and_reductions_are_launches(layout, tmp_path):
     ex = Executor(saved_part)
     assert not_launches(ex) == []
     _same_bits(ex, tmp_path / "lib")
+
+
+def test_layer_norms_and_broadcasts_are_launches(tmp_path):
+    """ConvNeXt's float ops: a layer norm over the last axis (one row a work item, float64
+    inside as the op is defined) and sums and products whose operands broadcast along any
+    axes (views of the output's shape). Saved, the executor's bits; those the reference's
+    within rounding (a division by zero included)."""
+    rng = np.random.default_rng(8)
+    mod = bind_params(eqquant.parse("""def @main(%x: Tensor[(1, 4, 5, 6), float32],
+          %g: Tensor[(6), float32], %b: Tensor[(6), float32], %r: Tensor[(5, 1), float32]) {
+  %0 = nn.layer_norm(%x, %g, %b, axis=-1, epsilon=1e-06f);
+  %1 = add(%0, %r);
+  %2 = multiply(%1, %g);
+  %3 = divide(%r, %2);
+  nn.layer_norm(%3, %g, %b, axis=3, center=False)
+}
+"""), {n: rng.standard_normal(s).astype(np.float32)
+       for n, s in (("g", (6,)), ("b", (6,)), ("r", (5, 1)))})
+    ex = Executor(mod)
+    assert not [s.label for s in ex.steps if "reference" in s.label]
+    from eqquant.deploy.build import not_launches
+    assert not_launches(ex) == []
+    _same_bits(ex, tmp_path / "lib")
+    x = _input(ex)
+    x["x"][0, 0, 0] = 0.0           # a row of zeros: 0 / 0 after the norm's centring
+    x["x"][0, 1, 2, 3] = 1e30
+    with np.errstate(all="ignore"):
+        np.testing.assert_allclose(ex.run(x), run(mod, x), rtol=1e-5, atol=1e-5)
+
+
+def test_an_int8_dense_layer_on_rows_of_an_image_gives_the_reference_bits():
+    """qnn.dense on a (1, H, W, C) input (ConvNeXt's pointwise layers, channel-last): its
+    rows multiplied as one 2-D product, on every path the target plans."""
+    rng = np.random.default_rng(9)
+    for rows in (1, 2, 48):
+        mod = bind_params(eqquant.parse(f"""def @main(%x: Tensor[(1, {rows}, 3, 40), uint8],
+          %w: Tensor[(24, 40), int8]) {{
+  qnn.dense(%x, %w, 3, 0, 0.1f, 0.02f, units=24, out_dtype="int32")
+}}
+"""), {"w": rng.integers(-128, 128, (24, 40)).astype(np.int8)})
+        ex = Executor(mod)
+        assert [s.label for s in ex.steps] == ["qnn.dense"]
+        x = {"x": rng.integers(0, 256, (1, rows, 3, 40)).astype(np.uint8)}
+        np.testing.assert_array_equal(ex.run(x), run(mod, x))

@@ -19,9 +19,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 SHAPE = (1, 4, 12, 12)
 # kernels whose exp is Numba's/LLVM's, not numpy's: a few ulps apart on finite values
 ULPS = {"sigmoid": 4, "nn.softmax": 8}
-# sums of products in another order than numpy's matmul (the GEMMs): finite values close,
-# NaNs and infinities where the reference has them
-SUMS = {"nn.conv2d", "fused.conv2d", "fused.conv2d_add", "nn.dense", "fused.dense"}
+# sums of products in another order than numpy's matmul (the GEMMs), a layer norm's sums
+# in order (numpy's are pairwise): finite values close, NaNs and infinities where the
+# reference has them
+SUMS = {"nn.conv2d", "fused.conv2d", "fused.conv2d_add", "nn.dense", "fused.dense",
+        "nn.layer_norm"}
 CONV = dict(padding=[1, 1, 1, 1])
 # calls of the ops whose inputs or attributes the generic call (every input SHAPE, default
 # attributes) does not give
@@ -43,6 +45,8 @@ CALLS = {
     "layout_transform": lambda b, x: b.call("layout_transform", x, src_layout="NCHW",
                                             dst_layout="NHWC"),
     "nn.dense": lambda b, x: b.call("nn.dense", _rows(b, x), b.param("w", _weights((5, 36)))),
+    "nn.layer_norm": lambda b, x: b.call("nn.layer_norm", x, b.param("g", _weights((12,))),
+                                         b.param("b", _weights((12,))), axis=-1),
     "nn.pad": lambda b, x: b.call("nn.pad", x, b.param("v", np.array(-0.0, np.float32)),
                                   pad_width=[[0, 0], [0, 0], [1, 1], [2, 0]]),
     "reshape": lambda b, x: b.call("reshape", x, newshape=[4, 144]),

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import EqquantError
-from ..core.nodes import Call, Constant, Tuple
+from ..core.nodes import Call, Constant, Scalar, Tuple
 from ..core.types import is_int
 from ..ops.registry import ANNOTATION, IDENTITY, LAYOUT, POOL, QUANT
 
@@ -127,9 +127,13 @@ class QDQ:
         acc_scale = (sx * sw).astype(np.float32)
         if bias is not None:
             b = node.args[bias]
-            if not isinstance(b, Constant) or b.data is None:
+            if not isinstance(b, (Constant, Scalar)) or b.data is None:
                 raise EqquantError("ONNX export: the bias must be an int32 constant", node.loc)
-            flat = np.asarray(b.data).reshape(-1).astype(np.int32)
+            # (a scalar, such as the zero bias of a convolution that had none: one per
+            # output channel)
+            flat = np.broadcast_to(np.asarray(b.data).reshape(-1),
+                                   (w_t.shape[0],) if isinstance(b, Scalar) else
+                                   (np.asarray(b.data).size,)).astype(np.int32)
             s_b = np.broadcast_to(acc_scale, flat.shape).astype(np.float32) \
                 if acc_scale.ndim else acc_scale
             axis = {"axis": 0} if s_b.ndim else {}

@@ -559,6 +559,7 @@ def _layer_norm_to_onnx(ex, node, ins):
 
 
 register(OpDef("nn.layer_norm", inputs=("data", "gamma", "beta"),
+               kernel="eqquant.runtime.bindings:LayerNorm",
                attrs=(Attr("axis", INT, -1), Attr("epsilon", FLOAT, 1e-5),
                       Attr("center", BOOL, True), Attr("scale", BOOL, True)),
                type_rel=_layer_norm_rel, semantics=_layer_norm,

@@ -116,6 +116,12 @@ def _per_channel(bias_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> boo
         and padded[1] in (1, out_shape[1])
 
 
+def broadcast_view(x: np.ndarray, shape: tuple) -> np.ndarray:
+    """``x`` as a view of the shape it broadcasts to (stride 0 along its broadcast axes),
+    as a kernel on operands of the output's shape reads it."""
+    return np.broadcast_to(x.reshape((1,) * (len(shape) - x.ndim) + x.shape), shape)
+
+
 def moved(x: np.ndarray, to_last: bool = True, out: np.ndarray | None = None) -> np.ndarray:
     """A new, aligned copy of the image ``x`` moved channel-last ((N, C, H, W) -> (N, H, W,
     C)), or back with ``to_last=False``, as ``layout_transform`` moves it
@@ -657,9 +663,35 @@ class Reduce(Binding):
                         out.reshape(a, b))
 
 
+class LayerNorm(Binding):
+    """nn.layer_norm over the last axis of a float32 tensor (ViT's, ConvNeXt's): each row
+    one work item of ``kernels_fp32.layer_norm_rows``."""
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        rank = in_types[0].rank
+        return _is_f32(*in_types, out_type) and rank > 0 and attrs["axis"] % rank == rank - 1
+
+    def kernel_call(self, ins, out):
+        x, gamma, beta = ins
+        if not all(v.flags.c_contiguous for v in (x, gamma, beta, out)):
+            return None
+        c = x.shape[-1]
+        return sized(k.layer_norm_rows, x.size), (
+            x.reshape(-1, c), gamma.reshape(-1), beta.reshape(-1),
+            float(self.attrs["epsilon"]), bool(self.attrs["scale"]),
+            bool(self.attrs["center"]), out.reshape(-1, c))
+
+    def __call__(self, ins, out):
+        kernel, args = self.kernel_call([np.ascontiguousarray(v) for v in ins], out)
+        kernel(*args)
+
+
 class Binary(Binding):
     """Elementwise add/subtract/multiply/divide: same shapes, or a per-channel operand;
-    anything else broadcasts through numpy. float32, or int32 add/subtract/multiply."""
+    any other broadcast of up to four axes reads its operands as views of the output's
+    shape (``binary_broadcast``); more axes broadcast through numpy. float32, or int32
+    add/subtract/multiply."""
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -683,6 +715,8 @@ class Binary(Binding):
         # times the image): the operands swapped, the same values
         self.swap = not self.channel and self.code in (0, 2) and per_channel(b, a)
         self.channel = self.channel or self.swap
+        rank = len(out_type.shape)
+        self.shape4 = (1,) * (4 - rank) + tuple(out_type.shape) if rank <= 4 else None
 
     def kernel_call(self, ins, out):
         """Operands of one shape, or a per-channel one with one value per channel (a
@@ -694,6 +728,10 @@ class Binary(Binding):
         if flat and a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous:
             return sized(k.binary_same, out.size), (a.reshape(-1), b.reshape(-1), self.code, 0,
                                                     out.reshape(-1))
+        if not self.channel and self.shape4 is not None and out.flags.c_contiguous:
+            return sized(k.binary_broadcast, out.size), (
+                broadcast_view(a, self.shape4), broadcast_view(b, self.shape4), self.code,
+                out.reshape(self.shape4))
         return None
 
     def _channel_calls(self, a, b, out) -> list:

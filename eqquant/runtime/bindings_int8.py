@@ -19,8 +19,8 @@ from ..ops.numerics import qrange
 from ..ops.registry import get_op
 from . import epilogue_table, memory
 from .depthwise_simd import TAP_MAX, entry as sweep_entry
-from .bindings import (Binding, _per_channel, _per_channel_last, bound, move_into, moved,
-                       nchw_calls, threads)
+from .bindings import (Binding, _per_channel, _per_channel_last, bound, broadcast_view,
+                       move_into, moved, nchw_calls, threads)
 from .launch import in_order, launches_of
 from .serial import sized
 
@@ -286,9 +286,12 @@ class QDense(Binding):
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return (1 in consts and 3 in consts and _const_scalar(consts, 2) is not None and
                 in_types[1].dtype == "int8" and in_types[0].dtype in ("int8", "uint8") and
-                out_type.dtype == "int32" and len(in_types[0].shape) == 2)
+                out_type.dtype == "int32" and len(in_types[0].shape) >= 2)
 
     def __call__(self, ins, out):
+        if ins[0].ndim > 2:     # (..., K): the rows of a 2-D product
+            ins, out = [np.ascontiguousarray(ins[0]).reshape(-1, ins[0].shape[-1]),
+                        *ins[1:]], out.reshape(-1, out.shape[-1])
         if self.simd is not None:
             x = ins[0]
             rows = np.zeros((x.shape[0], self.kp), np.uint8)
@@ -300,13 +303,16 @@ class QDense(Binding):
                 out[...] = acc[:, :out.shape[1]]
             out -= self.correction
             return
-        self.call_kernel(ins, out)
+        kernel, args = self.kernel_call([np.ascontiguousarray(ins[0]), *ins[1:]], out)
+        kernel(*args)
 
     def kernel_call(self, ins, out):
         """the dot products (``dense_i8``), where no SIMD GEMM takes the layer"""
-        if self.simd is not None:
+        if self.simd is not None or not (ins[0].flags.c_contiguous and out.flags.c_contiguous):
             return None
-        return self.k8.dense_i8, (ins[0], self.zx, self.w, self.zw, self.shifted, out)
+        k = ins[0].shape[-1]
+        return self.k8.dense_i8, (ins[0].reshape(-1, k), self.zx, self.w, self.zw,
+                                  self.shifted, out.reshape(-1, out.shape[-1]))
 
     @property
     def path(self) -> str | None:
@@ -493,16 +499,13 @@ class QMul(Binding):
                 isinstance(out_type, TensorType) and len(out_type.shape) <= 4 and
                 all(t.dtype in ("int8", "uint8") for t in in_types[:2]))
 
-    def _operand(self, x):
-        """``x`` as a 4-D view of the output's shape (stride 0 along its broadcast axes)."""
-        return np.broadcast_to(x.reshape((1,) * (4 - x.ndim) + x.shape), self.shape4)
-
     def kernel_call(self, ins, out):
         if not out.flags.c_contiguous:
             return None
         return sized(self.k8.qmul, out.size), (
-            self._operand(ins[0]), self._operand(ins[1]), self.za, self.zb, np.int64(self.m),
-            int(self.shift), self.zo, self.lo, self.hi, out.reshape(self.shape4))
+            broadcast_view(ins[0], self.shape4), broadcast_view(ins[1], self.shape4), self.za,
+            self.zb, np.int64(self.m), int(self.shift), self.zo, self.lo, self.hi,
+            out.reshape(self.shape4))
 
     def __call__(self, ins, out):
         if not self.call_kernel(ins, out):

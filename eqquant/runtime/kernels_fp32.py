@@ -455,6 +455,58 @@ def binary_channel(thread, threads, args):
                 out[c, p] = x / y
 
 
+@parallel(error_model="numpy")
+def binary_broadcast(thread, threads, args):
+    """4-D operands of the output's shape (broadcast views: strides of 0 along the axes
+    they do not vary on): out = a op b, the codes of ``binary_same``; one output row of the
+    last axis a unit."""
+    a, b, op, out = args
+    d0, d1, d2, d3 = out.shape
+    for r in range(*share(d0 * d1 * d2, thread, threads)):
+        i0, i1, i2 = r // (d1 * d2), (r // d2) % d1, r % d2
+        x, y, z = a[i0, i1, i2], b[i0, i1, i2], out[i0, i1, i2]
+        if op == 0:
+            for j in range(d3):
+                z[j] = x[j] + y[j]
+        elif op == 1:
+            for j in range(d3):
+                z[j] = x[j] - y[j]
+        elif op == 2:
+            for j in range(d3):
+                z[j] = x[j] * y[j]
+        else:
+            for j in range(d3):
+                z[j] = x[j] / y[j]
+
+
+@parallel
+def layer_norm_rows(thread, threads, args):
+    """x, out: (R, C); each row normalized as ``nn.layer_norm`` defines it, in float64:
+    (v - mean) / sqrt(var + eps), times gamma (``scale``), plus beta (``center``); a thread's
+    share a run of rows."""
+    x, gamma, beta, eps, scale, center, out = args
+    rows, c_n = x.shape
+    for r in range(*share(rows, thread, threads)):
+        v = x[r]
+        mean = 0.0
+        for c in range(c_n):
+            mean += v[c]
+        mean /= c_n
+        var = 0.0
+        for c in range(c_n):
+            d = v[c] - mean
+            var += d * d
+        inv = 1.0 / np.sqrt(var / c_n + eps)
+        y = out[r]
+        for c in range(c_n):
+            t = (v[c] - mean) * inv
+            if scale:
+                t = t * np.float64(gamma[c])
+            if center:
+                t = t + np.float64(beta[c])
+            y[c] = t
+
+
 @parallel
 def unary(thread, threads, args):
     """Flat: relu (1), clip to [lo, hi] (2), leaky relu with slope lo (3), sigmoid (4);

@@ -105,7 +105,7 @@ def site_of(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_t
     zw = np.asarray(consts[zi], np.int64).reshape(-1)
     if "groups" not in attrs:          # a dense layer: (units, K)
         return Site(op.name, w.shape[0], w.shape[1], 1, bool(zw.any()), False,
-                    in_types[0].shape[0])
+                    int(np.prod(in_types[0].shape[:-1])))
     from ..ops.numerics import to_oihw
     from .depthwise_simd import TAP_MAX
     w = to_oihw(w, attrs["kernel_layout"])
