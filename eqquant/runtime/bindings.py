@@ -79,6 +79,12 @@ class Binding:
         default)."""
         return None
 
+    def call_contiguous(self, ins, out) -> None:
+        """Make ``kernel_call``'s call on C-contiguous copies of the inputs that are not (a
+        binding whose kernel call reads contiguous operands only)."""
+        kernel, args = self.kernel_call([np.ascontiguousarray(v) for v in ins], out)
+        kernel(*args)
+
     def call_kernel(self, ins, out) -> bool:
         """Make ``kernel_call``'s call where there is one; whether it was made."""
         call = self.kernel_call(ins, out)
@@ -295,7 +301,7 @@ class Conv2D(_Spatial):
         o = w.shape[0]
         if self.direct:     # (O, cg, kh, kw), as the direct kernel reads it
             return np.ascontiguousarray(w, dtype=np.float32)
-        return np.ascontiguousarray(w.reshape(1, o, -1), dtype=np.float32)
+        return np.ascontiguousarray(w.reshape(o, -1), dtype=np.float32)    # (O, taps)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -402,7 +408,7 @@ class Conv2D(_Spatial):
                 col = _scratch((c * self.kh * self.kw, oh * ow))
                 k.im2col(x[b], self.kh, self.kw, self.sh, self.sw, self.pt, self.pl,
                          self.dh, self.dw, oh, ow, col)
-            np.matmul(w[0], col, out=y)
+            np.matmul(w, col, out=y)
             k.bias_act(y, bias, lo, hi)
 
     @property
@@ -658,9 +664,7 @@ class Reduce(Binding):
                                                    out.reshape(a, b))
 
     def __call__(self, ins, out):
-        a, r, b = self.split
-        k.reduce_middle(np.ascontiguousarray(ins[0]).reshape(a, r, b), self.code,
-                        out.reshape(a, b))
+        self.call_contiguous(ins, out)
 
 
 class LayerNorm(Binding):
@@ -683,8 +687,7 @@ class LayerNorm(Binding):
             bool(self.attrs["center"]), out.reshape(-1, c))
 
     def __call__(self, ins, out):
-        kernel, args = self.kernel_call([np.ascontiguousarray(v) for v in ins], out)
-        kernel(*args)
+        self.call_contiguous(ins, out)
 
 
 class Binary(Binding):

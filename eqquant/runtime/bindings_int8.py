@@ -303,8 +303,7 @@ class QDense(Binding):
                 out[...] = acc[:, :out.shape[1]]
             out -= self.correction
             return
-        kernel, args = self.kernel_call([np.ascontiguousarray(ins[0]), *ins[1:]], out)
-        kernel(*args)
+        self.call_contiguous(ins, out)
 
     def kernel_call(self, ins, out):
         """the dot products (``dense_i8``), where no SIMD GEMM takes the layer"""

@@ -393,22 +393,18 @@ def reduce_middle(thread, threads, args):
         width = b1 - b0
         first = x[a, 0, b0:b1]
         for j in range(width):
-            acc[j] = first[j] if code >= 2 else np.float64(first[j])
+            acc[j] = first[j]
         for r in range(1, r_n):
             row = x[a, r, b0:b1]
             if code <= 1:
                 for j in range(width):
                     acc[j] += row[j]
-            elif code == 2:
+            else:           # a NaN taken stays (acc == acc is False for it), as numpy's
                 for j in range(width):
                     v = np.float64(row[j])
-                    if v > acc[j] or v != v:
-                        acc[j] = v if acc[j] == acc[j] else acc[j]
-            else:
-                for j in range(width):
-                    v = np.float64(row[j])
-                    if v < acc[j] or v != v:
-                        acc[j] = v if acc[j] == acc[j] else acc[j]
+                    if acc[j] == acc[j] and (v != v or (v > acc[j] if code == 2 else
+                                                        v < acc[j])):
+                        acc[j] = v
         dst = out[a, b0:b1]
         for j in range(width):
             dst[j] = acc[j] / r_n if code == 1 else acc[j]
