@@ -1000,3 +1000,67 @@ def test_an_int8_dense_layer_on_rows_of_an_image_gives_the_reference_bits():
         assert [s.label for s in ex.steps] == ["qnn.dense"]
         x = {"x": rng.integers(0, 256, (1, rows, 3, 40)).astype(np.uint8)}
         np.testing.assert_array_equal(ex.run(x), run(mod, x))
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_unfused_int8_convolutions_and_batched_dense_layers_are_launches(layout, tmp_path):
+    """An int8 convolution whose sums are not requantized (a qnn.conv2d on its own: 3 x 3 with
+    stride 2 on signed bytes, 1 x 1 on unsigned ones that the GEMM reads as they lie) and a
+    dense layer on a batch that fills the SIMD GEMM's tile (32 rows, depth and units both
+    padded to the kernel's blocks): on every int8 kernel the target offers, pinned in the
+    program, the executor gives the reference's bits and a library the executor's."""
+    from eqquant.deploy.build import not_launches
+    from eqquant.runtime.target import current
+    rng = np.random.default_rng(11)
+    nhwc = layout == "NHWC"
+    conv = f'data_layout="{layout}", kernel_layout="{"HWIO" if nhwc else "OIHW"}"'
+    shape, w3, w1 = (((2, 9, 7, 12), (3, 3, 12, 20), (1, 1, 64, 24)) if nhwc else
+                     ((2, 12, 9, 7), (20, 12, 3, 3), (24, 64, 1, 1)))
+    shape1 = (2, 5, 4, 64) if nhwc else (2, 64, 5, 4)
+    programs = [  # (input, its type, the weights' shape, the call)
+        (shape, "int8", w3, """qnn.conv2d(%x, %w, -3, 0, 0.1f, 0.02f, strides=[2, 2],
+            padding=[1, 1, 1, 1], channels=20, kernel_size=[3, 3], {conv},
+            out_dtype="int32"{pin})"""),
+        (shape1, "uint8", w1, """qnn.conv2d(%x, %w, 131, 0, 0.1f, 0.02f, channels=24,
+            kernel_size=[1, 1], {conv}, out_dtype="int32"{pin})""")]
+    if not nhwc:
+        programs.append(((32, 40), "int8", (24, 40), """qnn.dense(%x, %w, 5, 0, 0.1f, 0.02f,
+            units=24, out_dtype="int32"{pin})"""))
+    offered = [k for k in current().int8_kernels() if k != "depthwise"]
+    assert "portable" in offered
+    for kernel in offered:
+        for i, (xs, dtype, ws, call) in enumerate(programs):
+            body = call.format(conv=conv, pin=f', kernel="{kernel}"')
+            mod = bind_params(eqquant.parse(
+                f"def @main(%x: Tensor[{xs}, {dtype}], %w: Tensor[{ws}, int8]) {{\n"
+                f"  {body}\n}}\n"), {"w": rng.integers(-128, 128, ws).astype(np.int8)})
+            ex = Executor(mod)
+            assert [s.fn.path for s in ex.steps] == [kernel], (kernel, i)
+            assert not_launches(ex) == [], (kernel, i)
+            build(ex, tmp_path / f"{kernel}{i}")
+            library = Library(tmp_path / f"{kernel}{i}")
+            lo, hi = (-128, 128) if dtype == "int8" else (0, 256)
+            for seed in (1, 2):
+                x = {"x": np.random.default_rng(seed).integers(lo, hi, xs).astype(dtype)}
+                want = run(mod, x)
+                np.testing.assert_array_equal(ex.run(x), want, err_msg=f"{kernel} {i}")
+                np.testing.assert_array_equal(library.run(x), want, err_msg=f"{kernel} {i}")
+
+
+def test_a_layout_change_of_any_permutation_is_one_launch(tmp_path):
+    """A layout change other than channels last or first (NCHW -> HWCN, and a 5-axis one,
+    read from a view of its operand) is one strided copy: saved, the reference's bits."""
+    from eqquant.deploy.build import not_launches
+    mod = eqquant.parse("""def @main(%x: Tensor[(2, 3, 4, 5), float32]) {
+  %0 = layout_transform(%x, src_layout="NCHW", dst_layout="HWCN");
+  %1 = reshape(%0, newshape=[4, 5, 3, 2, 1]);
+  %2 = layout_transform(%1, src_layout="ABCDE", dst_layout="EDCBA");
+  %3 = reshape(%2, newshape=[1, 2, 3, 20]);
+  add(%3, 1f)
+}
+""")
+    ex = Executor(mod)
+    assert not_launches(ex) == []
+    library = _same_bits(ex, tmp_path / "lib")
+    x = _input(ex)
+    np.testing.assert_array_equal(library.run(x), run(mod, x))

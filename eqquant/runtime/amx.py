@@ -193,5 +193,5 @@ def pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
 # channels, 256 bytes of panel per k-quad, the epilogue on vectors of 16 sums)
 KERNEL = vnni.gemm_kernel("amx", lambda epilogue: define_tdpbusd("eqquant_amx_gemm", epilogue),
                           available(), BLOCK, PANEL, 16, True)
-gemm, gemm_parallel = vnni.bound_gemms(KERNEL)
+gemm, gemm_parallel, gemm_call = vnni.bound_gemms(KERNEL)
 conv_kernel = vnni.conv_kernel_of(KERNEL)

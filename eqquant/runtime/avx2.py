@@ -515,6 +515,11 @@ def gemm_parallel(thread, threads, args):
                        out.ctypes.data + ob * BLOCK * 4, out.shape[1], 0, p, kq, 1)
 
 
+def gemm_call(a_u8, packed, out) -> tuple:
+    """``gemm_parallel``'s launch: (kernel, args), as the VNNI paths give it."""
+    return gemm_parallel, (a_u8, packed, out)
+
+
 @njit(cache=True)
 def _gemm_requantize(rows16, packed, ob0, ob1, out, n, params, lo, hi):
     """out[:n, ob0 * 16:ob1 * 16] (those of its columns out has) = the int16 rows times the

@@ -537,6 +537,12 @@ class Dense(Binding):
             kernel(*args)
             return
         np.matmul(ins[0], self.wt, out=out)
+        # a row whose float32 sums overflowed (a product past 3.4e38, then inf - inf = NaN)
+        # or met a NaN: again in float64, as the op is defined, so that its infinities and
+        # NaNs are the reference's
+        bad = ~np.isfinite(out).all(axis=1)
+        if bad.any():
+            out[bad] = np.asarray(ins[0])[bad].astype(np.float64) @ self.wt.astype(np.float64)
         out += self.bias
         np.clip(out, self.lo, self.hi, out=out)
 
@@ -880,7 +886,8 @@ class StridedCopy(Binding):
 
 class LayoutTransform(Binding):
     """layout_transform: channels moved last or first (NCHW <-> NHWC) as a tiled transpose
-    of each image's (C, HW) plane; any other permutation one strided copy (numpy's)."""
+    of each image's (C, HW) plane; any other permutation of up to six axes one strided copy
+    (``StridedCopy``'s kernel)."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
@@ -898,17 +905,21 @@ class LayoutTransform(Binding):
         return isinstance(out_type, TensorType)
 
     def kernel_call(self, ins, out):
-        if self.plane is None or not ins[0].flags.c_contiguous:
+        if not out.flags.c_contiguous:
+            return None
+        if self.plane is None:
+            if len(self.perm) > StridedCopy.RANK:
+                return None
+            view = ins[0].transpose(self.perm)[(None,) * (StridedCopy.RANK - len(self.perm))]
+            return sized(k.copy_strided, out.size), (view, out.reshape(view.shape))
+        if not ins[0].flags.c_contiguous:
             return None
         n, a, b = self.plane
         return k.transpose_call(ins[0].reshape(n, a, b), out.reshape(n, b, a))
 
     def __call__(self, ins, out):
-        if self.plane is None:
+        if not self.call_kernel(ins, out):
             np.copyto(out, ins[0].transpose(self.perm))
-            return
-        n, a, b = self.plane
-        k.transpose_planes(ins[0].reshape(n, a, b), out.reshape(n, b, a))
 
 
 class Concatenate(Binding):

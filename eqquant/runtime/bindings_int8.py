@@ -61,7 +61,29 @@ def _gemm(kernel: str):
     return (simd_module(path), path) if path else (None, "portable")
 
 
-class QConv2D(Binding):
+class _Launches(Binding):
+    """A binding whose work is a list of kernel calls (``calls(x, out)``, each (kernel, args))
+    on its first operand and its output, both C-contiguous: made in order by a call, bound as
+    launches by ``prepare``."""
+
+    def calls(self, x, out) -> list:
+        raise NotImplementedError
+
+    def __call__(self, ins, out):
+        res = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+        for kernel, args in self.calls(np.ascontiguousarray(ins[0]), res):
+            kernel(*args)
+        if res is not out:
+            out[...] = res
+
+    def prepare(self, ins, out):
+        """The site's calls, bound to its arrays."""
+        if ins[0].flags.c_contiguous and out.flags.c_contiguous:
+            return in_order([bound(*call) for call in self.calls(ins[0], out)])
+        return super().prepare(ins, out)
+
+
+class QConv2D(_Launches):
     """qnn.conv2d: on a SIMD path (VNNI, AVX2), pixel rows (uint8) times packed weights;
     otherwise int8 im2col + a portable int32 GEMM. Weights and zero points are prepacked
     once. The kernels read images channel-last; an NCHW call site has each image transposed
@@ -131,19 +153,73 @@ class QConv2D(Binding):
                 _const_scalar(consts, 2) is not None and in_types[1].dtype == "int8" and
                 in_types[0].dtype in ("int8", "uint8") and out_type.dtype == "int32")
 
-    def __call__(self, ins, out):
+    def calls(self, x, out) -> list:
+        """The calls computing the int32 sums ``out`` of the batch ``x`` (both C-contiguous,
+        in the site's layout): the SIMD GEMM's (``simd_calls``), or the portable kernels'
+        (``portable_calls``: NCHW; at a channel-last site between two transposes)."""
         if self.simd is not None:
-            return self._simd(ins, out)
-        if self.channels_last:     # the portable NCHW kernels between two transposes
-            acc = np.empty(out.shape[:1] + (out.shape[3],) + out.shape[1:3], np.int32)
-            self._portable(moved(ins[0], to_last=False), acc)
-            move_into(acc, out)
-            return
-        self._portable(ins[0], out)
+            return self.simd_calls(x, out)
+        if not self.channels_last:
+            return self.portable_calls(x, out)
+        from .kernels_fp32 import transpose_call
+        n, h, w, c = x.shape
+        o = out.shape[3]
+        image = self.scratch("nchw", (n, c, h, w), x.dtype)
+        acc = self.scratch("acc", (n, o, *out.shape[1:3]), np.int32)
+        return [transpose_call(x.reshape(n, h * w, c), image.reshape(n, c, h * w)),
+                *self.portable_calls(image, acc),
+                transpose_call(acc.reshape(n, o, -1), out.reshape(n, -1, o))]
 
-    def _portable(self, x, out):
-        for kernel, args in self.portable_calls(np.ascontiguousarray(x), out):
+    def unsigned_calls(self, x) -> tuple:
+        """(the batch ``x`` (C-contiguous, in the site's layout) channel-last as the unsigned
+        bytes the SIMD GEMM reads, the calls making it): ``x`` itself where it is that, else
+        the site's scratch image (int8 + 128 as a byte is its bits with the top one
+        flipped)."""
+        if self.channels_last:
+            if not self.shift:
+                return x, []
+            flat = x.view(np.uint8).reshape(-1)
+            image = self.scratch("image", x.shape, np.uint8)
+            return image, [(sized(self.k8.flip_top_bits, flat.size), (flat, image.reshape(-1)))]
+        n, c = x.shape[:2]
+        image = self.scratch("image", (n, *x.shape[2:], c), np.uint8)
+        if not self.shift:          # unsigned already: moved as it is
+            from .kernels_fp32 import transpose_call
+            return image, [transpose_call(x.reshape(n, c, -1), image.reshape(n, -1, c))]
+        return image, [(self.k8.to_hwc, (x[b], self.shift, image[b])) for b in range(n)]
+
+    def nhwc(self, x: np.ndarray) -> np.ndarray:
+        """``unsigned_calls``' image, its calls made."""
+        image, calls = self.unsigned_calls(np.ascontiguousarray(x))
+        for kernel, args in calls:
             kernel(*args)
+        return image
+
+    def simd_calls(self, x, out) -> list:
+        """The SIMD path's calls: the batch made unsigned and channel-last where it is not
+        (the site's scratch image), then per image its windows gathered into pixel rows (a 1x1
+        layer with stride 1 and no padding reads the image itself), their GEMM, and the sums
+        less the zero points' correction written into ``out`` in the site's layout."""
+        n = x.shape[0]
+        image, calls = self.unsigned_calls(x)
+        h, w, c = image.shape[1:]
+        oh, ow = self.out_hw
+        o = out.shape[3] if self.channels_last else out.shape[1]
+        reads_image = self.pointwise and c == self.kp
+        rows = None if reads_image else self.scratch("rows", (oh * ow, self.kp), np.uint8)
+        acc = self.scratch("sums", (oh * ow, self.packed.shape[0] * self.simd.BLOCK),
+                           np.int32)
+        for b in range(n):
+            if not reads_image:
+                calls.append((self.simd.windows, (
+                    image[b], self.kh, self.kw, self.sh, self.sw, self.pt, self.pl, self.dh,
+                    self.dw, self.zx + self.shift, ow, rows)))
+            calls.append(self.simd.gemm_call(image[b].reshape(h * w, c) if reads_image
+                                             else rows, self.packed, acc))
+            calls.append((self.k8.finish_rows, (acc, self.correction, out[b].reshape(-1, o)))
+                         if self.channels_last else
+                         (self.k8.finish_gemm, (acc, self.correction, out[b].reshape(o, -1))))
+        return calls
 
     def portable_calls(self, x, out) -> list:
         """The portable kernels' calls on an NCHW batch x into the int32 sums out (N, O, oh,
@@ -167,55 +243,6 @@ class QConv2D(Binding):
                           (self.k8.gemm_i8, (self.w[gi], self.zw[gi], col, np.int32(self.zx),
                                              out[b, gi * og:(gi + 1) * og].reshape(og, -1)))]
         return calls
-
-    def nhwc(self, x: np.ndarray) -> np.ndarray:
-        """A batch (N, C, H, W), or (N, H, W, C) at an NHWC call site, channel-last as the
-        unsigned bytes the SIMD GEMM reads."""
-        if self.channels_last:       # int8 + 128 as a byte is its bits with the top one flipped
-            return np.bitwise_xor(x.view(np.uint8), np.uint8(0x80)) if self.shift else x
-        n, c, h, w = x.shape
-        nhwc = self.scratch("image", (n, h, w, c), np.uint8)
-        if self.shift:
-            for b in range(n):
-                self.k8.to_hwc(x[b], self.shift, nhwc[b])
-            return nhwc
-        return moved(x, out=nhwc)        # uint8 already: moved as it is
-
-    def hwc(self, x_b: np.ndarray) -> np.ndarray:
-        """One image (C, H, W), or (H, W, C) at an NHWC call site (``nhwc``)."""
-        return self.nhwc(x_b[None])[0]
-
-    def rows(self, x_b: np.ndarray) -> np.ndarray:
-        """One image (C, H, W), or (H, W, C) at an NHWC call site, as the GEMM's left operand:
-        (oh*ow, Kp) uint8 pixel rows in (tap, channel) order. A 1x1 convolution with stride 1
-        and no padding reads the channel-last image itself."""
-        hwc = self.hwc(x_b)
-        h, w, c = hwc.shape
-        if self.pointwise and c == self.kp:
-            return hwc.reshape(h * w, c)
-        oh, ow = self.out_hw
-        rows = np.empty((oh * ow, self.kp), np.uint8)
-        self.simd.windows(hwc, self.kh, self.kw, self.sh, self.sw, self.pt, self.pl, self.dh,
-                          self.dw, self.zx + self.shift, ow, rows)
-        return rows
-
-    def gemm(self, x_b: np.ndarray) -> np.ndarray:
-        """(oh*ow, O) int32: the SIMD product, before the zero-point correction."""
-        rows = self.rows(x_b)
-        acc = np.empty((rows.shape[0], self.packed.shape[0] * self.simd.BLOCK), np.int32)
-        self.simd.gemm_parallel(rows, self.packed, acc)
-        return acc
-
-    def _simd(self, ins, out):
-        x = ins[0]
-        if self.channels_last:
-            o = out.shape[3]
-            for b in range(x.shape[0]):
-                out[b].reshape(-1, o)[...] = self.gemm(x[b])[:, :o] - self.correction
-            return
-        o = out.shape[1]
-        for b in range(x.shape[0]):
-            self.k8.finish_gemm(self.gemm(x[b]), self.correction, out[b].reshape(o, -1))
 
     @property
     def path(self) -> str | None:
@@ -252,7 +279,7 @@ class QClip(Binding):
                               out.reshape(self.shape3))
 
 
-class QDense(Binding):
+class QDense(_Launches):
     """qnn.dense: (N, K) int8/uint8 times (units, K) int8 weights, int32 out, zero points
     folded in: the SIMD GEMM (rows of unsigned bytes, as for convolutions) when the CPU has
     one, the weights' zero points are 0, the units a multiple of its block (or padded) and
@@ -288,30 +315,25 @@ class QDense(Binding):
                 in_types[1].dtype == "int8" and in_types[0].dtype in ("int8", "uint8") and
                 out_type.dtype == "int32" and len(in_types[0].shape) >= 2)
 
-    def __call__(self, ins, out):
-        if ins[0].ndim > 2:     # (..., K): the rows of a 2-D product
-            ins, out = [np.ascontiguousarray(ins[0]).reshape(-1, ins[0].shape[-1]),
-                        *ins[1:]], out.reshape(-1, out.shape[-1])
-        if self.simd is not None:
-            x = ins[0]
-            rows = np.zeros((x.shape[0], self.kp), np.uint8)
-            rows[:, :x.shape[1]] = x.astype(np.int16) + self.shift
-            width = self.packed.shape[0] * self.simd.BLOCK
-            acc = out if width == out.shape[1] else np.empty((x.shape[0], width), np.int32)
-            self.simd.gemm_parallel(rows, self.packed, acc)
-            if acc is not out:
-                out[...] = acc[:, :out.shape[1]]
-            out -= self.correction
-            return
-        self.call_contiguous(ins, out)
-
-    def kernel_call(self, ins, out):
-        """the dot products (``dense_i8``), where no SIMD GEMM takes the layer"""
-        if self.simd is not None or not (ins[0].flags.c_contiguous and out.flags.c_contiguous):
-            return None
-        k = ins[0].shape[-1]
-        return self.k8.dense_i8, (ins[0].reshape(-1, k), self.zx, self.w, self.zw,
-                                  self.shifted, out.reshape(-1, out.shape[-1]))
+    def calls(self, x, out) -> list:
+        """The calls on the rows of ``x`` (..., K) into ``out`` (..., units): on a SIMD path
+        the rows made unsigned and padded to the packed depth, their GEMM (into ``out`` where
+        the blocks cover the units exactly) and the correction for the zero points
+        subtracted; else the dot products (``dense_i8``)."""
+        k = x.shape[-1]
+        x, out = x.reshape(-1, k), out.reshape(-1, out.shape[-1])
+        if self.simd is None:
+            return [(self.k8.dense_i8, (x, self.zx, self.w, self.zw, self.shifted, out))]
+        calls = []
+        rows = x
+        if self.shift or k != self.kp:
+            rows = self.scratch("rows", (x.shape[0], self.kp), np.uint8)
+            calls.append((self.k8.shifted_rows, (x, self.shift, rows)))
+        width = self.packed.shape[0] * self.simd.BLOCK
+        acc = out if width == out.shape[1] else self.scratch("sums", (x.shape[0], width),
+                                                             np.int32)
+        return calls + [self.simd.gemm_call(rows, self.packed, acc),
+                        (self.k8.finish_rows, (acc, self.correction, out))]
 
     @property
     def path(self) -> str | None:

@@ -244,6 +244,31 @@ def finish_gemm(thread, threads, args):
 
 
 @parallel
+def finish_rows(thread, threads, args):
+    """acc: (P, O') int32 from a SIMD GEMM (O' >= O: padded channels are ignored) -> out:
+    (P, O), minus the per-channel correction (``finish_gemm`` in row order)."""
+    acc, correction, out = args
+    o_n = out.shape[1]
+    for p in range(*share(out.shape[0], thread, threads)):
+        for o in range(o_n):
+            out[p, o] = acc[p, o] - correction[o]
+
+
+@parallel
+def shifted_rows(thread, threads, args):
+    """x: (P, K) 8-bit -> rows: (P, Kp) uint8 (Kp >= K), each value plus ``shift`` (128 turns
+    int8 into the unsigned bytes vpdpbusd reads), the padding columns 0 (a GEMM's left
+    operand)."""
+    x, shift, rows = args
+    k_n, kp = x.shape[1], rows.shape[1]
+    for p in range(*share(x.shape[0], thread, threads)):
+        for k in range(k_n):
+            rows[p, k] = np.uint8(np.int32(x[p, k]) + shift)
+        for k in range(k_n, kp):
+            rows[p, k] = 0
+
+
+@parallel
 def requantize_channels(thread, threads, args):
     """q, out: (N, C, P); one multiplier and shift per channel C (per-channel scales)."""
     q, zin, multipliers, shifts, zout, lo, hi, out = args

@@ -247,14 +247,18 @@ def gemm_kernel(owner: str, define, load: bool, block: int, panel: int, lanes: i
 
 
 def bound_gemms(kernel: tuple) -> tuple:
-    """(gemm, gemm_parallel) of ``kernel`` (``gemm_kernel``'s): ``multiply`` and
-    ``multiply_parallel`` with it bound, as each path module gives them."""
+    """(gemm, gemm_parallel, gemm_call) of ``kernel`` (``gemm_kernel``'s): ``multiply`` and
+    ``multiply_parallel`` with it bound, and the latter's launch as (kernel, args), as each
+    path module gives them."""
     def gemm(a_u8, packed, out, p0=0, p1=-1, ob0=0, ob1=-1):
         multiply(kernel, a_u8, packed, out, p0, p1, ob0, ob1)
 
+    def gemm_call(a_u8, packed, out) -> tuple:
+        return multiply_parallel, (kernel, a_u8, packed, out)
+
     def gemm_parallel(a_u8, packed, out):
         multiply_parallel(kernel, a_u8, packed, out)
-    return gemm, gemm_parallel
+    return gemm, gemm_parallel, gemm_call
 
 
 _gemm_at = gemm_at("i8")                       # (the drivers' calls of a kernel's GEMMs)
@@ -310,7 +314,7 @@ def conv_kernel_of(kernel: tuple):
 class Path:
     """A row of ``WIDTHS`` as the bindings take a SIMD path (the interface of a GEMM module:
     ``BLOCK``, ``ROWS``, ``PADS``, ``available``, ``pack``, ``conv_kernel``, ``gemm``,
-    ``gemm_parallel``, ``windows``, ``requantize_params``, ``conv_requantize``); its GEMMs
+    ``gemm_parallel``, ``gemm_call``, ``windows``, ``requantize_params``, ``conv_requantize``); its GEMMs
     compiled at first use (``KERNEL``: ``gemm_kernel``'s), only where the CPU runs them."""
 
     PADS = True     # any number of output channels: the last block is padded with zeros
@@ -350,6 +354,10 @@ class Path:
     def gemm_parallel(self, a_u8, packed, out):
         multiply_parallel(self.KERNEL, a_u8, packed, out)
 
+    def gemm_call(self, a_u8, packed, out) -> tuple:
+        """``gemm_parallel``'s launch: (kernel, args)."""
+        return multiply_parallel, (self.KERNEL, a_u8, packed, out)
+
     def conv_kernel(self, w: np.ndarray, kp: int, name: str = "") -> tuple:
         return conv_kernel_of(self.KERNEL)(w, kp)
 
@@ -363,7 +371,7 @@ BLOCK, ROWS, LANES, PANEL, MASKED, PADS = (_WIDE.BLOCK, _WIDE.ROWS, _WIDE.LANES,
                                            _WIDE.MASKED, _WIDE.PADS)
 available, pack = _WIDE.available, _WIDE.pack
 KERNEL = _WIDE.KERNEL
-gemm, gemm_parallel = bound_gemms(KERNEL)
+gemm, gemm_parallel, gemm_call = bound_gemms(KERNEL)
 conv_kernel = conv_kernel_of(KERNEL)
 
 
