@@ -690,11 +690,10 @@ class FusedQConv2D(Binding):
         is (channel-last, and unsigned on a SIMD path); at an NCHW site on a SIMD path, the
         moves in and out bound with it (``bindings.nchw_calls``)."""
         c = self.conv
-        if self.channels_last and c.simd is not None and not c.shift:
-            return bound(*self._simd_call(ins[0], out))
-        if self.channels_last and c.simd is not None and ins[0].flags.c_contiguous:
-            flip, image = self._unsigned(ins[0])
-            return in_order([flip, bound(*self._simd_call(image, out))])
+        if self.channels_last and c.simd is not None and (ins[0].flags.c_contiguous or
+                                                          not c.shift):
+            image, calls = c.unsigned_calls(ins[0])
+            return in_order([bound(*call) for call in [*calls, self._simd_call(image, out)]])
         if self.channels_last and c.depthwise and ins[0].flags.c_contiguous:
             return in_order([bound(*call) for call in self._depthwise_calls(ins[0], out)])
         if c.simd is None and not (self.channels_last and c.depthwise) and \
@@ -739,13 +738,6 @@ class FusedQConv2D(Binding):
         """Each signed image (C, H, W) of ``x`` made unsigned as it moves channel-last into
         ``image`` (``to_hwc``, as ``c.nhwc``): the calls."""
         return [(self.k8.to_hwc, (x[b], self.conv.shift, image[b])) for b in range(x.shape[0])]
-
-    def _unsigned(self, x):
-        """(the bound launch moving the signed channel-last bytes ``x``, contiguous, to
-        unsigned into the site's image, as ``c.nhwc`` does; the image)."""
-        flat = x.view(np.uint8).reshape(-1)
-        image = self.scratch("image", x.shape, np.uint8)
-        return bound(sized(self.k8.flip_top_bits, flat.size), (flat, image.reshape(-1))), image
 
     def __call__(self, ins, out):
         c = self.conv
@@ -809,11 +801,10 @@ class FusedQConv2DAdd(FusedQConv2D):
 
     def prepare(self, ins, out):
         c = self.conv
-        if self.in_tile and not c.shift:
-            return bound(*self._simd_call(ins[0], out, ins[11]))
-        if self.in_tile and ins[0].flags.c_contiguous:
-            flip, image = self._unsigned(ins[0])
-            return in_order([flip, bound(*self._simd_call(image, out, ins[11]))])
+        if self.in_tile and (ins[0].flags.c_contiguous or not c.shift):
+            image, calls = c.unsigned_calls(ins[0])
+            return in_order([bound(*call) for call in
+                             [*calls, self._simd_call(image, out, ins[11])]])
         # the convolution's launches into out, then the sum's in place (where either has
         # none, its fallback would call this binding: not taken)
         calls = [FusedQConv2D.prepare(self, ins[:11], out), self.add.prepare([out, ins[11]], out)]
