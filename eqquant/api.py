@@ -198,8 +198,8 @@ def load(source: Any, params: str | Path | Mapping | None = None,
 
 def calibration_samples(data: Any, model: Model) -> list[dict[str, np.ndarray]]:
     """Calibration data as a list of input dicts: an ``.npz`` path or a dict of arrays
-    (stacked on a leading sample axis, keyed by input name), or an iterable of input arrays
-    or of dicts."""
+    (stacked on a leading sample axis, keyed by input name; arrays of the inputs' own ranks
+    are one sample), or an iterable of input arrays or of dicts."""
     if isinstance(data, (str, Path)):
         from .ir.params import load_params
         try:
@@ -220,6 +220,10 @@ def _samples(data: Any, model: Model) -> list[dict[str, np.ndarray]]:
                                f"the model does not take (its inputs: {', '.join(names)})")
         if missing:
             raise EqquantError(f"calibration data has no array for {', '.join(missing)}")
+        shapes = model.inputs
+        if all(np.ndim(data[n]) == len(shapes[n][0]) for n in names):
+            # each array of the input's own rank: one sample (as `eqquant run -x` takes it)
+            return [{n: np.asarray(data[n]) for n in names}]
         counts = {len(data[n]) for n in names}
         if len(counts) != 1:
             raise EqquantError(f"the calibration arrays have different numbers of samples: "

@@ -391,7 +391,7 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
               help="Weights (.npz) of a text-IR MODEL; default: the .npz beside it, if any.")
 @click.option("--calib", "calib", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Calibration set: .npz of arrays keyed by input name, stacked on a "
-                   "leading sample axis.")
+                   "leading sample axis (arrays of the inputs' own ranks: one sample).")
 @click.option("--mode", type=click.Choice(["kl_divergence", "minmax", "percentile",
                                           "global_scale"]),
               default="kl_divergence", show_default=True)
@@ -540,7 +540,7 @@ def _parse_shapes(specs) -> dict[str, tuple[int, ...]]:
               help="Fix an input's shape (for symbolic dimensions); repeatable.")
 @click.option("--params", "-p", type=click.Path(dir_okay=False, path_type=Path),
               help="The constants of a TVMScript MODEL (.npz keyed "
-                   "metadata[\"relax.expr.Constant\"][i]); default: the .npz beside it.")
+                   "`metadata[\"relax.expr.Constant\"][i]`); default: the .npz beside it.")
 def import_cmd(model, out_dir, shapes, params):
     """Import an ONNX model, or a TVMScript module (.py, .tvmscript), as text IR + params."""
     from ..interop.onnx_import import import_onnx

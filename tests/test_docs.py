@@ -1,0 +1,80 @@
+"""The front page and the manual: the README stays a front page (at most 150 lines), its quick
+start's commands and Python run as written, every page the manual's navigation names exists,
+and the manual builds with ``mkdocs build --strict`` (no broken link, no missing reference)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README.read_text(), re.S)
+
+
+def test_the_readme_is_a_front_page():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 150
+    for section in ("## Set-up", "## Quick start", "## The manual"):
+        assert section in text
+    # the two set-up commands: install and run the main job; run the tests
+    setup = _blocks("sh")[:2]
+    assert "pip install" in setup[0] and "eqquant demo" in setup[0]
+    assert "pytest -n 2" in setup[1]
+
+
+def test_the_manual_names_only_pages_it_has():
+    nav = re.findall(r":\s*([\w-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    assert nav and sorted(nav) == pages
+
+
+@pytest.mark.skipif(not (ROOT / "rules").is_dir(), reason="needs the source tree's rules/")
+def test_the_quick_start_runs_as_written(tmp_path):
+    """Each command of the README's quick start, in a fresh folder (``$E`` the installed
+    eqquant), then its Python: each succeeds and writes what it says."""
+    quick = _blocks("sh")[2]
+    eqquant = shutil.which("eqquant", path=str(Path(sys.executable).parent))
+    assert eqquant is not None
+    (tmp_path / "rules").symlink_to(ROOT / "rules")
+    script = quick.replace("\\\n", " ")
+    lines = [ln.split("  #")[0].strip() for ln in script.splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith("E=")]
+    assert len(lines) >= 6
+    env = {**os.environ, "E": eqquant, "EQQUANT_CACHE_DIR": str(tmp_path / "cache")}
+    for line in lines:
+        done = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, (line, done.stdout[-2000:], done.stderr[-2000:])
+    for made in ("work/resnet18.ir", "work/resnet18.opt.ir", "work/resnet18.int8.ir",
+                 "work/lib/plan.json"):
+        assert (tmp_path / made).exists(), made
+    python = _blocks("python")[0]
+    done = subprocess.run([sys.executable, "-c", python], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "SQNR" in done.stdout
+
+
+def test_the_manual_builds_strictly(tmp_path):
+    """``mkdocs build --strict``: every page, the API reference from the docstrings and the
+    command reference from the click commands (the ``docs`` extra; CI installs it)."""
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q",
+                           "-f", str(ROOT / "mkdocs.yml"), "-d", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    cli = (tmp_path / "site" / "cli" / "index.html").read_text()
+    for command in ("compile", "quantize", "run", "rules", "extract", "import"):
+        assert f'id="{command}"' in cli
+    api = (tmp_path / "site" / "python-api" / "index.html").read_text()
+    assert "eqquant.api.quantize" in api
