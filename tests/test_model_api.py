@@ -77,6 +77,15 @@ def test_quantize_from_every_kind_of_calibration_data(tmp_path, seed_model):
         eqquant.quantize(model, {"data": stacked, "extra": stacked})
     with pytest.raises(EqquantError, match="ambiguous"):
         eqquant.quantize(model, stacked)
+    # arrays of the input's own rank (an `eqquant run -x` input, the zoo's sample): one
+    # sample, the same calibration as that sample in a list
+    from eqquant.api import calibration_samples
+    np.savez(tmp_path / "one.npz", data=stacked[2])
+    one = calibration_samples(tmp_path / "one.npz", model)
+    assert len(one) == 1 and one[0]["data"].shape == (1, 3, 32, 32)
+    np.testing.assert_array_equal(
+        eqquant.quantize(model, tmp_path / "one.npz", mode="minmax").run(x),
+        eqquant.quantize(model, [stacked[2]], mode="minmax").run(x))
     with pytest.raises(EqquantError, match="empty"):
         eqquant.quantize(model, [])
 
