@@ -164,11 +164,8 @@ class Library:
         their pages are found as the first run reads them; those it writes (activations,
         inputs, scratch, counters) in one region of memory asked for huge pages, the
         stored ones copied in, all touched now, so that a run's first write to a page
-        (a fault; for a stored page, a copy) is not paid at the first run. Resnet18 fp32
-        on the Xeon: loading 3.5 ms and a first run of 15.5 ms, against 1.7 and 18.3 with
-        every root mapped or made empty (the CPU kept busy first: a process's first
-        inference after an idle moment took 30-60 ms either way, the machine waking).
-        Each root keeps its address modulo ``phase`` (the kernels' alignment)."""
+        (a fault; for a stored page, a copy) is not paid at the first run: loading
+        costs a little more, the first run less (docs/measurements.md). Each root keeps its address modulo ``phase`` (the kernels' alignment)."""
         data = None
         if any(e["at"] is not None for e in entries) and path.stat().st_size:
             data = np.memmap(path, np.uint8, mode="c")

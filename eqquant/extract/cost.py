@@ -11,9 +11,8 @@ is a constant subexpression costs nothing (it is folded at compile time), and so
   time the kernels, so they live with them).
 - ``cpu``: a roofline-style latency estimate: arithmetic at a peak that depends on the dtype,
   plus the bytes the op reads and writes at memory bandwidth. The int8 peak is 2.4x the fp32
-  one: what eqquant's own kernels measured on a VNNI machine (``bench/int8_factor.py``:
-  resnet18's convolutions 45-47 ms in fp32 and 19-20 ms as fused int8 convolutions, a factor
-  of 2.3-2.4; run it to see this machine's). The factor follows the kernels as they improve.
+  one: what eqquant's own kernels measured on a VNNI machine (``bench/int8_factor.py``; run
+  it to see this machine's). The factor follows the kernels as they improve.
   An op whose kernels read channel-last data at a call site (``channels_last`` in its
   registry entry) pays the transposes of its input and output at any other layout, and one
   whose kernels do not pays them at a channel-last call site.

@@ -32,8 +32,8 @@ from ..errors import EqquantError
 
 STAMP_PREFIX = "// eqquant params "   # the first line of a saved program: + its weights' stamp
 # the stamp's kinds: a digest of the .npz's member list (each member's name, CRC-32 and sizes,
-# from the zip's central directory: read in microseconds, where hashing resnet18's 45 MB of
-# weights took 45 ms of every load), and, for programs saved before it, of the whole file
+# from the zip's central directory: read without reading the weights, which hashing would
+# do at every load), and, for programs saved before it, of the whole file
 ZIP, WHOLE = "zip-blake2b", "blake2b"
 
 

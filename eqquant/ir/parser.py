@@ -71,7 +71,7 @@ def _lark(positions: bool = True) -> Lark:
     from each construct's first token)."""
     text = grammar_path("ir.lark").read_text()
     # cache=True: Lark keeps the analysed grammar in a file of the temp folder (keyed by the
-    # grammar's digest and the options), so a new process builds its parser in ~10 ms, not 300
+    # grammar's digest and the options), so a new process does not analyse the grammar again
     return Lark(text, parser="lalr", start=["start", "type"], propagate_positions=positions,
                 maybe_placeholders=True, lexer_callbacks={"BLOCK_COMMENT": _SINK}, cache=True)
 

@@ -9,8 +9,8 @@ One thread pool runs every kernel, entered the same way by each (``launch.py``: 
 one thread's share, compiled into a C entry, and one parallel loop runs them all; the AVX2
 int8 drivers keep a loop of their own): Numba's OpenMP workers, which spin a moment after each
 parallel region before they sleep (libgomp's default), so the next op of a program finds
-them awake: a pool told to sleep at once (``OMP_WAIT_POLICY=PASSIVE``) cost 30-60 us per op,
-a quarter of resnet18's int8 time and half of MobileNet-v2's. Only where float convolutions
+them awake: a pool told to sleep at once (``OMP_WAIT_POLICY=PASSIVE``) pays a wake-up per
+op, a large share of a small int8 model's time. Only where float convolutions
 run on numpy's BLAS (a CPU without AVX2 and FMA, or ``EQQUANT_FP32_KERNEL=blas``), whose
 OpenBLAS threads fight spinning OpenMP ones for the cores, are the OpenMP threads told to
 sleep when idle. A policy the user set is kept either way.

@@ -38,8 +38,7 @@ def entry_point(kernel, args: tuple):
 def bound(kernel, args: tuple):
     """``kernel(*args)`` as a call with no arguments, ``kernel`` a Numba function: its
     compiled entry point for these arguments' types, called straight. Through the
-    dispatcher, a call first types each argument and looks the overload up: 0.3-0.6 us for
-    a convolution's 18 arguments, at every run. The arrays are bound, so their types cannot
+    dispatcher, a call first types each argument and looks the overload up, at every run. The arrays are bound, so their types cannot
     change under the entry point. A kernel that is not a Numba function binds itself (its
     ``bind``): a ``launch.parallel`` kernel writes its argument block once, a
     ``launch.Driver`` makes its plan once, ``avx2.conv_requantize_bytes`` binds its two
@@ -730,7 +729,7 @@ class Binary(Binding):
     def kernel_call(self, ins, out):
         """Operands of one shape, or a per-channel one with one value per channel (a
         classifier's bias): one elementwise loop over the contiguous values (taken as a
-        channel's loop of one value, the bias of 1000 units took 18 us)."""
+        channel's loop of one value each, a classifier's bias was many times slower)."""
         a, b = ins
         per = a if self.swap else b            # the per-channel operand
         flat = self.same or (self.channel and per.size == out.size)

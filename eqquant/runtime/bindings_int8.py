@@ -286,8 +286,7 @@ class QDense(_Launches):
     the batch fills the GEMM's tile of rows; else one dot product along K per output
     (``dense_i8``). A batch of fewer rows than the tile (a classifier at batch 1) left
     the tile mostly idle and read the AVX2 kernel's 16-bit panels, twice the weights' bytes:
-    on an AVX2 Zen 3, 1x1280 by 1000 units with the weights in memory took 190-250 us in
-    the GEMM against 95-100 in the dot products."""
+    about twice the dot products' time."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
@@ -634,8 +633,8 @@ class FusedQConv2D(Binding):
                 self.hi)
         if c.simd is not None:
             self.params = c.simd.requantize_params(self.bias, c.correction, *args, c.kp)
-            # the kernel's arguments that are the same at every call (a conv's ~2 us of
-            # Python around its kernel was 5% of MobileNet-v2's int8 run)
+            # the kernel's arguments that are the same at every call (a conv's Python around
+            # its kernel was a visible share of MobileNet-v2's int8 run)
             self.fixed_args = (c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, c.dh, c.dw, c.zx + c.shift,
                                *c.out_hw, c.packed, *c.more_args, self.params, self.lo,
                                self.hi)
@@ -889,8 +888,8 @@ class GlobalAverage(Binding):
                 all(_const_scalar(consts, i) is not None for i in (1, 2, 3, 4)))
 
     def kernel_call(self, ins, out):
-        """Channel-last, the image read as it is (through this binding and Numba's
-        dispatcher, MobileNet-v2's 7 x 7 x 1280 average took 35 us, bound 16); NCHW goes
+        """Channel-last, the image read as it is (bound, half the time of a call through
+        this binding and Numba's dispatcher); NCHW goes
         through a transpose (``__call__``)."""
         x = ins[0]
         if not (self.nhwc and x.flags.c_contiguous):

@@ -49,10 +49,8 @@ TAP_MAX = 2**15 - 1   # the integer taps' bound: the sweep multiplies them as in
 # The output lines of the pixel WRITE_AHEAD pixels on are asked for (for writing) as a
 # pixel's sums are stored. A convolution's output lies in a block of the executor's pool
 # that other values held since, its lines in no cache or in the other core's: each store
-# waited for its line. MobileNet-v2 fp32 (Intel Xeon, 2 threads), in the model's run: the
-# 56 x 56 x 144 layer 176 -> 117 us, 112 x 112 x 32 145 -> 110, 14 x 14 x 384 40 -> 30
-# (run twice in a row, where its lines are in cache: 110, 107 and 22 us); int8 0.93-0.97x
-# (8 pixels ahead: 0.75-0.87x the fp32 time, 32: as 16).
+# waited for its line. 16 pixels ahead was the best distance measured (8 and 32 were
+# no better) on MobileNet-v2's layers in the model's run.
 WRITE_AHEAD = 16
 UNROLLED = 3  # a 3 x 3 kernel with its three rows inside the image: the taps unrolled
 # two taps' 16 channels interleaved, channel by channel (the second tap's lanes numbered

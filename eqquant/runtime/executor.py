@@ -204,8 +204,8 @@ class Executor:
     def _prepare(self) -> None:
         """Bind each step whose operands are the same arrays at every run (constants, planned
         buffers, views of them) to those arrays once (``Binding.prepare``): a plain run then
-        calls it with no arguments. Gathering a step's operands and a binding's Python around
-        its kernel took 2-3 us a step, 5% of MobileNet-v2's int8 run. Bound again when the
+        calls it with no arguments: gathering a step's operands and a binding's Python around
+        its kernel at every run was a visible share of a small model's time. Bound again when the
         thread pool's size has changed (a convolution's work split is bound with it)."""
         from .bindings import threads
         self._threads = threads()

@@ -202,11 +202,9 @@ def _max(a, b):
     The NCHW pool keeps its running maxima in two buffers, each tap's written into the other
     one: kept in place (``acc[i] = _max(acc[i], src[i])``), acc[i] is stored back where it
     is the larger, and LLVM makes that a store of src[i] only where src[i] is larger, a masked
-    store (``vmaskmovps``), microcoded on an AMD EPYC (Zen 3). resnet18's float 3 x 3 pool
-    of a 112 x 112 x 64 image: channel-last 470-480 us, 120-130 between two buffers (65 in
-    registers, ``pool_simd``, which emits these two selects); NCHW 4,250, 460-500
-    (``_max_into``). Integers take ``vpmaxub``, no masked store; their NCHW pool also went
-    from 1,330 to 400 us."""
+    store (``vmaskmovps``), microcoded on an AMD EPYC (Zen 3): between two buffers the pool
+    ran several times faster (and faster still in registers, ``pool_simd``, which emits these
+    two selects). Integers take ``vpmaxub``, no masked store; their NCHW pool gained too."""
     m = b if b > a else a
     return b if b != b else m
 
@@ -215,10 +213,9 @@ def _max(a, b):
 def _max_into(dst, a, b):
     """dst = the elementwise ``_max`` of a and b (dst another buffer than a): the NCHW pool's
     step on its own planes and rows. Written in the pool's body instead, the same loop on
-    the same views took 8x as long (3.9-4.3 ms against 0.46-0.50 for the pool above; not
-    understood). (Called with a view of an image all threads read, it counts references to
-    it, a counter the threads contend for: a channel-last pool that did took 3.2 ms against
-    0.13.)"""
+    the same views took several times as long (not understood). (Called with a view of an
+    image all threads read, it counts references to it, a counter the threads contend for:
+    a channel-last pool that did ran many times slower.)"""
     for i in range(dst.size):
         dst[i] = _max(a[i], b[i])
 
@@ -601,8 +598,7 @@ def _columns(t, spans, width, b):
 @parallel
 def _interleave_rows(thread, threads, args):
     """``transpose_planes`` of three rows: interleaved along runs of 1024 columns with the
-    stride a literal 3, which LLVM vectorises (tiles' inner loop of 3 did not: 0.11 ms for a
-    224 x 224 image)."""
+    stride a literal 3, which LLVM vectorises (tiles' inner loop of 3 did not)."""
     src, dst = args
     planes, _, b = src.shape
     runs = (b + 1023) // 1024

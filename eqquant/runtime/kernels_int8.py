@@ -87,7 +87,7 @@ def dense_i8(thread, threads, args):
 def _dot_i32(a, b):
     """sum(a * b) wrapped to int32 at every step: held to 32 bits, LLVM's vectorized
     reduction multiplies 16-bit pairs (vpmaddwd; vpdpwssd with VNNI). Summed in int64, as
-    Numba types a product of two int32, it took vpmulld: 2048x2048 0.10 -> 0.045 ms."""
+    Numba types a product of two int32, it took vpmulld, about twice as slow."""
     acc = np.int32(0)
     for k in range(a.shape[0]):
         acc = np.int32(acc + np.int32(a[k]) * np.int32(b[k]))
@@ -155,8 +155,7 @@ def quantize_narrow(thread, threads, args):
     (those bounds and r are integers, exactly represented), converted to int32 and zero
     added; where r has no int64 value (not below 2^63 in magnitude: NaN too),
     ``unconvertible`` (``quantize_unconvertible``). AVX2 has no conversion of floats to
-    int64, and ``quantize`` converted one lane at a time: resnet18's input (1 x 3 x 224 x
-    224) took 72 us on two threads, 42 in this form (AMD EPYC, Zen 3)."""
+    int64, and ``quantize`` converted one lane at a time, this form a vector at a time."""
     x, scale, zero, lo, hi, unconvertible, out = args
     flo, fhi = np.float32(lo - zero), np.float32(hi - zero)
     z = np.int32(zero)
@@ -383,8 +382,7 @@ def add_tile(out, res, p0, n, c0, c1, add, lo, hi):
     a fused convolution (fused.qconv2d_add), taken on each work item's tile as it is
     finished, while it is in cache. A tile of whole rows is summed as one run of n * O
     values: row by row, LLVM's loop (32 lanes a step) left MobileNet-v2's rows of 24
-    channels to its scalar remainder (3,136 x 24 values: 35 -> 20 us on an AMD EPYC, Zen
-    3)."""
+    channels to its scalar remainder."""
     za, zb, ah, al, bh, bl = add[0], add[1], add[2], add[3], add[4], add[5]
     c = np.int32((1 << (_ONCE_SHIFT - 1)) + (add[6] << _ONCE_SHIFT))
     lo32, hi32 = np.int32(lo), np.int32(hi)

@@ -54,9 +54,9 @@ from .serial import twin
 
 def threads() -> int:
     """The thread pool's size now (``numba.get_num_threads()``; ``numba.set_num_threads`` may
-    change it between two calls): once Numba has launched its pool, read straight from it
-    (0.14 us), as Numba's public getter takes two locks first (0.7 us, at every convolution
-    call); before, the size it will have."""
+    change it between two calls): once Numba has launched its pool, read straight from it,
+    as Numba's public getter takes two locks first (at every convolution call); before, the
+    size it will have."""
     read = getattr(_pool, "_get_num_threads", None)   # (set when the pool is launched)
     count = read() if read is not None else 0
     if count > 0:
@@ -135,8 +135,8 @@ def _plan(layout: tuple, where: str) -> tuple:
 
 
 def _address(a: np.ndarray) -> int:
-    """The address of an array's data (through ctypes' view of its buffer, 0.25 us, where
-    ``a.ctypes.data`` takes 0.75; read-only, empty or strided arrays take the latter)."""
+    """The address of an array's data (through ctypes' view of its buffer, a third of the
+    time ``a.ctypes.data`` takes; read-only, empty or strided arrays take the latter)."""
     try:
         return ctypes.addressof(ctypes.c_char.from_buffer(a))
     except (TypeError, ValueError, BufferError):

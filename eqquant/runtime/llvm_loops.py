@@ -354,10 +354,10 @@ def copy_runs_intrinsic():
     makes a vector move or two: a loop of Numba's copying a few dozen bytes (a 7 x 7 stem's
     kernel row of 3 channels) was vectorised for 64 bytes a step and ran in its scalar
     remainder; the choice in the loop made MobileNet-v2's 3 x 3 stem's gather 1.3x as long;
-    one loop with the size a variable made every move a memcpy call (a 28 x 28 x 1 3 x 3
-    gather 12-18 -> 22-32 us). Emitted as LLVM IR: written as Numba functions inlined
-    into one another, the eight loops took 0.8 s of the gather's compiling, with an empty
-    cache (Numba copies a function's IR for each place it inlines it)."""
+    one loop with the size a variable made every move a memcpy call (about twice as long).
+    Emitted as LLVM IR: written as Numba functions inlined into one another, the eight
+    loops made most of the gather's compiling with an empty cache (Numba copies a
+    function's IR for each place it inlines it)."""
     from numba import types
     from numba.core import cgutils
     from numba.extending import intrinsic

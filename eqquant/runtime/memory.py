@@ -40,10 +40,9 @@ def panels(w: np.ndarray, block: int, group: int, kp: int, dtype) -> np.ndarray:
     side by side (one lane's operands), the channels past O and the k-values past K zero.
     The SIMD GEMMs' shared layout (int8: ``vnni.pack_panels``; float: ``fma.pack``, group
     1). Each panel is one transposing copy (padding, transposing and aligning the whole in
-    three copies took 0.6 s of ResNet-18 fp32's first run, for its 46 MB of weights), of
-    whole groups taken as one number where a group is 1, 2, 4 or 8 bytes (a copy of 2- and
-    4-byte groups as elements of 1 or 2 bytes took 4x as long: ResNet-18 int8's two
-    packings 55 ms against 15)."""
+    three copies was a large share of a first run), of whole groups taken as one number
+    where a group is 1, 2, 4 or 8 bytes (a copy of 2- and 4-byte groups as elements of 1 or
+    2 bytes took about 4x as long)."""
     o, k = w.shape
     out = empty((-(-o // block), kp // group, block, group), dtype)
     word = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}.get(

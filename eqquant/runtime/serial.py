@@ -1,14 +1,12 @@
-"""Small ops on one thread. A parallel kernel wakes the pool's workers and waits for them:
-about 1.3 us a call on two threads, more than a flat op over a few thousand elements takes
-on one. Every kernel of ``launch.parallel`` has ``kernel.serial``, its same compiled entry
+"""Small ops on one thread. A parallel kernel wakes the pool's workers and waits for them,
+which costs more than a flat op over a few thousand elements takes on one thread. Every kernel of ``launch.parallel`` has ``kernel.serial``, its same compiled entry
 run on the calling thread as thread 0 of 1, and a binding calls ``sized(kernel, n)``: the
 serial call below ``SERIAL_BELOW`` elements, the parallel kernel from there.
 
     sized(k8.qadd, out.size)(a, ...)      # 7 x 7 x 160 values: on the calling thread
 
-Both give the same bits (an elementwise loop's iterations are independent). Measured on a
-2-core AMD EPYC (qadd_once, warm caches): 1,000 values 2.4 us in parallel against 0.8 on
-one thread, 8,000: 3.0 / 1.8, 16,000: 3.5 / 3.0, 32,000: 4.7 / 5.2, 64,000: 6.9 / 9.7.
+Both give the same bits (an elementwise loop's iterations are independent). The crossover
+was measured on a 2-core machine (``qadd_once``, warm caches; docs/measurements.md).
 
 ``twin``, a copy of a function's source under a name of its own, gives a kernel one variant
 per element type, each with its own intrinsic bound (``kernels_fp32.max_pool_channels_last``),

@@ -98,8 +98,8 @@ def evict_caches(resident: bool = False) -> None:
     about that much through the cache between two uses of one layer's weights). With
     ``resident``, only four times a core's own cache: a program whose weights fit well in
     the last-level cache (MobileNet-v2's 3.5 MB of int8 weights in 32 MB) finds them there
-    at each layer, and timing its small layers with their weights in memory added 10 us
-    to each (``MeasuredCost``'s ``resident``)."""
+    at each layer, and timing its small layers with their weights in memory overstated each
+    (``MeasuredCost``'s ``resident``)."""
     if resident not in _FLUSH:
         size = 4 * _cache_size(2, 1 << 20) if resident else last_level_cache_bytes()
         _FLUSH[resident] = np.zeros(size // 8, np.int64)
