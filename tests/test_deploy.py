@@ -1064,3 +1064,38 @@ def test_a_layout_change_of_any_permutation_is_one_launch(tmp_path):
     library = _same_bits(ex, tmp_path / "lib")
     x = _input(ex)
     np.testing.assert_array_equal(library.run(x), run(mod, x))
+
+
+@parallel
+def _transposing_copy(thread, threads, args):
+    """A kernel whose code calls a runtime function a library lacks (Numba's ``transpose``
+    with axes allocates through ``NRT_MemInfo_new_varsize_dtor``)."""
+    x, out = args
+    xt = x.transpose(1, 0)
+    for i in range(*share(out.shape[0], thread, threads)):
+        for j in range(out.shape[1]):
+            out[i, j] = xt[i, j]
+
+
+def test_a_kernel_calling_what_a_library_lacks_is_refused_by_name(tmp_path):
+    """A launch whose code calls a function of Numba's runtime that library.c does not define
+    is refused when the library is built, naming it (such a library would not load); the NCHW
+    average pool, which once did through ``transpose``, saves with the executor's bits."""
+    from eqquant.deploy.build import _runtime_missing
+    from eqquant.runtime.compiling import made
+    x, out = np.arange(6, dtype=np.float32).reshape(2, 3), np.zeros((3, 2), np.float32)
+    _transposing_copy(x, out)
+    np.testing.assert_array_equal(out, x.T)
+    entries = [c for c in made().values() if "_transposing_copy" in c._pyfunc.__qualname__]
+    assert entries and "NRT_MemInfo_new_varsize_dtor" in _runtime_missing(entries[0])
+    mod = eqquant.parse("""def @main(%x: Tensor[(2, 4, 9, 9), float32]) {
+  nn.avg_pool2d(%x, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1],
+                count_include_pad=True)
+}
+""")
+    ex = Executor(mod)
+    assert [type(s.fn).__name__ for s in ex.steps] == ["AvgPool2D"]
+    library = _same_bits(ex, tmp_path / "lib")
+    x = _input(ex)
+    np.testing.assert_array_equal(library.run(x), ex.run(x))
+    np.testing.assert_allclose(ex.run(x), run(mod, x), rtol=1e-6, atol=1e-6)

@@ -26,9 +26,11 @@ driver's), a tuple output, an integer argument that looks like an address nothin
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -145,6 +147,27 @@ class _Roots:
         return r, a.ctypes.data - base
 
 
+@functools.lru_cache(maxsize=None)
+def _runtime_provided() -> frozenset[str]:
+    """The functions of Numba's runtime that ``library.c`` defines."""
+    return frozenset(re.findall(r"^\w[\w \t*]*?\b((?:NRT|numba)_\w+)\s*\(",
+                                _C_SOURCE.read_text(), re.M))
+
+
+_MISSING: dict[int, tuple] = {}     # id of a CFunc -> (it, kept alive; what it lacks)
+
+
+def _runtime_missing(c) -> list[str]:
+    """The functions of Numba's runtime (``NRT_*``, ``numba_*``) that the code of ``c`` (a
+    CFunc) calls and ``library.c`` does not define: a library holding it would not load."""
+    if id(c) not in _MISSING:
+        module = c._library._get_module_for_linking()
+        _MISSING[id(c)] = (c, sorted(
+            f.name for f in module.functions if f.is_declaration and
+            f.name.startswith(("NRT_", "numba_")) and f.name not in _runtime_provided()))
+    return _MISSING[id(c)][1]
+
+
 def _launches(step, prepared, where: str) -> list:
     """The launches ``step`` makes, bound (``prepared``: ``Executor.bind_steps``'s), or
     NotDeployable saying why it makes none."""
@@ -206,6 +229,11 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
             if entry is None:
                 raise NotDeployable(f"{where}: its entry is not a C function of "
                                     "compiling.c_function's")
+            missing = _runtime_missing(entry)
+            if missing:
+                raise NotDeployable(f"{where}: its kernel ({entry._pyfunc.__qualname__}) calls "
+                                    f"{', '.join(missing)} of Numba's runtime, which a "
+                                    "library does not hold (library.c)")
             words = list(call.block)
             refs = []
             pointers, integers = launch.references(call.args, call.plan)

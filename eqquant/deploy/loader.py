@@ -99,7 +99,11 @@ class Library:
                             "features differ): compile the program again here")
         self.plan = plan
         self.threads = plan["threads"]
-        self._lib = lib = ctypes.CDLL(str(folder / "program.so"))
+        try:
+            self._lib = lib = ctypes.CDLL(str(folder / "program.so"))
+        except OSError as e:      # (damaged, or a kernel calling what the library lacks)
+            raise EvalError(f"{folder}: its program.so does not load ({e}): compile the "
+                            "program again") from None
         if plan["tiles"] and not lib.eqq_request_tiles():
             raise EvalError(f"{folder}: its kernels use AMX tiles, which Linux refused this "
                             "process")

@@ -616,8 +616,9 @@ class AvgPool2D(_Averaging):
         at once (the same sums in the same order)."""
         kernel = k.avg_pool_channels_last if self.nhwc else k.avg_pool
         kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = self.geometry()
-        return [(kernel, (x[b], kh, kw, sh, sw, pt, pl, pb, pr, dh, dw,
-                          bool(self.attrs["count_include_pad"]), out[b]))
+        view = (lambda a: a) if self.nhwc else (lambda a: a.transpose(1, 2, 0))
+        return [(kernel, (view(x[b]), kh, kw, sh, sw, pt, pl, pb, pr, dh, dw,
+                          bool(self.attrs["count_include_pad"]), view(out[b])))
                 for b in range(x.shape[0])]
 
     def __call__(self, ins, out):

@@ -324,11 +324,12 @@ def _average(x, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, out, y0, y1
 
 @parallel
 def avg_pool(thread, threads, args):
-    """One image x (C, H, W) -> out (C, oh, ow); a unit of work a channel."""
-    x, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, out = args
-    acc = np.empty(x.shape[0], np.float64)
-    xt, ot = x.transpose(1, 2, 0), out.transpose(1, 2, 0)
-    for c in range(*share(x.shape[0], thread, threads)):
+    """One image (C, H, W) -> (C, oh, ow), given as its transposed views xt (H, W, C) and ot
+    (oh, ow, C) (made by the caller: Numba's ``transpose`` with axes calls a runtime function
+    a library saved ahead of time does not hold); a unit of work a channel."""
+    xt, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, ot = args
+    acc = np.empty(xt.shape[2], np.float64)
+    for c in range(*share(xt.shape[2], thread, threads)):
         _average(xt, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, ot, 0, ot.shape[0],
                  c, c + 1, acc)
 
