@@ -32,8 +32,17 @@ def rules_dir() -> Path:
 
 def cache_dir() -> Path:
     """The folder of eqquant's caches (measured kernel times, programs saved ahead of
-    time): ``EQQUANT_CACHE_DIR``, else ``$XDG_CACHE_HOME/eqquant`` (``~/.cache/eqquant``)."""
+    time): ``EQQUANT_CACHE_DIR``, else ``$XDG_CACHE_HOME/eqquant`` (``~/.cache/eqquant``).
+    Made where missing, private to the user (0700): what it holds is run."""
     if os.environ.get("EQQUANT_CACHE_DIR"):
-        return Path(os.environ["EQQUANT_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "eqquant"
+        path = Path(os.environ["EQQUANT_CACHE_DIR"])
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        path = Path(base) / "eqquant"
+    if not path.is_dir():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir(mode=0o700, exist_ok=True)
+        except OSError:
+            pass                # (reported where something is written there)
+    return path

@@ -45,7 +45,8 @@ from ..errors import EqquantError
 from ..resources import cache_dir
 from ..runtime import compiling, launch, llvm_loops, memory
 from ..runtime.bindings import threads as pool_threads
-from .loader import FORMAT, cpu_digest
+from .digests import file_digest
+from .loader import FILES, FORMAT, cpu_digest
 
 PHASE = memory.ALIGN          # a root keeps its address modulo this
 ALIASES = ("view", "tuple", "getitem")   # steps that name their operands' arrays: no launch
@@ -86,6 +87,8 @@ def build(executor, folder: str | os.PathLike, key: str = "",
         roots.state = _written(roots, bound, inputs)
         _write_data(roots, plan, work / "data.bin")
         (work / "plan.json").write_text(json.dumps(plan))
+        (work / "sums.json").write_text(json.dumps(     # (what loader.verify checks)
+            {name: file_digest(work / name, remember=False) for name in FILES}))
         if folder.exists():
             old = folder.with_name(f".{folder.name}.old{os.getpid()}")
             folder.rename(old)

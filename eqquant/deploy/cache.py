@@ -7,14 +7,19 @@ first run saves it (the kernels compiled, or loaded from Numba's cache, then lin
     program.engine                              # "library" or "executor"
 
 A program is found by a digest (``key``) of what decides its machine code and its data: the
-program's file and its weights' (their contents, not their names or times: a weights file's
-members' CRC-32s and sizes, as a saved program records them), eqquant's source (each file's
+bytes of the program's file, its weights and an ONNX model's external data files
+(``digests.file_digest``: SHA-256 of the contents, remembered while the file is unchanged),
+eqquant's source (each file's
 size and time), Numba's and llvmlite's versions, the CPU's model and features, the settings that
 choose kernels (``EQQUANT_INT8_KERNEL``, ``EQQUANT_FP32_KERNEL``, Numba's CPU options) and
 the threads. A program the library cannot hold (``build.NotDeployable``) is noted with the
 reason and runs on the executor, without trying again; one whose library could not be built
 in this setting (``build.NotBuiltHere``: no C compiler, the compiler failing) is tried again
-at its next run. A library is checked once, as it is
+at its next run. Nothing found in the cache is trusted as it lies: a library is opened only
+if its files have the digests recorded when it was saved and its plan is one this eqquant
+could have written for the key it is found under (``loader.Library``); anything else there
+(damaged, edited, swapped, a symlink, a folder the cache did not write) is set aside and the
+program saved again. A library is checked once, as it is
 saved, in a child process (``check.py``): its output on a random input must equal the
 executor's bit for bit, else it is dropped (a crash there too, with the signal named).
 ``EQQUANT_DEPLOY=0``: neither used nor saved. The cache keeps the KEEP programs used last.
@@ -29,8 +34,9 @@ import sys
 from pathlib import Path
 
 from ..errors import EqquantError, EvalError
-from ..ir.outputs import backup_path, digest_file
+from ..ir.outputs import backup_path
 from ..resources import cache_dir, data_dir
+from .digests import file_digest
 from .loader import FORMAT, Library, cpu_digest, pool_threads
 
 KEEP = 8
@@ -48,17 +54,6 @@ def enabled() -> bool:
 
 def programs_dir() -> Path:
     return cache_dir() / "programs"
-
-
-def _file_digest(path: Path) -> str:
-    """A weights file's digest as a saved program records it (``ir.outputs.digest_file``:
-    its members' names, CRC-32s and sizes, read in microseconds), any other file's bytes'."""
-    if path.suffix == ".npz":
-        found = digest_file(path)
-        if found is not None:
-            return found
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _code() -> bytes:
@@ -86,7 +81,7 @@ def key(files: list[Path], how: str = "") -> str:
     what was done to the program after loading it, e.g. its kernels planned again)."""
     h = hashlib.sha256(f"eqquant-library {FORMAT}\n{how}\n".encode())
     for path in files:
-        h.update(_file_digest(path).encode() + b"\n")
+        h.update(file_digest(path).encode() + b"\n")
     h.update(_code())
     h.update(cpu_digest().encode())
     for name in SETTINGS:
@@ -116,8 +111,8 @@ def lookup(digest: str) -> Library | str | None:
     if not folder.exists():
         return None
     try:
-        library = Library(folder)
-    except (OSError, ValueError, KeyError, TypeError, EvalError):    # (damaged: saved again)
+        library = Library(folder, key=digest)
+    except EvalError:       # (damaged, or not the library of this key: saved again)
         _set_aside(folder)
         return None
     try:
@@ -189,7 +184,7 @@ def _save(executor, folder: Path, digest: str, aliases: dict | None) -> Library 
             build(executor, folder, key=digest, aliases=aliases)
             reason = checker.check(executor, folder)
         if reason is None:
-            library = Library(folder)
+            library = Library(folder, key=digest)
     except NotBuiltHere as e:               # (may pass: not noted, tried again next time)
         _set_aside(folder)
         return e.message
@@ -261,9 +256,12 @@ class Program:
 
 
 def program_files(program: Path, params: str | os.PathLike | None) -> list[Path]:
-    """The files a program is made from: it, and its weights (``params``, else the .npz
-    beside a text IR, ``ir.loader``'s rule)."""
+    """The files a program is made from: it, an ONNX model's external data files, and its
+    weights (``params``, else the .npz beside a text IR, ``ir.loader``'s rule)."""
     files = [program]
+    if program.suffix == ".onnx":
+        from ..interop.onnx_import import external_data_files
+        files += external_data_files(program)
     if params is not None:
         files.append(Path(params))
     elif program.suffix != ".onnx":
@@ -321,6 +319,9 @@ def _optimized(model, digest: str | None):
     folder = cache_dir() / OPTIMIZED
     ir, npz, sums = (folder / f"{digest}{ext}" for ext in (".ir", ".npz", ".sha256")) \
         if digest else (None, None, None)
+    if digest and any(f.is_symlink() for f in (ir, npz, sums)):
+        for f in (sums, ir, npz):                  # (not written by the cache: never
+            _set_aside(f)                          # followed, made again)
     if digest and sums.is_file():
         try:
             if sums.read_text() == _digests(ir, npz):
@@ -346,7 +347,7 @@ def _optimized(model, digest: str | None):
 
 
 def _digests(*files: Path) -> str:
-    return "".join(f"{_file_digest(f)}  {f.name}\n" for f in files)
+    return "".join(f"{file_digest(f)}  {f.name}\n" for f in files)
 
 
 def open_program(program: str | os.PathLike, params: str | os.PathLike | None = None,

@@ -27,7 +27,9 @@ from ..core.timing import time_table
 from ..core.types import TensorType, check_input
 from ..errors import EvalError
 
-FORMAT = 2          # plan.json's (``build.py`` writes it; 2: each GEMM table's length)
+FORMAT = 3          # plan.json's (``build.py`` writes it; 2: each GEMM table's length;
+                    # 3: sums.json, the digest of each file)
+FILES = ("plan.json", "data.bin", "program.so")     # a library's, each in sums.json
 
 
 def pool_threads() -> int:
@@ -80,20 +82,52 @@ class _Launch(ctypes.Structure):
                 ("count", ctypes.c_int64)]
 
 
-class Library:
-    """A saved program, loaded (``run``)."""
+def verify(folder: Path) -> dict:
+    """``folder``'s plan, once each of its files has the digest recorded as it was saved
+    (``sums.json``) and the plan is one eqquant writes (``plan_schema``): else EvalError,
+    naming what differs. Nothing of a library is used before this."""
+    from .digests import file_digest
+    from .plan_schema import PlanError, check
+    try:
+        sums = json.loads((folder / "sums.json").read_text())
+        if not isinstance(sums, dict) or set(sums) != set(FILES):
+            raise ValueError(f"it records {sorted(sums) if isinstance(sums, dict) else sums}")
+    except (OSError, ValueError) as e:
+        raise EvalError(f"{folder}: not a library this eqquant saved (its sums.json: "
+                        f"{e.strerror if isinstance(e, OSError) else e})") from None
+    for name in FILES:
+        path = folder / name
+        try:
+            if path.is_symlink() or not path.is_file():
+                raise OSError(0, "not a file")
+            same = file_digest(path) == sums[name]
+        except OSError as e:
+            raise EvalError(f"{folder}: its {name} cannot be read ({e.strerror}): compile "
+                            "the program again") from None
+        if not same:
+            raise EvalError(f"{folder}: its {name} is not the file it was saved with (damaged "
+                            "or changed since): compile the program again")
+    try:
+        plan = json.loads((folder / "plan.json").read_text())
+        check(plan, (folder / "data.bin").stat().st_size, FORMAT)
+    except (OSError, ValueError) as e:         # (PlanError is a ValueError)
+        what = "a plan eqquant does not write" if isinstance(e, PlanError) else "unreadable"
+        raise EvalError(f"{folder}: its plan.json is {what} ({e}): compile the program "
+                        "again") from None
+    return plan
 
-    def __init__(self, folder: str | os.PathLike):
+
+class Library:
+    """A saved program, loaded (``run``): ``folder``'s files verified first (``verify``);
+    ``key``: the cache's digest it must have been saved under (None: any)."""
+
+    def __init__(self, folder: str | os.PathLike, key: str | None = None):
         folder = Path(folder)
         self.folder = folder
-        try:
-            plan = json.loads((folder / "plan.json").read_text())
-        except (OSError, ValueError) as e:
-            raise EvalError(f"{folder}: not a library `eqquant compile` wrote (its plan.json: "
-                            f"{e.strerror if isinstance(e, OSError) else e})") from None
-        if plan.get("format") != FORMAT:
-            raise EvalError(f"{folder}: a saved program of format {plan.get('format')}, "
-                            f"this eqquant reads {FORMAT}")
+        plan = verify(folder)
+        if key is not None and plan["key"] != key:
+            raise EvalError(f"{folder}: the library of another program than the one it is "
+                            "found for")
         if plan["cpu"] != cpu_digest():     # (its code may use what this CPU lacks)
             raise EvalError(f"{folder}: compiled for another CPU than this one (its model or "
                             "features differ): compile the program again here")
@@ -128,7 +162,11 @@ class Library:
             tables[f] = list(out)
         cells = {}
         for s in plan["slots"]:
-            cell = ctypes.c_void_p.in_dll(lib, "eqquant_slot." + s["name"])
+            try:
+                cell = ctypes.c_void_p.in_dll(lib, "eqquant_slot." + s["name"])
+            except ValueError:
+                raise EvalError(f"{folder}: its library lacks the slot {s['name']} its plan "
+                                "names") from None
             cells[s["name"]] = ctypes.addressof(cell)
             if s["function"] is not None:   # a C function's, or the index-th of a table's
                 cell.value = (functions[s["function"]] if s["index"] is None

@@ -357,6 +357,33 @@ def _constant_value(attrs) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 
+def external_data_files(path: str | Path) -> list[Path]:
+    """The files ``path``'s tensors keep their data in (ONNX's external data: a location
+    relative to the model's folder), as ``onnx.load`` would read them; none where the model
+    cannot be read (its loading reports that)."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+    path = Path(path)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - read_onnx names what is wrong with it
+        return []
+
+    def tensors(graph):
+        yield from graph.initializer
+        for node in graph.node:
+            for a in node.attribute:
+                yield from ([a.t] if a.HasField("t") else []) + list(a.tensors)
+                for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    yield from tensors(g)
+    found: dict[str, Path] = {}
+    for tensor in tensors(model.graph):
+        if uses_external_data(tensor):
+            location = ExternalDataInfo(tensor).location
+            found.setdefault(location, path.parent / location)
+    return list(found.values())
+
+
 def read_onnx(path: str | Path):
     """Load and check an ONNX file; every failure is an OnnxImportError naming the file."""
     import onnx
