@@ -130,7 +130,11 @@ class OptimizeResult:
 
 
 def _rulesets(rules: Sequence[str | Path | RuleSet]) -> list[RuleSet]:
-    return [r if isinstance(r, RuleSet) else load_rules(r) for r in rules]
+    """The rule sets named (or given), each rule checked before use (``rules.trust``)."""
+    from .rules.trust import verify
+    out = [r if isinstance(r, RuleSet) else load_rules(r) for r in rules]
+    verify(out)
+    return out
 
 
 def optimize(module: Module, params: Mapping[str, np.ndarray] | None = None,

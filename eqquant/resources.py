@@ -22,6 +22,22 @@ def data_dir(name: str) -> Path:
                             f"(looked in {_PKG / '_data'} and {_PKG.parent})")
 
 
+def source_digest(package: Path | None = None) -> str:
+    """A digest of eqquant's source as installed (every .py, .c and .lark file of the package,
+    ``package`` where given, and of grammar/: its path, size and modification time, which
+    any edit changes): what a verdict or a compiled program made by this eqquant depends on."""
+    import hashlib
+    h = hashlib.sha256()
+    for folder in (package or _PKG, data_dir("grammar")):
+        for top, dirs, names in os.walk(folder):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(names):
+                if name.endswith((".py", ".c", ".lark")):
+                    st = os.stat(os.path.join(top, name))
+                    h.update(f"{top}/{name} {st.st_size} {st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
 def grammar_path(name: str) -> Path:
     return data_dir("grammar") / name
 

@@ -38,9 +38,57 @@ import tempfile  # noqa: E402
 _TEST_CACHE: list[str] = []
 
 
+# Every rule is checked before use (rules/trust.py), each verdict kept in the cache. The
+# shipped rules are checked once, by the first pytest process (pytest-xdist's controller
+# before its workers start), into a folder of the checkout that later runs on the same
+# source reuse (a verdict's key holds eqquant's source digest and the rule's text: a stale
+# one is never found); each process's cache starts with a copy of those verdicts.
+KEPT = REPO / ".eqquant-test-cache"
+
+
+def _checked() -> Path:
+    """The verdicts' folder for this source (one per source digest; the others removed)."""
+    from eqquant.resources import source_digest
+    return KEPT / source_digest()[:16]
+
+
+def _shipped_rules_checked() -> None:
+    from eqquant.resources import rules_dir
+    from eqquant.rules.loader import load_rules
+    from eqquant.rules.trust import verify
+    here = _checked()
+    if KEPT.is_dir():
+        for old in KEPT.iterdir():
+            if old != here:
+                shutil.rmtree(old, ignore_errors=True)
+    mine = os.environ["EQQUANT_CACHE_DIR"]
+    os.environ["EQQUANT_CACHE_DIR"] = str(here)
+    try:
+        verify([load_rules(p) for p in sorted(rules_dir().glob("*.rules"))])
+    finally:
+        os.environ["EQQUANT_CACHE_DIR"] = mine
+
+
+def seeded_cache(path: str | os.PathLike) -> str:
+    """``path`` made a cache holding the shipped rules' verdicts (a test's own cache would
+    otherwise check them again, some 20 s each time); ``str(path)``."""
+    if (_checked() / "checked").is_dir() and not (Path(path) / "checked").exists():
+        Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)   # (as eqquant makes it)
+        shutil.copytree(_checked() / "checked", Path(path) / "checked")
+    return str(path)
+
+
+def own_cache(monkeypatch, path: str | os.PathLike) -> None:
+    """The test's own EQQUANT_CACHE_DIR, ``path``, holding the shipped rules' verdicts."""
+    monkeypatch.setenv("EQQUANT_CACHE_DIR", seeded_cache(path))
+
+
 def pytest_configure(config):
     _TEST_CACHE.append(tempfile.mkdtemp(prefix="eqquant-test-cache-"))
     os.environ["EQQUANT_CACHE_DIR"] = _TEST_CACHE[-1]
+    if not hasattr(config, "workerinput"):          # (the controller, or a lone process)
+        _shipped_rules_checked()
+    seeded_cache(_TEST_CACHE[-1])
 
 
 def pytest_unconfigure(config):

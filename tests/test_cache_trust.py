@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import own_cache
+
 import eqquant
 from eqquant.deploy import cache
 from eqquant.deploy.build import NotDeployable, build
@@ -240,7 +242,7 @@ def test_a_library_of_another_program_is_not_taken_for_this_ones(libraries, tmp_
 
 
 def _cached(tmp_path, monkeypatch, seed=0):
-    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    own_cache(monkeypatch, tmp_path / "cache")
     path, _ = save_program(tmp_path / f"p{seed}.ir", _program(seed))
     files = cache.program_files(path, None)
     return path, cache.programs_dir() / cache.program_key(files)
@@ -361,7 +363,7 @@ def test_the_key_reads_every_byte_of_the_weights_not_their_zip_crcs(tmp_path, mo
 def test_an_onnx_models_external_data_is_part_of_its_key(tmp_path, monkeypatch):
     onnx = pytest.importorskip("onnx")
     from onnx import helper, numpy_helper
-    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    own_cache(monkeypatch, tmp_path / "cache")
     w = np.linspace(-2, 2, 16 * 24 * 24, dtype=np.float32).reshape(SHAPE)
     graph = helper.make_graph(
         [helper.make_node("Mul", ["x", "w"], ["y0"]), helper.make_node("Relu", ["y0"], ["y"])],

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import eqquant
-from conftest import cli_exit
+from conftest import cli_exit, own_cache, seeded_cache
 from eqquant.deploy import cache
 from eqquant.deploy.build import NotDeployable, build, keep_object
 from eqquant.deploy.loader import Library
@@ -336,7 +336,7 @@ def test_a_program_with_a_step_no_kernel_runs_is_refused_with_the_reason(tmp_pat
 
 
 def test_the_cache_saves_once_and_finds_the_library_by_content(saved, tmp_path, monkeypatch):
-    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    own_cache(monkeypatch, tmp_path / "cache")
     path, _ = save_program(tmp_path / "stem.int8.ir", saved)
     first = eqquant.open_program(path)
     assert first.engine == "library" and first.note == ""
@@ -389,7 +389,7 @@ def test_the_key_changes_with_eqquants_source_and_the_settings(tmp_path, monkeyp
 
 def test_a_refused_program_runs_on_the_executor_and_is_not_tried_again(tmp_path, capsys,
                                                                        monkeypatch):
-    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    own_cache(monkeypatch, tmp_path / "cache")
     path = tmp_path / "t.ir"
     path.write_text("def @main(%x: Tensor[(1, 8), float32]) {\n  tanh(%x)\n}\n")
     first = cache.open_program(path)
@@ -441,7 +441,7 @@ def test_what_this_cache_did_not_write_is_set_aside_never_trusted(saved, tmp_pat
     plan, a symlink to another program's library, a note that is a folder or a symlink
     to a file outside. Each is set aside and the program saved again (never a hard failure,
     never followed); no file outside the cache is read out or written through."""
-    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    own_cache(monkeypatch, tmp_path / "cache")
     path, _ = save_program(tmp_path / "p.ir", saved)
     folder = tmp_path / "cache" / "programs" / cache.program_key([path, path.with_suffix(".npz")])
     note = folder.with_suffix(".refused")
@@ -497,7 +497,7 @@ def test_a_library_the_compiler_could_not_build_is_tried_again(saved, tmp_path,
                                                                 monkeypatch):
     """A failing C compiler (CC=false) is a cause that may pass: the program runs on the
     executor, nothing is noted, and the next run with a compiler saves the library."""
-    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    own_cache(monkeypatch, tmp_path / "cache")
     path, _ = save_program(tmp_path / "p.ir", saved)
     x = _input(Executor(saved))
     monkeypatch.setenv("CC", "false")
@@ -515,7 +515,7 @@ def test_a_save_waits_for_anothers_and_takes_its_library(saved, tmp_path, monkey
     would), a save waits; the library saved meanwhile is taken, not built again."""
     import threading
     import eqquant.deploy.build as building
-    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    own_cache(monkeypatch, tmp_path / "cache")
     digest = "d" * 32
     ex = Executor(saved)
     other = cache._SaveLock(digest).__enter__()
@@ -548,7 +548,7 @@ def test_two_processes_saving_one_program_at_once_end_with_one_good_library(save
         "print(p.engine, p.note)\n")
     for trial in range(2):
         env = {**os.environ, "PYTHONPATH": str(ROOT),
-               "EQQUANT_CACHE_DIR": str(tmp_path / f"cache{trial}")}
+               "EQQUANT_CACHE_DIR": seeded_cache(tmp_path / f"cache{trial}")}
         both = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
                 for _ in range(2)]
@@ -565,6 +565,9 @@ def test_a_cache_that_cannot_be_written_leaves_the_program_on_the_executor(saved
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("a file where the cache would be")
     monkeypatch.setenv("EQQUANT_CACHE_DIR", str(blocked))
+    # (the rules' verdicts would live in this cache too: they are not what is tested here,
+    # and with no cache they are checked at every load)
+    monkeypatch.setattr("eqquant.rules.trust.verify", lambda rulesets: None)
     path, _ = save_program(tmp_path / "stem.ir", saved)
     program = cache.open_program(path)
     assert program.engine == "executor" and "could not be written" in program.note
@@ -586,7 +589,7 @@ def _building(monkeypatch, damage):
 
 
 def test_a_library_whose_output_differs_is_dropped(saved, tmp_path, monkeypatch):
-    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    own_cache(monkeypatch, tmp_path / "cache")
     ex = Executor(saved)
 
     def a_weight_changed(folder):           # the largest stored root's bytes, changed
@@ -610,7 +613,7 @@ def test_a_library_that_crashes_is_refused_with_the_signal_and_the_program_carri
     """A library whose code crashes (its digests matched again: a forger's, or a bug's):
     it crashes in the child process that checks it, never in the process that asked; that
     one runs the program on the executor, with the right result, and says why."""
-    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    own_cache(monkeypatch, tmp_path / "cache")
     _building(monkeypatch, crash_at_run)
     path, _ = save_program(tmp_path / "p.ir", saved)
     program = cache.open_program(path)
@@ -667,7 +670,7 @@ def test_relative_folders_for_a_library_and_the_cache(saved, tmp_path, monkeypat
     """`eqquant compile M.ir -o lib` and EQQUANT_CACHE_DIR=cache, folders relative to the
     working one (the C compiler runs inside the work folder: it once failed to find them)."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("EQQUANT_CACHE_DIR", "cache")
+    own_cache(monkeypatch, "cache")
     path, _ = save_program(Path("p.ir"), saved)
     ex = Executor(saved)
     x = _input(ex)
@@ -691,7 +694,7 @@ def _double(thread, threads, args):
 def test_what_compiles_while_objects_are_kept_is_compiled_for_the_library_too(
         tmp_path, monkeypatch):
     import eqquant.deploy.build as building
-    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    own_cache(monkeypatch, tmp_path / "cache")
     kernel = parallel(twin(_double, "_" + uuid.uuid4().hex[:12]))   # (no cache has it)
     x, out = np.arange(8.0), np.zeros(8)
     with building.keeping_objects():

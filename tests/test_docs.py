@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import seeded_cache
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 
@@ -49,7 +51,7 @@ def test_the_quick_start_runs_as_written(tmp_path):
     lines = [ln.split("  #")[0].strip() for ln in script.splitlines()]
     lines = [ln for ln in lines if ln and not ln.startswith("E=")]
     assert len(lines) >= 6
-    env = {**os.environ, "E": eqquant, "EQQUANT_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "E": eqquant, "EQQUANT_CACHE_DIR": seeded_cache(tmp_path / "cache")}
     for line in lines:
         done = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=600)

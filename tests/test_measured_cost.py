@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import own_cache
 from eqquant.core.types import TensorType
 from eqquant.extract.cost import CostModel, CpuLatency
 from eqquant.runtime.measured_cost import KernelTimes, MeasuredCost, instance_key, resolve_cost
@@ -43,7 +44,7 @@ def one_thread():
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path))
+    own_cache(monkeypatch, tmp_path)
     return tmp_path
 
 

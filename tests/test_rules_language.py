@@ -263,10 +263,12 @@ def test_shape_patterns_print_back_compile_to_size_lookups_and_match_in_the_egra
     assert "(type-dim ?_g" in egg and " 1 ?_size_n)" in egg and " 0 ?_size_n)" in egg
     assert " -1 ?_size_n)" in egg and '(= (rank-of ?x) "4")' in egg
 
-    def fired(src):
+    def fired(src):             # (the rules are written to test matching, not identities)
+        from eqquant.rules.trust import unchecked
         mod = parse(src)
-        return {k for k, v in optimize(mod, None, [rs], cost="nodes").report.matches().items()
-                if v}
+        with unchecked():
+            report = optimize(mod, None, [rs], cost="nodes").report
+        return {k for k, v in report.matches().items() if v}
     assert fired("""def @main(%x: Tensor[(1, 3, 2, 2), float32], %k: Tensor[(3, 1, 1), float32],
                   %b: Tensor[(2), float32]) { (multiply(%x, %k), add(%x, %b)) }""") == \
         {"per_channel_scale", "along_last_axis"}

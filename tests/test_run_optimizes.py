@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import cli_exit
+from conftest import cli_exit, own_cache
 from eqquant.zoo import build, write
 
 
@@ -15,7 +15,7 @@ from eqquant.zoo import build, write
 def stem(tmp_path, monkeypatch):
     """resnet18's stem as text IR (batch norms unfolded) with an input, and a cache of its
     own; libraries off, so that each run goes through the executor."""
-    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    own_cache(monkeypatch, tmp_path / "cache")
     monkeypatch.setenv("EQQUANT_DEPLOY", "0")
     paths = write(build("resnet18_stem", image_size=32), tmp_path)
     return paths["ir"], paths["input"], tmp_path

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -294,6 +295,38 @@ def zoo(name: str | None, out_dir: Path, seed: int, image_size: int, list_: bool
         click.echo(f"{kind:6s} {path}")
 
 
+_UNCHECKED_RULES = click.option(
+    "--unchecked-rules", is_flag=True,
+    help="Use the rules without checking them first (every rule is checked with `rules check`'s "
+         "sampler before use, the verdict kept in the cache; a rejected rule stops the "
+         "command): the output says which rules went unchecked.")
+
+
+@contextmanager
+def _rules_checked(unchecked_rules: bool):
+    """The block's rules checked before use, or (``--unchecked-rules``) not: then a list
+    that fills, as the block ends, with the rules used without a verdict (to mark the
+    output with, and warned of)."""
+    from ..rules.trust import unchecked, used_unchecked
+    said: list[str] = []
+    if not unchecked_rules:
+        yield said
+        return
+    with unchecked():
+        try:
+            yield said
+        finally:
+            said += used_unchecked()
+    if said:
+        click.echo(f"warning: {len(said)} rules used unchecked (--unchecked-rules): "
+                   f"{', '.join(said[:5])}{' ...' if len(said) > 5 else ''}", err=True)
+
+
+def _unchecked_note(said: list[str]) -> str:
+    return (f"UNCHECKED RULES: made with --unchecked-rules; not checked: {', '.join(said)}"
+            if said else "")
+
+
 def _opt_options(fn):
     """Options shared by ``opt`` and ``extract``."""
     opts = [
@@ -320,6 +353,7 @@ def _opt_options(fn):
         _TARGET,
         click.option("--replan", is_flag=True, help="Forget the kernels MODEL names (a plan "
                      "made for another CPU or target) and plan them for this one."),
+        _UNCHECKED_RULES,
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -354,13 +388,14 @@ def _optimize(model, params, rules, schedule, cost, extractor, iterations, node_
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the new program (.ir); its weights go to the .npz beside.")
 def opt(model, params, rules, schedule, cost, extractor, iterations, node_limit, time_limit,
-        replan, output):
+        replan, unchecked_rules, output):
     """Optimize MODEL: saturate with rules, extract the cheapest program, fold constants."""
     from ..ir.loader import refuse_overwriting_inputs, save_program
     refuse_overwriting_inputs(output, model, params)
-    result = _optimize(model, params, rules, schedule, cost, extractor, iterations,
-                       node_limit, time_limit, replan)
-    ir_path, npz = save_program(output, result.module)
+    with _rules_checked(unchecked_rules) as said:
+        result = _optimize(model, params, rules, schedule, cost, extractor, iterations,
+                           node_limit, time_limit, replan)
+    ir_path, npz = save_program(output, result.module, note=_unchecked_note(said))
     click.echo(f"wrote {ir_path} and {npz}: cost {result.before.total:.4g} -> "
                f"{result.after.total:.4g} ({result.model})")
     if result.model_summary:
@@ -374,12 +409,14 @@ def opt(model, params, rules, schedule, cost, extractor, iterations, node_limit,
 @_opt_options
 @click.option("--explain", is_flag=True, help="Cost table, rules that fired, e-graph size.")
 def extract(model, params, rules, schedule, cost, extractor, iterations, node_limit,
-            time_limit, replan, explain):
+            time_limit, replan, unchecked_rules, explain):
     """Print the cheapest program equivalent to MODEL under a cost model."""
     from ..ir.printer import print_module
-    result = _optimize(model, params, rules, schedule, cost, extractor, iterations,
-                       node_limit, time_limit, replan)
-    click.echo(print_module(result.module), nl=False)
+    with _rules_checked(unchecked_rules) as said:
+        result = _optimize(model, params, rules, schedule, cost, extractor, iterations,
+                           node_limit, time_limit, replan)
+    note = _unchecked_note(said)
+    click.echo((f"// {note}\n" if note else "") + print_module(result.module), nl=False)
     if explain:
         click.echo("\n" + result.report.table(result.rule_locations))
         click.echo(result.explain())
@@ -425,12 +462,13 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
 @click.option("--explain", is_flag=True, help="Print the program's cost per op: the cost "
               "model's prediction beside the executor's measured time; and its kernel plan.")
 @_TARGET
+@_UNCHECKED_RULES
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The int8 program (.ir); weights go to the .npz and the calibration "
                    "table to the .calib.json beside it.")
 def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activations, skip,
                  layouts, cost, min_sqnr, budget_ms, keep_fp32, int8_only, pareto, explain,
-                 output):
+                 unchecked_rules, output):
     """Quantize MODEL (text IR or .onnx) to int8: calibrate, apply the quantize rules,
     report accuracy."""
     import json
@@ -447,7 +485,8 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
                            "(--min-sqnr, --budget-ms)")
     m = load(model, params)
     samples = calibration_samples(calib, m)
-    with click.progressbar(length=len(samples), label="calibrating", file=sys.stderr) as bar:
+    with _rules_checked(unchecked_rules) as said, \
+            click.progressbar(length=len(samples), label="calibrating", file=sys.stderr) as bar:
         result = quantize(m.module, m.params, samples, mode, weight_scale, per_channel,
                           dtype=activations, skip=list(skip), cost=cost,
                           progress=lambda n: bar.update(1), layouts=layouts == "cpu",
@@ -455,11 +494,15 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
                           pareto=pareto)
     table_path = output.with_suffix(".calib.json")
     report_path = output.with_suffix(".report.json")
-    text = json.dumps(Report.from_result(result).to_json(), indent=1)
+    report = Report.from_result(result).to_json()
+    if said:
+        report["unchecked_rules"] = list(said)
+    text = json.dumps(report, indent=1)
     points = [dict(budget=r.target, floats=r.floats, cost_ms=r.cost * 1e3,
                    predicted_sqnr=r.predicted, sqnr=r.measured) for r in result.pareto]
     with Outputs() as out:      # the files appear together, or none does
-        ir_path, npz = save_program(output, result.runnable, outputs=out)
+        ir_path, npz = save_program(output, result.runnable, outputs=out,
+                                    note=_unchecked_note(said))
         out.add(table_path, result.table.write)
         out.add(report_path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
         if pareto:
@@ -708,12 +751,17 @@ def rules_show(files, egglog):
 @click.option("--trials", default=5, show_default=True, help="Instances per rule.")
 @click.option("--seed", default=0, show_default=True)
 def rules_check(files, trials, seed):
-    """Check that every rule in FILES is an identity, on random well-typed tensors."""
-    from ..rules.check import check_ruleset
+    """Check that every rule in FILES is an identity, on random well-typed tensors (the
+    rules shared among helper processes where there are several CPUs)."""
+    from ..rules.check import CheckReport, RuleCheck
     from ..rules.loader import load_rules
+    from ..rules.trust import check_rules
     failed = 0
     for f in files:
-        report = check_ruleset(load_rules(f), trials, seed)
+        rules = load_rules(f).rules
+        report = CheckReport([RuleCheck(rule, variant, ok, message)
+                              for rule, results in zip(rules, check_rules(rules, trials, seed))
+                              for variant, ok, message in results])
         click.echo(report.format())
         failed += sum(not r.ok for r in report.results)
     if failed:
@@ -749,6 +797,9 @@ def main(argv: list[str] | None = None) -> None:
         _fail(e.format())
     except RecursionError:
         _fail("eqquant: error: the program is nested too deeply", 2)
+    except MemoryError:
+        _fail("eqquant: error: out of memory: what the command built outgrew this machine (an "
+              "e-graph: lower --node-limit or --iterations; a tensor: a smaller shape)", 2)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
     except Exception as e:  # noqa: BLE001 - the CLI never shows a raw traceback

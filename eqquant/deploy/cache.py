@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..errors import EqquantError, EvalError
 from ..ir.outputs import backup_path
-from ..resources import cache_dir, data_dir
+from ..resources import cache_dir, source_digest
 from .digests import file_digest
 from .loader import FORMAT, Library, cpu_digest, pool_threads
 
@@ -57,18 +57,10 @@ def programs_dir() -> Path:
 
 
 def _code() -> bytes:
-    """eqquant's source as installed (every .py, .c and .lark file: its path, size and
-    modification time, which any edit changes; all of it, as a program's binding reads the
-    parser, the registry and the passes besides the runtime), Numba's and llvmlite's
-    versions."""
-    h = hashlib.sha256()
-    for folder in (_PACKAGE, data_dir("grammar")):
-        for top, dirs, names in os.walk(folder):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-            for name in sorted(names):
-                if name.endswith((".py", ".c", ".lark")):
-                    st = os.stat(os.path.join(top, name))
-                    h.update(f"{top}/{name} {st.st_size} {st.st_mtime_ns}\n".encode())
+    """eqquant's source as installed (``resources.source_digest``: all of it, as a program's
+    binding reads the parser, the registry and the passes besides the runtime), Numba's and
+    llvmlite's versions."""
+    h = hashlib.sha256(source_digest(_PACKAGE).encode())
     for package in ("numba", "llvmlite"):
         spec = importlib.util.find_spec(package)      # (found, not imported)
         version = Path(spec.origin).with_name("_version.py") if spec and spec.origin else None

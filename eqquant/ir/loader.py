@@ -63,15 +63,16 @@ def load_program(path: str | Path, params: str | Path | None = None,
 
 
 def save_program(path: str | Path, mod: Module, params: dict[str, np.ndarray] | None = None,
-                 outputs=None) -> tuple[Path, Path]:
+                 outputs=None, note: str = "") -> tuple[Path, Path]:
     """Write ``path`` (text IR) and the ``.npz`` beside it (the module's constants plus
     ``params``) as a pair that always belongs together (:mod:`eqquant.ir.outputs`). With
     ``outputs`` (an :class:`~eqquant.ir.outputs.Outputs`) they are only staged in it, to be
-    committed with the other files of the same command."""
+    committed with the other files of the same command. ``note``: lines written as comments
+    above the program (what a reader must know of how it was made)."""
     from .outputs import Outputs, stage_program
     from .params import constant_params, params_writer
     from .printer import print_module
-    text = print_module(mod)
+    text = "".join(f"// {line}\n" for line in note.splitlines()) + print_module(mod)
     values = {**(params or {}), **constant_params(mod)}
     if outputs is not None:
         return stage_program(outputs, path, text, params_writer(values))

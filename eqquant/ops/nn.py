@@ -246,6 +246,7 @@ def _batch_norm_from_relax(rx, args, kwargs):
 
 register(OpDef(
     "nn.batch_norm", inputs=("data", "gamma", "beta", "moving_mean", "moving_var"),
+    subtracts=("moving_mean",),
     relax=RelaxForm(read=_batch_norm_from_relax),
     onnx=(OnnxForm("BatchNormalization", convert=_batch_norm_from_onnx,
                    export=lambda ex, node, ins: ex.emit("BatchNormalization", ins, epsilon=float(

@@ -170,6 +170,13 @@ class OpDef:
     onnx: tuple[OnnxForm, ...] = ()
     # how TVMScript (TVM Relax) writes the op, when not as R.<name> with the same keywords
     relax: RelaxForm | None = None
+    # the inputs its result falls as they grow (subtract's rhs, a batch norm's mean): the
+    # magnitude of a computation's terms counts them with the other sign (``rules.check``:
+    # an approx rule's bound in units of its terms, as rounding errors are)
+    subtracts: tuple[str, ...] = ()
+    # the interval every output lies in, whatever the input (sigmoid's [0, 1]): calibration
+    # takes such a value's range as seen (minmax), never a histogram's guess inside it
+    bounds: tuple[float, float] | None = None
 
     @property
     def relax_name(self) -> str:

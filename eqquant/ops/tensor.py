@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import warnings
+
 import numpy as np
 
 from ..core.types import TensorType, TupleType
@@ -22,9 +24,10 @@ _ACTIVATION = "eqquant.runtime.bindings:Activation"
 
 
 def _unary(name, fn, *, floats_only=False, doc="", kernel=None, props=frozenset(), onnx=(),
-           kernel_params=None):
+           kernel_params=None, subtracts=(), bounds=None):
     register(OpDef(name, inputs=("data",), props=frozenset({ELEMWISE, UNARY}) | props,
                    kernel=kernel, kernel_params=kernel_params or {}, onnx=onnx,
+                   subtracts=subtracts, bounds=bounds,
                    type_rel=float_input if floats_only else same_as_input,
                    semantics=lambda x, _fn=fn: np.asarray(_fn(x)).astype(x.dtype, copy=False),
                    doc=doc))
@@ -57,7 +60,7 @@ def _relu(x):
 _unary("nn.relu", _relu, doc="max(x, 0)", props=frozenset({EPILOGUE}),
        kernel=_ACTIVATION, kernel_params={"code": RELU, "integers": True},
        onnx=(OnnxForm("Relu", qdq=_relu_qdq),))
-_unary("negative", np.negative, doc="-x", onnx=(OnnxForm("Neg"),))
+_unary("negative", np.negative, doc="-x", onnx=(OnnxForm("Neg"),), subtracts=("data",))
 _unary("abs", np.abs, doc="|x|", onnx=(OnnxForm("Abs"),))
 _unary("sqrt", np.sqrt, floats_only=True, doc="sqrt(x)", onnx=(OnnxForm("Sqrt"),))
 _unary("rsqrt", lambda x: 1 / np.sqrt(x), floats_only=True, doc="1 / sqrt(x)")
@@ -66,9 +69,10 @@ def _sigmoid(x):
         return 1 / (1 + np.exp(-x))
 
 
-_unary("sigmoid", _sigmoid, floats_only=True, doc="1 / (1 + exp(-x))",
+_unary("sigmoid", _sigmoid, floats_only=True, doc="1 / (1 + exp(-x))", bounds=(0.0, 1.0),
        kernel=_ACTIVATION, kernel_params={"code": SIGMOID}, onnx=(OnnxForm("Sigmoid"),))
-_unary("tanh", np.tanh, floats_only=True, doc="tanh(x)", onnx=(OnnxForm("Tanh"),))
+_unary("tanh", np.tanh, floats_only=True, doc="tanh(x)", onnx=(OnnxForm("Tanh"),),
+       bounds=(-1.0, 1.0))
 _unary("exp", np.exp, floats_only=True, doc="exp(x)", onnx=(OnnxForm("Exp"),))
 # TVM lowers round to llvm.nearbyint: ties go to even, as numpy's round does.
 _unary("round", np.round, floats_only=True, doc="round half to even")
@@ -92,8 +96,9 @@ def _add_qdq(w, node):
                                                       w.ex.const(real_b)]))
 
 
-def _binary(name, fn, doc, onnx_type, code, qdq=None):
+def _binary(name, fn, doc, onnx_type, code, qdq=None, subtracts=()):
     register(OpDef(name, inputs=("lhs", "rhs"), props=frozenset({ELEMWISE, BINARY}),
+                   subtracts=subtracts,
                    kernel="eqquant.runtime.bindings:Binary",
                    kernel_params={"code": code, "int32": code != DIVIDE},
                    onnx=(OnnxForm(onnx_type, qdq=qdq),),
@@ -104,7 +109,8 @@ def _binary(name, fn, doc, onnx_type, code, qdq=None):
 
 
 _binary("add", np.add, "a + b with numpy broadcasting", "Add", ADD, qdq=_add_qdq)
-_binary("subtract", np.subtract, "a - b with numpy broadcasting", "Sub", SUBTRACT)
+_binary("subtract", np.subtract, "a - b with numpy broadcasting", "Sub", SUBTRACT,
+        subtracts=("rhs",))
 _binary("multiply", np.multiply, "a * b with numpy broadcasting", "Mul", MULTIPLY)
 _binary("divide", lambda a, b: (np.divide(a, b) if a.dtype.kind == "f"
                                 else numerics.trunc_divide(a, b)),
@@ -219,8 +225,19 @@ def _pass_from_onnx(im, attrs, ins):
     return [im.value(ins[0]), None]
 
 
+def _dropout_from_onnx(im, attrs, ins):
+    """ONNX Dropout: the identity at inference; in training mode (its third input true, or
+    computed at run time) it drops values at random, which no inference program does."""
+    if len(ins) > 2 and ins[2]:
+        training = im.const(ins[2], "Dropout's training_mode")
+        if np.any(training):
+            raise OnnxFormError("Dropout in training mode (training_mode true) drops values "
+                                "at random: export the model for inference (model.eval())")
+    return _pass_from_onnx(im, attrs, ins)
+
+
 register(OpDef("nn.dropout", inputs=("data",), props=frozenset({ANNOTATION}), moves_data=False,
-               onnx=(OnnxForm("Dropout", convert=_pass_from_onnx,
+               onnx=(OnnxForm("Dropout", convert=_dropout_from_onnx,
                               export=lambda ex, node, ins: ins[0]),
                      OnnxForm("Identity", convert=_pass_from_onnx)),
                attrs=(Attr("rate", FLOAT, 0.5),), type_rel=_dropout_rel,
@@ -610,27 +627,43 @@ def _reduce_onnx(name: str, onnx_type: str, axes_input_from: int) -> OnnxForm:
     return OnnxForm(onnx_type, convert=convert, export=export)
 
 
-def _reduction(name, fn, doc, onnx_type, axes_input_from, code):
+def _reduction(name, fn, doc, onnx_type, axes_input_from, code, of_nothing=True):
+    """A reduction; ``of_nothing``: whether it has a value over no elements (a sum's 0, a
+    mean's NaN): a maximum or minimum over an axis of length 0 is a type error. A float sum
+    or mean adds in float64 and rounds once, as its kernel does."""
     def sem(x, *, axis, keepdims, exclude, _fn=fn):
         axes = reduce_axes(x.ndim, axis, exclude)
-        return np.asarray(_fn(x, axis=axes, keepdims=keepdims)).astype(x.dtype)
+        wide = {"dtype": np.float64} if x.dtype.kind == "f" and code in (0, 1) else {}
+        with warnings.catch_warnings():     # (a mean of nothing is NaN, as it should be)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.asarray(_fn(x, axis=axes, keepdims=keepdims, **wide)).astype(x.dtype)
+
+    def rel(types, attrs):
+        t = tensor(types, 0, "data")
+        empty = [i for i in reduce_axes(t.rank, attrs["axis"], attrs["exclude"])
+                 if t.shape[i] == 0]
+        if empty and not of_nothing:
+            raise OpTypeError(f"{name} over axis {empty[0]}, of length 0, has no value", arg=0)
+        return _reduce_rel(types, attrs)
 
     register(OpDef(name, inputs=("data",), props=frozenset({REDUCE}),
                    kernel="eqquant.runtime.bindings:Reduce", kernel_params={"code": code},
                    attrs=(Attr("axis", OPT_INTS, None), Attr("keepdims", BOOL, False),
                           Attr("exclude", BOOL, False)),
                    onnx=(_reduce_onnx(name, onnx_type, axes_input_from),),
-                   type_rel=_reduce_rel, semantics=sem, doc=doc))
+                   type_rel=rel, semantics=sem, doc=doc))
 
 
 # (the kernel's code: kernels_fp32.reduce_middle)
 _reduction("sum", np.sum, "sum over axis", "ReduceSum", 13, code=0)
 _reduction("mean", np.mean, "mean over axis", "ReduceMean", 18, code=1)
-_reduction("max", np.max, "maximum over axis", "ReduceMax", 18, code=2)
-_reduction("min", np.min, "minimum over axis", "ReduceMin", 18, code=3)
+_reduction("max", np.max, "maximum over axis", "ReduceMax", 18, code=2, of_nothing=False)
+_reduction("min", np.min, "minimum over axis", "ReduceMin", 18, code=3, of_nothing=False)
 
 
 def _softmax(x, *, axis):
+    if not x.size:
+        return x.copy()
     z = x.astype(np.float64)
     z = np.exp(z - z.max(axis=axis, keepdims=True))
     return (z / z.sum(axis=axis, keepdims=True)).astype(x.dtype)
@@ -656,6 +689,7 @@ def _softmax_from_onnx(im, attrs, ins):
 
 
 register(OpDef("nn.softmax", inputs=("data",), attrs=(Attr("axis", INT, -1),),
+               bounds=(0.0, 1.0),
                onnx=(OnnxForm("Softmax", convert=_softmax_from_onnx, export=lambda ex, node, ins:
                               ex.emit("Softmax", ins, axis=node.attrs["axis"])),),
                kernel="eqquant.runtime.bindings:Softmax",

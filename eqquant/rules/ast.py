@@ -16,6 +16,8 @@ from ..errors import SourceLoc
 from ..ops.registry import OpDef
 from .guards import Guard, Positive
 
+TERMS = "terms"     # approx (scale=terms): tolerances in units of each element's terms
+
 
 @dataclass(frozen=True)
 class PVar:
@@ -124,8 +126,8 @@ class Rule:
     # the conditions after ``if`` and the invariants after ``assuming`` (eqquant/rules/guards.py)
     guards: list[Guard] = field(default_factory=list)
     bidirectional: bool = False
-    # approx rules: {"rtol": r, "atol": a} and optionally "scale": "?s" (tolerances in units
-    # of max|?s|, e.g. half a quantization step)
+    # approx rules: {"rtol": r, "atol": a} and optionally "scale": "?s" (atol in units of
+    # max|?s|, e.g. half a quantization step) or TERMS (atol in units of each element's terms)
     approx: dict | None = None
     doc: str = ""
     loc: SourceLoc | None = None

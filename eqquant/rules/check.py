@@ -29,13 +29,14 @@ from ..ir.typecheck import Inferer
 from ..core.types import TensorType
 from ..ops.attrs import (AttrKind, BoolKind, DTypeKind, FloatKind, IntKind, IntsKind,
                          OptionalKind, REQUIRED, StrKind)
-from ..ops.registry import QUANT, OpDef, OpTypeError
+from ..ops.registry import QUANT, OpDef, OpTypeError, get_op
 from .guards import AttrIs
-from .ast import (AttrLit, AttrVar, PCall, PLit, PMap, PProj, PTuple, PVar, Pattern, Rule,
+from .ast import (TERMS, AttrLit, AttrVar, PCall, PLit, PMap, PProj, PTuple, PVar, Pattern, Rule,
                   RuleSet,
                   expansions)
 
 EXACT_RTOL = 1e-5
+GIVE_UP = 40        # searches of a variant that found no instance at all, before it stops
 
 
 @dataclass
@@ -72,7 +73,8 @@ class CheckReport:
 
 _DIMS = (1, 2, 3, 4)
 _RANKS = (0, 1, 1, 2, 3, 4, 4)
-# ranks and dtypes that worked for (op, argument) before: later instances try them first
+# ranks and dtypes that worked for (op, argument) before: later instances of the same rule
+# try them first
 _RANK_HINTS: dict[tuple[str, int], set[int]] = {}
 _DTYPE_HINTS: dict[tuple[str, int], set[str]] = {}
 _DTYPES = ("float32", "float32", "float32", "int8", "int32", "uint8")
@@ -243,6 +245,12 @@ class _Instance:
                 elif i == 0 and isinstance(self.tuple_like, TensorType) and \
                         self.rng.random() < 0.6:
                     shape = self.tuple_like.shape     # like the tuple's previous field
+                elif _role_dtypes(op.inputs[i]) and "axis" in attrs and \
+                        self.rank.get(name, 1) == 1 and \
+                        isinstance(self.types.types.get(id(args[0])), TensorType) and \
+                        self.types.types[id(args[0])].rank and self.rng.random() < 0.5:
+                    data = self.types.types[id(args[0])]   # one value per channel on its axis
+                    shape = (data.shape[attrs["axis"] % data.rank],)
                 else:
                     shape = _shape_pool(self.rng, self.rank.get(name),
                                         _RANK_HINTS.get((op.name, i)))
@@ -390,22 +398,37 @@ def _zero_point_dtypes(instance: _Instance, *sides: Expr) -> dict[str, str]:
 
 
 def _inputs(instance: _Instance, rng: np.random.Generator, regime: str,
-            zero_points: dict[str, str]) -> dict:
+            zero_points: dict[str, str], zeros: bool = False) -> dict:
     """Random inputs. Floats: in [0.5, 2) ("positive": square roots of variances are real),
-    signed ("signed"), or signed and large ("wide": far outside any quantization grid, so
-    that every quantization saturates), except the variables the rule assumes positive.
+    signed ("signed"), signed and large ("wide": far outside any quantization grid, so
+    that every quantization saturates), or across magnitudes ("mixed": a few magnitudes from
+    1e-8 to 1e8 shared by every input, each value of either sign and off its magnitude by a
+    relative 1e-7 to 1e-1, so that values of different inputs nearly cancel wherever a rule
+    adds them: an order of float additions that loses them is found), except the variables
+    the rule assumes positive (positive at every magnitude in "mixed"). With ``zeros``, a
+    signed float's first element is 0 (a rule that divides by a value it does not assume
+    positive meets 0).
     Integers: zero points inside their quantized dtype's range; 8-bit data over the dtype's
     whole range, its two ends included (saturation is exercised at both)."""
     from ..ops.numerics import qrange
     out = {}
     assumed = instance.positive
+    pool = _magnitudes(rng)
     for v in instance.vars.values():
         t = v.type
         if t.dtype.startswith("float"):
             if regime == "positive" or v.name in assumed:
                 a = rng.uniform(0.5, 2.0, t.shape)
+                if regime == "mixed":
+                    a = a * rng.choice(pool, t.shape)
+            elif regime == "mixed":
+                a = rng.choice(pool, t.shape) * rng.choice([-1.0, 1.0], t.shape) * \
+                    (1.0 + 10.0 ** rng.uniform(-7, -1, t.shape) * rng.choice([-1, 1], t.shape))
             else:
                 a = rng.normal(size=t.shape) * (1000.0 if regime == "wide" else 1.0)
+                if zeros and regime == "signed":
+                    a = np.asarray(a)
+                    a.reshape(-1)[:1] = 0.0
         elif v.name in zero_points:
             lo, hi = qrange(zero_points[v.name])
             a = rng.integers(lo, hi + 1, t.shape)
@@ -422,7 +445,18 @@ def _inputs(instance: _Instance, rng: np.random.Generator, regime: str,
     return out
 
 
-def _compare(a, b, rule: Rule, unit: float = 1.0) -> tuple[bool, float]:
+def _magnitudes(rng: np.random.Generator) -> np.ndarray:
+    """Three magnitudes, one each from 1e-8..1e-2, 1e-2..1e2 and 1e2..1e8."""
+    return 10.0 ** np.array([rng.uniform(-8, -2), rng.uniform(-2, 2), rng.uniform(2, 8)])
+
+
+def _compare(a, b, rule: Rule, unit: float = 1.0, each: bool = False
+             ) -> tuple[bool, float]:
+    """Whether ``a`` equals ``b`` as ``rule`` claims, and the error. An exact rule: within
+    EXACT_RTOL of ``b``'s largest magnitude, or (``each``) of each element's own; an approx
+    rule: its ``atol`` and ``rtol`` per element, in units of ``unit`` (a number); or, where
+    ``unit`` is each element's terms (``_terms``), ``atol`` in those units and ``rtol`` of
+    the element."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
         return False, math.inf
@@ -434,9 +468,16 @@ def _compare(a, b, rule: Rule, unit: float = 1.0) -> tuple[bool, float]:
     diff = np.abs(a - b)[fin]
     scale = float(np.max(np.abs(b[fin]))) or 1.0
     if rule.approx is None:
-        err = float(diff.max()) / scale
+        if each:
+            err = float((diff / np.maximum(np.abs(b[fin]), 1e-30)).max())
+        else:
+            err = float(diff.max()) / scale
         return err <= EXACT_RTOL, err
-    tol = unit * (rule.approx["atol"] + rule.approx["rtol"] * np.abs(b[fin]))
+    if np.ndim(unit):                   # (atol in units of each element's terms)
+        terms = np.broadcast_to(unit, b.shape)[fin]
+        tol = terms * rule.approx["atol"] + rule.approx["rtol"] * np.abs(b[fin])
+    else:
+        tol = unit * (rule.approx["atol"] + rule.approx["rtol"] * np.abs(b[fin]))
     return bool(np.all(diff <= tol)), float((diff / np.maximum(tol, 1e-30)).max())
 
 
@@ -465,6 +506,8 @@ def check_rule_on_samples(rule: Rule, trials: int = 5, seed: int = 0) -> list[Ru
     """One result per variant: per op of each op set, and per dtype a free dtype attribute
     can take (``quantize_calibrated[uint8]``); a dtype the rule's ops reject is no variant."""
     import itertools
+    _RANK_HINTS.clear()         # (a verdict is the rule's own: not led by the rules checked
+    _DTYPE_HINTS.clear()        # before it)
     results = []
     for ops, variant in expansions(rule):
         free = {k: v for k, v in _dtype_attr_vars(rule.lhs, ops, {}).items()
@@ -489,9 +532,9 @@ def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
                    seed: int, fixed: dict[str, Any] | None = None) -> RuleCheck:
     rng = random.Random(seed)
     data_rng = np.random.default_rng(seed)
-    done, worst = 0, 0.0
+    done, worst, separated = 0, 0.0, False
     for t in range(trials * 20):
-        if done >= trials:
+        if done >= trials and separated:
             break
         inst = _Instance(rule, ops, rng, fixed)
         try:
@@ -502,10 +545,16 @@ def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
                 raise _NoInstance("a guard does not hold")
             rhs = inst.rhs(rule.rhs, rule.where)
         except _NoInstance:
+            if done == 0 and t + 1 >= GIVE_UP:
+                break               # (no instance in GIVE_UP searches: none is likely)
             continue
         except (OpTypeError, EqquantError) as e:
             return RuleCheck(rule, variant, False, f"the right side does not type-check: "
                              f"{getattr(e, 'message', e)}\n{_describe(inst)}", done)
+        separates = _separates_axes(inst, lhs)
+        if done >= trials and not separates:
+            continue                # (enough instances: one that separates is wanted)
+        separated |= separates
         lt, rt = inst.types.expr(lhs), inst.types.expr(rhs)
         if lt != rt:
             return RuleCheck(rule, variant, False, f"the sides have different types: {lt} "
@@ -514,9 +563,11 @@ def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
         zero_points = _zero_point_dtypes(inst, lhs, rhs)
         quantized = any(isinstance(n, Call) and isinstance(n.op, OpDef) and QUANT in n.op.props
                         for side in (lhs, rhs) for n in _calls(side))
+        floats = any(v.type.dtype.startswith("float") for v in params)
         regimes = ("positive", "signed", "wide") if quantized else ("positive", "signed")
+        regimes += ("mixed",) if floats and not quantized else ()
         for regime in regimes:
-            inputs = _inputs(inst, data_rng, regime, zero_points)
+            inputs = _inputs(inst, data_rng, regime, zero_points, zeros=done % 2 == 1)
             try:
                 a = run(Module({"main": Function(params=params, body=lhs)}), inputs)
                 b = run(Module({"main": Function(params=params, body=rhs)}), inputs)
@@ -526,9 +577,12 @@ def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
             if isinstance(a, tuple):
                 a, b = a[0], b[0]
             unit = 1.0
-            if rule.approx and rule.approx.get("scale"):
-                unit = float(np.max(np.abs(inputs[rule.approx["scale"].lstrip("?")])))
-            ok, err = _compare(b, a, rule, unit)
+            scale = (rule.approx or {}).get("scale")
+            if scale == TERMS:
+                unit = _terms(lhs, params, inputs)
+            elif scale:
+                unit = float(np.max(np.abs(inputs[scale.lstrip("?")])))
+            ok, err = _compare(b, a, rule, unit, each=regime == "mixed")
             worst = max(worst, err)
             if not ok:
                 tol = ("rtol 1e-5" if rule.approx is None else
@@ -544,6 +598,44 @@ def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
         return RuleCheck(rule, variant, False, "no well-typed instance of the left side was "
                          "found (are its guards satisfiable?)")
     return RuleCheck(rule, variant, True, "", done, worst)
+
+
+def _terms(lhs: Expr, params: tuple, inputs: dict) -> np.ndarray:
+    """The magnitude of each element's terms: ``lhs`` evaluated on the inputs' magnitudes,
+    each input an op subtracts (``OpDef.subtracts``) negated, so that every term adds. A
+    rounding error of the computation, in any order, is a few float32 steps of it."""
+    from ..core.nodes import rewrite
+
+    def counted(node, children):
+        if isinstance(node, Call) and isinstance(node.op, OpDef) and node.op.subtracts:
+            negate = get_op("negative")
+            args = tuple(Call(op=negate, args=(a,)) if name in node.op.subtracts else a
+                         for name, a in zip(node.op.inputs, children))
+            return Call(op=node.op, args=args, attrs=node.attrs)
+        return None
+    magnitudes = {k: (np.abs(v) if v.dtype.kind == "f" else v) for k, v in inputs.items()}
+    out = run(Module({"main": Function(params=params, body=rewrite(lhs, counted))}),
+              magnitudes)
+    out = out[0] if isinstance(out, tuple) else out
+    return np.abs(np.asarray(out, np.float64))
+
+
+def _separates_axes(inst: _Instance, lhs: Expr) -> bool:
+    """Whether every per-channel parameter of ``lhs`` (a scale or zero point of rank 1) has
+    more than one value, along an axis whose length no other axis of its data has: an
+    instance where a rule that mistakes the axis differs. A variant is checked on one such
+    instance at least, where its guards allow one."""
+    for node in _calls(lhs):
+        if not isinstance(node.op, OpDef) or "axis" not in node.attrs or not node.args:
+            continue
+        data = inst.types.expr(node.args[0])
+        for name, arg in zip(node.op.inputs[1:], node.args[1:]):
+            t = inst.types.expr(arg)
+            if _role_dtypes(name) and isinstance(t, TensorType) and t.rank == 1 and \
+                    isinstance(data, TensorType) and \
+                    (t.shape[0] == 1 or data.shape.count(t.shape[0]) != 1):
+                return False
+    return True
 
 
 def _calls(e: Expr):

@@ -27,8 +27,8 @@ from ..ops.attrs import AttrValueError
 from ..ops.registry import BINARY, ELEMWISE, UNARY, all_ops, get_op, has_op
 from ..resources import grammar_path, rules_dir
 from .guards import KINDS, with_choices
-from .ast import (AttrLit, AttrTypeOf, AttrVar, Guard, OpRef, PCall, PLit, PMap, PProj, PTuple,
-                  PVar, Pattern, Rule, RuleSet, attr_vars, op_sets, pattern_vars, tuple_rests,
+from .ast import (TERMS, AttrLit, AttrTypeOf, AttrVar, Guard, OpRef, PCall, PLit, PMap, PProj,
+                  PTuple, PVar, Pattern, Rule, RuleSet, attr_vars, op_sets, pattern_vars, tuple_rests,
                   walk)
 
 
@@ -167,12 +167,12 @@ class _TreeToRules:
             rule.approx = {"rtol": 1e-2, "atol": 1e-3}
             for opt in (opts.children if opts is not None else []):
                 key, raw = str(opt.children[0]), str(opt.children[1])
-                if key == "scale" and raw.startswith("?"):
-                    rule.approx["scale"] = raw  # tolerances in units of this variable
-                    continue
-                if key not in ("rtol", "atol") or raw.startswith("?"):
+                if key == "scale" and (raw.startswith("?") or raw == TERMS):
+                    rule.approx["scale"] = raw  # tolerances in units of this variable, or
+                    continue                    # of each element's terms
+                if key not in ("rtol", "atol") or raw.startswith("?") or raw == TERMS:
                     raise self.error(f"unknown approx option '{key}={raw}' (use rtol=, atol=, "
-                                     "scale=?var)", opt)
+                                     f"scale=?var, scale={TERMS})", opt)
                 try:
                     value, dtype = decode_number(raw)    # the IR's literals, one decoder
                 except ValueError:
@@ -435,7 +435,7 @@ def check_rule_form(rule: Rule, b: _TreeToRules) -> None:
             raise b.error(f"<=>: the right side does not bind {sorted(missing)[0]}, so the rule "
                           "cannot run right to left", rule.rhs.loc)
     scale = (rule.approx or {}).get("scale")
-    if scale is not None and scale not in bound:
+    if scale != TERMS and scale is not None and scale not in bound:
         raise b.error(f"approx scale {scale} is not a value the left side binds", rule.loc)
     ctx = _GuardContext(bound, avars, b.error)
     rule.guards = [g.check(ctx) for g in rule.guards]
