@@ -31,23 +31,27 @@ class Report:
     output: dict[str, float]
     mode: str
     activations: str
+    warnings: list[str] = field(default_factory=list)   # what makes the accuracy suspect
 
     def __str__(self) -> str:
         return self.text
 
     def to_json(self) -> dict:
         return {"mode": self.mode, "activations": self.activations,
-                "layers": [[n, v] for n, v in self.layers], "output": self.output}
+                "layers": [[n, v] for n, v in self.layers], "output": self.output,
+                "warnings": list(self.warnings)}
 
     @classmethod
     def from_result(cls, q) -> "Report":
         """From a :class:`~eqquant.quant.flow.QuantizeResult`."""
-        return cls(q.report(), list(q.layers), dict(q.output), q.table.mode, q.dtype)
+        return cls(q.report(), list(q.layers), dict(q.output), q.table.mode, q.dtype,
+                   q.warnings())
 
     @classmethod
     def from_json(cls, data: Mapping, text: str = "") -> "Report":
         return cls(text, [(str(n), float(v)) for n, v in data["layers"]], dict(data["output"]),
-                   str(data.get("mode", "")), str(data.get("activations", "")))
+                   str(data.get("mode", "")), str(data.get("activations", "")),
+                   [str(w) for w in data.get("warnings", [])])
 
     def plot(self, path: str | Path | None = None):
         """Draw SQNR per layer as a bar chart; write it to ``path`` (.png/.svg/.pdf) if given.
@@ -224,6 +228,12 @@ def _samples(data: Any, model: Model) -> list[dict[str, np.ndarray]]:
         if all(np.ndim(data[n]) == len(shapes[n][0]) for n in names):
             # each array of the input's own rank: one sample (as `eqquant run -x` takes it)
             return [{n: np.asarray(data[n]) for n in names}]
+        for n in names:
+            if np.ndim(data[n]) != len(shapes[n][0]) + 1:
+                raise EqquantError(
+                    f"calibration array {n!r} has shape {np.shape(data[n])}: the input's own "
+                    f"shape {shapes[n][0]} (one sample), or that shape stacked on a leading "
+                    f"sample axis")
         counts = {len(data[n]) for n in names}
         if len(counts) != 1:
             raise EqquantError(f"the calibration arrays have different numbers of samples: "

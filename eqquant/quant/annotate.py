@@ -33,7 +33,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import EqquantError
-from ..core.nodes import Call, Constant, Expr, Function, Module, Scalar, Var, freeze_attrs, rewrite
+from ..core.nodes import (Call, Constant, Expr, Function, Module, Scalar, Var, freeze_attrs,
+                          post_order, rewrite)
 from ..ir.params import bind_params
 from ..ir.printer import value_labels
 from ..ir.typecheck import infer_types
@@ -41,7 +42,7 @@ from ..core.types import TensorType
 from ..ops.registry import (ANNOTATION, BIAS, COMPUTE, EPILOGUE, QUANT, SELECTS, WEIGHT, OpDef,
                             get_op)
 from ..passes.inline import inline_calls
-from .calibrate import OBSERVERS, CalibrationTable, Range
+from .calibrate import GUESSING, OBSERVERS, CalibrationTable, MinMax, Range
 
 
 def as_inputs(sample: Any, fn: Function) -> Mapping[str, np.ndarray]:
@@ -56,7 +57,6 @@ def as_inputs(sample: Any, fn: Function) -> Mapping[str, np.ndarray]:
 
 
 def _wanted(fn: Function, skip: set[str], labels: dict[int, str]) -> dict[int, str]:
-    from ..core.nodes import post_order
     types = infer_types(Module({"main": fn}))
     out = {}
     for node in [*fn.params, *post_order(fn.body)]:
@@ -83,7 +83,10 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
     fn = ex.module.main
     labels = value_labels(fn)
     wanted = _wanted(fn, set(skip), labels)
-    observers = {label: OBSERVERS[mode]() for label in wanted.values()}
+    bounded = {id(n) for n in post_order(fn.body)
+               if isinstance(n, Call) and getattr(n.op, "bounds", None) is not None}
+    observers = {label: (MinMax() if mode in GUESSING and key in bounded else OBSERVERS[mode]())
+                 for key, label in wanted.items()}
 
     count = 0
 

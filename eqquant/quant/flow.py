@@ -11,6 +11,7 @@ gives TVM's symmetric int8 (the seed-004 flow). Weights are always symmetric int
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -57,6 +58,10 @@ def expand_calibration(mod: Module) -> Module:
     fn = mod.main
     return Module({"main": Function(params=fn.params, body=rewrite(fn.body, visit),
                                     ret_type=fn.ret_type)}, version=mod.version)
+
+
+SQNR_FLOOR = 30.0      # dB: an output below it is warned of (an int8 program of the same
+                       # model in peers' hands sits at 25-45 dB)
 
 
 @dataclass
@@ -106,7 +111,20 @@ class QuantizeResult:
                      f"max abs error {o['max_abs_error']:.4g}{where}")
         if self.layouts is not None:
             lines.append(layout_summary(self.layouts))
+        lines += [f"warning: {w}" for w in self.warnings()]
         return "\n".join(lines)
+
+    def warnings(self) -> list[str]:
+        """What makes this program's accuracy suspect: ranges that leave out most of what
+        calibration saw, an output SQNR below SQNR_FLOOR."""
+        out = self.table.warnings()
+        if self.output.get("sqnr", math.inf) < SQNR_FLOOR:
+            out.append(f"the output's SQNR is {self.output['sqnr']:.1f} dB, below "
+                       f"{SQNR_FLOOR:g} dB: the int8 program is far from the float one "
+                       f"(calibrated with {self.table.mode}; try --mode minmax, more "
+                       f"calibration samples, or --min-sqnr to keep the worst layers in "
+                       f"float)")
+        return out
 
 
 def layout_summary(result: OptimizeResult) -> str:
