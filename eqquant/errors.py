@@ -14,6 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+QUOTED = 160        # the most of a source line an error quotes (around its column)
+
+
 @dataclass(frozen=True)
 class SourceLoc:
     """A position in a source text (1-based line and column)."""
@@ -33,7 +36,13 @@ class SourceLoc:
         if not 1 <= self.line <= len(lines):
             return ""
         text = lines[self.line - 1].expandtabs(1)
-        return f"    {text}\n    {' ' * (self.column - 1)}^"
+        at = self.column - 1
+        if len(text) > QUOTED:             # (a long line: the part around the column)
+            start = max(0, min(at - QUOTED // 2, len(text) - QUOTED))
+            cut = text[start:start + QUOTED]
+            text = ("..." if start else "") + cut + ("..." if start + QUOTED < len(text) else "")
+            at = at - start + (3 if start else 0)
+        return f"    {text}\n    {' ' * at}^"
 
 
 class EqquantError(Exception):

@@ -106,7 +106,7 @@ def _rules_corpus() -> list[str]:
 RULES_CORPUS = _rules_corpus()
 
 
-@_fuzz_settings(500)
+@_fuzz_settings(300)
 @given(text=mutated(RULES_CORPUS, RULE_TOKENS, max_edits=3))
 def test_fuzz_rules_files(text):
     """Mutated rule files: load, compile to egglog, and load into an e-graph."""
@@ -227,3 +227,64 @@ def test_fuzz_onnx_import(data, tmp_path_factory):
                 run(mod, {**inputs, **params})
             except EqquantError:
                 pass
+
+
+# -- shapes and quantization parameters past the ordinary: every engine agrees or refuses --
+
+_SHAPED = [
+    "sum(%x, axis=[{a}])", "mean(%x, axis=[{a}], keepdims=True)", "max(%x, axis=[{a}])",
+    "min(%x)", "reshape(%x, newshape=[-1])", "expand_dims(%x, axis=0, num_newaxis={n})",
+    "transpose(%x)", "nn.relu(%x)", "add(%x, %x)", "nn.softmax(%x, axis={a})",
+    "squeeze(%x)", "strided_slice(%x, begin=[0], end=[{n}], axes=[{a}])",
+]
+_SCALES = ["0f", "-1f", "1e-30f", "1e30f", "0.5f", "3.4e38f", "1e-45f"]
+
+
+@st.composite
+def _shaped_program(draw):
+    rank = draw(st.sampled_from([0, 1, 2, 3, 4, 7, 33, 40]))
+    dims = draw(st.lists(st.sampled_from([0, 1, 2, 3]), min_size=rank, max_size=rank))
+    kind = draw(st.sampled_from(["shape", "quantize", "requantize"]))
+    shape = ", ".join(map(str, dims)) + ("," if rank == 1 else "")
+    if kind == "shape":
+        body = draw(st.sampled_from(_SHAPED)).format(
+            a=draw(st.integers(-2, max(rank, 1))), n=draw(st.sampled_from([1, 2, 40, 100000])))
+        return f"def @main(%x: Tensor[({shape}), float32]) {{ {body} }}"
+    s1, s2 = draw(st.sampled_from(_SCALES)), draw(st.sampled_from(_SCALES))
+    z = draw(st.sampled_from([0, 128, -129, 300]))
+    if kind == "quantize":
+        return (f"def @main(%x: Tensor[({shape}), float32]) {{ "
+                f"qnn.quantize(%x, {s1}, {z}, out_dtype=\"uint8\") }}")
+    return (f"def @main(%x: Tensor[({shape}), int32]) {{ "
+            f"qnn.requantize(%x, {s1}, 0, {s2}, {z}, out_dtype=\"int8\") }}")
+
+
+@_fuzz_settings(250)
+@given(text=_shaped_program())
+def test_fuzz_zero_sizes_extreme_ranks_and_quantization_parameters(text):
+    """Zero-size tensors, ranks up to 40, scales of 0, negative, denormal or huge, zero
+    points out of range: the reference and the executor give the same result, or both
+    refuse with eqquant's own error; nothing else is raised, nothing crashes."""
+    RAN["zero sizes, extreme ranks, quantization parameters (both engines)"] += 1
+    from eqquant.ir.interp import run
+    from eqquant.runtime.executor import Executor
+    try:
+        mod = parse(text, "fuzz.ir")
+        check_module(mod)
+    except LOCATED as e:
+        assert e.loc is not None, e.format()
+        return
+    inputs = _small_inputs(mod)
+    outcomes = []
+    for engine in (lambda: run(mod, inputs), lambda: Executor(mod).run(inputs)):
+        with np.errstate(all="ignore"):
+            try:
+                outcomes.append(("value", engine()))
+            except EqquantError as e:
+                outcomes.append(("refused", e.message))
+    (kind_a, a), (kind_b, b) = outcomes
+    assert kind_a == kind_b, (text, outcomes)
+    if kind_a == "value":
+        for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+            assert x.shape == y.shape and x.dtype == y.dtype, text
+            np.testing.assert_array_equal(x, y, err_msg=text)

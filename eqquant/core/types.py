@@ -85,6 +85,7 @@ def default_compute_dtype(a: str, b: str) -> str:
 # The largest tensor a program may hold: 2**32 elements (16 GiB of float32), far beyond any
 # model eqquant runs on a CPU, and far below what would overflow a 64-bit size computation.
 MAX_ELEMENTS = 2 ** 32
+MAX_RANK = 32           # (numpy's arrays take 64 axes; no model has a tenth of that)
 
 
 def size_problem(t: "Type") -> str | None:
@@ -93,6 +94,8 @@ def size_problem(t: "Type") -> str | None:
         return next((p for p in map(size_problem, t.fields) if p), None)
     if not isinstance(t, TensorType):
         return None
+    if len(t.shape) > MAX_RANK:
+        return f"a tensor of rank {len(t.shape)} has more axes than eqquant handles ({MAX_RANK})"
     total = 1
     for d in t.shape:
         if not isinstance(d, (int, np.integer)) or d < 0:

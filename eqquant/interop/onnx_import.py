@@ -178,6 +178,16 @@ class Importer:
             _check_dtype(dtype, f"{self.source}: input '{vi.name}'")
             if vi.name in self.shapes:
                 shape = self.shapes[vi.name]
+                declared = len(tt.shape.dim) if tt.HasField("shape") else None
+                if declared is not None and len(shape) != declared:
+                    raise OnnxImportError(
+                        f"{self.source}: --shape {vi.name}=... gives {len(shape)} dimensions; "
+                        f"the model's input '{vi.name}' has {declared}")
+                for i, (d, given) in enumerate(zip(tt.shape.dim, shape)):
+                    if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != given:
+                        raise OnnxImportError(
+                            f"{self.source}: --shape {vi.name}=... gives dimension {i} as "
+                            f"{given}; the model fixes it at {d.dim_value}")
             else:
                 shape = []
                 for i, d in enumerate(tt.shape.dim):
@@ -196,6 +206,11 @@ class Importer:
             name = self.fresh_name(vi.name) or f"input{len(self.b.params)}"
             self.values[vi.name] = self.b.input(name, shape, dtype)
             self.input_names[vi.name] = name
+        unknown = sorted(set(self.shapes) - set(self.input_names))
+        if unknown:
+            raise OnnxImportError(f"{self.source}: --shape names {', '.join(unknown)}, which "
+                                  f"the model does not take as an input (its inputs: "
+                                  f"{', '.join(self.input_names) or 'none'})")
 
     def node(self, index: int, node) -> None:
         from onnx import helper

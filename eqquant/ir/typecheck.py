@@ -13,7 +13,7 @@ from ..errors import TypeCheckError
 from ..ops.registry import OpTypeError, is_scale
 from ..core.nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
                           TupleGetItem, Var, post_order)
-from ..core.types import FuncType, TupleType, Type, size_problem
+from ..core.types import FuncType, TensorType, TupleType, Type, size_problem
 
 
 class Inferer:
@@ -115,6 +115,13 @@ class Inferer:
             if bad is not None:
                 raise TypeCheckError(f"{op.name}: its {name} must be positive and finite, "
                                      f"got {bad}", getattr(arg, "loc", None) or node.loc)
+        ratio = _rescale(op, node.args, arg_types[0] if arg_types else None)
+        if ratio is not None:
+            raise TypeCheckError(f"{op.name}: it rescales {arg_types[0].dtype} values by "
+                                 f"input_scale / output_scale = {ratio[0]:.3g}, which its "
+                                 f"fixed-point product holds only below {ratio[1]:g} (the "
+                                 f"product of a value and a Q31 multiplier must stay within "
+                                 f"int64)", node.loc)
         return out
 
 
@@ -140,15 +147,44 @@ def check_module(mod: Module) -> dict[int, Type]:
     return types
 
 
+def _rescale(op, args, data) -> tuple[float, float] | None:
+    """Of an op that rescales its integers (``data``'s type) from ``input_scale`` to
+    ``output_scale`` (and no other scale: a requantize, an integer average), the literal
+    ratio and the bound it passes, where its fixed-point product could leave int64: a
+    value of b bits, shifted left by the ratio's exponent and multiplied by a Q31
+    multiplier, stays below 2**62 while the ratio is below 2**(32 - b) (1 for int32, 2**24
+    for 8 bits). Else None. (A ratio however small is held: the shift leaves 0, which is
+    the rounded result.)"""
+    import numpy as np
+    names = dict(zip(op.inputs, args))
+    if not {"input_scale", "output_scale"} <= set(names) or any(
+            is_scale(n) for n in names if n not in ("input_scale", "output_scale")):
+        return None
+    if not isinstance(data, TensorType) or not data.dtype.startswith(("int", "uint")):
+        return None
+    sides = [_literal(names[n]) for n in ("input_scale", "output_scale")]
+    if any(v is None or not v.size or not np.all(np.isfinite(v) & (v > 0)) for v in sides):
+        return None
+    bound = 2.0 ** (32 - np.iinfo(data.dtype).bits)
+    ratio = float(sides[0].max() / sides[1].min())
+    return (ratio, bound) if ratio >= bound else None
+
+
+def _literal(arg: Expr):
+    import numpy as np
+    if isinstance(arg, Scalar):
+        return np.asarray(arg.value, np.float64).reshape(-1)
+    if isinstance(arg, Constant) and arg.data is not None:
+        return np.asarray(arg.data, np.float64).reshape(-1)
+    return None
+
+
 def _not_a_scale(arg: Expr) -> float | None:
     """The first value of a literal scale (a Scalar, or a Constant's data) that is not a
     positive finite number, else None (a value computed at run time: not known here)."""
     import numpy as np
-    if isinstance(arg, Scalar):
-        values = np.asarray(arg.value, np.float64)
-    elif isinstance(arg, Constant) and arg.data is not None:
-        values = np.asarray(arg.data, np.float64)
-    else:
+    values = _literal(arg)
+    if values is None:
         return None
     bad = values[~(np.isfinite(values) & (values > 0))]
     return float(bad.reshape(-1)[0]) if bad.size else None

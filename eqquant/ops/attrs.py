@@ -147,6 +147,9 @@ class IntsKind(AttrKind):
             v = v * 2
         if self.lengths and len(v) not in self.lengths:
             raise AttrValueError(self._expected())
+        if self.expand == "pad2d" and min(v) < 0:
+            raise AttrValueError("sizes of 0 or more (padding adds pixels; to crop, "
+                                 "strided_slice)")
         return v
 
     def _expected(self) -> str:

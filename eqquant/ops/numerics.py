@@ -176,9 +176,11 @@ def fixed_point_multiply(x: np.ndarray, multiplier: int, shift: int,
     back to the input dtype, as TVM does.
     """
     left, right = max(shift, 0), max(-shift, 0)
+    total = right + 31
+    if total >= 63:         # (|x * multiplier| < 2**62 rounds to 0; int64 shifts stop at 63)
+        return np.zeros_like(x)
     v = x.astype(np.int64) << np.int64(left)
     v = v * np.int64(multiplier)
-    total = right + 31
     half = np.int64(1) << np.int64(total - 1)
     if rounding == "TONEAREST":
         v = v + np.where(v >= 0, half, half - 1)

@@ -841,7 +841,8 @@ class Softmax(Binding):
 
     def __call__(self, ins, out):
         n = ins[0].shape[-1]
-        k.softmax_rows(ins[0].reshape(-1, n), out.reshape(-1, n))
+        if out.size:                    # (no rows, or rows of nothing: nothing to write)
+            k.softmax_rows(ins[0].reshape(-1, n), out.reshape(-1, n))
 
 
 class View(Binding):

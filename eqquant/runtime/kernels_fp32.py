@@ -525,20 +525,19 @@ def unary(thread, threads, args):
 
 @parallel
 def softmax_rows(thread, threads, args):
-    """Softmax over the last axis of a (R, N) array."""
+    """Softmax over the last axis of a (R, N) array, in float64 and rounded once, as the
+    op's semantics computes it (each exponential taken twice rather than kept)."""
     x, out = args
     rows, n = x.shape
     for r in range(*share(rows, thread, threads)):
         m = -np.inf
         for i in range(n):
-            m = max(m, x[r, i])
+            m = max(m, np.float64(x[r, i]))
         s = 0.0
         for i in range(n):
-            e = np.exp(x[r, i] - m)
-            out[r, i] = e
-            s += e
+            s += np.exp(np.float64(x[r, i]) - m)
         for i in range(n):
-            out[r, i] /= s
+            out[r, i] = np.exp(np.float64(x[r, i]) - m) / s
 
 
 @parallel
