@@ -22,6 +22,24 @@ def data_dir(name: str) -> Path:
                             f"(looked in {_PKG / '_data'} and {_PKG.parent})")
 
 
+def cache_write(path: Path, data: str | bytes) -> bool:
+    """Put ``data`` at ``path`` in a cache, whole or not at all (written beside it, then
+    renamed over it: a reader never sees half a file, and a link there is replaced, never
+    written through); False where the cache cannot be written (a cache: the caller carries
+    on without it)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")
+        if isinstance(data, str):
+            part.write_text(data, encoding="utf-8")
+        else:
+            part.write_bytes(data)
+        part.replace(path)
+        return True
+    except OSError:
+        return False
+
+
 def source_digest(package: Path | None = None) -> str:
     """A digest of eqquant's source as installed (every .py, .c and .lark file of the package,
     ``package`` where given, and of grammar/: its path, size and modification time, which

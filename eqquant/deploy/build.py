@@ -42,7 +42,7 @@ import numpy as np
 
 from ..core.types import TensorType
 from ..errors import EqquantError
-from ..resources import cache_dir
+from ..resources import cache_dir, cache_write
 from ..runtime import compiling, launch, llvm_loops, memory
 from ..runtime.bindings import threads as pool_threads
 from .digests import file_digest
@@ -457,13 +457,7 @@ def objects_dir() -> Path:
 
 def _keep(path: Path, code: bytes) -> None:
     """Put an object in the cache, whole or not at all (a cache: a failure is ignored)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        part = path.with_name(f"{path.name}.{os.getpid()}.part")
-        part.write_bytes(code)
-        part.replace(path)
-    except OSError:
-        pass
+    cache_write(path, code)
 
 
 def keep_object(c) -> None:

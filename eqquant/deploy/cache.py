@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..errors import EqquantError, EvalError
 from ..ir.outputs import backup_path
-from ..resources import cache_dir, source_digest
+from ..resources import cache_dir, cache_write, source_digest
 from .digests import file_digest
 from .loader import FORMAT, Library, cpu_digest, pool_threads
 
@@ -187,14 +187,7 @@ def _save(executor, folder: Path, digest: str, aliases: dict | None) -> Library 
         return f"the library could not be written to the cache ({e})"
     if reason is not None:
         _set_aside(folder)
-        note = folder.with_suffix(".refused")
-        try:                                # (a new file: never written through a link)
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            part = note.with_name(f"{note.name}.{os.getpid()}.part")
-            part.write_text(reason, encoding="utf-8")
-            part.replace(note)
-        except OSError:
-            pass
+        cache_write(folder.with_suffix(".refused"), reason)   # (never through a link)
         return reason
     _prune()
     prune_objects()
@@ -329,9 +322,7 @@ def _optimized(model, digest: str | None):
         try:
             folder.mkdir(parents=True, exist_ok=True)
             save_program(ir, mod)
-            tmp = sums.with_suffix(f".{os.getpid()}.part")
-            tmp.write_text(_digests(ir, npz))
-            os.replace(tmp, sums)
+            cache_write(sums, _digests(ir, npz))
         except OSError:
             pass                                   # (a cache that cannot be written: none)
     return (dataclasses.replace(model, module=mod, params={}, _executor=None),

@@ -19,7 +19,7 @@ import os
 import time
 from pathlib import Path
 
-from ..resources import cache_dir
+from ..resources import cache_dir, cache_write
 
 SETTLED = 2.0       # seconds: a file changed more recently is hashed, not remembered
 
@@ -50,11 +50,5 @@ def file_digest(path: str | os.PathLike, remember: bool = True) -> str:
                 pass
         digest = hashlib.file_digest(f, "sha256").hexdigest()
     if memo is not None and max(st.st_mtime, st.st_ctime) < time.time() - SETTLED:
-        try:
-            memo.parent.mkdir(parents=True, exist_ok=True)
-            part = memo.with_name(f"{memo.name}.{os.getpid()}.part")
-            part.write_text(f"{identity} {digest}")
-            part.replace(memo)
-        except OSError:
-            pass                # (a cache that cannot be written: hashed each time)
+        cache_write(memo, f"{identity} {digest}")   # (unwritable: hashed each time)
     return digest

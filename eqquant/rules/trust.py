@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import RuleError
-from ..resources import cache_dir, source_digest
+from ..resources import cache_dir, cache_write, source_digest
 from .ast import Rule, RuleSet, format_rule
 
 PASSED = "eqquant rule check: passed\n"
@@ -63,14 +63,6 @@ def _passed(entry: Path) -> bool:
         return False
 
 
-def _record(entry: Path) -> None:
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        part = entry.with_name(f"{entry.name}.{os.getpid()}.part")
-        part.write_text(PASSED)
-        part.replace(entry)
-    except OSError:
-        pass                    # (a cache that cannot be written: checked every time)
 
 
 def verify(rulesets: list[RuleSet]) -> None:
@@ -90,7 +82,7 @@ def verify(rulesets: list[RuleSet]) -> None:
         if failed:
             rejected.append((rule, *failed[0]))
         else:
-            _record(entries[id(rule)])
+            cache_write(entries[id(rule)], PASSED)   # (unwritable: checked every time)
     if rejected:
         rule, variant, message = rejected[0]
         more = f" ({len(rejected) - 1} more rejected)" if len(rejected) > 1 else ""
