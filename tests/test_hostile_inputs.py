@@ -456,3 +456,27 @@ def test_onnx_dropout_in_training_mode_and_wrong_import_shapes_are_refused(tmp_p
             import_onnx(model(False), shapes)
     mod, _, _ = import_onnx(model(False), {"x": (3, 4)})
     assert mod.main.params[0].type.shape == (3, 4)
+
+
+def test_a_10_mb_comment_is_read_and_skipped(tmp_path):
+    from eqquant.ir.loader import load_program
+    path = tmp_path / "commented.ir"
+    path.write_text("// " + "a" * 10_000_000 + "\ndef @main(%x: Tensor[(1), float32]) { %x }\n")
+    mod, _ = load_program(path)
+    assert mod.main.body.name == "x"
+
+
+def test_running_out_of_memory_is_a_clear_error_not_a_traceback(tmp_path, monkeypatch,
+                                                                capsys):
+    """(As greedy extraction of a comm+assoc blow-up under --node-limit 5000000 did: 3.6 GB,
+    then MemoryError.) Whatever runs out of memory, the command says so and exits 2."""
+    import eqquant.optimizer as optimizer
+    path = tmp_path / "m.ir"
+    path.write_text("def @main(%x: Tensor[(1, 4), float32]) { nn.relu(%x) }\n")
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError()
+    monkeypatch.setattr(optimizer, "extract", out_of_memory)
+    assert cli_exit(["extract", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "out of memory" in err and "--node-limit" in err and "Traceback" not in err
