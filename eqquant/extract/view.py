@@ -61,6 +61,9 @@ class EGraphView:
         # a class bound by several lets lists them all: "$e3_, $e7_"
         self.lets: dict[str, str] = {c: d["let"].split(",")[0].strip()
                                      for c, d in data.get("class_data", {}).items() if "let" in d}
+        self.let_classes: dict[str, str] = {   # every let name -> its class
+            name.strip(): c for c, d in data.get("class_data", {}).items() if "let" in d
+            for name in d["let"].split(",")}
         lists: dict[str, list[str]] = {}
         sch = schema()
         self.root: str | None = None      # the class of the program's result

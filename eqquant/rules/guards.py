@@ -57,6 +57,32 @@ class Guard:
         """Whether the sampled instance satisfies the guard (the sampler only aims)."""
         return True
 
+    def failure(self, facts) -> str | None:
+        """Why the guard does not hold on a match (``facts``: ``type(var)``, ``is_const(var)``,
+        ``attr(var)``, ``sizes`` and ``where(var)``, as ``extract.matching`` gives them), or
+        None when it holds: ``guard dtype(?w) == int8 failed: ?w is float32 at %12``."""
+        return None
+
+    def _failed(self, detail: str) -> str:
+        return f"guard {self} failed: {detail}"
+
+
+def _actual(facts, fn: str, var: str):
+    """dtype, rank or shape of what ``var`` is bound to (None: no tensor type)."""
+    t = facts.type(var)
+    shape = getattr(t, "shape", None)
+    if shape is None:
+        return None
+    return {"dtype": t.dtype, "rank": len(shape), "shape": list(shape)}[fn]
+
+
+def _show(fn: str, value) -> str:
+    if value is None:
+        return "not a tensor"
+    if fn == "shape":
+        return "[" + ", ".join(str(d) for d in value) + "]"
+    return str(value)
+
 
 def _compare(side, fn: str, var: str, op: str, other: str) -> list[str]:
     """``fn(var) op other`` as query facts on the type analysis' ``fn-of`` tables."""
@@ -82,6 +108,11 @@ class Const(Guard):
 
     def compile(self, side) -> list[str]:
         return [f"(is-const {self.var})"]
+
+    def failure(self, facts) -> str | None:
+        if facts.is_const(self.var):
+            return None
+        return self._failed(f"{self.var} is computed at run time, at {facts.where(self.var)}")
 
     @classmethod
     def parse(cls, kids, b, loc) -> "Const":
@@ -150,6 +181,14 @@ class AttrIs(Guard):
     def constrain(self, inst) -> None:
         (inst.attr_eq if self.op == "==" else inst.attr_ne)[self.var] = self.value
 
+    def failure(self, facts) -> str | None:
+        from ..ops.attrs import format_value
+        got = facts.attr(self.var)
+        same = format_value(got) == format_value(self.value)
+        if same == (self.op == "=="):
+            return None
+        return self._failed(f"{self.var} is {format_value(got)} at {facts.where(self.var)}")
+
     @classmethod
     def parse(cls, kids, b, loc) -> "AttrIs":
         var, cmp, value = kids
@@ -186,6 +225,15 @@ class _TypeGuard(Guard):
     def holds(self, inst) -> bool:
         return (_type_of(inst, self.fn, self.var) == self.value) == (self.op == "==")
 
+    def failure(self, facts) -> str | None:
+        got = _actual(facts, self.fn, self.var)
+        if self._matches(got, facts) == (self.op == "=="):
+            return None
+        return self._failed(f"{self.var} is {_show(self.fn, got)} at {facts.where(self.var)}")
+
+    def _matches(self, got, facts) -> bool:
+        return got == (list(self.value) if self.fn == "shape" else self.value)
+
 
 @dataclass(frozen=True)
 class DtypeIs(_TypeGuard):
@@ -219,6 +267,12 @@ class DtypeIn(Guard):
 
     def compile(self, side) -> list[str]:
         raise AssertionError("a dtype choice is split into variants before it compiles")
+
+    def failure(self, facts) -> str | None:
+        got = _actual(facts, "dtype", self.var)
+        if got in self.dtypes:
+            return None
+        return self._failed(f"{self.var} is {_show('dtype', got)} at {facts.where(self.var)}")
 
     @classmethod
     def parse(cls, kids, b, loc) -> "DtypeIn":
@@ -312,6 +366,15 @@ class ShapeIs(_TypeGuard):
     def holds(self, inst) -> bool:
         return self.fits(_type_of(inst, "shape", self.var), inst.sizes) == (self.op == "==")
 
+    def _matches(self, got, facts) -> bool:
+        if not self.is_pattern:
+            return got == list(self.value)
+        sizes = dict(facts.sizes)       # (bound only if the whole pattern fits)
+        if not self.fits(got, sizes):
+            return False
+        facts.sizes.update(sizes)
+        return True
+
     @classmethod
     def parse(cls, fn, var, cmp, value, b, loc) -> "ShapeIs":
         if value.data != "g_ints":
@@ -385,6 +448,14 @@ class SameAs(_Between):
         same = _type_of(inst, self.fn, self.var) == _type_of(inst, self.fn, self.other)
         return same == (self.op == "==")
 
+    def failure(self, facts) -> str | None:
+        a, b = _actual(facts, self.fn, self.var), _actual(facts, self.fn, self.other)
+        if (a == b) == (self.op == "=="):
+            return None
+        return self._failed(f"{self.var} is {_show(self.fn, a)} at {facts.where(self.var)}, "
+                            f"{self.other} is {_show(self.fn, b)} at "
+                            f"{facts.where(self.other)}")
+
     @classmethod
     def parse(cls, fn, var, cmp, value, b, loc) -> "SameAs":
         other_fn, other = str(value.children[0]), str(value.children[1])
@@ -416,6 +487,15 @@ class TypeAttr(_Between):
         right = inst.attrs.get(self.other)
         right = list(right or []) if self.fn == "shape" else right
         return (_type_of(inst, self.fn, self.var) == right) == (self.op == "==")
+
+    def failure(self, facts) -> str | None:
+        right = facts.attr(self.other)
+        right = list(right or []) if self.fn == "shape" else right
+        got = _actual(facts, self.fn, self.var)
+        if (got == right) == (self.op == "=="):
+            return None
+        return self._failed(f"{self.var} is {_show(self.fn, got)} at {facts.where(self.var)}, "
+                            f"{self.other} is {_show(self.fn, right)}")
 
     @classmethod
     def parse(cls, fn, var, cmp, value, b, loc) -> "TypeAttr":
