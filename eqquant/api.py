@@ -115,6 +115,15 @@ class Model:
             x = {names[0]: x}
         return self._executor.run(self.named(x))
 
+    def why(self, label: str) -> str:
+        """Where the value ``label`` (``"%12"``, as ``text()`` names it) came from: the rules
+        that made it, in order, each with its file:line:col; the alternatives each extraction
+        rejected there, with their costs; the kernel chosen for it."""
+        from .explain import why
+        if self.quantized is not None:
+            return self.quantized.why(label)
+        return why(self.module, label)
+
     def text(self, types: bool = False) -> str:
         """The program as text IR (``types``: every value's type in a comment)."""
         from .ir.printer import print_module

@@ -111,6 +111,12 @@ class OptimizeResult:
         return "\n".join(lines)
 
 
+    def why(self, label: str) -> str:
+        """Where the value ``label`` (``%12``) of the program came from: the rules that made
+        it, the alternatives extraction rejected, its kernel (``explain.why``)."""
+        from .explain import why
+        return why(self.module, label, self.kernel_plan)
+
     def _layout_changes(self) -> list[str]:
         """Where the chosen program changes a layout (the ops with a src_layout and a
         dst_layout), each with the value it reads: empty when it changes none."""
@@ -141,7 +147,9 @@ def optimize(module: Module, params: Mapping[str, np.ndarray] | None = None,
              rules: Sequence[str | Path | RuleSet] = ("simplify", "bn_fold"),
              schedule: str | Sequence[Phase] | None = None, cost: str | CostModel = "cpu",
              extractor: str = "greedy", limits: Limits | None = None,
-             fold: bool = True) -> OptimizeResult:
+             fold: bool = True, why: bool = True) -> OptimizeResult:
+    """``why``: give each call of the result its ``origin`` (the rules that made it and the
+    alternatives extraction rejected: ``extract.provenance``), after those it came in with."""
     seconds: dict[str, float] = {}
     t = time.perf_counter()
     model = cost_model(cost)
@@ -169,8 +177,14 @@ def optimize(module: Module, params: Mapping[str, np.ndarray] | None = None,
     view = EGraphView.of(session)
     root = view.root
     ex = extract(view, root, model, extractor)
-    out = to_module(view, ex.choice, root, session.encoded)
     seconds["extract"] = time.perf_counter() - t
+    origins = None
+    if why:
+        from .extract.provenance import origins as derive
+        t = time.perf_counter()
+        origins = derive(view, session, ex.choice, model, ", ".join(p.ruleset for p in phases))
+        seconds["why"] = time.perf_counter() - t
+    out = to_module(view, ex.choice, root, session.encoded, origins)
 
     t = time.perf_counter()
     if fold:

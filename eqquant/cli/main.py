@@ -327,6 +327,22 @@ def _unchecked_note(said: list[str]) -> str:
             if said else "")
 
 
+_WHY = click.option(
+    "--why", "why", multiple=True, metavar="%N",
+    help="Where the value %N of the program written came from: the rules that made it, in "
+         "order (file:line:col), the alternatives extraction rejected there with their costs, "
+         "its kernel. Repeatable.")
+
+
+def _answer_why(result, labels) -> None:
+    from ..errors import EqquantError
+    for label in labels:
+        try:
+            click.echo(result.why(label))
+        except EqquantError as e:
+            _fail(str(e))
+
+
 def _opt_options(fn):
     """Options shared by ``opt`` and ``extract``."""
     opts = [
@@ -354,6 +370,7 @@ def _opt_options(fn):
         click.option("--replan", is_flag=True, help="Forget the kernels MODEL names (a plan "
                      "made for another CPU or target) and plan them for this one."),
         _UNCHECKED_RULES,
+        _WHY,
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -388,7 +405,7 @@ def _optimize(model, params, rules, schedule, cost, extractor, iterations, node_
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the new program (.ir); its weights go to the .npz beside.")
 def opt(model, params, rules, schedule, cost, extractor, iterations, node_limit, time_limit,
-        replan, unchecked_rules, output):
+        replan, unchecked_rules, why, output):
     """Optimize MODEL: saturate with rules, extract the cheapest program, fold constants."""
     from ..ir.loader import refuse_overwriting_inputs, save_program
     refuse_overwriting_inputs(output, model, params)
@@ -402,6 +419,7 @@ def opt(model, params, rules, schedule, cost, extractor, iterations, node_limit,
         click.echo(result.model_summary)
     if not result.report.saturated:
         click.echo("LIMIT HIT: " + "; ".join(result.report.limits_hit), err=True)
+    _answer_why(result, why)
 
 
 @cli.command()
@@ -409,7 +427,7 @@ def opt(model, params, rules, schedule, cost, extractor, iterations, node_limit,
 @_opt_options
 @click.option("--explain", is_flag=True, help="Cost table, rules that fired, e-graph size.")
 def extract(model, params, rules, schedule, cost, extractor, iterations, node_limit,
-            time_limit, replan, unchecked_rules, explain):
+            time_limit, replan, unchecked_rules, why, explain):
     """Print the cheapest program equivalent to MODEL under a cost model."""
     from ..ir.printer import print_module
     with _rules_checked(unchecked_rules) as said:
@@ -420,6 +438,7 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
     if explain:
         click.echo("\n" + result.report.table(result.rule_locations))
         click.echo(result.explain())
+    _answer_why(result, why)
 
 
 @cli.command("quantize")
@@ -463,12 +482,13 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
               "model's prediction beside the executor's measured time; and its kernel plan.")
 @_TARGET
 @_UNCHECKED_RULES
+@_WHY
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The int8 program (.ir); weights go to the .npz and the calibration "
                    "table to the .calib.json beside it.")
 def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activations, skip,
                  layouts, cost, min_sqnr, budget_ms, keep_fp32, int8_only, pareto, explain,
-                 unchecked_rules, output):
+                 unchecked_rules, why, output):
     """Quantize MODEL (text IR or .onnx) to int8: calibrate, apply the quantize rules,
     report accuracy."""
     import json
@@ -516,6 +536,7 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
             click.echo(result.layouts.kernel_table)
     click.echo(f"wrote {ir_path}, {npz}, {table_path} and {report_path} "
                f"(eqquant plot sqnr {report_path} -o sqnr.png draws it)")
+    _answer_why(result, why)
 
 
 @cli.command("profile")
@@ -766,6 +787,27 @@ def rules_check(files, trials, seed):
         failed += sum(not r.ok for r in report.results)
     if failed:
         sys.exit(1)
+
+
+@rules.command("explain")
+@click.argument("file")
+@click.option("--on", "model", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The program (.ir, .py TVMScript or .onnx) to match the rules on.")
+@click.option("--params", "-p", type=click.Path(dir_okay=False, path_type=Path),
+              help="Weights (.npz); default: the .npz beside MODEL, if any.")
+@click.option("--rule", help="Only this rule of FILE.")
+@click.option("--schedule", "-s", help="The shipped rule sets to saturate with before FILE's "
+              "(default: the float pipeline's, \"simplify; bn_fold; simplify; fusion\").")
+@click.option("--limit", default=5, show_default=True,
+              help="Places listed per rule, for matches and for near misses.")
+def rules_explain(file, model, params, rule, schedule, limit):
+    """Where FILE's rules match on MODEL's saturated e-graph, and why they miss where their
+    head op is: the sub-pattern, attribute or guard that failed, with locations in FILE and
+    in MODEL."""
+    from ..explain import explain_rules
+    from ..ir.loader import load_program
+    mod, values = load_program(model, params)
+    click.echo(explain_rules(mod, file, values, rule, schedule).text(limit))
 
 
 @cli.command()

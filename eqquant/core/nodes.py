@@ -97,6 +97,9 @@ class Call(Expr):
     attrs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     name: str | None = None
     loc: SourceLoc | None = None
+    # how the optimizer made this call (``extract.provenance.Origin``: the rules, in order,
+    # and what extraction rejected for it); None for a call written by the user
+    origin: Any = None
 
     def children(self) -> tuple[Expr, ...]:
         if isinstance(self.op, Expr):  # the callee last: a composite prints next to its call
@@ -226,8 +229,9 @@ def rebuild(node: Expr, children: tuple[Expr, ...]) -> Expr:
     if isinstance(node, Call):
         if isinstance(node.op, Expr):
             return Call(op=children[-1], args=children[:-1], attrs=node.attrs, name=node.name,
-                        loc=node.loc)
-        return Call(op=node.op, args=children, attrs=node.attrs, name=node.name, loc=node.loc)
+                        loc=node.loc, origin=node.origin)
+        return Call(op=node.op, args=children, attrs=node.attrs, name=node.name, loc=node.loc,
+                    origin=node.origin)
     if isinstance(node, Tuple):
         return Tuple(fields=children, name=node.name, loc=node.loc)
     if isinstance(node, TupleGetItem):

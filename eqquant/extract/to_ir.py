@@ -15,7 +15,10 @@ from ..egraph.schema import scalar_value
 from .view import WEAK, EGraphView, ENode
 
 
-def to_module(view: EGraphView, choice: dict[str, ENode], root: str, encoded: Encoded) -> Module:
+def to_module(view: EGraphView, choice: dict[str, ENode], root: str, encoded: Encoded,
+              origins: dict | None = None) -> Module:
+    """The program of ``choice``; ``origins`` (``extract.provenance.origins``, by class) gives
+    each call its ``origin``."""
     flat = encoded.module
     params = {p.name: p for p in flat.main.params}
     constants = {n.index: n for n in encoded.nodes.values() if isinstance(n, Constant)}
@@ -51,7 +54,8 @@ def to_module(view: EGraphView, choice: dict[str, ENode], root: str, encoded: En
         strong = next((view.types[k].dtype for k in kids if view.types[k] != WEAK and
                        isinstance(view.types[k], TensorType)), None)
         args = tuple(scalar(k, strong) if view.types[k] == WEAK else built[k] for k in kids)
-        return Call(op=node.op, args=args, attrs=freeze_attrs(node.attrs), name=names.get(cls))
+        return Call(op=node.op, args=args, attrs=freeze_attrs(node.attrs), name=names.get(cls),
+                    origin=origins.get(cls) if origins else None)
 
     # operands first, without recursion (graphs can be thousands of values deep)
     stack: list[tuple[str, bool]] = [(root, False)]

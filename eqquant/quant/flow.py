@@ -114,6 +114,12 @@ class QuantizeResult:
         lines += [f"warning: {w}" for w in self.warnings()]
         return "\n".join(lines)
 
+    def why(self, label: str) -> str:
+        """Where the value ``label`` (``%12``) of the program that runs came from (``explain
+        .why``): the rules of every phase, in order, and what each extraction rejected."""
+        from ..explain import why
+        return why(self.runnable, label, self.layouts.kernel_plan if self.layouts else ())
+
     def warnings(self) -> list[str]:
         """What makes this program's accuracy suspect: ranges that leave out most of what
         calibration saw, an output SQNR below SQNR_FLOOR."""
@@ -201,13 +207,16 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
              check_input: Mapping[str, np.ndarray] | None = None,
              layouts: bool = True, min_sqnr: float | None = None,
              budget_ms: float | None = None, keep_fp32: Sequence[str] = (),
-             metric=None, max_drop: float | None = None, pareto: bool = False
-             ) -> QuantizeResult:
+             metric=None, max_drop: float | None = None, pareto: bool = False,
+             why: bool = True) -> QuantizeResult:
     """The int8 program of ``mod``. With ``min_sqnr`` (dB), ``budget_ms``, ``keep_fp32``
     (values to leave in float) or ``metric`` and ``max_drop``, a mixed-precision program:
     which values are quantized is chosen by extraction from one saturated e-graph
     (``quant.mixed``), and the report gives each round of the search; ``pareto`` adds the
-    latency/SQNR points of a range of budgets, from the same saturated e-graph."""
+    latency/SQNR points of a range of budgets, from the same saturated e-graph. ``why``: each
+    op of the programs carries its ``origin`` (the rules that made it, phase after phase, and
+    what each extraction rejected: ``extract.provenance``; a mixed program's int8 phase is
+    the search's, without one)."""
     from ..runtime.measured_cost import resolve_cost
     cost = resolve_cost(cost)        # the model of every phase that chooses kernels
     # The float phase is structural (batch norms folded, epilogues fused: each rule takes a
@@ -216,7 +225,7 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     # a third of resnet18's convolutions apart from their bias or relu, each part then
     # marked and quantized on its own.
     fp = optimize(bind_params(mod, params) if params else mod, None, FP32_RULES,
-                  FP32_SCHEDULE, cost="cpu").module
+                  FP32_SCHEDULE, cost="cpu", why=why).module
     # a measured model times each kernel with its weights where a program of that precision
     # holds them: in the last-level cache if they fit there (int8: a quarter of the bytes)
     cost = cost.for_weights(constant_bytes(fp), constant_bytes(fp) // 4)
@@ -241,14 +250,14 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
         result = _mixed_as_optimized(space, mixed.program, marked, weigh)
         int8 = mixed.program
     else:
-        result = optimize(marked, None, INT8_RULES, cost=weigh, extractor="best")
+        result = optimize(marked, None, INT8_RULES, cost=weigh, extractor="best", why=why)
         int8 = expand_calibration(result.module)
     if check_input is not None:
         layers, output = evaluate(fp, int8, table, dtype, as_inputs(check_input, fp.main))
     else:   # no held-out input: the output's figures over (up to 8 of) the calibration set
         layers, output = evaluate(fp, int8, table, dtype, samples[0], samples[1:8])
         output["samples"] = min(len(samples), 8)
-    chosen = compile_layouts(int8, cost) if layouts else None
+    chosen = compile_layouts(int8, cost, why=why) if layouts else None
     return QuantizeResult(int8, fp, table, result, layers, output, dtype, kept_float,
                           chosen.module if chosen else None, chosen, cost.summary(), mixed,
                           front)
@@ -263,7 +272,8 @@ def cpu_program(mod: Module, cost: str | CostModel = "auto", target=None) -> Opt
     return compile_layouts(fp, cost, target)
 
 
-def compile_layouts(mod: Module, cost: str | CostModel = "auto", target=None) -> OptimizeResult:
+def compile_layouts(mod: Module, cost: str | CostModel = "auto", target=None,
+                    why: bool = True) -> OptimizeResult:
     """``mod`` (float or integer) with its layouts chosen for the CPU kernels by
     ``rules/layout.rules`` (exact rules: the same numbers): convolutions channel-last where
     their kernels read it, layout changes where they pay; and each int8 site's kernel named
@@ -271,7 +281,7 @@ def compile_layouts(mod: Module, cost: str | CostModel = "auto", target=None) ->
     NCHW form stays the interchange one (ONNX)."""
     from ..runtime.lowering import planned
     from ..runtime.measured_cost import resolve_cost
-    return planned(optimize(mod, None, LAYOUT_RULES, cost=resolve_cost(cost)), target)
+    return planned(optimize(mod, None, LAYOUT_RULES, cost=resolve_cost(cost), why=why), target)
 
 
 def _mixed_as_optimized(space, program: Module, marked: Module, cost) -> OptimizeResult:

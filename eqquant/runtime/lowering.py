@@ -229,7 +229,8 @@ def plan_kernels(mod: Module, target: Target | None = None) -> tuple[Module, lis
         if pinned:
             return None
         attrs = freeze_attrs({**node.attrs, KERNEL: chosen.kernel})
-        return Call(op=node.op, args=children, attrs=attrs, name=node.name, loc=node.loc)
+        return Call(op=node.op, args=children, attrs=attrs, name=node.name, loc=node.loc,
+                    origin=node.origin)
 
     body = rewrite(fn.body, visit)
     main = Function(params=fn.params, body=body, ret_type=fn.ret_type, attrs=fn.attrs,
@@ -244,7 +245,8 @@ def unplanned(mod: Module) -> Module:
         if isinstance(node, Call) and not isinstance(node.op, Expr) and \
                 node.attrs.get(KERNEL):
             return Call(op=node.op, args=children, attrs=freeze_attrs(
-                {**node.attrs, KERNEL: ""}), name=node.name, loc=node.loc)
+                {**node.attrs, KERNEL: ""}), name=node.name, loc=node.loc,
+                    origin=node.origin)
         return None
     functions = {name: Function(params=fn.params, body=rewrite(fn.body, visit),
                                 ret_type=fn.ret_type, attrs=fn.attrs, name=fn.name,
