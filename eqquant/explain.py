@@ -125,9 +125,12 @@ def why(module: Module, label: str, decisions=()) -> str:
     wanted = label if label.startswith("%") else f"%{label}"
     node = next((n for n in post_order(module.main.body) if labels.get(id(n)) == wanted), None)
     if node is None:
-        known = [v for v in labels.values() if v[1:2].isdigit()]
-        raise EqquantError(f"the program has no value {wanted} (its values: "
-                           f"{', '.join(known[:3])} .. {', '.join(known[-2:])})")
+        params = {id(p) for p in module.main.params}
+        known = list(dict.fromkeys(v for k, v in labels.items() if k not in params))
+        listed = ", ".join(known) if len(known) <= 6 else \
+            f"{', '.join(known[:3])} .. {', '.join(known[-3:])}"
+        raise EqquantError(f"the program has no value {wanted} (its values: {listed}; the "
+                           "result, when the program does not name it, is %result)")
     if not isinstance(node, Call) or node.op_name is None:
         return f"{wanted} is not an op call: it is a {type(node).__name__}"
     lines = [f"{wanted} = {node.op_name}"]
