@@ -119,7 +119,7 @@ class Model:
         """Where the value ``label`` (``"%12"``, as ``text()`` names it) came from: the rules
         that made it, in order, each with its file:line:col; the alternatives each extraction
         rejected there, with their costs; the kernel chosen for it."""
-        from .explain import why
+        from .extract.provenance import why
         if self.quantized is not None:
             return self.quantized.why(label)
         return why(self.module, label)

@@ -21,7 +21,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .core.nodes import Call, Module
+from .core.nodes import Module
 from .egraph.engine import EGraphSession, Limits, parse_schedule
 from .errors import EqquantError
 from .extract.matching import Match, Matcher, Miss
@@ -113,34 +113,3 @@ def explain_rules(module: Module, file: str | Path | RuleSet,
     return RulesExplanation(str(own.file), "; ".join(str(p) for p in phases), answers, name_of,
                             report.limits_hit)
 
-
-def why(module: Module, label: str, decisions=()) -> str:
-    """Where the value ``label`` (``%12``, as the printed program names it) of an optimized
-    program came from: its op, the rules that made it in order (each with its file:line:col),
-    the alternatives each extraction rejected there with their costs, and (``decisions``,
-    ``runtime.lowering.Decision`` of the kernel plan) the kernel chosen for it and why."""
-    from .core.nodes import post_order
-    from .ir.printer import value_labels
-    labels = value_labels(module.main)
-    wanted = label if label.startswith("%") else f"%{label}"
-    node = next((n for n in post_order(module.main.body) if labels.get(id(n)) == wanted), None)
-    if node is None:
-        params = {id(p) for p in module.main.params}
-        known = list(dict.fromkeys(v for k, v in labels.items() if k not in params))
-        listed = ", ".join(known) if len(known) <= 6 else \
-            f"{', '.join(known[:3])} .. {', '.join(known[-3:])}"
-        raise EqquantError(f"the program has no value {wanted} (its values: {listed}; the "
-                           "result, when the program does not name it, is %result)")
-    if not isinstance(node, Call) or node.op_name is None:
-        return f"{wanted} is not an op call: it is a {type(node).__name__}"
-    lines = [f"{wanted} = {node.op_name}"]
-    if node.origin is None:
-        lines.append("no record of how it was made: it is as the program was given, or it "
-                     "was made outside the optimizer")
-    else:
-        lines.append(node.origin.text())
-    chosen = [d for d in decisions if d.label == wanted]
-    if chosen:
-        from .runtime.lowering import plan_table
-        lines.append(plan_table(chosen))
-    return "\n".join(lines)

@@ -114,7 +114,7 @@ class OptimizeResult:
     def why(self, label: str) -> str:
         """Where the value ``label`` (``%12``) of the program came from: the rules that made
         it, the alternatives extraction rejected, its kernel (``explain.why``)."""
-        from .explain import why
+        from .extract.provenance import why
         return why(self.module, label, self.kernel_plan)
 
     def _layout_changes(self) -> list[str]:

@@ -129,7 +129,7 @@ def test_why_lists_the_rules_of_every_phase_in_order_with_locations(resnet18, tm
     assert re.search(r"chosen\s+[\d.]+ ms /\s+[\d.]+ ms\s+fused\.qconv2d", phase)
     rejected = re.findall(r"rejected\s+[\d.]+ ms /\s+([\d.]+) ms\s+(\S+)\(", phase)
     assert rejected and all(float(c) > 0 for c, _ in rejected)
-    assert "kernel plan" in why and re.search(r"%2 = fused\.qconv2d .*: \S+ \(cheapest\)", why)
+    assert "its kernel:" in why and re.search(r"%2 = fused\.qconv2d .*: \S+ \(cheapest\)", why)
 
 
 def test_why_on_a_users_own_rule_and_on_a_value_that_is_not_there(tmp_path, capsys):

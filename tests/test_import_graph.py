@@ -21,7 +21,7 @@ LAYERS = [
     ("runtime",),                     # kernels and the executor
     ("quant",),                       # calibration, marking, the int8 flow
     ("interop", "viz"),               # ONNX import/export, plots
-    ("api",),
+    ("api", "explain"),
     ("deploy",),                      # programs saved ahead of time, run without Numba
     ("pipeline",),                    # eqquant demo
     ("cli", "__init__"),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.nodes import Call
+from ..core.nodes import Call, Module
 from ..extract.cost import CostModel
 from .extractors import node_costs
 from .matching import Match, Matcher
@@ -80,86 +80,102 @@ def _merge(chains) -> tuple[Step, ...]:
     return tuple(out)
 
 
-def origins(view: EGraphView, session, choice: dict[str, ENode], model: CostModel,
-            phase: str) -> dict[str, Origin]:
-    """The :class:`Origin` of each chosen op, by e-class (``session``: the
-    ``egraph.engine.EGraphSession`` the view was read from)."""
-    fired = {name for name, n in session.report.matches().items() if n}
-    rules = {}
-    for rs in session.rulesets.values():
-        for c in rs.rules:
-            if c.name in fired:
-                rules.setdefault((id(c.rule), c.name.endswith("<-")), c.rule)
-    matcher = Matcher(view)
-    found: list[tuple[Match, tuple[str, ...]]] = []
-    for (_, reverse), rule in rules.items():
-        for m in matcher.matches(rule, reverse):
-            built = matcher.built(m)
-            if built:
-                found.append((m, built))
-    given = _loaded_nodes(view, session)
-    made: dict[str, Match | None] = dict.fromkeys(given)
-    changed = True
-    while changed:
-        changed = False
-        for m, built in found:
-            if all(n in made for n in m.nodes) and any(b not in made for b in built):
-                for b in built:
-                    made.setdefault(b, m)
-                changed = True
-    # an op's steps: those of earlier phases (the origins its left sides' ops came in
-    # with), then this phase's, each in the order it was derived
-    memo: dict[str, tuple[tuple[Step, ...], tuple[Step, ...]]] = {}
+class Provenance:
+    """The derivations of one saturated e-graph, made once; :meth:`origins` of any number of
+    extractions from it."""
 
-    def steps(nid: str) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
+    def __init__(self, view: EGraphView, session, model: CostModel, phase: str):
+        """``session``: the ``egraph.engine.EGraphSession`` the view was read from; ``model``
+        the cost model extraction used; ``phase`` how the phase is shown (its rule sets)."""
+        self.view, self.phase = view, phase
+        self.unit = "s" if model.name in ("cpu", "measured") else ""
+        fired = {name for name, n in session.report.matches().items() if n}
+        rules = {}
+        for rs in session.rulesets.values():
+            for c in rs.rules:
+                if c.name in fired:
+                    rules.setdefault((id(c.rule), c.name.endswith("<-")), c.rule)
+        matcher = Matcher(view)
+        found: list[tuple[Match, tuple[str, ...]]] = []
+        for (_, reverse), rule in rules.items():
+            for m in matcher.matches(rule, reverse):
+                built = matcher.built(m)
+                if built:
+                    found.append((m, built))
+        self.given = _loaded_nodes(view, session)
+        made: dict[str, Match | None] = dict.fromkeys(self.given)
+        changed = True
+        while changed:
+            changed = False
+            for m, built in found:
+                if all(n in made for n in m.nodes) and any(b not in made for b in built):
+                    for b in built:
+                        made.setdefault(b, m)
+                    changed = True
+        self.made = made
+        self._steps: dict[str, tuple[tuple[Step, ...], tuple[Step, ...]]] = {}
+        self.costs = node_costs(view, model)
+        self.best = _cheapest(view, self.costs)
+        self.name_of = namer(view, session)
+
+    def steps(self, nid: str) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
+        """An e-node's steps: those of earlier phases (the origins its left sides' ops came
+        in with), and this phase's, each in the order it was derived."""
+        memo = self._steps
         if nid in memo:
             return memo[nid]
-        m = made.get(nid)
+        m = self.made.get(nid)
         if m is None:
-            origin = getattr(given.get(nid), "origin", None)
+            origin = getattr(self.given.get(nid), "origin", None)
             out = (origin.steps if origin else (), ())
         else:
             memo[nid] = ((), ())      # (a guard: derivations are well founded, but cheap)
-            parts = [steps(n) for n in m.nodes]
+            parts = [self.steps(n) for n in m.nodes]
             out = (_merge(p[0] for p in parts),
                    _merge([*(p[1] for p in parts),
                            (Step(m.name, str(m.rule.loc), m.rule.ruleset),)]))
         memo[nid] = out
         return out
 
-    def inherited(nid: str, seen: set) -> tuple[Choice, ...]:
-        """The earlier phases' choices of the op a derivation starts from (each left
-        side's top op, back to one the program came in with)."""
+    def inherited(self, nid: str) -> tuple[Choice, ...]:
+        """The earlier phases' choices of the op a derivation starts from (each left side's
+        top op, back to one the program came in with)."""
+        seen: set[str] = set()
         while nid not in seen:
             seen.add(nid)
-            m = made.get(nid)
+            m = self.made.get(nid)
             if m is None:
-                origin = getattr(given.get(nid), "origin", None)
+                origin = getattr(self.given.get(nid), "origin", None)
                 return origin.choices if origin else ()
             if not m.nodes:
                 return ()
             nid = m.nodes[0]
         return ()
 
-    costs = node_costs(view, model)
-    best = _cheapest(view, costs)
-    name_of = namer(view, session)
-    unit = "s" if model.name in ("cpu", "measured") else ""
-    out: dict[str, Origin] = {}
-    for cls, node in choice.items():
-        if node.kind != "op":
-            continue
-        alts = tuple(Alternative(
-            f"{n.op.name}({', '.join(name_of(k).split(' (')[0] for k in n.children)})"
-            if n.kind == "op" else n.kind,
-            costs.get(n.node_id, 0.0),
-            costs.get(n.node_id, 0.0) + sum(best.get(k, 0.0) for k in n.children),
-            n.node_id == node.node_id)
-            for n in view.classes.get(cls, ()) if n.node_id not in view.bad)
-        before, here = steps(node.node_id)
-        out[cls] = Origin(_merge([before, here]),
-                          inherited(node.node_id, set()) + (Choice(phase, alts, unit),))
-    return out
+    def origins(self, choice: dict[str, ENode]) -> dict[str, Origin]:
+        """The :class:`Origin` of each op an extraction chose, by e-class."""
+        view = self.view
+        out: dict[str, Origin] = {}
+        for cls, node in choice.items():
+            if node.kind != "op":
+                continue
+            alts = tuple(Alternative(
+                f"{n.op.name}({', '.join(self.name_of(k).split(' (')[0] for k in n.children)})"
+                if n.kind == "op" else n.kind,
+                self.costs.get(n.node_id, 0.0),
+                self.costs.get(n.node_id, 0.0) + sum(self.best.get(k, 0.0) for k in n.children),
+                n.node_id == node.node_id)
+                for n in view.classes.get(cls, ()) if n.node_id not in view.bad)
+            before, here = self.steps(node.node_id)
+            out[cls] = Origin(_merge([before, here]), self.inherited(node.node_id)
+                              + (Choice(self.phase, alts, self.unit),))
+        return out
+
+
+def origins(view: EGraphView, session, choice: dict[str, ENode], model: CostModel,
+            phase: str) -> dict[str, Origin]:
+    """The :class:`Origin` of each op of one extraction (:class:`Provenance`)."""
+    return Provenance(view, session, model, phase).origins(choice)
 
 
 _KINDS = {"Var": "Input", "Constant": "Const", "Scalar": "Scalar", "Tuple": "MkTuple",
@@ -204,3 +220,35 @@ def _cheapest(view: EGraphView, costs: dict[str, float]) -> dict[str, float]:
         if not changed:
             break
     return best
+
+
+def why(module: Module, label: str, decisions=()) -> str:
+    """Where the value ``label`` (``%12``, as the printed program names it) of an optimized
+    program came from: its op, the rules that made it in order (each with its file:line:col),
+    the alternatives each extraction rejected there with their costs, and (``decisions``,
+    ``runtime.lowering.Decision`` of the kernel plan) the kernel chosen for it and why."""
+    from ..core.nodes import post_order
+    from ..errors import EqquantError
+    from ..ir.printer import value_labels
+    labels = value_labels(module.main)
+    wanted = label if label.startswith("%") else f"%{label}"
+    node = next((n for n in post_order(module.main.body) if labels.get(id(n)) == wanted), None)
+    if node is None:
+        params = {id(p) for p in module.main.params}
+        known = list(dict.fromkeys(v for k, v in labels.items() if k not in params))
+        listed = ", ".join(known) if len(known) <= 6 else \
+            f"{', '.join(known[:3])} .. {', '.join(known[-3:])}"
+        raise EqquantError(f"the program has no value {wanted} (its values: {listed}; the "
+                           "result, when the program does not name it, is %result)")
+    if not isinstance(node, Call) or node.op_name is None:
+        return f"{wanted} is not an op call: it is a {type(node).__name__}"
+    lines = [f"{wanted} = {node.op_name}"]
+    if node.origin is None:
+        lines.append("no record of how it was made: it is as the program was given, or it "
+                     "was made outside the optimizer")
+    else:
+        lines.append(node.origin.text())
+    for d in decisions:          # (runtime.lowering.Decision: the kernel plan's)
+        if d.label == wanted:
+            lines += ["its kernel:", *d.lines()]
+    return "\n".join(lines)

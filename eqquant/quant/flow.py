@@ -117,7 +117,7 @@ class QuantizeResult:
     def why(self, label: str) -> str:
         """Where the value ``label`` (``%12``) of the program that runs came from (``explain
         .why``): the rules of every phase, in order, and what each extraction rejected."""
-        from ..explain import why
+        from ..extract.provenance import why
         return why(self.runnable, label, self.layouts.kernel_plan if self.layouts else ())
 
     def warnings(self) -> list[str]:

@@ -112,6 +112,7 @@ class MixedSpace:
         the label in the program that was marked); else the marked program's labels."""
         from ..egraph.engine import EGraphSession, Phase
         from ..extract.extractors import extract
+        from ..extract.provenance import Provenance
         from ..extract.to_ir import to_module
         from ..extract.view import EGraphView
         from ..optimizer import _rulesets
@@ -169,12 +170,15 @@ class MixedSpace:
         self.saturations += 1
         view = EGraphView.of(self.session)
         fields = self._fields(view)
+        # (each variant's ops carry their origin: the rules, and the alternatives here)
+        why = Provenance(view, self.session, cost, ", ".join(rules) + " (mixed precision)")
         for region in self.regions:
             for key, at in region.roots.items():
                 ex = extract(view, fields[at], cost, "best")
                 region.costs[key] = ex.cost
                 region.terms[key] = to_module(view, ex.choice, fields[at],
-                                              self.session.encoded).main.body
+                                              self.session.encoded,
+                                              why.origins(ex.choice)).main.body
         cost.flush()
 
     # -- cutting the marked program at its marks ----------------------------------------------

@@ -194,6 +194,22 @@ class Decision:
     pinned: bool             # the program named the kernel
     options: tuple[Option, ...]
 
+    def lines(self) -> list[str]:
+        """The decision as the kernel plan's table prints it: the kernel and why (the costs of
+        the kernels that run the site, what keeps the others out)."""
+        how = "pinned in the program" if self.pinned else "cheapest"
+        out = [f"  {self.label} = {self.site.op} ({self.site.describe()}): "
+               f"{self.chosen.kernel} ({how})"]
+        runs = [f"{o.kernel} {o.cost:.3g}" for o in self.options if o.cost is not None]
+        out.append(f"      runs it: {', '.join(runs)}")
+        kept_out: dict[str, list[str]] = {}     # why -> the kernels it keeps out
+        for o in self.options:
+            if o.cost is None and "does not offer" not in o.why:
+                kept_out.setdefault(o.why, []).append(o.kernel)
+        for why, kernels in kept_out.items():
+            out.append(f"      not {', '.join(kernels)}: {why}")
+        return out
+
 
 def plan_kernels(mod: Module, target: Target | None = None) -> tuple[Module, list[Decision]]:
     """``mod`` with a kernel named at every call site that has one to choose (the cheapest its
@@ -276,15 +292,5 @@ def plan_table(decisions: Sequence[Decision], target: Target | None = None) -> s
     if not decisions:
         lines.append("  (no site chooses a kernel)")
     for d in decisions:
-        how = "pinned in the program" if d.pinned else "cheapest"
-        lines.append(f"  {d.label} = {d.site.op} ({d.site.describe()}): {d.chosen.kernel} "
-                     f"({how})")
-        runs = [f"{o.kernel} {o.cost:.3g}" for o in d.options if o.cost is not None]
-        lines.append(f"      runs it: {', '.join(runs)}")
-        kept_out: dict[str, list[str]] = {}     # why -> the kernels it keeps out
-        for o in d.options:
-            if o.cost is None and "does not offer" not in o.why:
-                kept_out.setdefault(o.why, []).append(o.kernel)
-        for why, kernels in kept_out.items():
-            lines.append(f"      not {', '.join(kernels)}: {why}")
+        lines += d.lines()
     return "\n".join(lines)
