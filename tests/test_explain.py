@@ -173,3 +173,20 @@ def test_model_why_after_quantize(resnet18):
     assert "fold_batch_norm_into_conv2d" in text and "ruleset layout" in text
     with pytest.raises(EqquantError, match="no value"):
         q.why("%9999")
+
+
+def test_a_mixed_precision_program_keeps_the_float_phase_rules(tmp_path):
+    """Mixed precision extracts its int8 program from an e-graph of its own (the program cut
+    at its marks): an op's origin still starts with the float phase's rules."""
+    from eqquant.quant.flow import quantize
+    from eqquant.zoo import build
+    m = build("resnet18_stem", image_size=32)
+    rng = np.random.default_rng(0)
+    samples = [{"data": rng.normal(size=(1, 3, 32, 32)).astype("float32")}]
+    q = quantize(m.module, m.params, samples, "minmax", per_channel=True, cost="cpu",
+                 min_sqnr=20.0)
+    text = q.why("%2")
+    assert "fused.qconv2d" in text.splitlines()[0]
+    assert text.index("fold_batch_norm_into_conv2d") < text.index("quantize_calibrated") < \
+        text.index("ruleset layout")
+    assert "(mixed precision)" in text

@@ -221,7 +221,8 @@ class MixedSpace:
             elif isinstance(node, Call):
                 args = tuple(visit(a) for a in node.args)
                 out = node if all(a is b for a, b in zip(args, node.args)) else Call(
-                    op=node.op, args=args, attrs=node.attrs, name=node.name)
+                    op=node.op, args=args, attrs=node.attrs, name=node.name,
+                    origin=node.origin)
             elif isinstance(node, Tuple):
                 out = Tuple(fields=tuple(visit(f) for f in node.fields), name=node.name)
             elif isinstance(node, TupleGetItem):
