@@ -34,8 +34,8 @@ def test_the_readme_is_a_front_page():
 
 
 def test_the_manual_names_only_pages_it_has():
-    nav = re.findall(r":\s*([\w-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
-    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    nav = re.findall(r":\s*([\w/-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    pages = sorted(p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md"))
     assert nav and sorted(nav) == pages
 
 
@@ -79,6 +79,9 @@ def test_the_manual_builds_strictly(tmp_path):
     cli = (tmp_path / "site" / "cli" / "index.html").read_text()
     for command in group.commands:                  # every command of the click group
         assert f'id="{command}"' in cli, command
+    # the tutorials' rules and programs highlighted by eqquant's own lexers
+    page = (tmp_path / "site" / "tutorials" / "first-rule" / "index.html").read_text()
+    assert '<span class="nv">?x</span>' in page and '<span class="nv">%0</span>' in page
     api = (tmp_path / "site" / "python-api" / "index.html").read_text()
     assert "eqquant.api.quantize" in api
     ops = (tmp_path / "site" / "ops" / "index.html").read_text()
@@ -89,3 +92,23 @@ def test_the_manual_builds_strictly(tmp_path):
     assert len(registered) > 50
     missing = [name for name in registered if f"<code>{name}</code>" not in ops]
     assert not missing, missing                     # every registered op, from the registry
+
+
+def test_no_comment_in_the_package_quotes_a_machines_timing():
+    """Code comments and docstrings keep the reason for a choice; a particular machine's
+    figures (``2.3 ns an element``, ``took 25 s to compile``) belong to the benchmarks page."""
+    import ast
+    import io
+    import tokenize
+    timing = re.compile(r"\b\d+(?:\.\d+)?\s?(?:ms|µs|us|ns)\b|\b\d+(?:\.\d+)?\s(?:s|seconds)\b")
+    found = []
+    for path in sorted((ROOT / "eqquant").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        notes = [t.string for t in tokenize.generate_tokens(io.StringIO(text).readline)
+                 if t.type == tokenize.COMMENT]
+        notes += [ast.get_docstring(n, clean=False) or "" for n in ast.walk(ast.parse(text))
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                    ast.AsyncFunctionDef))]
+        found += [f"{path.relative_to(ROOT)}: {m.group(0)}" for note in notes
+                  for m in timing.finditer(note)]
+    assert not found, found

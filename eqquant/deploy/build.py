@@ -463,8 +463,8 @@ def _keep(path: Path, code: bytes) -> None:
 def keep_object(c) -> None:
     """``compiling.compiled_hooks``' hook: compile ``c``'s object for a library now, where
     its compiling ran (on a first start, shared with the helper processes: LLVM's code
-    generation is most of saving a library, 0.5 s of resnet18 int8's 0.55, and it runs one
-    module at a time per process), and keep it in the cache."""
+    generation is most of saving a library, and it runs one module at a time per
+    process), and keep it in the cache."""
     try:
         digest, bitcode = _object_key(c)
         kept = objects_dir() / f"{digest}.o"

@@ -3,14 +3,14 @@ checked against before it is trusted.
 
 A digest is SHA-256 of a file's bytes, never of its name, size, time or (for a zip) its own
 CRC-32s, which a file can keep while its data changes. Hashing every byte at every run would
-cost a warm start about 2 ms per MB, so a digest once computed is remembered beside the file's
-identity as the operating system reports it: device, inode, size, modification and change
-times (``os.stat``). A write changes the change time, which no user can set back, so a file
-edited in place, truncated, replaced or renamed over is hashed again. A digest is remembered
-only for a file whose times are older than ``SETTLED`` seconds, so that a write within the
-same tick of the file system's clock as the hashing cannot hide behind equal times (git's
-"racy" entries, handled the same way). The memory lives in the cache's ``digests/`` folder;
-a damaged entry is hashed again, never trusted.
+cost a warm start time in proportion to the weights, so a digest once computed is remembered
+beside the file's identity as the operating system reports it: device, inode, size,
+modification and change times (``os.stat``). A write changes the change time, which no
+user can set back, so a file edited in place, truncated, replaced or renamed over is hashed
+again. A digest is remembered only for a file whose times are older than ``SETTLED``
+seconds, so that a write within the same tick of the file system's clock as the hashing
+cannot hide behind equal times (git's "racy" entries, handled the same way). The memory
+lives in the cache's ``digests/`` folder; a damaged entry is hashed again, never trusted.
 """
 from __future__ import annotations
 

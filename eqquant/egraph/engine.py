@@ -158,9 +158,9 @@ class EGraphSession:
 
     def _load(self, program: str, chunk: int = LOAD_CHUNK) -> None:
         """Run a long program of top-level commands a chunk of lines at a time: egglog's
-        memory and time for one call grow faster than linearly with its length (a 2,000-op
-        program in one call took 7.8 GB and 33 s; in chunks of 200 lines it takes a few
-        hundred MB)."""
+        memory and time for one call grow faster than linearly with its length (a
+        program of thousands of ops in one call took gigabytes; in chunks, a few hundred
+        MB)."""
         lines = program.splitlines()
         for i in range(0, len(lines), chunk):
             self._run("\n".join(lines[i:i + chunk]))

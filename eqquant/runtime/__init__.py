@@ -22,8 +22,8 @@ the cache would hand back the old kernel. Every kernel cached from this folder i
 with a digest of the whole folder's source (``source_digest``) besides its own file's.
 
 Numba, setting up its CPU target (on a process's first kernel, cached or not), probes for a
-BLAS by importing ``scipy.linalg``: 0.13-0.2 s of a first inference where SciPy is installed
-(the ``ilp`` extra). No kernel here calls a BLAS through Numba, so that probe is answered
+BLAS by importing ``scipy.linalg``: a noticeable part of a first inference where SciPy is
+installed (the ``ilp`` extra). No kernel here calls a BLAS through Numba, so that probe is answered
 without ``scipy.linalg`` (``_numba_target_without_scipy``) where it is not loaded yet; it
 imports as usual afterwards.
 """

@@ -402,7 +402,8 @@ def _move_entries(to, at, src, e0, e1, move):
     the quad the low half, little-endian; the sum stays in [0, 2^31), so the high bits'
     half is kept); the first SLACK whatever their count, the rest after. (A 56 x 56 x 64
     image's windows on one core: a loop on the count alone, mispredicted for counts of 0,
-    1 or 2, took 10.4 ns an entry; SLACK at a time tap by tap, 7.5; run by run, 3.2.)"""
+    1 or 2, was the slowest; SLACK at a time tap by tap faster; run by run, about three
+    times as fast as the first.)"""
     for t in range(SLACK):
         to[at + t] = src[e0 + t] + move
     for t in range(SLACK, e1 - e0):
@@ -713,9 +714,9 @@ class _BytesDriver:
     A plain-Python driver of the two drivers, which ``bind`` binds (the byte driver's
     compiled entry point, the 16-bit ``launch.Driver``'s launches; as ``bindings.bound``
     binds a kernel): written as a Numba function calling both,
-    it was compiled with both linked into it, again, 3.7 s of a cold start (the two drivers'
+    it was compiled with both linked into it, again, on every cold start (the two drivers'
     code optimised and emitted a fifth time, after their own compiles and their parallel
-    regions' three wrappers); through Python it costs under a microsecond a call."""
+    regions' three wrappers); through Python it costs a dictionary look-up and a call."""
 
     def __call__(self, nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads,
                  record, params, lo, hi, out, threads, res, add):

@@ -606,7 +606,7 @@ class FusedQConv2D(Binding):
         self.conv = QConv2D(op, attrs, [in_types[0], in_types[1], in_types[3], in_types[4]],
                             acc_type, {1: consts[1], 2: consts[3], 3: consts[4]}, kernel)
         # (fresh writable copies, whatever the constants' shapes: a read-only view is
-        # another type to Numba, and the parameters' kernels would be compiled again, 3 s)
+        # another type to Numba, and the parameters' kernels would be compiled again)
         self.bias = np.array(np.broadcast_to(np.asarray(consts[2], np.int64).reshape(-1),
                                              (o,)))
         s1 = np.broadcast_to(np.asarray(consts[7], np.float64).reshape(-1), (o,))

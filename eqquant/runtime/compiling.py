@@ -6,8 +6,7 @@ the gather's modules, ``llvm_loops.load_gemms`` and ``gather.load_entry``; the d
 sweep) is made by ``c_function``: a Numba ``cfunc`` in Numba's disk cache, made once per
 process; every Numba function a binding binds (the launcher's loop, a few kernels of their
 own) goes through ``entry_point``. With an empty cache, compiling them is most of a first
-start (resnet18 int8: 5 s of Numba, one function at a time, as Numba's compiler holds a
-lock). The executor finds out first what its program will compile, then compiles it on
+start (one function at a time, as Numba's compiler holds a lock). The executor finds out first what its program will compile, then compiles it on
 several processes:
 
     with deferring():                  # slots' modules imported now are loaded at the end
@@ -195,7 +194,7 @@ def _cached(dispatcher, signature: tuple) -> bool:
 def _from_cache(cache, signature, context):
     """What Numba's disk cache holds for ``signature``, or None: its ``load_overload``
     without the refresh of the context's typing and lowering registries it makes first
-    (about 0.08 s the first time, most of a warm start's loading: loading compiled code uses
+    (most of a warm start's loading, the first time: loading compiled code uses
     none of them, and a compile refreshes them itself), Numba's runtime (NRT) set up as that
     refresh would, for code that allocates."""
     from numba.core.runtime import rtsys

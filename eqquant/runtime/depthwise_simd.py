@@ -319,8 +319,8 @@ sweep_i8 = _intrinsic("i8")
 
 # One sweep compiled once, called through its address. Emitted into a parallel kernel, the
 # sweep's code went through LLVM four times, optimised and emitted (the parallel loop's
-# function, its two wrappers, the kernel): MobileNet-v2's int8 depthwise kernel took 25 s to
-# compile with an empty cache, 21 s of it LLVM's.
+# function, its two wrappers, the kernel), and LLVM's work was most of compiling
+# MobileNet-v2's int8 depthwise kernel with an empty cache.
 
 def _entry(x, w, init, out, table, zrow, x0, x1, c_n, rows, rstride, kw, sw, dw, off, lo, hi,
            stride, qlo, qhi, b0, b1, win):

@@ -1,7 +1,7 @@
 """The integer epilogue's per-channel constants: a (TABLE_ROWS, O) int64 table per layer,
 derived once as the executor binds it, in NumPy (vectorised over the channels: nothing here is
-compiled, so a first start pays nothing for it; as Numba kernels, these took 1.4 s of
-resnet18's). Its rows are named in ``requantize_ir``, which emits the epilogue that reads
+compiled, so a first start pays nothing for it, where as Numba kernels these were a
+noticeable part of resnet18's). Its rows are named in ``requantize_ir``, which emits the epilogue that reads
 them; ``kernels_int8.requantize_rows`` reads the full form's.
 
 Every quantity is an int64 computed as the epilogue's int64 lanes compute it (NumPy's arrays

@@ -215,7 +215,7 @@ def shared_windows(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n, groups, k
 @njit(cache=True)
 def split_plan(images, p_n, oblocks, threads):
     """How a SIMD convolution driver's one parallel loop cuts a batch's work (both ways in
-    one loop: each parallel loop is about 0.3 s of Numba's compiling, with an empty cache):
+    one loop: each parallel loop is a compile of its own for Numba, with an empty cache):
     (work, items). A lone small image (fewer than SMALL pixels, more than one block of
     channels) has its rows gathered once, and its items are (block, share of its pixels)
     (``block_shares``); else the items are ``work_split``'s chunks and groups. work: (lone,
@@ -399,14 +399,13 @@ def _windows_region(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, rows):
 # the kernels call through its slot (``copy_windows``). Called as a Numba function, its code
 # went through LLVM again in every function and parallel region that reached it: the
 # parallel ``windows`` (its loop's function, two wrappers, itself), ``shared_windows``, the
-# chunks' ``_rows`` and each convolution driver; the 8-bit gather's compile with ``windows``
-# and ``shared_windows`` alone took 11 s of a cold resnet18 int8 start, the float one's 9 s
-# of fp32's.
+# chunks' ``_rows`` and each convolution driver; the gathers' compiles, with ``windows``
+# and ``shared_windows``, were most of a cold resnet18 start, int8 and fp32 alike.
 
 def _windows_entry(hwc, h, w, c, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows, n, kp):
     """``_windows`` on C-contiguous arrays given by their addresses and shapes (inlined here:
-    compiled apart and linked in, its code went through Numba and LLVM twice, 0.17 s more of
-    a first start)."""
+    compiled apart and linked in, its code went through Numba and LLVM twice, on every
+    first start)."""
     _windows(carray(hwc, (h, w, c)), kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0,
              carray(rows, (n, kp)))
 
@@ -430,8 +429,8 @@ def load_entry(element: str) -> None:
     and ``avx2.py`` bytes, ``fma.py`` floats), so the slot is filled before any of them
     runs, cached or compiled (a kernel calling an empty slot would jump to 0): at once, or
     at the end of ``compiling.deferring`` (``llvm_loops.load_gemms``). One type's
-    alone: compiled with an empty cache, each took 1.2-1.3 s of a first start, and a program
-    reads one."""
+    alone: compiled with an empty cache, each is a compile of its own, and a program reads
+    one."""
     from .compiling import c_function, defer
     kind = _KINDS[element][0]
 

@@ -277,8 +277,8 @@ def _max_pool_rows(thread, threads, args):
     maxima in registers across the taps; taps outside the image skipped: padding is the
     dtype's least value, never a maximum). Compiled once per element type, as
     ``max_pool_channels_last[kind]`` (``pool_simd.KINDS``), with that type's row: a
-    program compiles the one it uses (the four in one kernel took 4.9 s to compile, one
-    2.0 s, on an AMD EPYC, Zen 3; the Numba loops it replaced took 1.7 s)."""
+    program compiles the one it uses (the four in one kernel took more than twice as long
+    to compile as one)."""
     x, kh, kw, sh, sw, pt, pl, dh, dw, out = args
     h, w, c_n = x.shape
     oh, ow, _ = out.shape
@@ -571,8 +571,8 @@ def transpose_planes(src, dst) -> None:
     <-> (N, HW, C). Planes of one row or one column are the same values in the same order
     (a classifier's (N, 1000, 1) scores): copied. Three rows (an RGB image moved
     channel-last) are interleaved (``_interleave_rows``), any other shape goes by tiles
-    (``_transpose_tiles``): two kernels, each compiled where a program uses it (one parallel
-    loop is about 0.3 s of Numba's compiling, with an empty cache)."""
+    (``_transpose_tiles``): two kernels, each compiled where a program uses it (each parallel
+    loop is a compile of its own for Numba, with an empty cache)."""
     call = transpose_call(src, dst)
     call[0](*call[1])
 

@@ -13,10 +13,9 @@ runs it on every thread of the pool through one parallel loop compiled once (``_
     relu_u8.serial(x, out)     # on the calling thread: the same compiled entry, thread 0 of 1
 
 Why: Numba compiles each parallel loop into a function of its own, with a scheduler and two
-wrappers, through LLVM again with everything the loop calls: a kernel's ``prange`` cost
-0.4-0.5 s of compiling with an empty cache, measured on resnet18 int8's small kernels (max
-pool 0.68 s parallel against 0.17 s serial, dense 0.63 / 0.16, global average 0.62 / 0.17;
-Intel Xeon). Here each kernel compiles serially, once, and the pool is entered by one
+wrappers, through LLVM again with everything the loop calls: on resnet18 int8's small
+kernels (max pool, dense, global average) a ``prange`` made compiling with an empty cache
+about four times as long as the serial loop's. Here each kernel compiles serially, once, and the pool is entered by one
 function for all of them, so that every kernel wakes the workers the same way.
 
 How a call reaches the part: the arguments are written as 64-bit words into a block (an
@@ -73,8 +72,8 @@ def share(n, thread, threads):
     """Thread ``thread``'s share of ``n`` iterations: [lo, hi), equal runs in order (as
     Numba's static schedule of a ``prange`` cut them), as unsigned integers: an array
     indexed by a signed counter from a start LLVM cannot prove is not negative keeps Numba's
-    wrap-around test in the loop, which stops it vectorising (a flat qadd: 2.3 ns an
-    element, against 0.19 so; a ``prange`` index is unsigned too)."""
+    wrap-around test in the loop, which stops it vectorising (a flat qadd ran about ten
+    times as long an element; a ``prange`` index is unsigned too)."""
     return np.uintp(thread * n // threads), np.uintp((thread + 1) * n // threads)
 
 

@@ -180,7 +180,7 @@ def gemm_at(element: str, extra: tuple = ()):
     which holds what ``gemm_intrinsic``'s intrinsic takes, in its order and meaning. One
     driver then serves every GEMM of the same interface, the GEMM's address being one of its
     arguments (``vnni.conv_requantize``): compiled once, where a twin bound to each GEMM's
-    slot was compiled again per GEMM (1.5 s each of a first start)."""
+    slot was compiled again per GEMM, on every first start."""
     from numba import types
     from numba.extending import intrinsic
 

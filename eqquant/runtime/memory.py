@@ -2,8 +2,9 @@
 activation buffers, the GEMMs' packed weight panels (``panels``) and the depthwise taps.
 
 NumPy aligns an allocation to 16 bytes only. A 64-byte load from an address 16 bytes past a
-line touches two lines: the depthwise sweep ran 6.0 ns an output vector on such arrays and
-3.8 ns on aligned ones, and the float GEMM 3-9% faster on aligned panels.
+line touches two lines: the depthwise sweep ran about 1.6 times as long an output vector
+on such arrays as on aligned ones, and the float GEMM a few percent faster on aligned
+panels.
 
     >>> a = empty((3, 5), np.float32)
     >>> a.ctypes.data % ALIGN, a.shape, a.flags.c_contiguous
