@@ -163,13 +163,16 @@ def test_channel_last_depthwise_sums_its_taps_in_order(c, k, stride, pad, dil, h
 
 @settings(max_examples=15, deadline=None)
 @given(st.integers(1, 5), st.integers(1, 100), st.integers(1, 80),
-       st.sampled_from(["none", "relu", "clip"]), st.integers(0, 999))
-def test_dense_kernel(batch, k, units, act, seed):
+       st.sampled_from(["none", "relu", "clip"]), st.integers(0, 999),
+       st.sampled_from(["vector", "row", "one"]))
+@example(1, 512, 10, "none", 0, "row")     # an ONNX Gemm's bias, imported as (1, units)
+def test_dense_kernel(batch, k, units, act, seed, bias):
     rng = np.random.default_rng(seed)
     b = Builder()
     x = b.input("x", (batch, k))
+    shape = {"vector": (units,), "row": (1, units), "one": (1,)}[bias]
     y = b.call("fused.dense", x, b.param("w", rng.normal(size=(units, k)).astype("float32")),
-               b.param("b", rng.normal(size=(units,)).astype("float32")), activation=act,
+               b.param("b", rng.normal(size=shape).astype("float32")), activation=act,
                a_min=-0.5, a_max=0.7)
     mod, params = b.finish(y)
     xs = {"x": rng.normal(size=(batch, k)).astype("float32")}

@@ -1,8 +1,10 @@
-"""The manual's tutorials run as written, so they cannot rot: each page of ``docs/tutorials/``,
-in a fresh folder, in the order written. A code block with a ``title="NAME"`` is a file the
-reader writes (NAME); an ``sh`` block's commands are run by bash (``eqquant`` the installed
-command), each expected to exit 0 unless it ends with ``# exit N``; a ``python`` block is run
-by this Python; ``text`` blocks are what the reader sees, not run."""
+"""The manual's tutorials and its getting-started page run as written, so they cannot rot:
+each page of ``docs/tutorials/``, and ``docs/getting-started.md``, in a fresh folder, in the
+order written. A code block with a ``title="NAME"`` is a file the reader writes (NAME); an
+``sh`` block's commands are run by bash (``eqquant`` the installed command), each expected
+to exit 0 unless it ends with ``# exit N``; a ``python`` block is run by this Python;
+``text`` blocks are what the reader sees, and ``shell`` blocks (installing) what the reader
+runs once, outside the folder: neither is run here."""
 from __future__ import annotations
 
 import os
@@ -16,7 +18,8 @@ import pytest
 from conftest import seeded_cache
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = sorted((ROOT / "docs" / "tutorials").glob("*.md"))
+TUTORIALS = sorted((ROOT / "docs" / "tutorials").glob("*.md"))
+PAGES = TUTORIALS + [ROOT / "docs" / "getting-started.md"]
 BLOCK = re.compile(r"^```([\w-]+)([^\n]*)\n(.*?)^```", re.S | re.M)
 
 
@@ -42,7 +45,7 @@ def commands(text: str) -> list[tuple[str, int]]:
 
 
 def test_there_are_tutorials_and_each_runs_something():
-    assert len(PAGES) >= 4
+    assert len(TUTORIALS) >= 4
     for page in PAGES:
         kinds = {lang for lang, title, _ in blocks(page) if title is None}
         assert "sh" in kinds, page.name

@@ -496,9 +496,9 @@ class Dense(Binding):
         super().__init__(op, attrs, in_types, out_type, consts)
         units = in_types[1].shape[0]
         self.lo, self.hi = epilogue_bounds(attrs)
-        if len(in_types) == 3:
-            self.bias = np.ascontiguousarray(np.broadcast_to(consts[2], (units,)),
-                                             dtype=np.float32)
+        if len(in_types) == 3:      # (a vector, a (1, units) row as ONNX's Gemm has it, or one)
+            self.bias = np.ascontiguousarray(np.broadcast_to(
+                np.asarray(consts[2]).reshape(-1), (units,)), dtype=np.float32)
         else:
             self.bias = np.zeros(units, np.float32)
         path = fp32_path()
@@ -514,8 +514,13 @@ class Dense(Binding):
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         if not (_is_f32(*in_types, out_type) and 1 in consts and len(in_types[0].shape) == 2):
             return False
-        return len(in_types) == 2 or (2 in consts and consts[2].size == in_types[1].shape[0]
-                                      and consts[2].ndim <= 1)
+        if len(in_types) == 2:
+            return True
+        # a bias that is one value per unit, broadcast along the rows: (units,), (1, units)
+        # (as ONNX's Gemm imports), or one value for all
+        b, units = consts.get(2), in_types[1].shape[0]
+        return b is not None and (b.size == 1 or (
+            b.size == units and b.shape[-1] == units))
 
     def kernel_call(self, ins, out):
         """the FMA kernels' convolution, the batch its pixels (a 1 x 1 convolution)"""
