@@ -82,6 +82,12 @@ def test_the_manual_builds_strictly(tmp_path):
     # the tutorials' rules and programs highlighted by eqquant's own lexers
     page = (tmp_path / "site" / "tutorials" / "first-rule" / "index.html").read_text()
     assert '<span class="nv">?x</span>' in page and '<span class="nv">%0</span>' in page
+    # the rules language's reference includes the grammar the parser reads, as it is
+    import html
+    grammar = (ROOT / "grammar" / "rules.lark").read_text().splitlines()
+    rules_page = html.unescape(re.sub(r"<[^>]+>", "", (tmp_path / "site" / "rules" /
+                                                        "index.html").read_text()))
+    assert all(line.strip() in rules_page for line in grammar if line.strip()), "grammar"
     api = (tmp_path / "site" / "python-api" / "index.html").read_text()
     assert "eqquant.api.quantize" in api
     ops = (tmp_path / "site" / "ops" / "index.html").read_text()
