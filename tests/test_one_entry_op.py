@@ -1,5 +1,5 @@
 """Adding an op is one registry entry plus its kernel function: this file registers a unary op
-(ONNX's Softsign, x / (1 + |x|)) with an fp32 Numba kernel and its ONNX form, and nothing else;
+(ONNX's ThresholdedRelu at its default alpha: x where x > 1, else 0) with an fp32 Numba kernel and its ONNX form, and nothing else;
 an ONNX model that uses it then imports, runs on the executor's kernel (not the reference)
 and exports back, each step checked against ONNX Runtime."""
 from __future__ import annotations
@@ -19,30 +19,31 @@ from eqquant.runtime.executor import Executor
 
 
 @numba.njit(cache=False)
-def _softsign_kernel(x, out):
+def _thresholded_kernel(x, out):
     for i in range(x.size):
-        out[i] = x[i] / (np.float32(1) + abs(x[i]))
+        out[i] = x[i] if x[i] > np.float32(1) else np.float32(0)
 
 
-def _softsign(x):
-    return (x / (1 + np.abs(x))).astype(x.dtype)
+def _thresholded(x):
+    return np.where(x > 1, x, 0).astype(x.dtype)
 
 
 # -- the one entry ---------------------------------------------------------------------------
-if not has_op("test.softsign"):
-    register(OpDef("test.softsign", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
-                   type_rel=float_input, semantics=_softsign, doc="x / (1 + |x|)",
+if not has_op("test.thresholded_relu"):
+    register(OpDef("test.thresholded_relu", inputs=("data",),
+                   props=frozenset({ELEMWISE, UNARY}), type_rel=float_input,
+                   semantics=_thresholded, doc="x where x > 1, else 0",
                    kernel="eqquant.runtime.bindings:Elementwise",
-                   kernel_params={"fn": _softsign_kernel},
-                   onnx=(OnnxForm("Softsign"),)))
+                   kernel_params={"fn": _thresholded_kernel},
+                   onnx=(OnnxForm("ThresholdedRelu"),)))
 
 
 def _model() -> onnx.ModelProto:
     nodes = [helper.make_node("Relu", ["x"], ["r"]),
-             helper.make_node("Softsign", ["r"], ["s"]),
+             helper.make_node("ThresholdedRelu", ["r"], ["s"]),
              helper.make_node("Add", ["s", "x"], ["y"])]
     graph = helper.make_graph(
-        nodes, "softsign", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        nodes, "thresholded", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])])
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
@@ -60,15 +61,15 @@ def test_an_op_registered_here_imports_runs_on_its_kernel_and_exports():
     expected = _ort(model, x)
     mod, params, _ = import_onnx(model)
     assert not params
-    assert "test.softsign" in str(mod)
+    assert "test.thresholded_relu" in str(mod)
     ex = Executor(mod)
     got = ex.run({mod.main.params[0].name: x})
-    step = next(s for s in ex.steps if s.label.startswith("test.softsign"))
+    step = next(s for s in ex.steps if s.label.startswith("test.thresholded_relu"))
     assert step.kind == "kernel"                       # its own kernel, not the reference
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
     ref = run(mod, {mod.main.params[0].name: x})
     np.testing.assert_allclose(ref, expected, rtol=1e-6, atol=1e-6)
     back = to_onnx(mod)
-    assert any(n.op_type == "Softsign" for n in back.graph.node)
+    assert any(n.op_type == "ThresholdedRelu" for n in back.graph.node)
     np.testing.assert_allclose(_ort(back, x), expected, rtol=1e-6, atol=1e-6)
-    assert get_op("test.softsign").onnx[0].op_type == "Softsign"
+    assert get_op("test.thresholded_relu").onnx[0].op_type == "ThresholdedRelu"

@@ -64,21 +64,26 @@ shapes = st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple)
 
 @SETTINGS
 @given(shape=shapes, seed=st.integers(0, 2 ** 16),
-       op=st.sampled_from(["HardSwish", "HardSigmoid", "Erf", "Tanh", "Exp"]),
-       alpha=st.floats(0.05, 1.0), beta=st.floats(-1.0, 1.0))
-def test_unary_activations(shape, seed, op, alpha, beta):
-    attrs = {"alpha": alpha, "beta": beta} if op == "HardSigmoid" else {}
+       op=st.sampled_from(["HardSwish", "HardSigmoid", "Erf", "Tanh", "Exp", "Elu", "Selu",
+                           "Softplus", "Softsign"]),
+       alpha=st.floats(0.05, 1.0), beta=st.floats(-1.0, 1.0), defaults=st.booleans())
+def test_unary_activations(shape, seed, op, alpha, beta, defaults):
+    attrs = {"HardSigmoid": {"alpha": alpha, "beta": beta}, "Elu": {"alpha": alpha},
+             "Selu": {"alpha": 1 + alpha, "gamma": 1 + beta / 2}}.get(op, {})
+    attrs = {} if defaults else attrs
     mod = _agree(_model([helper.make_node(op, ["x"], ["y"], **attrs)], shape), _data(shape,
                                                                                   seed=seed))
     ir = {"HardSwish": "nn.hardswish", "HardSigmoid": "nn.hardsigmoid", "Erf": "erf",
-          "Tanh": "tanh", "Exp": "exp"}[op]
+          "Tanh": "tanh", "Exp": "exp", "Elu": "nn.elu", "Selu": "nn.selu",
+          "Softplus": "nn.softplus", "Softsign": "nn.softsign"}[op]
     assert f"{ir}(%x" in str(mod)
 
 
 def test_the_activations_run_on_their_own_kernels():
     x = _data((2, 8, 5, 5))
     for op, ir in (("HardSwish", "nn.hardswish"), ("HardSigmoid", "nn.hardsigmoid"),
-                   ("Erf", "erf")):
+                   ("Erf", "erf"), ("Elu", "nn.elu"), ("Selu", "nn.selu"),
+                   ("Softplus", "nn.softplus"), ("Softsign", "nn.softsign")):
         mod, _, _ = import_onnx(_model([helper.make_node(op, ["x"], ["y"])], x.shape))
         ex = Executor(mod)
         ex.run({mod.main.params[0].name: x})

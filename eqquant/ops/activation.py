@@ -96,3 +96,64 @@ register(OpDef("nn.gelu", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
                onnx=(OnnxForm("Gelu", (("approximate", "approximate", "none"),),
                               export=_gelu_to_onnx),),
                doc="x * Phi(x) (erf form), or its tanh approximation; computed in float64"))
+
+
+# Exponential and smooth activations of ONNX (Elu, Selu, Softplus, Softsign): each computed
+# in float64 and rounded, by the reference and by its kernel alike. ONNX Runtime computes
+# them in float32, within a few float32 steps of these.
+
+def _elu64(v, alpha):
+    return np.where(v < 0, alpha * np.expm1(v), v)
+
+
+def _elu(x, *, alpha):
+    return _elu64(np.asarray(x, np.float64), alpha).astype(x.dtype)
+
+
+register(OpDef("nn.elu", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+               attrs=(Attr("alpha", FLOAT_F, 1.0),), type_rel=float_input, semantics=_elu,
+               kernel=_KERNEL, kernel_params={"fn": f"{_FNS}:elu",
+                                              "params": lambda a: (a["alpha"], 1.0)},
+               onnx=(OnnxForm("Elu", (("alpha", "alpha", 1.0),)),),
+               doc="x where x >= 0, else alpha * (exp(x) - 1)"))
+
+SELU_ALPHA = 1.67326319217681884765625      # ONNX's defaults (float32 values of the
+SELU_GAMMA = 1.05070102214813232421875      # self-normalising constants)
+
+
+def _selu(x, *, alpha, gamma):
+    return (gamma * _elu64(np.asarray(x, np.float64), alpha)).astype(x.dtype)
+
+
+register(OpDef("nn.selu", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+               attrs=(Attr("alpha", FLOAT_F, SELU_ALPHA), Attr("gamma", FLOAT_F, SELU_GAMMA)),
+               type_rel=float_input, semantics=_selu,
+               kernel=_KERNEL, kernel_params={"fn": f"{_FNS}:elu",
+                                              "params": lambda a: (a["alpha"], a["gamma"])},
+               onnx=(OnnxForm("Selu", (("alpha", "alpha", SELU_ALPHA),
+                                       ("gamma", "gamma", SELU_GAMMA))),),
+               doc="gamma * elu(x, alpha): the self-normalising activation"))
+
+
+def _softplus(x):
+    v = np.asarray(x, np.float64)
+    # log(1 + exp(x)) without overflow: x + log(1 + exp(-x)) where x > 0
+    return np.where(v > 0, v + np.log1p(np.exp(-np.abs(v))),
+                    np.log1p(np.exp(np.minimum(v, 0)))).astype(x.dtype)
+
+
+register(OpDef("nn.softplus", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+               type_rel=float_input, semantics=_softplus,
+               kernel=_KERNEL, kernel_params={"fn": f"{_FNS}:softplus"},
+               onnx=(OnnxForm("Softplus"),), doc="log(1 + exp(x)), a smooth relu"))
+
+
+def _softsign(x):
+    v = np.asarray(x, np.float64)
+    return (v / (1 + np.abs(v))).astype(x.dtype)
+
+
+register(OpDef("nn.softsign", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+               type_rel=float_input, semantics=_softsign,
+               kernel=_KERNEL, kernel_params={"fn": f"{_FNS}:softsign"},
+               onnx=(OnnxForm("Softsign"),), doc="x / (1 + |x|)"))

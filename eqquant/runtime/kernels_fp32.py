@@ -675,6 +675,37 @@ def erf(thread, threads, args):
 
 
 @parallel
+def elu(thread, threads, args):
+    """gamma * (x where x >= 0, else alpha * (exp(x) - 1)): elu (gamma 1) and selu; in
+    float64, then rounded (as the reference)."""
+    x, out, alpha, gamma = args
+    for i in range(*share(x.size, thread, threads)):
+        v = np.float64(x[i])
+        out[i] = gamma * (alpha * math.expm1(v) if v < 0 else v)
+
+
+@parallel
+def softplus(thread, threads, args):
+    """log(1 + exp(x)), as x + log(1 + exp(-x)) where x > 0; in float64, then rounded."""
+    x, out = args
+    for i in range(*share(x.size, thread, threads)):
+        v = np.float64(x[i])
+        if v > 0:
+            out[i] = v + math.log1p(math.exp(-v))
+        else:
+            out[i] = math.log1p(math.exp(v))
+
+
+@parallel
+def softsign(thread, threads, args):
+    """x / (1 + |x|), in float64, then rounded."""
+    x, out = args
+    for i in range(*share(x.size, thread, threads)):
+        v = np.float64(x[i])
+        out[i] = v / (1.0 + abs(v))
+
+
+@parallel
 def gelu(thread, threads, args):
     """0.5 x (1 + erf(x / sqrt 2)), or with tanh_form != 0 the tanh approximation
     0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))); in float64, then rounded."""
