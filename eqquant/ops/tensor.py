@@ -79,7 +79,7 @@ _unary("round", np.round, floats_only=True, doc="round half to even")
 
 
 # The binary elementwise kernel (runtime/bindings.py Binary) computes these by code.
-ADD, SUBTRACT, MULTIPLY, DIVIDE = 0, 1, 2, 3
+ADD, SUBTRACT, MULTIPLY, DIVIDE, MAXIMUM, MINIMUM = 0, 1, 2, 3, 4, 5
 
 
 def _add_qdq(w, node):
@@ -96,12 +96,12 @@ def _add_qdq(w, node):
                                                       w.ex.const(real_b)]))
 
 
-def _binary(name, fn, doc, onnx_type, code, qdq=None, subtracts=()):
+def _binary(name, fn, doc, onnx_type, code, qdq=None, subtracts=(), convert=None):
     register(OpDef(name, inputs=("lhs", "rhs"), props=frozenset({ELEMWISE, BINARY}),
                    subtracts=subtracts,
                    kernel="eqquant.runtime.bindings:Binary",
                    kernel_params={"code": code, "int32": code != DIVIDE},
-                   onnx=(OnnxForm(onnx_type, qdq=qdq),),
+                   onnx=(OnnxForm(onnx_type, qdq=qdq, convert=convert),),
                    type_rel=broadcast,
                    semantics=lambda a, b, _fn=fn: np.asarray(_fn(a, b)).astype(a.dtype,
                                                                                 copy=False),
@@ -115,6 +115,25 @@ _binary("multiply", np.multiply, "a * b with numpy broadcasting", "Mul", MULTIPL
 _binary("divide", lambda a, b: (np.divide(a, b) if a.dtype.kind == "f"
                                 else numerics.trunc_divide(a, b)),
         "a / b; integers round toward zero", "Div", DIVIDE)
+
+
+def _variadic_from_onnx(op):
+    """ONNX Max and Min: any number of inputs, each broadcast; folded pairwise, in order."""
+    def convert(im, attrs, ins):
+        values = [im.value(n) for n in ins if n]
+        out = values[0]
+        for v in values[1:]:
+            out = im.call(op, out, v)
+        return out
+    return convert
+
+
+# (numpy's maximum and minimum: a NaN in either operand is the result; of two equal values,
+# the first: max(-0.0, 0.0) is -0.0)
+_binary("maximum", np.maximum, "the larger of a and b, with numpy broadcasting (NaN if "
+        "either is)", "Max", MAXIMUM, convert=_variadic_from_onnx("maximum"))
+_binary("minimum", np.minimum, "the smaller of a and b, with numpy broadcasting (NaN if "
+        "either is)", "Min", MINIMUM, convert=_variadic_from_onnx("minimum"))
 
 
 def _where_rel(types, attrs):

@@ -38,8 +38,8 @@ def entry_point(kernel, args: tuple):
 def bound(kernel, args: tuple):
     """``kernel(*args)`` as a call with no arguments, ``kernel`` a Numba function: its
     compiled entry point for these arguments' types, called straight. Through the
-    dispatcher, a call first types each argument and looks the overload up, at every run. The arrays are bound, so their types cannot
-    change under the entry point. A kernel that is not a Numba function binds itself (its
+    dispatcher, a call first types each argument and looks the overload up, at every run.
+    The arrays are bound, so their types cannot change under the entry point. A kernel that is not a Numba function binds itself (its
     ``bind``): a ``launch.parallel`` kernel writes its argument block once, a
     ``launch.Driver`` makes its plan once, ``avx2.conv_requantize_bytes`` binds its two
     drivers."""
@@ -702,7 +702,8 @@ class LayerNorm(Binding):
 
 
 class Binary(Binding):
-    """Elementwise add/subtract/multiply/divide: same shapes, or a per-channel operand;
+    """Elementwise add/subtract/multiply/divide/maximum/minimum: same shapes, or a
+    per-channel operand;
     any other broadcast of up to four axes reads its operands as views of the output's
     shape (``binary_broadcast``); more axes broadcast through numpy. float32, or int32
     add/subtract/multiply."""
@@ -716,7 +717,7 @@ class Binary(Binding):
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        self.code = op.kernel_params["code"]   # (0 add, 1 subtract, 2 multiply, 3 divide)
+        self.code = op.kernel_params["code"]   # (ops.tensor: 0 add .. 3 divide, 4 max, 5 min)
         a, b = in_types
         self.same = a.shape == b.shape == out_type.shape
 
@@ -772,7 +773,8 @@ class Binary(Binding):
                                                     np.ascontiguousarray(b), out):
                 kernel(*args)
         else:
-            (np.add, np.subtract, np.multiply, np.divide)[self.code](a, b, out=out)
+            (np.add, np.subtract, np.multiply, np.divide, np.maximum,
+             np.minimum)[self.code](a, b, out=out)
 
 
 class Activation(Binding):

@@ -408,11 +408,20 @@ def reduce_middle(thread, threads, args):
             dst[j] = acc[j] / r_n if code == 1 else acc[j]
 
 
+@njit(inline="always")
+def _other(x, y, op):
+    """The binary ops past the four arithmetic ones: 4 maximum, 5 minimum, as numpy's (a
+    NaN operand is the result; of two equal values the first: max(-0.0, 0.0) is -0.0)."""
+    if op == 4:
+        return x if (x >= y or x != x) else y
+    return x if (x <= y or x != x) else y
+
+
 @parallel(error_model="numpy")
 def binary_same(thread, threads, args):
     """Flat arrays of one size: out = act(a op b); op 0 add, 1 subtract, 2 multiply,
-    3 divide (IEEE's: x / 0 is +-inf or NaN, as numpy's divide in the reference; Numba's
-    default error model raised ZeroDivisionError)."""
+    3 divide, 4 maximum, 5 minimum (``_other``) (IEEE's: x / 0 is +-inf or NaN, as numpy's
+    divide in the reference; Numba's default error model raised ZeroDivisionError)."""
     a, b, op, act, out = args
     for i in range(*share(a.size, thread, threads)):
         x = a[i]
@@ -423,8 +432,10 @@ def binary_same(thread, threads, args):
             v = x - y
         elif op == 2:
             v = x * y
-        else:
+        elif op == 3:
             v = x / y
+        else:
+            v = _other(x, y, op)
         if act == 1:
             v = max(v, 0.0)
         out[i] = v
@@ -445,8 +456,10 @@ def binary_channel(thread, threads, args):
                 out[c, p] = x - y
             elif op == 2:
                 out[c, p] = x * y
-            else:
+            elif op == 3:
                 out[c, p] = x / y
+            else:
+                out[c, p] = _other(x, y, op)
 
 
 @parallel(error_model="numpy")
@@ -468,9 +481,12 @@ def binary_broadcast(thread, threads, args):
         elif op == 2:
             for j in range(d3):
                 z[j] = x[j] * y[j]
-        else:
+        elif op == 3:
             for j in range(d3):
                 z[j] = x[j] / y[j]
+        else:
+            for j in range(d3):
+                z[j] = _other(x[j], y[j], op)
 
 
 @parallel
