@@ -228,11 +228,22 @@ def test_matmul_of_two_activations(batch, m, k, n, seed, broadcast):
 
 @SETTINGS
 @given(shape=st.lists(st.integers(1, 5), min_size=2, max_size=4).map(tuple),
-       seed=st.integers(0, 2 ** 16), data=st.data())
-def test_softmax_on_any_axis(shape, seed, data):
+       seed=st.integers(0, 2 ** 16), data=st.data(),
+       op=st.sampled_from(["Softmax", "LogSoftmax"]), opset=st.sampled_from([11, 17]))
+def test_softmax_on_any_axis(shape, seed, data, op, opset):
+    """Softmax and LogSoftmax over one axis (opset 13 on), or over the trailing axes from
+    ``axis`` on, flattened (before 13)."""
     axis = data.draw(st.integers(-len(shape), len(shape) - 1))
-    _agree(_model([helper.make_node("Softmax", ["x"], ["y"], axis=axis)], shape),
+    _agree(_model([helper.make_node(op, ["x"], ["y"], axis=axis)], shape, opset=opset),
            _data(shape, seed=seed))
+
+
+def test_log_softmax_runs_on_its_kernel():
+    x = _data((3, 10))
+    mod, _, _ = import_onnx(_model([helper.make_node("LogSoftmax", ["x"], ["y"])], x.shape))
+    ex = Executor(mod)
+    ex.run({mod.main.params[0].name: x})
+    assert [s.kind for s in ex.steps if s.label.startswith("nn.log_softmax")] == ["kernel"]
 
 
 @SETTINGS

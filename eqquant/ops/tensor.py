@@ -694,22 +694,44 @@ def _softmax_rel(types, attrs):
     return t
 
 
-def _softmax_from_onnx(im, attrs, ins):
-    """Softmax over one axis (opset >= 13); before opset 13 over the trailing axes from
-    ``axis`` on, flattened into one."""
-    x = im.value(ins[0])
-    shape = im.type(x).shape
-    axis = attrs.get("axis", -1 if im.opset >= 13 else 1)
-    axis = axis + len(shape) if axis < 0 else axis
-    if im.opset >= 13 or axis == len(shape) - 1:
-        return im.call("nn.softmax", x, axis=axis)
-    flat = im.call("reshape", x, newshape=[int(np.prod(shape[:axis], dtype=np.int64)), -1])
-    return im.call("reshape", im.call("nn.softmax", flat, axis=-1), newshape=list(shape))
+def _softmax_from_onnx(op):
+    def convert(im, attrs, ins):
+        """Softmax (LogSoftmax) over one axis (opset >= 13); before opset 13 over the
+        trailing axes from ``axis`` on, flattened into one."""
+        x = im.value(ins[0])
+        shape = im.type(x).shape
+        axis = attrs.get("axis", -1 if im.opset >= 13 else 1)
+        axis = axis + len(shape) if axis < 0 else axis
+        if im.opset >= 13 or axis == len(shape) - 1:
+            return im.call(op, x, axis=axis)
+        flat = im.call("reshape", x, newshape=[int(np.prod(shape[:axis], dtype=np.int64)), -1])
+        return im.call("reshape", im.call(op, flat, axis=-1), newshape=list(shape))
+    return convert
 
 
 register(OpDef("nn.softmax", inputs=("data",), attrs=(Attr("axis", INT, -1),),
                bounds=(0.0, 1.0),
-               onnx=(OnnxForm("Softmax", convert=_softmax_from_onnx, export=lambda ex, node, ins:
+               onnx=(OnnxForm("Softmax", convert=_softmax_from_onnx("nn.softmax"),
+                              export=lambda ex, node, ins:
                               ex.emit("Softmax", ins, axis=node.attrs["axis"])),),
                kernel="eqquant.runtime.bindings:Softmax",
+               kernel_params={"rows": "softmax_rows"},
                type_rel=_softmax_rel, semantics=_softmax, doc="exp(x) / sum(exp(x)) over axis"))
+
+
+def _log_softmax(x, *, axis):
+    if not x.size:
+        return x.copy()
+    z = x.astype(np.float64)
+    z = z - z.max(axis=axis, keepdims=True)
+    return (z - np.log(np.exp(z).sum(axis=axis, keepdims=True))).astype(x.dtype)
+
+
+register(OpDef("nn.log_softmax", inputs=("data",), attrs=(Attr("axis", INT, -1),),
+               onnx=(OnnxForm("LogSoftmax", convert=_softmax_from_onnx("nn.log_softmax"),
+                              export=lambda ex, node, ins:
+                              ex.emit("LogSoftmax", ins, axis=node.attrs["axis"])),),
+               kernel="eqquant.runtime.bindings:Softmax",
+               kernel_params={"rows": "log_softmax_rows"},
+               type_rel=_softmax_rel, semantics=_log_softmax,
+               doc="x - log(sum(exp(x))) over axis, in float64 (a classifier's log-probabilities)"))

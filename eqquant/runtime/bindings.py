@@ -39,8 +39,8 @@ def bound(kernel, args: tuple):
     """``kernel(*args)`` as a call with no arguments, ``kernel`` a Numba function: its
     compiled entry point for these arguments' types, called straight. Through the
     dispatcher, a call first types each argument and looks the overload up, at every run.
-    The arrays are bound, so their types cannot change under the entry point. A kernel that is not a Numba function binds itself (its
-    ``bind``): a ``launch.parallel`` kernel writes its argument block once, a
+    The arrays are bound, so their types cannot change under the entry point. A kernel that
+    is not a Numba function binds itself (its ``bind``): a ``launch.parallel`` kernel writes its argument block once, a
     ``launch.Driver`` makes its plan once, ``avx2.conv_requantize_bytes`` binds its two
     drivers."""
     if isinstance(kernel, Dispatcher):
@@ -842,6 +842,9 @@ class Elementwise(Binding):
 
 
 class Softmax(Binding):
+    """nn.softmax and nn.log_softmax over the last axis: the entry's ``rows`` kernel
+    (``kernels_fp32.softmax_rows``, ``log_softmax_rows``) on the rows."""
+
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return _is_f32(*in_types) and attrs["axis"] in (-1, len(in_types[0].shape) - 1)
@@ -849,7 +852,8 @@ class Softmax(Binding):
     def __call__(self, ins, out):
         n = ins[0].shape[-1]
         if out.size:                    # (no rows, or rows of nothing: nothing to write)
-            k.softmax_rows(ins[0].reshape(-1, n), out.reshape(-1, n))
+            getattr(k, self.op.kernel_params["rows"])(ins[0].reshape(-1, n),
+                                                      out.reshape(-1, n))
 
 
 class View(Binding):

@@ -557,6 +557,24 @@ def softmax_rows(thread, threads, args):
 
 
 @parallel
+def log_softmax_rows(thread, threads, args):
+    """Log-softmax over the last axis of a (R, N) array, in float64 and rounded once, as the
+    op's semantics computes it: x - max - log(sum(exp(x - max)))."""
+    x, out = args
+    rows, n = x.shape
+    for r in range(*share(rows, thread, threads)):
+        m = -np.inf
+        for i in range(n):
+            m = max(m, np.float64(x[r, i]))
+        s = 0.0
+        for i in range(n):
+            s += np.exp(np.float64(x[r, i]) - m)
+        lse = np.log(s)
+        for i in range(n):
+            out[r, i] = (np.float64(x[r, i]) - m) - lse
+
+
+@parallel
 def copy_rows(thread, threads, args):
     """dst[r, :] = src[r, :] for 2-D arrays of one shape (strided views allowed)."""
     src, dst = args
