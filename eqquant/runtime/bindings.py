@@ -40,9 +40,9 @@ def bound(kernel, args: tuple):
     compiled entry point for these arguments' types, called straight. Through the
     dispatcher, a call first types each argument and looks the overload up, at every run.
     The arrays are bound, so their types cannot change under the entry point. A kernel that
-    is not a Numba function binds itself (its ``bind``): a ``launch.parallel`` kernel writes its argument block once, a
-    ``launch.Driver`` makes its plan once, ``avx2.conv_requantize_bytes`` binds its two
-    drivers."""
+    is not a Numba function binds itself (its ``bind``): a ``launch.parallel`` kernel writes
+    its argument block once, a ``launch.Driver`` makes its plan once,
+    ``avx2.conv_requantize_bytes`` binds its two drivers."""
     if isinstance(kernel, Dispatcher):
         return functools.partial(entry_point(kernel, args), *args)
     return kernel.bind(args, entry_point)
