@@ -93,7 +93,7 @@ def explain_rules(module: Module, file: str | Path | RuleSet,
     session = EGraphSession(mod, limits)
     for name in dict.fromkeys(p.ruleset for p in phases):
         session.add_ruleset(compile_ruleset(load_rules(name)))
-    session.add_ruleset(compile_ruleset(own))
+    compiled = session.add_ruleset(compile_ruleset(own))     # (its rules' egglog names)
     phases += parse_schedule(own.name)
     report = session.run(phases)
     view = EGraphView.of(session)
@@ -105,10 +105,8 @@ def explain_rules(module: Module, file: str | Path | RuleSet,
         for reverse in (False, True) if r.bidirectional else (False,):
             hits, misses = matcher.explain(r, reverse)
             name = r.name + ("<-" if reverse else "")
-            egg = sum(n for k, n in counts.items()
-                      if k == name or (k.startswith(name + "[") and k.endswith("]")
-                                       if not reverse else k.startswith(r.name + "[")
-                                       and k.endswith("<-")))
+            egg = sum(counts.get(c.name, 0) for c in compiled.rules
+                      if c.rule is r and c.name.endswith("<-") == reverse)
             answers.append(RuleAnswer(name, r, egg, hits, misses))
     return RulesExplanation(str(own.file), "; ".join(str(p) for p in phases), answers, name_of,
                             report.limits_hit)

@@ -539,6 +539,19 @@ def unary(thread, threads, args):
         out[i] = v
 
 
+@njit(inline="always")
+def _row_max_and_sum(row):
+    """A row's largest value and the sum of exp(value - largest), in float64: what softmax
+    and log-softmax both scale by."""
+    m = -np.inf
+    for i in range(row.size):
+        m = max(m, np.float64(row[i]))
+    s = 0.0
+    for i in range(row.size):
+        s += np.exp(np.float64(row[i]) - m)
+    return m, s
+
+
 @parallel
 def softmax_rows(thread, threads, args):
     """Softmax over the last axis of a (R, N) array, in float64 and rounded once, as the
@@ -546,12 +559,7 @@ def softmax_rows(thread, threads, args):
     x, out = args
     rows, n = x.shape
     for r in range(*share(rows, thread, threads)):
-        m = -np.inf
-        for i in range(n):
-            m = max(m, np.float64(x[r, i]))
-        s = 0.0
-        for i in range(n):
-            s += np.exp(np.float64(x[r, i]) - m)
+        m, s = _row_max_and_sum(x[r])
         for i in range(n):
             out[r, i] = np.exp(np.float64(x[r, i]) - m) / s
 
@@ -563,12 +571,7 @@ def log_softmax_rows(thread, threads, args):
     x, out = args
     rows, n = x.shape
     for r in range(*share(rows, thread, threads)):
-        m = -np.inf
-        for i in range(n):
-            m = max(m, np.float64(x[r, i]))
-        s = 0.0
-        for i in range(n):
-            s += np.exp(np.float64(x[r, i]) - m)
+        m, s = _row_max_and_sum(x[r])
         lse = np.log(s)
         for i in range(n):
             out[r, i] = (np.float64(x[r, i]) - m) - lse
