@@ -32,12 +32,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     from eqquant.extract.cost import CpuLatency
-    from eqquant.runtime.measured_cost import MeasuredCost, cpu_model, weights_resident
+    from eqquant.runtime.execution.measured_cost import MeasuredCost, cpu_model, weights_resident
     from eqquant.optimizer import program_costs
     from eqquant.quant.flow import compile_layouts, quantize
-    from eqquant.runtime.bindings import fp32_path
-    from eqquant.runtime.bindings_int8 import int8_path
-    from eqquant.runtime.executor import Executor
+    from eqquant.runtime.lowering.fp32 import fp32_path
+    from eqquant.runtime.lowering.int8 import int8_path
+    from eqquant.runtime.execution.executor import Executor
     from eqquant.zoo import build
     print(f"CPU: {cpu_model()}; kernel paths: int8 {int8_path()}, fp32 {fp32_path()}; "
           f"{os.environ['NUMBA_NUM_THREADS']} threads")

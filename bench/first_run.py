@@ -14,7 +14,7 @@ and reports its stages:
 - open: with the program's library saved (``eqquant.deploy``), finding it (a digest of the
   program's files) and loading it, without Numba; else the text IR parsed, the executor
   made (the kernels loaded from Numba's cache, or compiled with an empty one, shared with
-  helper processes, ``runtime/compiling.py``; weights packed) and the library saved (linked
+  helper processes, ``runtime/codegen/compiling.py``; weights packed) and the library saved (linked
   and checked against the executor);
 - first run: the program's first inference;
 - to result: from the process's start (Python's own start-up included) to its result;
@@ -131,8 +131,8 @@ def main() -> None:
     import eqquant
     compileall.compile_dir(str(Path(eqquant.__file__).parent), quiet=1)
     from peers import cpu_model, prepare
-    from eqquant.runtime.bindings import fp32_path
-    from eqquant.runtime.bindings_int8 import int8_path
+    from eqquant.runtime.lowering.fp32 import fp32_path
+    from eqquant.runtime.lowering.int8 import int8_path
     print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; {THREADS} threads; eqquant kernel "
           f"paths: int8 {int8_path()}, fp32 {fp32_path()}")
     with tempfile.TemporaryDirectory(prefix="eqquant-first-") as tmp:

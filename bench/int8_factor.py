@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from eqquant.quant.flow import quantize
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 from eqquant.zoo import build
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -95,7 +95,7 @@ def latencies(programs, x, cost) -> dict[str, float]:
     """ms per run of each program with its layouts chosen for the kernels by ``cost`` (as
     ``quantize`` runs it), the programs timed in turns (``latencies_alternating``)."""
     from eqquant.quant.flow import compile_layouts
-    from eqquant.runtime.executor import Executor
+    from eqquant.runtime.execution.executor import Executor
     runners = {}
     for label, program in programs.items():
         ex = Executor(compile_layouts(program, cost).module)
@@ -125,8 +125,8 @@ def run_model(name: str) -> None:
     from eqquant.quant.annotate import annotate, mark_labels
     from eqquant.quant.flow import _flat, quantize, sqnr_db
     from eqquant.quant.mixed import MixedSpace, search
-    from eqquant.runtime.executor import Executor
-    from eqquant.runtime.measured_cost import MeasuredCost
+    from eqquant.runtime.execution.executor import Executor
+    from eqquant.runtime.execution.measured_cost import MeasuredCost
     cost = MeasuredCost()
     if name == "digits":
         m = load(DATA / "digits_cnn.onnx")
@@ -194,8 +194,8 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["digits", "resnet18"])
     ap.add_argument("--retrain-digits", action="store_true")
     args = ap.parse_args()
-    from eqquant.runtime.bindings_int8 import int8_path
-    from eqquant.runtime.measured_cost import cpu_model
+    from eqquant.runtime.lowering.int8 import int8_path
+    from eqquant.runtime.execution.measured_cost import cpu_model
     print(f"CPU: {cpu_model()}; int8 kernel path: {int8_path()}; "
           f"{os.environ['NUMBA_NUM_THREADS']} threads")
     if args.retrain_digits or not (DATA / "digits_cnn.onnx").exists():

@@ -103,7 +103,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=[])
     args = ap.parse_args()
-    from eqquant.runtime.measured_cost import cpu_model
+    from eqquant.runtime.execution.measured_cost import cpu_model
     print(f"CPU: {cpu_model()}")
     layer()
     if args.models:

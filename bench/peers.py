@@ -127,7 +127,7 @@ class Worker:
 # -- the parent: prepare every system's files, then alternate ----------------------------------
 
 def cpu_model() -> str:
-    from eqquant.runtime.measured_cost import cpu_model as model
+    from eqquant.runtime.execution.measured_cost import cpu_model as model
     return model()
 
 
@@ -172,9 +172,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         return worker(*args.worker)
-    from eqquant.runtime.bindings import fp32_path
-    from eqquant.runtime.bindings_int8 import int8_path
-    from eqquant.runtime.llvm_loops import cpu_has
+    from eqquant.runtime.lowering.fp32 import fp32_path
+    from eqquant.runtime.lowering.int8 import int8_path
+    from eqquant.runtime.codegen.llvm_loops import cpu_has
     systems = ["eqquant int8", "ORT int8", "eqquant fp32", "ORT fp32"]
     if not (cpu_has("avx512vnni") or cpu_has("avxvnni")):
         # ONNX Runtime's default int8 is then not exact (bench/ort_exactness.py): its exact

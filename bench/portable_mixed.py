@@ -48,10 +48,10 @@ def main() -> None:
     from eqquant.extract.cost import constant_bytes
     from eqquant.optimizer import program_costs
     from eqquant.quant.flow import compile_layouts, quantize, sqnr_db
-    from eqquant.runtime.bindings import fp32_path
-    from eqquant.runtime.bindings_int8 import int8_path
-    from eqquant.runtime.executor import Executor
-    from eqquant.runtime.measured_cost import MeasuredCost, cpu_model
+    from eqquant.runtime.lowering.fp32 import fp32_path
+    from eqquant.runtime.lowering.int8 import int8_path
+    from eqquant.runtime.execution.executor import Executor
+    from eqquant.runtime.execution.measured_cost import MeasuredCost, cpu_model
     from eqquant.zoo import build
     print(f"CPU: {cpu_model()}; kernel paths: int8 {int8_path()} (forced), fp32 "
           f"{fp32_path()}; {os.environ['NUMBA_NUM_THREADS']} threads")

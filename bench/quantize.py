@@ -22,7 +22,7 @@ import numpy as np
 
 from eqquant.interop.onnx_export import to_onnx
 from eqquant.quant.flow import quantize, sqnr_db
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 from eqquant.zoo import build
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -27,7 +27,7 @@ from eqquant.interop.onnx_export import to_onnx
 from eqquant.ir.interp import run
 from eqquant.ir.params import bind_params
 from eqquant.optimizer import optimize
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 from eqquant.zoo import build
 
 SCHEDULE = "simplify; bn_fold; simplify; fusion"
@@ -37,7 +37,7 @@ import time, sys
 t0 = time.perf_counter()
 from eqquant.zoo import build
 from eqquant.optimizer import optimize
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 m = build(sys.argv[1])
 r = optimize(m.module, m.params, ["simplify", "bn_fold", "fusion"], "{schedule}")
 ex = Executor(r.module)

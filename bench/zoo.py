@@ -197,7 +197,7 @@ def main() -> None:
         sys.exit("this benchmark needs PyTorch: pip install torch==2.13.0 torchvision")
     torch.set_num_threads(2)
     from peers import THREADS, cpu_model
-    from eqquant.runtime.bindings_int8 import int8_path
+    from eqquant.runtime.lowering.int8 import int8_path
     print(f"CPU: {cpu_model()}; {THREADS} threads per system; eqquant int8 kernel path: "
           f"{int8_path()}; PyTorch {torch.__version__}")
     for name in args.models:

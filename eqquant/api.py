@@ -100,7 +100,7 @@ class Model:
     def executor(self):
         """The Numba executor of this program with its weights, made once."""
         if self._executor is None:
-            from .runtime.executor import Executor
+            from .runtime.execution.executor import Executor
             self._executor = Executor(self._bound())
         return self._executor
 

@@ -126,6 +126,6 @@ class EvalError(EqquantError):
 
 class KernelError(EqquantError):
     """A call site names a kernel that cannot run it: the target does not offer it, or it does
-    not apply to the site (``runtime/lowering.py`` says why)."""
+    not apply to the site (``runtime/lowering/plan.py`` says why)."""
 
     kind = "kernel error"

@@ -76,7 +76,7 @@ class OptimizeResult:
     enodes: int = 0
     eclasses: int = 0
     model_summary: str = ""        # where the costs came from (a measured model's counts)
-    # the kernels its int8 sites were given (``runtime.lowering.planned``: its decisions, and
+    # the kernels its int8 sites were given (``runtime.lowering.plan.planned``: its decisions, and
     # the table ``explain`` prints)
     kernel_plan: list = field(default_factory=list)
     kernel_table: str = ""

@@ -27,7 +27,7 @@ from .ir.printer import print_module
 from .ir.typecheck import check_module
 from .optimizer import optimize
 from .quant.realize import realize_view
-from .runtime.executor import Executor
+from .runtime.execution.executor import Executor
 from .zoo import build, write
 
 
@@ -101,7 +101,7 @@ def demo(model: str, out_dir: str | Path, echo: Callable[[str], None] = print) -
     echo("  int8 program: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())))
     for line in str(q.report()).splitlines():
         echo("  " + line)
-    from .runtime.bindings_int8 import int8_path
+    from .runtime.lowering.int8 import int8_path
     echo(f"  int8 kernels ({int8_path()}) equal the int8 reference bit for bit; warm run "
          f"{warm8:.2f} ms int8 vs {warm32:.2f} ms fp32 (medians of 5; a shared machine)")
     echo(f"  wrote {q_paths[0]} and its realize view")

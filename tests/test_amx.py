@@ -1,4 +1,4 @@
-"""The AMX tile GEMMs (runtime/amx.py): their code as LLVM compiles it for a CPU with AMX
+"""The AMX tile GEMMs (runtime/kernels/amx.py): their code as LLVM compiles it for a CPU with AMX
 (on any x86-64 host), which layers take them, and their bits where the CPU has AMX and Linux
 grants the tiles (the kernel-path tests run every path the CPU has besides)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eqquant.runtime import amx
+from eqquant.runtime.kernels import amx
 
 
 def _compiled(epilogue: bool) -> str:
@@ -55,7 +55,7 @@ def test_layers_take_the_tiles_where_they_pay():
     more; the others (MobileNet's 1 x 1 layers of 24 or 144 inputs, a 7 x 7 stem of 3) go to
     the next path (and there, the narrow layers to the blocks of 16); a target that offers
     only the tiles puts every layer on them, one that offers only VNNI the blocks of 64."""
-    from eqquant.runtime.lowering import Site, choose
+    from eqquant.runtime.lowering.plan import Site, choose
     from eqquant.runtime.target import INT8_PATHS, Target
     every = Target("every", INT8_PATHS, ("blas",))     # (as if this CPU had every path)
 
@@ -77,7 +77,7 @@ def test_layers_take_the_tiles_where_they_pay():
 def test_the_tiles_are_asked_of_the_system_once():
     """``available`` is False without AMX-INT8, and asks Linux for the tiles only where the
     CPU has them (the answer kept: the permission is the process's)."""
-    from eqquant.runtime.llvm_loops import cpu_has
+    from eqquant.runtime.codegen.llvm_loops import cpu_has
     if not (cpu_has("amx-int8") and cpu_has("amx-tile")):
         assert not amx.available()
         return

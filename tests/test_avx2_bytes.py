@@ -1,4 +1,4 @@
-"""The AVX2 byte kernel (``runtime/avx2.py``): ``vpmaddubsw`` on the activations' low 7 bits,
+"""The AVX2 byte kernel (``runtime/kernels/avx2.py``): ``vpmaddubsw`` on the activations' low 7 bits,
 their high bits listed by ``split_high`` and added back, must give the exact integer sums
 whatever the bytes: no saturation at the extremes (255 x -128, 127 x 127), the listing
 right at row and group edges, a chunk with too many high bits handed to the 16-bit kernel,
@@ -11,14 +11,14 @@ from hypothesis import strategies as st
 from eqquant.ir.builder import Builder
 from eqquant.ir.interp import run
 from eqquant.ir.params import bind_params
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 from eqquant.runtime.target import Target
 from kernel_paths import forced_int8_path
 
 # the byte driver is an executor's kernel (x86.avx2.bytes), offered by such a target
 BYTES = Target.named("avx2:executor")
 
-avx2 = pytest.importorskip("eqquant.runtime.avx2")
+avx2 = pytest.importorskip("eqquant.runtime.kernels.avx2")
 if not avx2.available():
     pytest.skip("this CPU has no AVX2: the byte kernel cannot run here", allow_module_level=True)
 
@@ -83,7 +83,7 @@ def test_the_windows_lists_are_made_from_the_images(h, w, quads, k, stride, pad,
     """``window_lists`` from ``image_lists``: the windows' high bits as ``split_high`` lists
     them on the gathered windows (each row's entries, in any order), with the room's
     give-up, for kernels inside and across the image's edges, strides and dilations."""
-    from eqquant.runtime.gather import _rows
+    from eqquant.runtime.kernels.gather import _rows
     rng = np.random.default_rng(seed)
     (kh, kw), (dh, dw), c = k, dilation, 4 * quads
     oh = (h + 2 * pad - dh * (kh - 1) - 1) // stride + 1
@@ -242,7 +242,7 @@ def test_convolutions_on_the_byte_kernel_are_bit_exact(c, o, k, stride, size, ba
     if residual:
         xs["r"] = rng.integers(0, 256, (batch, oh, oh, o)).astype("uint8")
     # the byte kernel's case: the image's rows (windows) take it, as a whole
-    from eqquant.runtime.gather import _rows
+    from eqquant.runtime.kernels.gather import _rows
     kp = -(-k * k * c // 4) * 4
     rows = _rows(xs["x"][0], k, k, stride, stride, k // 2, k // 2, 1, 1, 3, oh, 0, oh * oh, kp)
     assert avx2.split_or_widen(np.ascontiguousarray(rows), avx2.empties(kp))[3].size == 0
@@ -278,8 +278,8 @@ def test_windows_whose_lists_outgrow_their_room_take_the_16_bit_kernel():
         ex = Executor(bound, target=BYTES)
         (conv,) = [s.fn.conv for s in ex.steps if "qconv2d" in s.label]
         np.testing.assert_array_equal(ex.run({"x": x}), run(bound, {"x": x}))
-    from eqquant.runtime.bindings import threads
-    from eqquant.runtime.gather import work_split
+    from eqquant.runtime.lowering.fp32 import threads
+    from eqquant.runtime.kernels.gather import work_split
     chunks, groups, _ = work_split(1, oh * oh, 3, threads())
     # some chunks took the 16-bit kernel, not all: the count of those less the others
     assert -chunks * groups < conv.more_args[1][1] < chunks * groups

@@ -29,7 +29,7 @@ from eqquant.deploy.loader import FILES, Library
 from eqquant.errors import EqquantError, EvalError
 from eqquant.ir.loader import save_program
 from eqquant.ir.params import bind_params
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 from forging import restamp
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""A first start's compiling (``runtime/compiling.py``): what binding a program compiles is
+"""A first start's compiling (``runtime/codegen/compiling.py``): what binding a program compiles is
 found first (``survey``), without compiling it and without leaving anything half-made
 behind, then compiled here and in forked helpers (``share``); the program computes the
 same bits whichever process compiled what, and the next process finds it all in the
@@ -14,10 +14,10 @@ import uuid
 import numpy as np
 import pytest
 
-from eqquant.runtime import compiling
-from eqquant.runtime.bindings import entry_point
-from eqquant.runtime.launch import parallel, share
-from eqquant.runtime.serial import twin
+from eqquant.runtime.codegen import compiling
+from eqquant.runtime.lowering.fp32 import entry_point
+from eqquant.runtime.codegen.launch import parallel, share
+from eqquant.runtime.codegen.serial import twin
 
 
 def _double(thread, threads, args):
@@ -139,7 +139,7 @@ refreshes = []
 _refresh = base.BaseContext.refresh
 base.BaseContext.refresh = lambda self: refreshes.append(1) or _refresh(self)
 from eqquant.optimizer import optimize
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 from eqquant.zoo import build
 m = build("resnet18_stem", image_size=32)
 r = optimize(m.module, m.params, ["simplify", "bn_fold", "fusion"],
@@ -169,9 +169,9 @@ _MANY_HELPERS = """
 import json, sys
 import numpy as np
 from numba import njit
-from eqquant.runtime import compiling
-from eqquant.runtime.bindings import entry_point
-from eqquant.runtime.serial import twin
+from eqquant.runtime.codegen import compiling
+from eqquant.runtime.lowering.fp32 import entry_point
+from eqquant.runtime.codegen.serial import twin
 
 def total(x):
     s = 0.0
@@ -226,7 +226,7 @@ def test_a_first_start_compiled_on_two_processes_gives_the_same_bits(tmp_path):
 
 _HELPER_FAILS = """
 import json, os, sys, time
-from eqquant.runtime import compiling
+from eqquant.runtime.codegen import compiling
 parent, log = os.getpid(), sys.argv[1]
 
 

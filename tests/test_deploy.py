@@ -34,14 +34,14 @@ from eqquant.ir.interp import run
 from eqquant.ir.loader import save_program
 from eqquant.ir.params import bind_params
 from eqquant.quant.flow import compile_layouts, quantize
-from eqquant.runtime import compiling
-from eqquant.runtime.bindings import fp32_path
-from eqquant.runtime.bindings_int8 import int8_path
-from eqquant.runtime.executor import Executor
-from eqquant.runtime.launch import parallel, share
-from eqquant.runtime.serial import twin
+from eqquant.runtime.codegen import compiling
+from eqquant.runtime.lowering.fp32 import fp32_path
+from eqquant.runtime.lowering.int8 import int8_path
+from eqquant.runtime.execution.executor import Executor
+from eqquant.runtime.codegen.launch import parallel, share
+from eqquant.runtime.codegen.serial import twin
 from eqquant.zoo import build as zoo_build
-from eqquant.runtime.lowering import unplanned
+from eqquant.runtime.lowering.plan import unplanned
 from eqquant.runtime.target import Target
 from forging import crash_at_run, restamp
 from kernel_paths import forced_int8_path, int8_paths
@@ -1082,7 +1082,7 @@ def test_a_kernel_calling_what_a_library_lacks_is_refused_by_name(tmp_path):
     is refused when the library is built, naming it (such a library would not load); the NCHW
     average pool, which once did through ``transpose``, saves with the executor's bits."""
     from eqquant.deploy.build import _runtime_missing
-    from eqquant.runtime.compiling import made
+    from eqquant.runtime.codegen.compiling import made
     x, out = np.arange(6, dtype=np.float32).reshape(2, 3), np.zeros((3, 2), np.float32)
     _transposing_copy(x, out)
     np.testing.assert_array_equal(out, x.T)

@@ -267,7 +267,7 @@ def test_fuzz_zero_sizes_extreme_ranks_and_quantization_parameters(text):
     refuse with eqquant's own error; nothing else is raised, nothing crashes."""
     RAN["zero sizes, extreme ranks, quantization parameters (both engines)"] += 1
     from eqquant.ir.interp import run
-    from eqquant.runtime.executor import Executor
+    from eqquant.runtime.execution.executor import Executor
     try:
         mod = parse(text, "fuzz.ir")
         check_module(mod)

@@ -10,12 +10,12 @@ import sys
 import numpy as np
 import pytest
 
-from eqquant.runtime import llvm_loops
-from eqquant.runtime.llvm_loops import cpu_has
+from eqquant.runtime.codegen import llvm_loops
+from eqquant.runtime.codegen.llvm_loops import cpu_has
 
 # (module, a kernel calling its GEMM, that kernel's arguments, the GEMM symbol it calls)
-AVX2 = "eqquant.runtime.avx2"
-FMA = "eqquant.runtime.fma"
+AVX2 = "eqquant.runtime.kernels.avx2"
+FMA = "eqquant.runtime.kernels.fma"
 
 
 def _avx2_tile_args():
@@ -68,8 +68,8 @@ def test_every_gemm_the_cpu_runs_is_in_its_slot(module, kernel, args, symbol):
 
 _ROUND_TRIP = """
 import numpy as np
-from eqquant.runtime import {name} as m
-from eqquant.runtime.llvm_loops import _SLOTS
+from eqquant.runtime.kernels import {name} as m
+from eqquant.runtime.codegen.llvm_loops import _SLOTS
 rng = np.random.default_rng(3)
 {body}
 print(_SLOTS["{symbol}"].value)
@@ -123,7 +123,7 @@ def test_the_gather_is_called_through_its_slot_too():
     and gives the gather's rows."""
     from numba import njit
 
-    from eqquant.runtime import gather
+    from eqquant.runtime.kernels import gather
     gather.load_entry("uint8")      # (as the modules whose kernels gather bytes do)
     gather.load_entry("float32")    # (as fma.py does, whichever tests ran before here)
     rows_of = njit(gather._rows.py_func)     # compiled here (a cached kernel shows no IR)

@@ -16,7 +16,7 @@ from eqquant.ir.parser import parse
 from eqquant.ir.typecheck import check_module
 from eqquant.quant.flow import quantize
 from eqquant.rules.loader import load_rules, parse_rules
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 
 DENSE = ("def @main(%x: Tensor[(1, 4), float32], %w: Tensor[(3, 4), float32]) {\n"
          "  nn.relu(nn.dense(%x, %w))\n}\n")
@@ -354,7 +354,7 @@ def test_a_per_channel_scale_with_a_zero_is_a_type_error():
     from eqquant.errors import TypeCheckError
     from eqquant.ir.builder import Builder
     from eqquant.ir.params import bind_params
-    from eqquant.runtime.executor import Executor
+    from eqquant.runtime.execution.executor import Executor
     b = Builder()
     x = b.input("x", (1, 4, 2, 2), "int8")
     y = b.call("qnn.dequantize", x, b.param("s", np.array([0.1, 0.2, 0.0, 0.3], np.float32)),

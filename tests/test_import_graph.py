@@ -93,3 +93,31 @@ def test_the_checker_sees_an_upward_import(tmp_path):
                      "    from ..ops import registry\n"
                      "def f():\n    from ..quant import flow\n    from .types import Type\n")
     assert _imports(probe, tmp_path) == {"quant", "core"}
+
+
+# the runtime's stages, bottom first (runtime/__init__.py): each imports only those below it
+RUNTIME_STAGES = [("codegen",), ("kernels",), ("target",), ("lowering",), ("execution",)]
+STAGE = {name: i for i, names in enumerate(RUNTIME_STAGES) for name in names}
+
+
+def test_the_runtime_stages_import_downward_only():
+    runtime = ROOT / "runtime"
+    wrong, seen = [], set()
+    for path in sorted(runtime.rglob("*.py")):
+        if path.parent == runtime and path.name == "__init__.py":
+            continue                 # the package's set-up (Numba's cache stamps)
+        stage = _package_in(path, runtime)
+        assert stage in STAGE, f"{path} is in no stage of this test"
+        seen.add(stage)
+        for target in _imports(path, runtime) - {stage}:
+            if target not in STAGE:
+                continue             # (eqquant's packages: the test above)
+            if STAGE[target] >= STAGE[stage]:
+                wrong.append(f"{path.relative_to(ROOT.parent)} ({stage}) imports {target}")
+    assert not wrong, "runtime imports that go up or sideways:\n" + "\n".join(wrong)
+    assert seen == set(STAGE)
+
+
+def _package_in(path: Path, root: Path) -> str:
+    rel = path.relative_to(root).parts
+    return rel[0] if len(rel) > 1 else rel[0].removesuffix(".py")

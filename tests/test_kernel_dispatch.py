@@ -8,7 +8,7 @@ import pytest
 from eqquant.ir.parser import parse
 from eqquant.ops.registry import ELEMWISE, UNARY, OpDef, all_ops, get_op, has_op, register
 from eqquant.ops.typerel import same_as_input
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 
 
 def _new_unary(name: str, kernel: str) -> OpDef:
@@ -24,7 +24,7 @@ def _new_unary(name: str, kernel: str) -> OpDef:
 @pytest.mark.parametrize("binding", ["Activation", "Binary", "View"])
 def test_a_new_op_bound_to_a_generic_binding_runs_its_own_semantics(binding):
     name = f"test.affine_{binding.lower()}"
-    _new_unary(name, f"eqquant.runtime.bindings:{binding}")
+    _new_unary(name, binding)
     mod = parse(f"def @main(%x: Tensor[(2, 5), float32]) {{ {name}(%x) }}")
     x = np.random.default_rng(0).normal(size=(2, 5)).astype(np.float32)
     ex = Executor(mod)
@@ -40,8 +40,23 @@ def test_every_registered_op_with_a_kernel_gives_what_its_binding_reads():
     for op in all_ops().values():
         if op.name.startswith("test."):
             continue          # this file's own ops, bound on purpose without a code
-        if op.kernel in ("eqquant.runtime.bindings:Activation",
-                         "eqquant.runtime.bindings:Binary"):
+        if op.kernel in ("Activation",
+                         "Binary"):
             code = op.kernel_params.get("code")
             assert isinstance(code, int), op.name
             assert codes.setdefault((op.kernel, code), op.name) == op.name, op.name
+
+
+def test_every_kernel_an_op_names_is_a_registered_binding():
+    """An op's entry names its binding by name (``kernel="Conv2D"``); each name is a class
+    registered in ``runtime/lowering/``, and a name that is not is an error saying so."""
+    from eqquant.errors import EqquantError
+    from eqquant.ops.registry import all_ops
+    from eqquant.runtime.lowering import binding_class
+    from eqquant.runtime.lowering.fp32 import Binding
+    named = {op.name: op.kernel for op in all_ops().values() if op.kernel}
+    assert len(named) > 40
+    for name, kernel in named.items():
+        assert issubclass(binding_class(kernel), Binding), name
+    with pytest.raises(EqquantError, match="no kernel binding 'Conv3D'"):
+        binding_class("Conv3D")

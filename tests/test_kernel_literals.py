@@ -11,10 +11,10 @@ import textwrap
 import pytest
 from numba.core.registry import CPUDispatcher
 
-from eqquant.runtime.launch import Parallel
+from eqquant.runtime.codegen.launch import Parallel
 
-MODULES = ["avx2", "vnni", "fma", "gather", "kernels_int8",
-           "kernels_fp32", "depthwise_simd", "pool_simd"]
+MODULES = ["avx2", "vnni", "fma", "gather", "int8",
+           "fp32", "depthwise", "pools"]
 
 
 def _literal_calls(module):
@@ -44,7 +44,7 @@ def _literal_calls(module):
 
 @pytest.mark.parametrize("name", MODULES)
 def test_no_kernel_passes_a_literal_integer_to_another(name):
-    module = importlib.import_module(f"eqquant.runtime.{name}")
+    module = importlib.import_module(f"eqquant.runtime.kernels.{name}")
     assert _literal_calls(module) == []
 
 

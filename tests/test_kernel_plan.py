@@ -15,8 +15,8 @@ from eqquant.ir.interp import run
 from eqquant.ir.loader import save_program
 from eqquant.ir.parser import parse
 from eqquant.ir.printer import print_module
-from eqquant.runtime.executor import Executor
-from eqquant.runtime.lowering import Site, choose, options, plan_kernels, unplanned
+from eqquant.runtime.execution.executor import Executor
+from eqquant.runtime.lowering.plan import Site, choose, options, plan_kernels, unplanned
 from eqquant.runtime.target import INT8_PATHS, KINDS, Target, current, gemm_kernel, int8_paths
 
 # a 3x3 convolution of 32 channels, a depthwise one and a dense layer of one row
@@ -167,7 +167,7 @@ def test_the_avx2_byte_driver_is_planned_only_for_an_executor(tmp_path):
     a target ``NAME:executor`` only, on rows of BYTES_FROM bytes or more; a pin of it where
     the target does not offer it is refused; a target name the CLI does not know is a usage
     error (exit 2), nothing run."""
-    from eqquant.runtime import avx2
+    from eqquant.runtime.kernels import avx2
     site = Site("fused.qconv2d", 32, 288, 1, False, False)
     library, executor = Target("t", ("avx2",), ("blas",)), Target("t", ("avx2",), ("blas",),
                                                                   True)

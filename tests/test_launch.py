@@ -1,4 +1,4 @@
-"""The one parallel launcher (``runtime/launch.py``): a kernel written as one thread's share
+"""The one parallel launcher (``runtime/codegen/launch.py``): a kernel written as one thread's share
 runs on every thread through one compiled parallel loop, its arguments passed exactly
 through the block (arrays of any layout, numbers of every width, tuples), and the threads'
 shares cover the work once."""
@@ -8,8 +8,8 @@ import numba
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from eqquant.runtime import launch
-from eqquant.runtime.launch import parallel, share
+from eqquant.runtime.codegen import launch
+from eqquant.runtime.codegen.launch import parallel, share
 
 
 @parallel
@@ -80,7 +80,7 @@ def test_arrays_of_any_layout_are_read_through_their_strides():
 
 
 def test_one_parallel_loop_serves_every_kernel_and_a_bound_call_follows_the_pool():
-    from eqquant.runtime.bindings import entry_point
+    from eqquant.runtime.lowering.fp32 import entry_point
     x = np.arange(64, dtype=np.float32).reshape(16, 4)
     out = np.zeros_like(x)
     _scaled(x, np.float32(2.0), out)

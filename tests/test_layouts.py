@@ -16,7 +16,7 @@ from eqquant.ir.params import bind_params
 from eqquant.ir.parser import parse
 from eqquant.ir.printer import print_module
 from eqquant.ir.typecheck import check_module
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 
 CHANGE = """def @main(%x: Tensor[(2, 3, 4, 5), uint8]) {
   layout_transform(%x, src_layout="NCHW", dst_layout="NHWC")
@@ -156,8 +156,8 @@ def test_mobilenet_int8_small_steps_are_bound_to_their_kernels(mobilenet_int8):
     classifier's bias, requantize and dequantize are bound to their kernels' entry points,
     not run through their bindings' Python (the bias of 1000 units took 18 us so, 2 bound)."""
     import functools
-    from eqquant.runtime.bindings import Binding
-    from eqquant.runtime.launch import _BoundLaunch
+    from eqquant.runtime.lowering.fp32 import Binding
+    from eqquant.runtime.codegen.launch import _BoundLaunch
     q, _ = mobilenet_int8
     ex = Executor(q.compiled)
     small = ("qnn.global_avg_pool2d", "add", "qnn.requantize", "qnn.dequantize")
@@ -178,10 +178,15 @@ def test_mobilenet_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8,
     convolutions' work split is bound with them)."""
     import numba
     from eqquant.quant.flow import compile_layouts
-    from eqquant.runtime import amx, avx2, fma, kernels_fp32, kernels_int8, vnni
+    from eqquant.runtime.kernels import amx
+    from eqquant.runtime.kernels import avx2
+    from eqquant.runtime.kernels import fma
+    from eqquant.runtime.kernels import fp32 as kernels_fp32
+    from eqquant.runtime.kernels import int8 as kernels_int8
+    from eqquant.runtime.kernels import vnni
     vnni16, avxvnni = vnni.PATHS["vnni16"], vnni.PATHS["avxvnni"]
-    from eqquant.runtime.bindings import fp32_path
-    from eqquant.runtime.launch import Driver, Parallel, _BoundLaunch, _Calls
+    from eqquant.runtime.lowering.fp32 import fp32_path
+    from eqquant.runtime.codegen.launch import Driver, Parallel, _BoundLaunch, _Calls
     q, shape = mobilenet_int8
     if precision == "int8":
         ex, label = Executor(q.compiled), ("fused.qconv2d", "fused.qconv2d_add")

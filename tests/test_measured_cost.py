@@ -12,7 +12,7 @@ import pytest
 from conftest import own_cache
 from eqquant.core.types import TensorType
 from eqquant.extract.cost import CostModel, CpuLatency
-from eqquant.runtime.measured_cost import KernelTimes, MeasuredCost, instance_key, resolve_cost
+from eqquant.runtime.execution.measured_cost import KernelTimes, MeasuredCost, instance_key, resolve_cost
 from eqquant.ops.registry import get_op
 
 
@@ -86,18 +86,25 @@ def test_a_changed_kernel_starts_afresh(cache, tmp_path, monkeypatch):
     """The machine key holds a digest of the runtime's source: an edited kernel (a new
     release, or a working tree) is another machine, its times not the old kernel's."""
     import shutil
-    import eqquant.runtime.measured_cost as mc
+    import eqquant.runtime.execution.measured_cost as mc
+    from eqquant.runtime import source_digest
     here = mc.machine_key()
     assert f"kernels {mc.kernels_digest()}" in here
     copy = tmp_path / "runtime"
-    shutil.copytree(Path(mc.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    (copy / "fma.py").write_text((copy / "fma.py").read_text() + "\n# a changed kernel\n")
+    shutil.copytree(Path(mc.__file__).parent.parent, copy,
+                    ignore=shutil.ignore_patterns("__pycache__"))
     mc.kernels_digest.cache_clear()
-    monkeypatch.setattr(mc, "__file__", str(copy / "measured_cost.py"))
+    monkeypatch.setattr(mc, "__file__", str(copy / "execution" / "measured_cost.py"))
+    assert mc.machine_key() == here          # the same source: the same machine
+    fma = copy / "kernels" / "fma.py"
+    fma.write_text(fma.read_text() + "\n# a changed kernel\n")
+    mc.kernels_digest.cache_clear()
+    source_digest.cache_clear()             # (the folder's digest, cached per process)
     try:
         assert mc.machine_key() != here
     finally:
         mc.kernels_digest.cache_clear()
+        source_digest.cache_clear()
 
 
 def test_a_damaged_cache_is_rebuilt_not_fatal(cache):
@@ -356,8 +363,8 @@ def test_weights_that_fit_the_last_level_cache_are_timed_there_under_their_own_k
     beside the time with the weights out of the caches."""
     from eqquant.ir.builder import Builder
     from eqquant.ir.params import bind_params
-    from eqquant.runtime.measured_cost import weights_resident
-    from eqquant.runtime.timing import last_level_cache_bytes
+    from eqquant.runtime.execution.measured_cost import weights_resident
+    from eqquant.runtime.execution.timing import last_level_cache_bytes
 
     def program(units):
         b = Builder()
@@ -379,7 +386,7 @@ def test_a_placed_model_times_each_kernel_as_its_precisions_program_holds_weight
     """``for_weights(float bytes, int8 bytes)``, as ``quantize`` places its model: a kernel
     with integer weights is timed as the integer program holds them (here in the cache), one
     with float weights as the float program does (here out of it), sharing one table."""
-    from eqquant.runtime.timing import last_level_cache_bytes
+    from eqquant.runtime.execution.timing import last_level_cache_bytes
     llc = last_level_cache_bytes()
     op, attrs, ins, out, consts = _conv_instance()            # int8 weights
     fop = get_op("fused.conv2d")

@@ -19,7 +19,7 @@ from eqquant.ir.parser import parse  # noqa: E402
 from eqquant.quant.annotate import annotate, mark_labels  # noqa: E402
 from eqquant.quant.flow import quantize  # noqa: E402
 from eqquant.quant.mixed import MixedSpace, search  # noqa: E402
-from eqquant.runtime.executor import Executor  # noqa: E402
+from eqquant.runtime.execution.executor import Executor  # noqa: E402
 
 from soundness_programs import conv_program  # noqa: E402
 

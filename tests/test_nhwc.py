@@ -17,7 +17,7 @@ from eqquant.ir.parser import parse
 from eqquant.ir.printer import print_module
 from eqquant.ir.typecheck import check_module
 from eqquant.optimizer import optimize
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 
 PROGRAM = """def @main(%x: Tensor[(1, 12, 10, 6), float32], %w: Tensor[(3, 3, 6, 8), float32],
           %b: Tensor[(8), float32]) {

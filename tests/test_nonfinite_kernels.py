@@ -11,7 +11,7 @@ from eqquant.ir.builder import Builder
 from eqquant.ir.interp import run
 from eqquant.ir.params import bind_params
 from eqquant.ops import registry
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 
 # numpy warns of the NaNs and overflows the reference computes on these inputs: expected here
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -15,7 +15,7 @@ from eqquant.interop.onnx_import import import_onnx
 from eqquant.ir.interp import run
 from eqquant.ops.registry import ELEMWISE, UNARY, OnnxForm, OpDef, get_op, has_op, register
 from eqquant.ops.typerel import float_input
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 
 
 @numba.njit(cache=False)
@@ -33,7 +33,7 @@ if not has_op("test.thresholded_relu"):
     register(OpDef("test.thresholded_relu", inputs=("data",),
                    props=frozenset({ELEMWISE, UNARY}), type_rel=float_input,
                    semantics=_thresholded, doc="x where x > 1, else 0",
-                   kernel="eqquant.runtime.bindings:Elementwise",
+                   kernel="Elementwise",
                    kernel_params={"fn": _thresholded_kernel},
                    onnx=(OnnxForm("ThresholdedRelu"),)))
 

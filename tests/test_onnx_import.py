@@ -21,7 +21,7 @@ from eqquant.ir.params import bind_params  # noqa: E402
 from eqquant.ir.parser import parse  # noqa: E402
 from eqquant.ir.printer import print_module  # noqa: E402
 from eqquant.optimizer import optimize  # noqa: E402
-from eqquant.runtime.executor import Executor  # noqa: E402
+from eqquant.runtime.execution.executor import Executor  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 

@@ -20,7 +20,7 @@ from eqquant.interop.onnx_export import to_onnx  # noqa: E402
 from eqquant.interop.onnx_import import import_onnx  # noqa: E402
 from eqquant.ir.interp import run  # noqa: E402
 from eqquant.ir.params import bind_params  # noqa: E402
-from eqquant.runtime.executor import Executor  # noqa: E402
+from eqquant.runtime.execution.executor import Executor  # noqa: E402
 
 SETTINGS = settings(max_examples=12, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

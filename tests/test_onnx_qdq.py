@@ -16,7 +16,7 @@ from eqquant.ir.loader import save_program  # noqa: E402
 from eqquant.core.nodes import Call, post_order  # noqa: E402
 from eqquant.quant.flow import quantize  # noqa: E402
 from eqquant.quant.realize import realize_view  # noqa: E402
-from eqquant.runtime.executor import Executor  # noqa: E402
+from eqquant.runtime.execution.executor import Executor  # noqa: E402
 
 
 def _cpu_has_vnni() -> bool:

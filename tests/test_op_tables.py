@@ -98,7 +98,7 @@ def test_every_op_is_registered_whichever_module_is_imported_first():
     import subprocess
     import sys
     counts = []
-    for first in ("eqquant.ops.registry", "eqquant.ops.fused", "eqquant.runtime.bindings",
+    for first in ("eqquant.ops.registry", "eqquant.ops.fused", "eqquant.runtime.lowering.fp32",
                   "eqquant.ops.qnn"):
         code = (f"import {first}\nfrom eqquant.ops.registry import all_ops, get_op\n"
                 "get_op('nn.relu'); get_op('qnn.quantize'); print(len(all_ops()))")

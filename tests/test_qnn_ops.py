@@ -115,7 +115,7 @@ def test_qnn_mul_runs_on_its_kernel_with_the_references_bits(shapes, dtype, scal
     either operand the broadcast one, scales whose ratio shifts the product far left or
     right (saturating), against the reference; and a launch, so a library can hold it."""
     from eqquant.deploy.build import not_launches
-    from eqquant.runtime.executor import Executor
+    from eqquant.runtime.execution.executor import Executor
     rng = np.random.default_rng(seed)
     lo, hi = (0, 255) if dtype == "uint8" else (-128, 127)
     za, zb, zo = (min(max(z, lo), hi) for z in zeros)
@@ -145,7 +145,7 @@ def test_average_pools_run_on_their_kernels_with_the_references_bits(layout, dty
     nn.avg_pool2d, channel-first and channel-last, with padding counted or not and ceil
     mode, against the reference bit for bit; and launches, so a library can hold them."""
     from eqquant.deploy.build import not_launches
-    from eqquant.runtime.executor import Executor
+    from eqquant.runtime.execution.executor import Executor
     rng = np.random.default_rng(seed)
     shape = (batch, 5, 7, 6) if layout == "NCHW" else (batch, 7, 6, 5)
     lo, hi = (0, 255) if dtype == "uint8" else (-128, 127)

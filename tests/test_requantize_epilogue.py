@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 from eqquant.ir.builder import Builder
 from eqquant.ir.interp import run
 from eqquant.ir.params import bind_params
-from eqquant.runtime.executor import Executor
-from eqquant.runtime.epilogue_table import epilogue_params, words_constants
-from eqquant.runtime.kernels_int8 import requantize_rows
-from eqquant.runtime.llvm_loops import cpu_has
-from eqquant.runtime.requantize_ir import ADD, FAST, FHI, FLO, FMULT, FOFFSET, TOTAL, WORDS
+from eqquant.runtime.execution.executor import Executor
+from eqquant.runtime.codegen.epilogue_table import epilogue_params, words_constants
+from eqquant.runtime.kernels.int8 import requantize_rows
+from eqquant.runtime.codegen.llvm_loops import cpu_has
+from eqquant.runtime.codegen.requantize_ir import ADD, FAST, FHI, FLO, FMULT, FOFFSET, TOTAL, WORDS
 
 I32 = 2 ** 31
 
@@ -122,7 +122,7 @@ def _emitted_epilogue(form: str, lanes: int, col: int):
     in ``form``: "words", "lanes" or "block"), into ``lanes`` bytes."""
     from numba import njit, types
     from numba.extending import intrinsic
-    from eqquant.runtime.requantize_ir import with_epilogue
+    from eqquant.runtime.codegen.requantize_ir import with_epilogue
 
     @intrinsic
     def epilogue(typingctx, sums, table, stride, out, lo, hi):
@@ -200,7 +200,7 @@ def _emitted_block(col: int, vectors: int):
     ``base`` on (as the GEMMs are from their first block's), into as many bytes."""
     from numba import njit, types
     from numba.extending import intrinsic
-    from eqquant.runtime.requantize_ir import block_words
+    from eqquant.runtime.codegen.requantize_ir import block_words
 
     @intrinsic
     def epilogue(typingctx, sums, table, stride, out, lo):

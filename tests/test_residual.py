@@ -17,7 +17,7 @@ from eqquant.ir.interp import run
 from eqquant.ir.params import bind_params
 from eqquant.ir.parser import parse
 from eqquant.ir.typecheck import check_module
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 from kernel_paths import forced_int8_path, int8_paths
 
 
@@ -96,7 +96,7 @@ def test_a_fused_residual_sum_gives_the_bits_of_the_sum_on_every_path(
     s = _sum(b, y, r, (0.1, z2, 0.1 * ratio, zr, 0.1 * 1.3, zo)) if first else \
         _sum(b, r, y, (0.1 * ratio, zr, 0.1, z2, 0.1 * 1.3, zo))
     unfused = bind_params(*b.finish(s))
-    from eqquant.runtime.lowering import unplanned
+    from eqquant.runtime.lowering.plan import unplanned
     fused = unplanned(compile_layouts(unfused).module)     # (planned for each path below)
     ops = [n.op_name for n in post_order(fused.main.body) if isinstance(n, Call)]
     assert "fused.qconv2d_add" in ops and "qnn.add" not in ops

@@ -77,7 +77,7 @@ def test_mobilenet_relu6_fuses_as_clip():
 
 def test_conv_relu_without_bias_fuses_and_runs():
     from eqquant.ir.builder import Builder
-    from eqquant.runtime.executor import Executor
+    from eqquant.runtime.execution.executor import Executor
     rng = np.random.default_rng(0)
     b = Builder()
     x = b.input("x", (1, 3, 8, 8))

@@ -11,7 +11,7 @@ from eqquant.quant.annotate import annotate, calibrate
 from eqquant.quant.calibrate import CalibrationTable
 from eqquant.rules.check import check_ruleset
 from eqquant.rules.loader import load_rules
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 from eqquant.zoo import build
 
 SIZE = 64

@@ -8,7 +8,7 @@ from eqquant.ir.builder import Builder
 from eqquant.ir.interp import run
 from eqquant.ir.params import bind_params
 from eqquant.optimizer import optimize
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 from eqquant.zoo import build
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -94,7 +94,7 @@ def test_float_sums_finished_in_registers_give_the_bits_finished_in_memory(c, o,
     """A channel-last convolution finishes its whole blocks of channels in the GEMM's
     registers (bias, clamp, store); an NCHW one stores the sums and finishes them after
     (``fma._finish``). Same sums, same bias, same clamp: the same bits, on each FMA path."""
-    from eqquant.runtime.bindings import fp32_path
+    from eqquant.runtime.lowering.fp32 import fp32_path
     if fp32_path() == "blas":
         pytest.skip("this CPU has no AVX2/FMA: the float GEMM is BLAS's")
     rng = np.random.default_rng(seed)
@@ -105,7 +105,7 @@ def test_float_sums_finished_in_registers_give_the_bits_finished_in_memory(c, o,
 
 
 def _same_bits_either_layout(weight, bias, image, act):
-    from eqquant.runtime.bindings import fp32_path
+    from eqquant.runtime.lowering.fp32 import fp32_path
     if fp32_path() == "blas":       # (no FMA GEMM on this path: nothing finishes in registers)
         return
     o, c, k, _ = weight.shape
@@ -136,8 +136,8 @@ def test_channel_last_depthwise_sums_its_taps_in_order(c, k, stride, pad, dil, h
     time and a tail, and the border loop around it) gives the bits of the bias plus each
     inside tap's product in turn, kernel row by row, each product and sum rounded to
     float32, then the clamp: what NumPy computes below, bit for bit."""
-    from eqquant.runtime.depthwise_simd import entry
-    from eqquant.runtime.kernels_fp32 import depthwise_channels_last
+    from eqquant.runtime.kernels.depthwise import entry
+    from eqquant.runtime.kernels.fp32 import depthwise_channels_last
     rng = np.random.default_rng(seed)
     if hw + 2 * pad < dil * (k - 1) + 1:
         return
@@ -181,8 +181,8 @@ def test_dense_kernel(batch, k, units, act, seed, bias):
 
 def test_the_fastest_fp32_path_is_chosen_and_a_missing_one_refused(monkeypatch):
     from eqquant.errors import EqquantError
-    from eqquant.runtime import fma
-    from eqquant.runtime.bindings import fp32_path
+    from eqquant.runtime.kernels import fma
+    from eqquant.runtime.lowering.fp32 import fp32_path
     from eqquant.runtime.target import FP32_PATHS, fp32_paths
     b = Builder()
     x = b.input("x", (1, 3, 8, 8))
@@ -208,7 +208,7 @@ def test_float_programs_keep_blas_threads_out(monkeypatch):
     """On the FMA paths no float op calls numpy's BLAS: OpenBLAS's own threads spin for a
     tenth of a second after each call and took half the cores from the next convolutions
     (resnet18 fp32 ran 37 ms instead of 21)."""
-    from eqquant.runtime import bindings
+    from eqquant.runtime.lowering import fp32 as bindings
     if bindings.fp32_path() == "blas":
         pytest.skip("this CPU has no AVX2/FMA: the float GEMM is BLAS's")
     m = build("resnet18", image_size=64)
@@ -262,8 +262,8 @@ def test_float_max_pools_store_no_choice(name):
     one keeps them in registers (``pool_simd``). Compiled afresh here (a cached kernel shows
     no code)."""
     from numba import njit
-    from eqquant.runtime import kernels_fp32
-    from eqquant.runtime.llvm_loops import cpu_has
+    from eqquant.runtime.kernels import fp32 as kernels_fp32
+    from eqquant.runtime.codegen.llvm_loops import cpu_has
     if not cpu_has("avx"):
         pytest.skip("this CPU has no AVX: no vmaskmovps to look for")
     kernel = getattr(kernels_fp32, name)
@@ -481,10 +481,10 @@ def test_kernels_are_cached_on_disk():
     """cache=True: compiled kernels are written to disk (beside the module, or under
     NUMBA_CACHE_DIR), for the next process."""
     import pathlib
-    import eqquant.runtime.kernels_fp32 as kernels
-    from eqquant.runtime import fma
-    from eqquant.runtime.launch import Driver
-    from eqquant.runtime.bindings import fp32_path
+    import eqquant.runtime.kernels.fp32 as kernels
+    from eqquant.runtime.kernels import fma
+    from eqquant.runtime.codegen.launch import Driver
+    from eqquant.runtime.lowering.fp32 import fp32_path
     m = build("resnet18_stem", image_size=32)
     r = optimize(m.module, m.params, ["simplify", "bn_fold", "fusion"],
                  "simplify; bn_fold; simplify; fusion")
@@ -510,7 +510,7 @@ def test_openmp_threads_sleep_at_once_only_beside_blas(fp32_kernel, user_policy)
     import os
     import subprocess
     import sys
-    from eqquant.runtime.llvm_loops import cpu_has
+    from eqquant.runtime.codegen.llvm_loops import cpu_has
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMP_WAIT_POLICY", "EQQUANT_FP32_KERNEL")}
     if fp32_kernel:
@@ -529,7 +529,7 @@ def test_float_weights_pack_into_aligned_zero_padded_panels(path):
     """``fma.pack``: (O, K) -> [ceil(O / block)][K][block] panels on 64-byte lines, the last
     block's missing channels zero, for channel counts that fill no block, some blocks, and
     some blocks and a part."""
-    from eqquant.runtime import fma
+    from eqquant.runtime.kernels import fma
     block = fma.block_of(path)
     rng = np.random.default_rng(1)
     for o, k in [(1, 3), (block, 5), (block + 1, 9), (3 * block + 7, 27)]:
@@ -547,7 +547,7 @@ def test_float_gemms_in_slices_of_k_sum_every_product_once(path):
     two: with K of two slices and a part, small integers (every sum exact in float32) give
     the exact products, in the plain GEMM and in the finishing one (bias, clamp, a last block
     of which C has one vector of channels: the other never written)."""
-    from eqquant.runtime import fma
+    from eqquant.runtime.kernels import fma
     if not fma.available(path):
         pytest.skip(f"this CPU has no {path}")
     block = fma.block_of(path)
@@ -578,7 +578,7 @@ def test_the_runtime_starts_numba_without_scipy_linalg():
     pytest.importorskip("scipy")
     code = "\n".join([
         "import sys, numpy as np",
-        "import eqquant.runtime.executor",
+        "import eqquant.runtime.execution.executor",
         "from numba import njit",
         "f = njit(lambda a: a.sum())",
         "assert f(np.ones(3)) == 3.0",

@@ -8,7 +8,7 @@ from eqquant.errors import EqquantError
 from eqquant.ir.builder import Builder
 from eqquant.ir.interp import run
 from eqquant.ir.params import bind_params
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 from kernel_paths import forced_int8_path, int8_paths
 
 cases = st.fixed_dictionaries({
@@ -112,7 +112,7 @@ def test_every_int8_path_agrees_bit_for_bit(monkeypatch, dtype):
     with the reference bit for bit; forcing a path the CPU lacks (or no path) is an error,
     never a silent fallback, and the dispatcher picks the fastest the CPU has."""
     from eqquant.quant.flow import quantize
-    from eqquant.runtime.bindings_int8 import int8_path
+    from eqquant.runtime.lowering.int8 import int8_path
     from eqquant.runtime.target import INT8_PATHS, int8_paths
     from eqquant.zoo import build
     PATHS = (*INT8_PATHS, "portable")
@@ -140,7 +140,7 @@ def test_every_int8_path_agrees_bit_for_bit(monkeypatch, dtype):
 
 @pytest.mark.parametrize("path", ["amx", "vnni", "vnni16", "avxvnni", "avx2"])
 def test_simd_gemms_exact_on_random_matrices(path):
-    from eqquant.runtime.bindings_int8 import simd_module
+    from eqquant.runtime.kernels import simd_module
     from eqquant.runtime.target import int8_paths
     if path not in int8_paths():
         pytest.skip(f"this CPU has no {path}: that path cannot run here")
@@ -208,7 +208,7 @@ def test_qnn_add_once_in_int32_lanes_is_bit_exact(dtype, ra, rb, za, zb, zo, n, 
     points across their range and both 8-bit types, in parallel and on one thread."""
     from eqquant.ops.qnn import ADD_FRACTION_BITS, _qadd, add_multiplier
     from eqquant.ops.numerics import qrange
-    from eqquant.runtime import kernels_int8 as k8
+    from eqquant.runtime.kernels import int8 as k8
     rng = np.random.default_rng(seed)
     lo, hi = qrange(dtype)
     za, zb = lo + za % (hi - lo + 1), lo + zb % (hi - lo + 1)
@@ -231,7 +231,7 @@ def test_qnn_add_once_keeps_int64_lanes_for_a_large_ratio():
     """A scale ratio of 64 or more makes a multiplier of 2^30 or more: no int32 split, the
     int64 kernel (and the reference's bits) instead."""
     from eqquant.ops.qnn import add_multiplier
-    from eqquant.runtime import kernels_int8 as k8
+    from eqquant.runtime.kernels import int8 as k8
     assert k8.split_multipliers(add_multiplier(64.0, 1.0), 1 << 20) is None
     assert k8.split_multipliers(add_multiplier(63.99, 1.0), 1 << 20) is not None
     b = Builder()
@@ -286,8 +286,8 @@ def _check_dense(n, k, units, unsigned, zx, per_unit, seed):
     bound = bind_params(*b.finish(y))
     ex = Executor(bound)
     assert [s.label for s in ex.steps] == ["qnn.dense"]
-    from eqquant.runtime.bindings_int8 import simd_module
-    from eqquant.runtime.lowering import Site, choose
+    from eqquant.runtime.kernels import simd_module
+    from eqquant.runtime.lowering.plan import Site, choose
     from eqquant.runtime.target import current, gemm_path
     # the lowering's choice for the layer (see its table): a GEMM, or the dot products
     kernel = choose(Site("qnn.dense", units, k, 1, bool(np.any(zw)), False, n),
@@ -365,7 +365,10 @@ def test_epilogue_tables_are_derived_without_compiling():
     the layer: nothing is compiled for it. As Numba kernels, the derivations took 1.4 s of
     resnet18's first start, and were compiled again for each new type of their arguments."""
     from numba.core.dispatcher import Dispatcher
-    from eqquant.runtime import amx, avx2, epilogue_table, vnni
+    from eqquant.runtime.kernels import amx
+    from eqquant.runtime.kernels import avx2
+    from eqquant.runtime.codegen import epilogue_table
+    from eqquant.runtime.kernels import vnni
     vnni16, avxvnni = vnni.PATHS["vnni16"], vnni.PATHS["avxvnni"]
     assert not [k for k, v in vars(epilogue_table).items() if isinstance(v, Dispatcher)]
     for simd in (amx, avx2, avxvnni, vnni, vnni16):
@@ -408,7 +411,7 @@ def test_unfused_int8_conv_on_every_path(monkeypatch, path, dtype):
                strides=[2, 2], padding=[1, 1, 1, 1])
     bound = bind_params(*b.finish(y))
     ex = Executor(bound)
-    from eqquant.runtime.bindings_int8 import int8_path
+    from eqquant.runtime.lowering.int8 import int8_path
     assert ex.steps[0].fn.gemm_path == int8_path()
     lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
     xs = {"x": rng.integers(lo, hi, (1, 5, 9, 9)).astype(dtype)}
@@ -499,7 +502,7 @@ def _emitted_madd(form: str):
     as two <16 x i16> halves) into out (16 int32)."""
     from numba import njit, types
     from numba.extending import intrinsic
-    from eqquant.runtime.depthwise_simd import madd
+    from eqquant.runtime.kernels.depthwise import madd
 
     @intrinsic
     def emitted(typingctx, x, w, out):
@@ -526,7 +529,7 @@ _MADD = {}
 
 
 def _madd_forms():
-    from eqquant.runtime.llvm_loops import cpu_has
+    from eqquant.runtime.codegen.llvm_loops import cpu_has
     return [pytest.param(f, marks=pytest.mark.skipif(
         f != "generic" and not cpu_has(f), reason=f"this CPU has no {f}"))
         for f in ("generic", "avx2", "avx512bw")]
@@ -679,7 +682,7 @@ def test_int8_weights_pack_into_aligned_zero_padded_panels(block, group, dtype):
     """``vnni.pack_panels`` (the VNNI, AVX-VNNI and AVX2 layouts): (O, K) -> [ceil(O / block)]
     [Kp / group][block][group] on 64-byte lines, Kp = K rounded up to 4, the missing channels
     and k-values zero; and 128 times each channel's sum."""
-    from eqquant.runtime.vnni import pack_panels
+    from eqquant.runtime.kernels.vnni import pack_panels
     rng = np.random.default_rng(2)
     for o, k in [(1, 3), (block, 8), (block + 1, 27), (2 * block + 5, 36)]:
         w = rng.integers(-128, 128, (o, k)).astype(np.int8)

@@ -1,4 +1,4 @@
-"""Small ops on one thread (``runtime/serial.py``): each elementwise kernel's one-thread call
+"""Small ops on one thread (``runtime/codegen/serial.py``): each elementwise kernel's one-thread call
 gives the parallel kernel's bits through the same compiled entry, and a small op's step calls
 it while a large one's calls the parallel kernel."""
 from __future__ import annotations
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from eqquant.ir.parser import parse
-from eqquant.runtime import kernels_fp32 as k
-from eqquant.runtime import kernels_int8 as k8
-from eqquant.runtime import launch
-from eqquant.runtime.executor import Executor
-from eqquant.runtime.serial import SERIAL_BELOW, sized
+from eqquant.runtime.kernels import fp32 as k
+from eqquant.runtime.kernels import int8 as k8
+from eqquant.runtime.codegen import launch
+from eqquant.runtime.execution.executor import Executor
+from eqquant.runtime.codegen.serial import SERIAL_BELOW, sized
 
 
 def _cases(rng, n):

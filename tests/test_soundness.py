@@ -14,7 +14,7 @@ from eqquant.core.nodes import Call, post_order
 from eqquant.ir.parser import parse
 from eqquant.quant.annotate import annotate
 from eqquant.quant.flow import quantize
-from eqquant.runtime.executor import Executor
+from eqquant.runtime.execution.executor import Executor
 
 from soundness_programs import conv_program, dense_program
 

@@ -1,4 +1,4 @@
-"""How a convolution's work is shared out (runtime/gather.py): every pixel of every image in
+"""How a convolution's work is shared out (runtime/kernels/gather.py): every pixel of every image in
 exactly one chunk, chunks of about one size on whole micro-kernel row groups, and as many
 work items as give each thread an equal run, then each run's items taken once, by its
 thread or, its own run done, by another (``next_item``)."""
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eqquant.runtime.gather import (ROWS, SHARE, block_shares, chunk_bounds, item_runs,
+from eqquant.runtime.kernels.gather import (ROWS, SHARE, block_shares, chunk_bounds, item_runs,
                                    next_item, release, work_item, work_split)
-from eqquant.runtime.launch import parallel
+from eqquant.runtime.codegen.launch import parallel
 
 
 @settings(max_examples=300, deadline=None)
@@ -81,7 +81,7 @@ def test_a_float_convolution_gives_the_same_bits_on_any_number_of_threads():
     reference elsewhere)."""
     from eqquant.ir.builder import Builder
     from eqquant.ir.params import bind_params
-    from eqquant.runtime.executor import Executor
+    from eqquant.runtime.execution.executor import Executor
     rng = np.random.default_rng(3)
     b = Builder()
     x = b.input("x", (2, 40, 14, 14))
@@ -106,7 +106,9 @@ def test_a_cached_kernel_is_stamped_with_the_whole_runtime_source():
     folder's source too, and a change to any of them compiles it again."""
     from numba.core import caching
 
-    from eqquant.runtime import kernels_int8, source_digest
+    from eqquant.runtime.kernels import int8 as kernels_int8
+
+    from eqquant.runtime import source_digest
     impl = caching.CompileResultCacheImpl(kernels_int8.depthwise_channels_last.py_func)
     stamp = impl.locator.get_source_stamp()
     assert isinstance(stamp, tuple) and stamp[1] == source_digest()
@@ -117,13 +119,14 @@ def test_a_cached_kernel_is_stamped_with_the_whole_runtime_source():
     assert caching.CompileResultCacheImpl(entry._pyfunc).locator.get_source_stamp()[1] == \
         source_digest()
     # (and a C function's: the depthwise sweep, which those kernels call by its address)
-    from eqquant.runtime import depthwise_simd
+    from eqquant.runtime.kernels import depthwise as depthwise_simd
     depthwise_simd.entry("u8")
     cfunc = caching.CompileResultCacheImpl(depthwise_simd._entries["u8"]._pyfunc)
     assert cfunc.locator.get_source_stamp()[1] == source_digest()
     # (and the GEMMs' C functions, which every SIMD kernel calls: ``llvm_loops.load_gemms``)
-    from eqquant.runtime import fma, llvm_loops  # noqa: F401  (fills its tables if it can)
-    from eqquant.runtime import gather
+    from eqquant.runtime.kernels import fma  # noqa: F401  (fills its tables if it can)
+    from eqquant.runtime.codegen import llvm_loops
+    from eqquant.runtime.kernels import gather
     for table in [*llvm_loops._TABLES.values(), *gather._ENTRIES.values()]:
         impl = caching.CompileResultCacheImpl(table._pyfunc)
         assert impl.locator.get_source_stamp()[1] == source_digest()
@@ -207,8 +210,10 @@ def test_the_drivers_a_cpu_lacks_still_compile():
     without running, for the AVX2 driver's argument types with the family's packed weights
     and a kernel (``vnni.gemm_kernel``). One compiled driver serves every kernel of the
     family: the GEMM is an argument, not a twin's."""
-    from eqquant.runtime import amx, avx2, vnni
-    from eqquant.runtime.launch import argument_type
+    from eqquant.runtime.kernels import amx
+    from eqquant.runtime.kernels import avx2
+    from eqquant.runtime.kernels import vnni
+    from eqquant.runtime.codegen.launch import argument_type
     vnni16, avxvnni = vnni.PATHS["vnni16"], vnni.PATHS["avxvnni"]
     rng = np.random.default_rng(0)
     x = rng.integers(0, 128, (1, 14, 14, 16)).astype(np.uint8)
@@ -237,7 +242,7 @@ def test_a_kernel_whose_gemms_were_never_compiled_is_refused():
     """A path's ``conv_kernel`` hands its driver the GEMMs' addresses; where the CPU lacks
     them they were never compiled (0), and a layer asking for them is refused with an
     error, not run into a jump to address 0."""
-    from eqquant.runtime import vnni
+    from eqquant.runtime.kernels import vnni
     w = np.ones((16, 16), np.int8)
     kernel = (0, 0) + vnni.KERNEL[2:]
     with pytest.raises(RuntimeError, match="does not run the GEMMs"):
@@ -250,7 +255,7 @@ def test_the_bindings_read_the_pools_size_as_it_is_now():
     """The convolutions split their work for the pool's size at each call (``threads``, a
     cheaper read of what ``numba.get_num_threads`` gives), after ``numba.set_num_threads``
     too."""
-    from eqquant.runtime.bindings import threads
+    from eqquant.runtime.lowering.fp32 import threads
     before = numba.get_num_threads()
     try:
         for n in sorted({1, before}):
@@ -297,7 +302,7 @@ def test_a_small_images_shared_blocks_give_the_reference_bits(monkeypatch, path)
     from eqquant.ir.params import bind_params
     from eqquant.ir.parser import parse
     from eqquant.runtime.target import int8_paths
-    from eqquant.runtime.executor import Executor
+    from eqquant.runtime.execution.executor import Executor
     if path not in int8_paths():
         pytest.skip(f"this CPU has no {path}: that path cannot run here")
     monkeypatch.setenv("EQQUANT_INT8_KERNEL", path)
@@ -340,7 +345,7 @@ def test_the_gathered_windows_are_the_images_windows(h, w, c, kh, kw, sh, sw, dh
     the image and zeros in K's padding: against numpy's sliding windows of the padded
     image, and with every byte around the rows untouched."""
     from numpy.lib.stride_tricks import sliding_window_view
-    from eqquant.runtime.gather import _windows
+    from eqquant.runtime.kernels.gather import _windows
     oh = (h + 2 * pt - dh * (kh - 1) - 1) // sh + 1
     ow = (w + 2 * pl - dw * (kw - 1) - 1) // sw + 1
     if oh <= 0 or ow <= 0:
@@ -381,7 +386,7 @@ def _take_all(thread, threads, args):
 def test_a_bound_launch_finds_its_counters_reset_at_every_call(items, threads):
     """A bound convolution reuses its item counters: the last thread to finish puts every
     run back at its start (``release``), so each call hands out every item once again."""
-    from eqquant.runtime.bindings import entry_point
+    from eqquant.runtime.lowering.fp32 import entry_point
     counters, owner = item_runs(items, threads), np.zeros(items, np.int64)
     call = _take_all.bind((counters, owner), entry_point, threads)
     for n in range(1, 4):

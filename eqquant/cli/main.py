@@ -151,7 +151,7 @@ def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
         from ..api import load
         from ..ir.interp import run as interpret
         from ..ir.typecheck import check_module
-        from ..runtime.lowering import unplanned
+        from ..runtime.lowering.plan import unplanned
         if engine == "reference":
             m = load(file, params)
             if replan:
@@ -383,14 +383,14 @@ def _optimize(model, params, rules, schedule, cost, extractor, iterations, node_
     from ..ir.loader import load_program, read_source
     from ..optimizer import optimize
     from ..rules.loader import load_rules
-    from ..runtime.measured_cost import resolve_cost
+    from ..runtime.execution.measured_cost import resolve_cost
     from ..extract.cost import constant_bytes
     from ..ir.params import bind_params
     mod, values = load_program(model, params)
     if schedule and schedule.startswith("@"):
         schedule = read_source(schedule[1:])
     bound = bind_params(mod, values) if values else mod
-    from ..runtime.lowering import planned, unplanned
+    from ..runtime.lowering.plan import planned, unplanned
     if replan:
         bound = unplanned(bound)
     return planned(optimize(bound, None, [load_rules(r) for r in rules], schedule=schedule,
@@ -530,7 +530,7 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
                 json.dumps(points, indent=1), encoding="utf-8"))
     click.echo(result.report())
     if explain:
-        from ..runtime.measured_cost import cost_table, resolve_cost
+        from ..runtime.execution.measured_cost import cost_table, resolve_cost
         click.echo(cost_table(result.runnable, resolve_cost(cost), samples[0]))
         if result.layouts is not None:
             click.echo(result.layouts.kernel_table)
@@ -554,7 +554,7 @@ def profile_cmd(model, params, calib, per_channel, activations):
     hold, into the kernel-time cache that the measured cost model reads (and that quantize
     and opt then use by default)."""
     from ..api import calibration_samples, load
-    from ..runtime.measured_cost import MeasuredCost
+    from ..runtime.execution.measured_cost import MeasuredCost
     from ..quant.flow import quantize
     m = load(model, params)
     if calib is not None:

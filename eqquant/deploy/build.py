@@ -6,7 +6,7 @@
 
 What is saved: every step of the executor bound to its operands (``Executor.bind_steps``,
 the program's inputs on arrays of their own), each a table of launches of kernels' C entries
-on argument blocks (``runtime/launch.py``). The entries, and the C functions they reach
+on argument blocks (``runtime/codegen/launch.py``). The entries, and the C functions they reach
 (the GEMMs' tables, the gather, the depthwise sweeps), are compiled again from the LLVM
 modules Numba made for them (the same optimised IR, as position-independent code) and
 linked with ``library.c`` (the run loop, Numba's runtime functions the kernels call) into
@@ -43,8 +43,11 @@ import numpy as np
 from ..core.types import TensorType
 from ..errors import EqquantError
 from ..resources import cache_dir, cache_write
-from ..runtime import compiling, launch, llvm_loops, memory
-from ..runtime.bindings import threads as pool_threads
+from ..runtime.codegen import compiling
+from ..runtime.codegen import launch
+from ..runtime.codegen import llvm_loops
+from ..runtime.codegen import memory
+from ..runtime.lowering.fp32 import threads as pool_threads
 from .digests import file_digest
 from .loader import FILES, FORMAT, cpu_digest
 
@@ -330,7 +333,7 @@ def _bytes(a: np.ndarray) -> np.ndarray:
 def _tiles() -> bool:
     """Whether this process's kernels may use the AMX tiles: only where their module was
     imported (importing it here would compile its GEMMs) and Linux granted them."""
-    amx = sys.modules.get("eqquant.runtime.amx")
+    amx = sys.modules.get("eqquant.runtime.kernels.amx")
     return amx is not None and amx.available()
 
 

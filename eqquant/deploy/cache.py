@@ -228,7 +228,7 @@ class Program:
     saved library (``runner``: a ``loader.Library``), or the executor (``runner``: the
     ``api.Model``, its executor made) (``engine``; ``note``: why not the library;
     ``compiled``: what making the executor compiled, where one was made,
-    ``runtime.compiling.Shared``; ``said``: what was done to the program as it was loaded,
+    ``runtime.codegen.compiling.Shared``; ``said``: what was done to the program as it was loaded,
     ``prepare``'s)."""
 
     def __init__(self, runner, engine: str, inputs: dict, note: str = "", compiled=None,
@@ -278,7 +278,7 @@ def prepare(program: str | os.PathLike, params: str | os.PathLike | None = None,
     model = load(program, params)
     if replan:
         import dataclasses
-        from ..runtime.lowering import unplanned
+        from ..runtime.lowering.plan import unplanned
         model = dataclasses.replace(model, module=unplanned(model.module))
     said = ""
     if optimize:

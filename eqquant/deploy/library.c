@@ -3,7 +3,7 @@
  * calls, so that the library loads in a process that never imports Numba.
  *
  * A program is a table of launches, each a kernel's C entry `void entry(block, thread,
- * threads)` on its argument block (runtime/launch.py): eqq_run makes them in order, each
+ * threads)` on its argument block (runtime/codegen/launch.py): eqq_run makes them in order, each
  * on `count` threads (1: the calling thread alone, as thread 0 of 1; 0: the pool's).
  * Numba's own launcher runs the same entries on the same OpenMP pool (its "omp" threading
  * layer, one `omp parallel for` per launch), so a part sees the same thread and threads.
@@ -61,7 +61,7 @@ void eqq_run_timed(const eqq_launch *launches, int64_t n, int64_t pool, double *
 }
 
 /* Ask Linux for the AMX tile state, which a process gets only when it asks (as
- * runtime/amx.py asks for a process running the kernels with Numba): 1 where granted. */
+ * runtime/kernels/amx.py asks for a process running the kernels with Numba): 1 where granted. */
 int eqq_request_tiles(void)
 {
 #if defined(__linux__) && defined(__x86_64__)

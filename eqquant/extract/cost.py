@@ -7,7 +7,7 @@ Extraction adds these up over the chosen program, counting a shared value once; 
 is a constant subexpression costs nothing (it is folded at compile time), and so do leaves.
 
 - ``nodes``: one per op call, zero for ops that do nothing at run time (annotations, views).
-- ``measured`` and ``auto``: this machine's kernel times (``runtime/measured_cost.py``: they
+- ``measured`` and ``auto``: this machine's kernel times (``runtime/execution/measured_cost.py``: they
   time the kernels, so they live with them).
 - ``cpu``: a roofline-style latency estimate: arithmetic at a peak that depends on the dtype,
   plus the bytes the op reads and writes at memory bandwidth. The int8 peak is 2.4x the fp32
@@ -244,11 +244,11 @@ MODELS = {"nodes": NodeCount, "cpu": CpuLatency}
 
 
 def cost_model(name: str | CostModel) -> CostModel:
-    """A cost model by name: ``nodes`` or ``cpu`` (roofline); ``runtime.measured_cost`` adds
+    """A cost model by name: ``nodes`` or ``cpu`` (roofline); ``runtime.execution.measured_cost`` adds
     ``measured`` and ``auto`` (this machine's kernel times), which need the kernels."""
     if isinstance(name, CostModel):
         return name
     if name not in MODELS:
         raise EqquantError(f"unknown cost model '{name}' (there are: {', '.join(MODELS)}; "
-                           f"measured and auto: runtime.measured_cost.resolve_cost)")
+                           f"measured and auto: runtime.execution.measured_cost.resolve_cost)")
     return MODELS[name]()

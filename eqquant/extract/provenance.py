@@ -226,7 +226,7 @@ def why(module: Module, label: str, decisions=()) -> str:
     """Where the value ``label`` (``%12``, as the printed program names it) of an optimized
     program came from: its op, the rules that made it in order (each with its file:line:col),
     the alternatives each extraction rejected there with their costs, and (``decisions``,
-    ``runtime.lowering.Decision`` of the kernel plan) the kernel chosen for it and why."""
+    ``runtime.lowering.plan.Decision`` of the kernel plan) the kernel chosen for it and why."""
     from ..core.nodes import post_order
     from ..errors import EqquantError
     from ..ir.printer import value_labels
@@ -248,7 +248,7 @@ def why(module: Module, label: str, decisions=()) -> str:
                      "was made outside the optimizer")
     else:
         lines.append(node.origin.text())
-    for d in decisions:          # (runtime.lowering.Decision: the kernel plan's)
+    for d in decisions:          # (runtime.lowering.plan.Decision: the kernel plan's)
         if d.label == wanted:
             lines += ["its kernel:", *d.lines()]
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """Smooth and piecewise activations of mobile and transformer networks: hardswish,
 hardsigmoid, erf, gelu. Each is one entry: reference semantics, type relation, its fp32
-kernel (by name, in ``eqquant/runtime/kernels_fp32.py``) and its ONNX forms."""
+kernel (by name, in ``eqquant/runtime/kernels/fp32.py``) and its ONNX forms."""
 from __future__ import annotations
 
 import math
@@ -11,8 +11,7 @@ from .attrs import FLOAT_F, Attr, StrKind
 from .registry import ELEMWISE, UNARY, OnnxForm, OpDef, register
 from .typerel import float_input
 
-_KERNEL = "eqquant.runtime.bindings:Elementwise"
-_FNS = "eqquant.runtime.kernels_fp32"
+_KERNEL = "Elementwise"
 
 
 def _hardswish(x):
@@ -24,7 +23,7 @@ def _hardswish(x):
 
 register(OpDef("nn.hardswish", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
                type_rel=float_input, semantics=_hardswish,
-               kernel=_KERNEL, kernel_params={"fn": f"{_FNS}:hardswish"},
+               kernel=_KERNEL, kernel_params={"fn": "hardswish"},
                onnx=(OnnxForm("HardSwish"),),
                doc="x * relu6(x + 3) / 6 (MobileNet-v3's activation)"))
 
@@ -37,7 +36,7 @@ def _hardsigmoid(x, *, alpha, beta):
 register(OpDef("nn.hardsigmoid", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
                attrs=(Attr("alpha", FLOAT_F, 0.2), Attr("beta", FLOAT_F, 0.5)),
                type_rel=float_input, semantics=_hardsigmoid,
-               kernel=_KERNEL, kernel_params={"fn": f"{_FNS}:hardsigmoid",
+               kernel=_KERNEL, kernel_params={"fn": "hardsigmoid",
                                               "params": lambda a: (a["alpha"], a["beta"])},
                onnx=(OnnxForm("HardSigmoid", (("alpha", "alpha", 0.2),
                                               ("beta", "beta", 0.5))),),
@@ -58,7 +57,7 @@ def _erf(x):
 
 register(OpDef("erf", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
                type_rel=float_input, semantics=_erf,
-               kernel=_KERNEL, kernel_params={"fn": f"{_FNS}:erf"},
+               kernel=_KERNEL, kernel_params={"fn": "erf"},
                onnx=(OnnxForm("Erf"),), doc="the error function (computed in float64)"))
 
 APPROXIMATE = StrKind("approximate", ("none", "tanh"))
@@ -91,7 +90,7 @@ register(OpDef("nn.gelu", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
                attrs=(Attr("approximate", APPROXIMATE, "none"),),
                type_rel=float_input, semantics=_gelu,
                kernel=_KERNEL, kernel_params={
-                   "fn": f"{_FNS}:gelu",
+                   "fn": "gelu",
                    "params": lambda a: (1.0 if a["approximate"] == "tanh" else 0.0,)},
                onnx=(OnnxForm("Gelu", (("approximate", "approximate", "none"),),
                               export=_gelu_to_onnx),),
@@ -112,7 +111,7 @@ def _elu(x, *, alpha):
 
 register(OpDef("nn.elu", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
                attrs=(Attr("alpha", FLOAT_F, 1.0),), type_rel=float_input, semantics=_elu,
-               kernel=_KERNEL, kernel_params={"fn": f"{_FNS}:elu",
+               kernel=_KERNEL, kernel_params={"fn": "elu",
                                               "params": lambda a: (a["alpha"], 1.0)},
                onnx=(OnnxForm("Elu", (("alpha", "alpha", 1.0),)),),
                doc="x where x >= 0, else alpha * (exp(x) - 1)"))
@@ -128,7 +127,7 @@ def _selu(x, *, alpha, gamma):
 register(OpDef("nn.selu", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
                attrs=(Attr("alpha", FLOAT_F, SELU_ALPHA), Attr("gamma", FLOAT_F, SELU_GAMMA)),
                type_rel=float_input, semantics=_selu,
-               kernel=_KERNEL, kernel_params={"fn": f"{_FNS}:elu",
+               kernel=_KERNEL, kernel_params={"fn": "elu",
                                               "params": lambda a: (a["alpha"], a["gamma"])},
                onnx=(OnnxForm("Selu", (("alpha", "alpha", SELU_ALPHA),
                                        ("gamma", "gamma", SELU_GAMMA))),),
@@ -144,7 +143,7 @@ def _softplus(x):
 
 register(OpDef("nn.softplus", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
                type_rel=float_input, semantics=_softplus,
-               kernel=_KERNEL, kernel_params={"fn": f"{_FNS}:softplus"},
+               kernel=_KERNEL, kernel_params={"fn": "softplus"},
                onnx=(OnnxForm("Softplus"),), doc="log(1 + exp(x)), a smooth relu"))
 
 
@@ -155,5 +154,5 @@ def _softsign(x):
 
 register(OpDef("nn.softsign", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
                type_rel=float_input, semantics=_softsign,
-               kernel=_KERNEL, kernel_params={"fn": f"{_FNS}:softsign"},
+               kernel=_KERNEL, kernel_params={"fn": "softsign"},
                onnx=(OnnxForm("Softsign"),), doc="x / (1 + |x|)"))

@@ -115,7 +115,7 @@ def _conv_to_onnx(ex, node, ins):
 CONV_NAMES = tuple(a.name for a in CONV2D_ATTRS)
 register(OpDef(
     "fused.conv2d", inputs=("data", "weight", "bias"), props=frozenset({COMPUTE, FUSED}),
-    kernel="eqquant.runtime.bindings:Conv2D", channels_last=conv_channels_last,
+    kernel="Conv2D", channels_last=conv_channels_last,
     onnx=(OnnxForm("Conv", reads=False, export=_conv_to_onnx),),
     attrs=CONV2D_ATTRS + EPILOGUE_ATTRS,
     type_rel=lambda types, attrs: _epilogue_rel(conv2d_rel(types[:2], attrs), types, attrs),
@@ -123,7 +123,7 @@ register(OpDef(
     doc="activation(conv2d(data, weight) + bias): a convolution with its epilogue"))
 register(OpDef(
     "fused.dense", inputs=("data", "weight", "bias"), props=frozenset({COMPUTE, FUSED}),
-    kernel="eqquant.runtime.bindings:Dense",
+    kernel="Dense",
     onnx=(OnnxForm("Gemm", reads=False, export=lambda ex, node, ins: write_epilogue(
         ex, ex.emit("Gemm", ins, transB=1), node.attrs)),),
     attrs=tuple(a for a in get_op("nn.dense").attrs) + EPILOGUE_ATTRS,
@@ -169,7 +169,7 @@ def _conv_add_to_onnx(ex, node, ins):
 register(OpDef(
     "fused.conv2d_add", inputs=("data", "weight", "bias", "residual"),
     props=frozenset({COMPUTE, FUSED}),
-    kernel="eqquant.runtime.bindings:Conv2DAdd", channels_last=conv_channels_last,
+    kernel="Conv2DAdd", channels_last=conv_channels_last,
     onnx=(OnnxForm("Conv", reads=False, export=_conv_add_to_onnx),),
     attrs=CONV2D_ATTRS + EPILOGUE_ATTRS, type_rel=_conv_add_rel,
     semantics=_conv_add_semantics, unfuse=_unfuse_conv_add,

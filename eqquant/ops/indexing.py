@@ -78,7 +78,7 @@ register(OpDef("strided_slice", inputs=("data",), props=frozenset({LAYOUT}),
                attrs=(Attr("begin", INTS, REQUIRED), Attr("end", INTS, REQUIRED),
                       Attr("strides", OPT_INTS, None), Attr("axes", OPT_INTS, None)),
                type_rel=_strided_slice_rel, semantics=_strided_slice,
-               kernel="eqquant.runtime.bindings:StridedCopy",
+               kernel="StridedCopy",
                kernel_params={"view": _strided_slice_view},
                onnx=(OnnxForm("Slice", convert=_slice_from_onnx, export=_slice_to_onnx),),
                doc="x[begin:end:strides] on axes (all leading axes when axes is None); "

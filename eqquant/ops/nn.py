@@ -111,7 +111,7 @@ def conv_channels_last(attrs, in_types) -> bool:
 
 register(OpDef(
     "nn.conv2d", inputs=("data", "weight"), props=frozenset({COMPUTE}),
-    kernel="eqquant.runtime.bindings:Conv2D", attrs=CONV2D_ATTRS,
+    kernel="Conv2D", attrs=CONV2D_ATTRS,
     channels_last=conv_channels_last,
     onnx=(OnnxForm("Conv", convert=_conv_from_onnx, export=_conv_to_onnx),),
     type_rel=conv2d_rel, semantics=numerics.conv2d, flops=conv2d_flops,
@@ -304,7 +304,7 @@ def _max_pool_channels_last(attrs, in_types) -> bool:
 register(OpDef("nn.max_pool2d", inputs=("data",), props=frozenset({POOL, SELECTS}),
                channels_last=_max_pool_channels_last,
                relax=RelaxForm(ignore=("count_include_pad",)),  # padding never wins
-               kernel="eqquant.runtime.bindings:MaxPool2D", attrs=_POOL_ATTRS,
+               kernel="MaxPool2D", attrs=_POOL_ATTRS,
                onnx=(OnnxForm("MaxPool", convert=_max_pool_from_onnx, export=lambda ex, node, ins:
                               ex.emit("MaxPool", ins[:1], dilations=list(node.attrs["dilation"]),
                                       **window_to_onnx(node.attrs))),),
@@ -312,7 +312,7 @@ register(OpDef("nn.max_pool2d", inputs=("data",), props=frozenset({POOL, SELECTS
                flops=lambda ins, out, a: float(out.size * a["pool_size"][0] * a["pool_size"][1]),
                doc="maximum over each window (padding never wins)"))
 register(OpDef("nn.avg_pool2d", inputs=("data",), props=frozenset({POOL}),
-               kernel="eqquant.runtime.bindings:AvgPool2D",
+               kernel="AvgPool2D",
                attrs=_POOL_ATTRS + (Attr("count_include_pad", BOOL, False),),
                onnx=(OnnxForm("AveragePool", convert=_avg_pool_from_onnx,
                               export=lambda ex, node, ins: ex.emit(
@@ -346,7 +346,7 @@ def _global_avg_from_onnx(im, attrs, ins):
 
 register(OpDef("nn.global_avg_pool2d", inputs=("data",), props=frozenset({POOL}),
                onnx=(OnnxForm("GlobalAveragePool", convert=_global_avg_from_onnx),),
-               kernel="eqquant.runtime.bindings:GlobalAvgPool2D",
+               kernel="GlobalAvgPool2D",
                attrs=(Attr("layout", DATA_LAYOUT, "NCHW"), Attr("out_layout", OUT_LAYOUT, "")),
                type_rel=_global_pool_rel, semantics=_global_avg_pool,
                flops=lambda ins, out, a: float(ins[0].size),
@@ -415,7 +415,7 @@ register(OpDef("nn.dense", inputs=("data", "weight"), props=frozenset({COMPUTE})
                onnx=(OnnxForm("Gemm", convert=_gemm_from_onnx, export=lambda ex, node, ins:
                               ex.emit("Gemm", ins[:2], transB=1)),
                      OnnxForm("MatMul", convert=_matmul_from_onnx)),
-               kernel="eqquant.runtime.bindings:Dense",
+               kernel="Dense",
                attrs=(Attr("units", OPT_INT, None), Attr("out_dtype", DTYPE, "")),
                type_rel=dense_rel, semantics=dense, doc="x @ weight.T, weight is (units, K)",
                flops=lambda ins, out, a: 2.0 * out.size * ins[1].shape[1]))
@@ -497,7 +497,7 @@ def _pad_to_onnx(ex, node, ins):
                    mode=node.attrs["pad_mode"])
 
 
-register(OpDef("nn.pad", inputs=("data", "pad_value"), kernel="eqquant.runtime.bindings:Pad",
+register(OpDef("nn.pad", inputs=("data", "pad_value"), kernel="Pad",
                onnx=(OnnxForm("Pad", convert=_pad_from_onnx, export=_pad_to_onnx),),
                attrs=(Attr("pad_width", PAD_WIDTH, []),
                       Attr("pad_mode", StrKind("mode", ("constant", "edge", "reflect")),
@@ -559,7 +559,7 @@ def _layer_norm_to_onnx(ex, node, ins):
 
 
 register(OpDef("nn.layer_norm", inputs=("data", "gamma", "beta"),
-               kernel="eqquant.runtime.bindings:LayerNorm",
+               kernel="LayerNorm",
                attrs=(Attr("axis", INT, -1), Attr("epsilon", FLOAT, 1e-5),
                       Attr("center", BOOL, True), Attr("scale", BOOL, True)),
                type_rel=_layer_norm_rel, semantics=_layer_norm,

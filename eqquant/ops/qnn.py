@@ -285,7 +285,7 @@ def _qadd_realize(args, attrs, in_types, out_type):
 register(OpDef("qnn.quantize", inputs=("data", "output_scale", "output_zero_point"),
                onnx=(OnnxForm("QuantizeLinear", reads=False, qdq=_quantize_qdq),),
                realize=_quantize_realize,
-               props=frozenset({QUANT}), kernel="eqquant.runtime.bindings_int8:Quantize",
+               props=frozenset({QUANT}), kernel="Quantize",
                attrs=(Attr("axis", INT, -1), Attr("out_dtype", QDTYPE, "int8")),
                type_rel=_quantize_rel, semantics=_quantize,
                doc="clip(round(x / scale) + zero_point) to out_dtype"))
@@ -316,7 +316,7 @@ register(OpDef("qnn.dequantize", inputs=("data", "input_scale", "input_zero_poin
                                qdq=lambda w, node: w.dq(node.args[0])),),
                realize=_dequantize_realize,
                props=frozenset({QUANT}), attrs=(Attr("axis", INT, -1),),
-               kernel="eqquant.runtime.bindings_int8:Dequantize",
+               kernel="Dequantize",
                type_rel=_dequantize_rel, semantics=_dequantize,
                doc="(q - zero_point) * scale, as float32"))
 
@@ -362,7 +362,7 @@ register(OpDef(
     inputs=("data", "input_scale", "input_zero_point", "output_scale", "output_zero_point"),
     onnx=(OnnxForm("QuantizeLinear", reads=False, qdq=_requantize_qdq),),
     realize=_requantize_realize,
-    props=frozenset({QUANT}), kernel="eqquant.runtime.bindings_int8:Requantize",
+    props=frozenset({QUANT}), kernel="Requantize",
     attrs=(Attr("axis", INT, -1), Attr("rounding", ROUNDING, "UPWARD"),
            Attr("out_dtype", QDTYPE, "int8")),
     type_rel=_requantize_rel, semantics=_requantize,
@@ -413,7 +413,7 @@ QINPUTS = ("data", "weight", "input_zero_point", "kernel_zero_point", "input_sca
 
 # The kernels an int8 convolution or dense layer may run on (``kernel="x86.vnni16"``): the
 # SIMD GEMMs, the direct depthwise kernel and the portable loops. Which apply to a site, what
-# each costs and which a CPU runs is the lowering's (``runtime/lowering.py``, ``runtime/
+# each costs and which a CPU runs is the lowering's (``runtime/lowering/plan.py``, ``runtime/
 # target.py``); "" leaves the choice to the target's plan, made when the program is extracted
 # or, at the latest, loaded. Every kernel gives the same bits: the attribute says how, never
 # what (the reference semantics never see it).
@@ -434,7 +434,7 @@ register(OpDef(
                                   realize=_qconv_realize,
                                   props=frozenset({COMPUTE, QUANT}),
     channels_last=_qconv_channels_last,
-    kernel="eqquant.runtime.bindings_int8:QConv2D",
+    kernel="QConv2D",
     attrs=tuple(a for a in CONV2D_ATTRS if a.name != "out_dtype")
     + (Attr("out_dtype", DTYPE_REQUIRED, "int32"), KERNEL_ATTR),
     type_rel=_qcompute_rel(conv2d_rel), semantics=_qconv2d, flops=conv2d_flops,
@@ -442,7 +442,7 @@ register(OpDef(
 register(OpDef(
     "qnn.dense", inputs=QINPUTS, onnx=(OnnxForm("Gemm", reads=False, qdq=_qdense_qdq),),
                                  props=frozenset({COMPUTE, QUANT}),
-    kernel="eqquant.runtime.bindings_int8:QDense",
+    kernel="QDense",
     attrs=(Attr("units", OPT_INT, None), Attr("out_dtype", DTYPE_REQUIRED, "int32"),
            KERNEL_ATTR),
     type_rel=_qcompute_rel(dense_rel), semantics=_qdense,
@@ -502,7 +502,7 @@ register(OpDef(
     realize=_qadd_realize,
     props=frozenset({QUANT}), type_rel=_qadd_rel, semantics=_qadd,
     attrs=(Attr("method", StrKind("method", ("realize", "once")), "realize"),),
-    kernel="eqquant.runtime.bindings_int8:QAdd",
+    kernel="QAdd",
     doc="the sum of two quantized tensors, quantized. Not TVM's qnn.add operator: method "
         "'realize' is what TVM's realize pass writes for an add (rhs requantized to the lhs "
         "scale, an integer add, a requantize to the output), 'once' sums both at the output "
@@ -550,7 +550,7 @@ register(OpDef(
                        "rhs_zero_point", "output_scale", "output_zero_point"),
     onnx=(OnnxForm("Mul", reads=False, qdq=_qmul_qdq),),
     props=frozenset({QUANT}), type_rel=_qmul_rel, semantics=_qmul,
-    kernel="eqquant.runtime.bindings_int8:QMul",
+    kernel="QMul",
     attrs=(Attr("out_dtype", EIGHT_BIT_OUT, "uint8"),),
     doc="the product of two quantized tensors (numpy broadcasting), quantized: the integer "
         "product of the centred values, requantized once (as ONNX Runtime's QLinearMul)"))
@@ -587,7 +587,7 @@ def _qclip(q, scale, zp, *, a_min, a_max, axis):
 
 register(OpDef("qnn.clip", inputs=("data", "input_scale", "input_zero_point"),
                onnx=(OnnxForm("Clip", reads=False, qdq=_qclip_qdq),),
-               props=frozenset({QUANT}), kernel="eqquant.runtime.bindings_int8:QClip",
+               props=frozenset({QUANT}), kernel="QClip",
                attrs=(Attr("a_min", FLOAT_F, -math.inf), Attr("a_max", FLOAT_F, math.inf),
                       Attr("axis", INT, -1)),
                type_rel=_qclip_rel, semantics=_qclip,
@@ -663,7 +663,7 @@ def _lut_qdq(w, node):
 register(OpDef("qnn.lut", inputs=("data", "table", "output_scale", "output_zero_point"),
                attrs=(Attr("axis", INT, 1),),
                props=frozenset({QUANT}), type_rel=_lut_rel, semantics=_lut,
-               kernel="eqquant.runtime.bindings_int8:Lut",
+               kernel="Lut",
                flops=lambda ins, out, a: float(out.size),
                onnx=(OnnxForm("Gather", reads=False, qdq=_lut_qdq),),
                doc="table[q - lowest]: any function of one 8-bit value, tabulated; with a table "
@@ -709,8 +709,8 @@ def _qpool(float_name: str, kernel: str | None = None):
             f"data, input_scale, input_zero_point)), output_scale, output_zero_point)"))
 
 
-_qpool("nn.avg_pool2d", kernel="eqquant.runtime.bindings_int8:QAvgPool2D")
-_qpool("nn.global_avg_pool2d", kernel="eqquant.runtime.bindings_int8:GlobalAverage")
+_qpool("nn.avg_pool2d", kernel="QAvgPool2D")
+_qpool("nn.global_avg_pool2d", kernel="GlobalAverage")
 
 
 # -- a quantized convolution with its whole epilogue --------------------------------------------
@@ -771,7 +771,7 @@ register(OpDef(
                                        props=frozenset({COMPUTE, QUANT}),
     channels_last=_qconv_channels_last,
     unfuse=_unfuse_qconv,
-    kernel="eqquant.runtime.bindings_int8:FusedQConv2D",
+    kernel="FusedQConv2D",
     attrs=tuple(a for a in CONV2D_ATTRS if a.name != "out_dtype")
     + (Attr("activation", StrKind("activation", ("none", "relu", "clip")), "none"),
        Attr("a_min", FLOAT_F, -math.inf), Attr("a_max", FLOAT_F, math.inf),
@@ -829,7 +829,7 @@ register(OpDef(
     props=frozenset({COMPUTE, QUANT}),
     channels_last=_qconv_channels_last,
     unfuse=_unfuse_qconv_add,
-    kernel="eqquant.runtime.bindings_int8:FusedQConv2DAdd",
+    kernel="FusedQConv2DAdd",
     attrs=get_op("fused.qconv2d").attrs,
     type_rel=_fqconv_add_rel, semantics=_fqconv_add,
     flops=lambda ins, out, attrs: conv2d_flops(ins, out, attrs) + 4.0 * out.size,

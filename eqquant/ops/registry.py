@@ -14,7 +14,7 @@ Worked example (``eqquant/ops/tensor.py``)::
         "nn.leaky_relu", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
         attrs=(Attr("alpha", FLOAT_F, 0.25),), type_rel=float_input,
         semantics=lambda x, *, alpha: np.where(x >= 0, x, x * np.asarray(alpha, x.dtype)),
-        kernel="eqquant.runtime.bindings:Activation",          # the CPU kernel binding
+        kernel="Activation",          # the CPU kernel binding
         kernel_params={"code": LEAKY_RELU, "params": lambda a: (a["alpha"], 0.0)},
         onnx=(OnnxForm("LeakyRelu", (("alpha", "alpha", 0.01),)),),   # import and export
         doc="x where x >= 0, alpha * x elsewhere"))
@@ -152,9 +152,10 @@ class OpDef:
     canonicalize: Callable[..., dict] | None = None
     # a fused op's unfused form: unfuse(args, attrs) -> Expr (the partition view prints it)
     unfuse: Callable[..., Any] | None = None
-    # the CPU kernel binding, "module:Class" (imported only when a program runs), and what
-    # that binding needs from this op (e.g. the elementwise kernel's function): the binding
-    # reads it here, it keeps no table of op names
+    # the CPU kernel binding, by the name it is registered under in runtime/lowering/
+    # ("Conv2D"; "module:Class" for a binding defined outside eqquant), and what that binding
+    # needs from this op (e.g. the elementwise kernel's function): the binding reads it
+    # here, it keeps no table of op names
     kernel: str | None = None
     kernel_params: Mapping[str, Any] = field(default_factory=dict)
     # whether its kernels read and write channel-last data at a call site of these attributes

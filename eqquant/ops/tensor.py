@@ -18,9 +18,9 @@ from .registry import (RelaxForm, ANNOTATION, BINARY, ELEMWISE, EPILOGUE, IDENTI
 from .typerel import broadcast, float_input, norm_axis, same_as_input, tensor, tuple_of
 
 
-# The elementwise CPU kernel (runtime/bindings.py Activation) computes these by code.
+# The elementwise CPU kernel (runtime/lowering/fp32.py Activation) computes these by code.
 RELU, CLIP, LEAKY_RELU, SIGMOID = 1, 2, 3, 4
-_ACTIVATION = "eqquant.runtime.bindings:Activation"
+_ACTIVATION = "Activation"
 
 
 def _unary(name, fn, *, floats_only=False, doc="", kernel=None, props=frozenset(), onnx=(),
@@ -78,7 +78,7 @@ _unary("exp", np.exp, floats_only=True, doc="exp(x)", onnx=(OnnxForm("Exp"),))
 _unary("round", np.round, floats_only=True, doc="round half to even")
 
 
-# The binary elementwise kernel (runtime/bindings.py Binary) computes these by code.
+# The binary elementwise kernel (runtime/lowering/fp32.py Binary) computes these by code.
 ADD, SUBTRACT, MULTIPLY, DIVIDE, MAXIMUM, MINIMUM = 0, 1, 2, 3, 4, 5
 
 
@@ -99,7 +99,7 @@ def _add_qdq(w, node):
 def _binary(name, fn, doc, onnx_type, code, qdq=None, subtracts=(), convert=None):
     register(OpDef(name, inputs=("lhs", "rhs"), props=frozenset({ELEMWISE, BINARY}),
                    subtracts=subtracts,
-                   kernel="eqquant.runtime.bindings:Binary",
+                   kernel="Binary",
                    kernel_params={"code": code, "int32": code != DIVIDE},
                    onnx=(OnnxForm(onnx_type, qdq=qdq, convert=convert),),
                    type_rel=broadcast,
@@ -222,11 +222,11 @@ register(OpDef("cast", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
 # ---- annotations: the identity on their first input ----------------------------------------
 
 register(OpDef("annotation.stop_fusion", inputs=("data",), moves_data=False,
-               kernel="eqquant.runtime.bindings:View",
+               kernel="View",
                props=frozenset({IDENTITY, ANNOTATION}), type_rel=same_as_input,
                semantics=lambda x: x, doc="identity; marks a fusion boundary"))
 register(OpDef("annotation.cast_hint", inputs=("data",), moves_data=False,
-               kernel="eqquant.runtime.bindings:View",
+               kernel="View",
                props=frozenset({IDENTITY, ANNOTATION}),
                attrs=(Attr("dtype", DTYPE_REQUIRED, REQUIRED),),
                type_rel=same_as_input, semantics=lambda x, *, dtype: x,
@@ -339,7 +339,7 @@ def _reshape_to_relax(node, types):
 register(OpDef("reshape", inputs=("data",), props=frozenset({LAYOUT}), moves_data=False,
                relax=RelaxForm(read=_reshape_from_relax, write=_reshape_to_relax),
                onnx=(OnnxForm("Reshape", convert=_reshape_from_onnx, export=_to_onnx_reshape),),
-               kernel="eqquant.runtime.bindings:View",
+               kernel="View",
                attrs=(Attr("newshape", INTS, REQUIRED),),
                type_rel=_reshape_rel, canonicalize=_reshape_canonical,
                semantics=lambda x, *, newshape: x.reshape(_reshape_target(x.shape, newshape)),
@@ -410,7 +410,7 @@ register(OpDef("expand_dims", inputs=("data",), props=frozenset({LAYOUT}), moves
                relax=RelaxForm(read=_expand_dims_from_relax, write=_expand_dims_to_relax),
                onnx=(OnnxForm("Unsqueeze", convert=_unsqueeze_from_onnx,
                               export=_to_onnx_reshape),),
-               kernel="eqquant.runtime.bindings:View",
+               kernel="View",
                attrs=(Attr("axis", INT, 0), Attr("num_newaxis", INT, 1)),
                type_rel=_expand_dims_rel,
                semantics=lambda x, *, axis, num_newaxis: x.reshape(
@@ -439,7 +439,7 @@ register(OpDef("squeeze", inputs=("data",), props=frozenset({LAYOUT}), moves_dat
                onnx=(OnnxForm("Squeeze", export=_to_onnx_reshape, convert=lambda im, attrs, ins:
                               im.call("squeeze", im.value(ins[0]),
                                       axis=onnx_axes(im, attrs, ins, "Squeeze"))),),
-               kernel="eqquant.runtime.bindings:View",
+               kernel="View",
                attrs=(Attr("axis", OPT_INTS, None),), type_rel=_squeeze_rel,
                semantics=lambda x, *, axis: np.squeeze(x, tuple(_squeeze_axes(x.shape, axis))),
                doc="drop axes of size 1 (all of them when axis is None)"))
@@ -479,7 +479,7 @@ register(OpDef("transpose", inputs=("data",), props=frozenset({LAYOUT}),
                               export=_transpose_to_onnx),),
                attrs=(Attr("axes", OPT_INTS, None),), type_rel=_transpose_rel,
                semantics=lambda x, *, axes: _transpose_view(x, axes=axes).copy(),
-               kernel="eqquant.runtime.bindings:StridedCopy",
+               kernel="StridedCopy",
                kernel_params={"view": _transpose_view},
                doc="permute axes (reverse them when axes is None)"))
 
@@ -514,7 +514,7 @@ def _layout_transform_to_onnx(ex, node, ins):
 
 register(OpDef("layout_transform", inputs=("data",), props=frozenset({LAYOUT}),
                onnx=(OnnxForm("Transpose", reads=False, export=_layout_transform_to_onnx),),
-               kernel="eqquant.runtime.bindings:LayoutTransform",
+               kernel="LayoutTransform",
                attrs=(Attr("src_layout", STR, REQUIRED), Attr("dst_layout", STR, REQUIRED)),
                type_rel=_layout_transform_rel,
                semantics=lambda x, *, src_layout, dst_layout: np.ascontiguousarray(
@@ -546,7 +546,7 @@ def _flatten_from_onnx(im, attrs, ins):
 register(OpDef("nn.batch_flatten", inputs=("data",), props=frozenset({LAYOUT}), moves_data=False,
                onnx=(OnnxForm("Flatten", convert=_flatten_from_onnx, export=lambda ex, node, ins:
                               ex.emit("Flatten", ins, axis=1)),),
-               kernel="eqquant.runtime.bindings:View",
+               kernel="View",
                type_rel=_batch_flatten_rel,
                semantics=lambda x: x.reshape(x.shape[0], -1), doc="(N, ...) -> (N, prod(...))"))
 
@@ -598,7 +598,7 @@ register(OpDef("concatenate", inputs=("data",), props=frozenset({LAYOUT}),
                onnx=(OnnxForm("Concat", convert=_concat_from_onnx, qdq=_concat_qdq,
                               export=lambda ex, node, ins: ex.emit("Concat", list(ins[0]),
                                                                    axis=node.attrs["axis"])),),
-               kernel="eqquant.runtime.bindings:Concatenate",
+               kernel="Concatenate",
                attrs=(Attr("axis", INT, 0),), type_rel=_concat_rel,
                semantics=lambda xs, *, axis: np.concatenate(xs, axis=axis),
                doc="join a tuple of tensors along axis"))
@@ -666,7 +666,7 @@ def _reduction(name, fn, doc, onnx_type, axes_input_from, code, of_nothing=True)
         return _reduce_rel(types, attrs)
 
     register(OpDef(name, inputs=("data",), props=frozenset({REDUCE}),
-                   kernel="eqquant.runtime.bindings:Reduce", kernel_params={"code": code},
+                   kernel="Reduce", kernel_params={"code": code},
                    attrs=(Attr("axis", OPT_INTS, None), Attr("keepdims", BOOL, False),
                           Attr("exclude", BOOL, False)),
                    onnx=(_reduce_onnx(name, onnx_type, axes_input_from),),
@@ -714,7 +714,7 @@ register(OpDef("nn.softmax", inputs=("data",), attrs=(Attr("axis", INT, -1),),
                onnx=(OnnxForm("Softmax", convert=_softmax_from_onnx("nn.softmax"),
                               export=lambda ex, node, ins:
                               ex.emit("Softmax", ins, axis=node.attrs["axis"])),),
-               kernel="eqquant.runtime.bindings:Softmax",
+               kernel="Softmax",
                kernel_params={"rows": "softmax_rows"},
                type_rel=_softmax_rel, semantics=_softmax, doc="exp(x) / sum(exp(x)) over axis"))
 
@@ -731,7 +731,7 @@ register(OpDef("nn.log_softmax", inputs=("data",), attrs=(Attr("axis", INT, -1),
                onnx=(OnnxForm("LogSoftmax", convert=_softmax_from_onnx("nn.log_softmax"),
                               export=lambda ex, node, ins:
                               ex.emit("LogSoftmax", ins, axis=node.attrs["axis"])),),
-               kernel="eqquant.runtime.bindings:Softmax",
+               kernel="Softmax",
                kernel_params={"rows": "log_softmax_rows"},
                type_rel=_softmax_rel, semantics=_log_softmax,
                doc="x - log(sum(exp(x))) over axis, in float64 (a classifier's log-probabilities)"))

@@ -75,7 +75,7 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
               skip: Iterable[str] = (), progress=None) -> CalibrationTable:
     """Ranges of the program's float values over ``samples`` (dicts of input arrays, or plain
     arrays for a program with one input), run on the CPU executor."""
-    from ..runtime.executor import Executor
+    from ..runtime.execution.executor import Executor
     if mode not in OBSERVERS:
         raise EqquantError(f"unknown calibration mode '{mode}' (there are: "
                            f"{', '.join(OBSERVERS)})")

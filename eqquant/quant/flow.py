@@ -156,7 +156,7 @@ def evaluate(fp32: Module, int8: Module, table: CalibrationTable, dtype: str,
     """SQNR of each quantized value (matched to the calibrated value whose scale it takes)
     on ``inputs``, and of the output over ``inputs`` and ``extra``; both programs run on the
     CPU executor."""
-    from ..runtime.executor import Executor
+    from ..runtime.execution.executor import Executor
     ex32 = Executor(fp32)
     labels = value_labels(ex32.module.main)
     fp_values: dict[str, np.ndarray] = {}
@@ -217,7 +217,7 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     op of the programs carries its ``origin`` (the rules that made it, phase after phase, and
     what each extraction rejected: ``extract.provenance``; a mixed program's int8 phase is
     the search's, without one)."""
-    from ..runtime.measured_cost import resolve_cost
+    from ..runtime.execution.measured_cost import resolve_cost
     cost = resolve_cost(cost)        # the model of every phase that chooses kernels
     # The float phase is structural (batch norms folded, epilogues fused: each rule takes a
     # pass over memory away), so the roofline model, whose byte counts never tie a fused op
@@ -279,8 +279,8 @@ def compile_layouts(mod: Module, cost: str | CostModel = "auto", target=None,
     their kernels read it, layout changes where they pay; and each int8 site's kernel named
     for ``target`` (default: the process's, ``runtime.target.current``). What runs; the
     NCHW form stays the interchange one (ONNX)."""
-    from ..runtime.lowering import planned
-    from ..runtime.measured_cost import resolve_cost
+    from ..runtime.lowering.plan import planned
+    from ..runtime.execution.measured_cost import resolve_cost
     return planned(optimize(mod, None, LAYOUT_RULES, cost=resolve_cost(cost), why=why), target)
 
 

@@ -294,7 +294,7 @@ class MixedSpace:
         mark applied to the kept one, a layer's marked weights are bound to that layer alone.
         The same kernels on the same operands: the noise of the program with the one mark,
         bit for bit."""
-        from ..runtime.executor import Executor
+        from ..runtime.execution.executor import Executor
         from .flow import _flat
         program, where = self._dropping()
         ex = Executor(program)
@@ -520,7 +520,7 @@ class MixedResult:
 def measured_sqnr(space: MixedSpace, program: Module) -> float:
     """The output SQNR of ``program`` against the unmarked program, on the sensitivity
     samples."""
-    from ..runtime.executor import Executor
+    from ..runtime.execution.executor import Executor
     from .flow import _flat
     ex = Executor(program)
     noise = sum(float(np.sum((_flat(ex.run(x)) - r) ** 2))
@@ -541,7 +541,7 @@ def search(space: MixedSpace, min_sqnr: float | None = None, budget: float | Non
       program's: the SQNR floor rises 3 dB a round from the all-int8 program's until it holds;
     - ``budget`` (seconds, the cost model's): the least noisy program within it;
     - ``keep_fp32``, ``int8_only``: pins, with any of the above."""
-    from ..runtime.executor import Executor
+    from ..runtime.execution.executor import Executor
     out: list[Round] = []
     pins = dict(keep_fp32=keep_fp32, int8_only=int8_only)
     evaluations = 0

@@ -1,9 +1,15 @@
-"""The CPU runtime: Numba kernels (``kernels_fp32.py``, ``kernels_int8.py``) and the launcher
-that runs them on the thread pool (``launch.py``), the SIMD GEMMs generated with llvmlite
-(``fma.py`` for float; ``vnni.py``, its table of VNNI widths, ``amx.py``, ``avx2.py`` for
-int8) and the window gather and work split their drivers share (``gather.py``), their
-bindings to registry ops (``bindings.py``, ``bindings_int8.py``) and the executor with its
-memory plan (``executor.py``).
+"""The CPU runtime, laid out as its stages, each importing only those before it:
+
+- ``codegen/``: Numba and llvmlite code generation, C entries, the launcher and its one
+  thread pool;
+- ``kernels/``: the kernels, float32, int8 on x86 SIMD and portable, each bit-exact;
+- ``target.py``: which kernels this process may run (``Target``, ``--target``);
+- ``lowering/``: the kernel plan (each site's kernel, written into the program) and the
+  bindings that call the kernels;
+- ``execution/``: the executor that runs a planned program, ``--profile``'s times and the
+  measured cost model.
+
+``deploy/`` saves the same plan ahead of time as a library of C entries.
 
 One thread pool runs every kernel, entered the same way by each (``launch.py``: a kernel is
 one thread's share, compiled into a C entry, and one parallel loop runs them all; the AVX2
@@ -38,9 +44,11 @@ _FOLDER = os.path.dirname(os.path.abspath(__file__))
 
 @lru_cache(maxsize=None)
 def source_digest(folder: str = _FOLDER) -> str:
-    """A digest of the runtime's source (every ``.py`` file of ``folder``, this one)."""
+    """A digest of the runtime's source (every ``.py`` file under ``folder``, this one)."""
     h = hashlib.sha1()
-    for name in sorted(f for f in os.listdir(folder) if f.endswith(".py")):
+    names = sorted(os.path.relpath(os.path.join(d, f), folder)
+                   for d, _, files in os.walk(folder) for f in files if f.endswith(".py"))
+    for name in names:
         with open(os.path.join(folder, name), "rb") as fh:
             h.update(name.encode() + b"\0" + fh.read())
     return h.hexdigest()[:12]
@@ -61,7 +69,7 @@ def _stamp_kernel_caches() -> None:
             def get_source_stamp(self):
                 stamp = super().get_source_stamp()
                 py_file = getattr(self, "_py_file", None)
-                if py_file and os.path.dirname(os.path.abspath(py_file)) == _FOLDER:
+                if py_file and os.path.abspath(py_file).startswith(_FOLDER + os.sep):
                     return stamp, source_digest()
                 return stamp
         Stamped.__name__ = Stamped.__qualname__ = cls.__name__
@@ -102,7 +110,7 @@ _numba_target_without_scipy()
 def _blas_runs_float_convolutions() -> bool:
     if os.environ.get("EQQUANT_FP32_KERNEL") == "blas":
         return True
-    from .llvm_loops import cpu_has
+    from .codegen.llvm_loops import cpu_has
     return not (cpu_has("avx2") and cpu_has("fma"))
 
 

@@ -7,7 +7,7 @@
     Target.named("avx2")          # the kernels an AVX2-only CPU runs (this CPU must run them)
 
 A target names kernels, never chooses among them: which of its kernels a site takes is the
-lowering's plan (``lowering.py``), printed in the extracted program (``kernel="x86.vnni"``)
+lowering's plan (``lowering/plan.py``), printed in the extracted program (``kernel="x86.vnni"``)
 and in ``run -v``. A target is one of:
 
 - ``host``: every kernel this CPU runs (its features as Numba compiles for them:
@@ -65,13 +65,13 @@ def gemm_path(kernel: str) -> str | None:
 
 def int8_paths() -> tuple[str, ...]:
     """The int8 SIMD GEMM paths this CPU runs, fastest first."""
-    from .bindings_int8 import simd_module
+    from .kernels import simd_module
     return tuple(p for p in INT8_PATHS if simd_module(p).available())
 
 
 def fp32_paths() -> tuple[str, ...]:
     """The float convolution paths this CPU runs, fastest first ("blas" everywhere)."""
-    from . import fma
+    from .kernels import fma
     return tuple(p for p in FP32_PATHS if p == "blas" or fma.available(p))
 
 

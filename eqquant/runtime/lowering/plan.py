@@ -47,12 +47,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..core.nodes import Call, Constant, Expr, Function, Module, Scalar, freeze_attrs, rewrite
-from ..core.types import Type
-from ..errors import KernelError
-from ..ops.qnn import INT8_KERNELS
-from ..ops.registry import KERNEL, OpDef
-from .target import Target, current, gemm_path
+from ...core.nodes import Call, Constant, Expr, Function, Module, Scalar, freeze_attrs, rewrite
+from ...core.types import Type
+from ...errors import KernelError
+from ...ops.qnn import INT8_KERNELS
+from ...ops.registry import KERNEL, OpDef
+from ..target import Target, current, gemm_path
 
 SPEED = {"amx": 0.1, "vnni": 1.0, "vnni16": 1.15, "avxvnni": 2.0, "avx2": 4.0,
          "x86.avx2.bytes": 3.7}
@@ -106,8 +106,8 @@ def site_of(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_t
     if "groups" not in attrs:          # a dense layer: (units, K)
         return Site(op.name, w.shape[0], w.shape[1], 1, bool(zw.any()), False,
                     int(np.prod(in_types[0].shape[:-1])))
-    from ..ops.numerics import to_oihw
-    from .depthwise_simd import TAP_MAX
+    from ...ops.numerics import to_oihw
+    from ..kernels.depthwise import TAP_MAX
     w = to_oihw(w, attrs["kernel_layout"])
     o, cg, kh, kw = w.shape
     groups = attrs["groups"]
@@ -120,7 +120,7 @@ def site_of(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_t
 
 
 def _gemm_option(kernel: str, site: Site) -> Option:
-    from .bindings_int8 import simd_module
+    from ..kernels import simd_module
     path = gemm_path(kernel)
     simd = simd_module(path)
     if site.groups > 1:
@@ -215,8 +215,8 @@ def plan_kernels(mod: Module, target: Target | None = None) -> tuple[Module, lis
     """``mod`` with a kernel named at every call site that has one to choose (the cheapest its
     target offers; one already named is kept where it runs the site, else a ``KernelError``
     located at the site), and the decisions, in program order."""
-    from ..ir.printer import value_labels
-    from ..ir.typecheck import infer_types
+    from ...ir.printer import value_labels
+    from ...ir.typecheck import infer_types
     target = target or current()
     fn = mod.main
     types = infer_types(mod)
@@ -288,7 +288,7 @@ def plan_table(decisions: Sequence[Decision], target: Target | None = None) -> s
     """The kernel plan as ``extract --explain`` prints it: per site, the kernel and why (the
     costs of the kernels that run it, what keeps the others out)."""
     lines = [(target or current()).describe(), "kernel plan (relative cost per multiply-add; "
-             "runtime/lowering.py):"]
+             "runtime/lowering/plan.py):"]
     if not decisions:
         lines.append("  (no site chooses a kernel)")
     for d in decisions:

@@ -6,7 +6,7 @@
                                            # cache entry, the roofline model before
 
 A kernel instance is an op with its attributes, input and output types and which inputs are
-compile-time constants (``runtime.timing``). Its time is the median of a few warm calls of the
+compile-time constants (``runtime.execution.timing``). Its time is the median of a few warm calls of the
 executor's own kernel. The times live in one JSON file per user (``EQQUANT_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/eqquant``, else ``~/.cache/eqquant``): ``kernel-times.json``, keyed by the
 machine (CPU model, int8 and fp32 kernel paths, threads, eqquant version, a digest of the
@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..core.types import TensorType, Type
-from ..extract.cost import CostModel, CpuLatency, constant_bytes, cost_model, unfused_calls
-from ..ops.registry import ANNOTATION, OpDef
-from ..resources import cache_dir
+from ...core.types import TensorType, Type
+from ...extract.cost import CostModel, CpuLatency, constant_bytes, cost_model, unfused_calls
+from ...ops.registry import ANNOTATION, OpDef
+from ...resources import cache_dir
 
 CACHE_FILE = "kernel-times.json"
 
@@ -48,11 +48,11 @@ def cpu_model() -> str:
 
 @functools.lru_cache(maxsize=None)
 def kernels_digest() -> str:
-    """A digest of the runtime's source (this module's folder, ``source_digest``): a kernel
-    changed since a time was cached, in a release or in a working tree, makes that time
-    another machine's."""
-    from . import source_digest
-    return source_digest(str(Path(__file__).parent))
+    """A digest of the runtime's source (every file under ``runtime/``, ``source_digest``):
+    a kernel changed since a time was cached, in a release or in a working tree, makes that
+    time another machine's."""
+    from .. import source_digest
+    return source_digest(str(Path(__file__).parent.parent))
 
 
 def machine_key() -> str:
@@ -60,8 +60,8 @@ def machine_key() -> str:
     release and the kernels' source."""
     import numba
     from importlib.metadata import PackageNotFoundError, version
-    from .bindings import fp32_path
-    from .bindings_int8 import int8_path
+    from ..lowering.fp32 import fp32_path
+    from ..lowering.int8 import int8_path
     try:
         release = version("eqquant")
     except PackageNotFoundError:      # (run from a source tree that was never installed)
@@ -181,8 +181,8 @@ class MeasuredCost(CostModel):
         path reads NCHW)."""
         reads = super().reads_channels_last(op, attrs, in_types)
         if reads and op.kernel:
-            from .executor import _binding_class
-            claim = getattr(_binding_class(op.kernel), "reads_channels_last", None)
+            from ..lowering import binding_class
+            claim = getattr(binding_class(op.kernel), "reads_channels_last", None)
             if claim is not None:
                 return claim(attrs, in_types)
         return reads
@@ -256,8 +256,8 @@ def cost_table(module, model: CostModel, inputs, runs: int = 10) -> str:
     """Per op of ``module``: its calls, the cost model's predicted time and the executor's
     measured one (median over ``runs`` profiled runs), side by side."""
     import numpy as np
-    from ..core.nodes import Constant, Scalar
-    from ..ir.typecheck import infer_types
+    from ...core.nodes import Constant, Scalar
+    from ...ir.typecheck import infer_types
     from .executor import Executor
     ex = Executor(module)
     ex.run(inputs)

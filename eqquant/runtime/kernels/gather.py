@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit, prange
 
-from . import memory
-from .launch import parallel, share
-from .llvm_loops import call_slot, copy_runs_intrinsic, fetch_add_intrinsic, fill_slot, slot
-from .serial import twin
+from ..codegen import memory
+from ..codegen.launch import parallel, share
+from ..codegen.llvm_loops import call_slot, copy_runs_intrinsic, fetch_add_intrinsic, fill_slot, slot
+from ..codegen.serial import twin
 
 _copy_runs = copy_runs_intrinsic()
 _fetch_add = fetch_add_intrinsic()
@@ -431,7 +431,7 @@ def load_entry(element: str) -> None:
     at the end of ``compiling.deferring`` (``llvm_loops.load_gemms``). One type's
     alone: compiled with an empty cache, each is a compile of its own, and a program reads
     one."""
-    from .compiling import c_function, defer
+    from ..codegen.compiling import c_function, defer
     kind = _KINDS[element][0]
 
     def load() -> bool:

@@ -18,7 +18,6 @@ copied out, so callers may keep it.
 """
 from __future__ import annotations
 
-import importlib
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -26,19 +25,18 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import EvalError
-from ..core.nodes import (Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var,
+from ...errors import EvalError
+from ...core.nodes import (Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var,
                           post_order, rebuild)
-from ..ir.typecheck import infer_types
-from ..core.timing import time_table
-from ..core.types import TensorType, check_input, type_of_array
-from ..passes.inline import inline_calls
-from . import compiling, memory
+from ...ir.typecheck import infer_types
+from ...core.timing import time_table
+from ...core.types import TensorType, check_input, type_of_array
+from ...passes.inline import inline_calls
+from ..codegen import compiling
+from ..lowering import binding_class
+from ..codegen import memory
 
 
-def _binding_class(path: str):
-    module, _, cls = path.partition(":")
-    return getattr(importlib.import_module(module), cls)
 
 
 @dataclass
@@ -59,7 +57,7 @@ class Executor:
         process's, ``target.current``). Each int8 site runs the kernel its program names, or
         the one the target's plan gives it (``lowering.plan_kernels``), before any binding
         is made: ``kernel_plan`` shows it."""
-        from .target import current, using
+        from ..target import current, using
         self.target = target or current()   # (a path pinned that this CPU lacks: an error)
         with using(self.target), compiling.session:   # (one executor at a time surveys
                                                       # and shares)
@@ -71,7 +69,7 @@ class Executor:
             self._prepare()
 
     def _build(self, module: Module) -> None:
-        from .lowering import plan_kernels
+        from ..lowering.plan import plan_kernels
         flat, self.kernel_decisions = plan_kernels(inline_calls(module), self.target)
         self.module = flat
         types = infer_types(flat)
@@ -118,7 +116,7 @@ class Executor:
         out_type = types[id(node)]
         consts = {i: fixed[s] for i, s in enumerate(ins) if s in fixed}
         if op.kernel:
-            cls = _binding_class(op.kernel)
+            cls = binding_class(op.kernel)
             if cls.supports(op, node.attrs, in_types, out_type, consts):
                 b = cls(op, node.attrs, in_types, out_type, consts)
                 return Step(op.name, b, ins, slot[id(node)], "view" if b.view else "kernel",
@@ -207,7 +205,7 @@ class Executor:
         calls it with no arguments: gathering a step's operands and a binding's Python around
         its kernel at every run was a visible share of a small model's time. Bound again when the
         thread pool's size has changed (a convolution's work split is bound with it)."""
-        from .bindings import threads
+        from ..lowering.fp32 import threads
         self._threads = threads()
         self._prepared = self.bind_steps({})
 
@@ -248,7 +246,7 @@ class Executor:
                 raise EvalError(f"no value for input %{name}")
             values[s] = _contiguous(check_input(name, inputs[name], t))
         if not profile and observe is None:       # the steps bound once (``_prepare``)
-            from .bindings import threads
+            from ..lowering.fp32 import threads
             if threads() != self._threads:
                 self._prepare()
             for i, (st, prepared) in enumerate(zip(self.steps, self._prepared)):
@@ -356,9 +354,9 @@ class Executor:
         view, a Numba function of its own); the path its binding chose (a GEMM's); its
         layout, the dtypes of its first input and its output, the threads. Rows of plain
         data (``core.timing.plan_table`` prints them; a saved library keeps them)."""
-        from .bindings import threads
-        from .compiling import made
-        from .launch import kernel_of
+        from ..lowering.fp32 import threads
+        from ..codegen.compiling import made
+        from ..codegen.launch import kernel_of
         if bound is None:
             bound = self.bind_steps(self.stand_ins())
         entries = made()

@@ -10,14 +10,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .depthwise_simd import call_sweep
-from .kernels_fp32 import inside, interior, kernel_rows
-from .launch import parallel, share
-from ..ops.qnn import ADD_FRACTION_BITS
+from .depthwise import call_sweep
+from .fp32 import inside, interior, kernel_rows
+from ..codegen.launch import parallel, share
+from ...ops.qnn import ADD_FRACTION_BITS
 # the rows of ``epilogue_table.epilogue_params`` (requantize_ir.py emits the same steps in
 # LLVM IR)
-from .requantize_ir import ADD, BACK, HI, LEFT, LO, MULT, OFFSET, TOTAL
-from .epilogue_table import SIGN as _SIGN
+from ..codegen.requantize_ir import ADD, BACK, HI, LEFT, LO, MULT, OFFSET, TOTAL
+from ..codegen.epilogue_table import SIGN as _SIGN
 
 
 @parallel

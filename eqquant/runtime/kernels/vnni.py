@@ -23,7 +23,7 @@ requantized together on 32-bit words (``requantize_ir.block_words``); ``avxvnni`
 (AVX-VNNI, or AVX512-VNNI with VL) on blocks of 16 as two vectors of 8, 6 pixels a step (16
 ymm registers), for CPUs without AVX-512; it has no byte mask, so the last vector of a block
 the channels end inside goes through an int32 tile (``masked`` False). Both pack B as
-[O/16][K/4][16][4]. Which layer takes which is the lowering's (``lowering.py``).
+[O/16][K/4][16][4]. Which layer takes which is the lowering's (``lowering/plan.py``).
 
 ``Path.available()`` says whether the host CPU runs a row; a row's GEMMs are compiled at its
 first use (``Path.KERNEL``), only where it does (the 512-bit row's as the module is imported).
@@ -36,16 +36,16 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from .llvm_loops import (cpu_has, declare, gemm_at, gemm_definition, load_gemms,
+from ..codegen.llvm_loops import (cpu_has, declare, gemm_at, gemm_definition, load_gemms,
                          panel_gemm, slot_cell, splat)
 
 from .gather import CHUNK, SMALL, windows  # noqa: F401
 from .gather import load_entry, next_share, plan_shares, release, share_rows
-from .launch import Driver, parallel, share
-from .kernels_int8 import add_residual, requantize_rows
+from ..codegen.launch import Driver, parallel, share
+from .int8 import add_residual, requantize_rows
 # each layer's epilogue table (re-exported: the bindings take it from the path's module)
-from .epilogue_table import requantize_params  # noqa: F401
-from . import memory
+from ..codegen.epilogue_table import requantize_params  # noqa: F401
+from ..codegen import memory
 
 load_entry("uint8")   # the gather of this module's kernels, on bytes
 
@@ -119,7 +119,7 @@ def requantize_finish(args, block: int):
     whole block of 16, 32 or 64 on vectors of 16 (AVX-512's) as one where the layer takes
     the words' form (``requantize_ir.block_words``)."""
     from llvmlite import ir
-    from .requantize_ir import WORDS, block_words, with_epilogue
+    from ..codegen.requantize_ir import WORDS, block_words, with_epilogue
     i64 = ir.IntType(64)
     c_ptr, ldc = args[3], args[4]
     params, stride, lo, hi, valid = args[9:14]

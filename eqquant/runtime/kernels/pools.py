@@ -38,7 +38,7 @@ def _define(kind: str):
     time; a tap whose column lies outside the row is skipped (one unsigned comparison)."""
     def define(mod):
         from llvmlite import ir
-        from .llvm_loops import carried_loop, counted_loop
+        from ..codegen.llvm_loops import carried_loop, counted_loop
         name = f"eqquant_maxpool_{kind}"
         if name in mod.globals:
             return mod.globals[name]
@@ -117,7 +117,7 @@ def _intrinsic(kind: str):
     calling ``eqquant_maxpool_<kind>`` (x and out addresses as integers)."""
     from numba import types
     from numba.extending import intrinsic
-    from .llvm_loops import direct_call
+    from ..codegen.llvm_loops import direct_call
     codegen = direct_call(_define(kind), 2)
     sig = types.void(*([types.intp] * 11))
 

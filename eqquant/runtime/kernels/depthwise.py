@@ -67,7 +67,7 @@ def madd(builder, xs, ws, form: str | None = None):
     AVX2 register halves (three times the shuffles of two unpacks). ``form``: "avx512bw",
     "avx2" or "generic" (a test's choice; by default the best the CPU has)."""
     from llvmlite import ir
-    from .llvm_loops import cpu_has, declare
+    from ..codegen.llvm_loops import cpu_has, declare
     i16, i32 = ir.IntType(16), ir.IntType(32)
     if form is None:
         form = next((f for f in ("avx512bw", "avx2") if cpu_has(f)), "generic")
@@ -123,8 +123,8 @@ def _define(kind: str):
     for the whole row of pixels."""
     def define(mod):
         from llvmlite import ir
-        from .llvm_loops import carried_loop, counted_loop, prefetch_line, splat
-        from .requantize_ir import with_epilogue
+        from ..codegen.llvm_loops import carried_loop, counted_loop, prefetch_line, splat
+        from ..codegen.requantize_ir import with_epilogue
         name = f"eqquant_dw_{kind}"
         if name in mod.globals:
             return mod.globals[name]
@@ -301,7 +301,7 @@ def _intrinsic(kind: str):
     (addresses as integers)."""
     from numba import types
     from numba.extending import intrinsic
-    from .llvm_loops import direct_call
+    from ..codegen.llvm_loops import direct_call
     codegen = direct_call(_define(kind), 6)
     sig = types.void(*([types.intp] * 15), types.float32, types.float32, *([types.intp] * 6))
 
@@ -347,13 +347,13 @@ def entry(kind: str) -> int:
     slot as the GEMMs and the gather are, ``llvm_loops.slot``: so a program without
     depthwise layers never compiles it.)"""
     if kind not in _entries:
-        from .compiling import c_function
-        from .serial import twin
+        from ..codegen.compiling import c_function
+        from ..codegen.serial import twin
         c = c_function(twin(_entry, f"_{kind}", sweep=_INTRINSICS[kind]), _signature())
         if c is None:                       # (recorded by compiling.survey)
             return 0
         _entries[kind] = c
-    from .compiling import Address
+    from ..codegen.compiling import Address
     return Address(_entries[kind].address, function=_entries[kind])
 
 

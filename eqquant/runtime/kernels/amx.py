@@ -31,8 +31,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from .llvm_loops import counted_loop, cpu_has, declare, do_while_loop, gemm_definition
-from . import memory, vnni
+from ..codegen.llvm_loops import counted_loop, cpu_has, declare, do_while_loop, gemm_definition
+from ..codegen import memory
+from . import vnni
 # each layer's epilogue constants are the VNNI kernel's, the gather is every path's
 # (re-exported: the bindings take them from the path's module)
 from .vnni import conv_requantize, requantize_params  # noqa: F401

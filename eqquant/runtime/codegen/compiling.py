@@ -300,7 +300,7 @@ def jobs() -> int:
     value = os.environ.get(JOBS_VARIABLE, "").strip()
     if value:
         if not value.isdigit() or int(value) < 1:
-            from ..errors import EqquantError
+            from ...errors import EqquantError
             raise EqquantError(f"{JOBS_VARIABLE}={value!r}: expected a whole number of "
                                "processes, 1 or more")
         return min(int(value), MAX_JOBS)

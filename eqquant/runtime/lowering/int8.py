@@ -1,10 +1,10 @@
 """Kernel bindings of the integer ops: quantize, dequantize, requantize, qnn.conv2d,
 qnn.dense, qnn.add, qnn.clip and the fused int8 convolution. Convolutions and dense layers run
 on the kernel each site names (``kernel="x86.vnni"``, the lowering's plan for the target:
-``lowering.py``): AMX tiles (``amx.py``), the VNNI GEMMs (``vnni.py``'s rows: 512-bit on blocks
-of 64 or of 16, 256-bit), AVX2 (``avx2.py``), the direct depthwise kernel, or portable Numba
-loops (``kernels_int8.py``); every kernel gives the reference's bits. See
-``bindings.py`` for what a binding is.
+``plan.py``): AMX tiles (``kernels/amx.py``), the VNNI GEMMs (``kernels/vnni.py``'s rows:
+512-bit on blocks of 64 or of 16, 256-bit), AVX2 (``kernels/avx2.py``), the direct depthwise
+kernel, or portable Numba loops (``kernels/int8.py``); every kernel gives the reference's
+bits. See ``fp32.py`` for what a binding is.
 """
 from __future__ import annotations
 
@@ -12,17 +12,20 @@ import functools
 
 import numpy as np
 
-from ..core.types import TensorType
-from ..ops.fused import epilogue_bounds
-from ..ops.fixed_point import quantize_multiplier
-from ..ops.numerics import qrange
-from ..ops.registry import get_op
-from . import epilogue_table, memory
-from .depthwise_simd import TAP_MAX, entry as sweep_entry
-from .bindings import (Binding, _per_channel, _per_channel_last, bound, broadcast_view,
+from ...core.types import TensorType
+from ...ops.fused import epilogue_bounds
+from ...ops.fixed_point import quantize_multiplier
+from ...ops.numerics import qrange
+from ...ops.registry import get_op
+from . import binding
+from ..codegen import epilogue_table
+from ..codegen import memory
+from ..kernels.depthwise import TAP_MAX, entry as sweep_entry
+from .fp32 import (Binding, _per_channel, _per_channel_last, bound, broadcast_view,
                        move_into, moved, nchw_calls, threads)
-from .launch import in_order, launches_of
-from .serial import sized
+from ..codegen.launch import in_order, launches_of
+from ..codegen.serial import sized
+from ..kernels import simd_module
 
 
 def _const_scalar(consts, i):
@@ -33,30 +36,15 @@ def _const_scalar(consts, i):
     return np.asarray(v).reshape(())
 
 
-def simd_module(path: str):
-    """The GEMM of a SIMD path (a module, or a row of ``vnni.PATHS``: they share one
-    interface), or None."""
-    if path == "amx":
-        from . import amx
-        return amx
-    if path in ("vnni", "vnni16", "avxvnni"):
-        from .vnni import PATHS
-        return PATHS[path]
-    if path == "avx2":
-        from . import avx2
-        return avx2
-    return None
-
-
 def int8_path() -> str:
     """The fastest int8 GEMM path the process's target offers (``target.current``)."""
-    from .target import current
+    from ..target import current
     return current().int8_path
 
 
 def _gemm(kernel: str):
     """(the SIMD GEMM module, its path) of a kernel name, or (None, "portable")."""
-    from .target import gemm_path
+    from ..target import gemm_path
     path = gemm_path(kernel)
     return (simd_module(path), path) if path else (None, "portable")
 
@@ -83,6 +71,7 @@ class _Launches(Binding):
         return super().prepare(ins, out)
 
 
+@binding
 class QConv2D(_Launches):
     """qnn.conv2d: on a SIMD path (VNNI, AVX2), pixel rows (uint8) times packed weights;
     otherwise int8 im2col + a portable int32 GEMM. Weights and zero points are prepacked
@@ -105,11 +94,11 @@ class QConv2D(_Launches):
         """``kernel``: the site's kernel (``lowering.resolve``'s), where the caller resolved
         it (a fused op's, on its own constants)."""
         super().__init__(op, attrs, in_types, out_type, consts)
-        from .lowering import resolve
+        from .plan import resolve
         self.kernel = kernel if kernel is not None else resolve(op, attrs, in_types, out_type,
                                                                 consts)
-        from . import kernels_int8 as k8
-        from ..ops.numerics import to_oihw
+        from ..kernels import int8 as k8
+        from ...ops.numerics import to_oihw
         self.k8 = k8
         self.channels_last = attrs["data_layout"] == "NHWC"
         w = np.ascontiguousarray(to_oihw(np.asarray(consts[1]), attrs["kernel_layout"]))
@@ -161,7 +150,7 @@ class QConv2D(_Launches):
             return self.simd_calls(x, out)
         if not self.channels_last:
             return self.portable_calls(x, out)
-        from .kernels_fp32 import transpose_call
+        from ..kernels.fp32 import transpose_call
         n, h, w, c = x.shape
         o = out.shape[3]
         image = self.scratch("nchw", (n, c, h, w), x.dtype)
@@ -184,7 +173,7 @@ class QConv2D(_Launches):
         n, c = x.shape[:2]
         image = self.scratch("image", (n, *x.shape[2:], c), np.uint8)
         if not self.shift:          # unsigned already: moved as it is
-            from .kernels_fp32 import transpose_call
+            from ..kernels.fp32 import transpose_call
             return image, [transpose_call(x.reshape(n, c, -1), image.reshape(n, -1, c))]
         return image, [(self.k8.to_hwc, (x[b], self.shift, image[b])) for b in range(n)]
 
@@ -250,13 +239,14 @@ class QConv2D(_Launches):
         return self.kernel
 
 
+@binding
 class QClip(Binding):
     """qnn.clip: integer bounds worked out once from the constant scale and zero point."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        from ..ops.qnn import clip_bounds
-        from . import kernels_int8 as k8
+        from ...ops.qnn import clip_bounds
+        from ..kernels import int8 as k8
         self.k8 = k8
         self.lo, self.hi = (np.ascontiguousarray(b, np.int64) for b in clip_bounds(
             consts[1], consts[2], attrs["a_min"], attrs["a_max"], out_type.dtype))
@@ -279,6 +269,7 @@ class QClip(Binding):
                               out.reshape(self.shape3))
 
 
+@binding
 class QDense(_Launches):
     """qnn.dense: (N, K) int8/uint8 times (units, K) int8 weights, int32 out, zero points
     folded in: the SIMD GEMM (rows of unsigned bytes, as for convolutions) when the CPU has
@@ -290,14 +281,14 @@ class QDense(_Launches):
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        from . import kernels_int8 as k8
+        from ..kernels import int8 as k8
         self.k8 = k8
         self.w = np.ascontiguousarray(consts[1])
         units = self.w.shape[0]
         self.zw = np.ascontiguousarray(
             np.broadcast_to(np.asarray(consts[3], np.int32).reshape(-1), (units,)))
         self.zx = np.int32(_const_scalar(consts, 2))
-        from .lowering import resolve
+        from .plan import resolve
         self.kernel = resolve(op, attrs, in_types, out_type, consts)
         self.simd, self.gemm_path = _gemm(self.kernel)
         if self.simd is not None:
@@ -348,13 +339,14 @@ class _OneCall(Binding):
             raise ValueError(f"{type(self).__name__}: the output must be C-contiguous")
 
 
+@binding
 class Lut(_OneCall):
     """qnn.lut: one look-up per element, in a table, or in its channel's table (flat tables
     at channel * 256 + code), on the 8-bit codes as bytes."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        from . import kernels_int8 as k8
+        from ..kernels import int8 as k8
         self.k8 = k8
         table = np.asarray(consts[1])
         self.table = np.ascontiguousarray(table.reshape(-1)).view(np.uint8)
@@ -379,12 +371,13 @@ class Lut(_OneCall):
 
 
 
+@binding
 class Requantize(_OneCall):
     """qnn.requantize: per-tensor parameters, or per-channel input scales along axis 1."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        from . import kernels_int8 as k8
+        from ..kernels import int8 as k8
         self.k8 = k8
         z1, s2, z2 = (_const_scalar(consts, i) for i in (2, 3, 4))
         s1 = np.asarray(consts[1], np.float64).reshape(-1)
@@ -426,7 +419,7 @@ class _PerTensorQ(Binding):
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        from . import kernels_int8 as k8
+        from ..kernels import int8 as k8
         self.k8 = k8
         self.scale = np.float32(_const_scalar(consts, 1))
         self.zero = int(_const_scalar(consts, 2))
@@ -436,6 +429,7 @@ class _PerTensorQ(Binding):
         return _const_scalar(consts, 1) is not None and _const_scalar(consts, 2) is not None
 
 
+@binding
 class Quantize(_PerTensorQ):
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
@@ -466,13 +460,14 @@ class Quantize(_PerTensorQ):
         kernel(*args)
 
 
+@binding
 class Dequantize(_OneCall):
     """(q - z) * s with one scale, or one per channel along ``axis`` (an int32 accumulator
     read back at the scales sx * sw); the zero point is per tensor."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        from . import kernels_int8 as k8
+        from ..kernels import int8 as k8
         self.k8 = k8
         shape = in_types[0].shape
         self.scales = np.ascontiguousarray(np.asarray(consts[1], np.float32).reshape(-1))
@@ -497,6 +492,7 @@ class Dequantize(_OneCall):
 
 
 
+@binding
 class QMul(Binding):
     """qnn.mul with per-tensor parameters, any broadcast of up to four axes (a
     squeeze-excitation's per-channel scales times the image): ``kernels_int8.qmul``, the
@@ -504,7 +500,7 @@ class QMul(Binding):
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        from . import kernels_int8 as k8
+        from ..kernels import int8 as k8
         self.k8 = k8
         sa, za, sb, zb, so, zo = (_const_scalar(consts, i) for i in range(2, 8))
         self.za, self.zb, self.zo = np.int64(za), np.int64(zb), np.int64(zo)
@@ -532,6 +528,7 @@ class QMul(Binding):
             raise ValueError(f"{type(self).__name__}: the output must be C-contiguous")
 
 
+@binding
 class QAdd(Binding):
     """qnn.add with per-tensor parameters (see eqquant.ops.qnn for the arithmetic); method
     "once" on 8-bit operands in int32 lanes (``kernels_int8.qadd_once_split``) unless a scale
@@ -539,7 +536,7 @@ class QAdd(Binding):
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        from . import kernels_int8 as k8
+        from ..kernels import int8 as k8
         self.k8 = k8
         sa, za, sb, zb, so, zo = (float(_const_scalar(consts, i)) for i in range(2, 8))
         self.mb, self.shb = quantize_multiplier(sb / sa)
@@ -548,7 +545,7 @@ class QAdd(Binding):
         self.lo, self.hi = qrange(out_type.dtype)
         self.once = attrs["method"] == "once"
         if self.once:
-            from ..ops.qnn import ADD_FRACTION_BITS, add_multiplier
+            from ...ops.qnn import ADD_FRACTION_BITS, add_multiplier
             self.ma, self.mb2 = add_multiplier(sa, so), add_multiplier(sb, so)
             self.bits = ADD_FRACTION_BITS
             # in int32 lanes where the multipliers and the operands' differences allow it
@@ -585,6 +582,7 @@ class QAdd(Binding):
         kernel(*args)
 
 
+@binding
 class FusedQConv2D(Binding):
     """fused.qconv2d: the qnn.conv2d kernel (a SIMD path, the depthwise kernel or portable
     loops) with one pass adding the bias, applying relu or clip and requantizing per channel
@@ -596,12 +594,12 @@ class FusedQConv2D(Binding):
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        from . import kernels_int8 as k8
+        from ..kernels import int8 as k8
         self.k8 = k8
         self.channels_last = attrs["data_layout"] == "NHWC"
         o = out_type.shape[3 if self.channels_last else 1]
         acc_type = TensorType(out_type.shape, "int32")
-        from .lowering import resolve
+        from .plan import resolve
         kernel = resolve(op, attrs, in_types, out_type, consts)
         self.conv = QConv2D(op, attrs, [in_types[0], in_types[1], in_types[3], in_types[4]],
                             acc_type, {1: consts[1], 2: consts[3], 3: consts[4]}, kernel)
@@ -618,7 +616,7 @@ class FusedQConv2D(Binding):
         # the activation as a clamp of the int32 accumulator, per channel
         i32 = np.iinfo(np.int32)
         if attrs["activation"] == "clip":
-            from ..ops.qnn import clip_bounds
+            from ...ops.qnn import clip_bounds
             lo_c, hi_c = clip_bounds(consts[7], consts[8], attrs["a_min"], attrs["a_max"],
                                      "int32")
         else:     # none or relu: its clamp's lower bound (0 or -inf) in the int32 range
@@ -714,7 +712,7 @@ class FusedQConv2D(Binding):
         """The portable path's calls (``__call__``'s): at a channel-last site the image moved
         NCHW, the sums (NCHW, the site's scratch), each image's bias, clamp and
         requantization, the result moved back."""
-        from .kernels_fp32 import transpose_call
+        from ..kernels.fp32 import transpose_call
         last, n = self.channels_last, out.shape[0]
         calls = []
         if last:
@@ -774,6 +772,7 @@ class FusedQConv2D(Binding):
         return self.conv.path
 
 
+@binding
 class FusedQConv2DAdd(FusedQConv2D):
     """fused.qconv2d_add: fused.qconv2d's kernel, then the residual sum (qnn.add, rounding
     once). On a SIMD path at a channel-last call site each work item's finished tile is
@@ -820,6 +819,7 @@ class FusedQConv2DAdd(FusedQConv2D):
         self.add([out, ins[11]], out)
 
 
+@binding
 class QAvgPool2D(Binding):
     """qnn.avg_pool2d with one scale and zero point in and out, as the op is defined:
     dequantize, the float pool, quantize, three launches through the float buffers of the
@@ -828,7 +828,7 @@ class QAvgPool2D(Binding):
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        from .bindings import AvgPool2D
+        from .fp32 import AvgPool2D
         pool_attrs = {k: v for k, v in attrs.items() if k != "out_dtype"}
         real_in = TensorType(in_types[0].shape, "float32")
         real_out = TensorType(out_type.shape, "float32")
@@ -862,6 +862,7 @@ class QAvgPool2D(Binding):
         quant([pooled], out)
 
 
+@binding
 class GlobalAverage(Binding):
     """qnn.global_avg_pool2d with one scale and zero point in and out: one pass summing each
     channel's dequantized values (``kernels_int8.global_average``: the same bits as the
@@ -870,7 +871,7 @@ class GlobalAverage(Binding):
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        from . import kernels_int8 as k8
+        from ..kernels import int8 as k8
         self.k8 = k8
         self.nhwc = attrs["layout"] == "NHWC"
         self.s = np.float32(_const_scalar(consts, 1))
@@ -909,7 +910,7 @@ class GlobalAverage(Binding):
         x = ins[0]
         if self.nhwc or not (x.flags.c_contiguous and out.flags.c_contiguous):
             return super().prepare(ins, out)
-        from .kernels_fp32 import transpose_call
+        from ..kernels.fp32 import transpose_call
         n, c = x.shape[:2]
         npc = self.scratch("pixels", (n, x[0, 0].size, c), x.dtype)
         return in_order([bound(*transpose_call(x.reshape(n, c, -1), npc)), bound(

@@ -21,9 +21,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from numba import njit, prange
 
-from ..core.types import TensorType, Type
-from ..ops.registry import OpDef
-from . import memory
+from ...core.types import TensorType, Type
+from ...ops.registry import OpDef
+from ..codegen import memory
 
 
 def sample_value(name: str, t: TensorType, rng: np.random.Generator) -> np.ndarray:
@@ -46,7 +46,7 @@ def runner(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_ty
            consts: frozenset[int] | set[int], seed: int = 0):
     """(a function making one call of the instance, the arrays it reads that a program would
     have warm: its data inputs, the values not among ``consts``; the buffers it writes)."""
-    from .executor import _binding_class
+    from ..lowering import binding_class
     rng = np.random.default_rng(seed)
     names = list(op.inputs) + [f"input{i}" for i in range(len(op.inputs), len(in_types))]
     # on 64-byte lines, as the executor's buffers are (``memory``): a kernel reading or
@@ -55,7 +55,7 @@ def runner(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_ty
               else None for i, t in enumerate(in_types)]
     fixed = {i: np.ascontiguousarray(values[i]) for i in consts if values[i] is not None}
     if op.kernel:
-        cls = _binding_class(op.kernel)
+        cls = binding_class(op.kernel)
         if isinstance(out_type, TensorType) and cls.supports(op, attrs, in_types, out_type,
                                                              fixed):
             binding = cls(op, attrs, in_types, out_type, fixed)

@@ -1,6 +1,6 @@
 """Kernel bindings: what runs a registry op on the CPU. An op's registry entry names its
-binding (``kernel="eqquant.runtime.bindings:Conv2D"``); the executor builds one binding object
-per call site at load time (prepacking constant weights once) and then calls it with the input
+binding by its class's name (``kernel="Conv2D"``: each class here is registered with
+``@binding``); the executor builds one binding object per call site at load time (prepacking constant weights once) and then calls it with the input
 arrays and the output buffer it planned.
 
 A binding may decline a call site (``supports`` is False: another dtype, an unusual layout);
@@ -16,16 +16,18 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from numba.core.registry import CPUDispatcher as Dispatcher
 
-from ..core.types import TensorType, Type
-from ..ops.fused import epilogue_bounds
-from ..ops.numerics import from_nchw, to_nchw, to_oihw
-from ..ops.registry import IDENTITY, get_op
-from . import compiling, memory
-from . import kernels_fp32 as k
-from .depthwise_simd import entry as sweep_entry
-from .launch import Parallel, in_order, launches_of, threads
-from .pool_simd import KIND_OF
-from .serial import sized
+from ...core.types import TensorType, Type
+from ...ops.fused import epilogue_bounds
+from ...ops.numerics import from_nchw, to_nchw, to_oihw
+from ...ops.registry import IDENTITY, get_op
+from . import binding
+from ..codegen import compiling
+from ..codegen import memory
+from ..kernels import fp32 as k
+from ..kernels.depthwise import entry as sweep_entry
+from ..codegen.launch import Parallel, in_order, launches_of, threads
+from ..kernels.pools import KIND_OF
+from ..codegen.serial import sized
 
 
 def entry_point(kernel, args: tuple):
@@ -242,10 +244,11 @@ def fp32_path() -> str:
     """The float convolution path: the fastest the process's target offers (``target.py``:
     "avx512" and "fma", the 512- and 256-bit FMA GEMMs of ``fma.py``; "blas", im2col and
     numpy's BLAS, everywhere)."""
-    from .target import current
+    from ..target import current
     return current().fp32_path
 
 
+@binding
 class Conv2D(_Spatial):
     """nn.conv2d and fused.conv2d: the FMA GEMM with gather and epilogue fused (``fma.py``),
     or im2col + BLAS GEMM + fused epilogue on the "blas" path; depthwise and other grouped
@@ -284,7 +287,7 @@ class Conv2D(_Spatial):
         path = fp32_path()
         if path != "blas" and w is not None and self.groups == 1 and \
                 not self.depthwise and self.bias_vec is not None:
-            from . import fma
+            from ..kernels import fma
             self.fma = fma
             self.packed = fma.pack(np.ascontiguousarray(   # (tap, channel): as rows gather
                 w.transpose(0, 2, 3, 1).reshape(o, -1), dtype=np.float32), path)
@@ -421,6 +424,7 @@ _SCRATCH: list[np.ndarray] = [np.empty(0, np.float32)]
 _NO_RESIDUAL = np.zeros((0, 0, 0), np.float32)
 
 
+@binding
 class Conv2DAdd(Conv2D):
     """fused.conv2d_add: Conv2D's kernels for the convolution and its bias. On the FMA kernel
     at a channel-last call site, a residual of the output's shape is summed into each finished
@@ -485,6 +489,7 @@ def _scratch(shape: tuple[int, int]) -> np.ndarray:
     return _SCRATCH[0][:size].reshape(shape)
 
 
+@binding
 class Dense(Binding):
     """nn.dense and fused.dense: the FMA GEMM with its epilogue (a 1x1 convolution of a
     one-row image), or BLAS GEMM (weight transposed once at load) + epilogue on the "blas"
@@ -506,7 +511,7 @@ class Dense(Binding):
         if path == "blas":
             self.wt = np.ascontiguousarray(consts[1].T, dtype=np.float32)
         else:
-            from . import fma
+            from ..kernels import fma
             self.fma = fma
             self.packed = fma.pack(np.ascontiguousarray(consts[1], dtype=np.float32), path)
 
@@ -578,6 +583,7 @@ class _PerImage(_Spatial):
         return super().prepare(ins, out)
 
 
+@binding
 class MaxPool2D(_PerImage):
     """max_pool2d on NCHW (phase planes per channel), or channel-last as it is (NHWC: a row of
     ``pool_simd`` per output row; its element types are ``_same_dtype``'s)."""
@@ -615,6 +621,7 @@ class _Averaging(_PerImage):
         return _pool_dtypes(in_types, out_type)
 
 
+@binding
 class AvgPool2D(_Averaging):
     def image_calls(self, x, out) -> list:
         """Per image: NCHW each channel's plane, channel-last each output pixel's channels
@@ -631,6 +638,7 @@ class AvgPool2D(_Averaging):
             kernel(*args)
 
 
+@binding
 class GlobalAvgPool2D(_Averaging):
     def image_calls(self, x, out) -> list:
         """NCHW: each channel's plane summed; channel-last: each pixel's channels summed as
@@ -646,6 +654,7 @@ class GlobalAvgPool2D(_Averaging):
             kernel(*args)
 
 
+@binding
 class Reduce(Binding):
     """sum, mean, max and min over a run of adjacent axes of a float32 tensor (a global
     pool written as a mean, a sum over channels): the input read as (outer, reduced, inner),
@@ -653,14 +662,14 @@ class Reduce(Binding):
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        from ..ops.tensor import reduce_axes
+        from ...ops.tensor import reduce_axes
         axes = reduce_axes(in_types[0].rank, attrs["axis"], attrs["exclude"])
         return _is_f32(in_types[0], out_type) and bool(axes) and \
             axes == tuple(range(axes[0], axes[-1] + 1)) and in_types[0].size > 0
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        from ..ops.tensor import reduce_axes
+        from ...ops.tensor import reduce_axes
         shape = in_types[0].shape
         axes = reduce_axes(len(shape), attrs["axis"], attrs["exclude"])
         self.code = op.kernel_params["code"]
@@ -678,6 +687,7 @@ class Reduce(Binding):
         self.call_contiguous(ins, out)
 
 
+@binding
 class LayerNorm(Binding):
     """nn.layer_norm over the last axis of a float32 tensor (ViT's, ConvNeXt's): each row
     one work item of ``kernels_fp32.layer_norm_rows``."""
@@ -701,6 +711,7 @@ class LayerNorm(Binding):
         self.call_contiguous(ins, out)
 
 
+@binding
 class Binary(Binding):
     """Elementwise add/subtract/multiply/divide/maximum/minimum: same shapes, or a
     per-channel operand;
@@ -777,6 +788,7 @@ class Binary(Binding):
              np.minimum)[self.code](a, b, out=out)
 
 
+@binding
 class Activation(Binding):
     """The unary activations of the elementwise kernel, by the code the op's registry entry
     gives (``kernel_params``: ``code``, ``params(attrs) -> (p0, p1)``, ``integers`` when the
@@ -809,18 +821,20 @@ class Activation(Binding):
                                  out.reshape(-1))
 
 
+@binding
 class Elementwise(Binding):
     """A float32 elementwise op with a kernel of its own: ``kernel_params["fn"](x, out,
-    *params)`` on the flattened input and output, ``fn`` a function or its "module:name" (a
-    Numba or numpy function; see the registry's OpDef), ``params`` from
+    *params)`` on the flattened input and output, ``fn`` a function, the name of one in
+    ``kernels/fp32.py``, or "module:name" (a Numba or numpy function; see the registry's
+    OpDef), ``params`` from
     ``kernel_params["params"](attrs)`` (none by default)."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
         fn = op.kernel_params["fn"]
         if isinstance(fn, str):
-            module, _, name = fn.partition(":")
-            fn = getattr(importlib.import_module(module), name)
+            module, _, name = fn.rpartition(":")
+            fn = getattr(importlib.import_module(module) if module else k, name)
         self.fn = fn
         params = op.kernel_params.get("params")
         self.params = tuple(np.float32(p) for p in params(attrs)) if params else ()
@@ -841,6 +855,7 @@ class Elementwise(Binding):
         self.fn(np.ascontiguousarray(ins[0]).reshape(-1), out.reshape(-1), *self.params)
 
 
+@binding
 class Softmax(Binding):
     """nn.softmax and nn.log_softmax over the last axis: the entry's ``rows`` kernel
     (``kernels_fp32.softmax_rows``, ``log_softmax_rows``) on the rows."""
@@ -856,6 +871,7 @@ class Softmax(Binding):
                                                       out.reshape(-1, n))
 
 
+@binding
 class View(Binding):
     """reshape, batch_flatten, expand_dims, squeeze and identity annotations: no copy."""
 
@@ -871,6 +887,7 @@ class View(Binding):
         return ins[0].reshape(self.out_type.shape)
 
 
+@binding
 class StridedCopy(Binding):
     """An op whose result is a view of its operand, copied (transpose, strided_slice): the
     registry entry's ``view(x, **attrs)`` (the reference copies the same view) copied in one
@@ -896,6 +913,7 @@ class StridedCopy(Binding):
             np.copyto(out, self.op.kernel_params["view"](ins[0], **self.attrs))
 
 
+@binding
 class LayoutTransform(Binding):
     """layout_transform: channels moved last or first (NCHW <-> NHWC) as a tiled transpose
     of each image's (C, HW) plane; any other permutation of up to six axes one strided copy
@@ -903,7 +921,7 @@ class LayoutTransform(Binding):
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        from ..ops.tensor import layout_perm
+        from ...ops.tensor import layout_perm
         self.perm = layout_perm(attrs["src_layout"], attrs["dst_layout"])
         self.plane = None
         shape = in_types[0].shape
@@ -934,6 +952,7 @@ class LayoutTransform(Binding):
             np.copyto(out, ins[0].transpose(self.perm))
 
 
+@binding
 class Concatenate(Binding):
     """concatenate (any one dtype): each input copied into its slice of the output, one
     launch each."""
@@ -966,6 +985,7 @@ class Concatenate(Binding):
             kernel(*args)
 
 
+@binding
 class Pad(Binding):
     """nn.pad, constant mode, padding only the last two axes."""
 

@@ -25,13 +25,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .kernels_fp32 import clamp
-from .llvm_loops import (cpu_has, declare, gemm_definition, gemm_intrinsic, load_gemms,
+from .fp32 import clamp
+from ..codegen.llvm_loops import (cpu_has, declare, gemm_definition, gemm_intrinsic, load_gemms,
                          panel_gemm, splat)
 from .gather import (chunk_bounds, copy_windows, load_entry, next_work, own_rows,
                      plan_chunks, release, windows)
-from .launch import Driver, parallel
-from . import memory
+from ..codegen.launch import Driver, parallel
+from ..codegen import memory
 
 load_entry("float32")   # the gather of this module's kernels, on floats
 

@@ -13,10 +13,10 @@ import math
 import numpy as np
 from numba import njit
 
-from .depthwise_simd import call_sweep
-from .launch import parallel, share
-from .pool_simd import ROWS as POOL_ROWS
-from .serial import twin
+from .depthwise import call_sweep
+from ..codegen.launch import parallel, share
+from .pools import ROWS as POOL_ROWS
+from ..codegen.serial import twin
 
 
 @njit(inline="always")

@@ -77,10 +77,10 @@ import functools
 import numpy as np
 from numba import njit, prange
 
-from . import memory
-from .launch import Driver, parallel, share
+from ..codegen import memory
+from ..codegen.launch import Driver, parallel, share
 
-from .llvm_loops import (carried_loop, counted_loop, cpu_has, declare, gemm_definition,
+from ..codegen.llvm_loops import (carried_loop, counted_loop, cpu_has, declare, gemm_definition,
                          gemm_intrinsic, load_gemms, load_vectors, panel_gemm, splat,
                          while_loop)
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
@@ -88,7 +88,7 @@ from .gather import (LINE, _rows, load_entry, next_share, plan_shares, release, 
                      split_work, windows)
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
 from .vnni import requantize_params  # noqa: F401
-from .kernels_int8 import add_residual
+from .int8 import add_residual
 from .vnni import _finish, pack_panels, requantize_finish
 
 load_entry("uint8")   # the gather of this module's kernels, on bytes
