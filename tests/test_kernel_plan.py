@@ -16,7 +16,8 @@ from eqquant.ir.loader import save_program
 from eqquant.ir.parser import parse
 from eqquant.ir.printer import print_module
 from eqquant.runtime.execution.executor import Executor
-from eqquant.runtime.lowering.plan import Site, choose, options, plan_kernels, unplanned
+from eqquant.runtime.lowering.plan import (Site, choose, contenders, options, plan_kernels,
+                                          timed, unplanned)
 from eqquant.runtime.target import INT8_PATHS, KINDS, Target, current, gemm_kernel, int8_paths
 
 # a 3x3 convolution of 32 channels, a depthwise one and a dense layer of one row
@@ -71,8 +72,10 @@ def test_the_plan_names_every_sites_kernel_and_the_executor_runs_it():
     offered = current().int8      # (the host's, less what EQQUANT_INT8_KERNEL pins away)
     gemms = [gemm_kernel(p) for p in offered if p != "amx"]
     assert named[0] in gemms if gemms else named[0] == "portable"
-    if "vnni16" in offered:
-        assert named[0] == "x86.vnni16"
+    from eqquant.runtime.lowering.plan import speed
+    narrow = [gemm_kernel(p) for p in offered if p in ("vnni16", "avxvnni")]
+    if narrow:      # (32 channels: a narrow block pads none; the cheaper per the CPU's table)
+        assert named[0] == min(narrow, key=lambda k: speed(k, current()))
     ex = Executor(mod)
     assert [r["path"] for r in ex.kernel_plan() if r["op"] in ("fused.qconv2d", "qnn.dense")] \
         == named
@@ -236,3 +239,81 @@ def test_run_verbose_shows_each_sites_kernel(tmp_path, capsys, monkeypatch):
             "qnn.dense" in line]
     # (the columns after the path: layout, "dtype -> dtype", threads)
     assert [r[-6] for r in rows] == ["portable", "depthwise", "portable"]
+
+
+def test_the_tables_costs_follow_the_targets_cpu():
+    """A Zen 4 (LLVM's "znver4") runs AVX-512 on 256-bit units: there the 256-bit VNNI kernel
+    costs what the 512-bit one does per multiply-add and wins wherever it pads less; elsewhere
+    the table ranks as before. The CPU is part of the target, printed and round-tripped."""
+    generic = Target("every", INT8_PATHS, ("blas",))
+    zen4 = Target("every", INT8_PATHS, ("blas",), cpu="znver4")
+    narrow, wide = (Site("fused.qconv2d", c, 144, 1, False, False) for c in (16, 256))
+    assert choose(narrow, generic).kernel == "x86.vnni16"
+    assert choose(narrow, zen4).kernel == "x86.avxvnni"
+    assert choose(Site("fused.qconv2d", 96, 144, 1, False, False), zen4).kernel == \
+        "x86.avxvnni"
+    assert choose(wide, generic).kernel == choose(wide, zen4).kernel == "x86.vnni"
+    assert "on znver4" in zen4.describe()
+    here = Target("t", int8_paths(), ("blas",), cpu="znver4")
+    assert Target.from_json(here.to_json()) == here
+
+
+class _Stopwatch:
+    """A measured cost model's face to the plan: a time per kernel, None where it has none."""
+
+    def __init__(self, seconds):
+        self.seconds, self.asked = seconds, []
+
+    def measured_seconds(self, op, attrs, in_types, out_type, consts=frozenset()):
+        self.asked.append(attrs["kernel"])
+        return self.seconds.get(attrs["kernel"])
+
+
+def test_a_measured_plan_takes_the_fastest_contender_timed_at_the_site():
+    """With a measured cost model the table only names the contenders (within CONTENDERS
+    times its cheapest: never the portable loops beside a GEMM); the fastest of them timed
+    at the site is taken and the plan prints the times. Where one contender has no time the
+    table decides."""
+    every = Target("every", INT8_PATHS, ("blas",))
+    site = Site("fused.qconv2d", 24, 144, 1, False, False)
+    rivals = [o.kernel for o in contenders(options(site, every))]
+    assert "portable" not in rivals and "x86.vnni16" in rivals
+    times = {k: 1e-4 for k in rivals} | {"x86.avx2": 5e-5}
+    assert choose(site, every, opts=timed(options(site, every), times)).kernel == "x86.avx2"
+    del times["x86.vnni"]
+    assert choose(site, every, opts=timed(options(site, every), times)).kernel == \
+        "x86.vnni16"                                          # (the table's choice)
+    mod, _ = _program()
+    host = current()
+    watch = _Stopwatch({k: 1e-4 for k in host.int8_kernels()} | {"portable": 1e-6})
+    planned, decisions = plan_kernels(mod, host, watch)
+    first = decisions[0]
+    if host.int8:      # a GEMM runs the 3x3 convolution: the portable loops are not timed
+        assert next(o for o in first.options if o.kernel == "portable").seconds is None
+        timed_here = [o.kernel for o in first.options if o.seconds is not None]
+        assert first.chosen.kernel == timed_here[0]     # (all tie: the table's order)
+        assert all(k.startswith("x86.") for k in timed_here)
+        assert "fastest measured" in first.lines()[0] and "(100.0 us)" in first.lines()[1]
+    x = _x(6)
+    np.testing.assert_array_equal(Executor(planned, host).run(x), run(mod, x))
+
+
+def test_a_measured_plan_times_the_real_kernels(tmp_path, monkeypatch):
+    """With ``MeasuredCost`` the contenders are the executor's own kernels, timed at the site
+    and cached per CPU: the plan takes the fastest of those times and runs with the
+    reference's bits."""
+    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path))
+    from eqquant.runtime.execution.measured_cost import KernelTimes, MeasuredCost
+    mod, _ = _program()
+    model = MeasuredCost(KernelTimes(tmp_path / "times.json"))
+    planned, decisions = plan_kernels(mod, current(), model)
+    for d in decisions:
+        measured = [o for o in d.options if o.seconds is not None]
+        assert measured, d.lines()
+        assert d.chosen.seconds == min(o.seconds for o in measured)
+    x = _x(7)
+    np.testing.assert_array_equal(Executor(planned).run(x), run(mod, x))
+    model.flush()
+    again = MeasuredCost(KernelTimes(tmp_path / "times.json"), measure=False)
+    assert [d.chosen.kernel for d in plan_kernels(mod, current(), again)[1]] == \
+        [d.chosen.kernel for d in decisions]          # the times come back from the cache

@@ -393,10 +393,10 @@ def _optimize(model, params, rules, schedule, cost, extractor, iterations, node_
     from ..runtime.lowering.plan import planned, unplanned
     if replan:
         bound = unplanned(bound)
+    model = resolve_cost(cost).for_weights(constant_bytes(bound))
     return planned(optimize(bound, None, [load_rules(r) for r in rules], schedule=schedule,
-                            cost=resolve_cost(cost).for_weights(constant_bytes(bound)),
-                            extractor=extractor,
-                            limits=Limits(iterations, node_limit, time_limit)))
+                            cost=model, extractor=extractor,
+                            limits=Limits(iterations, node_limit, time_limit)), None, model)
 
 
 @cli.command()

@@ -281,7 +281,8 @@ def compile_layouts(mod: Module, cost: str | CostModel = "auto", target=None,
     NCHW form stays the interchange one (ONNX)."""
     from ..runtime.lowering.plan import planned
     from ..runtime.execution.measured_cost import resolve_cost
-    return planned(optimize(mod, None, LAYOUT_RULES, cost=resolve_cost(cost), why=why), target)
+    model = resolve_cost(cost)      # (a measured one also times each site's kernels)
+    return planned(optimize(mod, None, LAYOUT_RULES, cost=model, why=why), target, model)
 
 
 def _mixed_as_optimized(space, program: Module, marked: Module, cost) -> OptimizeResult:

@@ -75,12 +75,23 @@ def fp32_paths() -> tuple[str, ...]:
     return tuple(p for p in FP32_PATHS if p == "blas" or fma.available(p))
 
 
+def host_cpu() -> str:
+    """This CPU's name as LLVM knows it ("znver4", "sapphirerapids"; "generic" where
+    llvmlite cannot tell): what the kernel plan's costs may depend on (``SPEED_ON_CPU``)."""
+    try:
+        import llvmlite.binding as llvm
+        return str(llvm.get_host_cpu_name()) or "generic"
+    except Exception:  # noqa: BLE001 - no llvmlite, an odd platform
+        return "generic"
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
     int8: tuple[str, ...]     # SIMD GEMM paths offered, fastest first (none: portable only)
     fp32: tuple[str, ...]     # float convolution paths offered, fastest first
     executor: bool = False    # also offer the kernels only an executor runs (EXECUTOR_ONLY)
+    cpu: str = "generic"      # the CPU the kernels run on (LLVM's name): the plan's costs
 
     @property
     def int8_path(self) -> str:
@@ -103,15 +114,15 @@ class Target:
     def for_executor(self) -> "Target":
         """This target offering the executor-only kernels too (``--target NAME:executor``)."""
         return Target(self.name if self.executor else f"{self.name}:executor", self.int8,
-                      self.fp32, True)
+                      self.fp32, True, self.cpu)
 
     def describe(self) -> str:
-        return (f"target {self.name}: int8 {', '.join(self.int8_kernels())}; "
+        return (f"target {self.name} on {self.cpu}: int8 {', '.join(self.int8_kernels())}; "
                 f"fp32 {', '.join(self.fp32)}")
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "int8": list(self.int8), "fp32": list(self.fp32),
-                "executor": self.executor}
+                "executor": self.executor, "cpu": self.cpu}
 
     @classmethod
     def from_json(cls, data: Any) -> "Target":
@@ -119,7 +130,8 @@ class Target:
         error, as ``named``'s)."""
         try:
             t = cls(str(data["name"]), tuple(map(str, data["int8"])),
-                    tuple(map(str, data["fp32"])), bool(data.get("executor", False)))
+                    tuple(map(str, data["fp32"])), bool(data.get("executor", False)),
+                    str(data.get("cpu", host_cpu())))
         except (KeyError, TypeError) as e:
             raise EqquantError(f"not a target: {data!r} ({e})") from None
         _check(t.name, t.int8, int8_paths(), "int8")
@@ -154,7 +166,7 @@ class Target:
                                    f"{', '.join(fp32)}")
             fp32 = (pinned32,)
             name += f", EQQUANT_FP32_KERNEL={pinned32}"
-        return cls(name, int8, fp32)
+        return cls(name, int8, fp32, cpu=host_cpu())
 
     @classmethod
     def named(cls, name: str) -> "Target":
@@ -170,7 +182,7 @@ class Target:
         int8, fp32 = KINDS[name]
         _check(name, int8, int8_paths(), "int8")
         _check(name, fp32, fp32_paths(), "float")
-        return cls(name, int8, fp32)
+        return cls(name, int8, fp32, cpu=host_cpu())
 
 
 def _check(name: str, wanted, available, what: str) -> None:

@@ -195,6 +195,17 @@ class MeasuredCost(CostModel):
             return sum(self.instance_cost(o, a, ins, out, frozenset(
                 j for j, i in where.items() if i in consts))
                 for o, a, ins, out, where in unfused_calls(op, attrs, in_types))
+        t = self.measured_seconds(op, attrs, in_types, out_type, consts)
+        if t is not None:
+            return t
+        return self.fallback.op_cost(op, attrs, in_types, out_type)
+
+    def measured_seconds(self, op, attrs, in_types, out_type,
+                         consts=frozenset()) -> float | None:
+        """The instance's time on this CPU: from the cache, or timed now (``measure``); None
+        where it has none (not in a cache-only model's cache, or not runnable alone: why is
+        in ``estimated``). The kernel plan times each contending kernel of a site so
+        (``lowering/plan.py``)."""
         key = instance_key(op, attrs, in_types, out_type, frozenset(consts))
         resident = self._resident(in_types, consts)
         if resident:
@@ -219,7 +230,7 @@ class MeasuredCost(CostModel):
                     self.flush()
                 return t
         self.estimated.setdefault(key, "not in the cache")
-        return self.fallback.op_cost(op, attrs, in_types, out_type)
+        return None
 
     def flush(self) -> None:
         self.times.save()

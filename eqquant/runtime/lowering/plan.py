@@ -17,7 +17,8 @@ x86.amx         groups 1 and no weight zero points (dense: a   0.1 where K is a 
                                                                else 10; times the padding
 x86.vnni        as x86.amx                                     1 times the padding to 64 channels
 x86.vnni16      as x86.amx                                     1.15 times the padding to 16
-x86.avxvnni     as x86.amx                                     2 times the padding to 16
+x86.avxvnni     as x86.amx                                     2 times the padding to 16 (1 on
+                                                               an AMD Zen 4: ``SPEED_ON_CPU``)
 x86.avx2        as x86.amx                                     4 times the padding to 16
 x86.avx2.bytes  as x86.amx, rows of BYTES_FROM bytes or more;  3.7 times the padding to 16
                 an executor's only (not launches: offered by
@@ -26,6 +27,12 @@ depthwise       a depthwise convolution (one input channel     1
                 per group) whose taps fit 16 bits
 portable        every site                                     1000: the last resort
 ==============  =============================================  ==================================
+
+With a measured cost model (``--cost measured``, or ``auto`` once this CPU has times for the
+site's kernels), the table's costs only say which kernels contend (those within
+``CONTENDERS`` times the cheapest): each contender is timed at the site, as the executor runs
+it (``execution/timing.py``, cached per CPU with the other kernel times), and the fastest
+is taken; the plan prints the times. Where any contender has no time, the table decides.
 
 A cost is a time per useful multiply-add relative to the 512-bit VNNI kernel on whole blocks;
 the padding is the channels a kernel computes over those the layer has. The factors are
@@ -56,7 +63,15 @@ from ..target import Target, current, gemm_path
 
 SPEED = {"amx": 0.1, "vnni": 1.0, "vnni16": 1.15, "avxvnni": 2.0, "avx2": 4.0,
          "x86.avx2.bytes": 3.7}
+# where a CPU ranks them otherwise (by the target's CPU, LLVM's name for it): an AMD Zen 4
+# runs AVX-512 on 256-bit units, so the 256-bit VNNI kernel does as many multiply-adds a
+# cycle as the 512-bit one (MobileNet-v2's layers of 192 to 1280 channels within 1.5% of
+# each other, timed at the site) and pads less; the 512-bit kernel on blocks of 16 ran
+# 1.1-1.3x the 512-bit one's time on whole blocks
+SPEED_ON_CPU = {"znver4": {"avxvnni": 1.0, "vnni16": 1.2}}
 AMX_UNSUITED = 10.0     # the tiles on a layer they do not suit
+CONTENDERS = 8.0        # timed, with a measured cost model: the kernels within this factor of
+                        # the table's cheapest (the portable loops, at 1000, are not timed)
 DEPTHWISE = 1.0
 PORTABLE = 1000.0
 
@@ -89,6 +104,7 @@ class Option:
     kernel: str
     cost: float | None       # relative (see the table); None: it does not run this site
     why: str = ""            # why not, where it does not
+    seconds: float | None = None   # its time at the site on this CPU, where it was measured
 
 
 def site_of(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_type: Type,
@@ -119,7 +135,14 @@ def site_of(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_t
     return Site(op.name, o, cg * kh * kw, groups, bool(zw.any()), depthwise)
 
 
-def _gemm_option(kernel: str, site: Site) -> Option:
+def speed(kernel: str, target: Target) -> float:
+    """A SIMD GEMM kernel's cost per useful multiply-add on the target's CPU (the table)."""
+    path = gemm_path(kernel)
+    ranks = SPEED_ON_CPU.get(target.cpu, {})
+    return ranks.get(kernel, ranks.get(path, SPEED.get(kernel, SPEED[path])))
+
+
+def _gemm_option(kernel: str, site: Site, target: Target) -> Option:
     from ..kernels import simd_module
     path = gemm_path(kernel)
     simd = simd_module(path)
@@ -134,15 +157,15 @@ def _gemm_option(kernel: str, site: Site) -> Option:
         return Option(kernel, None, f"{site.channels} channels are no multiple of "
                                     f"{simd.BLOCK}")
     padding = -(-site.channels // simd.BLOCK) * simd.BLOCK / site.channels
-    speed = SPEED.get(kernel, SPEED[path])
+    per_mac = speed(kernel, target)
     if kernel == "x86.avx2.bytes" and site.rows is not None:
         return Option(kernel, None, "a convolution's driver (a dense layer here)")
     if kernel == "x86.avx2.bytes" and -(-site.depth // 4) * 4 < simd.BYTES_FROM:
         return Option(kernel, None, f"rows of {site.depth} bytes: the byte kernel pays from "
                                     f"{simd.BYTES_FROM}")
     if path == "amx" and not simd.suits(site.depth):
-        speed = AMX_UNSUITED
-    return Option(kernel, speed * padding)
+        per_mac = AMX_UNSUITED
+    return Option(kernel, per_mac * padding)
 
 
 def options(site: Site, target: Target) -> list[Option]:
@@ -153,7 +176,7 @@ def options(site: Site, target: Target) -> list[Option]:
         if not target.offers(kernel):
             out.append(Option(kernel, None, f"target {target.name} does not offer it"))
         elif gemm_path(kernel):
-            out.append(_gemm_option(kernel, site))
+            out.append(_gemm_option(kernel, site, target))
         elif kernel == "depthwise":
             out.append(Option(kernel, DEPTHWISE) if site.depthwise else Option(
                 kernel, None, "not a depthwise convolution with 16-bit taps"
@@ -163,16 +186,35 @@ def options(site: Site, target: Target) -> list[Option]:
     return out
 
 
-def choose(site: Site, target: Target, pinned: str = "") -> Option:
-    """The cheapest option the target offers for ``site`` (the first in the table's order on a
-    tie), or the ``pinned`` one, which must run it (``KernelError`` says why not)."""
-    opts = options(site, target)
+def contenders(opts: Sequence[Option]) -> list[Option]:
+    """The options worth timing: those that run the site at most CONTENDERS times the table's
+    cheapest."""
+    running = [o for o in opts if o.cost is not None]
+    best = min(o.cost for o in running)
+    return [o for o in running if o.cost <= CONTENDERS * best]
+
+
+def timed(opts: Sequence[Option], seconds: Mapping[str, float | None]) -> list[Option]:
+    """``opts`` with their measured ``seconds`` (kernel -> time, None where not measured)."""
+    import dataclasses
+    return [dataclasses.replace(o, seconds=seconds.get(o.kernel)) for o in opts]
+
+
+def choose(site: Site, target: Target, pinned: str = "",
+           opts: Sequence[Option] | None = None) -> Option:
+    """The option the target offers for ``site``: the fastest measured where every contender
+    has a time (``timed``), else the cheapest by the table (the first in the table's order on a
+    tie); or the ``pinned`` one, which must run it (``KernelError`` says why not)."""
+    opts = list(opts) if opts is not None else options(site, target)
     if pinned:
         chosen = next(o for o in opts if o.kernel == pinned)
         if chosen.cost is None:
             raise KernelError(f'{site.op}: kernel="{pinned}" cannot run this site '
                               f"({site.describe()}): {chosen.why}")
         return chosen
+    rivals = contenders(opts)
+    if all(o.seconds is not None for o in rivals):
+        return min(rivals, key=lambda o: o.seconds)
     return min((o for o in opts if o.cost is not None), key=lambda o: o.cost)
 
 
@@ -197,10 +239,13 @@ class Decision:
     def lines(self) -> list[str]:
         """The decision as the kernel plan's table prints it: the kernel and why (the costs of
         the kernels that run the site, what keeps the others out)."""
-        how = "pinned in the program" if self.pinned else "cheapest"
+        how = ("pinned in the program" if self.pinned else
+               "fastest measured" if self.chosen.seconds is not None else "cheapest")
         out = [f"  {self.label} = {self.site.op} ({self.site.describe()}): "
                f"{self.chosen.kernel} ({how})"]
-        runs = [f"{o.kernel} {o.cost:.3g}" for o in self.options if o.cost is not None]
+        runs = [f"{o.kernel} {o.cost:.3g}" + (f" ({o.seconds * 1e6:.1f} us)"
+                                               if o.seconds is not None else "")
+                for o in self.options if o.cost is not None]
         out.append(f"      runs it: {', '.join(runs)}")
         kept_out: dict[str, list[str]] = {}     # why -> the kernels it keeps out
         for o in self.options:
@@ -211,9 +256,11 @@ class Decision:
         return out
 
 
-def plan_kernels(mod: Module, target: Target | None = None) -> tuple[Module, list[Decision]]:
+def plan_kernels(mod: Module, target: Target | None = None,
+                 cost: Any = None) -> tuple[Module, list[Decision]]:
     """``mod`` with a kernel named at every call site that has one to choose (the cheapest its
-    target offers; one already named is kept where it runs the site, else a ``KernelError``
+    target offers, or with a measured ``cost`` model the fastest of the contenders timed at
+    the site; one already named is kept where it runs the site, else a ``KernelError``
     located at the site), and the decisions, in program order."""
     from ...ir.printer import value_labels
     from ...ir.typecheck import infer_types
@@ -235,13 +282,19 @@ def plan_kernels(mod: Module, target: Target | None = None) -> tuple[Module, lis
             return None
         pinned = node.attrs[KERNEL]
         label = labels.get(id(node), node.op.name)
+        opts = options(site, target)
+        measured = getattr(cost, "measured_seconds", None)
+        if measured is not None and not pinned:
+            in_types = [types[id(a)] for a in node.args]
+            opts = timed(opts, {o.kernel: measured(
+                node.op, {**node.attrs, KERNEL: o.kernel}, in_types, types[id(node)],
+                frozenset(consts)) for o in contenders(opts)})
         try:
-            chosen = choose(site, target, pinned)
+            chosen = choose(site, target, pinned, opts)
         except KernelError as e:
             raise KernelError(f"{label} = {e.message} (a plan made for another CPU or "
                               "target: --replan plans it again here)", node.loc) from None
-        decisions.append(Decision(label, site, chosen, bool(pinned),
-                                  tuple(options(site, target))))
+        decisions.append(Decision(label, site, chosen, bool(pinned), tuple(opts)))
         if pinned:
             return None
         attrs = freeze_attrs({**node.attrs, KERNEL: chosen.kernel})
@@ -271,14 +324,15 @@ def unplanned(mod: Module) -> Module:
     return Module(functions, version=mod.version)
 
 
-def planned(result, target: Target | None = None):
+def planned(result, target: Target | None = None, cost: Any = None):
     """An ``optimizer.OptimizeResult`` with its program's kernels planned for ``target``
-    (``plan_kernels``), the decisions and their table kept for ``explain()``."""
+    (``plan_kernels``, timing the contenders with a measured ``cost`` model), the decisions
+    and their table kept for ``explain()``."""
     import dataclasses
     import time
     target = target or current()
     t = time.perf_counter()
-    mod, decisions = plan_kernels(result.module, target)
+    mod, decisions = plan_kernels(result.module, target, cost)
     seconds = {**result.seconds, "kernels": time.perf_counter() - t}
     return dataclasses.replace(result, module=mod, kernel_plan=decisions, seconds=seconds,
                                kernel_table=plan_table(decisions, target))
@@ -287,8 +341,8 @@ def planned(result, target: Target | None = None):
 def plan_table(decisions: Sequence[Decision], target: Target | None = None) -> str:
     """The kernel plan as ``extract --explain`` prints it: per site, the kernel and why (the
     costs of the kernels that run it, what keeps the others out)."""
-    lines = [(target or current()).describe(), "kernel plan (relative cost per multiply-add; "
-             "runtime/lowering/plan.py):"]
+    lines = [(target or current()).describe(), "kernel plan (relative cost per multiply-add, "
+             "and the time at the site where measured; runtime/lowering/plan.py):"]
     if not decisions:
         lines.append("  (no site chooses a kernel)")
     for d in decisions:
