@@ -338,11 +338,12 @@ def structural_equal(a: Module | Expr, b: Module | Expr, names: bool = True) -> 
     return m.expr(a, b)
 
 
-def rewrite(root: Expr, visit) -> Expr:
+def rewrite(root: Expr, visit, new: dict[int, Expr] | None = None) -> Expr:
     """Rebuild ``root`` bottom-up, inner function bodies included. ``visit(node,
     new_children)`` returns the replacement of ``node`` or None to keep it (rebuilt only if a
-    child changed). Sharing is kept."""
-    new: dict[int, Expr] = {}
+    child changed). Sharing is kept. ``new``, where given, receives each node's id -> the
+    node that stands for it in the result."""
+    new = {} if new is None else new
     for node in post_order(root):
         children = tuple(new[id(c)] for c in node.children())
         if isinstance(node, Function):

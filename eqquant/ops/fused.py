@@ -15,7 +15,7 @@ from ..core.nodes import Call, Expr, freeze_attrs
 from ..core.types import TensorType
 from . import numerics
 from .attrs import FLOAT_F, Attr, StrKind
-from .nn import CONV2D_ATTRS, conv2d_flops, conv2d_rel, conv_channels_last, dense, dense_rel
+from .nn import CONV2D_ATTRS, FP32_KERNEL_ATTR, conv2d_flops, conv2d_rel, conv_channels_last, dense, dense_rel
 from .onnx_conventions import conv_to_onnx
 from .registry import COMPUTE, OnnxForm, OpDef, OpTypeError, get_op, register
 from .typerel import broadcast_shapes, tensor
@@ -117,7 +117,7 @@ register(OpDef(
     "fused.conv2d", inputs=("data", "weight", "bias"), props=frozenset({COMPUTE, FUSED}),
     kernel="Conv2D", channels_last=conv_channels_last,
     onnx=(OnnxForm("Conv", reads=False, export=_conv_to_onnx),),
-    attrs=CONV2D_ATTRS + EPILOGUE_ATTRS,
+    attrs=CONV2D_ATTRS + EPILOGUE_ATTRS + (FP32_KERNEL_ATTR,),
     type_rel=lambda types, attrs: _epilogue_rel(conv2d_rel(types[:2], attrs), types, attrs),
     semantics=_conv_semantics, flops=conv2d_flops, unfuse=_unfuse("nn.conv2d", CONV_NAMES),
     doc="activation(conv2d(data, weight) + bias): a convolution with its epilogue"))
@@ -171,7 +171,7 @@ register(OpDef(
     props=frozenset({COMPUTE, FUSED}),
     kernel="Conv2DAdd", channels_last=conv_channels_last,
     onnx=(OnnxForm("Conv", reads=False, export=_conv_add_to_onnx),),
-    attrs=CONV2D_ATTRS + EPILOGUE_ATTRS, type_rel=_conv_add_rel,
+    attrs=CONV2D_ATTRS + EPILOGUE_ATTRS + (FP32_KERNEL_ATTR,), type_rel=_conv_add_rel,
     semantics=_conv_add_semantics, unfuse=_unfuse_conv_add,
     flops=lambda ins, out, attrs: conv2d_flops(ins, out, attrs) + out.size,
     doc="activation(conv2d(data, weight) + bias + residual): a convolution whose epilogue "

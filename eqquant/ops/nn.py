@@ -10,7 +10,7 @@ from .attrs import (BOOL, DTYPE, FLOAT, INT, OPT_INT, OPT_PAIR, PAD_WIDTH, PADDI
                     StrKind)
 from .onnx_conventions import (OnnxFormError, conv_to_onnx, pads, rank4, text, window,
                                window_to_onnx)
-from .registry import (COMPUTE, POOL, SELECTS, OnnxForm, OpDef, OpTypeError, RelaxForm,
+from .registry import (COMPUTE, KERNEL, POOL, SELECTS, OnnxForm, OpDef, OpTypeError, RelaxForm,
                        register)
 from .typerel import broadcast_shapes, compute_dtypes, norm_axis, tensor, tuple_of
 
@@ -70,6 +70,15 @@ CONV2D_ATTRS = (Attr("strides", PAIR, [1, 1]), Attr("padding", PADDING2D, [0, 0,
                 Attr("kernel_layout", KERNEL_LAYOUT, "OIHW"),
                 Attr("out_layout", OUT_LAYOUT, ""), Attr("out_dtype", DTYPE, ""))
 
+# The kernels a float convolution may run on (``kernel="x86.avx512"``): the FMA GEMMs, 512-
+# and 256-bit, with the window gather and the epilogue fused; im2col and numpy's BLAS; the
+# direct kernel of grouped and depthwise convolutions. As for the int8 ones
+# (``qnn.INT8_KERNELS``), which apply, what each costs and which a CPU runs is the
+# lowering's (``runtime/lowering/plan.py``); "" leaves the choice to the target's plan. The
+# FMA GEMMs sum in another order than BLAS: the kernels agree to float32 rounding.
+FP32_KERNELS = ("x86.avx512", "x86.fma", "blas", "direct")
+FP32_KERNEL_ATTR = Attr(KERNEL, StrKind("kernel", ("",) + FP32_KERNELS), "")
+
 
 def conv2d_flops(ins, out, attrs) -> float:
     """Two per multiply-add: each output element reads one weight row (weight / O)."""
@@ -111,7 +120,7 @@ def conv_channels_last(attrs, in_types) -> bool:
 
 register(OpDef(
     "nn.conv2d", inputs=("data", "weight"), props=frozenset({COMPUTE}),
-    kernel="Conv2D", attrs=CONV2D_ATTRS,
+    kernel="Conv2D", attrs=CONV2D_ATTRS + (FP32_KERNEL_ATTR,),
     channels_last=conv_channels_last,
     onnx=(OnnxForm("Conv", convert=_conv_from_onnx, export=_conv_to_onnx),),
     type_rel=conv2d_rel, semantics=numerics.conv2d, flops=conv2d_flops,

@@ -29,7 +29,7 @@ from ..ir.typecheck import Inferer
 from ..core.types import TensorType
 from ..ops.attrs import (AttrKind, BoolKind, DTypeKind, FloatKind, IntKind, IntsKind,
                          OptionalKind, REQUIRED, StrKind)
-from ..ops.registry import QUANT, OpDef, OpTypeError, get_op
+from ..ops.registry import KERNEL, QUANT, OpDef, OpTypeError, get_op
 from .guards import AttrIs
 from .ast import (TERMS, AttrLit, AttrVar, PCall, PLit, PMap, PProj, PTuple, PVar, Pattern, Rule,
                   RuleSet,
@@ -281,8 +281,8 @@ class _Instance:
             for k, v in given.items():
                 if isinstance(v, AttrVar):
                     self.attrs.setdefault(v.name, canon[k])
-            if p.rest:
-                self.rests[p.rest] = canon
+            if p.rest:          # (never the kernel: as the compiled rule, ``compile.py``)
+                self.rests[p.rest] = {k: v for k, v in canon.items() if k != KERNEL}
             return node
         raise _NoInstance(f"no well-typed instance found for {op.name} in {self.rule.name}")
 

@@ -7,7 +7,8 @@
           :ruleset rs.simplify :name "add_zero")
 
 Attributes the left side does not name become fresh variables (``..?rest`` collects them and
-carries them to calls of the right side); ``where`` bindings are substituted; a rule over an
+carries them to calls of the right side, all but the kernel a call runs on: a call the right
+side builds is planned anew); ``where`` bindings are substituted; a rule over an
 op set (``{nn.relu, clip}``) becomes one egglog rule per op; a ``<=>`` rule adds its reverse;
 guards become query facts, each by its class (``(is-const ?w)``, ``(= (dtype-of ?x)
 "float32")``: eqquant/rules/guards.py). A weak literal
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from ..egraph.encode import list_term
 from ..egraph.schema import attr_sort, egg_name, egg_string, encode_attr, scalar_text
 from ..ops.attrs import REQUIRED
-from ..ops.registry import OpDef
+from ..ops.registry import KERNEL, OpDef
 from .ast import (AttrLit, AttrVar, PCall, PLit, PMap, PProj, PTuple, PVar, Pattern, Rule,
                   RuleSet, expansions, walk)
 from ..errors import RuleError
@@ -120,7 +121,8 @@ class _Side:
                 term = v.name
             else:
                 term = f"?_a{next(self.fresh)}"
-            rest[spec.name] = (term, sort)
+            if spec.name != KERNEL:      # (a rest carries what an op computes, not how it
+                rest[spec.name] = (term, sort)   # runs: a call built anew is planned anew)
             attrs.append(term)
         if p.rest:
             self.rests[p.rest] = rest

@@ -108,8 +108,12 @@ class Target:
             if self.executor else ()
         return tuple(gemm_kernel(p) for p in self.int8) + extra + ALWAYS
 
+    def fp32_kernels(self) -> tuple[str, ...]:
+        """The float convolution kernel names offered, fastest first."""
+        return tuple(f"x86.{p}" for p in self.fp32 if p != "blas") + ("blas", "direct")
+
     def offers(self, kernel: str) -> bool:
-        return kernel in self.int8_kernels()
+        return kernel in self.int8_kernels() or kernel in self.fp32_kernels()
 
     def for_executor(self) -> "Target":
         """This target offering the executor-only kernels too (``--target NAME:executor``)."""

@@ -70,7 +70,9 @@ class Executor:
 
     def _build(self, module: Module) -> None:
         from ..lowering.plan import plan_kernels
-        flat, self.kernel_decisions = plan_kernels(inline_calls(module), self.target)
+        planned: dict[int, Expr] = {}      # a node of ``module`` -> its planned form
+        flat, self.kernel_decisions = plan_kernels(inline_calls(module), self.target,
+                                                   new=planned)
         self.module = flat
         types = infer_types(flat)
         body = flat.main.body
@@ -103,7 +105,9 @@ class Executor:
                                                                                 None))
         self.out_slot = slot[id(body)]
         self.types = {slot[id(n)]: types[id(n)] for n in order}
-        self.slots = slot                  # id(node of self.module) -> its value's slot
+        # id(node of self.module, or of the module given) -> its value's slot
+        self.slots = {**{i: slot[id(n)] for i, n in planned.items() if id(n) in slot},
+                      **slot}
         self.step_of = {st.output: i for i, st in enumerate(self.steps)}
         self._extra_slots = itertools.count(len(self.types))   # with_constant's constants
         self._plan()
@@ -282,7 +286,8 @@ class Executor:
     # -- partial runs: a run's values kept, one changed, only what reads it run again --------
 
     def slot(self, node: Expr) -> int:
-        """The slot of ``node``'s value (a node of the module the executor was made from)."""
+        """The slot of ``node``'s value (a node of the module the executor was made from, or
+        of its planned form)."""
         if id(node) not in self.slots:
             raise EvalError(f"{type(node).__name__} is not a value of this executor's program",
                             getattr(node, "loc", None))

@@ -260,6 +260,7 @@ class Conv2D(_Spatial):
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
+        in_types_given, out_type_given, consts_given = in_types, out_type, consts
         if self.nhwc:
             in_types, out_type, consts = _as_nchw(in_types, out_type, consts)
         w = consts[1] if 1 in consts else None
@@ -281,17 +282,21 @@ class Conv2D(_Spatial):
                 consts[2].reshape(-1), (o,)), dtype=np.float32)
         elif len(in_types) == 2:
             self.bias_vec = np.zeros(o, np.float32)
-        # an FMA GEMM with the window gather and the epilogue in one parallel region, where
-        # the CPU has AVX2 and FMA (EQQUANT_FP32_KERNEL=blas keeps im2col + BLAS)
+        # the site's kernel (the plan's, ``plan.py``): an FMA GEMM with the window gather and
+        # the epilogue in one parallel region, im2col + BLAS, or the direct kernel
+        from .plan import resolve
+        self.kernel = resolve(op, attrs, in_types_given, out_type_given, consts_given) or \
+            ("direct" if self.direct else "blas")
+        self.direct = self.kernel == "direct"     # (one channel in and out: a GEMM's too)
+        self.depthwise = self.depthwise and self.direct
         self.fma = None
-        path = fp32_path()
-        if path != "blas" and w is not None and self.groups == 1 and \
-                not self.depthwise and self.bias_vec is not None:
+        if self.kernel in ("x86.avx512", "x86.fma"):
             from ..kernels import fma
             self.fma = fma
             self.packed = fma.pack(np.ascontiguousarray(   # (tap, channel): as rows gather
-                w.transpose(0, 2, 3, 1).reshape(o, -1), dtype=np.float32), path)
-        self.fp32_path = path if self.fma is not None else None if self.direct else "blas"
+                w.transpose(0, 2, 3, 1).reshape(o, -1), dtype=np.float32), self.kernel[4:])
+        self.fp32_path = self.kernel[4:] if self.fma is not None else None if self.direct \
+            else "blas"
         # the weights as the NCHW kernels read them, where those run (the FMA kernel reads
         # its panels only: ResNet-18's 47 MB were copied to no use at each load)
         self.w = self._pack(w) if w is not None and self.fma is None else None

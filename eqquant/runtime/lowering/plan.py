@@ -5,9 +5,11 @@
     resolve(op, attrs, in_types, out_type, consts)    # one site's kernel (a binding asks)
 
 An op whose registry entry has a ``kernel`` attribute (the int8 convolutions and dense layers:
-``ops.qnn.INT8_KERNELS``) names at each call site the kernel it runs on. Every kernel gives the
-same bits (the tests check each, bit for bit); they differ in where they apply and in what they
-cost. This table is where both are said, and the only place a kernel is chosen:
+``ops.qnn.INT8_KERNELS``; the float convolutions: ``ops.nn.FP32_KERNELS``) names at each call
+site the kernel it runs on. Every int8 kernel gives the same bits (the tests check each, bit
+for bit), every float one the reference's numbers to float32 rounding; they differ in where
+they apply and in what they cost. These tables are where both are said, and the only place a
+kernel is chosen. The int8 kernels:
 
 ==============  =============================================  ==================================
 kernel          applies to                                     relative cost
@@ -26,6 +28,19 @@ x86.avx2.bytes  as x86.amx, rows of BYTES_FROM bytes or more;  3.7 times the pad
 depthwise       a depthwise convolution (one input channel     1
                 per group) whose taps fit 16 bits
 portable        every site                                     1000: the last resort
+==============  =============================================  ==================================
+
+The float convolutions' kernels:
+
+==============  =============================================  ==================================
+kernel          applies to                                     relative cost
+==============  =============================================  ==================================
+x86.avx512      groups 1, the bias constant and one per        1 times the padding to 32 channels
+                channel (or none)
+x86.fma         as x86.avx512                                  1.3 times the padding to 16
+blas            groups 1 (im2col and numpy's BLAS: not         100: the last resort where a GEMM
+                launches, so a library cannot hold it)         runs the site
+direct          grouped and depthwise convolutions             1
 ==============  =============================================  ==================================
 
 With a measured cost model (``--cost measured``, or ``auto`` once this CPU has times for the
@@ -57,6 +72,7 @@ import numpy as np
 from ...core.nodes import Call, Constant, Expr, Function, Module, Scalar, freeze_attrs, rewrite
 from ...core.types import Type
 from ...errors import KernelError
+from ...ops.nn import FP32_KERNELS
 from ...ops.qnn import INT8_KERNELS
 from ...ops.registry import KERNEL, OpDef
 from ..target import Target, current, gemm_path
@@ -74,6 +90,9 @@ CONTENDERS = 8.0        # timed, with a measured cost model: the kernels within 
                         # the table's cheapest (the portable loops, at 1000, are not timed)
 DEPTHWISE = 1.0
 PORTABLE = 1000.0
+FP32_SPEED = {"avx512": 1.0, "fma": 1.3}    # the float GEMMs, per multiply-add
+BLAS = 100.0      # (numpy's BLAS is not launches: no library saved ahead of time holds it)
+DIRECT = 1.0
 
 
 @dataclass(frozen=True)
@@ -87,11 +106,16 @@ class Site:
     zero_points: bool        # the weights have zero points other than 0
     depthwise: bool          # one input channel per group, the taps within 16 bits
     rows: int | None = None  # a dense layer's batch (the GEMM's rows)
+    float: bool = False      # a float convolution (``FP32_KERNELS``), else an int8 site
+    bias: bool = True        # (float) the bias constant and per channel, or none
 
     def describe(self) -> str:
         shape = f"{self.channels} outputs x K {self.depth}"
         if self.rows is not None:
             shape += f", {self.rows} rows"
+        if self.float:
+            shape = "float, " + shape + ("" if self.bias else ", a bias that is not one "
+                                         "constant per channel")
         if self.depthwise:
             shape += ", depthwise"
         elif self.groups > 1:
@@ -114,6 +138,8 @@ def site_of(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_t
     points are not constants: it runs on its reference semantics)."""
     if KERNEL not in op.attr_map:
         return None
+    if "kernel_zero_point" not in op.inputs:
+        return _float_site(op, attrs, in_types, out_type, consts)
     wi, zi = op.inputs.index("weight"), op.inputs.index("kernel_zero_point")
     if wi not in consts or zi not in consts:
         return None
@@ -133,6 +159,42 @@ def site_of(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_t
         taps = w.astype(np.int64).reshape(o, -1) - np.broadcast_to(zw, (o,)).reshape(o, 1)
         depthwise = int(np.abs(taps).max(initial=0)) <= TAP_MAX
     return Site(op.name, o, cg * kh * kw, groups, bool(zw.any()), depthwise)
+
+
+def _float_site(op: OpDef, attrs, in_types, out_type, consts) -> Site | None:
+    """A float convolution's site (None where its weights are not a constant: the binding
+    runs BLAS or the direct kernel on them as they come)."""
+    from ...ops.numerics import to_oihw
+    from .fp32 import _per_channel, _per_channel_last
+    if op.inputs.index("weight") not in consts or "groups" not in attrs:
+        return None
+    o, cg, kh, kw = to_oihw(np.asarray(consts[1]), attrs["kernel_layout"]).shape
+    groups = attrs["groups"]
+    last = attrs["data_layout"] == "NHWC"
+    channels = in_types[0].shape[3 if last else 1]
+    along = _per_channel_last if last else _per_channel
+    bias = "bias" not in op.inputs or (2 in consts and along(tuple(np.shape(consts[2])),
+                                                             out_type.shape))
+    return Site(op.name, o, cg * kh * kw, groups, False,
+                cg == 1 and groups == channels and groups > 1, float=True, bias=bias)
+
+
+def _float_option(kernel: str, site: Site, target: Target) -> Option:
+    if kernel == "direct":
+        return Option(kernel, DIRECT) if site.groups > 1 else Option(
+            kernel, None, "the direct kernel runs grouped convolutions (groups 1 here)")
+    if site.groups > 1:
+        return Option(kernel, None, f"a GEMM runs groups 1 ({site.groups} groups here)")
+    if kernel == "blas":
+        return Option(kernel, BLAS)
+    if not site.bias:
+        return Option(kernel, None, "the FMA GEMM's epilogue adds one constant bias per "
+                                    "channel")
+    from ..kernels.fma import block_of
+    path = kernel[4:]
+    block = block_of(path)
+    padding = -(-site.channels // block) * block / site.channels
+    return Option(kernel, FP32_SPEED[path] * padding)
 
 
 def speed(kernel: str, target: Target) -> float:
@@ -172,9 +234,11 @@ def options(site: Site, target: Target) -> list[Option]:
     """Every kernel of the site's op, in the table's order: its cost, or why it does not run
     the site."""
     out = []
-    for kernel in INT8_KERNELS:
+    for kernel in FP32_KERNELS if site.float else INT8_KERNELS:
         if not target.offers(kernel):
             out.append(Option(kernel, None, f"target {target.name} does not offer it"))
+        elif site.float:
+            out.append(_float_option(kernel, site, target))
         elif gemm_path(kernel):
             out.append(_gemm_option(kernel, site, target))
         elif kernel == "depthwise":
@@ -256,12 +320,13 @@ class Decision:
         return out
 
 
-def plan_kernels(mod: Module, target: Target | None = None,
-                 cost: Any = None) -> tuple[Module, list[Decision]]:
+def plan_kernels(mod: Module, target: Target | None = None, cost: Any = None,
+                 new: dict[int, Expr] | None = None) -> tuple[Module, list[Decision]]:
     """``mod`` with a kernel named at every call site that has one to choose (the cheapest its
     target offers, or with a measured ``cost`` model the fastest of the contenders timed at
     the site; one already named is kept where it runs the site, else a ``KernelError``
-    located at the site), and the decisions, in program order."""
+    located at the site), and the decisions, in program order. ``new``, where given,
+    receives each node's id -> the node standing for it in the planned program."""
     from ...ir.printer import value_labels
     from ...ir.typecheck import infer_types
     target = target or current()
@@ -301,7 +366,7 @@ def plan_kernels(mod: Module, target: Target | None = None,
         return Call(op=node.op, args=children, attrs=attrs, name=node.name, loc=node.loc,
                     origin=node.origin)
 
-    body = rewrite(fn.body, visit)
+    body = rewrite(fn.body, visit, new)
     main = Function(params=fn.params, body=body, ret_type=fn.ret_type, attrs=fn.attrs,
                     name=fn.name, loc=fn.loc)
     return Module({**mod.functions, "main": main}, version=mod.version), decisions
@@ -333,6 +398,8 @@ def planned(result, target: Target | None = None, cost: Any = None):
     target = target or current()
     t = time.perf_counter()
     mod, decisions = plan_kernels(result.module, target, cost)
+    if hasattr(cost, "flush"):
+        cost.flush()            # (the kernels it timed, kept for the next plan)
     seconds = {**result.seconds, "kernels": time.perf_counter() - t}
     return dataclasses.replace(result, module=mod, kernel_plan=decisions, seconds=seconds,
                                kernel_table=plan_table(decisions, target))
