@@ -587,6 +587,10 @@ class _PerImage(_Spatial):
                 return in_order([bound(*call) for call in calls])
         return super().prepare(ins, out)
 
+    def __call__(self, ins, out):
+        for kernel, args in self.image_calls(np.ascontiguousarray(ins[0]), out):
+            kernel(*args)
+
 
 @binding
 class MaxPool2D(_PerImage):
@@ -607,10 +611,6 @@ class MaxPool2D(_PerImage):
         lowest = dtype.type(-np.inf) if dtype.kind == "f" else np.iinfo(dtype).min
         return [(k.max_pool, (x[b], kh, kw, sh, sw, pt, pl, dh, dw, dtype.type(lowest),
                               out[b])) for b in range(x.shape[0])]
-
-    def __call__(self, ins, out):
-        for kernel, args in self.image_calls(np.ascontiguousarray(ins[0]), out):
-            kernel(*args)
 
 
 def _pool_dtypes(in_types, out_type) -> bool:
@@ -638,10 +638,6 @@ class AvgPool2D(_Averaging):
                           bool(self.attrs["count_include_pad"]), view(out[b])))
                 for b in range(x.shape[0])]
 
-    def __call__(self, ins, out):
-        for kernel, args in self.image_calls(np.ascontiguousarray(ins[0]), out):
-            kernel(*args)
-
 
 @binding
 class GlobalAvgPool2D(_Averaging):
@@ -653,10 +649,6 @@ class GlobalAvgPool2D(_Averaging):
         return [(sized(k.global_avg_pool_channels_last, x[b].size),
                  (x[b].reshape(-1, x.shape[3]), out[b].reshape(-1)))
                 for b in range(x.shape[0])]
-
-    def __call__(self, ins, out):
-        for kernel, args in self.image_calls(np.ascontiguousarray(ins[0]), out):
-            kernel(*args)
 
 
 @binding
