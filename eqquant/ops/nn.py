@@ -70,8 +70,8 @@ CONV2D_ATTRS = (Attr("strides", PAIR, [1, 1]), Attr("padding", PADDING2D, [0, 0,
                 Attr("kernel_layout", KERNEL_LAYOUT, "OIHW"),
                 Attr("out_layout", OUT_LAYOUT, ""), Attr("out_dtype", DTYPE, ""))
 
-# The kernels a float convolution may run on (``kernel="x86.avx512"``): the FMA GEMMs, 512-
-# and 256-bit, with the window gather and the epilogue fused; im2col and numpy's BLAS; the
+# The kernels a float convolution or dense layer may run on (``kernel="x86.avx512"``): the FMA
+# GEMMs, 512- and 256-bit, with the window gather and the epilogue fused; im2col and numpy's BLAS; the
 # direct kernel of grouped and depthwise convolutions. As for the int8 ones
 # (``qnn.INT8_KERNELS``), which apply, what each costs and which a CPU runs is the
 # lowering's (``runtime/lowering/plan.py``); "" leaves the choice to the target's plan. The
@@ -425,7 +425,8 @@ register(OpDef("nn.dense", inputs=("data", "weight"), props=frozenset({COMPUTE})
                               ex.emit("Gemm", ins[:2], transB=1)),
                      OnnxForm("MatMul", convert=_matmul_from_onnx)),
                kernel="Dense",
-               attrs=(Attr("units", OPT_INT, None), Attr("out_dtype", DTYPE, "")),
+               attrs=(Attr("units", OPT_INT, None), Attr("out_dtype", DTYPE, ""),
+                      FP32_KERNEL_ATTR),
                type_rel=dense_rel, semantics=dense, doc="x @ weight.T, weight is (units, K)",
                flops=lambda ins, out, a: 2.0 * out.size * ins[1].shape[1]))
 

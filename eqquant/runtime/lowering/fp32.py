@@ -511,14 +511,20 @@ class Dense(Binding):
                 np.asarray(consts[2]).reshape(-1), (units,)), dtype=np.float32)
         else:
             self.bias = np.zeros(units, np.float32)
-        path = fp32_path()
+        from .plan import resolve          # the site's kernel (the plan's, ``plan.py``)
+        self.kernel = resolve(op, attrs, in_types, out_type, consts) or "blas"
         self.fma = None
-        if path == "blas":
-            self.wt = np.ascontiguousarray(consts[1].T, dtype=np.float32)
-        else:
+        if self.kernel in ("x86.avx512", "x86.fma"):
             from ..kernels import fma
             self.fma = fma
-            self.packed = fma.pack(np.ascontiguousarray(consts[1], dtype=np.float32), path)
+            self.packed = fma.pack(np.ascontiguousarray(consts[1], dtype=np.float32),
+                                   self.kernel[4:])
+        else:
+            self.wt = np.ascontiguousarray(consts[1].T, dtype=np.float32)
+
+    @property
+    def path(self) -> str | None:
+        return self.kernel[4:] if self.fma is not None else "blas"
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:

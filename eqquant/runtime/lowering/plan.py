@@ -30,7 +30,7 @@ depthwise       a depthwise convolution (one input channel     1
 portable        every site                                     1000: the last resort
 ==============  =============================================  ==================================
 
-The float convolutions' kernels:
+The float convolutions' and dense layers' kernels:
 
 ==============  =============================================  ==================================
 kernel          applies to                                     relative cost
@@ -162,12 +162,16 @@ def site_of(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_t
 
 
 def _float_site(op: OpDef, attrs, in_types, out_type, consts) -> Site | None:
-    """A float convolution's site (None where its weights are not a constant: the binding
-    runs BLAS or the direct kernel on them as they come)."""
+    """A float convolution's or dense layer's site (None where its weights are not a
+    constant: the binding runs BLAS or the direct kernel on them as they come)."""
     from ...ops.numerics import to_oihw
     from .fp32 import _per_channel, _per_channel_last
-    if op.inputs.index("weight") not in consts or "groups" not in attrs:
+    if op.inputs.index("weight") not in consts:
         return None
+    if "groups" not in attrs:          # a dense layer: (units, K); any bias its binding takes
+        units, depth = np.shape(consts[1])
+        return Site(op.name, units, depth, 1, False, False,
+                    int(np.prod(in_types[0].shape[:-1])), float=True)
     o, cg, kh, kw = to_oihw(np.asarray(consts[1]), attrs["kernel_layout"]).shape
     groups = attrs["groups"]
     last = attrs["data_layout"] == "NHWC"
@@ -182,7 +186,8 @@ def _float_site(op: OpDef, attrs, in_types, out_type, consts) -> Site | None:
 def _float_option(kernel: str, site: Site, target: Target) -> Option:
     if kernel == "direct":
         return Option(kernel, DIRECT) if site.groups > 1 else Option(
-            kernel, None, "the direct kernel runs grouped convolutions (groups 1 here)")
+            kernel, None, "the direct kernel runs grouped convolutions (groups 1 here)"
+            if site.rows is None else "a dense layer")
     if site.groups > 1:
         return Option(kernel, None, f"a GEMM runs groups 1 ({site.groups} groups here)")
     if kernel == "blas":
