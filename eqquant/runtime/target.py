@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from ..errors import EqquantError
@@ -75,6 +76,7 @@ def fp32_paths() -> tuple[str, ...]:
     return tuple(p for p in FP32_PATHS if p == "blas" or fma.available(p))
 
 
+@lru_cache(maxsize=None)
 def host_cpu() -> str:
     """This CPU's name as LLVM knows it ("znver4", "sapphirerapids"; "generic" where
     llvmlite cannot tell): what the kernel plan's costs may depend on (``SPEED_ON_CPU``)."""

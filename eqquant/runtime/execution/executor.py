@@ -37,8 +37,6 @@ from ..lowering import binding_class
 from ..codegen import memory
 
 
-
-
 @dataclass
 class Step:
     label: str
@@ -54,7 +52,8 @@ class Step:
 class Executor:
     def __init__(self, module: Module, target=None):
         """``target``: the kernels the program may run on (``target.Target``; default: the
-        process's, ``target.current``). Each int8 site runs the kernel its program names, or
+        process's, ``target.current``). Each site with kernels to choose from (convolutions and
+        dense layers, int8 and float) runs the kernel its program names, or
         the one the target's plan gives it (``lowering.plan_kernels``), before any binding
         is made: ``kernel_plan`` shows it."""
         from ..target import current, using

@@ -260,7 +260,8 @@ class Conv2D(_Spatial):
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
-        in_types_given, out_type_given, consts_given = in_types, out_type, consts
+        from .plan import resolve          # the site's kernel (the plan's, ``plan.py``)
+        kernel = resolve(op, attrs, in_types, out_type, consts)
         if self.nhwc:
             in_types, out_type, consts = _as_nchw(in_types, out_type, consts)
         w = consts[1] if 1 in consts else None
@@ -282,11 +283,9 @@ class Conv2D(_Spatial):
                 consts[2].reshape(-1), (o,)), dtype=np.float32)
         elif len(in_types) == 2:
             self.bias_vec = np.zeros(o, np.float32)
-        # the site's kernel (the plan's, ``plan.py``): an FMA GEMM with the window gather and
-        # the epilogue in one parallel region, im2col + BLAS, or the direct kernel
-        from .plan import resolve
-        self.kernel = resolve(op, attrs, in_types_given, out_type_given, consts_given) or \
-            ("direct" if self.direct else "blas")
+        # an FMA GEMM with the window gather and the epilogue in one parallel region,
+        # im2col + BLAS, or the direct kernel (where the plan has none: weights not constant)
+        self.kernel = kernel or ("direct" if self.direct else "blas")
         self.direct = self.kernel == "direct"     # (one channel in and out: a GEMM's too)
         self.depthwise = self.depthwise and self.direct
         self.fma = None

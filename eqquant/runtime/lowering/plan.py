@@ -5,7 +5,7 @@
     resolve(op, attrs, in_types, out_type, consts)    # one site's kernel (a binding asks)
 
 An op whose registry entry has a ``kernel`` attribute (the int8 convolutions and dense layers:
-``ops.qnn.INT8_KERNELS``; the float convolutions: ``ops.nn.FP32_KERNELS``) names at each call
+``ops.qnn.INT8_KERNELS``; the float ones: ``ops.nn.FP32_KERNELS``) names at each call
 site the kernel it runs on. Every int8 kernel gives the same bits (the tests check each, bit
 for bit), every float one the reference's numbers to float32 rounding; they differ in where
 they apply and in what they cost. These tables are where both are said, and the only place a
@@ -166,19 +166,20 @@ def _float_site(op: OpDef, attrs, in_types, out_type, consts) -> Site | None:
     constant: the binding runs BLAS or the direct kernel on them as they come)."""
     from ...ops.numerics import to_oihw
     from .fp32 import _per_channel, _per_channel_last
-    if op.inputs.index("weight") not in consts:
+    wi = op.inputs.index("weight")
+    if wi not in consts:
         return None
     if "groups" not in attrs:          # a dense layer: (units, K); any bias its binding takes
-        units, depth = np.shape(consts[1])
+        units, depth = np.shape(consts[wi])
         return Site(op.name, units, depth, 1, False, False,
                     int(np.prod(in_types[0].shape[:-1])), float=True)
-    o, cg, kh, kw = to_oihw(np.asarray(consts[1]), attrs["kernel_layout"]).shape
+    o, cg, kh, kw = to_oihw(np.asarray(consts[wi]), attrs["kernel_layout"]).shape
     groups = attrs["groups"]
     last = attrs["data_layout"] == "NHWC"
     channels = in_types[0].shape[3 if last else 1]
     along = _per_channel_last if last else _per_channel
-    bias = "bias" not in op.inputs or (2 in consts and along(tuple(np.shape(consts[2])),
-                                                             out_type.shape))
+    bi = op.inputs.index("bias") if "bias" in op.inputs else None
+    bias = bi is None or (bi in consts and along(tuple(np.shape(consts[bi])), out_type.shape))
     return Site(op.name, o, cg * kh * kw, groups, False,
                 cg == 1 and groups == channels and groups > 1, float=True, bias=bias)
 
