@@ -619,6 +619,74 @@ def test_fused_int8_convolutions_of_any_width_are_bit_exact_on_every_path(
             np.testing.assert_array_equal(Executor(bound).run(xs), want)
 
 
+# (groups, input channels a group, outputs a group): sets of 2 groups (RegNet's 8), groups
+# that no set size but 1 divides (13, 5), sets of 4 (ResNeXt's first stage), a group filling
+# a block of 16 or two, and groups of other widths in than out
+GROUPED = [(6, 8, 8), (13, 8, 8), (32, 4, 4), (4, 16, 16), (3, 32, 32), (4, 2, 6), (5, 3, 3)]
+MASKED_PATHS = ("vnni", "vnni16")     # (their sets' last vectors stored under a byte mask)
+
+
+@settings(max_examples=20, deadline=None)
+@given(shape=st.sampled_from(GROUPED), k=st.sampled_from([1, 3]), stride=st.integers(1, 2),
+       pad=st.integers(0, 1), size=st.integers(3, 16), dtype=st.sampled_from(["int8", "uint8"]),
+       act=st.sampled_from(["none", "relu", "clip"]), seed=st.integers(0, 999),
+       layout=st.sampled_from(["NCHW", "NHWC"]), batch=st.integers(1, 2),
+       residual=st.booleans())
+@example(shape=(6, 8, 8), k=3, stride=1, pad=1, size=14, dtype="uint8", act="relu", seed=1,
+         layout="NHWC", batch=1, residual=False)
+@example(shape=(13, 8, 8), k=3, stride=2, pad=1, size=15, dtype="int8", act="clip", seed=2,
+         layout="NHWC", batch=2, residual=True)
+@example(shape=(5, 3, 3), k=3, stride=1, pad=0, size=9, dtype="uint8", act="none", seed=3,
+         layout="NCHW", batch=1, residual=False)
+def test_grouped_int8_convolutions_are_bit_exact_on_every_path(
+        shape, k, stride, pad, size, dtype, act, seed, layout, batch, residual):
+    """A grouped fused.qconv2d (and fused.qconv2d_add) runs on the VNNI GEMMs as sets of
+    groups, each set a GEMM of block-diagonal weights requantized in registers and stored at
+    its channels (``vnni.grouped_requantize``), with the reference's bits on every path this
+    CPU has; the 256-bit kernel takes the sets whose outputs fill whole vectors of 8, the
+    other paths run the portable loops."""
+    groups, cg, og = shape
+    c, o = groups * cg, groups * og
+    rng = np.random.default_rng(seed)
+    lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
+    b = Builder()
+    x = b.input("x", _image_in(layout, (batch, c, size, size)), dtype)
+    extra = dict(a_min=0.0, a_max=2.0) if act == "clip" else {}
+    w = _kernel_in(layout, rng.integers(-128, 128, (o, cg, k, k)).astype("i1"))
+    args = [x, b.param("w", w),
+            b.param("b", rng.integers(-900, 900, _bias_shape(layout, o)).astype("i4")),
+            b.param("zx", np.array(int(rng.integers(lo, hi)), np.int32)),
+            b.param("zw", np.array(0, np.int32)), b.param("sx", np.array(0.05, np.float32)),
+            b.param("sw", rng.uniform(0.01, 0.02, o).astype(np.float32)),
+            b.param("s1", (0.05 * rng.uniform(0.01, 0.02, o)).astype(np.float32)),
+            b.param("z1", np.array(0, np.int32)), b.param("s2", np.array(0.1, np.float32)),
+            b.param("z2", np.array(5 if dtype == "uint8" else 0, np.int32))]
+    attrs = dict(strides=[stride] * 2, padding=[pad] * 4, groups=groups, activation=act,
+                 out_dtype=dtype, axis=_channel_axis(layout), **_layouts(layout), **extra)
+    oh = (size + 2 * pad - k) // stride + 1
+    op = "fused.qconv2d_add" if residual else "fused.qconv2d"
+    if residual:
+        args += [b.input("r", _image_in(layout, (batch, o, oh, oh)), dtype)] + [
+            b.param(name, np.array(v, dt)) for name, v, dt in [
+                ("sa", 0.1, np.float32), ("za", 5 if dtype == "uint8" else 0, np.int32),
+                ("sr", 0.07, np.float32), ("zr", 4, np.int32), ("so", 0.12, np.float32),
+                ("zo", 6, np.int32)]]
+    bound = bind_params(*b.finish(b.call(op, *args, **attrs)))
+    xs = {"x": rng.integers(lo, hi, _image_in(layout, (batch, c, size, size))).astype(dtype)}
+    if residual:
+        xs["r"] = rng.integers(lo, hi, _image_in(layout, (batch, o, oh, oh))).astype(dtype)
+    want = run(bound, xs)
+    span = og * max(g for g in range(1, groups + 1) if groups % g == 0 and
+                    g * og <= max(16, og))
+    for path in int8_paths():
+        with forced_int8_path(path):
+            ex = Executor(bound)
+            np.testing.assert_array_equal(ex.run(xs), want)
+            (step,) = [s for s in ex.steps if s.label == op]
+            on_gemm = path in MASKED_PATHS or (path == "avxvnni" and span % 8 == 0)
+            assert (step.fn.conv.slots is not None) == on_gemm, (path, step.fn.path)
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.integers(1, 5), min_size=1, max_size=4), st.sampled_from(["int8", "uint8"]),
        st.sampled_from(["int8", "uint8"]), st.booleans(), st.integers(0, 3),

@@ -40,7 +40,9 @@ from ..codegen.llvm_loops import (cpu_has, declare, gemm_at, gemm_definition, lo
                          panel_gemm, slot_cell, splat)
 
 from .gather import CHUNK, SMALL, windows  # noqa: F401
-from .gather import load_entry, next_share, plan_shares, release, share_rows
+from .gather import (_rows, chunk_bounds, item_runs, load_entry, next_item, next_share,
+                     plan_shares, release, share_rows)
+from .fp32 import copy_strided
 from ..codegen.launch import Driver, parallel, share
 from .int8 import add_residual, requantize_rows
 # each layer's epilogue table (re-exported: the bindings take it from the path's module)
@@ -361,6 +363,21 @@ class Path:
     def conv_kernel(self, w: np.ndarray, kp: int, name: str = "") -> tuple:
         return conv_kernel_of(self.KERNEL)(w, kp)
 
+    GROUPED = True   # runs grouped convolutions, a set of groups a GEMM (``group_span``)
+
+    def group_span(self, groups: int, per_group: int) -> int:
+        return group_span(groups, per_group, self.BLOCK)
+
+    def stores_set(self, span_o: int) -> bool:
+        """Whether a set of ``span_o`` outputs is stored from registers: under a byte mask,
+        or in whole vectors (the 256-bit kernel's last vector, not whole, is not stored)."""
+        return self.MASKED or span_o % self.LANES == 0
+
+    def grouped_kernel(self, sets: int, span_o: int) -> tuple:
+        """(``grouped_requantize``, its arguments besides ``pack``'s), as ``conv_kernel``."""
+        conv_kernel_of(self.KERNEL)(None, 0)       # (refuses a kernel the CPU lacks)
+        return grouped_requantize, (self.KERNEL, sets, span_o)
+
 
 PATHS = {name: Path(name, width) for name, width in WIDTHS.items()}
 
@@ -457,3 +474,73 @@ def _conv_items(thread, threads, args):
 
 
 conv_requantize = Driver(_conv_plan, (windows, _conv_items))
+
+
+# -- grouped convolutions: each set of groups one block-diagonal GEMM --------------------------
+
+def group_span(groups: int, per_group: int, block: int) -> int:
+    """The groups a grouped convolution's GEMM takes together (a set): the most that divide
+    ``groups`` and whose ``per_group`` outputs each fill at most one block of ``block``
+    channels (1 where a group fills a block or more). A set is one GEMM whose weights are
+    block-diagonal (each output reads its own group's inputs, zeros elsewhere): its products
+    are ceil(set outputs / block) * block / per_group times the convolution's, the same for
+    every set size that fits a block; a larger set makes fewer, longer GEMMs."""
+    best = 1
+    for g in range(1, groups + 1):
+        if groups % g == 0 and g * per_group <= max(block, per_group):
+            best = g
+    return best
+
+
+def _grouped_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, kernel, sets,
+                  span_o, params, lo, hi, out, threads, res, add):
+    """``grouped_requantize``'s plan: a fused int8 convolution of ``sets`` sets of groups
+    (``group_span``), nhwc (N, H, W, C) uint8 -> out (N, oh*ow, O) 8-bit, in two launches:
+    the image moved set-major ((N, sets, H, W, C / sets), ``kernels.fp32.copy_strided``), so
+    that a set's windows are gathered as a whole image's (``gather``), then the work items
+    (image, set, chunk of pixels: ``_grouped_items``), each a gather, the set's GEMM on its
+    panels (``packed``: the sets' blocks one after another, ``params`` likewise, ``span_o``
+    outputs a set) and its requantization in registers, stored at the set's channels. A
+    residual (``res``) is not summed here (fused.qconv2d_add's binding adds it after)."""
+    if res.shape[0]:
+        raise ValueError("grouped_requantize sums no residual")
+    n, h, w, c = nhwc.shape
+    span_i = c // sets
+    by_set = memory.empty((n, sets, h, w, span_i), np.uint8)
+    src = nhwc.reshape(n, h * w, sets, span_i).transpose(0, 2, 1, 3)[None, None]
+    chunks = max(1, -(-oh * ow // CHUNK))
+    counters = item_runs(n * sets * chunks, threads)
+    return [(copy_strided, (src, by_set.reshape(1, 1, n, sets, h * w, span_i)), None),
+            (_grouped_items, (by_set, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed,
+                              kernel, span_o, params, lo, hi, out, chunks, counters), threads)]
+
+
+@parallel
+def _grouped_items(thread, threads, args):
+    """The work items of ``grouped_requantize`` one thread takes (``gather.next_item``)."""
+    (by_set, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, kernel, span_o, params, lo,
+     hi, out, chunks, counters) = args
+    block, panel = kernel[2], kernel[3]
+    sets = by_set.shape[1]
+    per_set = packed.shape[0] // sets
+    kq = packed.shape[1]
+    kp = kq * 4
+    o_n = out.shape[2]
+    p_n = oh * ow
+    while True:
+        item = next_item(counters, thread)
+        if item < 0:
+            break
+        b, s = item // (sets * chunks), (item // chunks) % sets
+        p0, p1 = chunk_bounds(p_n, chunks, item % chunks)
+        rows = _rows(by_set[b, s], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1 - p0, kp)
+        _requantize_at(kernel[1], (rows.ctypes.data, kp,
+                                   packed.ctypes.data + s * per_set * kq * panel,
+                                   out[b].ctypes.data + p0 * o_n + s * span_o, o_n, 0,
+                                   p1 - p0, kq, per_set,
+                                   params.ctypes.data + s * per_set * block * 8,
+                                   params.shape[1], lo, hi, span_o))
+    release(counters)
+
+
+grouped_requantize = Driver(_grouped_plan, (copy_strided, _grouped_items))

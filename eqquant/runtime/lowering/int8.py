@@ -16,6 +16,7 @@ from ...core.types import TensorType
 from ...ops.fused import epilogue_bounds
 from ...ops.fixed_point import quantize_multiplier
 from ...ops.numerics import qrange
+from ...ops.qnn import INT8_KERNELS
 from ...ops.registry import get_op
 from . import binding
 from ..codegen import epilogue_table
@@ -81,14 +82,23 @@ class QConv2D(_Launches):
     an NHWC call site between two transposes on the portable path."""
 
     @classmethod
-    def reads_channels_last(cls, attrs, in_types) -> bool:
-        """This machine's refinement of the registry's claim (asked only where the registry
-        says channel-last: a dense or a depthwise convolution): the depthwise kernel and the
+    def reads_channels_last(cls, attrs, in_types, fused: bool = False) -> bool:
+        """This machine's refinement of the registry's claim: the depthwise kernel and the
         SIMD GEMMs read channel-last images, the portable GEMM (no SIMD path, or one forced)
-        NCHW ones."""
+        NCHW ones. A grouped convolution runs on a SIMD GEMM where the target has a grouped
+        one and the op is ``fused`` (``plan.GROUPED_OPS``), else on the portable GEMM."""
         if attrs.get("kernel"):
             return attrs["kernel"] != "portable"
-        return attrs["groups"] > 1 or int8_path() != "portable"
+        if attrs["groups"] == 1:
+            return int8_path() != "portable"
+        w = in_types[1].shape
+        if (w[2] if attrs["kernel_layout"] == "HWIO" else w[1]) == 1:
+            return True                   # the depthwise kernel, on every target
+        from ..target import current, gemm_path
+        target = current()
+        return fused and any(target.offers(k) and
+                             getattr(simd_module(gemm_path(k)), "GROUPED", False)
+                             for k in INT8_KERNELS if gemm_path(k))
 
     def __init__(self, op, attrs, in_types, out_type, consts, kernel: str | None = None):
         """``kernel``: the site's kernel (``lowering.resolve``'s), where the caller resolved
@@ -121,20 +131,48 @@ class QConv2D(_Launches):
                 .transpose(1, 2, 0)))
         # a SIMD GEMM: uint8 activations (int8 shifted by 128) times int8 weights
         self.simd, self.gemm_path = _gemm(self.kernel)
+        self.slots = None      # (a grouped convolution's on a SIMD GEMM: see ``_sets``)
         if self.simd is not None:
             self.shift = 128 if in_types[0].dtype == "int8" else 0
-            # (tap, channel) order, so that each tap of a window is contiguous in NHWC rows
-            w_tap = np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(o, -1))
-            self.packed, colsum128, self.kp = self.simd.pack(w_tap)
-            # the fused convolution of this layer's shape, and its arguments besides packed
-            self.conv_kernel, self.more_args = self.simd.conv_kernel(w_tap, self.kp,
-                                                                     self.kernel)
+            if self.groups > 1:
+                parts, self.slots, sets, span_o = self._sets(w)
+                packs = [self.simd.pack(part) for part in parts]
+                self.packed = memory.aligned(np.concatenate([p[0] for p in packs]))
+                colsum128, self.kp = np.concatenate([p[1] for p in packs]), packs[0][2]
+                self.conv_kernel, self.more_args = self.simd.grouped_kernel(sets, span_o)
+            else:
+                # (tap, channel) order, so that each tap of a window is contiguous in NHWC
+                # rows
+                w_tap = np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(o, -1))
+                self.packed, colsum128, self.kp = self.simd.pack(w_tap)
+                # the fused convolution of this layer's shape, its arguments besides packed
+                self.conv_kernel, self.more_args = self.simd.conv_kernel(w_tap, self.kp,
+                                                                         self.kernel)
             colsum = colsum128 // 128
             self.correction = (colsum * (self.shift + self.zx)).astype(np.int32)
             self.out_hw = tuple(out_type.shape[1:3] if self.channels_last else
                                 out_type.shape[2:])
             self.pointwise = (kh, kw) == (1, 1) and (self.sh, self.sw) == (1, 1) and \
                 not any(attrs["padding"])
+
+    def _sets(self, w: np.ndarray) -> tuple:
+        """A grouped convolution on a SIMD GEMM (``vnni.grouped_requantize``): its groups
+        taken in sets (``group_span``), each set one GEMM of block-diagonal weights. Returns
+        (each set's weights (set outputs, K) in (tap, channel) order, the epilogue's slots
+        (per set, its blocks' channels: a slot past the set's outputs repeats its last,
+        never stored), sets, outputs a set)."""
+        o, cg, kh, kw = w.shape
+        og = o // self.groups
+        together = self.simd.group_span(self.groups, og)
+        sets, span_o = self.groups // together, together * og
+        taps = w.transpose(0, 2, 3, 1).reshape(sets, together, og, kh * kw, cg)
+        dense = np.zeros((sets, together, og, kh * kw, together, cg), np.int8)
+        for j in range(together):
+            dense[:, j, :, :, j, :] = taps[:, j]
+        width = -(-span_o // self.simd.BLOCK) * self.simd.BLOCK
+        local = np.minimum(np.arange(width), span_o - 1)
+        slots = (np.arange(sets)[:, None] * span_o + local).reshape(-1)
+        return dense.reshape(sets, span_o, -1), slots, sets, span_o
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -189,6 +227,9 @@ class QConv2D(_Launches):
         (the site's scratch image), then per image its windows gathered into pixel rows (a 1x1
         layer with stride 1 and no padding reads the image itself), their GEMM, and the sums
         less the zero points' correction written into ``out`` in the site's layout."""
+        if self.slots is not None:
+            raise ValueError("a grouped convolution's SIMD GEMM is fused.qconv2d's (its sets "
+                             "are requantized in registers): the plan offers it nowhere else")
         n = x.shape[0]
         image, calls = self.unsigned_calls(x)
         h, w, c = image.shape[1:]
@@ -590,7 +631,7 @@ class FusedQConv2D(Binding):
 
     @classmethod
     def reads_channels_last(cls, attrs, in_types) -> bool:
-        return QConv2D.reads_channels_last(attrs, in_types)
+        return QConv2D.reads_channels_last(attrs, in_types, fused=True)
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
@@ -630,7 +671,10 @@ class FusedQConv2D(Binding):
         args = (self.clamp_lo, self.clamp_hi, self.m, self.sh, self.zin, self.zout, self.lo,
                 self.hi)
         if c.simd is not None:
-            self.params = c.simd.requantize_params(self.bias, c.correction, *args, c.kp)
+            table = (self.bias, c.correction, *args)
+            if c.slots is not None:     # a grouped convolution's: its sets' blocks' slots
+                table = tuple(a[c.slots] if isinstance(a, np.ndarray) else a for a in table)
+            self.params = c.simd.requantize_params(*table, c.kp)
             # the kernel's arguments that are the same at every call (a conv's Python around
             # its kernel was a visible share of MobileNet-v2's int8 run)
             self.fixed_args = (c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, c.dh, c.dw, c.zx + c.shift,
@@ -788,6 +832,7 @@ class FusedQConv2DAdd(FusedQConv2D):
                         out_type, {i - 10: v for i, v in consts.items() if i >= 12})
         a = self.add
         self.in_tile = (self.channels_last and self.conv.simd is not None and
+                        self.conv.slots is None and
                         a.split is not None)
         if self.in_tile:
             self.residual_params = self.k8.residual_params(a.za, a.zb, a.split, a.zo)

@@ -17,10 +17,12 @@ kernel          applies to                                     relative cost
 x86.amx         groups 1 and no weight zero points (dense: a   0.1 where K is a multiple of 64
                 batch of at least the tile's rows)             and at least 128 (``amx.suits``),
                                                                else 10; times the padding
-x86.vnni        as x86.amx                                     1 times the padding to 64 channels
-x86.vnni16      as x86.amx                                     1.15 times the padding to 16
-x86.avxvnni     as x86.amx                                     2 times the padding to 16 (1 on
-                                                               an AMD Zen 4: ``SPEED_ON_CPU``)
+x86.vnni        as x86.amx, and grouped fused convolutions     1 times the padding to 64 channels
+                (a set of groups a GEMM of block-diagonal      (grouped: the set's blocks'
+                weights: ``vnni.group_span``)                  channels over a group's outputs)
+x86.vnni16      as x86.vnni                                    1.15 times the padding to 16
+x86.avxvnni     as x86.vnni, grouped where a set's outputs     2 times the padding to 16 (1 on
+                fill whole vectors of 8                        an AMD Zen 4: ``SPEED_ON_CPU``)
 x86.avx2        as x86.amx                                     4 times the padding to 16
 x86.avx2.bytes  as x86.amx, rows of BYTES_FROM bytes or more;  3.7 times the padding to 16
                 an executor's only (not launches: offered by
@@ -93,6 +95,7 @@ PORTABLE = 1000.0
 FP32_SPEED = {"avx512": 1.0, "fma": 1.3}    # the float GEMMs, per multiply-add
 BLAS = 100.0      # (numpy's BLAS is not launches: no library saved ahead of time holds it)
 DIRECT = 1.0
+GROUPED_OPS = ("fused.qconv2d", "fused.qconv2d_add")   # where a GEMM runs grouped convolutions
 
 
 @dataclass(frozen=True)
@@ -214,10 +217,10 @@ def _gemm_option(kernel: str, site: Site, target: Target) -> Option:
     from ..kernels import simd_module
     path = gemm_path(kernel)
     simd = simd_module(path)
-    if site.groups > 1:
-        return Option(kernel, None, f"a GEMM runs groups 1 ({site.groups} groups here)")
     if site.zero_points:
         return Option(kernel, None, "a GEMM takes weights without zero points")
+    if site.groups > 1:
+        return _grouped_option(kernel, site, target, simd)
     if site.rows is not None and site.rows < simd.ROWS:
         return Option(kernel, None, f"a batch of {site.rows} rows fills no tile of "
                                     f"{simd.ROWS}")
@@ -234,6 +237,26 @@ def _gemm_option(kernel: str, site: Site, target: Target) -> Option:
     if path == "amx" and not simd.suits(site.depth):
         per_mac = AMX_UNSUITED
     return Option(kernel, per_mac * padding)
+
+
+def _grouped_option(kernel: str, site: Site, target: Target, simd) -> Option:
+    """A SIMD GEMM at a grouped convolution: a set of groups a GEMM of block-diagonal
+    weights (``vnni.group_span``), on the paths that have that driver, in a fused
+    convolution (the sets requantized in registers); its cost is that of the products the
+    blocks compute over the useful ones."""
+    if not getattr(simd, "GROUPED", False):
+        return Option(kernel, None, f"this path's GEMM runs groups 1 ({site.groups} groups "
+                                    "here)")
+    if site.op not in GROUPED_OPS:
+        return Option(kernel, None, f"a grouped GEMM is a fused convolution's (its sets "
+                                    f"requantized in registers), not {site.op}'s")
+    per_group = site.channels // site.groups
+    span = simd.group_span(site.groups, per_group) * per_group
+    if not simd.stores_set(span):
+        return Option(kernel, None, f"sets of {span} outputs end inside a vector this "
+                                    "kernel stores whole")
+    padding = -(-span // simd.BLOCK) * simd.BLOCK / per_group
+    return Option(kernel, speed(kernel, target) * padding)
 
 
 def options(site: Site, target: Target) -> list[Option]:
