@@ -588,3 +588,30 @@ def test_the_runtime_starts_numba_without_scipy_linalg():
     ])
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.lists(st.integers(1, 7), min_size=1, max_size=6),
+       dtype=st.sampled_from(["uint8", "int32", "float32"]), data=st.data())
+@example(shape=[1, 2, 58, 28, 28], dtype="uint8", data=None)     # ShuffleNet's shuffle
+@example(shape=[3, 20000], dtype="uint8", data=None)              # a long run, cut up
+def test_a_strided_copy_merges_axes_and_copies_any_view(shape, dtype, data):
+    """``strided_call``: any permuted, sliced (negative steps too) view of up to six axes
+    copied with the view's values; axes that are one run in the view merged first, so that a
+    channel shuffle's transpose copies rows of whole planes."""
+    from eqquant.runtime.kernels.fp32 import strided_call
+    x = (np.arange(int(np.prod(shape))) % 251).astype(dtype).reshape(shape)
+    if data is None:       # the examples: a shuffle's transpose; a slice of one long row
+        view = x.transpose(0, 2, 1, 3, 4) if x.ndim == 5 else x[1:, 8:]
+    else:
+        perm = data.draw(st.permutations(range(x.ndim)))
+        steps = [data.draw(st.sampled_from([1, 1, 2, -1])) for _ in shape]
+        view = x[tuple(slice(None, None, s) for s in steps)].transpose(perm)
+    out = np.empty(view.shape, x.dtype)
+    kernel, args = strided_call(view, out)
+    kernel(*args)
+    np.testing.assert_array_equal(out, view)
+    if data is None and x.ndim == 5:
+        assert args[0].shape[-1] == 28 * 28          # rows of whole planes
+    elif data is None:
+        assert args[0].shape[-1] < view.shape[-1]    # the long row cut for the threads

@@ -15,8 +15,11 @@ from numba import njit
 
 from .depthwise import call_sweep
 from ..codegen.launch import parallel, share
+from ..codegen.llvm_loops import copy_runs_intrinsic
 from .pools import ROWS as POOL_ROWS
 from ..codegen.serial import twin
+
+_copy_runs = copy_runs_intrinsic()
 
 
 @njit(inline="always")
@@ -590,17 +593,60 @@ def copy_rows(thread, threads, args):
 @parallel
 def copy_strided(thread, threads, args):
     """dst = src for 6-D arrays of one shape, src of any strides (a transpose's or a slice's
-    view), dst C-contiguous; a unit of work a row of the last axis."""
+    view), dst C-contiguous; a unit of work a row of the last axis, copied as one run of
+    bytes (``llvm_loops.copy_runs_intrinsic``) where its elements are adjacent in src (an
+    element at a time, its stride unknown to LLVM, a row of a slice of channels went at
+    about a byte a cycle)."""
     src, dst = args
     d0, d1, d2, d3, d4, d5 = dst.shape
+    s0, s1, s2, s3, s4, s5 = src.strides
+    size = dst.itemsize
+    run = d5 * size
     for r in range(*share(d0 * d1 * d2 * d3 * d4, thread, threads)):
         i4 = r % d4
         i3 = (r // d4) % d3
         i2 = (r // (d3 * d4)) % d2
         i1 = (r // (d2 * d3 * d4)) % d1
         i0 = r // (d1 * d2 * d3 * d4)
+        if s5 == size:
+            _copy_runs(dst.ctypes.data + r * run, src.ctypes.data + i0 * s0 + i1 * s1 +
+                       i2 * s2 + i3 * s3 + i4 * s4, run, 1, run, run)
+            continue
         for j in range(d5):
             dst[i0, i1, i2, i3, i4, j] = src[i0, i1, i2, i3, i4, j]
+
+
+def strided_call(src, dst, rank: int = 6):
+    """``copy_strided``'s kernel and its arguments for dst = src (one shape, dst C-contiguous,
+    src a view of any strides), or None where more than ``rank`` axes remain: unit axes
+    dropped and adjacent axes that are one run in src merged (a transpose leaves its inner
+    axes in order: ShuffleNet's channel shuffle moves rows of a whole image plane, not of
+    its width; a slice of channels is one run an image), a long contiguous last row cut in
+    pieces (so that the threads share it), then unit axes put in front up to ``rank``."""
+    shape: list[int] = []
+    strides: list[int] = []
+    for n, s in zip(src.shape, src.strides):
+        if n == 1:
+            continue
+        if shape and strides[-1] == s * n:
+            shape[-1], strides[-1] = shape[-1] * n, s
+        else:
+            shape.append(n)
+            strides.append(s)
+    if shape and strides[-1] == src.itemsize and shape[-1] >= 2 * PIECE:
+        piece = next((p for p in range(PIECE, PIECE // 8, -1) if shape[-1] % p == 0), 0)
+        if piece:
+            shape[-1:], strides[-1:] = [shape[-1] // piece, piece], [piece * src.itemsize,
+                                                                     src.itemsize]
+    if len(shape) > rank:
+        return None
+    shape = [1] * (rank - len(shape)) + shape
+    strides = [0] * (rank - len(strides)) + strides
+    view = np.lib.stride_tricks.as_strided(src, shape, strides)
+    return copy_strided, (view, dst.reshape(shape))
+
+
+PIECE = 2048   # elements: a contiguous row longer than twice this is cut into rows of about it
 
 
 def transpose_planes(src, dst) -> None:

@@ -42,7 +42,7 @@ from ..codegen.llvm_loops import (cpu_has, declare, gemm_at, gemm_definition, lo
 from .gather import CHUNK, SMALL, windows  # noqa: F401
 from .gather import (_rows, chunk_bounds, item_runs, load_entry, next_item, next_share,
                      plan_shares, release, share_rows)
-from .fp32 import copy_strided
+from .fp32 import copy_strided, strided_call
 from ..codegen.launch import Driver, parallel, share
 from .int8 import add_residual, requantize_rows
 # each layer's epilogue table (re-exported: the bindings take it from the path's module)
@@ -496,7 +496,7 @@ def _grouped_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, ker
                   span_o, params, lo, hi, out, threads, res, add):
     """``grouped_requantize``'s plan: a fused int8 convolution of ``sets`` sets of groups
     (``group_span``), nhwc (N, H, W, C) uint8 -> out (N, oh*ow, O) 8-bit, in two launches:
-    the image moved set-major ((N, sets, H, W, C / sets), ``kernels.fp32.copy_strided``), so
+    the image moved set-major ((N, sets, H, W, C / sets), ``kernels.fp32.strided_call``), so
     that a set's windows are gathered as a whole image's (``gather``), then the work items
     (image, set, chunk of pixels: ``_grouped_items``), each a gather, the set's GEMM on its
     panels (``packed``: the sets' blocks one after another, ``params`` likewise, ``span_o``
@@ -507,10 +507,10 @@ def _grouped_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, ker
     n, h, w, c = nhwc.shape
     span_i = c // sets
     by_set = memory.empty((n, sets, h, w, span_i), np.uint8)
-    src = nhwc.reshape(n, h * w, sets, span_i).transpose(0, 2, 1, 3)[None, None]
+    src = nhwc.reshape(n, h * w, sets, span_i).transpose(0, 2, 1, 3)
     chunks = max(1, -(-oh * ow // CHUNK))
     counters = item_runs(n * sets * chunks, threads)
-    return [(copy_strided, (src, by_set.reshape(1, 1, n, sets, h * w, span_i)), None),
+    return [(*strided_call(src, by_set), None),
             (_grouped_items, (by_set, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed,
                               kernel, span_o, params, lo, hi, out, chunks, counters), threads)]
 

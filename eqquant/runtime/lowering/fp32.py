@@ -907,12 +907,18 @@ class StridedCopy(Binding):
         if not out.flags.c_contiguous or view.shape != out.shape or \
                 not np.shares_memory(view, ins[0]):
             return None
-        lead = (None,) * (self.RANK - view.ndim)          # (unit axes: still a view)
-        return sized(k.copy_strided, out.size), (view[lead], out[lead])
+        return _strided(view, out)
 
     def __call__(self, ins, out):
         if not self.call_kernel(ins, out):
             np.copyto(out, self.op.kernel_params["view"](ins[0], **self.attrs))
+
+
+def _strided(view, out):
+    """(the strided copy of ``view`` into ``out``, its arguments), its axes merged
+    (``kernels_fp32.strided_call``), or None where more than six remain."""
+    call = k.strided_call(view, out, StridedCopy.RANK)
+    return None if call is None else (sized(call[0], out.size), call[1])
 
 
 @binding
@@ -940,10 +946,7 @@ class LayoutTransform(Binding):
         if not out.flags.c_contiguous:
             return None
         if self.plane is None:
-            if len(self.perm) > StridedCopy.RANK:
-                return None
-            view = ins[0].transpose(self.perm)[(None,) * (StridedCopy.RANK - len(self.perm))]
-            return sized(k.copy_strided, out.size), (view, out.reshape(view.shape))
+            return _strided(ins[0].transpose(self.perm), out)
         if not ins[0].flags.c_contiguous:
             return None
         n, a, b = self.plane
