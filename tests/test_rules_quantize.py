@@ -346,6 +346,32 @@ def test_an_activation_between_quantized_layers_is_a_lookup_table(act, tmp_path)
     np.testing.assert_array_equal(q.run(x0), theirs)
 
 
+def test_silu_between_quantized_layers_is_one_lookup_table():
+    """SiLU as EfficientNet's exports write it, x * sigmoid(x): the sigmoid becomes a table of
+    x, and the product of x and a table of x one table of x (rule
+    product_with_its_own_lookup_as_lookup_table): one qnn.lut, no qnn.mul, the reference's
+    bits on inputs far outside the calibrated range too."""
+    from eqquant.ir.builder import Builder
+    import eqquant
+    rng = np.random.default_rng(8)
+    b = Builder()
+    x = b.input("x", (1, 16, 12, 12))
+    w1 = b.param("w1", rng.normal(size=(16, 16, 3, 3)).astype("float32"))
+    w2 = b.param("w2", rng.normal(size=(16, 16, 3, 3)).astype("float32"))
+    y = b.call("nn.conv2d", x, w1, padding=[1, 1, 1, 1])
+    y = b.call("multiply", y, b.call("sigmoid", y))
+    mod, params = b.finish(b.call("nn.conv2d", y, w2, padding=[1, 1, 1, 1]))
+    samples = [rng.normal(size=(1, 16, 12, 12)).astype("float32") for _ in range(4)]
+    q = eqquant.quantize(eqquant.load(mod, params), samples, mode="minmax", per_channel=True)
+    module = q.quantized.module
+    names = [n.op_name for n in post_order(module.main.body) if isinstance(n, Call)]
+    assert names.count("qnn.lut") == 1 and "qnn.mul" not in names and "sigmoid" not in names
+    assert q.report().output["sqnr"] > 25
+    for scale in (1.0, 50.0):
+        x0 = scale * samples[1]
+        np.testing.assert_array_equal(q.run(x0), run(module, {"x": x0}))
+
+
 def test_squeeze_excitation_gates_multiply_in_integers():
     """EfficientNet's and MobileNet-v3's squeeze-excitation: a feature map times its sigmoid
     gate (broadcast over the pixels) is qnn.mul, the exact integer product requantized once;

@@ -157,9 +157,13 @@ class _Instance:
     def op_of(self, p: PCall) -> OpDef:
         return self.ops[p.op.label] if p.op.is_set else p.op.ops[0]
 
-    def new_var(self, name: str, shape: tuple[int, ...], hint: set[str] | None = None) -> Var:
+    def new_var(self, name: str, shape: tuple[int, ...], hint: set[str] | None = None,
+                trial: dict[str, Var] | None = None) -> Var:
+        """A variable of ``shape``: its dtype the guards' (its own, or a partner's bound
+        before it, in this op's ``trial`` too), else one of ``hint``'s."""
         dtype = self.dtype.get(name)
-        partner = self.vars.get(self.same_dtype.get(name, ""))
+        partner_name = self.same_dtype.get(name, "")
+        partner = self.vars.get(partner_name) or (trial or {}).get(partner_name)
         if dtype is None and partner is not None:
             dtype = partner.type.dtype
         if dtype is None:
@@ -254,7 +258,7 @@ class _Instance:
                 else:
                     shape = _shape_pool(self.rng, self.rank.get(name),
                                         _RANK_HINTS.get((op.name, i)))
-                trial[name] = args[i] = self.new_var(name, shape, dtypes)
+                trial[name] = args[i] = self.new_var(name, shape, dtypes, trial)
                 self.types.remember(args[i], args[i].type)
             for k, v in given.items():  # shape(?x) == ?s: the attribute is ?x's shape
                 if isinstance(v, AttrVar) and v.name in self.shape_attr:
