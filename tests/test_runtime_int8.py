@@ -691,6 +691,8 @@ def test_grouped_int8_convolutions_are_bit_exact_on_every_path(
 @given(st.lists(st.integers(1, 5), min_size=1, max_size=4), st.sampled_from(["int8", "uint8"]),
        st.sampled_from(["int8", "uint8"]), st.booleans(), st.integers(0, 3),
        st.integers(0, 2 ** 16))
+@example([2, 9, 10, 5], "uint8", "int8", True, 3, 1)    # tables along the last axis (NHWC):
+@example([1, 3, 70, 24], "int8", "uint8", True, 3, 2)   # rows of channels, in shares of 64
 def test_lookup_table_kernel_is_bit_exact(shape, in_dtype, out_dtype, per_channel, axis, seed):
     """qnn.lut's kernel (one table, or one per channel along any axis, negative too) reads
     the reference's table entry for every element, int8 and uint8 in and out."""

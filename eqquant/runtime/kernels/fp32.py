@@ -582,10 +582,21 @@ def log_softmax_rows(thread, threads, args):
 
 @parallel
 def copy_rows(thread, threads, args):
-    """dst[r, :] = src[r, :] for 2-D arrays of one shape (strided views allowed)."""
+    """dst[r, :] = src[r, :] for 2-D arrays of one shape (strided views allowed): rows whose
+    elements are adjacent on both sides as runs of bytes (``_copy_runs``: a channel-last
+    join's input, a few dozen channels a pixel, went an element at a time)."""
     src, dst = args
     rows, cols = src.shape
-    for r in range(*share(rows, thread, threads)):
+    size = dst.itemsize
+    lo, hi = share(rows, thread, threads)
+    r0, r1 = np.intp(lo), np.intp(hi)     # (signed: addresses are sums of signed numbers)
+    if src.strides[1] == size and dst.strides[1] == size:
+        if r1 > r0:
+            _copy_runs(dst.ctypes.data + r0 * dst.strides[0],
+                       src.ctypes.data + r0 * src.strides[0], cols * size, r1 - r0,
+                       dst.strides[0], src.strides[0])
+        return
+    for r in range(r0, r1):
         for c in range(cols):
             dst[r, c] = src[r, c]
 
@@ -609,7 +620,8 @@ def copy_strided(thread, threads, args):
         i1 = (r // (d2 * d3 * d4)) % d1
         i0 = r // (d1 * d2 * d3 * d4)
         if s5 == size:
-            _copy_runs(dst.ctypes.data + r * run, src.ctypes.data + i0 * s0 + i1 * s1 +
+            at = np.intp(r)       # (signed: addresses are sums of signed numbers)
+            _copy_runs(dst.ctypes.data + at * run, src.ctypes.data + i0 * s0 + i1 * s1 +
                        i2 * s2 + i3 * s3 + i4 * s4, run, 1, run, run)
             continue
         for j in range(d5):
@@ -642,8 +654,21 @@ def strided_call(src, dst, rank: int = 6):
         return None
     shape = [1] * (rank - len(shape)) + shape
     strides = [0] * (rank - len(strides)) + strides
-    view = np.lib.stride_tricks.as_strided(src, shape, strides)
-    return copy_strided, (view, dst.reshape(shape))
+    return copy_strided, (_strided_view(src, shape, strides), dst.reshape(shape))
+
+
+def _strided_view(src, shape, strides):
+    """A view of ``src``'s elements of those strides, whose ``base`` is the allocation
+    ``src`` lies in (so that a library saved ahead of time can place it: numpy's
+    ``as_strided`` leaves a base that is no array)."""
+    root = src
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if not root.flags.c_contiguous:
+        return np.lib.stride_tricks.as_strided(src, shape, strides)
+    flat = root.reshape(-1).view(np.uint8)
+    return np.ndarray(shape, src.dtype, buffer=flat, offset=src.ctypes.data - root.ctypes.data,
+                      strides=strides)
 
 
 PIECE = 2048   # elements: a contiguous row longer than twice this is cut into rows of about it

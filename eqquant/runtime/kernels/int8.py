@@ -179,6 +179,13 @@ def lut(thread, threads, args):
         for b in range(*share((n + chunk - 1) // chunk, thread, threads)):
             for i in range(b * chunk, min(n, (b + 1) * chunk)):
                 out[i] = table[codes[i] ^ flip]
+    elif inner == 1:        # channel-last: a row of the channels a unit, 64 rows a share
+        rows = n // channels
+        for b in range(*share((rows + 63) // 64, thread, threads)):
+            for r in range(b * 64, min(rows, (b + 1) * 64)):
+                for c in range(channels):
+                    i = r * channels + c
+                    out[i] = table[c * 256 + (codes[i] ^ flip)]
     else:
         for b in range(*share(n // inner, thread, threads)):
             base = (b % channels) * 256
