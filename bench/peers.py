@@ -115,6 +115,10 @@ class Worker:
         self.engine = ready[1]
 
     def run(self, n: int) -> list[float]:
+        """N timed runs, SETTLE seconds after whatever ran before (another system's workers
+        spin a while after its runs: ONNX Runtime's, run just before, made every other run
+        of eqquant's ShuffleNet-v2 three times as long)."""
+        time.sleep(SETTLE)
         self.proc.stdin.write(f"run {n}\n")
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
@@ -201,7 +205,6 @@ def main() -> None:
             times: dict[str, list[float]] = {s: [] for s in systems}
             for _ in range(args.rounds):
                 for s, w in workers.items():         # rounds alternate between the systems
-                    time.sleep(SETTLE)   # the last system's threads stop spinning first
                     times[s] += w.run(args.per_round)
             for w in workers.values():
                 w.close()

@@ -159,7 +159,8 @@ def one(name: str, args) -> str:
 
 def _latency_ratio(module, ort_bytes: bytes, input_name: str, x, d: Path, rounds: int) -> float:
     """Median int8 latency of eqquant's program over ONNX Runtime's quantize_static model,
-    each in its own worker process (bench/peers.py), rounds alternating between the two."""
+    each in its own worker process (bench/peers.py: a round SETTLE seconds after the other's),
+    rounds alternating between the two."""
     import statistics
     from eqquant.ir.loader import save_program
     from peers import Worker
