@@ -15,7 +15,8 @@ quantize and the outputs' dequantize; the pairs around ops that stay float by de
 LayerNorm, counted apart: FLOAT_BY_DESIGN), and the share of outputs of eqquant's QDQ export that
 ONNX Runtime computes within one output step; with --latency also the int8 latency ratio
 eqquant / ONNX Runtime (each system in its own process, rounds alternating, 2 threads, medians;
-bench/peers.py's workers).
+bench/peers.py's workers), or without --int8 the fp32 one: the exported file run as `eqquant
+run model.onnx` runs it (optimized once and cached, on its library) against ONNX Runtime.
 """
 from __future__ import annotations
 
@@ -118,7 +119,12 @@ def one(name: str, args) -> str:
         got = model.run(check)
         err = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
         row = f"{name:20s} imports; fp32 max rel err {err:.1e}"
+        inputs = Path(d) / "latency.input.npz"
+        np.savez(inputs, **{model.module.main.params[0].name: check})
         if not args.int8:
+            if args.latency:      # `eqquant run model.onnx` (optimized once, its library)
+                ratio = _latency_ratio(path, path, inputs, args.rounds, "fp32")
+                row += f"; fp32 latency eq/ORT {ratio:.2f}"
             return row + f"  ({time.perf_counter() - t0:.0f} s)"
         samples = [rng.standard_normal((1, 3, size, size)).astype(np.float32)
                    for _ in range(args.calib)]
@@ -146,9 +152,11 @@ def one(name: str, args) -> str:
         agree = float(np.mean(np.abs(ours - theirs_of_ours) <= step))
         latency = ""
         if args.latency:
-            ratio = _latency_ratio(q.quantized.runnable, ort8_bytes,
-                                   model.module.main.params[0].name,
-                                   check, Path(d), args.rounds)
+            from eqquant.ir.loader import save_program
+            ir, _ = save_program(Path(d) / "eq.int8.ir", q.quantized.runnable)
+            ort_path = Path(d) / "ort.int8.onnx"
+            ort_path.write_bytes(ort8_bytes)
+            ratio = _latency_ratio(ir, ort_path, inputs, args.rounds, "int8")
             latency = f"; int8 latency eq/ORT {ratio:.2f}"
         return (row + f"; int8 SQNR {eq8:.1f} dB (ORT {theirs:.1f}); integer MACs "
                 f"{100 * done / max(total, 1):.0f}%; q/dq pairs inside {inside} (+{around} around "
@@ -157,20 +165,15 @@ def one(name: str, args) -> str:
                 f"({time.perf_counter() - t0:.0f} s)")
 
 
-def _latency_ratio(module, ort_bytes: bytes, input_name: str, x, d: Path, rounds: int) -> float:
-    """Median int8 latency of eqquant's program over ONNX Runtime's quantize_static model,
+def _latency_ratio(ours: Path, theirs: Path, inputs: Path, rounds: int, precision: str) -> float:
+    """Median latency of eqquant's program ``ours`` (as ``eqquant run`` runs it: its library)
+    over ONNX Runtime's ``theirs`` (int8: its quantize_static model; fp32: the same ONNX file),
     each in its own worker process (bench/peers.py: a round SETTLE seconds after the other's),
     rounds alternating between the two."""
     import statistics
-    from eqquant.ir.loader import save_program
     from peers import Worker
-    ir, _ = save_program(d / "eq.int8.ir", module)
-    ort_path = d / "ort.int8.onnx"
-    ort_path.write_bytes(ort_bytes)
-    inputs = d / "latency.input.npz"
-    np.savez(inputs, **{input_name: x})
-    workers = {"eq": Worker("eqquant int8", ir, inputs), "ort": Worker("ORT int8", ort_path,
-                                                                       inputs)}
+    workers = {"eq": Worker(f"eqquant {precision}", ours, inputs),
+               "ort": Worker(f"ORT {precision}", theirs, inputs)}
     times: dict[str, list[float]] = {k: [] for k in workers}
     try:
         for _ in range(rounds):
@@ -189,7 +192,8 @@ def main() -> None:
     ap.add_argument("--calib", type=int, default=4)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--latency", action="store_true",
-                    help="with --int8: time eqquant's and ONNX Runtime's int8 programs")
+                    help="time eqquant's and ONNX Runtime's programs: int8 with --int8, else "
+                         "fp32 (`eqquant run model.onnx` against ONNX Runtime on the file)")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     try:

@@ -86,7 +86,7 @@ class QConv2D(_Launches):
         """This machine's refinement of the registry's claim: the depthwise kernel and the
         SIMD GEMMs read channel-last images, the portable GEMM (no SIMD path, or one forced)
         NCHW ones. A grouped convolution runs on a SIMD GEMM where the target has a grouped
-        one and the op is ``fused`` (``plan.GROUPED_OPS``), else on the portable GEMM."""
+        one and the op is ``fused`` (its sums requantized to 8 bits), else on the portable GEMM."""
         if attrs.get("kernel"):
             return attrs["kernel"] != "portable"
         if attrs["groups"] == 1:

@@ -95,7 +95,6 @@ PORTABLE = 1000.0
 FP32_SPEED = {"avx512": 1.0, "fma": 1.3}    # the float GEMMs, per multiply-add
 BLAS = 100.0      # (numpy's BLAS is not launches: no library saved ahead of time holds it)
 DIRECT = 1.0
-GROUPED_OPS = ("fused.qconv2d", "fused.qconv2d_add")   # where a GEMM runs grouped convolutions
 
 
 @dataclass(frozen=True)
@@ -111,6 +110,7 @@ class Site:
     rows: int | None = None  # a dense layer's batch (the GEMM's rows)
     float: bool = False      # a float convolution (``FP32_KERNELS``), else an int8 site
     bias: bool = True        # (float) the bias constant and per channel, or none
+    eight_bit: bool = False  # (int8) its result requantized to 8 bits (a fused convolution)
 
     def describe(self) -> str:
         shape = f"{self.channels} outputs x K {self.depth}"
@@ -161,7 +161,8 @@ def site_of(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_t
     if depthwise:
         taps = w.astype(np.int64).reshape(o, -1) - np.broadcast_to(zw, (o,)).reshape(o, 1)
         depthwise = int(np.abs(taps).max(initial=0)) <= TAP_MAX
-    return Site(op.name, o, cg * kh * kw, groups, bool(zw.any()), depthwise)
+    return Site(op.name, o, cg * kh * kw, groups, bool(zw.any()), depthwise,
+                eight_bit=out_type.dtype in ("int8", "uint8"))
 
 
 def _float_site(op: OpDef, attrs, in_types, out_type, consts) -> Site | None:
@@ -247,9 +248,9 @@ def _grouped_option(kernel: str, site: Site, target: Target, simd) -> Option:
     if not getattr(simd, "GROUPED", False):
         return Option(kernel, None, f"this path's GEMM runs groups 1 ({site.groups} groups "
                                     "here)")
-    if site.op not in GROUPED_OPS:
-        return Option(kernel, None, f"a grouped GEMM is a fused convolution's (its sets "
-                                    f"requantized in registers), not {site.op}'s")
+    if not site.eight_bit:
+        return Option(kernel, None, "a grouped GEMM requantizes its sets in registers: "
+                                    "a fused convolution's, not int32 sums")
     per_group = site.channels // site.groups
     span = simd.group_span(site.groups, per_group) * per_group
     if not simd.stores_set(span):
