@@ -1099,3 +1099,37 @@ def test_a_kernel_calling_what_a_library_lacks_is_refused_by_name(tmp_path):
     x = _input(ex)
     np.testing.assert_array_equal(library.run(x), ex.run(x))
     np.testing.assert_allclose(ex.run(x), run(mod, x), rtol=1e-6, atol=1e-6)
+
+
+def test_a_grouped_int8_convolution_on_a_gemm_is_saved(tmp_path):
+    """A grouped fused.qconv2d (RegNet's groups of 8, channel-last) on the VNNI GEMMs, where
+    this CPU has one: its set-major move and its sets' GEMMs are launches, saved in the
+    library, with the reference's bits (elsewhere the portable loops are, and are saved)."""
+    from eqquant.ir.builder import Builder
+    from eqquant.runtime.execution.executor import Executor
+    rng = np.random.default_rng(5)
+    groups, per = 6, 8
+    c = groups * per
+    b = Builder()
+    x = b.input("x", (2, 10, 10, c), "uint8")
+    y = b.call("fused.qconv2d", x, b.param("w", rng.integers(-128, 128, (3, 3, per, c))
+                                           .astype("i1")),
+               b.param("b", rng.integers(-900, 900, c).astype("i4")),
+               b.param("zx", np.array(9, np.int32)), b.param("zw", np.array(0, np.int32)),
+               b.param("sx", np.array(0.05, np.float32)),
+               b.param("sw", rng.uniform(0.01, 0.02, c).astype(np.float32)),
+               b.param("s1", (0.05 * rng.uniform(0.01, 0.02, c)).astype(np.float32)),
+               b.param("z1", np.array(0, np.int32)), b.param("s2", np.array(0.1, np.float32)),
+               b.param("z2", np.array(5, np.int32)), padding=[1, 1, 1, 1], groups=groups,
+               activation="relu", out_dtype="uint8", axis=3, data_layout="NHWC",
+               kernel_layout="HWIO")
+    mod = bind_params(*b.finish(y))
+    ex = Executor(mod)
+    (step,) = ex.steps
+    gemm = {"x86.vnni", "x86.vnni16", "x86.avxvnni"} & set(ex.target.int8_kernels())
+    assert (step.fn.conv.slots is not None) == bool(gemm)
+    build(ex, tmp_path / "lib")
+    xs = {"x": rng.integers(0, 256, (2, 10, 10, c)).astype(np.uint8)}
+    want = run(mod, xs)
+    np.testing.assert_array_equal(ex.run(xs), want)
+    np.testing.assert_array_equal(Library(tmp_path / "lib").run(xs), want)
