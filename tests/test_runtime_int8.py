@@ -764,3 +764,28 @@ def test_int8_weights_pack_into_aligned_zero_padded_panels(block, group, dtype):
         for c in range(full.shape[0]):
             np.testing.assert_array_equal(got[c // block, :, c % block].reshape(-1), full[c])
         np.testing.assert_array_equal(sums, 128 * w.astype(np.int64).sum(axis=1))
+
+
+@settings(max_examples=30, deadline=None)
+@given(shape=st.sampled_from([(7, 5), (300, 24), (2, 6, 3, 4), (1, 3, 1, 1)]),
+       out_dtype=st.sampled_from(["int8", "uint8"]), zin=st.integers(-20, 20),
+       seed=st.integers(0, 2 ** 16))
+def test_per_channel_requantize_kernels_are_bit_exact(shape, out_dtype, zin, seed):
+    """qnn.requantize with a scale per channel along axis 1: a row of channels at a time where
+    the channels are the last axis (a dense layer's sums), a plane a channel elsewhere; scale
+    ratios from 1e-6 to 0.99 (a fixed-point ratio holds only below 1) on sums up to the int32
+    extremes."""
+    rng = np.random.default_rng(seed)
+    c = shape[1]
+    b = Builder()
+    x = b.input("q", shape, "int32")
+    s1 = np.exp(rng.uniform(np.log(1e-6), np.log(0.99), c)).astype(np.float32)
+    y = b.call("qnn.requantize", x, b.param("s1", s1), b.scalar(zin, "int32"),
+               b.scalar(1.0), b.scalar(3, "int32"), axis=1, out_dtype=out_dtype)
+    bound = bind_params(*b.finish(y))
+    ex = Executor(bound)
+    assert [s.kind for s in ex.steps] == ["kernel"]
+    q = rng.integers(-2 ** 31, 2 ** 31, shape, dtype=np.int64)
+    q[..., 0] = rng.integers(-300, 300, q[..., 0].shape)
+    xs = {"q": q.astype(np.int32)}
+    np.testing.assert_array_equal(ex.run(xs), run(bound, xs))

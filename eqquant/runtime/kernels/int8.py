@@ -293,6 +293,24 @@ def requantize_channels(thread, threads, args):
 
 
 @parallel
+def requantize_channels_last(thread, threads, args):
+    """q, out: (R, C); one multiplier and shift per channel C, the last axis (a dense layer's
+    output, channel-last values): ``requantize_channels``' arithmetic a row at a time (taken a
+    channel at a time, a column of ConvNeXt's (3136, 384) sums went element by element down
+    the rows)."""
+    q, zin, multipliers, shifts, zout, lo, hi, out = args
+    rows, channels = q.shape
+    for r in range(*share(rows, thread, threads)):
+        for c in range(channels):
+            s = shifts[c]
+            left = max(s, 0)
+            total = max(-s, 0) + 31
+            v = (np.int64(q[r, c]) - zin) << left
+            v = (v * multipliers[c] + (np.int64(1) << (total - 1))) >> total
+            out[r, c] = min(max(v + zout, lo), hi)
+
+
+@parallel
 def qadd(thread, threads, args):
     """Flat qnn.add: b rescaled to a's scale (mb, shb), added to a in int32, the sum rescaled to
     the output's (mo, sho); fixed-point steps as in ``requantize``."""
