@@ -56,6 +56,19 @@ def source_digest(package: Path | None = None) -> str:
     return h.hexdigest()
 
 
+def rules_digest() -> str:
+    """A digest of the rules files as installed (each .rules file's path, size and
+    modification time): what an optimized program depends on besides the code (a program
+    optimized, and its library saved, before a rules file changed is another program)."""
+    import hashlib
+    h = hashlib.sha256()
+    folder = rules_dir()
+    for path in sorted(folder.rglob("*.rules")):
+        st = path.stat()
+        h.update(f"{path.relative_to(folder)} {st.st_size} {st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
 def grammar_path(name: str) -> Path:
     return data_dir("grammar") / name
 

@@ -388,3 +388,19 @@ def test_the_cache_folder_is_private(tmp_path, monkeypatch):
     path, _ = _cached(tmp_path, monkeypatch)
     assert cache.open_program(path).engine == "library"
     assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_rules_file_changed_is_another_key(tmp_path, monkeypatch):
+    """A program optimized (and its library saved) by one set of rules is not served after a
+    rules file changes: the rules are part of the key, as the code is."""
+    import shutil
+    from eqquant import resources
+    rules = tmp_path / "rules"
+    shutil.copytree(resources.rules_dir(), rules)
+    monkeypatch.setattr(resources, "rules_dir", lambda: rules)
+    path, folder = _cached(tmp_path, monkeypatch)
+    files = cache.program_files(path, None)
+    assert cache.program_key(files) == folder.name
+    edited = rules / "layout.rules"
+    edited.write_text(edited.read_text() + "\n# a comment: still another file\n")
+    assert cache.program_key(files) != folder.name

@@ -304,6 +304,52 @@ def test_float_resnet_runs_channel_last_with_one_change_at_the_input():
                                atol=1e-2 * 30)
 
 
+def test_a_float_squeeze_excitation_block_runs_channel_last():
+    """MobileNet-v3's block in float: a depthwise convolution, its squeeze-excitation (a
+    global pool, two convolutions, a sigmoid gate times the map) and a hardswish, between two
+    dense convolutions: every convolution channel-last, the gate's product and the
+    activations with them (rules elementwise_map_* and elementwise_pair_*): the only layout
+    changes are the input's, the output's and the one-pixel gate's; the NCHW program's
+    numbers."""
+    from eqquant.ir.builder import Builder
+    from eqquant.quant.flow import FP32_RULES, FP32_SCHEDULE, compile_layouts
+    from eqquant.optimizer import optimize
+    rng = np.random.default_rng(6)
+    c = 16
+    b = Builder()
+    x = b.input("x", (1, c, 14, 14))
+
+    def conv(v, name, o, i, k, groups=1):
+        w = b.param(name, (rng.normal(size=(o, i // groups, k, k)) / np.sqrt(i * k * k))
+                    .astype("float32"))
+        return b.call("nn.conv2d", v, w, padding=[k // 2] * 4, groups=groups)
+    y = conv(x, "w0", c, c, 1)
+    y = conv(y, "dw", c, c, 3, groups=c)
+    g = b.call("nn.global_avg_pool2d", y)
+    g = b.call("nn.relu", conv(g, "se1", 4, c, 1))
+    g = b.call("sigmoid", conv(g, "se2", c, 4, 1))
+    y = b.call("nn.hardswish", b.call("multiply", y, g))
+    mod, params = b.finish(conv(y, "w1", c, c, 1))
+    fp = optimize(bind_params(mod, params), None, FP32_RULES, FP32_SCHEDULE).module
+    result = compile_layouts(fp, "cpu")
+    calls = [n for n in post_order(result.module.main.body) if isinstance(n, Call)]
+    from eqquant.ir.typecheck import infer_types
+    types = infer_types(result.module)
+    main = result.module.main
+    # every change but the input's and the output's moves a one-pixel value (the gate's)
+    inner = [n for n in calls if n.op_name == "layout_transform" and n is not main.body and
+             n.args[0] is not main.params[0]]
+    assert all(int(np.prod(types[id(n)].shape)) <= c for n in inner)      # (batch 1)
+    for name in ("sigmoid", "multiply", "nn.hardswish"):
+        (op,) = [n for n in calls if n.op_name == name]
+        assert types[id(op)].shape[-1] == c, name        # channel-last
+    convs = [n for n in calls if n.op_name in ("nn.conv2d", "fused.conv2d")]
+    assert sum(n.attrs["data_layout"] == "NHWC" for n in convs) >= 4
+    xv = {"x": (20 * rng.normal(size=(1, c, 14, 14))).astype("f4")}
+    np.testing.assert_allclose(Executor(result.module).run(xv), run(fp, xv), rtol=1e-4,
+                               atol=1e-4 * 20)
+
+
 def test_a_convolution_left_apart_from_its_bias_is_fused_again_and_laid_out():
     """An earlier extraction may leave a convolution and its bias apart (their timings within
     each other's noise): the layout phase finds the fusion again (exact rules) and runs the

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..errors import EqquantError, EvalError
 from ..ir.outputs import backup_path
-from ..resources import cache_dir, cache_write, source_digest
+from ..resources import cache_dir, cache_write, rules_digest, source_digest
 from .digests import file_digest
 from .loader import FORMAT, Library, cpu_digest, pool_threads
 
@@ -58,9 +58,11 @@ def programs_dir() -> Path:
 
 def _code() -> bytes:
     """eqquant's source as installed (``resources.source_digest``: all of it, as a program's
-    binding reads the parser, the registry and the passes besides the runtime), Numba's and
+    binding reads the parser, the registry and the passes besides the runtime), its rules
+    (``resources.rules_digest``: an optimized program is what they made it), Numba's and
     llvmlite's versions."""
     h = hashlib.sha256(source_digest(_PACKAGE).encode())
+    h.update(rules_digest().encode())     # (the rules an optimized program was made by)
     for package in ("numba", "llvmlite"):
         spec = importlib.util.find_spec(package)      # (found, not imported)
         version = Path(spec.origin).with_name("_version.py") if spec and spec.origin else None
