@@ -441,6 +441,20 @@ def _layouts(layout):
     return dict(data_layout=layout, kernel_layout="HWIO" if layout == "NHWC" else "OIHW")
 
 
+def _fused_operands(b, rng, layout, w, o, zx, dtype) -> list:
+    """fused.qconv2d's operands after its image: the weights ``w`` (in ``layout``'s kernel
+    layout), a random bias, the input zero point ``zx``, random per-channel weight scales and
+    requantization, the output's zero point (5 for uint8)."""
+    return [b.param("w", w),
+            b.param("b", rng.integers(-900, 900, _bias_shape(layout, o)).astype("i4")),
+            b.param("zx", np.array(zx, np.int32)), b.param("zw", np.array(0, np.int32)),
+            b.param("sx", np.array(0.05, np.float32)),
+            b.param("sw", rng.uniform(0.01, 0.02, o).astype(np.float32)),
+            b.param("s1", (0.05 * rng.uniform(0.01, 0.02, o)).astype(np.float32)),
+            b.param("z1", np.array(0, np.int32)), b.param("s2", np.array(0.1, np.float32)),
+            b.param("z2", np.array(5 if dtype == "uint8" else 0, np.int32))]
+
+
 @settings(max_examples=40, deadline=None)
 @given(c=st.integers(2, 40), mult=st.integers(1, 3), k=st.sampled_from([1, 3, 5]),
        stride=st.integers(1, 3), pad=st.integers(0, 2), dil=st.integers(1, 2),
@@ -600,15 +614,8 @@ def test_fused_int8_convolutions_of_any_width_are_bit_exact_on_every_path(
     x = b.input("x", _image_in(layout, (batch, c, size, size)), dtype)
     extra = dict(a_min=0.0, a_max=2.0) if act == "clip" else {}
     w = _kernel_in(layout, rng.integers(-128, 128, (o, c, k, k)).astype("i1"))
-    y = b.call("fused.qconv2d", x, b.param("w", w),
-               b.param("b", rng.integers(-900, 900, _bias_shape(layout, o)).astype("i4")),
-               b.param("zx", np.array(int(rng.integers(lo, hi)) if dtype == "uint8" else 0,
-                                      np.int32)),
-               b.param("zw", np.array(0, np.int32)), b.param("sx", np.array(0.05, np.float32)),
-               b.param("sw", rng.uniform(0.01, 0.02, o).astype(np.float32)),
-               b.param("s1", (0.05 * rng.uniform(0.01, 0.02, o)).astype(np.float32)),
-               b.param("z1", np.array(0, np.int32)), b.param("s2", np.array(0.1, np.float32)),
-               b.param("z2", np.array(5 if dtype == "uint8" else 0, np.int32)),
+    zx = int(rng.integers(lo, hi)) if dtype == "uint8" else 0
+    y = b.call("fused.qconv2d", x, *_fused_operands(b, rng, layout, w, o, zx, dtype),
                strides=[stride] * 2, padding=[pad] * 4, activation=act, out_dtype=dtype,
                axis=_channel_axis(layout), **_layouts(layout), **extra)
     bound = bind_params(*b.finish(y))
@@ -653,14 +660,7 @@ def test_grouped_int8_convolutions_are_bit_exact_on_every_path(
     x = b.input("x", _image_in(layout, (batch, c, size, size)), dtype)
     extra = dict(a_min=0.0, a_max=2.0) if act == "clip" else {}
     w = _kernel_in(layout, rng.integers(-128, 128, (o, cg, k, k)).astype("i1"))
-    args = [x, b.param("w", w),
-            b.param("b", rng.integers(-900, 900, _bias_shape(layout, o)).astype("i4")),
-            b.param("zx", np.array(int(rng.integers(lo, hi)), np.int32)),
-            b.param("zw", np.array(0, np.int32)), b.param("sx", np.array(0.05, np.float32)),
-            b.param("sw", rng.uniform(0.01, 0.02, o).astype(np.float32)),
-            b.param("s1", (0.05 * rng.uniform(0.01, 0.02, o)).astype(np.float32)),
-            b.param("z1", np.array(0, np.int32)), b.param("s2", np.array(0.1, np.float32)),
-            b.param("z2", np.array(5 if dtype == "uint8" else 0, np.int32))]
+    args = [x, *_fused_operands(b, rng, layout, w, o, int(rng.integers(lo, hi)), dtype)]
     attrs = dict(strides=[stride] * 2, padding=[pad] * 4, groups=groups, activation=act,
                  out_dtype=dtype, axis=_channel_axis(layout), **_layouts(layout), **extra)
     oh = (size + 2 * pad - k) // stride + 1
