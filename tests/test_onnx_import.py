@@ -129,9 +129,9 @@ BAD = {
     "unsupported op": (_single("LpNormalization", ["x"]), "op LpNormalization is not supported"),
     "custom domain": (_single("MyOp", ["x"], domain="com.example"),
                       "op MyOp of domain 'com.example' is not supported"),
-    "3-d convolution": (_single("Conv", ["x", "w"], shape=(1, 3, 4, 8, 8),
-                                inits=[_w("w", np.ones((2, 3, 1, 1, 1), np.float32))]),
-                        "only 2-d convolutions"),
+    "4-d convolution": (_single("Conv", ["x", "w"], shape=(1, 3, 4, 4, 4, 4),
+                                inits=[_w("w", np.ones((2, 3, 1, 1, 1, 1), np.float32))]),
+                        "only 2-d and 3-d convolutions"),
     "runtime reshape shape": (_single("Reshape", ["x", "x"]), "Reshape's shape"),
     "training batch norm": (_single("BatchNormalization", ["x", "s", "b", "m", "v"],
                                     training_mode=1, inits=[_w(n, np.ones(3, np.float32))

@@ -20,6 +20,7 @@ from ..errors import EqquantError
 from ..core.nodes import (Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var,
                           post_order)
 from ..ir.typecheck import infer_types
+from ..ops.onnx_conventions import OnnxFormError
 from ..ops.registry import IDENTITY
 from ..passes.inline import inline_calls
 
@@ -102,7 +103,8 @@ class Exporter:
                 self.names[id(node)] = inner[node.index] if isinstance(inner, list) else inner
             elif isinstance(node, Call) and not isinstance(node.op, Expr):
                 layout = node.attrs.get("data_layout", node.attrs.get("layout", "NCHW"))
-                if layout != "NCHW":    # ONNX's convolutions and pools are channels-first
+                if layout not in ("NCHW", "NCDHW"):   # ONNX's convolutions and pools are
+                    #                                    channels-first
                     raise EqquantError(f"ONNX export: {node.op.name} with layout {layout}; "
                                        f"ONNX's Conv and pools are NCHW", node.loc)
                 out = self.qdq.call(node) if self.qdq.handles(node) else self.call(node)
@@ -155,7 +157,10 @@ class Exporter:
         if not node.op.onnx:
             raise EqquantError(f"ONNX export: {node.op.name} has no ONNX form (OpDef.onnx)",
                                node.loc)
-        return node.op.onnx[0].write(self, node, ins)
+        try:
+            return node.op.onnx[0].write(self, node, ins)
+        except OnnxFormError as e:
+            raise EqquantError(f"ONNX export: {node.op.name}: {e}", node.loc) from None
 
     def reshape(self, x: str, shape) -> str:
         return self.emit("Reshape", [x, self.const(np.asarray(shape, np.int64))])

@@ -138,28 +138,37 @@ class IntsKind(AttrKind):
                 isinstance(x, int) and not isinstance(x, bool) for x in v):
             raise AttrValueError(self._expected())
         v = list(v)
-        if self.expand == "pad2d":
+        kind, n = _EXPANDS.get(self.expand, ("", 0))
+        if kind == "pad":
             if len(v) == 1:
-                v = v * 4
-            elif len(v) == 2:
-                v = [v[0], v[1], v[0], v[1]]
-        elif self.expand == "pair" and len(v) == 1:
-            v = v * 2
+                v = v * (2 * n)
+            elif len(v) == n:
+                v = v + v
+        elif kind == "tuple" and len(v) == 1:
+            v = v * n
         if self.lengths and len(v) not in self.lengths:
             raise AttrValueError(self._expected())
-        if self.expand == "pad2d" and min(v) < 0:
+        if kind == "pad" and min(v) < 0:
             raise AttrValueError("sizes of 0 or more (padding adds pixels; to crop, "
                                  "strided_slice)")
         return v
 
     def _expected(self) -> str:
-        if self.expand == "pad2d":
-            return "an int or a list of 1, 2 or 4 ints"
-        if self.expand == "pair":
-            return "an int or a list of 2 ints"
+        kind, n = _EXPANDS.get(self.expand, ("", 0))
+        if kind == "pad":
+            return f"an int or a list of 1, {n} or {2 * n} ints"
+        if kind == "tuple":
+            return f"an int or a list of {n} ints"
         if self.lengths:
             return f"a list of {' or '.join(map(str, self.lengths))} ints"
         return "a list of ints"
+
+
+# IntsKind.expand: how a short list stands for the whole one over n spatial axes: a padding
+# of one size for all sides, or one per axis for both ends (TVM's [before..., after...]);
+# a stride or a window of one size for every axis
+_EXPANDS = {"pad2d": ("pad", 2), "pad3d": ("pad", 3), "pair": ("tuple", 2),
+            "triple": ("tuple", 3)}
 
 
 @dataclass(frozen=True)
@@ -201,6 +210,8 @@ DTYPE_REQUIRED = DTypeKind("dtype", allow_empty=False)
 INTS = IntsKind("ints")
 PADDING2D = IntsKind("padding", lengths=(4,), expand="pad2d", scalar_ok=True)
 PAIR = IntsKind("pair", lengths=(2,), expand="pair", scalar_ok=True)
+PADDING3D = IntsKind("padding", lengths=(6,), expand="pad3d", scalar_ok=True)
+TRIPLE = IntsKind("triple", lengths=(3,), expand="triple", scalar_ok=True)
 OPT_INT = OptionalKind("int?", INT)
 OPT_INTS = OptionalKind("ints?", IntsKind("ints", scalar_ok=True))
 OPT_PAIR = OptionalKind("pair?", PAIR)

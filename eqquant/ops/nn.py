@@ -1,6 +1,8 @@
 """Neural-network ops: convolution, batch norm, pools, dense, bias_add, pad."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..core.types import TensorType, default_compute_dtype
@@ -8,8 +10,8 @@ from ..errors import EqquantError
 from . import numerics
 from .attrs import (BOOL, DTYPE, FLOAT, INT, OPT_INT, OPT_PAIR, PAD_WIDTH, PADDING2D, PAIR, Attr,
                     StrKind)
-from .onnx_conventions import (OnnxFormError, conv_to_onnx, pads, rank4, text, window,
-                               window_to_onnx)
+from .onnx_conventions import (OnnxFormError, conv_to_onnx, one_d_as_rows, pads, rank4,
+                               spatial_axes, text, window, window_to_onnx)
 from .registry import (COMPUTE, KERNEL, POOL, SELECTS, OnnxForm, OpDef, OpTypeError, RelaxForm,
                        register)
 from .typerel import broadcast_shapes, compute_dtypes, norm_axis, tensor, tuple_of
@@ -85,24 +87,32 @@ def conv2d_flops(ins, out, attrs) -> float:
     return 2.0 * out.size * ins[1].size // out.shape[channel_axis(attrs, "data_layout")]
 
 
-def _conv_from_onnx(im, attrs, ins):
-    """Conv (2-d, NCHW) is nn.conv2d, then nn.bias_add where it has a bias."""
+def conv_from_onnx(im, attrs, ins, op: str = "nn.conv2d"):
+    """Conv (NCHW, or NCDHW for ``nn.conv3d``) is the convolution op, then nn.bias_add where
+    it has a bias."""
     x, w = im.value(ins[0]), im.value(ins[1])
-    xt, wt = rank4(im, x, "convolutions"), im.type(w)
-    if wt.rank != 4:
-        raise OnnxFormError(f"the weight has rank {wt.rank}; only 2-d convolutions are "
-                            "supported")
+    xt, wt = im.type(x), im.type(w)
+    if wt.rank != xt.rank:
+        raise OnnxFormError(f"the weight has rank {wt.rank}, the input {xt.rank}")
+    n = xt.rank - 2
     kernel = list(attrs.get("kernel_shape", wt.shape[2:]))
     if tuple(kernel) != tuple(wt.shape[2:]):
         raise OnnxFormError(f"kernel_shape {kernel} disagrees with the weight's shape "
                             f"{list(wt.shape)}")
-    strides = list(attrs.get("strides", [1, 1]))
-    dil = list(attrs.get("dilations", [1, 1]))
-    y = im.call("nn.conv2d", x, w, strides=strides, dilation=dil, groups=attrs.get("group", 1),
+    strides = list(attrs.get("strides", [1] * n))
+    dil = list(attrs.get("dilations", [1] * n))
+    y = im.call(op, x, w, strides=strides, dilation=dil, groups=attrs.get("group", 1),
                 padding=pads(attrs, xt.shape[2:], kernel, strides, dil))
     if len(ins) > 2 and ins[2]:
         y = im.call("nn.bias_add", y, im.value(ins[2]), axis=1)
     return y
+
+
+@functools.partial(one_d_as_rows, lifted=2)
+def _conv_from_onnx(im, attrs, ins):
+    """Conv over 1 (as 2-d, a row high), 2 or 3 spatial axes."""
+    dims = spatial_axes(im, im.value(ins[0]), "convolutions", (2, 3))
+    return conv_from_onnx(im, attrs, ins, "nn.conv2d" if dims == 2 else "nn.conv3d")
 
 
 def _conv_to_onnx(ex, node, ins):
@@ -153,8 +163,9 @@ def conv2d_transpose_rel(types, attrs):
     return TensorType((n, og * g, oh, ow), compute_dtypes(types, attrs, x, w))
 
 
+@functools.partial(one_d_as_rows, lifted=2)
 def _conv_transpose_from_onnx(im, attrs, ins):
-    """ConvTranspose (2-d, NCHW, IOHW weight), then nn.bias_add where it has a bias. Padding
+    """ConvTranspose (2-d, NCHW, IOHW weight; 1-d as 2-d a row high), then nn.bias_add where it has a bias. Padding
     is given (pads) or none (VALID); output_shape and SAME padding are not read."""
     x, w = im.value(ins[0]), im.value(ins[1])
     rank4(im, x, "transposed convolutions")
@@ -288,19 +299,32 @@ def _pool_rel(types, attrs):
     ow = numerics.out_size(w, kw, sw, dw, pl, pr, attrs["ceil_mode"])
     if oh < 1 or ow < 1:
         raise OpTypeError(f"the {kh}x{kw} window does not fit the {h}x{w} input", arg=0)
+    for axis, args in (("row", (h, kh, sh, dh, pt, pb)), ("column", (w, kw, sw, dw, pl, pr))):
+        o = numerics.padding_only_window(*args, attrs["ceil_mode"])
+        if o is not None:
+            raise OpTypeError(f"the window at output {axis} {o} reads only padding (its "
+                              f"dilated taps miss the input)", 0)
     return TensorType(numerics.from_nchw((n, c, oh, ow), layout), x.dtype)
 
 
+@one_d_as_rows
 def _max_pool_from_onnx(im, attrs, ins):
+    """MaxPool over 1 (as 2-d, a row high), 2 or 3 spatial axes; its indices are not
+    produced."""
     if attrs.get("storage_order", 0):
         raise OnnxFormError("storage_order=1 (column major indices) is not supported")
     x = im.value(ins[0])
-    return [im.call("nn.max_pool2d", x, **window(im, attrs, x)), None]   # no indices
+    w = window(im, attrs, x, (2, 3))
+    return [im.call("nn.max_pool2d" if len(w["pool_size"]) == 2 else "nn.max_pool3d", x, **w),
+            None]   # no indices
 
 
+@one_d_as_rows
 def _avg_pool_from_onnx(im, attrs, ins):
+    """AveragePool over 1 (as 2-d, a row high), 2 or 3 spatial axes."""
     x = im.value(ins[0])
-    return im.call("nn.avg_pool2d", x, **window(im, attrs, x),
+    w = window(im, attrs, x, (2, 3))
+    return im.call("nn.avg_pool2d" if len(w["pool_size"]) == 2 else "nn.avg_pool3d", x, **w,
                    count_include_pad=bool(attrs.get("count_include_pad", 0)))
 
 
@@ -533,10 +557,7 @@ def _layer_norm_rel(types, attrs):
 def _layer_norm(x, gamma, beta, *, axis, epsilon, center, scale):
     shape = [1] * x.ndim
     shape[axis] = -1
-    v = x.astype(np.float64)
-    mean = v.mean(axis=axis, keepdims=True)
-    var = ((v - mean) ** 2).mean(axis=axis, keepdims=True)
-    out = (v - mean) / np.sqrt(var + epsilon)
+    out = _normalized(x.astype(np.float64), axis, epsilon)
     if scale:
         out = out * gamma.astype(np.float64).reshape(shape)
     if center:
@@ -579,7 +600,58 @@ register(OpDef("nn.layer_norm", inputs=("data", "gamma", "beta"),
                doc="(x - mean) / sqrt(var + epsilon) * gamma + beta over axis (float64 inside)"))
 
 
-def _matmul_shapes(a, b, ta: bool, tb: bool):
+def _normalized(v, axes, epsilon):
+    """(v - mean) / sqrt(var + epsilon) over ``axes``, in v's (float64) precision."""
+    mean = v.mean(axis=axes, keepdims=True)
+    var = ((v - mean) ** 2).mean(axis=axes, keepdims=True)
+    return (v - mean) / np.sqrt(var + epsilon)
+
+
+def _instance_norm(x, gamma, beta, *, axis, epsilon, center, scale):
+    """Each image's channel normalized over its own spatial positions (the axes after the
+    first other than ``axis``), then scaled and shifted per channel; float64 inside."""
+    axis %= x.ndim
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    out = _normalized(x.astype(np.float64),
+                      tuple(i for i in range(1, x.ndim) if i != axis), epsilon)
+    if scale:
+        out = out * gamma.astype(np.float64).reshape(shape)
+    if center:
+        out = out + beta.astype(np.float64).reshape(shape)
+    return out.astype(x.dtype)
+
+
+def _instance_norm_rel(types, attrs):
+    x = tensor(types, 0, "data")
+    if x.rank < 3:
+        raise OpTypeError(f"instance_norm takes (N, C, spatial...) data, got rank {x.rank}", 0)
+    return _layer_norm_rel(types, attrs)
+
+
+def _instance_norm_to_onnx(ex, node, ins):
+    a = node.attrs
+    if a["axis"] != 1 or not (a["center"] and a["scale"]):
+        raise OnnxFormError("InstanceNormalization normalizes axis 1 with a scale and a bias; "
+                            f"this nn.instance_norm has axis={a['axis']}, "
+                            f"center={a['center']}, scale={a['scale']}")
+    return ex.emit("InstanceNormalization", ins, epsilon=float(a["epsilon"]))
+
+
+register(OpDef("nn.instance_norm", inputs=("data", "gamma", "beta"),
+               attrs=(Attr("axis", INT, 1), Attr("epsilon", FLOAT, 1e-5),
+                      Attr("center", BOOL, True), Attr("scale", BOOL, True)),
+               type_rel=_instance_norm_rel, semantics=_instance_norm,
+               flops=lambda ins, out, a: 8.0 * ins[0].size,
+               onnx=(OnnxForm("InstanceNormalization", convert=lambda im, attrs, ins: im.call(
+                   "nn.instance_norm", *[im.value(n) for n in ins[:3]], axis=1,
+                   epsilon=float(attrs.get("epsilon", 1e-5))),
+                   export=_instance_norm_to_onnx),),
+               doc="(x - mean) / sqrt(var + epsilon) * gamma + beta, the mean and variance "
+                   "of each image's channel over its spatial positions (float64 inside)"))
+
+
+def matmul_shapes(a, b, ta: bool, tb: bool):
     """The (.., M, K) x (.., K, N) shapes after the transposes, and the result's."""
     if a.rank < 2 or b.rank < 2:
         raise OpTypeError(f"batch_matmul takes rank >= 2 operands, got {a} and {b}", 1)
@@ -594,7 +666,7 @@ def _matmul_shapes(a, b, ta: bool, tb: bool):
 
 def _batch_matmul_rel(types, attrs):
     a, b = tensor(types, 0, "tensor_a"), tensor(types, 1, "tensor_b")
-    shape = _matmul_shapes(a, b, attrs["transpose_a"], attrs["transpose_b"])
+    shape = matmul_shapes(a, b, attrs["transpose_a"], attrs["transpose_b"])
     return TensorType(shape, compute_dtypes(types, attrs, a, b))
 
 

@@ -25,30 +25,44 @@ def out_size(size: int, k: int, stride: int, dilation: int, pad_before: int, pad
     return total // stride + 1
 
 
+def padding_only_window(size: int, k: int, stride: int, dilation: int, pad_before: int,
+                        pad_after: int, ceil_mode: bool = False) -> int | None:
+    """The first output position whose window reads only padding (a dilated window can
+    straddle the input even when no padding is wider than half of it), or None."""
+    for o in range(out_size(size, k, stride, dilation, pad_before, pad_after, ceil_mode)):
+        start = o * stride - pad_before
+        if not any(0 <= start + j * dilation < size for j in range(k)):
+            return o
+    return None
+
+
 def acc_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float64) if dtype.kind == "f" else np.dtype(np.int64)
 
 
-def windows(x: np.ndarray, kernel: tuple[int, int], strides, dilation, padding,
-            pad_value, ceil_mode: bool = False, extra_value=None) -> np.ndarray:
-    """(N, C, H, W) -> (N, C, OH, OW, KH, KW) windows of the padded input. ``extra_value``
-    fills what ceil_mode reads past the explicit padding (default: ``pad_value``)."""
-    kh, kw = kernel
-    (sh, sw), (dh, dw) = strides, dilation
-    pt, pl, pb, pr = padding
-    oh = out_size(x.shape[2], kh, sh, dh, pt, pb, ceil_mode)
-    ow = out_size(x.shape[3], kw, sw, dw, pl, pr, ceil_mode)
+def windows(x: np.ndarray, kernel, strides, dilation, padding, pad_value,
+            ceil_mode: bool = False, extra_value=None) -> np.ndarray:
+    """(N, C, *spatial) -> (N, C, *out, *kernel) windows of the padded input, for any number
+    of spatial axes; ``padding`` is every axis's padding before, then every axis's after
+    ([top, left, bottom, right] in 2-d). ``extra_value`` fills what ceil_mode reads past the
+    explicit padding (default: ``pad_value``)."""
+    k = len(kernel)
+    before, after = padding[:k], padding[k:]
+    outs = [out_size(x.shape[2 + i], kernel[i], strides[i], dilation[i], before[i], after[i],
+                     ceil_mode) for i in range(k)]
     # with ceil_mode the last window may run past the padding: pad further on the far side
-    need_h = (oh - 1) * sh + dh * (kh - 1) + 1
-    need_w = (ow - 1) * sw + dw * (kw - 1) + 1
-    extra_b = max(0, need_h - (x.shape[2] + pt + pb))
-    extra_r = max(0, need_w - (x.shape[3] + pl + pr))
-    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=pad_value)
-    if extra_b or extra_r:
-        xp = np.pad(xp, ((0, 0), (0, 0), (0, extra_b), (0, extra_r)),
+    extra = [max(0, (o - 1) * s + d * (kk - 1) + 1 - (n + b + a))
+             for o, s, d, kk, n, b, a in zip(outs, strides, dilation, kernel, x.shape[2:],
+                                             before, after)]
+    xp = np.pad(x, ((0, 0), (0, 0)) + tuple(zip(before, after)), constant_values=pad_value)
+    if any(extra):
+        xp = np.pad(xp, ((0, 0), (0, 0)) + tuple((0, e) for e in extra),
                     constant_values=pad_value if extra_value is None else extra_value)
-    win = sliding_window_view(xp, (dh * (kh - 1) + 1, dw * (kw - 1) + 1), axis=(2, 3))
-    return win[:, :, : (oh - 1) * sh + 1: sh, : (ow - 1) * sw + 1: sw, ::dh, ::dw]
+    win = sliding_window_view(xp, tuple(d * (kk - 1) + 1 for d, kk in zip(dilation, kernel)),
+                              axis=tuple(range(2, 2 + k)))
+    return win[(slice(None), slice(None))
+               + tuple(slice(None, (o - 1) * s + 1, s) for o, s in zip(outs, strides))
+               + tuple(slice(None, None, d) for d in dilation)]
 
 
 # Layouts: NCHW data with OIHW weights, or NHWC (channels last, as TensorFlow and TFLite
@@ -85,19 +99,30 @@ def conv2d(x: np.ndarray, w: np.ndarray, *, strides, padding, dilation, groups, 
         y = conv2d(to_nchw(x, data_layout), to_oihw(w, kernel_layout), strides=strides,
                    padding=padding, dilation=dilation, groups=groups, out_dtype=out_dtype)
         return np.ascontiguousarray(from_nchw(y, data_layout))
+    return conv(x, w, strides=strides, padding=padding, dilation=dilation, groups=groups,
+                out_dtype=out_dtype)
+
+
+def conv(x: np.ndarray, w: np.ndarray, *, strides, padding, dilation, groups, out_dtype,
+         **_ignored) -> np.ndarray:
+    """A convolution over any number of spatial axes: (N, C, *spatial) data, (O, C/groups,
+    *kernel) weight; each group's windows times its weights, as one matrix product."""
     acc = acc_dtype(np.result_type(x.dtype, w.dtype))
     n, c = x.shape[:2]
-    o, cg, kh, kw = w.shape
-    win = windows(x.astype(acc), (kh, kw), strides, dilation, padding, 0)
-    oh, ow = win.shape[2], win.shape[3]
+    o, cg, kernel = w.shape[0], w.shape[1], w.shape[2:]
+    k = len(kernel)
+    win = windows(x.astype(acc), kernel, strides, dilation, padding, 0)
+    outs = win.shape[2:2 + k]
     g = groups
     og = o // g
-    # (N, G, Cg, OH, OW, KH, KW) -> (G, N*OH*OW, Cg*KH*KW)
-    cols = win.reshape(n, g, cg, oh, ow, kh, kw).transpose(1, 0, 3, 4, 2, 5, 6)
-    cols = cols.reshape(g, n * oh * ow, cg * kh * kw)
-    wmat = w.astype(acc).reshape(g, og, cg * kh * kw).transpose(0, 2, 1)
-    out = np.matmul(cols, wmat)  # (G, N*OH*OW, Og)
-    out = out.reshape(g, n, oh, ow, og).transpose(1, 0, 4, 2, 3).reshape(n, o, oh, ow)
+    # (N, G, Cg, *out, *kernel) -> (G, N*prod(out), Cg*prod(kernel))
+    cols = win.reshape((n, g, cg) + outs + kernel).transpose(
+        (1, 0) + tuple(range(3, 3 + k)) + (2,) + tuple(range(3 + k, 3 + 2 * k)))
+    cols = cols.reshape(g, n * int(np.prod(outs)), cg * int(np.prod(kernel)))
+    wmat = w.astype(acc).reshape(g, og, -1).transpose(0, 2, 1)
+    out = np.matmul(cols, wmat)  # (G, N*prod(out), Og)
+    out = out.reshape((g, n) + outs + (og,)).transpose(
+        (1, 0, 2 + k) + tuple(range(2, 2 + k))).reshape((n, o) + outs)
     return out.astype(out_dtype or default_compute_dtype(str(x.dtype), str(w.dtype)))
 
 
@@ -126,38 +151,46 @@ def _channels_last(pool):
     return run
 
 
-@_channels_last
-def max_pool2d(x: np.ndarray, *, pool_size, strides, dilation, padding, ceil_mode,
-               **_ignored) -> np.ndarray:
-    """Each window's maximum, its taps taken in order (kernel row, then column) from the
+def max_pool(x: np.ndarray, *, pool_size, strides, dilation, padding, ceil_mode,
+             **_ignored) -> np.ndarray:
+    """Each window's maximum, its taps taken in order (the first axis slowest) from the
     dtype's least value: a tap replaces the maximum so far where it is larger, or NaN. So
     NaN wins, and of equal values the first stays: -0.0 before 0.0 gives -0.0, 0.0 before
     -0.0 gives 0.0. (numpy's ``max`` over the window axes picked among signed zeros by its
-    own order of reduction: the kernels' bits could not be its bits.)"""
+    own order of reduction: the kernels' bits could not be its bits.) Any number of spatial
+    axes."""
+    k = len(pool_size)
     win = windows(x, tuple(pool_size), strides, dilation, padding, _lowest(x.dtype), ceil_mode)
-    acc = np.full(win.shape[:4], _lowest(x.dtype), x.dtype)
-    for i in range(win.shape[4]):
-        for j in range(win.shape[5]):
-            tap = win[..., i, j]
-            acc = np.where(tap > acc, tap, acc)
-            if x.dtype.kind == "f":
-                acc = np.where(tap != tap, tap, acc)
+    acc = np.full(win.shape[:2 + k], _lowest(x.dtype), x.dtype)
+    for tap_at in np.ndindex(*win.shape[2 + k:]):
+        tap = win[(Ellipsis,) + tap_at]
+        acc = np.where(tap > acc, tap, acc)
+        if x.dtype.kind == "f":
+            acc = np.where(tap != tap, tap, acc)
     return acc
 
 
-@_channels_last
-def avg_pool2d(x: np.ndarray, *, pool_size, strides, dilation, padding, ceil_mode,
-               count_include_pad, **_ignored) -> np.ndarray:
+def avg_pool(x: np.ndarray, *, pool_size, strides, dilation, padding, ceil_mode,
+             count_include_pad, **_ignored) -> np.ndarray:
+    """Each window's mean over its real elements, and its explicit padding if
+    ``count_include_pad`` (never what ceil_mode reads past it); integers round toward 0.
+    Any number of spatial axes."""
+    k = len(pool_size)
     acc = acc_dtype(x.dtype)
     args = (tuple(pool_size), strides, dilation, padding)
-    sums = windows(x.astype(acc), *args, 0, ceil_mode).sum(axis=(4, 5))
+    taps = tuple(range(2 + k, 2 + 2 * k))
+    sums = windows(x.astype(acc), *args, 0, ceil_mode).sum(axis=taps)
     # how many elements each window averages: real ones, plus explicit padding if asked
     ones = np.ones((1, 1) + x.shape[2:], dtype=acc)
     counts = windows(ones, *args, 1 if count_include_pad else 0, ceil_mode,
-                     extra_value=0).sum(axis=(4, 5))
+                     extra_value=0).sum(axis=taps)
     if x.dtype.kind == "f":
         return (sums / counts).astype(x.dtype)
     return np.trunc(sums / counts).astype(x.dtype)
+
+
+max_pool2d = _channels_last(max_pool)
+avg_pool2d = _channels_last(avg_pool)
 
 
 def trunc_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -44,6 +44,7 @@ COMPUTE = "compute"        # heavy ops: conv2d, dense
 EPILOGUE = "epilogue"      # an activation a quantized op applies to its accumulator (relu, clip)
 SELECTS = "selects"        # every output element is one of the input's elements (max pools)
 QUANT = "quant"
+LOGIC = "logic"            # takes truth values (bool) and gives them: logical_not, logical_and
 # the attribute naming the kernel a call site runs on (an op that has one lists its kernels'
 # names as the attribute's choices): it says how the op runs, never what it computes, so the
 # reference semantics never see it (``register``)
@@ -262,7 +263,7 @@ def _ensure_loaded() -> None:
         _LOADED.append(True)
         # (registration order is the e-graph schema's order: the first families first)
         from . import nn, tensor, fused, qnn, quant  # noqa: F401  (registration side effects)
-        from . import activation, indexing, image  # noqa: F401
+        from . import activation, indexing, image, volume  # noqa: F401
 
 
 def get_op(name: str) -> OpDef:
