@@ -1,15 +1,17 @@
 """Smooth and piecewise activations of mobile and transformer networks: hardswish,
-hardsigmoid, erf, gelu. Each is one entry: reference semantics, type relation, its fp32
-kernel (by name, in ``eqquant/runtime/kernels/fp32.py``) and its ONNX forms."""
+hardsigmoid, erf, gelu, elu, selu, softplus, softsign, prelu. Each is one entry: reference
+semantics, type relation, its fp32 kernel (by name, in ``eqquant/runtime/kernels/fp32.py``)
+where it has one, and its ONNX forms."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from .attrs import FLOAT_F, Attr, StrKind
-from .registry import ELEMWISE, UNARY, OnnxForm, OpDef, register
-from .typerel import float_input
+from .attrs import FLOAT_F, INT, Attr, StrKind
+from .onnx_conventions import OnnxFormError
+from .registry import ELEMWISE, UNARY, OnnxForm, OpDef, OpTypeError, register
+from .typerel import float_input, norm_axis, tensor
 
 _KERNEL = "Elementwise"
 
@@ -156,3 +158,61 @@ register(OpDef("nn.softsign", inputs=("data",), props=frozenset({ELEMWISE, UNARY
                type_rel=float_input, semantics=_softsign,
                kernel=_KERNEL, kernel_params={"fn": "softsign"},
                onnx=(OnnxForm("Softsign"),), doc="x / (1 + |x|)"))
+
+
+# PReLU: a leaky relu whose slope is learned per channel (Relay's nn.prelu: one slope per
+# channel along ``axis``, or one for all).
+
+def _prelu_rel(types, attrs):
+    x = float_input(types, attrs)
+    a = tensor(types, 1, "alpha", rank=1)
+    axis = norm_axis(attrs["axis"], x.rank)
+    if a.dtype != x.dtype:
+        raise OpTypeError(f"alpha is {a.dtype}, the data {x.dtype}", arg=1)
+    if a.shape[0] not in (1, x.shape[axis]):
+        raise OpTypeError(f"alpha has {a.shape[0]} slopes; axis {axis} has "
+                          f"{x.shape[axis]} channels (give one slope, or one per channel)", 1)
+    return x
+
+
+def _prelu(x, alpha, *, axis):
+    axis %= x.ndim
+    slope = alpha.reshape((-1,) + (1,) * (x.ndim - 1 - axis))
+    return np.where(x < 0, x * slope, x).astype(x.dtype)
+
+
+def _prelu_from_onnx(im, attrs, ins):
+    """PRelu's slope broadcasts to X as numpy does (opset >= 7), or is one value or one per
+    channel of axis 1 (opset 6 and before). A slope that varies along one axis is nn.prelu
+    over that axis; one that varies along more has no such form and is refused."""
+    x, slope = im.value(ins[0]), im.value(ins[1])
+    rank, shape = im.type(x).rank, tuple(im.type(slope).shape)
+    if im.opset < 7 and len(shape) == 1 and rank >= 2:
+        aligned = (1, shape[0]) + (1,) * (rank - 2)       # the legacy per-channel form
+    else:
+        if len(shape) > rank:
+            raise OnnxFormError(f"the slope has rank {len(shape)}, more than X's {rank}")
+        aligned = (1,) * (rank - len(shape)) + shape
+    varies = [i for i, d in enumerate(aligned) if d != 1]
+    if len(varies) > 1:
+        raise OnnxFormError(f"the slope of shape {list(shape)} varies along {len(varies)} "
+                            "axes; nn.prelu takes one slope per channel of one axis")
+    axis = varies[0] if varies else 1 % rank
+    if tuple(im.type(slope).shape) != (aligned[axis],):
+        slope = im.call("reshape", slope, newshape=[-1])
+    return im.call("nn.prelu", x, slope, axis=axis)
+
+
+def _prelu_to_onnx(ex, node, ins):
+    x = ex.type(node.args[0])
+    axis, n = node.attrs["axis"] % x.rank, ex.type(node.args[1]).shape[0]
+    shape = [n] + [1] * (x.rank - 1 - axis)
+    return ex.emit("PRelu", [ins[0], ex.emit("Reshape", [ins[1], ex.const(
+        np.asarray(shape, np.int64))])])
+
+
+register(OpDef("nn.prelu", inputs=("data", "alpha"), attrs=(Attr("axis", INT, 1),),
+               type_rel=_prelu_rel, semantics=_prelu,
+               onnx=(OnnxForm("PRelu", convert=_prelu_from_onnx, export=_prelu_to_onnx),),
+               doc="x where x >= 0, alpha * x elsewhere, with one alpha per channel of axis "
+                   "(or one for all)"))

@@ -1,10 +1,12 @@
-"""Ops that select, split and repeat: strided_slice, split, broadcast_to, tile (Relay's names
-and semantics), each with its ONNX forms (Slice, Split, Expand, Tile)."""
+"""Ops that select, split and repeat: strided_slice, split, broadcast_to, tile, take (Relay's
+names and semantics) and take_at (take at run-time indices), each with its ONNX forms (Slice,
+Split, Expand, Tile, Gather)."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..core.types import TensorType, TupleType
+from ..errors import EvalError
 from .attrs import INT, INTS, OPT_INTS, REQUIRED, Attr
 from .onnx_conventions import OnnxFormError
 from .registry import LAYOUT, OnnxForm, OpDef, OpTypeError, register
@@ -208,13 +210,16 @@ def _take_rel(types, attrs):
 
 def _gather_from_onnx(im, attrs, ins):
     """Gather with constant indices: a scalar index is a one-element slice with its axis
-    squeezed away (ViT's class token), a vector of indices is take."""
+    squeezed away (ViT's class token), a vector of indices is take. Indices computed at run
+    time (token IDs into an embedding table) are take_at."""
     x = im.value(ins[0])
     rank = im.type(x).rank
     axis = attrs.get("axis", 0)
     if not -rank <= axis < rank:
         raise OnnxFormError(f"axis {axis} is out of range for rank {rank}")
     axis %= rank
+    if ins[1] not in im.consts:
+        return im.call("take_at", x, im.value(ins[1]), axis=axis)
     idx = np.asarray(im.const(ins[1], "Gather's indices"))
     if idx.dtype.kind not in "iu" or idx.ndim > 1:
         raise OnnxFormError(f"Gather's indices must be an integer scalar or vector, got "
@@ -235,3 +240,37 @@ register(OpDef("take", inputs=("data",), attrs=(Attr("indices", INTS, REQUIRED),
                                   node.attrs["indices"], np.int64))], axis=node.attrs["axis"])),),
                doc="the slices at indices along axis (constant indices; negative count from "
                    "the end)"))
+
+
+# ---- take_at (ONNX Gather with run-time indices: an embedding look-up) -------------------------
+
+def _take_at_rel(types, attrs):
+    t = tensor(types, 0, "data")
+    idx = tensor(types, 1, "indices")
+    if idx.dtype not in ("int32", "int64"):
+        raise OpTypeError(f"indices must be int32 or int64, not {idx.dtype}", 1)
+    axis = norm_axis(attrs["axis"], t.rank)
+    if t.shape[axis] == 0:
+        raise OpTypeError(f"axis {axis} has no elements to take", 0)
+    return TensorType(t.shape[:axis] + idx.shape + t.shape[axis + 1:], t.dtype)
+
+
+def _take_at(x, indices, *, axis):
+    """np.take, each index checked: one outside [-n, n) is an error, as ONNX says (numpy
+    would raise an IndexError, or wrap with mode="wrap")."""
+    axis %= x.ndim
+    n = x.shape[axis]
+    bad = (indices < -n) | (indices >= n)
+    if bad.any():
+        raise EvalError(f"take_at: index {int(indices[bad].reshape(-1)[0])} is out of range "
+                        f"for axis {axis} of size {n}")
+    return np.take(x, indices.astype(np.int64), axis=axis)
+
+
+register(OpDef("take_at", inputs=("data", "indices"), attrs=(Attr("axis", INT, 0),),
+               type_rel=_take_at_rel, semantics=_take_at,
+               onnx=(OnnxForm("Gather", reads=False, export=lambda ex, node, ins: ex.emit(
+                   "Gather", ins, axis=node.attrs["axis"])),),
+               doc="the slices of data at indices computed at run time, along axis (an "
+                   "embedding look-up; the result's axis is the indices' shape; negative "
+                   "indices count from the end, others outside the axis are an error)"))

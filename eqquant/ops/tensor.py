@@ -13,9 +13,10 @@ from . import numerics
 from .attrs import BOOL, DTYPE_REQUIRED, FLOAT, FLOAT_F, INT, INTS, OPT_INTS, REQUIRED, STR, Attr
 from .onnx_conventions import OnnxFormError
 from .onnx_conventions import axes as onnx_axes
-from .registry import (RelaxForm, ANNOTATION, BINARY, ELEMWISE, EPILOGUE, IDENTITY, LAYOUT,
+from .registry import (RelaxForm, ANNOTATION, BINARY, ELEMWISE, EPILOGUE, IDENTITY, LAYOUT, LOGIC,
                        REDUCE, UNARY, OnnxForm, OpDef, OpTypeError, register)
-from .typerel import broadcast, float_input, norm_axis, same_as_input, tensor, tuple_of
+from .typerel import (broadcast, float_input, norm_axis, numeric_input, same_as_input,
+                      tensor, tuple_of)
 
 
 # The elementwise CPU kernel (runtime/lowering/fp32.py Activation) computes these by code.
@@ -28,7 +29,7 @@ def _unary(name, fn, *, floats_only=False, doc="", kernel=None, props=frozenset(
     register(OpDef(name, inputs=("data",), props=frozenset({ELEMWISE, UNARY}) | props,
                    kernel=kernel, kernel_params=kernel_params or {}, onnx=onnx,
                    subtracts=subtracts, bounds=bounds,
-                   type_rel=float_input if floats_only else same_as_input,
+                   type_rel=float_input if floats_only else numeric_input,
                    semantics=lambda x, _fn=fn: np.asarray(_fn(x)).astype(x.dtype, copy=False),
                    doc=doc))
 
@@ -62,6 +63,8 @@ _unary("nn.relu", _relu, doc="max(x, 0)", props=frozenset({EPILOGUE}),
        onnx=(OnnxForm("Relu", qdq=_relu_qdq),))
 _unary("negative", np.negative, doc="-x", onnx=(OnnxForm("Neg"),), subtracts=("data",))
 _unary("abs", np.abs, doc="|x|", onnx=(OnnxForm("Abs"),))
+_unary("sign", np.sign, doc="-1, 0 or 1 as x is below, at or above 0 (NaN stays NaN)",
+       onnx=(OnnxForm("Sign"),))
 _unary("sqrt", np.sqrt, floats_only=True, doc="sqrt(x)", onnx=(OnnxForm("Sqrt"),))
 _unary("rsqrt", lambda x: 1 / np.sqrt(x), floats_only=True, doc="1 / sqrt(x)")
 def _sigmoid(x):
@@ -96,36 +99,49 @@ def _add_qdq(w, node):
                                                       w.ex.const(real_b)]))
 
 
-def _binary(name, fn, doc, onnx_type, code, qdq=None, subtracts=(), convert=None):
+def _binary(name, fn, doc, onnx_type, code, qdq=None, subtracts=(), convert=None, more=()):
+    """An elementwise op of two broadcast operands; ``more``: other ONNX ops read as it."""
     register(OpDef(name, inputs=("lhs", "rhs"), props=frozenset({ELEMWISE, BINARY}),
                    subtracts=subtracts,
-                   kernel="Binary",
-                   kernel_params={"code": code, "int32": code != DIVIDE},
-                   onnx=(OnnxForm(onnx_type, qdq=qdq, convert=convert),),
+                   kernel="Binary" if code is not None else None,
+                   kernel_params={"code": code, "int32": code != DIVIDE}
+                   if code is not None else {},
+                   onnx=(OnnxForm(onnx_type, qdq=qdq, convert=convert),) + tuple(more),
                    type_rel=broadcast,
                    semantics=lambda a, b, _fn=fn: np.asarray(_fn(a, b)).astype(a.dtype,
                                                                                 copy=False),
                    doc=doc))
 
 
-_binary("add", np.add, "a + b with numpy broadcasting", "Add", ADD, qdq=_add_qdq)
+def _variadic_from_onnx(op, mean=False):
+    """ONNX Sum, Max, Min and Mean: any number of inputs, each broadcast; folded pairwise,
+    in order (a mean: the sum, divided by the count)."""
+    def convert(im, attrs, ins):
+        values = [im.value(n) for n in ins if n]
+        if not values:
+            raise OnnxFormError("no inputs")
+        out = values[0]
+        for v in values[1:]:
+            out = im.call(op, out, v)
+        return im.call("divide", out, im.scalar(len(values), out)) if mean else out
+    return convert
+
+
+def _reciprocal_from_onnx(im, attrs, ins):
+    x = im.value(ins[0])
+    return im.call("divide", im.scalar(1.0, x), x)
+
+
+_binary("add", np.add, "a + b with numpy broadcasting", "Add", ADD, qdq=_add_qdq,
+        more=(OnnxForm("Sum", convert=_variadic_from_onnx("add")),))
 _binary("subtract", np.subtract, "a - b with numpy broadcasting", "Sub", SUBTRACT,
         subtracts=("rhs",))
 _binary("multiply", np.multiply, "a * b with numpy broadcasting", "Mul", MULTIPLY)
 _binary("divide", lambda a, b: (np.divide(a, b) if a.dtype.kind == "f"
                                 else numerics.trunc_divide(a, b)),
-        "a / b; integers round toward zero", "Div", DIVIDE)
-
-
-def _variadic_from_onnx(op):
-    """ONNX Max and Min: any number of inputs, each broadcast; folded pairwise, in order."""
-    def convert(im, attrs, ins):
-        values = [im.value(n) for n in ins if n]
-        out = values[0]
-        for v in values[1:]:
-            out = im.call(op, out, v)
-        return out
-    return convert
+        "a / b; integers round toward zero", "Div", DIVIDE,
+        more=(OnnxForm("Mean", convert=_variadic_from_onnx("add", mean=True)),
+              OnnxForm("Reciprocal", convert=_reciprocal_from_onnx)))
 
 
 # (numpy's maximum and minimum: a NaN in either operand is the result; of two equal values,
@@ -134,6 +150,28 @@ _binary("maximum", np.maximum, "the larger of a and b, with numpy broadcasting (
         "either is)", "Max", MAXIMUM, convert=_variadic_from_onnx("maximum"))
 _binary("minimum", np.minimum, "the smaller of a and b, with numpy broadcasting (NaN if "
         "either is)", "Min", MINIMUM, convert=_variadic_from_onnx("minimum"))
+
+
+def _power(a, b):
+    """a ** b, computed in float64 and rounded once (ONNX Runtime's powf is within a
+    float32 step of it); integers as numpy computes them."""
+    if a.dtype.kind == "f":
+        with np.errstate(all="ignore"):    # (0 ** -1 is inf, (-8) ** 0.5 NaN: as they should)
+            return np.power(a.astype(np.float64), b.astype(np.float64)).astype(a.dtype)
+    return np.power(a, b).astype(a.dtype)
+
+
+def _power_from_onnx(im, attrs, ins):
+    """Pow: an exponent of another type (an integer power of a float) is cast to the
+    base's."""
+    a, b = im.value(ins[0]), im.value(ins[1])
+    if im.type(b).dtype != im.type(a).dtype:
+        b = im.call("cast", b, dtype=im.type(a).dtype)
+    return im.call("power", a, b)
+
+
+_binary("power", _power, "a ** b with numpy broadcasting (float64 inside)", "Pow", None,
+        convert=_power_from_onnx)
 
 
 def _where_rel(types, attrs):
@@ -154,6 +192,45 @@ register(OpDef("where", inputs=("condition", "x", "y"), type_rel=_where_rel,
                semantics=lambda c, a, b: np.where(c, a, b).astype(a.dtype, copy=False),
                onnx=(OnnxForm("Where"),),
                doc="x where the condition holds, else y (all three broadcast together)"))
+
+
+# Comparisons and logic (attention masks: mask == 0, then a where): bool results. Elementwise,
+# but not ``binary`` (that property says the result has its operands' dtype).
+
+def _compare_rel(types, attrs):
+    return TensorType(broadcast(types, attrs, numbers=False).shape, "bool")
+
+
+def _logic_rel(types, attrs):
+    for i in range(len(types)):
+        if tensor(types, i).dtype != "bool":
+            raise OpTypeError(f"argument {i + 1} must be bool, not {tensor(types, i).dtype}", i)
+    if len(types) == 1:
+        return tensor(types, 0)
+    return _compare_rel(types, attrs)
+
+
+for _name, _fn, _onnx, _doc in (
+        ("equal", np.equal, "Equal", "a == b"), ("not_equal", np.not_equal, None, "a != b"),
+        ("less", np.less, "Less", "a < b"), ("less_equal", np.less_equal, "LessOrEqual", "a <= b"),
+        ("greater", np.greater, "Greater", "a > b"),
+        ("greater_equal", np.greater_equal, "GreaterOrEqual", "a >= b"),
+        ("logical_and", np.logical_and, "And", "a and b"),
+        ("logical_or", np.logical_or, "Or", "a or b"),
+        ("logical_xor", np.logical_xor, "Xor", "a xor b")):
+    register(OpDef(_name, inputs=("lhs", "rhs"),
+                   props=frozenset({ELEMWISE, LOGIC} if _name.startswith("logical") else
+                                   {ELEMWISE}),
+                   type_rel=_logic_rel if _name.startswith("logical") else _compare_rel,
+                   semantics=lambda a, b, _fn=_fn: np.asarray(_fn(a, b), bool),
+                   onnx=(OnnxForm(_onnx),) if _onnx else (OnnxForm(
+                       "Equal", reads=False, export=lambda ex, node, ins: ex.emit(
+                           "Not", [ex.emit("Equal", ins)])),),
+                   doc=f"{_doc}, elementwise with numpy broadcasting: bool (NaN compares "
+                       f"unequal to everything)"))
+register(OpDef("logical_not", inputs=("data",), props=frozenset({ELEMWISE, UNARY, LOGIC}),
+               type_rel=_logic_rel, semantics=np.logical_not, onnx=(OnnxForm("Not"),),
+               doc="not x, elementwise on bool"))
 
 
 def _clip(x, *, a_min, a_max):

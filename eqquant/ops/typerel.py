@@ -24,6 +24,15 @@ def same_as_input(types: Sequence[Type], attrs: Mapping[str, Any]) -> Type:
     return tensor(types, 0, "data")
 
 
+def numeric_input(types: Sequence[Type], attrs: Mapping[str, Any]) -> Type:
+    """The input's type, which must hold numbers (not bool: arithmetic on truth values is a
+    type error, as numpy's negative of a bool is)."""
+    t = tensor(types, 0, "data")
+    if t.dtype == "bool":
+        raise OpTypeError("argument 1 ('data') must hold numbers, got bool", arg=0)
+    return t
+
+
 def float_input(types: Sequence[Type], attrs: Mapping[str, Any]) -> Type:
     t = tensor(types, 0, "data")
     if not is_float(t.dtype):
@@ -39,10 +48,13 @@ def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] 
         return None
 
 
-def broadcast(types: Sequence[Type], attrs: Mapping[str, Any]) -> Type:
+def broadcast(types: Sequence[Type], attrs: Mapping[str, Any], numbers: bool = True) -> Type:
+    """Two operands of one dtype (numbers unless ``numbers`` is off) broadcast together."""
     a, b = tensor(types, 0, "lhs"), tensor(types, 1, "rhs")
     if a.dtype != b.dtype:
         raise OpTypeError(f"operands have different dtypes: {a.dtype} and {b.dtype}", arg=1)
+    if numbers and a.dtype == "bool":
+        raise OpTypeError("operands must hold numbers, got bool", arg=0)
     shape = broadcast_shapes(a.shape, b.shape)
     if shape is None:
         raise OpTypeError(f"shapes {a.shape} and {b.shape} do not broadcast", arg=1)

@@ -29,11 +29,11 @@ from ..ir.typecheck import Inferer
 from ..core.types import TensorType
 from ..ops.attrs import (AttrKind, BoolKind, DTypeKind, FloatKind, IntKind, IntsKind,
                          OptionalKind, REQUIRED, StrKind)
-from ..ops.registry import KERNEL, QUANT, OpDef, OpTypeError, get_op
+from ..ops.registry import KERNEL, LOGIC, QUANT, OpDef, OpTypeError, get_op
 from .guards import AttrIs
 from .ast import (TERMS, AttrLit, AttrVar, PCall, PLit, PMap, PProj, PTuple, PVar, Pattern, Rule,
                   RuleSet,
-                  expansions)
+                  expansions, walk)
 
 EXACT_RTOL = 1e-5
 GIVE_UP = 40        # searches of a variant that found no instance at all, before it stops
@@ -131,6 +131,11 @@ class _Instance:
     def __init__(self, rule: Rule, ops: dict[str, OpDef], rng: random.Random,
                  fixed: dict[str, Any] | None = None):
         self.rule, self.ops, self.rng = rule, ops, rng
+        # the dtypes a free variable is drawn from: truth values too where an op of the
+        # rule computes on them (``logic``)
+        logic = any(LOGIC in self.op_of(q).props for q in walk(rule.lhs)
+                    if isinstance(q, PCall))
+        self.pool = _DTYPES + ("bool",) * 3 if logic else _DTYPES
         self.vars: dict[str, Var] = {}
         self.attrs: dict[str, Any] = {}          # attribute variables
         self.rests: dict[str, dict[str, Any]] = {}
@@ -168,7 +173,7 @@ class _Instance:
             dtype = partner.type.dtype
         if dtype is None:
             dtype = (self.rng.choice(sorted(hint)) if hint and self.rng.random() < 0.9
-                     else self.rng.choice(_DTYPES))
+                     else self.rng.choice(self.pool))
         return Var(name=name.lstrip("?"), type=TensorType(shape, dtype))
 
     # the left side, bottom-up, choosing what is free
@@ -412,7 +417,8 @@ def _inputs(instance: _Instance, rng: np.random.Generator, regime: str,
     the rule assumes positive (positive at every magnitude in "mixed"). With ``zeros``, a
     signed float's first element is 0 (a rule that divides by a value it does not assume
     positive meets 0).
-    Integers: zero points inside their quantized dtype's range; 8-bit data over the dtype's
+    Booleans: each true or false alike. Integers: zero points inside their quantized dtype's
+    range; 8-bit data over the dtype's
     whole range, its two ends included (saturation is exercised at both)."""
     from ..ops.numerics import qrange
     out = {}
@@ -436,6 +442,8 @@ def _inputs(instance: _Instance, rng: np.random.Generator, regime: str,
         elif v.name in zero_points:
             lo, hi = qrange(zero_points[v.name])
             a = rng.integers(lo, hi + 1, t.shape)
+        elif t.dtype == "bool":
+            a = rng.random(t.shape) < 0.5
         elif t.dtype in ("int8", "uint8"):
             lo, hi = qrange(t.dtype)
             a = rng.integers(lo, hi + 1, t.shape)

@@ -1,0 +1,201 @@
+"""ONNX ops of models from elsewhere, each one registry entry, drawn by hypothesis and checked
+against ONNX Runtime: PRelu (its slope broadcast as opset 7 and later say, and per channel as
+opset 6 says), Pow, variadic Sum and Mean, Sign, Reciprocal, InstanceNormalization, and Gather
+at indices computed at run time (an embedding look-up); each on the reference interpreter and
+the executor, and exported back to a model ONNX Runtime runs the same way."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+import onnxruntime as ort  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from eqquant.errors import EvalError  # noqa: E402
+from eqquant.interop.onnx_export import to_onnx  # noqa: E402
+from eqquant.interop.onnx_import import import_onnx  # noqa: E402
+from eqquant.ir.interp import run  # noqa: E402
+from eqquant.ir.params import bind_params  # noqa: E402
+from eqquant.runtime.execution.executor import Executor  # noqa: E402
+from test_onnx_ops import SETTINGS, _agree, _data, _model  # noqa: E402
+
+shapes = st.lists(st.integers(1, 5), min_size=2, max_size=4).map(tuple)
+
+
+@SETTINGS
+@given(shape=shapes, seed=st.integers(0, 2 ** 16), data=st.data())
+def test_prelu_with_its_slope_broadcast(shape, seed, data):
+    """Opset 13: the slope broadcasts from the right: one value, or one per element of one
+    axis (the channels, as PyTorch exports (C, 1, 1))."""
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    slope_shape = data.draw(st.sampled_from([(1,), (shape[axis],) + (1,) * (len(shape) - 1
+                                                                           - axis)]))
+    slope = np.random.default_rng(seed).uniform(-1, 1, size=slope_shape).astype(np.float32)
+    model = _model([helper.make_node("PRelu", ["x", "s"], ["y"])], shape, [("s", slope)],
+                   opset=13)
+    mod = _agree(model, _data(shape, seed=seed))
+    assert "nn.prelu(" in str(mod)
+
+
+@SETTINGS
+@given(shape=shapes, seed=st.integers(0, 2 ** 16), one=st.booleans())
+def test_prelu_of_opset_6_is_per_channel(shape, seed, one):
+    """Before opset 7 a 1-d slope is one value per channel of axis 1 (PyTorch's old exports,
+    as ONNX's own pytorch-converted tests have them), which numpy's broadcasting would put
+    on the last axis."""
+    slope = np.random.default_rng(seed).uniform(-1, 1, size=1 if one else shape[1])
+    x = _data(shape, seed=seed)
+    model = _model([helper.make_node("PRelu", ["x", "s"], ["y"])], shape,
+                   [("s", slope.astype(np.float32))], opset=6)
+    mod, params, _ = import_onnx(model)
+    want = np.where(x < 0, x * slope.reshape((-1,) + (1,) * (len(shape) - 2)).astype(
+        np.float32), x)
+    np.testing.assert_array_equal(run(mod, {"x": x}, params), want)
+    np.testing.assert_array_equal(Executor(bind_params(mod, params)).run({"x": x}), want)
+
+
+def test_prelu_whose_slope_varies_along_two_axes_is_refused():
+    from eqquant.interop.onnx_import import OnnxImportError
+    model = _model([helper.make_node("PRelu", ["x", "s"], ["y"])], (1, 2, 3),
+                   [("s", np.ones((2, 3), np.float32))], opset=13)
+    with pytest.raises(OnnxImportError, match=r"\(PRelu\).*varies along 2 axes"):
+        import_onnx(model)
+
+
+@SETTINGS
+@given(shape=shapes, seed=st.integers(0, 2 ** 16),
+       exponent=st.sampled_from(["int", "float", "tensor"]))
+def test_pow(shape, seed, exponent):
+    rng = np.random.default_rng(seed)
+    e = {"int": np.asarray(rng.integers(-2, 4), np.int64),
+         "float": np.asarray(rng.uniform(-2, 3), np.float32),
+         "tensor": rng.uniform(-2, 3, size=shape[-1:]).astype(np.float32)}[exponent]
+    x = np.abs(_data(shape, seed=seed)) + np.float32(0.1)     # (a real power of a positive)
+    mod = _agree(_model([helper.make_node("Pow", ["x", "e"], ["y"])], shape, [("e", e)],
+                        opset=13), x, tol=1e-4)
+    assert "power(" in str(mod)
+
+
+@SETTINGS
+@given(shape=shapes, seed=st.integers(0, 2 ** 16), op=st.sampled_from(["Sum", "Mean"]),
+       arity=st.integers(1, 4), broadcast=st.booleans())
+def test_variadic_sum_and_mean(shape, seed, op, arity, broadcast):
+    rng = np.random.default_rng(seed)
+    others = [f"c{i}" for i in range(arity - 1)]
+    inits = [(n, rng.normal(size=(shape[-1],) if broadcast else shape).astype(np.float32))
+             for n in others]
+    mod = _agree(_model([helper.make_node(op, ["x", *others], ["y"])], shape, inits=inits),
+                 _data(shape, seed=seed))
+    assert str(mod).count("add(") == arity - 1
+    assert ("divide(" in str(mod)) == (op == "Mean")
+
+
+@SETTINGS
+@given(shape=shapes, seed=st.integers(0, 2 ** 16), op=st.sampled_from(["Sign", "Reciprocal"]))
+def test_sign_and_reciprocal(shape, seed, op):
+    x = _data(shape, seed=seed)
+    x[..., 0] = 0.0 if op == "Sign" else 0.5            # (Sign of 0 is 0)
+    mod = _agree(_model([helper.make_node(op, ["x"], ["y"])], shape), x)
+    assert {"Sign": "sign(", "Reciprocal": "divide(1f"}[op] in str(mod)
+
+
+@SETTINGS
+@given(shape=st.lists(st.integers(1, 5), min_size=3, max_size=5).map(tuple),
+       seed=st.integers(0, 2 ** 16), eps=st.sampled_from([1e-5, 1e-3, 1e-9]))
+def test_instance_normalization(shape, seed, eps):
+    rng = np.random.default_rng(seed)
+    c = shape[1]
+    inits = [("g", rng.normal(size=c).astype(np.float32)),
+             ("b", rng.normal(size=c).astype(np.float32))]
+    node = helper.make_node("InstanceNormalization", ["x", "g", "b"], ["y"], epsilon=eps)
+    mod = _agree(_model([node], shape, inits), _data(shape, seed=seed) + 2, tol=1e-4)
+    assert "nn.instance_norm(" in str(mod)
+
+
+def _gather_model(table, ids_shape, axis):
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["y"], axis=axis)], "m",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, list(ids_shape))],
+        [helper.make_value_info("y", helper.make_tensor_type_proto(TensorProto.FLOAT, None))],
+        initializer=[numpy_helper.from_array(table, "table")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+@SETTINGS
+@given(rows=st.integers(1, 9), width=st.integers(1, 6),
+       ids_shape=st.lists(st.integers(1, 4), min_size=0, max_size=2).map(tuple),
+       axis=st.integers(0, 1), seed=st.integers(0, 2 ** 16))
+def test_gather_at_run_time_indices(rows, width, ids_shape, axis, seed):
+    """An embedding look-up: token IDs (an input, int64, negative ones counting from the
+    end) into a constant table, along either axis."""
+    rng = np.random.default_rng(seed)
+    table = rng.normal(size=(rows, width)).astype(np.float32)
+    n = table.shape[axis]
+    ids = rng.integers(-n, n, size=ids_shape).astype(np.int64)
+    model = _gather_model(table, ids_shape, axis)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"ids": ids})[0]
+    mod, params, _ = import_onnx(model)
+    assert "take_at(" in str(mod)
+    np.testing.assert_array_equal(run(mod, {"ids": ids}, params), want)
+    bound = bind_params(mod, params)
+    np.testing.assert_array_equal(Executor(bound).run({"ids": ids}), want)
+    again = ort.InferenceSession(to_onnx(bound).SerializeToString(),
+                                 providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(again.run(None, {"ids": ids})[0], want)
+
+
+def test_an_index_outside_the_table_is_an_error_not_a_crash():
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    mod, params, _ = import_onnx(_gather_model(table, (1, 4), 0))
+    ids = np.asarray([[0, 1, 4, 2]], np.int64)
+    with pytest.raises(EvalError, match="index 4 is out of range for axis 0 of size 4"):
+        run(mod, {"ids": ids}, params)
+    with pytest.raises(EvalError, match="index 4 is out of range"):
+        Executor(bind_params(mod, params)).run({"ids": ids})
+
+
+@SETTINGS
+@given(shape=shapes, seed=st.integers(0, 2 ** 16),
+       op=st.sampled_from(["Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"]),
+       logic=st.sampled_from([None, "Not", "And", "Or", "Xor"]))
+def test_comparisons_and_logic_make_an_attention_mask(shape, seed, op, logic):
+    """An attention mask as exporters write it: compare an input with a constant, combine
+    truth values, and pick with Where: -inf where masked, the input elsewhere."""
+    rng = np.random.default_rng(seed)
+    x = np.round(_data(shape, seed=seed))                 # (ties, so Equal is sometimes true)
+    nodes = [helper.make_node(op, ["x", "t"], ["m"])]
+    inits = [("t", np.round(rng.normal(size=shape[-1:])).astype(np.float32)),
+             ("neg", np.asarray(-np.inf, np.float32))]
+    mask = "m"
+    if logic == "Not":
+        nodes.append(helper.make_node("Not", ["m"], ["m2"]))
+        mask = "m2"
+    elif logic:
+        nodes += [helper.make_node("Greater", ["x", "zero"], ["p"]),
+                  helper.make_node(logic, ["m", "p"], ["m2"])]
+        inits.append(("zero", np.asarray(0.0, np.float32)))
+        mask = "m2"
+    nodes.append(helper.make_node("Where", [mask, "neg", "x"], ["y"]))
+    mod = _agree(_model(nodes, shape, inits, opset=13), x)
+    ir = {"Equal": "equal(", "Less": "less(", "LessOrEqual": "less_equal(",
+          "Greater": "greater(", "GreaterOrEqual": "greater_equal("}[op]
+    assert ir in str(mod) and "where(" in str(mod)
+
+
+def test_arithmetic_on_truth_values_is_a_type_error():
+    from eqquant import parse
+    from eqquant.errors import TypeCheckError
+    from eqquant.ir.typecheck import infer_types
+    for body in ("negative(%b)", "add(%b, %b)", "logical_not(%x)"):
+        mod = parse(f"def @main(%b: Tensor[(2, 3), bool], %x: Tensor[(2, 3), float32]) "
+                    f"{{ {body} }}")
+        with pytest.raises(TypeCheckError):
+            infer_types(mod)
