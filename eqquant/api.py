@@ -32,6 +32,7 @@ class Report:
     mode: str
     activations: str
     warnings: list[str] = field(default_factory=list)   # what makes the accuracy suspect
+    kept_float: list[str] = field(default_factory=list)  # values left float, and why
 
     def __str__(self) -> str:
         return self.text
@@ -39,19 +40,20 @@ class Report:
     def to_json(self) -> dict:
         return {"mode": self.mode, "activations": self.activations,
                 "layers": [[n, v] for n, v in self.layers], "output": self.output,
-                "warnings": list(self.warnings)}
+                "warnings": list(self.warnings), "kept_float": list(self.kept_float)}
 
     @classmethod
     def from_result(cls, q) -> "Report":
         """From a :class:`~eqquant.quant.flow.QuantizeResult`."""
         return cls(q.report(), list(q.layers), dict(q.output), q.table.mode, q.dtype,
-                   q.warnings())
+                   q.warnings(), list(q.kept_float))
 
     @classmethod
     def from_json(cls, data: Mapping, text: str = "") -> "Report":
         return cls(text, [(str(n), float(v)) for n, v in data["layers"]], dict(data["output"]),
                    str(data.get("mode", "")), str(data.get("activations", "")),
-                   [str(w) for w in data.get("warnings", [])])
+                   [str(w) for w in data.get("warnings", [])],
+                   [str(w) for w in data.get("kept_float", [])])
 
     def plot(self, path: str | Path | None = None):
         """Draw SQNR per layer as a bar chart; write it to ``path`` (.png/.svg/.pdf) if given.

@@ -19,9 +19,9 @@ import numpy as np
 
 from ..core.types import TensorType, is_float, is_int
 from . import numerics
-from .attrs import DTYPE_REQUIRED, FLOAT_F, INT, OPT_INT, Attr, DTypeKind, StrKind
+from .attrs import BOOL, DTYPE_REQUIRED, FLOAT_F, INT, OPT_INT, Attr, DTypeKind, StrKind
 from .fused import write_epilogue
-from .nn import CONV2D_ATTRS, conv2d_flops, conv2d_rel, dense_rel
+from .nn import CONV2D_ATTRS, conv2d_flops, conv2d_rel, dense_rel, matmul_shapes
 from .registry import (ANNOTATION, COMPUTE, KERNEL, QUANT, OnnxForm, OpDef, OpTypeError,
                        get_op, register)
 from .typerel import broadcast_shapes, tensor
@@ -446,6 +446,65 @@ register(OpDef(
     type_rel=_qcompute_rel(dense_rel), semantics=_qdense,
     flops=lambda ins, out, a: 2.0 * out.size * ins[1].shape[1],
     doc="dense of (data - zx) and (weight - zw), accumulated in int32"))
+
+
+# ---- qnn.batch_matmul: attention's products of two quantized activations --------------------
+
+def _qbatch_matmul_rel(types, attrs):
+    a, b = tensor(types, 0, "tensor_a"), tensor(types, 1, "tensor_b")
+    if a.dtype not in ("int8", "uint8") or b.dtype not in ("int8", "uint8"):
+        raise OpTypeError(f"takes int8/uint8 operands, got {a.dtype} and {b.dtype}", 0)
+    for i, (name, data, fl) in enumerate((("a_zero_point", a, False), ("b_zero_point", b, False),
+                                          ("a_scale", a, True), ("b_scale", b, True)), start=2):
+        if tensor(types, i, name).rank != 0:
+            raise OpTypeError(f"argument {i + 1} ('{name}') must be a scalar (one scale per "
+                              f"tensor: either operand's rows and columns mix in each sum)", i)
+        _param(types, i, name, data, -1, fl)
+    shape = matmul_shapes(a, b, attrs["transpose_a"], attrs["transpose_b"])
+    depth = a.shape[-2] if attrs["transpose_a"] else a.shape[-1]
+    if depth * 255 * 255 > 2 ** 31 - 1:
+        raise OpTypeError(f"a depth of {depth}: its int32 sums could overflow (at most "
+                          f"{(2 ** 31 - 1) // (255 * 255)})", 0)
+    return TensorType(shape, attrs["out_dtype"])
+
+
+def _qbatch_matmul(a, b, za, zb, sa, sb, *, transpose_a, transpose_b, out_dtype):
+    """(a - za) @ (b - zb) over the last two axes, exactly: the products of 8-bit values
+    (at most 2^16 each) sum exactly in float64 for any depth below 2^37, so numpy's BLAS
+    computes them (its int64 matmul has no BLAS and is many times slower)."""
+    x = a.astype(np.float64) - float(np.asarray(za))
+    y = b.astype(np.float64) - float(np.asarray(zb))
+    x = np.swapaxes(x, -1, -2) if transpose_a else x
+    y = np.swapaxes(y, -1, -2) if transpose_b else y
+    return np.matmul(x, y).astype(np.int64).astype(out_dtype)
+
+
+def _qbatch_matmul_qdq(w, node):
+    sa = w.scalar(node, 4, "tensor_a's scale").astype(np.float32)
+    sb = w.scalar(node, 5, "tensor_b's scale").astype(np.float32)
+    a, b = w.dq(node.args[0]), w.dq(node.args[1])
+    for flag, name, i in (("transpose_a", a, 0), ("transpose_b", b, 1)):
+        if node.attrs[flag]:
+            rank = w.ex.type(node.args[i]).rank
+            perm = list(range(rank))
+            perm[-2:] = perm[-2:][::-1]
+            name = w.ex.emit("Transpose", [name], perm=perm)
+        a, b = (name, b) if i == 0 else (a, name)
+    return w.accumulate(node, sa * sb, w.ex.emit("MatMul", [a, b]))
+
+
+register(OpDef(
+    "qnn.batch_matmul", inputs=("tensor_a", "tensor_b", "a_zero_point", "b_zero_point",
+                                "a_scale", "b_scale"),
+    props=frozenset({COMPUTE, QUANT}),
+    onnx=(OnnxForm("MatMul", reads=False, qdq=_qbatch_matmul_qdq),),
+    attrs=(Attr("transpose_a", BOOL, False), Attr("transpose_b", BOOL, True),
+           Attr("out_dtype", DTYPE_REQUIRED, "int32")),
+    type_rel=_qbatch_matmul_rel, semantics=_qbatch_matmul,
+    flops=lambda ins, out, a: 2.0 * out.size * (
+        ins[0].shape[-2] if a["transpose_a"] else ins[0].shape[-1]),
+    doc="batch_matmul of (a - za) and (b - zb), accumulated in int32: attention's scores "
+        "and its weighted values, two quantized activations"))
 
 
 def _qadd_rel(types, attrs):

@@ -74,7 +74,9 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
               samples: Iterable[Mapping[str, np.ndarray]], mode: str = "kl_divergence",
               skip: Iterable[str] = (), progress=None) -> CalibrationTable:
     """Ranges of the program's float values over ``samples`` (dicts of input arrays, or plain
-    arrays for a program with one input), run on the CPU executor."""
+    arrays for a program with one input), run on the CPU executor. A value computed infinite
+    or NaN on any sample (an attention mask's -inf) has no range: the table lists it as
+    ``unbounded``, and it stays float."""
     from ..runtime.execution.executor import Executor
     if mode not in OBSERVERS:
         raise EqquantError(f"unknown calibration mode '{mode}' (there are: "
@@ -89,15 +91,19 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
                  for key, label in wanted.items()}
 
     count = 0
+    unbounded: dict[str, str] = {}       # values seen infinite or NaN: no range, left float
 
     def observe(node, value):
         label = wanted.get(id(node))
         if label is not None:            # (a copy: the executor reuses its buffers)
             value = np.array(value)
+            if label in unbounded:
+                return
             if not np.all(np.isfinite(value)):
-                raise EqquantError(f"calibration sample {count}: the program computes NaN or "
-                                   f"infinite values at {label}; they have no quantization "
-                                   f"(check the weights and the inputs)")
+                kinds = sorted({"NaN" if v != v else f"{v:g}"
+                                for v in value[~np.isfinite(value)].reshape(-1)[:64].tolist()})
+                unbounded[label] = f"computes {', '.join(kinds)} on calibration sample {count}"
+                return
             observers[label].update(value)
 
     spans: dict[str, list[float]] = {}
@@ -128,7 +134,8 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
             raise EqquantError(f"calibration input %{name} takes one value only ({lo:g}) "
                                f"over all {count} samples: constant data cannot calibrate a "
                                f"program (give representative inputs)")
-    return CalibrationTable(mode, {k: o.range() for k, o in observers.items()})
+    return CalibrationTable(mode, {k: o.range() for k, o in observers.items()
+                                   if k not in unbounded}, unbounded)
 
 
 # Degenerate ranges. A value that was always 0 on the calibration set (a relu that never

@@ -15,7 +15,7 @@ two), per tensor or per output channel.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -241,10 +241,14 @@ class CalibrationTable:
 
     mode: str
     ranges: dict[str, Range]
+    # values calibration saw infinite or NaN (an attention mask's -inf, the scores it is added
+    # to): they have no range, so they stay float; value name -> what was seen, and where
+    unbounded: dict[str, str] = field(default_factory=dict)
 
     def write(self, path: str | Path) -> None:
         """Write the table as JSON to ``path`` (a plain write: see ``save``)."""
-        data = {"mode": self.mode, "ranges": {k: asdict(v) for k, v in self.ranges.items()}}
+        data = {"mode": self.mode, "ranges": {k: asdict(v) for k, v in self.ranges.items()},
+                "unbounded": self.unbounded}
         Path(path).write_text(json.dumps(data, indent=1))
 
     def save(self, path: str | Path) -> None:
@@ -262,4 +266,5 @@ class CalibrationTable:
     @classmethod
     def load(cls, path: str | Path) -> "CalibrationTable":
         data = json.loads(Path(path).read_text())
-        return cls(data["mode"], {k: Range(**v) for k, v in data["ranges"].items()})
+        return cls(data["mode"], {k: Range(**v) for k, v in data["ranges"].items()},
+                   dict(data.get("unbounded", {})))

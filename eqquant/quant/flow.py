@@ -231,7 +231,8 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     cost = cost.for_weights(constant_bytes(fp), constant_bytes(fp) // 4)
     samples = [as_inputs(x, fp.main) for x in samples]
     table = calibrate(fp, None, samples, mode, skip, progress)
-    kept_float: list[str] = []
+    kept_float: list[str] = [f"{name}: {why}: it has no range to quantize"
+                             for name, why in table.unbounded.items()]
     marked = annotate(fp, table, dtype, weight_scale, per_channel, kept_float)
     mixed = None
     front = []
