@@ -43,7 +43,6 @@ MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "mobilen
 FLOAT_BY_DESIGN = {
     "nn.layer_norm": "a normalization over a whole row: no 8-bit rule expresses it",
     "nn.softmax": "an exponential normalized over a row (ViT's attention; the issue allows it)",
-    "nn.batch_matmul": "the product of two activations in attention (the issue allows it)",
 }
 
 

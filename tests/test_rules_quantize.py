@@ -611,3 +611,39 @@ def test_a_convnext_block_stays_integer_around_its_layer_norm(tmp_path):
     path = q.export_onnx(tmp_path / "convnext.onnx")
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert sqnr_db(q.run(x0), sess.run(None, {"x": x0})[0]) > 8
+
+
+def test_a_bert_encoder_quantizes_with_integer_attention():
+    """The zoo's BERT-style encoder (token IDs and an attention mask as inputs): every dense
+    layer and both of each attention's products of activations are integer
+    (``batch_matmul_in_integers``); the mask, -inf where a token is padding, has no range and
+    stays float, said so; quantize/dequantize pairs remain only around the LayerNorms and
+    softmaxes and in the embeddings' sum; the executor computes the reference's bits on
+    inputs calibration never saw."""
+    import eqquant
+    m = build("bert_tiny", seq=8)
+    rng = np.random.default_rng(3)
+
+    def sample():
+        mask = np.ones((1, 8), np.int64)
+        mask[:, rng.integers(3, 9):] = 0
+        return {"input_ids": rng.integers(0, 1000, (1, 8)).astype(np.int64),
+                "attention_mask": mask}
+    q = eqquant.quantize(eqquant.load(m.module, m.params), [sample() for _ in range(6)],
+                         mode="minmax", per_channel=True)
+    module = q.quantized.module
+    names = [n.op_name for n in post_order(module.main.body) if isinstance(n, Call)]
+    assert names.count("qnn.batch_matmul") == 4 and "nn.batch_matmul" not in names
+    assert names.count("qnn.dense") == 13 and "nn.dense" not in names
+    quantized_from = sorted(n.args[0].op_name for n in post_order(module.main.body)
+                            if isinstance(n, Call) and n.op_name == "qnn.quantize")
+    # 5 LayerNorms, 2 softmaxes; the embedding look-up and the first of its two sums
+    assert quantized_from == ["add"] * 2 + ["nn.layer_norm"] * 5 + ["nn.softmax"] * 2 \
+        + ["take_at"], quantized_from
+    kept = q.quantized.kept_float
+    assert any("computes -inf" in why for why in kept), kept
+    assert q.quantized.table.unbounded
+    assert q.report().output["sqnr"] > 25
+    for _ in range(3):
+        s = sample()
+        np.testing.assert_array_equal(q.run(s), run(module, s))

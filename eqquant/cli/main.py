@@ -280,17 +280,33 @@ def _output_leaves(out) -> list[np.ndarray]:
 @click.option("--out", "-o", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("."), show_default=True, help="Directory to write into.")
 @click.option("--seed", default=0, show_default=True)
-@click.option("--image-size", default=224, show_default=True)
+@click.option("--image-size", default=None, type=int,
+              help="An image model's height and width (its own default: 224 for most).")
+@click.option("--seq-len", default=None, type=int,
+              help="A sequence model's length in tokens (bert_tiny's default: 128).")
 @click.option("--list", "list_", is_flag=True, help="List the models.")
-def zoo(name: str | None, out_dir: Path, seed: int, image_size: int, list_: bool) -> None:
+def zoo(name: str | None, out_dir: Path, seed: int, image_size: int | None,
+        seq_len: int | None, list_: bool) -> None:
     """Write zoo model NAME (text IR, weights, a sample input) into a directory."""
-    from ..zoo import MODELS, build, write
+    import inspect
+    from ..zoo import ALIASES, MODELS, build, write
     if list_ or name is None:
         for key, fn in MODELS.items():
             click.echo(f"{key:14s} {(fn.__doc__ or '').strip().splitlines()[0]}"
                        if fn.__doc__ else key)
         return
-    paths = write(build(name, seed=seed, image_size=image_size), out_dir)
+    fn = MODELS.get(ALIASES.get(name, name))
+    if fn is None:
+        build(name)                  # (the error naming the models there are)
+    takes = inspect.signature(fn).parameters
+    kwargs = {"seed": seed}
+    for option, key, value in (("--image-size", "image_size", image_size),
+                               ("--seq-len", "seq", seq_len)):
+        if value is not None:
+            if key not in takes:
+                raise EqquantError(f"zoo model {name} takes no {option}")
+            kwargs[key] = value
+    paths = write(build(name, **kwargs), out_dir)
     for kind, path in paths.items():
         click.echo(f"{kind:6s} {path}")
 

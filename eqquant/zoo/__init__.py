@@ -1,4 +1,4 @@
 """Deterministic models for tests, benchmarks and the demo (see ``models.py``)."""
-from .models import MODELS, ZooModel, build, write
+from .models import ALIASES, MODELS, ZooModel, build, write
 
-__all__ = ["MODELS", "ZooModel", "build", "write"]
+__all__ = ["ALIASES", "MODELS", "ZooModel", "build", "write"]

@@ -27,7 +27,7 @@ class ZooModel:
     name: str
     module: Module
     params: dict[str, np.ndarray]
-    inputs: dict[str, np.ndarray]  # one sample input, N(0, 1)
+    inputs: dict[str, np.ndarray]  # one sample input: images N(0, 1); token IDs and a mask
 
 
 RESIDUAL_GAMMA = (0.1, 0.5)
@@ -230,9 +230,85 @@ def vgg_small(seed: int = 0, image_size: int = 64, batch: int = 1, classes: int 
     return n.finish("vgg_small", x, seed)
 
 
+def bert_tiny(seed: int = 0, seq: int = 128, batch: int = 1, vocab: int = 1000,
+              hidden: int = 128, layers: int = 2, heads: int = 2, ffn: int = 512) -> ZooModel:
+    """A BERT-style encoder of bert-tiny's shape (2 layers, hidden 128, 2 heads), as
+    Hugging Face's BERT computes it: token IDs and an attention mask as inputs (int64); word,
+    position and token-type embeddings summed and normalized; per layer, self-attention (the
+    scores q @ k^T divided by sqrt of the head size, -inf added where the mask is 0, softmax,
+    times the values), a residual add and LayerNorm, a GELU feed-forward, a residual add and
+    LayerNorm; the pooler's tanh of a dense layer on the first token. Weights N(0, 0.02^2),
+    as BERT initializes them; the sample input's last quarter is padding."""
+    n = _Net(seed)
+    b, r = n.b, n.rng
+    head = hidden // heads
+    ids = b.input("input_ids", (batch, seq), "int64")
+    mask = b.input("attention_mask", (batch, seq), "int64")
+
+    def table(name, rows):
+        return b.param(name, n.f32(r.normal(0, 0.02, (rows, hidden))))
+
+    def dense(x, name, cin, cout):
+        w = b.param(f"{name}.weight", n.f32(r.normal(0, 0.02, (cout, cin))))
+        y = b.call("nn.dense", x, w, units=cout)
+        return b.call("add", y, b.param(f"{name}.bias", n.f32(r.normal(0, 0.02, cout))))
+
+    def layer_norm(x, name):
+        return b.call("nn.layer_norm", x, b.param(f"{name}.weight", n.f32(r.uniform(0.8, 1.2,
+                                                                                 hidden))),
+                      b.param(f"{name}.bias", n.f32(r.normal(0, 0.02, hidden))), axis=-1,
+                      epsilon=1e-12)
+
+    x = b.call("take_at", table("embeddings.word_embeddings.weight", vocab), ids)
+    positions = b.call("take", table("embeddings.position_embeddings.weight", 512),
+                       indices=list(range(seq)))
+    token_type = b.call("take", table("embeddings.token_type_embeddings.weight", 2),
+                        indices=[0])
+    x = b.call("add", b.call("add", x, positions), token_type)
+    x = b.call("reshape", layer_norm(x, "embeddings.LayerNorm"), newshape=[batch * seq, hidden])
+    # the additive mask: 0 where a token is attended to, -inf where it is padding
+    padding = b.call("equal", mask, b.scalar(0, "int64"))
+    bias = b.call("where", padding, b.scalar(float("-inf"), "float32"),
+                  b.scalar(0.0, "float32"))
+    bias = b.call("reshape", bias, newshape=[batch, 1, 1, seq])
+
+    def split_heads(v):               # (batch * seq, hidden) -> (batch, heads, seq, head)
+        v = b.call("reshape", v, newshape=[batch, seq, heads, head])
+        return b.call("transpose", v, axes=[0, 2, 1, 3])
+
+    for i in range(layers):
+        p = f"encoder.layer.{i}"
+        q = split_heads(dense(x, f"{p}.attention.self.query", hidden, hidden))
+        k = split_heads(dense(x, f"{p}.attention.self.key", hidden, hidden))
+        v = split_heads(dense(x, f"{p}.attention.self.value", hidden, hidden))
+        scores = b.call("nn.batch_matmul", q, k, transpose_b=True)
+        scores = b.call("divide", scores, b.scalar(float(np.sqrt(head)), "float32"))
+        probs = b.call("nn.softmax", b.call("add", scores, bias), axis=-1)
+        ctx = b.call("nn.batch_matmul", probs, v, transpose_b=False)
+        ctx = b.call("reshape", b.call("transpose", ctx, axes=[0, 2, 1, 3]),
+                     newshape=[batch * seq, hidden])
+        out = dense(ctx, f"{p}.attention.output.dense", hidden, hidden)
+        x = layer_norm(b.call("add", out, x), f"{p}.attention.output.LayerNorm")
+        h = b.call("nn.gelu", dense(x, f"{p}.intermediate.dense", hidden, ffn))
+        out = dense(h, f"{p}.output.dense", ffn, hidden)
+        x = layer_norm(b.call("add", out, x), f"{p}.output.LayerNorm")
+    first = b.call("strided_slice", b.call("reshape", x, newshape=[batch, seq, hidden]),
+                   begin=[0], end=[1], axes=[1])
+    first = b.call("reshape", first, newshape=[batch, hidden])
+    pooled = b.call("tanh", dense(first, "pooler.dense", hidden, hidden))
+    mod, params = b.finish(pooled)
+    rng = np.random.default_rng(seed + 1)
+    sample_ids = rng.integers(0, vocab, (batch, seq), dtype=np.int64)
+    sample_mask = np.ones((batch, seq), np.int64)
+    sample_mask[:, seq - seq // 4:] = 0
+    return ZooModel("bert_tiny", mod, params, {"input_ids": sample_ids,
+                                               "attention_mask": sample_mask})
+
+
 MODELS: dict[str, Callable[..., ZooModel]] = {
     "conv_bn": conv_bn, "resnet18_stem": resnet18_stem, "resnet18": resnet18,
     "resnet50": resnet50, "mobilenet_v2": mobilenet_v2, "vgg_small": vgg_small,
+    "bert_tiny": bert_tiny,
 }
 # the names of the seed documents' programs, kept for the demo and old scripts
 ALIASES = {"seed000": "conv_bn", "seed004": "resnet18_stem"}
