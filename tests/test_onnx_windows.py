@@ -26,13 +26,13 @@ from test_onnx_ops import SETTINGS, _agree, _data, _model  # noqa: E402
 
 
 def _window(data, dims, k_max=3):
-    """Window attributes over ``dims`` axes: kernel, strides, dilations, pads (each pad at
-    most half the dilated window, as ONNX Runtime's pools require)."""
+    """Window attributes over ``dims`` axes: kernel, strides, dilations, pads (each pad
+    smaller than the window: wider than half of it too, as PyTorch's opset-9 export
+    pads a ceil-mode pool)."""
     kernel = [data.draw(st.integers(1, k_max)) for _ in range(dims)]
     strides = [data.draw(st.integers(1, 2)) for _ in range(dims)]
     dil = [data.draw(st.integers(1, 2)) for _ in range(dims)]
-    pads = [data.draw(st.integers(0, (d * (k - 1) + 1) // 2))
-            for k, d in zip(kernel * 2, dil * 2)]
+    pads = [data.draw(st.integers(0, k - 1)) for k in kernel * 2]   # (ORT: a pad < kernel)
     return kernel, strides, dil, pads
 
 
@@ -71,7 +71,7 @@ def test_pools_over_one_and_three_axes(dims, op, ceil, include_pad, seed, data):
     kernel, strides, dil, pads = _window(data, dims)
     if op == "AveragePool":
         dil = [1] * dims          # (AveragePool has dilations from opset 19 only)
-        pads = [min(p, k // 2) for p, k in zip(pads, kernel * 2)]
+        pads = [min(p, k - 1) for p, k in zip(pads, kernel * 2)]
     assume(_fits(size, kernel, strides, dil, pads))
     assume(not any(padding_only_window(sz, k, s, d, pads[i], pads[i + dims], ceil) is not None
                    for i, (sz, k, s, d) in enumerate(zip(size, kernel, strides, dil))))
@@ -154,3 +154,24 @@ def test_a_pool_window_that_reads_only_padding_is_refused():
                                                 pads=[1, 0, 0, 1, 0, 0]))):
         with pytest.raises(OnnxImportError, match="reads only padding"):
             import_onnx(_model([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], shape))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "uint8", "int8"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_a_pool_padded_wider_than_half_its_window_runs_on_the_kernels(dtype, layout):
+    """PyTorch's opset-9 export writes a ceil-mode pool (GoogLeNet's) as explicit padding at
+    the far end, 2 on a 3x3 window: every window still holds a value, and the kernels give
+    the reference's bits."""
+    from eqquant.ir.interp import run
+    shape = (1, 3, 9, 9) if layout == "NCHW" else (1, 9, 9, 3)
+    text = (f"def @main(%x: Tensor[{shape}, {dtype}]) {{ nn.max_pool2d(%x, pool_size=[3, 3], "
+            f"strides=[2, 2], padding=[0, 0, 2, 2], layout=\"{layout}\") }}")
+    mod = parse(text)
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=shape) * 50).astype(dtype) if dtype == "float32" else \
+        rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max + 1, shape).astype(dtype)
+    ex = Executor(mod)
+    got = ex.run({"x": x})
+    assert [s.kind for s in ex.steps] == ["kernel"]
+    np.testing.assert_array_equal(got, run(mod, {"x": x}))
+    assert got.shape[2 if layout == "NCHW" else 1] == 5

@@ -291,10 +291,6 @@ def _pool_rel(types, attrs):
     if min(kh, kw, sh, sw, dh, dw) < 1:
         raise OpTypeError("pool_size, strides and dilation must be >= 1")
     pt, pl, pb, pr = attrs["padding"]
-    span_h, span_w = dh * (kh - 1) + 1, dw * (kw - 1) + 1
-    if max(pt, pb) > span_h // 2 or max(pl, pr) > span_w // 2:
-        raise OpTypeError(f"padding {attrs['padding']} is more than half the "
-                          f"{span_h}x{span_w} window (a window could see only padding)", 0)
     oh = numerics.out_size(h, kh, sh, dh, pt, pb, attrs["ceil_mode"])
     ow = numerics.out_size(w, kw, sw, dw, pl, pr, attrs["ceil_mode"])
     if oh < 1 or ow < 1:

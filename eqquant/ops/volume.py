@@ -87,10 +87,6 @@ def _pool3d_rel(types, attrs):
     kernel = _sizes("pool_size", attrs["pool_size"], 1)
     dilation = attrs["dilation"]
     pad = attrs["padding"]
-    for i, (k, d) in enumerate(zip(kernel, dilation)):
-        if max(pad[i], pad[i + 3]) > (d * (k - 1) + 1) // 2:
-            raise OpTypeError(f"padding {list(pad)} is more than half the window "
-                              f"(a window could see only padding)", 0)
     out = _out_sizes(x.shape[2:], kernel, attrs, attrs["ceil_mode"])
     for i, (n, k, s, d) in enumerate(zip(x.shape[2:], kernel, attrs["strides"], dilation)):
         o = numerics.padding_only_window(n, k, s, d, pad[i], pad[i + 3], attrs["ceil_mode"])
