@@ -165,3 +165,39 @@ def test_average_pools_run_on_their_kernels_with_the_references_bits(layout, dty
         ex = Executor(mod)
         assert not_launches(ex) == []
         np.testing.assert_array_equal(ex.run({"x": x}), run(mod, {"x": x}))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("ta,tb", [(False, True), (False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("batch", [(), (3,), (1, 2)])
+def test_integer_batch_matmul_runs_on_its_kernel_with_the_references_bits(dtype, ta, tb, batch):
+    """qnn.batch_matmul (attention's q @ k^T and softmax @ v) on its launch kernel, each
+    transpose form, stacks of any rank: the reference's int32 sums, bit for bit, at the
+    dtype's ends too (saturated operands, zero points at the other end)."""
+    from eqquant import parse
+    from eqquant.ir.interp import run
+    from eqquant.runtime.execution.executor import Executor
+    m, k, n = 5, 33, 7
+    sa = batch + ((k, m) if ta else (m, k))
+    sb = batch + ((n, k) if tb else (k, n))
+    lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+    za, zb = (hi, lo) if dtype == "uint8" else (3, -4)
+    text = (f"def @main(%a: Tensor[{sa}, {dtype}], %b: Tensor[{sb}, {dtype}]) {{ "
+            f"qnn.batch_matmul(%a, %b, {za}, {zb}, 0.5f, 0.25f, transpose_a={ta}, "
+            f"transpose_b={tb}) }}")
+    mod = parse(text)
+    rng = np.random.default_rng(0)
+    a = rng.integers(lo, hi + 1, sa).astype(dtype)
+    b = rng.integers(lo, hi + 1, sb).astype(dtype)
+    a.reshape(-1)[:3] = lo
+    b.reshape(-1)[:3] = hi
+    ex = Executor(mod)
+    got = ex.run({"a": a, "b": b})
+    assert [s.kind for s in ex.steps] == ["kernel"]
+    want = run(mod, {"a": a, "b": b})
+    np.testing.assert_array_equal(got, want)
+    x = a.astype(np.int64) - za
+    y = b.astype(np.int64) - zb
+    x = np.swapaxes(x, -1, -2) if ta else x
+    y = np.swapaxes(y, -1, -2) if tb else y
+    np.testing.assert_array_equal(want, np.matmul(x, y))

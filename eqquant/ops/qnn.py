@@ -496,7 +496,7 @@ def _qbatch_matmul_qdq(w, node):
 register(OpDef(
     "qnn.batch_matmul", inputs=("tensor_a", "tensor_b", "a_zero_point", "b_zero_point",
                                 "a_scale", "b_scale"),
-    props=frozenset({COMPUTE, QUANT}),
+    props=frozenset({COMPUTE, QUANT}), kernel="QBatchMatmul",
     onnx=(OnnxForm("MatMul", reads=False, qdq=_qbatch_matmul_qdq),),
     attrs=(Attr("transpose_a", BOOL, False), Attr("transpose_b", BOOL, True),
            Attr("out_dtype", DTYPE_REQUIRED, "int32")),

@@ -616,3 +616,32 @@ def global_average(thread, threads, args):
             mean = np.float32(acc[c - c0] / p_n)
             q = np.int64(np.rint(mean / so)) + zo
             out[b, c] = min(max(q, lo), hi)
+
+
+@parallel
+def qbatch_matmul(thread, threads, args):
+    """qnn.batch_matmul on (B, M, K) operands a and, as ``dot`` says, b as (B, N, K) (its
+    rows and a's dotted: q @ k^T) or (B, K, N) (a's row times b, row by row: softmax @ v):
+    out[i, j] = sum over k of (a[i, k] - za) * (b - zb), exact in 64-bit integers, an output
+    row a unit. Either form reads both operands along their contiguous axis."""
+    a, b, za, zb, dot, out = args
+    nb, m, n = out.shape
+    depth = a.shape[2]
+    acc = np.empty(n, np.int64)
+    for r in range(*share(nb * m, thread, threads)):
+        bi, i = r // m, r % m
+        if dot:
+            for j in range(n):
+                s = np.int64(0)
+                for k in range(depth):
+                    s += (np.int64(a[bi, i, k]) - za) * (np.int64(b[bi, j, k]) - zb)
+                out[bi, i, j] = s
+        else:
+            for j in range(n):
+                acc[j] = 0
+            for k in range(depth):
+                x = np.int64(a[bi, i, k]) - za
+                for j in range(n):
+                    acc[j] += x * (np.int64(b[bi, k, j]) - zb)
+            for j in range(n):
+                out[bi, i, j] = acc[j]

@@ -976,3 +976,41 @@ class GlobalAverage(Binding):
             np.ascontiguousarray(x.reshape(n, c, -1).transpose(0, 2, 1))
         self.k8.global_average(npc, self.s, self.z, self.so, self.zo, self.lo, self.hi,
                                out.reshape(n, c), self._parts(c))
+
+
+@binding
+class QBatchMatmul(Binding):
+    """qnn.batch_matmul (attention's products of two 8-bit activations): one launch of
+    ``kernels.int8.qbatch_matmul`` over the output's rows, on views of the operands (a's
+    rows; b's rows where it is transposed, the dot form, else its columns a row at a time),
+    their stacks of matrices of one shape."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from ..kernels import int8 as k8
+        self.k8 = k8
+        self.za = int(_const_scalar(consts, 2))
+        self.zb = int(_const_scalar(consts, 3))
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        a, b = in_types[0].shape, in_types[1].shape
+        return all(_const_scalar(consts, i) is not None for i in (2, 3)) and \
+            out_type.dtype == "int32" and len(a) == len(b) >= 2 and a[:-2] == b[:-2]
+
+    def kernel_call(self, ins, out):
+        a, b = ins[0], ins[1]          # (the zero points and scales are constants)
+        if not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
+            return None
+        a3 = a.reshape((-1,) + a.shape[-2:])
+        b3 = b.reshape((-1,) + b.shape[-2:])
+        if self.attrs["transpose_a"]:
+            a3 = a3.transpose(0, 2, 1)
+        # b as (B, N, K) in the dot form (transpose_b), (B, K, N) in the other
+        out3 = out.reshape((-1,) + out.shape[-2:])
+        depth = a3.shape[2]
+        return sized(self.k8.qbatch_matmul, out.size * depth), (
+            a3, b3, self.za, self.zb, bool(self.attrs["transpose_b"]), out3)
+
+    def __call__(self, ins, out):
+        self.call_contiguous(ins[:2], out)
