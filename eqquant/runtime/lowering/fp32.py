@@ -743,6 +743,10 @@ class Binary(Binding):
         # times the image): the operands swapped, the same values
         self.swap = not self.channel and self.code in (0, 2) and per_channel(b, a)
         self.channel = self.channel or self.swap
+        if int(np.prod(out_type.shape[2:], dtype=np.int64)) == 1:
+            # the channels are the last axis (a dense layer's (rows, units) and its bias):
+            # one broadcast launch over rows, not a channel loop per row
+            self.channel = self.swap = False
         rank = len(out_type.shape)
         self.shape4 = (1,) * (4 - rank) + tuple(out_type.shape) if rank <= 4 else None
 
