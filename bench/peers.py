@@ -87,9 +87,11 @@ def worker(system: str, model: str, inputs: str) -> None:
         # ONNX Runtime's defaults otherwise: its workers spin while a run waits for work, as
         # eqquant's OpenMP workers spin a moment between the ops of a program
         sess = ort_session(model, threads=int(THREADS), spinning=True, exact=system == EXACT)
-        name = sess.get_inputs()[0].name
-        value = next(iter(x.values()))
-        run = lambda: sess.run(None, {name: value})  # noqa: E731
+        names = [i.name for i in sess.get_inputs()]
+        # the inputs by ONNX name, or (named as eqquant names them) in order
+        feed = {n: x[n] for n in names} if set(names) <= set(x) else \
+            dict(zip(names, x.values()))
+        run = lambda: sess.run(None, feed)  # noqa: E731
     run()
     print(json.dumps(["ready", engine]), flush=True)
     for line in sys.stdin:

@@ -37,6 +37,9 @@ MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "mobilen
           "shufflenet_v2_x1_0", "mnasnet1_0", "squeezenet1_1", "googlenet", "inception_v3",
           "densenet121", "vgg11_bn", "efficientnet_b0", "regnet_y_400mf", "convnext_tiny",
           "vit_b_16", "alexnet", "resnext50_32x4d"]
+# Transformers with a sequence input (--seq tokens): a BERT-style encoder whose inputs are
+# token IDs and an attention mask, and PyTorch's own nn.TransformerEncoder on float vectors
+SEQUENCE_MODELS = ["bert_tiny", "transformer_encoder"]
 
 
 # Ops that stay float by design, with why; the pair around each is counted apart.
@@ -46,9 +49,66 @@ FLOAT_BY_DESIGN = {
 }
 
 
+def _sequence_model(name: str):
+    """bert_tiny: BERT's embeddings (word, position, token type; LayerNorm), 2 layers of
+    PyTorch's TransformerEncoderLayer (hidden 128, 2 heads, GELU, feed-forward 512) with
+    the attention mask as a key padding mask, and the pooler; transformer_encoder: PyTorch's
+    nn.TransformerEncoder (4 layers, d_model 256, 4 heads, GELU, batch first) on float
+    vectors. Weights N(0, 0.02^2) as BERT's, LayerNorms near 1."""
+    import torch
+    from torch import nn
+
+    def layers(d, heads, ffn, n):
+        layer = nn.TransformerEncoderLayer(d, heads, ffn, dropout=0.0, activation="gelu",
+                                           batch_first=True)
+        return nn.TransformerEncoder(layer, n, enable_nested_tensor=False)
+
+    class Bert(nn.Module):
+        def __init__(self, vocab=1000, hidden=128):
+            super().__init__()
+            self.word, self.position = nn.Embedding(vocab, hidden), nn.Embedding(512, hidden)
+            self.token_type = nn.Embedding(2, hidden)
+            self.norm = nn.LayerNorm(hidden)
+            self.encoder = layers(hidden, 2, 4 * hidden, 2)
+            self.pooler = nn.Linear(hidden, hidden)
+
+        def forward(self, input_ids, attention_mask):
+            positions = torch.arange(input_ids.shape[1]).unsqueeze(0)
+            x = self.norm(self.word(input_ids) + self.position(positions)
+                          + self.token_type(torch.zeros_like(input_ids)))
+            x = self.encoder(x, src_key_padding_mask=attention_mask == 0)
+            return torch.tanh(self.pooler(x[:, 0]))
+
+    net = Bert() if name == "bert_tiny" else layers(256, 4, 1024, 4)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p_name, p in net.named_parameters():
+            if "norm" in p_name and p_name.endswith("weight"):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.02 * torch.randn(p.shape, generator=g))
+    return net.eval()
+
+
+def example(name: str, rng: np.random.Generator, size: int, seq: int) -> dict:
+    """One input of model ``name`` by ONNX input name: an N(0, 1) image; for bert_tiny
+    token IDs and a mask whose last quarter or less is padding; N(0, 1) vectors for the
+    encoder."""
+    if name == "bert_tiny":
+        mask = np.ones((1, seq), np.int64)
+        mask[:, seq - int(rng.integers(0, seq // 4 + 1)):] = 0
+        return {"input_ids": rng.integers(0, 1000, (1, seq)).astype(np.int64),
+                "attention_mask": mask}
+    if name == "transformer_encoder":
+        return {"input": rng.standard_normal((1, seq, 256)).astype(np.float32)}
+    return {"input": rng.standard_normal((1, 3, size, size)).astype(np.float32)}
+
+
 def build(name: str, seed: int = 0):
     import torch
     torch.manual_seed(seed)
+    if name in SEQUENCE_MODELS:
+        return _sequence_model(name)
     models = torchvision_models()
     kwargs = {"aux_logits": False, "init_weights": True} if name in ("googlenet",
                                                                      "inception_v3") else {}
@@ -68,14 +128,15 @@ def build(name: str, seed: int = 0):
     return net.eval()
 
 
-def export(net, size: int) -> bytes:
+def export(net, inputs: dict) -> bytes:
     import torch
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(net, (torch.randn(1, 3, size, size),), buf, dynamo=False,
-                          opset_version=17, training=torch.onnx.TrainingMode.PRESERVE,
-                          do_constant_folding=False, input_names=["input"],
+        torch.onnx.export(net, tuple(torch.from_numpy(v) for v in inputs.values()), buf,
+                          dynamo=False, opset_version=17,
+                          training=torch.onnx.TrainingMode.PRESERVE,
+                          do_constant_folding=False, input_names=list(inputs),
                           output_names=["logits"])
     return buf.getvalue()
 
@@ -104,10 +165,10 @@ def one(name: str, args) -> str:
     from eqquant.quant.flow import sqnr_db
     size = 299 if name == "inception_v3" else args.size
     t0 = time.perf_counter()
-    src = export(build(name), size)
     rng = np.random.default_rng(0)
-    check = rng.standard_normal((1, 3, size, size)).astype(np.float32)
-    ref = ort_session(src).run(None, {"input": check})[0]
+    check = example(name, rng, size, args.seq)
+    src = export(build(name), check)
+    ref = ort_session(src).run(None, check)[0]
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / f"{name}.onnx"
         path.write_bytes(src)
@@ -119,22 +180,21 @@ def one(name: str, args) -> str:
         err = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
         row = f"{name:20s} imports; fp32 max rel err {err:.1e}"
         inputs = Path(d) / "latency.input.npz"
-        np.savez(inputs, **{model.module.main.params[0].name: check})
+        np.savez(inputs, **model.named(check))
         if not args.int8:
             if args.latency:      # `eqquant run model.onnx` (optimized once, its library)
                 ratio = _latency_ratio(path, path, inputs, args.rounds, "fp32")
                 row += f"; fp32 latency eq/ORT {ratio:.2f}"
             return row + f"  ({time.perf_counter() - t0:.0f} s)"
-        samples = [rng.standard_normal((1, 3, size, size)).astype(np.float32)
-                   for _ in range(args.calib)]
+        samples = [example(name, rng, size, args.seq) for _ in range(args.calib)]
         try:
             q = eqquant.quantize(model, samples, mode="minmax", per_channel=True)
         except EqquantError as e:
             return row + f"; no int8: {str(e).splitlines()[0][:90]}"
         eq8 = sqnr_db(ref, q.run(check))
-        ort8_bytes = ort_quantize_static(src, [{"input": s} for s in samples])
+        ort8_bytes = ort_quantize_static(src, samples)
         ort8 = ort_session(ort8_bytes)
-        theirs = sqnr_db(ref, ort8.run(None, {"input": check})[0])
+        theirs = sqnr_db(ref, ort8.run(None, check)[0])
         module = q.quantized.module
         calls = [n for n in post_order(module.main.body) if isinstance(n, Call)]
         quantizes = [n for n in calls if n.op_name == "qnn.quantize"]
@@ -145,7 +205,7 @@ def one(name: str, args) -> str:
         done, total = _macs(module)
         qdq = q.export_onnx(Path(d) / f"{name}.int8.onnx")
         s = ort_session(qdq.read_bytes())
-        theirs_of_ours = s.run(None, {s.get_inputs()[0].name: check})[0]
+        theirs_of_ours = s.run(None, {i.name: check[i.name] for i in s.get_inputs()})[0]
         ours = q.run(check)
         step = float(np.max(np.abs(ours))) / 127
         agree = float(np.mean(np.abs(ours - theirs_of_ours) <= step))
@@ -186,7 +246,8 @@ def _latency_ratio(ours: Path, theirs: Path, inputs: Path, rounds: int, precisio
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=MODELS)
+    ap.add_argument("--models", nargs="+", default=MODELS + SEQUENCE_MODELS)
+    ap.add_argument("--seq", type=int, default=128, help="the transformers' tokens")
     ap.add_argument("--int8", action="store_true")
     ap.add_argument("--calib", type=int, default=4)
     ap.add_argument("--size", type=int, default=224)
