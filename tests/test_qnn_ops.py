@@ -201,3 +201,31 @@ def test_integer_batch_matmul_runs_on_its_kernel_with_the_references_bits(dtype,
     x = np.swapaxes(x, -1, -2) if ta else x
     y = np.swapaxes(y, -1, -2) if tb else y
     np.testing.assert_array_equal(want, np.matmul(x, y))
+
+
+def test_an_int8_attention_block_is_saved_in_a_library_with_the_references_bits(tmp_path):
+    """Scores, softmax and weighted values in integers around a float softmax: every op a
+    launch (the softmax's rows and qnn.batch_matmul's too), so `eqquant compile` saves the
+    program, and the library computes the reference's bits."""
+    from eqquant import parse
+    from eqquant.deploy.build import build
+    from eqquant.deploy.loader import Library
+    from eqquant.ir.interp import run
+    from eqquant.runtime.execution.executor import Executor
+    text = """
+def @main(%q: Tensor[(1, 2, 16, 8), uint8], %k: Tensor[(1, 2, 16, 8), uint8],
+          %v: Tensor[(1, 2, 16, 8), uint8]) {
+  %0 = qnn.batch_matmul(%q, %k, 120, 131, 0.02f, 0.03f);
+  %1 = qnn.dequantize(%0, 0.0006f, 0);
+  %2 = nn.softmax(%1, axis=-1);
+  %3 = qnn.quantize(%2, 0.004f, 0, out_dtype="uint8");
+  %4 = qnn.batch_matmul(%3, %v, 0, 128, 0.004f, 0.05f, transpose_b=False);
+  qnn.requantize(%4, 0.0002f, 0, 0.03f, 128, out_dtype="uint8")
+}
+"""
+    mod = parse(text)
+    rng = np.random.default_rng(1)
+    x = {n: rng.integers(0, 256, (1, 2, 16, 8)).astype("uint8") for n in "qkv"}
+    build(Executor(mod), tmp_path / "lib")
+    got = Library(tmp_path / "lib").run(x)
+    np.testing.assert_array_equal(got, run(mod, x))

@@ -870,11 +870,17 @@ class Softmax(Binding):
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return _is_f32(*in_types) and attrs["axis"] in (-1, len(in_types[0].shape) - 1)
 
+    def kernel_call(self, ins, out):
+        x = ins[0]
+        if not (out.size and x.flags.c_contiguous and out.flags.c_contiguous):
+            return None
+        n = x.shape[-1]
+        return sized(getattr(k, self.op.kernel_params["rows"]), out.size), (
+            x.reshape(-1, n), out.reshape(-1, n))
+
     def __call__(self, ins, out):
-        n = ins[0].shape[-1]
         if out.size:                    # (no rows, or rows of nothing: nothing to write)
-            getattr(k, self.op.kernel_params["rows"])(ins[0].reshape(-1, n),
-                                                      out.reshape(-1, n))
+            self.call_contiguous(ins, out)
 
 
 @binding
