@@ -199,3 +199,47 @@ def test_arithmetic_on_truth_values_is_a_type_error():
                     f"{{ {body} }}")
         with pytest.raises(TypeCheckError):
             infer_types(mod)
+
+
+@SETTINGS
+@given(n=st.integers(1, 2), c=st.integers(1, 3), hw=st.integers(1, 3), b=st.integers(1, 3),
+       op=st.sampled_from(["DepthToSpace DCR", "DepthToSpace CRD", "SpaceToDepth"]),
+       seed=st.integers(0, 2 ** 16))
+def test_depth_to_space_and_back(n, c, hw, b, op, seed):
+    """PixelShuffle's export (DepthToSpace, either mode) and its inverse: a reshape, a
+    transpose and a reshape, which the layout kernels run."""
+    name, *mode = op.split()
+    shape = (n, c * b * b, hw, hw) if name == "DepthToSpace" else (n, c, hw * b, hw * b)
+    attrs = {"blocksize": b, **({"mode": mode[0]} if mode else {})}
+    mod = _agree(_model([helper.make_node(name, ["x"], ["y"], **attrs)], shape, opset=13),
+                 _data(shape, seed=seed))
+    assert "transpose(" in str(mod)
+
+
+@SETTINGS
+@given(shape=st.lists(st.integers(1, 6), min_size=4, max_size=4).map(tuple),
+       size=st.sampled_from([1, 3, 5]), seed=st.integers(0, 2 ** 16), defaults=st.booleans())
+def test_local_response_normalization(shape, size, seed, defaults):
+    """LRN (AlexNet's, GoogLeNet's), as ONNX Runtime takes it: NCHW, an odd size."""
+    attrs = {"size": size} if defaults else {"size": size, "alpha": 0.01, "beta": 0.5,
+                                              "bias": 1.5}
+    mod = _agree(_model([helper.make_node("LRN", ["x"], ["y"], **attrs)], shape, opset=13),
+                 _data(shape, seed=seed), tol=1e-4)
+    assert "nn.lrn(" in str(mod)
+
+
+@SETTINGS
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple),
+       seed=st.integers(0, 2 ** 16), data=st.data())
+def test_gather_elements(shape, seed, data):
+    """GatherElements at constant indices (negative ones too), the indices no larger than
+    the data on the other axes."""
+    rng = np.random.default_rng(seed)
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    ishape = tuple(data.draw(st.integers(1, d)) if k != axis else data.draw(st.integers(1, 4))
+                   for k, d in enumerate(shape))
+    idx = rng.integers(-shape[axis], shape[axis], ishape).astype(np.int64)
+    model = _model([helper.make_node("GatherElements", ["x", "i"], ["y"], axis=axis)], shape,
+                   [("i", idx)], opset=13)
+    mod = _agree(model, _data(shape, seed=seed))
+    assert "gather(" in str(mod)

@@ -274,3 +274,41 @@ register(OpDef("take_at", inputs=("data", "indices"), attrs=(Attr("axis", INT, 0
                doc="the slices of data at indices computed at run time, along axis (an "
                    "embedding look-up; the result's axis is the indices' shape; negative "
                    "indices count from the end, others outside the axis are an error)"))
+
+
+# ---- gather (ONNX GatherElements; Relay's gather, PyTorch's torch.gather) -----------------
+
+def _gather_rel(types, attrs):
+    t = tensor(types, 0, "data")
+    idx = tensor(types, 1, "indices")
+    if idx.dtype not in ("int32", "int64"):
+        raise OpTypeError(f"indices must be int32 or int64, not {idx.dtype}", 1)
+    axis = norm_axis(attrs["axis"], t.rank)
+    if idx.rank != t.rank or any(i > d for k, (i, d) in enumerate(zip(idx.shape, t.shape))
+                                 if k != axis):
+        raise OpTypeError(f"indices {idx} must have data's rank and no larger a size on "
+                          f"any axis but {axis}; data is {t}", 1)
+    return TensorType(idx.shape, t.dtype)
+
+
+def _gather(x, indices, *, axis):
+    """out[..., i, ...] = data[..., indices[..., i, ...], ...] along ``axis`` (numpy's
+    take_along_axis over data cut to the indices' shape on the other axes); an index outside
+    [-n, n) is an error."""
+    axis %= x.ndim
+    n = x.shape[axis]
+    bad = (indices < -n) | (indices >= n)
+    if bad.any():
+        raise EvalError(f"gather: index {int(indices[bad].reshape(-1)[0])} is out of range "
+                        f"for axis {axis} of size {n}")
+    cut = x[tuple(slice(None) if k == axis else slice(0, d)
+                  for k, d in enumerate(indices.shape))]
+    return np.take_along_axis(cut, np.where(indices < 0, indices + n, indices).astype(
+        np.int64), axis=axis)
+
+
+register(OpDef("gather", inputs=("data", "indices"), attrs=(Attr("axis", INT, 0),),
+               type_rel=_gather_rel, semantics=_gather,
+               onnx=(OnnxForm("GatherElements", (("axis", "axis", 0),)),),
+               doc="the elements of data at indices along axis, the other axes as they are "
+                   "(torch.gather; ONNX GatherElements)"))

@@ -14,7 +14,7 @@ from .onnx_conventions import (OnnxFormError, conv_to_onnx, one_d_as_rows, pads,
                                spatial_axes, text, window, window_to_onnx)
 from .registry import (COMPUTE, KERNEL, POOL, SELECTS, OnnxForm, OpDef, OpTypeError, RelaxForm,
                        register)
-from .typerel import broadcast_shapes, compute_dtypes, norm_axis, tensor, tuple_of
+from .typerel import broadcast_shapes, compute_dtypes, float_input, norm_axis, tensor, tuple_of
 
 DATA_LAYOUT = StrKind("layout", choices=("NCHW", "NHWC"))
 KERNEL_LAYOUT = StrKind("layout", choices=("OIHW", "HWIO"))
@@ -645,6 +645,48 @@ register(OpDef("nn.instance_norm", inputs=("data", "gamma", "beta"),
                    export=_instance_norm_to_onnx),),
                doc="(x - mean) / sqrt(var + epsilon) * gamma + beta, the mean and variance "
                    "of each image's channel over its spatial positions (float64 inside)"))
+
+
+def _lrn(x, *, size, axis, bias, alpha, beta):
+    """Local response normalization (AlexNet's; ONNX LRN, Relay's nn.lrn): each value over
+    (bias + alpha / size * the sum of the squares of the ``size`` values around it along
+    ``axis``) ** beta, the window (size - 1) // 2 before it and size // 2 after; float64
+    inside."""
+    axis %= x.ndim
+    v = np.moveaxis(x.astype(np.float64), axis, -1)
+    sq = np.pad(v * v, [(0, 0)] * (v.ndim - 1) + [((size - 1) // 2, size // 2)])
+    sums = sum(sq[..., i:i + v.shape[-1]] for i in range(size))
+    out = v / (bias + alpha / size * sums) ** beta
+    return np.ascontiguousarray(np.moveaxis(out, -1, axis)).astype(x.dtype)
+
+
+def _lrn_rel(types, attrs):
+    x = float_input(types, attrs)
+    norm_axis(attrs["axis"], x.rank)
+    if attrs["size"] < 1:
+        raise OpTypeError(f"size must be 1 or more, got {attrs['size']}")
+    return x
+
+
+register(OpDef("nn.lrn", inputs=("data",),
+               attrs=(Attr("size", INT, 5), Attr("axis", INT, 1), Attr("bias", FLOAT, 2.0),
+                      Attr("alpha", FLOAT, 1e-4), Attr("beta", FLOAT, 0.75)),
+               type_rel=_lrn_rel, semantics=_lrn,
+               flops=lambda ins, out, a: float(out.size * (a["size"] + 4)),
+               onnx=(OnnxForm("LRN", convert=lambda im, attrs, ins: im.call(
+                   "nn.lrn", im.value(ins[0]), size=int(attrs["size"]), axis=1,
+                   bias=float(attrs.get("bias", 1.0)), alpha=float(attrs.get("alpha", 1e-4)),
+                   beta=float(attrs.get("beta", 0.75))),
+                   export=lambda ex, node, ins: ex.emit(
+                       "LRN", ins, size=node.attrs["size"], bias=float(node.attrs["bias"]),
+                       alpha=float(node.attrs["alpha"]), beta=float(node.attrs["beta"]))
+                   if node.attrs["axis"] == 1 else _lrn_axis_refused(node)),),
+               doc="x / (bias + alpha / size * sum of squares over size channels) ** beta"))
+
+
+def _lrn_axis_refused(node):
+    raise OnnxFormError(f"ONNX's LRN works along axis 1; this nn.lrn along axis "
+                        f"{node.attrs['axis']}")
 
 
 def matmul_shapes(a, b, ta: bool, tb: bool):

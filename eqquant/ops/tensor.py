@@ -11,7 +11,7 @@ from ..core.types import TensorType, TupleType
 from ..errors import EqquantError
 from . import numerics
 from .attrs import BOOL, DTYPE_REQUIRED, FLOAT, FLOAT_F, INT, INTS, OPT_INTS, REQUIRED, STR, Attr
-from .onnx_conventions import OnnxFormError
+from .onnx_conventions import OnnxFormError, text
 from .onnx_conventions import axes as onnx_axes
 from .registry import (RelaxForm, ANNOTATION, BINARY, ELEMWISE, EPILOGUE, IDENTITY, LAYOUT, LOGIC,
                        REDUCE, UNARY, OnnxForm, OpDef, OpTypeError, register)
@@ -551,9 +551,43 @@ def _transpose_from_onnx(im, attrs, ins):
     return im.call("transpose", im.value(ins[0]), axes=list(perm) if perm is not None else None)
 
 
+def _blocks_moved(to_depth: bool):
+    """ONNX SpaceToDepth (``to_depth``) and DepthToSpace (DCR or CRD mode): blocks of pixels
+    moved to channels or back, as a reshape to six axes, a transpose and a reshape (the
+    layout kernels run them)."""
+    def convert(im, attrs, ins):
+        x = im.value(ins[0])
+        t = im.type(x)
+        b = int(attrs.get("blocksize", 0))
+        if t.rank != 4 or b < 1:
+            raise OnnxFormError(f"takes NCHW data and a blocksize of 1 or more, got rank "
+                                f"{t.rank} and blocksize {b}")
+        n, c, h, w = t.shape
+        if to_depth:
+            if h % b or w % b:
+                raise OnnxFormError(f"{h}x{w} does not divide into blocks of {b}x{b}")
+            six, perm, out = [n, c, h // b, b, w // b, b], [0, 3, 5, 1, 2, 4], \
+                [n, c * b * b, h // b, w // b]
+        else:
+            if c % (b * b):
+                raise OnnxFormError(f"{c} channels do not divide into blocks of {b}x{b}")
+            mode = text(attrs.get("mode", "DCR"))
+            if mode not in ("DCR", "CRD"):
+                raise OnnxFormError(f"mode {mode!r} is not DCR or CRD")
+            c2 = c // (b * b)
+            six, perm = ([n, b, b, c2, h, w], [0, 3, 4, 1, 5, 2]) if mode == "DCR" else \
+                ([n, c2, b, b, h, w], [0, 1, 4, 2, 5, 3])
+            out = [n, c2, h * b, w * b]
+        moved = im.call("transpose", im.call("reshape", x, newshape=six), axes=perm)
+        return im.call("reshape", moved, newshape=out)
+    return convert
+
+
 register(OpDef("transpose", inputs=("data",), props=frozenset({LAYOUT}),
                onnx=(OnnxForm("Transpose", convert=_transpose_from_onnx,
-                              export=_transpose_to_onnx),),
+                              export=_transpose_to_onnx),
+                     OnnxForm("DepthToSpace", convert=_blocks_moved(False)),
+                     OnnxForm("SpaceToDepth", convert=_blocks_moved(True))),
                attrs=(Attr("axes", OPT_INTS, None),), type_rel=_transpose_rel,
                semantics=lambda x, *, axes: _transpose_view(x, axes=axes).copy(),
                kernel="StridedCopy",
