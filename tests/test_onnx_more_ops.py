@@ -243,3 +243,18 @@ def test_gather_elements(shape, seed, data):
                    [("i", idx)], opset=13)
     mod = _agree(model, _data(shape, seed=seed))
     assert "gather(" in str(mod)
+
+
+def test_not_equal_exports_as_not_of_equal():
+    """not_equal has no ONNX op of its own: it is written Not(Equal), which ONNX Runtime
+    computes as the reference does (NaN unequal to itself)."""
+    from eqquant import parse
+    mod = parse("def @main(%x: Tensor[(2, 3), float32], %y: Tensor[(3), float32]) { "
+                "where(not_equal(%x, %y), %x, 0f) }")
+    x = np.asarray([[1, np.nan, 3], [4, 5, 6]], np.float32)
+    y = np.asarray([1, np.nan, 0], np.float32)
+    sess = ort.InferenceSession(to_onnx(mod).SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"x": x, "y": y})[0]
+    np.testing.assert_array_equal(got, run(mod, {"x": x, "y": y}))
+    assert np.isnan(got[0, 1]) and got[0, 0] == 0 and got[0, 2] == 3

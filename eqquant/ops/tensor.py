@@ -210,24 +210,32 @@ def _logic_rel(types, attrs):
     return _compare_rel(types, attrs)
 
 
-for _name, _fn, _onnx, _doc in (
-        ("equal", np.equal, "Equal", "a == b"), ("not_equal", np.not_equal, None, "a != b"),
-        ("less", np.less, "Less", "a < b"), ("less_equal", np.less_equal, "LessOrEqual", "a <= b"),
-        ("greater", np.greater, "Greater", "a > b"),
-        ("greater_equal", np.greater_equal, "GreaterOrEqual", "a >= b"),
-        ("logical_and", np.logical_and, "And", "a and b"),
-        ("logical_or", np.logical_or, "Or", "a or b"),
-        ("logical_xor", np.logical_xor, "Xor", "a xor b")):
-    register(OpDef(_name, inputs=("lhs", "rhs"),
-                   props=frozenset({ELEMWISE, LOGIC} if _name.startswith("logical") else
-                                   {ELEMWISE}),
-                   type_rel=_logic_rel if _name.startswith("logical") else _compare_rel,
-                   semantics=lambda a, b, _fn=_fn: np.asarray(_fn(a, b), bool),
-                   onnx=(OnnxForm(_onnx),) if _onnx else (OnnxForm(
-                       "Equal", reads=False, export=lambda ex, node, ins: ex.emit(
-                           "Not", [ex.emit("Equal", ins)])),),
-                   doc=f"{_doc}, elementwise with numpy broadcasting: bool (NaN compares "
-                       f"unequal to everything)"))
+def _not_equal_to_onnx(ex, node, ins):
+    return ex.emit("Not", [ex.emit("Equal", ins)])
+
+
+def _truth(name, fn, onnx_type, doc, logic=False):
+    """A comparison of two numbers (``logic``: a connective of two truth values), with
+    numpy broadcasting and a bool result."""
+    register(OpDef(name, inputs=("lhs", "rhs"),
+                   props=frozenset({ELEMWISE, LOGIC} if logic else {ELEMWISE}),
+                   type_rel=_logic_rel if logic else _compare_rel,
+                   semantics=lambda a, b, _fn=fn: np.asarray(_fn(a, b), bool),
+                   onnx=(OnnxForm(onnx_type),) if onnx_type else
+                   (OnnxForm("Equal", reads=False, export=_not_equal_to_onnx),),
+                   doc=doc + ", elementwise with numpy broadcasting: bool"
+                   + ("" if logic else " (NaN compares unequal to everything)")))
+
+
+_truth("equal", np.equal, "Equal", "a == b")
+_truth("not_equal", np.not_equal, None, "a != b")
+_truth("less", np.less, "Less", "a < b")
+_truth("less_equal", np.less_equal, "LessOrEqual", "a <= b")
+_truth("greater", np.greater, "Greater", "a > b")
+_truth("greater_equal", np.greater_equal, "GreaterOrEqual", "a >= b")
+_truth("logical_and", np.logical_and, "And", "a and b", logic=True)
+_truth("logical_or", np.logical_or, "Or", "a or b", logic=True)
+_truth("logical_xor", np.logical_xor, "Xor", "a xor b", logic=True)
 register(OpDef("logical_not", inputs=("data",), props=frozenset({ELEMWISE, UNARY, LOGIC}),
                type_rel=_logic_rel, semantics=np.logical_not, onnx=(OnnxForm("Not"),),
                doc="not x, elementwise on bool"))
