@@ -258,3 +258,29 @@ def test_not_equal_exports_as_not_of_equal():
     got = sess.run(None, {"x": x, "y": y})[0]
     np.testing.assert_array_equal(got, run(mod, {"x": x, "y": y}))
     assert np.isnan(got[0, 1]) and got[0, 0] == 0 and got[0, 2] == 3
+
+
+@SETTINGS
+@given(n=st.integers(1, 2), c=st.integers(1, 3), h=st.integers(1, 5), w=st.integers(1, 5),
+       sh=st.integers(1, 3), sw=st.integers(1, 3), mode=st.sampled_from(["nearest", "linear"]),
+       opset=st.sampled_from([7, 9]), seed=st.integers(0, 2 ** 16))
+def test_upsample_of_old_opsets(n, c, h, w, sh, sw, mode, opset, seed):
+    """Upsample, as exporters wrote nn.Upsample before Resize (opset 7: scales as an
+    attribute; 9: as an input): image.resize2d at asymmetric coordinates."""
+    scales = np.asarray([1, 1, sh, sw], np.float32)
+    if opset == 7:
+        node, inits = helper.make_node("Upsample", ["x"], ["y"], mode=mode,
+                                       scales=scales.tolist()), []
+    else:
+        node, inits = helper.make_node("Upsample", ["x", "s"], ["y"], mode=mode), \
+            [("s", scales)]
+    shape = (n, c, h, w)
+    x = _data(shape, seed=seed)
+    model = _model([node], shape, inits, opset=opset)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"x": x})[0]
+    mod, params, _ = import_onnx(model)
+    assert "image.resize2d(" in str(mod)
+    np.testing.assert_allclose(run(mod, {"x": x}, params), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(Executor(bind_params(mod, params)).run({"x": x}), want,
+                               rtol=1e-5, atol=1e-5)

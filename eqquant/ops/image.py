@@ -115,6 +115,29 @@ def _resize_from_onnx(im, attrs, ins):
                    coordinate_transformation_mode=ctm, rounding_method=nearest)
 
 
+def _upsample_from_onnx(im, attrs, ins):
+    """Upsample (opsets 7 to 9, before Resize): scales as an attribute (7, 8) or a constant
+    input (9), nearest or linear, sampling at asymmetric coordinates (out / scale), nearest
+    rounding down, as ONNX Runtime computes it."""
+    x = im.value(ins[0])
+    shape = rank4(im, x, "upsampling").shape
+    mode = text(attrs.get("mode", "nearest"))
+    if mode not in ("nearest", "linear", "bilinear"):
+        raise OnnxFormError(f"Upsample mode '{mode}' is not supported (nearest, linear)")
+    if "scales" in attrs:
+        scales = np.asarray(attrs["scales"], np.float32)
+    elif len(ins) > 1 and ins[1]:
+        scales = np.asarray(im.const(ins[1], "Upsample's scales"), np.float32).reshape(-1)
+    else:
+        raise OnnxFormError("Upsample needs scales")
+    if scales.shape != (4,) or list(scales[:2]) != [1, 1] or (scales < 1).any():
+        raise OnnxFormError(f"Upsample's scales {scales.tolist()}: only H and W may grow")
+    sizes = [int(np.floor(d * sc)) for d, sc in zip(shape[2:], scales[2:])]
+    return im.call("image.resize2d", x, size=sizes,
+                   method="nearest_neighbor" if mode == "nearest" else "linear",
+                   coordinate_transformation_mode="asymmetric", rounding_method="floor")
+
+
 def _resize_to_onnx(ex, node, ins):
     a = node.attrs
     n, c = ex.type(node.args[0]).shape[:2]
@@ -144,7 +167,8 @@ register(OpDef(
            Attr("rounding_method", StrKind("rounding", choices=ROUNDING),
                 "round_prefer_floor")),
     onnx=(OnnxForm("Resize", convert=_resize_from_onnx, export=_resize_to_onnx,
-                   qdq=_resize_qdq),),
+                   qdq=_resize_qdq),
+          OnnxForm("Upsample", convert=_upsample_from_onnx)),
     type_rel=_resize_rel, semantics=_resize,
     flops=lambda ins, out, a: float(out.size * (4 if a["method"] == "linear" else 1)),
     doc="resize H and W to size: nearest (a gather: any dtype) or bilinear (floats), "
