@@ -244,27 +244,37 @@ register(OpDef("take", inputs=("data",), attrs=(Attr("indices", INTS, REQUIRED),
 
 # ---- take_at (ONNX Gather with run-time indices: an embedding look-up) -------------------------
 
-def _take_at_rel(types, attrs):
+def _indexed(types, attrs) -> tuple[TensorType, TensorType, int]:
+    """The data, the run-time indices (int32 or int64) and the axis of take_at and gather."""
     t = tensor(types, 0, "data")
     idx = tensor(types, 1, "indices")
     if idx.dtype not in ("int32", "int64"):
         raise OpTypeError(f"indices must be int32 or int64, not {idx.dtype}", 1)
-    axis = norm_axis(attrs["axis"], t.rank)
+    return t, idx, norm_axis(attrs["axis"], t.rank)
+
+
+def _in_range(indices: np.ndarray, n: int, op: str, axis: int) -> np.ndarray:
+    """Run-time indices into an axis of ``n``, negative ones counted from its end, as int64;
+    one outside [-n, n) is an error, as ONNX says (numpy would raise an IndexError, or wrap
+    with mode="wrap")."""
+    bad = (indices < -n) | (indices >= n)
+    if bad.any():
+        raise EvalError(f"{op}: index {int(indices[bad].reshape(-1)[0])} is out of range "
+                        f"for axis {axis} of size {n}")
+    return np.where(indices < 0, indices + n, indices).astype(np.int64)
+
+
+def _take_at_rel(types, attrs):
+    t, idx, axis = _indexed(types, attrs)
     if t.shape[axis] == 0:
         raise OpTypeError(f"axis {axis} has no elements to take", 0)
     return TensorType(t.shape[:axis] + idx.shape + t.shape[axis + 1:], t.dtype)
 
 
 def _take_at(x, indices, *, axis):
-    """np.take, each index checked: one outside [-n, n) is an error, as ONNX says (numpy
-    would raise an IndexError, or wrap with mode="wrap")."""
+    """np.take, each index checked (``_in_range``)."""
     axis %= x.ndim
-    n = x.shape[axis]
-    bad = (indices < -n) | (indices >= n)
-    if bad.any():
-        raise EvalError(f"take_at: index {int(indices[bad].reshape(-1)[0])} is out of range "
-                        f"for axis {axis} of size {n}")
-    return np.take(x, indices.astype(np.int64), axis=axis)
+    return np.take(x, _in_range(indices, x.shape[axis], "take_at", axis), axis=axis)
 
 
 register(OpDef("take_at", inputs=("data", "indices"), attrs=(Attr("axis", INT, 0),),
@@ -279,11 +289,7 @@ register(OpDef("take_at", inputs=("data", "indices"), attrs=(Attr("axis", INT, 0
 # ---- gather (ONNX GatherElements; Relay's gather, PyTorch's torch.gather) -----------------
 
 def _gather_rel(types, attrs):
-    t = tensor(types, 0, "data")
-    idx = tensor(types, 1, "indices")
-    if idx.dtype not in ("int32", "int64"):
-        raise OpTypeError(f"indices must be int32 or int64, not {idx.dtype}", 1)
-    axis = norm_axis(attrs["axis"], t.rank)
+    t, idx, axis = _indexed(types, attrs)
     if idx.rank != t.rank or any(i > d for k, (i, d) in enumerate(zip(idx.shape, t.shape))
                                  if k != axis):
         raise OpTypeError(f"indices {idx} must have data's rank and no larger a size on "
@@ -293,18 +299,13 @@ def _gather_rel(types, attrs):
 
 def _gather(x, indices, *, axis):
     """out[..., i, ...] = data[..., indices[..., i, ...], ...] along ``axis`` (numpy's
-    take_along_axis over data cut to the indices' shape on the other axes); an index outside
-    [-n, n) is an error."""
+    take_along_axis over data cut to the indices' shape on the other axes), each index
+    checked (``_in_range``)."""
     axis %= x.ndim
-    n = x.shape[axis]
-    bad = (indices < -n) | (indices >= n)
-    if bad.any():
-        raise EvalError(f"gather: index {int(indices[bad].reshape(-1)[0])} is out of range "
-                        f"for axis {axis} of size {n}")
     cut = x[tuple(slice(None) if k == axis else slice(0, d)
                   for k, d in enumerate(indices.shape))]
-    return np.take_along_axis(cut, np.where(indices < 0, indices + n, indices).astype(
-        np.int64), axis=axis)
+    return np.take_along_axis(cut, _in_range(indices, x.shape[axis], "gather", axis),
+                              axis=axis)
 
 
 register(OpDef("gather", inputs=("data", "indices"), attrs=(Attr("axis", INT, 0),),

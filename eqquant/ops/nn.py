@@ -34,6 +34,20 @@ def channel_axis(attrs, key: str = "layout") -> int:
     return 1 if attrs[key] == "NCHW" else 3
 
 
+def check_groups(c: int, o: int, cg: int, w, attrs) -> None:
+    """A convolution's channels: ``groups`` divides the ``c`` input and ``o`` output
+    channels, the weight ``w`` takes ``cg`` input channels a group, ``channels`` (if given)
+    is ``o``."""
+    g = attrs["groups"]
+    if g < 1 or c % g or o % g:
+        raise OpTypeError(f"groups={g} must divide the {c} input and {o} output channels", 1)
+    if cg * g != c:
+        raise OpTypeError(f"weight {w} expects {cg * g} input channels (groups={g}), "
+                          f"data has {c}", arg=1)
+    if attrs["channels"] is not None and attrs["channels"] != o:
+        raise OpTypeError(f"channels={attrs['channels']} but the weight has {o} outputs", 1)
+
+
 def conv2d_rel(types, attrs):
     x = tensor(types, 0, "data", rank=4)
     w = tensor(types, 1, "weight", rank=4)
@@ -43,14 +57,7 @@ def conv2d_rel(types, attrs):
                           f"{numerics.KERNEL_LAYOUT_OF[layout]}, not {klayout}")
     n, c, h, wd = numerics.to_nchw(x.shape, layout)
     o, cg, kh, kw = numerics.to_oihw(w.shape, klayout)
-    g = attrs["groups"]
-    if g < 1 or c % g or o % g:
-        raise OpTypeError(f"groups={g} must divide the {c} input and {o} output channels", 1)
-    if cg * g != c:
-        raise OpTypeError(f"weight {w} expects {cg * g} input channels (groups={g}), "
-                          f"data has {c}", arg=1)
-    if attrs["channels"] is not None and attrs["channels"] != o:
-        raise OpTypeError(f"channels={attrs['channels']} but the weight has {o} outputs", 1)
+    check_groups(c, o, cg, w, attrs)
     if attrs["kernel_size"] is not None and list(attrs["kernel_size"]) != [kh, kw]:
         raise OpTypeError(f"kernel_size={attrs['kernel_size']} but the weight is {kh}x{kw}", 1)
     (sh, sw), (dh, dw) = attrs["strides"], attrs["dilation"]

@@ -10,7 +10,7 @@ import numpy as np
 from ..core.types import TensorType
 from . import numerics
 from .attrs import BOOL, DTYPE, INT, OPT_INT, PADDING3D, TRIPLE, Attr, OptionalKind, StrKind
-from .nn import conv_from_onnx
+from .nn import check_groups, conv_from_onnx
 from .onnx_conventions import conv_to_onnx, window_to_onnx
 from .registry import COMPUTE, POOL, SELECTS, OnnxForm, OpDef, OpTypeError, register
 from .typerel import compute_dtypes, tensor
@@ -42,14 +42,7 @@ def _conv3d_rel(types, attrs):
     w = tensor(types, 1, "weight", rank=5)
     n, c = x.shape[:2]
     o, cg, kernel = w.shape[0], w.shape[1], w.shape[2:]
-    g = attrs["groups"]
-    if g < 1 or c % g or o % g:
-        raise OpTypeError(f"groups={g} must divide the {c} input and {o} output channels", 1)
-    if cg * g != c:
-        raise OpTypeError(f"weight {w} expects {cg * g} input channels (groups={g}), "
-                          f"data has {c}", arg=1)
-    if attrs["channels"] is not None and attrs["channels"] != o:
-        raise OpTypeError(f"channels={attrs['channels']} but the weight has {o} outputs", 1)
+    check_groups(c, o, cg, w, attrs)
     if attrs["kernel_size"] is not None and tuple(attrs["kernel_size"]) != kernel:
         raise OpTypeError(f"kernel_size={attrs['kernel_size']} but the weight's window is "
                           f"{list(kernel)}", 1)
