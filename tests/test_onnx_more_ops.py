@@ -288,3 +288,20 @@ def test_upsample_of_old_opsets(n, c, h, w, sh, sw, mode, opset, seed):
     np.testing.assert_allclose(run(mod, {"x": x}, params), want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(Executor(bind_params(mod, params)).run({"x": x}), want,
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spatial", [0, 1])
+def test_batch_normalization_of_opset_7_per_element_or_per_channel(spatial):
+    """BatchNormalization before opset 9: ``spatial=0`` keeps one statistic per element of
+    an image, read as a multiply and an add by constants; ``spatial=1``, the usual one per
+    channel."""
+    rng = np.random.default_rng(5)
+    shape = (2, 3, 4, 5)
+    per = shape[1:] if spatial == 0 else shape[1:2]
+    inits = [("s", rng.uniform(0.5, 1.5, per)), ("b", rng.normal(size=per)),
+             ("m", rng.normal(size=per)), ("v", rng.uniform(0.5, 2, per))]
+    inits = [(k, v.astype(np.float32)) for k, v in inits]
+    node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"],
+                            spatial=spatial, epsilon=1e-3)
+    mod = _agree(_model([node], shape, inits, opset=7), _data(shape, seed=1), tol=1e-4)
+    assert ("nn.batch_norm(" in str(mod)) == (spatial == 1)

@@ -253,8 +253,24 @@ def _batch_norm(x, gamma, beta, mean, var, *, axis, epsilon, center, scale):
 
 
 def _batch_norm_from_onnx(im, attrs, ins):
-    if attrs.get("training_mode", 0):
-        raise OnnxFormError("training_mode=1 is not supported: export the model in eval mode")
+    """BatchNormalization in inference mode. Before opset 9 ``spatial=0`` gave one statistic
+    per element of an image (the parameters shaped as x without its batch axis): that form is
+    an affine map per element, x * k + (B - mean * k) with k = scale / sqrt(var + epsilon),
+    its constants computed here in float64."""
+    if attrs.get("training_mode", 0) or attrs.get("is_test", 1) == 0:
+        raise OnnxFormError("training mode is not supported: export the model in eval mode")
+    if attrs.get("spatial", 1) == 0:
+        gamma, beta, mean, var = (np.asarray(im.const(n, f"BatchNormalization's {what}"),
+                                             np.float64)
+                                  for n, what in zip(ins[1:5], ("scale", "B", "mean", "var")))
+        k = gamma / np.sqrt(var + float(attrs.get("epsilon", 1e-5)))
+        x = im.value(ins[0])
+        dtype = im.type(x).dtype
+        scaled = im.call("multiply", x, im.b.param(im.fresh_name(ins[1] + "_k") or "bn_k",
+                                                   k.astype(dtype)))
+        shift = (beta - mean * k).astype(dtype)
+        return im.call("add", scaled, im.b.param(im.fresh_name(ins[2] + "_shift") or
+                                                 "bn_shift", shift))
     bn = im.call("nn.batch_norm", *[im.value(n) for n in ins[:5]], axis=1,
                  epsilon=float(attrs.get("epsilon", 1e-5)))
     return im.b.get(bn, 0)
