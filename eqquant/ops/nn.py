@@ -257,8 +257,10 @@ def _batch_norm_from_onnx(im, attrs, ins):
     per element of an image (the parameters shaped as x without its batch axis): that form is
     an affine map per element, x * k + (B - mean * k) with k = scale / sqrt(var + epsilon),
     its constants computed here in float64."""
-    if attrs.get("training_mode", 0) or attrs.get("is_test", 1) == 0:
-        raise OnnxFormError("training mode is not supported: export the model in eval mode")
+    for key, training in (("training_mode", 1), ("is_test", 0)):
+        if key in attrs and attrs[key] == training:
+            raise OnnxFormError(f"{key}={training} (training) is not supported: export the "
+                                "model in eval mode")
     if attrs.get("spatial", 1) == 0:
         gamma, beta, mean, var = (np.asarray(im.const(n, f"BatchNormalization's {what}"),
                                              np.float64)
