@@ -329,17 +329,19 @@ def test_where_with_a_constant_condition(shape, seed, data):
 
 
 @SETTINGS
-@given(shape=shapes, seed=st.integers(0, 2 ** 16), op=st.sampled_from(["Max", "Min"]),
-       arity=st.integers(1, 4), broadcast=st.booleans())
-def test_variadic_max_and_min(shape, seed, op, arity, broadcast):
-    """ONNX Max and Min take any number of inputs, each broadcast: folded pairwise into
-    ``maximum``/``minimum``, which run on the binary kernel (NaNs and signed zeros as
-    numpy's)."""
+@given(shape=shapes, seed=st.integers(0, 2 ** 16),
+       op=st.sampled_from(["Max", "Min", "Sum", "Mean"]), arity=st.integers(1, 4),
+       broadcast=st.booleans())
+def test_variadic_max_min_sum_and_mean(shape, seed, op, arity, broadcast):
+    """ONNX Max, Min, Sum and Mean take any number of inputs, each broadcast: folded pairwise
+    into ``maximum``/``minimum``/``add`` (a mean then divided by the count), which run on the
+    binary kernel (NaNs and signed zeros as numpy's)."""
     rng = np.random.default_rng(seed)
     others = [f"c{i}" for i in range(arity - 1)]
     inits = [(n, rng.normal(size=(shape[-1],) if broadcast else shape).astype(np.float32))
              for n in others]
     mod = _agree(_model([helper.make_node(op, ["x", *others], ["y"])], shape, inits=inits),
                  _data(shape, seed=seed))
-    ir = {"Max": "maximum", "Min": "minimum"}[op]
+    ir = {"Max": "maximum", "Min": "minimum", "Sum": "add", "Mean": "add"}[op]
     assert str(mod).count(f"{ir}(") == arity - 1
+    assert ("divide(" in str(mod)) == (op == "Mean")
