@@ -60,6 +60,23 @@ def ort_session(model: bytes | str, *, threads: int = 2, spinning: bool = False,
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
+def ort_quantize_dynamic(fp32_bytes: bytes, per_channel: bool = True) -> bytes:
+    """ONNX Runtime's quantize_dynamic: activations' parameters computed at run time (uint8,
+    DynamicQuantizeLinear), int8 weights; no calibration data."""
+    import logging
+
+    import onnxruntime as ort
+    logging.getLogger().setLevel(logging.ERROR)
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    ort.set_default_logger_severity(3)
+    with tempfile.TemporaryDirectory() as d:
+        src, dst = Path(d) / "fp32.onnx", Path(d) / "int8.onnx"
+        src.write_bytes(fp32_bytes)
+        quantize_dynamic(str(src), str(dst), per_channel=per_channel,
+                         weight_type=QuantType.QInt8)
+        return dst.read_bytes()
+
+
 def ort_quantize_static(fp32_bytes: bytes, samples: Sequence[Mapping[str, np.ndarray]],
                         per_channel: bool = True, pre_process: bool = False) -> bytes:
     """ONNX Runtime's quantize_static: QDQ, uint8 activations, int8 weights, MinMax; with

@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import ort_quantize_static, ort_session, torchvision_models  # noqa: E402
+from _common import (ort_quantize_dynamic, ort_quantize_static, ort_session,  # noqa: E402
+                     torchvision_models)
 
 MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large",
           "shufflenet_v2_x1_0", "mnasnet1_0", "squeezenet1_1", "googlenet", "inception_v3",
@@ -188,11 +189,13 @@ def one(name: str, args) -> str:
             return row + f"  ({time.perf_counter() - t0:.0f} s)"
         samples = [example(name, rng, size, args.seq) for _ in range(args.calib)]
         try:
-            q = eqquant.quantize(model, samples, mode="minmax", per_channel=True)
+            q = eqquant.quantize(model, samples, mode="dynamic" if args.dynamic else
+                                 "minmax", per_channel=True)
         except EqquantError as e:
             return row + f"; no int8: {str(e).splitlines()[0][:90]}"
         eq8 = sqnr_db(ref, q.run(check))
-        ort8_bytes = ort_quantize_static(src, samples)
+        ort8_bytes = ort_quantize_dynamic(src) if args.dynamic else \
+            ort_quantize_static(src, samples)
         ort8 = ort_session(ort8_bytes)
         theirs = sqnr_db(ref, ort8.run(None, check)[0])
         module = q.quantized.module
@@ -203,12 +206,15 @@ def one(name: str, args) -> str:
                      for n in quantizes)
         inside = len(quantizes) - 1 - around
         done, total = _macs(module)
-        qdq = q.export_onnx(Path(d) / f"{name}.int8.onnx")
-        s = ort_session(qdq.read_bytes())
-        theirs_of_ours = s.run(None, {i.name: check[i.name] for i in s.get_inputs()})[0]
-        ours = q.run(check)
-        step = float(np.max(np.abs(ours))) / 127
-        agree = float(np.mean(np.abs(ours - theirs_of_ours) <= step))
+        export = "QDQ export (static only)"
+        if not args.dynamic:
+            qdq = q.export_onnx(Path(d) / f"{name}.int8.onnx")
+            s = ort_session(qdq.read_bytes())
+            theirs_of_ours = s.run(None, {i.name: check[i.name] for i in s.get_inputs()})[0]
+            ours = q.run(check)
+            step = float(np.max(np.abs(ours))) / 127
+            agree = float(np.mean(np.abs(ours - theirs_of_ours) <= step))
+            export = f"QDQ export within one step {100 * agree:.1f}%"
         latency = ""
         if args.latency:
             from eqquant.ir.loader import save_program
@@ -217,10 +223,10 @@ def one(name: str, args) -> str:
             ort_path.write_bytes(ort8_bytes)
             ratio = _latency_ratio(ir, ort_path, inputs, args.rounds, "int8")
             latency = f"; int8 latency eq/ORT {ratio:.2f}"
-        return (row + f"; int8 SQNR {eq8:.1f} dB (ORT {theirs:.1f}); integer MACs "
+        kind = "dynamic" if args.dynamic else "static"
+        return (row + f"; int8 {kind} SQNR {eq8:.1f} dB (ORT {theirs:.1f}); integer MACs "
                 f"{100 * done / max(total, 1):.0f}%; q/dq pairs inside {inside} (+{around} around "
-                f"ops float by design); QDQ export "
-                f"within one step {100 * agree:.1f}%{latency}  "
+                f"ops float by design); {export}{latency}  "
                 f"({time.perf_counter() - t0:.0f} s)")
 
 
@@ -250,6 +256,9 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=128, help="the transformers' tokens")
     ap.add_argument("--int8", action="store_true")
     ap.add_argument("--calib", type=int, default=4)
+    ap.add_argument("--dynamic", action="store_true",
+                    help="with --int8: dynamic quantization for both (eqquant --mode dynamic, "
+                         "ONNX Runtime's quantize_dynamic), the samples only checking")
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--latency", action="store_true",
                     help="time eqquant's and ONNX Runtime's programs: int8 with --int8, else "

@@ -278,7 +278,8 @@ def test_a_compressed_npz_bomb_costs_nothing_until_its_entry_is_read(tmp_path):
 def test_degenerate_ranges_get_the_documented_scales():
     """A value that was always 0 (a relu that never fired) gets scale 1.0; a denormal range
     the minimum scale; an infinite range is an error; one calibration sample is enough."""
-    from eqquant.quant.annotate import MIN_SCALE, qparams
+    from eqquant.ops.numerics import MIN_SCALE
+    from eqquant.quant.annotate import qparams
     from eqquant.quant.calibrate import Range
     for dtype in ("int8", "uint8"):
         assert qparams(Range(0.0, 0.0), dtype) == (1.0, 0)

@@ -465,8 +465,12 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
               help="Calibration set: .npz of arrays keyed by input name, stacked on a "
                    "leading sample axis (arrays of the inputs' own ranks: one sample).")
 @click.option("--mode", type=click.Choice(["kl_divergence", "minmax", "percentile",
-                                          "global_scale"]),
-              default="kl_divergence", show_default=True)
+                                          "global_scale", "dynamic"]),
+              default="kl_divergence", show_default=True,
+              help="How activations get their scales: a calibration method over --calib, or "
+                   "dynamic: computed from each input as it runs, for the inputs of "
+                   "convolutions, dense layers and attention's products (as ONNX Runtime's "
+                   "quantize_dynamic; --calib then only measures the report's accuracy).")
 @click.option("--weight-scale", type=click.Choice(["max", "power2"]), default="max",
               show_default=True)
 @click.option("--per-channel", is_flag=True, help="One weight scale per output channel.")
@@ -522,7 +526,9 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
     m = load(model, params)
     samples = calibration_samples(calib, m)
     with _rules_checked(unchecked_rules) as said, \
-            click.progressbar(length=len(samples), label="calibrating", file=sys.stderr) as bar:
+            click.progressbar(length=len(samples), file=sys.stderr, label="calibrating"
+                              if mode != "dynamic" else "quantizing (dynamic: no calibration)"
+                              ) as bar:
         result = quantize(m.module, m.params, samples, mode, weight_scale, per_channel,
                           dtype=activations, skip=list(skip), cost=cost,
                           progress=lambda n: bar.update(1), layouts=layouts == "cpu",

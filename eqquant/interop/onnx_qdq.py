@@ -168,9 +168,12 @@ class QDQ:
         return info if isinstance(info, Q8) else None
 
     def unsupported(self, node: Call) -> EqquantError:
+        why = ("a dynamic program's parameters are computed at run time; the QDQ export "
+               "takes programs quantized with a calibration mode" if node.op.name.startswith(
+                   "qnn.dynamic_") else
+               "export the program eqquant quantize wrote, not its realize view")
         return EqquantError(f"ONNX export: {node.op.name} on {self.ex.type(node.args[0])} has "
-                            "no QDQ form (export the program eqquant quantize wrote, not its "
-                            "realize view)", node.loc)
+                            f"no QDQ form ({why})", node.loc)
 
     # -- ops -------------------------------------------------------------------------------------
 

@@ -126,6 +126,33 @@ def conv(x: np.ndarray, w: np.ndarray, *, strides, padding, dilation, groups, ou
     return out.astype(out_dtype or default_compute_dtype(str(x.dtype), str(w.dtype)))
 
 
+# Degenerate ranges. A value that was always 0 (a relu that never fired) gets the scale 1.0,
+# as TVM gives it: any scale represents 0 exactly, and a large one keeps the biases of the
+# layers that read it representable in int32. A range narrower than 255 * MIN_SCALE but not
+# empty (denormal values) gets MIN_SCALE: a smaller scale would not be a normal float32, and
+# its inverse would overflow.
+MIN_SCALE = 1e-12
+
+
+def range_params(lo: float, hi: float, symmetric: bool) -> tuple[float, int]:
+    """(scale, zero point) of the finite range [lo, hi]: symmetric int8 (max |x| / 127, zero
+    point 0), or asymmetric uint8 covering zero ((hi - lo) / 255, the zero point rounding
+    -lo / scale half to even); the scale is a float32 value, computed in float64 and rounded
+    once. Calibration's parameters (``quant.annotate.qparams``) and dynamic quantization's,
+    computed at run time (``qnn.dynamic_scale``; its kernel compiles this function), are
+    this one function."""
+    if symmetric:
+        m = max(abs(lo), abs(hi))
+        if m == 0.0:
+            return 1.0, 0
+        return max(float(np.float32(m / 127.0)), MIN_SCALE), 0
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    if hi == lo:
+        return 1.0, 0
+    scale = max(float(np.float32((hi - lo) / 255.0)), MIN_SCALE)
+    return scale, int(min(max(np.rint(-lo / scale), 0.0), 255.0))
+
+
 def qrange(dtype) -> tuple[int, int]:
     """The integers a quantized ``dtype`` saturates to: int8 is symmetric, [-127, 127], as
     TVM's realize clips it (so -q is always representable and a symmetric scale max|x| / 127

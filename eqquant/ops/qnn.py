@@ -110,6 +110,51 @@ register(OpDef("annotation.calibrated", inputs=("data", "scale", "zero_point"),
                    "zero_point); the calibration marks a value with its quantization this way"))
 
 
+# -- dynamic quantization: a value's parameters computed from the value, at run time --------
+
+def _dynamic_rel(out_dtype: str):
+    def rel(types, attrs):
+        x = tensor(types, 0, "data")
+        if x.dtype != "float32":
+            raise OpTypeError(f"takes a float32 tensor, got {x.dtype}", 0)
+        if attrs["dtype"] not in ("int8", "uint8"):
+            raise OpTypeError(f"quantizes to int8 or uint8, got {attrs['dtype']}")
+        return TensorType((), out_dtype)
+    return rel
+
+
+def dynamic_params(x, dtype: str) -> tuple[float, int]:
+    """(scale, zero point) of ``x``'s finite values, as calibration would give them for a
+    range of this one tensor (``numerics.range_params``): ONNX's DynamicQuantizeLinear for
+    uint8, TVM's symmetric int8 for int8. Infinities and NaN take no part (they saturate
+    when quantized); a tensor with no finite value gets the scale 1.0."""
+    v = np.asarray(x, np.float32).reshape(-1)
+    v = v[np.isfinite(v)]
+    lo, hi = (float(v.min()), float(v.max())) if v.size else (0.0, 0.0)
+    return numerics.range_params(lo, hi, dtype == "int8")
+
+
+# Dynamic quantization (``quantize --mode dynamic``, as ONNX Runtime's quantize_dynamic) marks
+# a value annotation.calibrated(x, qnn.dynamic_scale(x), qnn.dynamic_zero_point(x)): the same
+# mark, its parameters computed from each input instead of a calibration set, so the same
+# rules move the work into integers.
+register(OpDef("qnn.dynamic_scale", inputs=("data",), props=frozenset({QUANT}),
+               attrs=(Attr("dtype", EIGHT_BIT_OUT, "uint8"),),
+               type_rel=_dynamic_rel("float32"), kernel="DynamicParams",
+               semantics=lambda x, *, dtype: np.array(dynamic_params(x, dtype)[0], np.float32),
+               flops=lambda ins, out, a: 2.0 * ins[0].size,
+               doc="the scale that quantizes this tensor's finite range to dtype, computed "
+                   "at run time: (max - min) / 255 over a range covering 0 for uint8, "
+                   "max|x| / 127 for int8"))
+register(OpDef("qnn.dynamic_zero_point", inputs=("data",), props=frozenset({QUANT}),
+               attrs=(Attr("dtype", EIGHT_BIT_OUT, "uint8"),),
+               type_rel=_dynamic_rel("int32"), kernel="DynamicParams",
+               semantics=lambda x, *, dtype: np.array(dynamic_params(x, dtype)[1], np.int32),
+               flops=lambda ins, out, a: 2.0 * ins[0].size,
+               doc="the zero point going with qnn.dynamic_scale: round(-min / scale) for "
+                   "uint8, 0 for int8"))
+
+
 # -- quantize / dequantize / requantize -------------------------------------------------------
 
 def _quantize_rel(types, attrs):

@@ -36,9 +36,11 @@ from ..errors import EqquantError
 from ..core.nodes import (Call, Constant, Expr, Function, Module, Scalar, Var, freeze_attrs,
                           post_order, rewrite)
 from ..ir.params import bind_params
+from ..ops.numerics import range_params
 from ..ir.printer import value_labels
 from ..ir.typecheck import infer_types
 from ..core.types import TensorType
+from ..ops.fused import FUSED
 from ..ops.registry import (ANNOTATION, BIAS, COMPUTE, EPILOGUE, QUANT, SELECTS, WEIGHT, OpDef,
                             get_op)
 from ..passes.inline import inline_calls
@@ -138,29 +140,13 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
                                    if k not in unbounded}, unbounded)
 
 
-# Degenerate ranges. A value that was always 0 on the calibration set (a relu that never
-# fired) gets the scale 1.0, as TVM gives it: any scale represents 0 exactly, and a large one
-# keeps the biases of the layers that read it representable in int32. A range narrower than
-# 255 * MIN_SCALE but not empty (denormal values) gets MIN_SCALE: a smaller scale would not be
-# a normal float32, and its inverse would overflow. Neither is an error: they are written in
-# the calibration table and the report as the ranges they are.
-MIN_SCALE = 1e-12
-
-
 def qparams(r: Range, dtype: str) -> tuple[float, int]:
-    """(scale, zero point): symmetric for int8, asymmetric (covering zero) for uint8; see
-    MIN_SCALE for empty and denormal ranges."""
+    """(scale, zero point) of a calibrated range: symmetric for int8, asymmetric (covering
+    zero) for uint8 (``numerics.range_params``, which dynamic quantization computes at run
+    time too)."""
     if not (np.isfinite(r.lo) and np.isfinite(r.hi)):
         raise EqquantError(f"a calibrated range must be finite, got [{r.lo}, {r.hi}]")
-    if dtype == "int8":
-        if r.absmax == 0:
-            return 1.0, 0
-        return max(float(np.float32(r.absmax / 127)), MIN_SCALE), 0
-    lo, hi = min(r.lo, 0.0), max(r.hi, 0.0)
-    if hi == lo:
-        return 1.0, 0
-    scale = max(float(np.float32((hi - lo) / 255)), MIN_SCALE)
-    return scale, int(np.clip(round(-lo / scale), 0, 255))
+    return range_params(float(r.lo), float(r.hi), dtype == "int8")
 
 
 def _weight_scale(w: Constant, mode: str, per_channel: bool, counter: list[int]
@@ -193,15 +179,37 @@ def _weight_scale(w: Constant, mode: str, per_channel: bool, counter: list[int]
 
 def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
              weight_scale: str = "max", per_channel: bool = False,
-             kept_float: list[str] | None = None) -> Module:
+             kept_float: list[str] | None = None, dynamic: bool = False) -> Module:
     """Mark every value the table names with its scale and zero point, and every constant
     weight of a conv2d or dense with its weight scale, unless that layer's int32 accumulator
     could overflow (see :func:`accumulator_overflow`): its weight stays float, so the layer
-    does, and why is appended to ``kept_float``. (``mark_labels`` names the marks.)"""
+    does, and why is appended to ``kept_float``. (``mark_labels`` names the marks.)
+
+    ``dynamic`` (dynamic quantization, as ONNX Runtime's quantize_dynamic; the table is
+    empty): the computed operands of the compute ops (convolutions, dense layers, attention's
+    products) are marked with parameters computed from each input at run time
+    (``qnn.dynamic_scale``, ``qnn.dynamic_zero_point``), and nothing else is. A fused op's
+    bias is then added in float, after the integer product (its op unfused, as ONNX Runtime
+    adds it): a scale computed at run time has no lower bound, so a bias in accumulator
+    steps could pass the int32 range."""
     flat = inline_calls(mod)
     fn = flat.main
     labels = value_labels(fn)
     op = get_op("annotation.calibrated")
+    types = infer_types(flat) if dynamic else {}
+    dynamic_marks: dict[int, Expr] = {}
+
+    def mark_dynamic(original: Expr, v: Expr) -> Expr:
+        t = types.get(id(original))
+        if isinstance(v, (Constant, Scalar)) or is_mark(v) or not isinstance(t, TensorType) \
+                or t.dtype != "float32":
+            return v
+        if id(v) not in dynamic_marks:
+            params = [Call(op=get_op(name), args=(v,), attrs=freeze_attrs({"dtype": dtype}))
+                      for name in ("qnn.dynamic_scale", "qnn.dynamic_zero_point")]
+            dynamic_marks[id(v)] = Call(op=op, args=(v, *params),
+                                        attrs=freeze_attrs({"dtype": dtype, "axis": -1}))
+        return dynamic_marks[id(v)]
     marked_weights: dict[int, Expr] = {}
     from ..ir.params import module_constants
     counter = [max(module_constants(flat), default=-1) + 1]
@@ -245,17 +253,25 @@ def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
         from ..core.nodes import rebuild
         i = node.op.role(WEIGHT) if isinstance(node, Call) and \
             not isinstance(node.op, Expr) else None
-        if i is not None:
+        computes = isinstance(node, Call) and isinstance(node.op, OpDef) and \
+            COMPUTE in node.op.props and QUANT not in node.op.props
+        if dynamic and computes:
+            fixed = {i, node.op.role(BIAS)}
+            children = tuple(c if k in fixed else mark_dynamic(o, c)
+                             for k, (o, c) in enumerate(zip(node.children(), children)))
+        if i is not None and (computes or not dynamic):
             why = accumulator_overflow(node, children, weight_scale, per_channel)
             if why is None:
                 children = children[:i] + (mark_weight(children[i]),) + children[i + 1:]
             elif kept_float is not None:
                 kept_float.append(f"{labels.get(id(node), '?')} ({node.op.name}): {why}")
         changed = any(a is not b for a, b in zip(children, node.children()))
+        if dynamic and changed and FUSED in node.op.props and node.op.unfuse:
+            return node.op.unfuse(children, node.attrs)      # (the bias added in float)
         return mark(node, rebuild(node, children) if changed else node)
 
     body = rewrite(fn.body, visit)
-    if dtype == "uint8":
+    if dtype == "uint8" and not dynamic:
         body = _share_selected_params(body, op)
     return Module({"main": Function(params=fn.params, body=body, ret_type=fn.ret_type)},
                   version=flat.version)
@@ -335,15 +351,15 @@ def accumulator_overflow(node: Call, children, weight_scale: str, per_channel: b
             and data.op_name == "annotation.calibrated"):
         return None
     sx, zx = data.args[1], data.args[2]
-    if not (isinstance(sx, Scalar) and isinstance(zx, Scalar)):
-        return None
     lo, hi = qrange(data.attrs["dtype"])
-    xmax = max(abs(lo - int(zx.value)), abs(hi - int(zx.value)))
+    # a zero point computed at run time (dynamic quantization) is one of the dtype's values
+    xmax = max(abs(lo - int(zx.value)), abs(hi - int(zx.value))) if isinstance(zx, Scalar) \
+        else hi - lo
     wd = w.data.astype(np.float64)
     sw = numeric_weight_scale(w.data, weight_scale, per_channel).astype(np.float64)
     wq = np.clip(np.rint(wd.reshape(wd.shape[0], -1) / sw.reshape(-1, 1)), -127, 127)
     bound = xmax * np.abs(wq).sum(axis=1)
-    if node.op.role(BIAS) is not None:
+    if node.op.role(BIAS) is not None and isinstance(sx, Scalar):
         b = children[node.op.role(BIAS)]
         if isinstance(b, (Constant, Scalar)) and b.data is not None:
             bq = np.abs(np.asarray(b.data, np.float64)).reshape(-1) / (float(sx.value) * sw)

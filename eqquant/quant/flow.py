@@ -26,6 +26,9 @@ from ..optimizer import OptimizeResult, optimize
 from .annotate import annotate, as_inputs, calibrate, qparams
 from .calibrate import CalibrationTable
 
+# quantize's mode that calibrates nothing: the compute ops' operands are quantized with
+# parameters computed from each input as it runs (``annotate``'s ``dynamic``)
+DYNAMIC = "dynamic"
 FP32_RULES = ("simplify", "bn_fold", "fusion")
 FP32_SCHEDULE = "simplify; bn_fold; simplify; fusion"
 # the marked program: quantize's rules, with simplify's identities beside them (a constant
@@ -230,10 +233,14 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     # holds them: in the last-level cache if they fit there (int8: a quarter of the bytes)
     cost = cost.for_weights(constant_bytes(fp), constant_bytes(fp) // 4)
     samples = [as_inputs(x, fp.main) for x in samples]
-    table = calibrate(fp, None, samples, mode, skip, progress)
+    dynamic = mode == DYNAMIC
+    if dynamic:     # no ranges: each input's are computed as it runs (the samples: the report)
+        table = CalibrationTable(DYNAMIC, {})
+    else:
+        table = calibrate(fp, None, samples, mode, skip, progress)
     kept_float: list[str] = [f"{name}: {why}: it has no range to quantize"
                              for name, why in table.unbounded.items()]
-    marked = annotate(fp, table, dtype, weight_scale, per_channel, kept_float)
+    marked = annotate(fp, table, dtype, weight_scale, per_channel, kept_float, dynamic)
     mixed = None
     front = []
     # float or integer, each op costed as the layout phase will lay it out (LaidOut)

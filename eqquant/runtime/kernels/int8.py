@@ -13,6 +13,7 @@ from numba import njit
 from .depthwise import call_sweep
 from .fp32 import inside, interior, kernel_rows
 from ..codegen.launch import parallel, share
+from ...ops.numerics import range_params
 from ...ops.qnn import ADD_FRACTION_BITS
 # the rows of ``epilogue_table.epilogue_params`` (requantize_ir.py emits the same steps in
 # LLVM IR)
@@ -68,8 +69,10 @@ def dense_i8(thread, threads, args):
     into a buffer of its own (N x K values, against its share of N x K x units products),
     of ``like``'s type: int16 where the differences fit (8-bit data, a zero point of 16
     bits), so the products widen from 16 bits; the weights' zero points come off as zw[o] *
-    sum(xs[n])."""
-    x, zx, w, zw, like, out = args
+    sum(xs[n]). The image's zero point is ``zero[0]`` (a constant, or computed at run time:
+    dynamic quantization)."""
+    x, zero, w, zw, like, out = args
+    zx = np.int32(zero[0])
     n_, k_ = x.shape
     xs = np.empty((n_, k_), like.dtype)
     sums = np.zeros(n_, np.int64)
@@ -130,22 +133,27 @@ def qmul(thread, threads, args):
 def quantize(thread, threads, args):
     """Flat: out = clip(round_half_even(x / scale) + zero, lo, hi), the rounded quotient
     converted to int64 as the reference's ``astype`` does (NaN, the infinities and values
-    of 2^63 or more in magnitude: int64's least value, to which zero is added, wrapping)."""
+    of 2^63 or more in magnitude: int64's least value, to which zero is added, wrapping).
+    The scale and zero point are ``scale[0]`` and ``zero[0]``: constants, or computed at
+    run time (dynamic quantization)."""
     x, scale, zero, lo, hi, out = args
+    s, z = np.float32(scale[0]), np.int64(zero[0])
     for i in range(*share(x.size, thread, threads)):
-        v = np.int64(np.rint(np.float32(x[i]) / scale)) + zero
+        v = np.int64(np.rint(np.float32(x[i]) / s)) + z
         out[i] = min(max(v, lo), hi)
 
 
 TWO_63 = np.float32(2.0 ** 63)
 
 
-def quantize_unconvertible(zero: int, lo: int, hi: int) -> int:
+@njit(cache=True)
+def quantize_unconvertible(zero, lo, hi):
     """What ``quantize`` gives where the rounded quotient has no int64 value (NaN, the
     infinities, 2^63 or more in magnitude): int64's least value plus zero, wrapping as
-    int64 does, clipped to [lo, hi]."""
-    v = zero % (1 << 64) - (1 << 63)        # (-2^63 + zero + 2^63) mod 2^64 - 2^63
-    return min(max(v, lo), hi)
+    int64 does, clipped to [lo, hi] (bounds of 32 bits at most). For a zero point of 32
+    bits that sum is below every bound, or wraps past 2^62 when the zero point is negative:
+    lo or hi, written so (a wrapping add is undefined in the code Numba emits)."""
+    return np.int64(lo) if zero >= 0 else np.int64(hi)
 
 
 @parallel
@@ -154,13 +162,15 @@ def quantize_narrow(thread, threads, args):
     float32 lanes: the rounded quotient r is clipped to [lo - zero, hi - zero] as a float
     (those bounds and r are integers, exactly represented), converted to int32 and zero
     added; where r has no int64 value (not below 2^63 in magnitude: NaN too),
-    ``unconvertible`` (``quantize_unconvertible``). AVX2 has no conversion of floats to
-    int64, and ``quantize`` converted one lane at a time, this form a vector at a time."""
-    x, scale, zero, lo, hi, unconvertible, out = args
-    flo, fhi = np.float32(lo - zero), np.float32(hi - zero)
-    z = np.int32(zero)
+    ``quantize_unconvertible``. AVX2 has no conversion of floats to int64, and
+    ``quantize`` converted one lane at a time, this form a vector at a time."""
+    x, scale, zero, lo, hi, out = args
+    s, zero64 = np.float32(scale[0]), np.int64(zero[0])
+    unconvertible = quantize_unconvertible(zero64, lo, hi)
+    flo, fhi = np.float32(lo - zero64), np.float32(hi - zero64)
+    z = np.int32(zero64)
     for i in range(*share(x.size, thread, threads)):
-        r = np.rint(np.float32(x[i]) / scale)
+        r = np.rint(np.float32(x[i]) / s)
         c = min(max(r, flo), fhi)
         out[i] = np.int32(c) + z if abs(r) < TWO_63 else unconvertible
 
@@ -195,12 +205,13 @@ def lut(thread, threads, args):
 
 @parallel
 def dequantize(thread, threads, args):
-    """Flat q, out: (q - zero) * scales[c], c the channel of element i: (i // inner) % C
+    """Flat q, out: (q - zero[0]) * scales[c], c the channel of element i: (i // inner) % C
     (one scale: C = 1)."""
     q, zero, scales, inner, out = args
     c_n = scales.size
+    z = np.int64(zero[0])
     for i in range(*share(q.size, thread, threads)):
-        out[i] = np.float32(np.int64(q[i]) - zero) * scales[(i // inner) % c_n]
+        out[i] = np.float32(np.int64(q[i]) - z) * scales[(i // inner) % c_n]
 
 
 @parallel
@@ -247,6 +258,39 @@ def finish_gemm(thread, threads, args):
         c = correction[o]
         for p in range(p_n):
             out[o, p] = acc[p, o] - c
+
+
+@parallel
+def offset_correction(thread, threads, args):
+    """correction[o] = column_sums[o] * (shift + zero[0]): the SIMD GEMM's correction for
+    rows shifted by ``shift`` whose zero point is computed at run time (dynamic
+    quantization; a constant zero point's correction is made once, when bound)."""
+    column_sums, shift, zero, correction = args
+    offset = np.int32(shift + zero[0])
+    for o in range(*share(correction.size, thread, threads)):
+        correction[o] = column_sums[o] * offset
+
+
+_range_params = njit(cache=True)(range_params)     # (the reference's function, compiled)
+
+
+@parallel
+def dynamic_params(thread, threads, args):
+    """scale[0], zero[0]: the parameters of the flat float32 ``x``'s finite range
+    (``numerics.range_params``, compiled: the reference's function), on one thread."""
+    x, symmetric, scale, zero = args
+    for _ in range(*share(1, thread, threads)):
+        lo, hi = np.inf, -np.inf
+        for i in range(x.size):
+            v = np.float64(x[i])
+            if np.isfinite(v):
+                lo = min(lo, v)
+                hi = max(hi, v)
+        if lo > hi:
+            lo, hi = 0.0, 0.0
+        s, z = _range_params(lo, hi, symmetric)
+        scale[0] = s
+        zero[0] = z
 
 
 @parallel
@@ -623,8 +667,10 @@ def qbatch_matmul(thread, threads, args):
     """qnn.batch_matmul on (B, M, K) operands a and, as ``dot`` says, b as (B, N, K) (its
     rows and a's dotted: q @ k^T) or (B, K, N) (a's row times b, row by row: softmax @ v):
     out[i, j] = sum over k of (a[i, k] - za) * (b - zb), exact in 64-bit integers, an output
-    row a unit. Either form reads both operands along their contiguous axis."""
-    a, b, za, zb, dot, out = args
+    row a unit. Either form reads both operands along their contiguous axis. The zero points
+    are ``zeros_a[0]`` and ``zeros_b[0]`` (constants, or computed at run time)."""
+    a, b, zeros_a, zeros_b, dot, out = args
+    za, zb = np.int64(zeros_a[0]), np.int64(zeros_b[0])
     nb, m, n = out.shape
     depth = a.shape[2]
     acc = np.empty(n, np.int64)

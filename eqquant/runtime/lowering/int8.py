@@ -37,6 +37,24 @@ def _const_scalar(consts, i):
     return np.asarray(v).reshape(())
 
 
+def _param(consts, in_types, i, dtype):
+    """Operand i, a scale or a zero point, as the one-element array a kernel reads: the
+    constant's value, or None where it is one number computed at run time (dynamic
+    quantization's ``qnn.dynamic_scale``: the run's operand is read, ``_at_run``); False
+    where it is neither (a binding that reads parameters this way does not support it)."""
+    v = _const_scalar(consts, i)
+    if v is not None:
+        return np.array([v], dtype)
+    if i not in consts and int(np.prod(in_types[i].shape, dtype=np.int64)) == 1:
+        return None
+    return False
+
+
+def _at_run(param, ins, i) -> np.ndarray:
+    """A parameter ``_param`` gave: its constant's array, or the operand's buffer as one."""
+    return param if param is not None else ins[i].reshape(1)
+
+
 def int8_path() -> str:
     """The fastest int8 GEMM path the process's target offers (``target.current``)."""
     from ..target import current
@@ -55,12 +73,13 @@ class _Launches(Binding):
     on its first operand and its output, both C-contiguous: made in order by a call, bound as
     launches by ``prepare``."""
 
-    def calls(self, x, out) -> list:
+    def calls(self, x, out, ins) -> list:
+        """The calls on ``x`` (operand 0) into ``out``; ``ins``: every operand."""
         raise NotImplementedError
 
     def __call__(self, ins, out):
         res = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
-        for kernel, args in self.calls(np.ascontiguousarray(ins[0]), res):
+        for kernel, args in self.calls(np.ascontiguousarray(ins[0]), res, ins):
             kernel(*args)
         if res is not out:
             out[...] = res
@@ -68,7 +87,7 @@ class _Launches(Binding):
     def prepare(self, ins, out):
         """The site's calls, bound to its arrays."""
         if ins[0].flags.c_contiguous and out.flags.c_contiguous:
-            return in_order([bound(*call) for call in self.calls(ins[0], out)])
+            return in_order([bound(*call) for call in self.calls(ins[0], out, ins)])
         return super().prepare(ins, out)
 
 
@@ -180,7 +199,7 @@ class QConv2D(_Launches):
                 _const_scalar(consts, 2) is not None and in_types[1].dtype == "int8" and
                 in_types[0].dtype in ("int8", "uint8") and out_type.dtype == "int32")
 
-    def calls(self, x, out) -> list:
+    def calls(self, x, out, ins=()) -> list:
         """The calls computing the int32 sums ``out`` of the batch ``x`` (both C-contiguous,
         in the site's layout): the SIMD GEMM's (``simd_calls``), or the portable kernels'
         (``portable_calls``: NCHW; at a channel-last site between two transposes)."""
@@ -328,34 +347,47 @@ class QDense(_Launches):
         units = self.w.shape[0]
         self.zw = np.ascontiguousarray(
             np.broadcast_to(np.asarray(consts[3], np.int32).reshape(-1), (units,)))
-        self.zx = np.int32(_const_scalar(consts, 2))
+        # the image's zero point: a constant, or computed at run time (dynamic quantization)
+        self.zx = _param(consts, in_types, 2, np.int32)
         from .plan import resolve
         self.kernel = resolve(op, attrs, in_types, out_type, consts)
         self.simd, self.gemm_path = _gemm(self.kernel)
         if self.simd is not None:
             self.shift = 128 if in_types[0].dtype == "int8" else 0
             self.packed, colsum128, self.kp = self.simd.pack(self.w)
-            self.correction = (colsum128 // 128 * (self.shift + int(self.zx))).astype(np.int32)
+            self.column_sums = (colsum128 // 128).astype(np.int32)
+            if self.zx is not None:
+                self.correction = (self.column_sums * (self.shift + int(self.zx[0]))
+                                   ).astype(np.int32)
         else:      # the image less its zero point, in 16 bits where the differences fit
-            wide = abs(int(self.zx)) > 32000
+            # (a zero point computed at run time is a dynamic 8-bit one: in [0, 255])
+            wide = self.zx is not None and abs(int(self.zx[0])) > 32000
             self.shifted = np.empty((0, 0), np.int32 if wide else np.int16)   # (its type)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        return (1 in consts and 3 in consts and _const_scalar(consts, 2) is not None and
+        return (1 in consts and 3 in consts and
+                _param(consts, in_types, 2, np.int32) is not False and
                 in_types[1].dtype == "int8" and in_types[0].dtype in ("int8", "uint8") and
                 out_type.dtype == "int32" and len(in_types[0].shape) >= 2)
 
-    def calls(self, x, out) -> list:
+    def calls(self, x, out, ins) -> list:
         """The calls on the rows of ``x`` (..., K) into ``out`` (..., units): on a SIMD path
         the rows made unsigned and padded to the packed depth, their GEMM (into ``out`` where
         the blocks cover the units exactly) and the correction for the zero points
-        subtracted; else the dot products (``dense_i8``)."""
+        subtracted; else the dot products (``dense_i8``). A zero point computed at run time
+        makes its correction first (``offset_correction``)."""
         k = x.shape[-1]
+        zx = _at_run(self.zx, ins, 2)
         x, out = x.reshape(-1, k), out.reshape(-1, out.shape[-1])
         if self.simd is None:
-            return [(self.k8.dense_i8, (x, self.zx, self.w, self.zw, self.shifted, out))]
+            return [(self.k8.dense_i8, (x, zx, self.w, self.zw, self.shifted, out))]
         calls = []
+        correction = self.correction if self.zx is not None else \
+            self.scratch("correction", self.column_sums.shape, np.int32)
+        if self.zx is None:
+            calls.append((self.k8.offset_correction, (self.column_sums, self.shift, zx,
+                                                      correction)))
         rows = x
         if self.shift or k != self.kp:
             rows = self.scratch("rows", (x.shape[0], self.kp), np.uint8)
@@ -364,7 +396,7 @@ class QDense(_Launches):
         acc = out if width == out.shape[1] else self.scratch("sums", (x.shape[0], width),
                                                              np.int32)
         return calls + [self.simd.gemm_call(rows, self.packed, acc),
-                        (self.k8.finish_rows, (acc, self.correction, out))]
+                        (self.k8.finish_rows, (acc, correction, out))]
 
     @property
     def path(self) -> str | None:
@@ -376,7 +408,7 @@ class _OneCall(Binding):
     contiguous."""
 
     def __call__(self, ins, out):
-        if not self.call_kernel([np.ascontiguousarray(ins[0])], out):
+        if not self.call_kernel([np.ascontiguousarray(ins[0]), *ins[1:]], out):
             raise ValueError(f"{type(self).__name__}: the output must be C-contiguous")
 
 
@@ -459,49 +491,41 @@ class Requantize(_OneCall):
 
 
 
-class _PerTensorQ(Binding):
-    """Quantize and dequantize with one scale (operand 1) and zero point (operand 2)."""
+@binding
+class Quantize(Binding):
+    """qnn.quantize with one scale (operand 1) and zero point (operand 2), constants or
+    computed at run time (dynamic quantization)."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
         from ..kernels import int8 as k8
         self.k8 = k8
-        self.scale = np.float32(_const_scalar(consts, 1))
-        self.zero = int(_const_scalar(consts, 2))
-
-    @classmethod
-    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        return _const_scalar(consts, 1) is not None and _const_scalar(consts, 2) is not None
-
-
-@binding
-class Quantize(_PerTensorQ):
-    def __init__(self, op, attrs, in_types, out_type, consts):
-        super().__init__(op, attrs, in_types, out_type, consts)
+        self.scale = _param(consts, in_types, 1, np.float32)
+        self.zero = _param(consts, in_types, 2, np.int32)
         self.lo, self.hi = qrange(out_type.dtype)
-        # 8 bits out: the float32 lanes' form (``kernels_int8.quantize_narrow``)
-        self.narrow = out_type.dtype in ("int8", "uint8") and abs(self.zero) < 1 << 24
-        self.unconvertible = self.k8.quantize_unconvertible(self.zero, self.lo, self.hi)
+        # 8 bits out: the float32 lanes' form (``kernels_int8.quantize_narrow``); a zero
+        # point computed at run time is an 8-bit one
+        self.narrow = out_type.dtype in ("int8", "uint8") and (
+            self.zero is None or abs(int(self.zero[0])) < 1 << 24)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        return (super().supports(op, attrs, in_types, out_type, consts) and
+        return (_param(consts, in_types, 1, np.float32) is not False and
+                _param(consts, in_types, 2, np.int32) is not False and
                 in_types[0].dtype == "float32" and out_type.shape == in_types[0].shape)
 
     def kernel_call(self, ins, out):
         if not ins[0].flags.c_contiguous:       # (its flat view would be a copy)
             return None
-        return self._call(ins[0].reshape(-1), out.reshape(-1))
+        return self._call(ins, ins[0].reshape(-1), out.reshape(-1))
 
-    def _call(self, x, o):
-        if self.narrow:
-            return sized(self.k8.quantize_narrow, o.size), (
-                x, self.scale, self.zero, self.lo, self.hi, self.unconvertible, o)
-        return sized(self.k8.quantize, o.size), (x, self.scale, self.zero, self.lo, self.hi,
-                                                 o)
+    def _call(self, ins, x, o):
+        kernel = self.k8.quantize_narrow if self.narrow else self.k8.quantize
+        return sized(kernel, o.size), (x, _at_run(self.scale, ins, 1),
+                                       _at_run(self.zero, ins, 2), self.lo, self.hi, o)
 
     def __call__(self, ins, out):
-        kernel, args = self._call(ins[0].reshape(-1), out.reshape(-1))
+        kernel, args = self._call(ins, ins[0].reshape(-1), out.reshape(-1))
         kernel(*args)
 
 
@@ -515,25 +539,32 @@ class Dequantize(_OneCall):
         from ..kernels import int8 as k8
         self.k8 = k8
         shape = in_types[0].shape
-        self.scales = np.ascontiguousarray(np.asarray(consts[1], np.float32).reshape(-1))
-        self.zero = int(_const_scalar(consts, 2))
+        # the scales and zero point: constants, or computed at run time (dynamic
+        # quantization: a dense layer's result read back at sx * sw, sx the input's)
+        self.scales = np.ascontiguousarray(np.asarray(consts[1], np.float32).reshape(-1)) \
+            if 1 in consts else None
+        self.zero = _param(consts, in_types, 2, np.int32)
         axis = attrs["axis"] % len(shape) if shape else 0
         self.inner = max(1, int(np.prod(shape[axis + 1:], dtype=np.int64)))   # channel stride
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        if 1 not in consts or _const_scalar(consts, 2) is None:
+        if _param(consts, in_types, 2, np.int32) is False or \
+                (1 not in consts and in_types[1].dtype != "float32"):
             return False
-        n = np.asarray(consts[1]).size
+        n = np.asarray(consts[1]).size if 1 in consts else \
+            int(np.prod(in_types[1].shape, dtype=np.int64))
         shape = in_types[0].shape
-        return n == 1 or (bool(shape) and shape[attrs["axis"] % len(shape)] == n)
+        return n == 1 or (bool(shape) and len(in_types[1].shape) <= 1 and
+                          shape[attrs["axis"] % len(shape)] == n)
 
     def kernel_call(self, ins, out):
         x = ins[0]
         if not (x.flags.c_contiguous and out.flags.c_contiguous):
             return None
-        return sized(self.k8.dequantize, out.size), (x.reshape(-1), self.zero, self.scales,
-                                                     self.inner, out.reshape(-1))
+        scales = self.scales if self.scales is not None else ins[1].reshape(-1)
+        return sized(self.k8.dequantize, out.size), (x.reshape(-1), _at_run(self.zero, ins, 2),
+                                                     scales, self.inner, out.reshape(-1))
 
 
 
@@ -989,17 +1020,18 @@ class QBatchMatmul(Binding):
         super().__init__(op, attrs, in_types, out_type, consts)
         from ..kernels import int8 as k8
         self.k8 = k8
-        self.za = int(_const_scalar(consts, 2))
-        self.zb = int(_const_scalar(consts, 3))
+        # the zero points: constants, or computed at run time (dynamic quantization)
+        self.za = _param(consts, in_types, 2, np.int32)
+        self.zb = _param(consts, in_types, 3, np.int32)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         a, b = in_types[0].shape, in_types[1].shape
-        return all(_const_scalar(consts, i) is not None for i in (2, 3)) and \
+        return all(_param(consts, in_types, i, np.int32) is not False for i in (2, 3)) and \
             out_type.dtype == "int32" and len(a) == len(b) >= 2 and a[:-2] == b[:-2]
 
     def kernel_call(self, ins, out):
-        a, b = ins[0], ins[1]          # (the zero points and scales are constants)
+        a, b = ins[0], ins[1]
         if not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
             return None
         a3 = a.reshape((-1,) + a.shape[-2:])
@@ -1010,7 +1042,37 @@ class QBatchMatmul(Binding):
         out3 = out.reshape((-1,) + out.shape[-2:])
         depth = a3.shape[2]
         return sized(self.k8.qbatch_matmul, out.size * depth), (
-            a3, b3, self.za, self.zb, bool(self.attrs["transpose_b"]), out3)
+            a3, b3, _at_run(self.za, ins, 2), _at_run(self.zb, ins, 3),
+            bool(self.attrs["transpose_b"]), out3)
 
     def __call__(self, ins, out):
-        self.call_contiguous(ins[:2], out)
+        self.call_contiguous([*ins[:2], *(np.asarray(v) for v in ins[2:])], out)
+
+
+@binding
+class DynamicParams(Binding):
+    """qnn.dynamic_scale and qnn.dynamic_zero_point: the parameters of the operand's finite
+    range, computed at each run (``kernels.int8.dynamic_params``; the site's scratch holds
+    the one it does not give)."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from ..kernels import int8 as k8
+        self.k8 = k8
+        self.symmetric = attrs["dtype"] == "int8"
+        self.gives_scale = out_type.dtype == "float32"
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return in_types[0].dtype == "float32" and out_type.shape == ()
+
+    def kernel_call(self, ins, out):
+        if not ins[0].flags.c_contiguous:
+            return None
+        scale = out.reshape(1) if self.gives_scale else self.scratch("scale", (1,), np.float32)
+        zero = self.scratch("zero", (1,), np.int32) if self.gives_scale else out.reshape(1)
+        return sized(self.k8.dynamic_params, 1), (ins[0].reshape(-1), self.symmetric, scale,
+                                                  zero)
+
+    def __call__(self, ins, out):
+        self.call_contiguous(ins, out)
