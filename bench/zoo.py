@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import (ort_quantize_dynamic, ort_quantize_static, ort_session,  # noqa: E402
-                     torchvision_models)
+from _common import (ort_integer_products, ort_quantize_dynamic,  # noqa: E402
+                     ort_quantize_static, ort_session, torchvision_models)
 
 MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large",
           "shufflenet_v2_x1_0", "mnasnet1_0", "squeezenet1_1", "googlenet", "inception_v3",
@@ -206,7 +206,7 @@ def one(name: str, args) -> str:
                      for n in quantizes)
         inside = len(quantizes) - 1 - around
         done, total = _macs(module)
-        export = "QDQ export (static only)"
+        qdq_note = "QDQ export (static only)"
         if not args.dynamic:
             qdq = q.export_onnx(Path(d) / f"{name}.int8.onnx")
             s = ort_session(qdq.read_bytes())
@@ -214,7 +214,7 @@ def one(name: str, args) -> str:
             ours = q.run(check)
             step = float(np.max(np.abs(ours))) / 127
             agree = float(np.mean(np.abs(ours - theirs_of_ours) <= step))
-            export = f"QDQ export within one step {100 * agree:.1f}%"
+            qdq_note = f"QDQ export within one step {100 * agree:.1f}%"
         latency = ""
         if args.latency:
             from eqquant.ir.loader import save_program
@@ -224,9 +224,11 @@ def one(name: str, args) -> str:
             ratio = _latency_ratio(ir, ort_path, inputs, args.rounds, "int8")
             latency = f"; int8 latency eq/ORT {ratio:.2f}"
         kind = "dynamic" if args.dynamic else "static"
-        return (row + f"; int8 {kind} SQNR {eq8:.1f} dB (ORT {theirs:.1f}); integer MACs "
+        ort_int, ort_all = ort_integer_products(ort8_bytes)
+        return (row + f"; int8 {kind} SQNR {eq8:.1f} dB (ORT {theirs:.1f}, its products in "
+                f"integers {ort_int} of {ort_all}); integer MACs "
                 f"{100 * done / max(total, 1):.0f}%; q/dq pairs inside {inside} (+{around} around "
-                f"ops float by design); {export}{latency}  "
+                f"ops float by design); {qdq_note}{latency}  "
                 f"({time.perf_counter() - t0:.0f} s)")
 
 

@@ -324,13 +324,13 @@ def test_the_plan_names_every_address_it_patches(saved, tmp_path):
 
 def test_a_program_with_a_step_no_kernel_runs_is_refused_with_the_reason(tmp_path):
     text = """def @main(%x: Tensor[(1, 8), float32]) {
-  tanh(%x)
+  round(%x)
 }
 """
     mod = eqquant.parse(text)
     ex = Executor(mod)
     assert any(st.kind == "reference" for st in ex.steps)
-    with pytest.raises(NotDeployable, match="step 0 .*tanh.*reference"):
+    with pytest.raises(NotDeployable, match="step 0 .*round.*reference"):
         build(ex, tmp_path / "lib")
     assert not (tmp_path / "lib").exists() and not list(tmp_path.iterdir())
 
@@ -376,7 +376,7 @@ def test_the_key_changes_with_eqquants_source_and_the_settings(tmp_path, monkeyp
     source.write_text("X = 1\n")
     monkeypatch.setattr(cache, "_PACKAGE", package)
     program = tmp_path / "p.ir"
-    program.write_text("def @main(%x: Tensor[(1, 8), float32]) {\n  tanh(%x)\n}\n")
+    program.write_text("def @main(%x: Tensor[(1, 8), float32]) {\n  round(%x)\n}\n")
     first = cache.key([program])
     assert cache.key([program]) == first
     source.write_text("X = 2  # edited\n")          # (any module: the parser, the registry)
@@ -391,9 +391,9 @@ def test_a_refused_program_runs_on_the_executor_and_is_not_tried_again(tmp_path,
                                                                        monkeypatch):
     own_cache(monkeypatch, tmp_path / "cache")
     path = tmp_path / "t.ir"
-    path.write_text("def @main(%x: Tensor[(1, 8), float32]) {\n  tanh(%x)\n}\n")
+    path.write_text("def @main(%x: Tensor[(1, 8), float32]) {\n  round(%x)\n}\n")
     first = cache.open_program(path)
-    assert first.engine == "executor" and "tanh" in first.note
+    assert first.engine == "executor" and "round" in first.note
     notes = list((tmp_path / "cache" / "programs").glob("*.refused"))
     assert len(notes) == 1
     again = cache.open_program(path)
@@ -405,10 +405,10 @@ def test_a_refused_program_runs_on_the_executor_and_is_not_tried_again(tmp_path,
     np.save(tmp_path / "x.npy", x)          # eqquant run -v says so, and why
     assert cli_exit(["run", str(path), "-x", str(tmp_path / "x.npy"), "-v"]) == 0
     said = capsys.readouterr().err
-    assert "runs on the executor: step 0 (tanh" in said and "error" not in said
+    assert "runs on the executor: step 0 (round" in said and "error" not in said
     assert cli_exit(["run", str(path), "-x", str(tmp_path / "x.npy"), "--profile"]) == 0
     table = capsys.readouterr().err.splitlines()
-    assert table[-1].startswith("total") and any(line.startswith("tanh") for line in table)
+    assert table[-1].startswith("total") and any(line.startswith("round") for line in table)
 
 
 def test_the_demo_notes_a_program_left_on_the_executor_and_runs_a_saved_one(saved,
@@ -421,11 +421,11 @@ def test_the_demo_notes_a_program_left_on_the_executor_and_runs_a_saved_one(save
         def __init__(self, ex):
             self.executor = lambda: ex
     refused = Executor(eqquant.parse(
-        "def @main(%x: Tensor[(1, 8), float32]) {\n  tanh(%x)\n}\n"))
+        "def @main(%x: Tensor[(1, 8), float32]) {\n  round(%x)\n}\n"))
     said: list[str] = []
     _library(Made(refused), {}, None, tmp_path / "refused", _Stages(said.append),
              said.append)
-    assert said == ["  runs on the executor: step 0 (tanh (reference)): computed by Python "
+    assert said == ["  runs on the executor: step 0 (round (reference)): computed by Python "
                     "at each run (reference), not by kernels' launches"]
     ex = Executor(saved)
     x = _input(ex)
@@ -474,15 +474,15 @@ def test_what_this_cache_did_not_write_is_set_aside_never_trusted(saved, tmp_pat
     # a program refused, its note planted as a symlink to a file outside: the note is
     # written anew (the file outside untouched), and -v never shows the file's contents
     refused = tmp_path / "t.ir"
-    refused.write_text("def @main(%x: Tensor[(1, 8), float32]) {\n  tanh(%x)\n}\n")
+    refused.write_text("def @main(%x: Tensor[(1, 8), float32]) {\n  round(%x)\n}\n")
     note = (tmp_path / "cache" / "programs" / cache.program_key([refused])).with_suffix(".refused")
     note.symlink_to(outside)
     np.save(tmp_path / "x8.npy", np.zeros((1, 8), np.float32))
     assert cli_exit(["run", str(refused), "-x", str(tmp_path / "x8.npy"), "-v"]) == 0
     said = capsys.readouterr().err
-    assert "not eqquant's" not in said and "runs on the executor: step 0 (tanh" in said
+    assert "not eqquant's" not in said and "runs on the executor: step 0 (round" in said
     assert outside.read_text() == "not eqquant's"
-    assert not note.is_symlink() and "tanh" in note.read_text()
+    assert not note.is_symlink() and "round" in note.read_text()
 
 
 def _set_aside(path):

@@ -107,6 +107,17 @@ def size_problem(t: "Type") -> str | None:
     return None
 
 
+def check_bounds(name: str, arr: np.ndarray, bounds: tuple[int, int, str]) -> None:
+    """An integer input's values against the bounds a kernel needs (``bounds``: lowest,
+    highest, why: indices into a table of so many rows), checked as the input enters, since
+    a kernel cannot raise: EvalError naming the first value outside them."""
+    lo, hi, why = bounds
+    bad = (arr < lo) | (arr > hi)
+    if np.any(bad):
+        raise EvalError(f"%{name}: {int(arr[bad].reshape(-1)[0])} is outside [{lo}, {hi}] "
+                        f"({why})")
+
+
 def check_input(name: str, value, ty: Type) -> np.ndarray:
     """An input value for a parameter of type ``ty``: the same shape; the same dtype, or one
     that converts without changing a value (a wider float narrowed to float32, an integer

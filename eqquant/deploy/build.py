@@ -298,7 +298,10 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
         "threads": pool_threads(),
         "cpu": cpu_digest(),            # (the CPU its code is compiled for)
         "tiles": _tiles(),             # (the kernels may use AMX: ask Linux at load)
-        "inputs": [{"name": name, **value_of(inputs[slot], f"input %{name}")}
+        "inputs": [{"name": name, **value_of(inputs[slot], f"input %{name}"),
+                    # (values its kernels need: checked as it enters, ``check_bounds``)
+                    **({"bounds": list(executor.bounds[name])} if name in executor.bounds
+                       else {})}
                    for name, (slot, _) in executor.inputs.items()],
         "output": value_of(bound[out_step][1], "the output"),
         "launches": launches,

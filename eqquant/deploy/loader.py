@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.timing import time_table
-from ..core.types import TensorType, check_input
+from ..core.types import TensorType, check_bounds, check_input
 from ..errors import EvalError
 
 FORMAT = 3          # plan.json's (``build.py`` writes it; 2: each GEMM table's length;
@@ -197,6 +197,8 @@ class Library:
         self._arrays = {i["name"]: self._array(i) for i in plan["inputs"]}
         self.inputs = {i["name"]: TensorType(tuple(i["shape"]), i["dtype"])
                        for i in plan["inputs"]}            # name -> type
+        self.bounds = {i["name"]: tuple(i["bounds"]) for i in plan["inputs"]
+                       if "bounds" in i}                   # name -> (lo, hi, why)
         self.aliases = plan.get("aliases", {})             # another name -> name
         self.output = self._array(plan["output"])
 
@@ -282,6 +284,8 @@ class Library:
             if name not in inputs:
                 raise EvalError(f"no value for input %{name}")
             values[name] = check_input(name, inputs[name], t)
+            if name in self.bounds:
+                check_bounds(name, values[name], self.bounds[name])
         return values
 
     def _put(self, values: dict) -> None:

@@ -80,6 +80,11 @@ def check(plan, data_bytes: int, format_: int) -> None:
     for j, v in enumerate(_of(plan.get("inputs"), list, "inputs")):
         _value(v, f"inputs[{j}]", sizes)
         names.add(_of(v.get("name"), str, f"inputs[{j}].name"))
+        if "bounds" in v:       # (lowest, highest, why): what the input's values must be
+            b = _of(v["bounds"], list, f"inputs[{j}].bounds")
+            if len(b) != 3 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                      for x in b[:2]) or not isinstance(b[2], str):
+                raise PlanError(f"inputs[{j}].bounds is {b!r}, not [lowest, highest, why]")
     if len(names) != len(plan["inputs"]):
         raise PlanError("inputs name one input twice")
     _value(plan.get("output"), "output", sizes)

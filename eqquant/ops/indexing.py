@@ -278,7 +278,7 @@ def _take_at(x, indices, *, axis):
 
 
 register(OpDef("take_at", inputs=("data", "indices"), attrs=(Attr("axis", INT, 0),),
-               type_rel=_take_at_rel, semantics=_take_at,
+               type_rel=_take_at_rel, semantics=_take_at, kernel="TakeAt",
                onnx=(OnnxForm("Gather", reads=False, export=lambda ex, node, ins: ex.emit(
                    "Gather", ins, axis=node.attrs["axis"])),),
                doc="the slices of data at indices computed at run time, along axis (an "

@@ -65,7 +65,8 @@ _unary("negative", np.negative, doc="-x", onnx=(OnnxForm("Neg"),), subtracts=("d
 _unary("abs", np.abs, doc="|x|", onnx=(OnnxForm("Abs"),))
 _unary("sign", np.sign, doc="-1, 0 or 1 as x is below, at or above 0 (NaN stays NaN)",
        onnx=(OnnxForm("Sign"),))
-_unary("sqrt", np.sqrt, floats_only=True, doc="sqrt(x)", onnx=(OnnxForm("Sqrt"),))
+_unary("sqrt", np.sqrt, floats_only=True, doc="sqrt(x)", onnx=(OnnxForm("Sqrt"),),
+       kernel="Elementwise", kernel_params={"fn": "sqrt"})
 _unary("rsqrt", lambda x: 1 / np.sqrt(x), floats_only=True, doc="1 / sqrt(x)")
 def _sigmoid(x):
     with np.errstate(over="ignore"):   # exp(-x) = inf for x << 0 gives 0, as it should
@@ -75,8 +76,9 @@ def _sigmoid(x):
 _unary("sigmoid", _sigmoid, floats_only=True, doc="1 / (1 + exp(-x))", bounds=(0.0, 1.0),
        kernel=_ACTIVATION, kernel_params={"code": SIGMOID}, onnx=(OnnxForm("Sigmoid"),))
 _unary("tanh", np.tanh, floats_only=True, doc="tanh(x)", onnx=(OnnxForm("Tanh"),),
-       bounds=(-1.0, 1.0))
-_unary("exp", np.exp, floats_only=True, doc="exp(x)", onnx=(OnnxForm("Exp"),))
+       bounds=(-1.0, 1.0), kernel="Elementwise", kernel_params={"fn": "tanh"})
+_unary("exp", np.exp, floats_only=True, doc="exp(x)", onnx=(OnnxForm("Exp"),),
+       kernel="Elementwise", kernel_params={"fn": "exp"})
 # TVM lowers round to llvm.nearbyint: ties go to even, as numpy's round does.
 _unary("round", np.round, floats_only=True, doc="round half to even")
 
@@ -188,7 +190,7 @@ def _where_rel(types, attrs):
     return TensorType(tuple(int(d) for d in shape), a.dtype)
 
 
-register(OpDef("where", inputs=("condition", "x", "y"), type_rel=_where_rel,
+register(OpDef("where", inputs=("condition", "x", "y"), type_rel=_where_rel, kernel="Select",
                semantics=lambda c, a, b: np.where(c, a, b).astype(a.dtype, copy=False),
                onnx=(OnnxForm("Where"),),
                doc="x where the condition holds, else y (all three broadcast together)"))
@@ -214,10 +216,13 @@ def _not_equal_to_onnx(ex, node, ins):
     return ex.emit("Not", [ex.emit("Equal", ins)])
 
 
-def _truth(name, fn, onnx_type, doc, logic=False):
+def _truth(name, fn, onnx_type, doc, logic=False, code=None):
     """A comparison of two numbers (``logic``: a connective of two truth values), with
-    numpy broadcasting and a bool result."""
+    numpy broadcasting and a bool result; ``code``: the comparison's in the ``Compare``
+    kernel (``kernels/indexing.compare``)."""
     register(OpDef(name, inputs=("lhs", "rhs"),
+                   **({} if code is None else {"kernel": "Compare",
+                                               "kernel_params": {"code": code}}),
                    props=frozenset({ELEMWISE, LOGIC} if logic else {ELEMWISE}),
                    type_rel=_logic_rel if logic else _compare_rel,
                    semantics=lambda a, b, _fn=fn: np.asarray(_fn(a, b), bool),
@@ -227,12 +232,12 @@ def _truth(name, fn, onnx_type, doc, logic=False):
                    + ("" if logic else " (NaN compares unequal to everything)")))
 
 
-_truth("equal", np.equal, "Equal", "a == b")
-_truth("not_equal", np.not_equal, None, "a != b")
-_truth("less", np.less, "Less", "a < b")
-_truth("less_equal", np.less_equal, "LessOrEqual", "a <= b")
-_truth("greater", np.greater, "Greater", "a > b")
-_truth("greater_equal", np.greater_equal, "GreaterOrEqual", "a >= b")
+_truth("equal", np.equal, "Equal", "a == b", code=0)
+_truth("not_equal", np.not_equal, None, "a != b", code=1)
+_truth("less", np.less, "Less", "a < b", code=2)
+_truth("less_equal", np.less_equal, "LessOrEqual", "a <= b", code=3)
+_truth("greater", np.greater, "Greater", "a > b", code=4)
+_truth("greater_equal", np.greater_equal, "GreaterOrEqual", "a >= b", code=5)
 _truth("logical_and", np.logical_and, "And", "a and b", logic=True)
 _truth("logical_or", np.logical_or, "Or", "a or b", logic=True)
 _truth("logical_xor", np.logical_xor, "Xor", "a xor b", logic=True)

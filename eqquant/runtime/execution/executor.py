@@ -30,7 +30,7 @@ from ...core.nodes import (Call, Constant, Expr, Module, Scalar, Tuple, TupleGet
                           post_order, rebuild)
 from ...ir.typecheck import infer_types
 from ...core.timing import time_table
-from ...core.types import TensorType, check_input, type_of_array
+from ...core.types import TensorType, check_bounds, check_input, type_of_array
 from ...passes.inline import inline_calls
 from ..codegen import compiling
 from ..lowering import binding_class
@@ -79,6 +79,9 @@ class Executor:
         slot: dict[int, int] = {}
         self.fixed: dict[int, Any] = {}      # slot -> constant value
         self.inputs: dict[str, tuple[int, TensorType]] = {}
+        # input name -> (lowest, highest, why): values a kernel needs of it, checked as it
+        # enters (a kernel cannot raise: take_at's indices)
+        self.bounds: dict[str, tuple[int, int, str]] = {}
         self.steps: list[Step] = []
         for node in order:
             s = slot[id(node)] = len(slot)
@@ -122,11 +125,32 @@ class Executor:
             cls = binding_class(op.kernel)
             if cls.supports(op, node.attrs, in_types, out_type, consts):
                 b = cls(op, node.attrs, in_types, out_type, consts)
+                self._bound_on_entry(b, ins)
                 return Step(op.name, b, ins, slot[id(node)], "view" if b.view else "kernel",
                             node=node)
         attrs = dict(node.attrs)
         return Step(op.name + " (reference)", lambda *a, _f=op.semantics: _f(*a, **attrs), ins,
                     slot[id(node)], "reference", node=node)
+
+    def _bound_on_entry(self, b, ins: list[int]) -> None:
+        """A binding whose operands must lie in bounds (``index_bounds``): where each such
+        operand is a program input, its bounds join the input's (``self.bounds``, checked
+        as it enters) and the binding is told so (``entry_checked``: its kernel may run
+        unchecked, as a launch)."""
+        bounds = getattr(b, "index_bounds", None)
+        if not bounds:
+            return
+        names = {s: name for name, (s, _) in self.inputs.items()}
+        if not all(ins[i] in names for i in bounds):
+            return
+        for i, (lo, hi, why) in bounds.items():
+            name = names[ins[i]]
+            if name in self.bounds:
+                old = self.bounds[name]
+                lo, hi = max(lo, old[0]), min(hi, old[1])
+                why = why if (lo, hi) != old[:2] else old[2]
+            self.bounds[name] = (lo, hi, why)
+        b.entry_checked = True
 
     def _plan(self) -> None:
         """Give each kernel output a buffer, reusing buffers whose values are dead.
@@ -248,6 +272,8 @@ class Executor:
             if name not in inputs:
                 raise EvalError(f"no value for input %{name}")
             values[s] = _contiguous(check_input(name, inputs[name], t))
+            if name in self.bounds:
+                check_bounds(name, values[s], self.bounds[name])
         if not profile and observe is None:       # the steps bound once (``_prepare``)
             from ..lowering.fp32 import threads
             if threads() != self._threads:

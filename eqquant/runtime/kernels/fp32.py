@@ -869,6 +869,30 @@ def softsign(thread, threads, args):
 
 
 @parallel
+def tanh(thread, threads, args):
+    """tanh(x), in float64, then rounded (a transformer's pooler)."""
+    x, out = args
+    for i in range(*share(x.size, thread, threads)):
+        out[i] = math.tanh(np.float64(x[i]))
+
+
+@parallel(error_model="numpy")
+def exp(thread, threads, args):
+    """exp(x), in float64, then rounded (inf past float32's range, as numpy's)."""
+    x, out = args
+    for i in range(*share(x.size, thread, threads)):
+        out[i] = np.exp(np.float64(x[i]))
+
+
+@parallel(error_model="numpy")
+def sqrt(thread, threads, args):
+    """sqrt(x): float32's own, correctly rounded (NaN below 0, as numpy's)."""
+    x, out = args
+    for i in range(*share(x.size, thread, threads)):
+        out[i] = np.sqrt(x[i])
+
+
+@parallel
 def gelu(thread, threads, args):
     """0.5 x (1 + erf(x / sqrt 2)), or with tanh_form != 0 the tanh approximation
     0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))); in float64, then rounded."""

@@ -2,7 +2,7 @@
 
 - ``plan.py``: the kernel plan: each int8 site's kernel chosen for a target from one table of
   guards and costs, written into the program (``kernel="x86.vnni"``);
-- ``fp32.py``, ``int8.py``: the bindings, one class per kind of op, each preparing its
+- ``fp32.py``, ``int8.py``, ``indexing.py``: the bindings, one class per kind of op, each preparing its
   kernel's operands once (packed weights, epilogue tables, launches) and calling it.
 
 An op's registry entry names its binding (``kernel="Conv2D"``); ``binding_class`` finds it
@@ -32,7 +32,7 @@ def binding_class(name: str) -> type:
             return getattr(importlib.import_module(module), cls)
         except (ImportError, AttributeError) as e:
             raise EqquantError(f"kernel binding {name!r}: {e}") from None
-    from . import fp32, int8  # noqa: F401  (their classes register on import)
+    from . import fp32, indexing, int8  # noqa: F401  (their classes register on import)
     try:
         return _BINDINGS[name]
     except KeyError:
