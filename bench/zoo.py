@@ -280,7 +280,7 @@ def main() -> None:
         try:
             print(one(name, args), flush=True)
         except Exception as e:  # noqa: BLE001 - a sweep reports and goes on
-            print(f"{name:20s} failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}",
+            print(f"{name:20s} failed: {type(e).__name__}: {(str(e) or '-').splitlines()[0][:100]}",
                   flush=True)
 
 

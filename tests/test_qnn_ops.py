@@ -167,13 +167,16 @@ def test_average_pools_run_on_their_kernels_with_the_references_bits(layout, dty
         np.testing.assert_array_equal(ex.run({"x": x}), run(mod, {"x": x}))
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int8 wide"])
 @pytest.mark.parametrize("ta,tb", [(False, True), (False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("batch", [(), (3,), (1, 2)])
 def test_integer_batch_matmul_runs_on_its_kernel_with_the_references_bits(dtype, ta, tb, batch):
     """qnn.batch_matmul (attention's q @ k^T and softmax @ v) on its launch kernel, each
     transpose form, stacks of any rank: the reference's int32 sums, bit for bit, at the
-    dtype's ends too (saturated operands, zero points at the other end)."""
+    dtype's ends too (saturated operands, zero points at the other end; "wide": zero points
+    past 16 bits, the kernel's 32-bit operands, its sums wrapping as the reference's)."""
+    wide = dtype == "int8 wide"
+    dtype = dtype.split()[0]
     from eqquant import parse
     from eqquant.ir.interp import run
     from eqquant.runtime.execution.executor import Executor
@@ -181,7 +184,7 @@ def test_integer_batch_matmul_runs_on_its_kernel_with_the_references_bits(dtype,
     sa = batch + ((k, m) if ta else (m, k))
     sb = batch + ((n, k) if tb else (k, n))
     lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
-    za, zb = (hi, lo) if dtype == "uint8" else (3, -4)
+    za, zb = (hi, lo) if dtype == "uint8" else (40_000, -70_000) if wide else (3, -4)
     text = (f"def @main(%a: Tensor[{sa}, {dtype}], %b: Tensor[{sb}, {dtype}]) {{ "
             f"qnn.batch_matmul(%a, %b, {za}, {zb}, 0.5f, 0.25f, transpose_a={ta}, "
             f"transpose_b={tb}) }}")
@@ -200,7 +203,7 @@ def test_integer_batch_matmul_runs_on_its_kernel_with_the_references_bits(dtype,
     y = b.astype(np.int64) - zb
     x = np.swapaxes(x, -1, -2) if ta else x
     y = np.swapaxes(y, -1, -2) if tb else y
-    np.testing.assert_array_equal(want, np.matmul(x, y))
+    np.testing.assert_array_equal(want, np.matmul(x, y).astype(np.int32))
 
 
 def test_an_int8_attention_block_is_saved_in_a_library_with_the_references_bits(tmp_path):

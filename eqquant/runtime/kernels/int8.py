@@ -206,12 +206,28 @@ def lut(thread, threads, args):
 @parallel
 def dequantize(thread, threads, args):
     """Flat q, out: (q - zero[0]) * scales[c], c the channel of element i: (i // inner) % C
-    (one scale: C = 1)."""
+    (one scale: C = 1). Walked as rows: the flat values with one scale; else (outer, C,
+    inner) a channel's run of ``inner`` values a unit, or with inner 1 (channels last: a
+    dense layer's (rows, units)) a row of C a unit. (A division and a remainder per value
+    took most of its time.)"""
     q, zero, scales, inner, out = args
     c_n = scales.size
     z = np.int64(zero[0])
-    for i in range(*share(q.size, thread, threads)):
-        out[i] = np.float32(np.int64(q[i]) - z) * scales[(i // inner) % c_n]
+    if c_n == 1:
+        s = scales[0]
+        for i in range(*share(q.size, thread, threads)):
+            out[i] = np.float32(np.int64(q[i]) - z) * s
+    elif inner == 1:
+        for r in range(*share(q.size // c_n, thread, threads)):
+            base = r * c_n
+            for c in range(c_n):
+                out[base + c] = np.float32(np.int64(q[base + c]) - z) * scales[c]
+    else:
+        for r in range(*share(q.size // inner, thread, threads)):
+            s = scales[r % c_n]
+            base = r * inner
+            for k in range(inner):
+                out[base + k] = np.float32(np.int64(q[base + k]) - z) * s
 
 
 @parallel
@@ -272,6 +288,7 @@ def offset_correction(thread, threads, args):
 
 
 _range_params = njit(cache=True)(range_params)     # (the reference's function, compiled)
+LANES = 16          # dynamic_params' running minima and maxima
 
 
 @parallel
@@ -280,13 +297,26 @@ def dynamic_params(thread, threads, args):
     (``numerics.range_params``, compiled: the reference's function), on one thread."""
     x, symmetric, scale, zero = args
     for _ in range(*share(1, thread, threads)):
-        lo, hi = np.inf, -np.inf
-        for i in range(x.size):
-            v = np.float64(x[i])
-            if np.isfinite(v):
-                lo = min(lo, v)
-                hi = max(hi, v)
-        if lo > hi:
+        # LANES running minima and maxima (independent: the loop vectorises), each a select
+        # that a NaN or an infinity never wins; min and max are exact in any order
+        inf = np.float32(np.inf)
+        los = np.full(LANES, inf, np.float32)
+        his = np.full(LANES, -inf, np.float32)
+        n = x.size
+        whole = n - n % LANES
+        for i in range(0, whole, LANES):
+            for j in range(LANES):
+                v = x[i + j]
+                finite = abs(v) < inf
+                los[j] = v if finite and v < los[j] else los[j]
+                his[j] = v if finite and v > his[j] else his[j]
+        for i in range(whole, n):
+            v = x[i]
+            if abs(v) < inf:
+                los[0] = min(los[0], v)
+                his[0] = max(his[0], v)
+        lo, hi = np.float64(los.min()), np.float64(his.max())
+        if lo > hi:                 # (no finite value)
             lo, hi = 0.0, 0.0
         s, z = _range_params(lo, hi, symmetric)
         scale[0] = s
@@ -666,28 +696,40 @@ def global_average(thread, threads, args):
 def qbatch_matmul(thread, threads, args):
     """qnn.batch_matmul on (B, M, K) operands a and, as ``dot`` says, b as (B, N, K) (its
     rows and a's dotted: q @ k^T) or (B, K, N) (a's row times b, row by row: softmax @ v):
-    out[i, j] = sum over k of (a[i, k] - za) * (b - zb), exact in 64-bit integers, an output
-    row a unit. Either form reads both operands along their contiguous axis. The zero points
-    are ``zeros_a[0]`` and ``zeros_b[0]`` (constants, or computed at run time)."""
-    a, b, zeros_a, zeros_b, dot, out = args
-    za, zb = np.int64(zeros_a[0]), np.int64(zeros_b[0])
+    out[i, j] = sum over k of (a[i, k] - za) * (b - zb), an output row a unit. Either form
+    reads both operands along their contiguous axis. The zero points are ``zeros_a[0]`` and
+    ``zeros_b[0]`` (constants, or computed at run time). The operands less their zero points
+    are held in ``like``'s type (int16 where they fit: 8-bit values, zero points of 15 bits;
+    the dot form's b a matrix at a time, per thread), and summed in int32, exact: the type
+    relation bounds the depth (depth * 255 * 255 < 2^31; a wider zero point wraps the sums
+    as the reference's int32 result does). In int64 they ran a product at a time."""
+    a, b, zeros_a, zeros_b, dot, like, out = args
+    za, zb = np.int32(zeros_a[0]), np.int32(zeros_b[0])
     nb, m, n = out.shape
     depth = a.shape[2]
-    acc = np.empty(n, np.int64)
+    acc = np.empty(n, np.int32)
+    row = np.empty(depth, like.dtype)
+    shifted = np.empty((n if dot else 0, depth), like.dtype)
+    held = -1                                   # the batch whose b ``shifted`` holds
     for r in range(*share(nb * m, thread, threads)):
         bi, i = r // m, r % m
+        for k in range(depth):
+            row[k] = np.int32(a[bi, i, k]) - za
         if dot:
+            if bi != held:
+                for j in range(n):
+                    for k in range(depth):
+                        shifted[j, k] = np.int32(b[bi, j, k]) - zb
+                held = bi
             for j in range(n):
-                s = np.int64(0)
-                for k in range(depth):
-                    s += (np.int64(a[bi, i, k]) - za) * (np.int64(b[bi, j, k]) - zb)
-                out[bi, i, j] = s
+                out[bi, i, j] = _dot_i32(row, shifted[j])
         else:
             for j in range(n):
                 acc[j] = 0
             for k in range(depth):
-                x = np.int64(a[bi, i, k]) - za
+                x = np.int32(row[k])
+                bk = b[bi, k]
                 for j in range(n):
-                    acc[j] += x * (np.int64(b[bi, k, j]) - zb)
+                    acc[j] = np.int32(acc[j] + x * (np.int32(bk[j]) - zb))
             for j in range(n):
                 out[bi, i, j] = acc[j]

@@ -1023,6 +1023,10 @@ class QBatchMatmul(Binding):
         # the zero points: constants, or computed at run time (dynamic quantization)
         self.za = _param(consts, in_types, 2, np.int32)
         self.zb = _param(consts, in_types, 3, np.int32)
+        # the operands less their zero points in 16 bits where they fit (a zero point
+        # computed at run time is an 8-bit one)
+        wide = any(z is not None and abs(int(z[0])) > 32000 for z in (self.za, self.zb))
+        self.like = np.empty(0, np.int32 if wide else np.int16)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -1043,7 +1047,7 @@ class QBatchMatmul(Binding):
         depth = a3.shape[2]
         return sized(self.k8.qbatch_matmul, out.size * depth), (
             a3, b3, _at_run(self.za, ins, 2), _at_run(self.zb, ins, 3),
-            bool(self.attrs["transpose_b"]), out3)
+            bool(self.attrs["transpose_b"]), self.like, out3)
 
     def __call__(self, ins, out):
         self.call_contiguous([*ins[:2], *(np.asarray(v) for v in ins[2:])], out)
