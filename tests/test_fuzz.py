@@ -106,7 +106,7 @@ def _rules_corpus() -> list[str]:
 RULES_CORPUS = _rules_corpus()
 
 
-@_fuzz_settings(300)
+@_fuzz_settings(150)
 @given(text=mutated(RULES_CORPUS, RULE_TOKENS, max_edits=3))
 def test_fuzz_rules_files(text):
     """Mutated rule files: load, compile to egglog, and load into an e-graph."""
