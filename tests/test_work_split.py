@@ -113,7 +113,7 @@ def test_a_cached_kernel_is_stamped_with_the_whole_runtime_source():
     stamp = impl.locator.get_source_stamp()
     assert isinstance(stamp, tuple) and stamp[1] == source_digest()
     # (and a launched kernel's C entry, defined in launch.py: ``launch.Parallel.entry``)
-    kernels_int8.dequantize.serial(np.zeros(4, np.uint8), 0, np.ones(1, np.float32), 4,
+    kernels_int8.dequantize.serial(np.zeros(4, np.uint8), np.zeros(1, np.int32), np.ones(1, np.float32), 4,
                                    np.zeros(4, np.float32))
     entry = next(iter(kernels_int8.dequantize._entries.values()))
     assert caching.CompileResultCacheImpl(entry._pyfunc).locator.get_source_stamp()[1] == \

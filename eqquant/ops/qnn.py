@@ -134,6 +134,13 @@ def dynamic_params(x, dtype: str) -> tuple[float, int]:
     return numerics.range_params(lo, hi, dtype == "int8")
 
 
+def dynamic_mark(x, dtype: str):
+    """``x`` marked for dynamic quantization: the calibration mark with its parameters
+    computed from ``x`` at run time."""
+    return _call("annotation.calibrated", x, _call("qnn.dynamic_scale", x, dtype=dtype),
+                 _call("qnn.dynamic_zero_point", x, dtype=dtype), dtype=dtype, axis=-1)
+
+
 # Dynamic quantization (``quantize --mode dynamic``, as ONNX Runtime's quantize_dynamic) marks
 # a value annotation.calibrated(x, qnn.dynamic_scale(x), qnn.dynamic_zero_point(x)): the same
 # mark, its parameters computed from each input instead of a calibration set, so the same

@@ -37,6 +37,7 @@ from ..core.nodes import (Call, Constant, Expr, Function, Module, Scalar, Var, f
                           post_order, rewrite)
 from ..ir.params import bind_params
 from ..ops.numerics import range_params
+from ..ops.qnn import dynamic_mark
 from ..ir.printer import value_labels
 from ..ir.typecheck import infer_types
 from ..core.types import TensorType
@@ -205,10 +206,7 @@ def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
                 or t.dtype != "float32":
             return v
         if id(v) not in dynamic_marks:
-            params = [Call(op=get_op(name), args=(v,), attrs=freeze_attrs({"dtype": dtype}))
-                      for name in ("qnn.dynamic_scale", "qnn.dynamic_zero_point")]
-            dynamic_marks[id(v)] = Call(op=op, args=(v, *params),
-                                        attrs=freeze_attrs({"dtype": dtype, "axis": -1}))
+            dynamic_marks[id(v)] = dynamic_mark(v, dtype)
         return dynamic_marks[id(v)]
     marked_weights: dict[int, Expr] = {}
     from ..ir.params import module_constants
