@@ -274,6 +274,9 @@ def quantize(model: Any, calibration_data: Any, mode: str = "kl_divergence",
              metric=None, max_drop: float | None = None) -> Model:
     """The int8 model of ``model`` (anything :func:`load` takes), calibrated on
     ``calibration_data`` (see :func:`calibration_samples`); ``.report()`` gives its accuracy.
+    ``mode``: kl_divergence, minmax, percentile, global_scale, or dynamic (nothing
+    calibrated: the compute ops' inputs get their scales from each input at run time; the
+    data then only measures the report).
 
     Mixed precision: ``min_sqnr`` (dB at the output), ``budget_ms`` (the most accurate program
     within that predicted latency), ``keep_fp32`` (values to leave in float, e.g. ``"%3"``),

@@ -83,7 +83,8 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
     from ..runtime.execution.executor import Executor
     if mode not in OBSERVERS:
         raise EqquantError(f"unknown calibration mode '{mode}' (there are: "
-                           f"{', '.join(OBSERVERS)})")
+                           f"{', '.join(OBSERVERS)}; and quantize's dynamic, which "
+                           f"calibrates nothing)")
     ex = Executor(bind_params(mod, params) if params else mod)
     fn = ex.module.main
     labels = value_labels(fn)
