@@ -19,6 +19,15 @@ def cli_exit(argv) -> int:
     return 0
 
 
+def bert_sample(rng, seq: int = 8) -> dict:
+    """An input of the zoo's bert_tiny: token IDs, and a mask whose tail is padding."""
+    import numpy as np
+    mask = np.ones((1, seq), np.int64)
+    mask[:, rng.integers(3, seq + 1):] = 0
+    return {"input_ids": rng.integers(0, 1000, (1, seq)).astype(np.int64),
+            "attention_mask": mask}
+
+
 def seed_file(prefix: str) -> Path:
     found = sorted(SEEDS.glob(f"{prefix}_*.txt"))
     if not found:

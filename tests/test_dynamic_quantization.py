@@ -20,7 +20,7 @@ from eqquant.quant.calibrate import CalibrationTable
 from eqquant.quant.flow import quantize
 from eqquant.runtime.execution.executor import Executor
 
-from conftest import cli_exit
+from conftest import bert_sample, cli_exit
 from soundness_programs import dense_program
 
 PARAMS = """def @main(%x: Tensor[(4, 6), float32]) {
@@ -123,10 +123,7 @@ def test_a_bert_encoder_quantizes_dynamically_in_integers(tmp_path):
     rng = np.random.default_rng(3)
 
     def sample():
-        mask = np.ones((1, 8), np.int64)
-        mask[:, rng.integers(3, 9):] = 0
-        return {"input_ids": rng.integers(0, 1000, (1, 8)).astype(np.int64),
-                "attention_mask": mask}
+        return bert_sample(rng)
     data = [sample() for _ in range(6)]
     model = eqquant.load(m.module, m.params)
     q = eqquant.quantize(model, data, mode="dynamic", per_channel=True)

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from conftest import bert_sample
 from eqquant.ir.interp import run
 from eqquant.core.nodes import Call, post_order
 from eqquant.ir.typecheck import infer_types
@@ -625,10 +626,7 @@ def test_a_bert_encoder_quantizes_with_integer_attention():
     rng = np.random.default_rng(3)
 
     def sample():
-        mask = np.ones((1, 8), np.int64)
-        mask[:, rng.integers(3, 9):] = 0
-        return {"input_ids": rng.integers(0, 1000, (1, 8)).astype(np.int64),
-                "attention_mask": mask}
+        return bert_sample(rng)
     q = eqquant.quantize(eqquant.load(m.module, m.params), [sample() for _ in range(6)],
                          mode="minmax", per_channel=True)
     module = q.quantized.module

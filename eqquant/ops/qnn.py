@@ -145,21 +145,19 @@ def dynamic_mark(x, dtype: str):
 # a value annotation.calibrated(x, qnn.dynamic_scale(x), qnn.dynamic_zero_point(x)): the same
 # mark, its parameters computed from each input instead of a calibration set, so the same
 # rules move the work into integers.
-register(OpDef("qnn.dynamic_scale", inputs=("data",), props=frozenset({QUANT}),
-               attrs=(Attr("dtype", EIGHT_BIT_OUT, "uint8"),),
-               type_rel=_dynamic_rel("float32"), kernel="DynamicParams",
-               semantics=lambda x, *, dtype: np.array(dynamic_params(x, dtype)[0], np.float32),
-               flops=lambda ins, out, a: 2.0 * ins[0].size,
-               doc="the scale that quantizes this tensor's finite range to dtype, computed "
-                   "at run time: (max - min) / 255 over a range covering 0 for uint8, "
-                   "max|x| / 127 for int8"))
-register(OpDef("qnn.dynamic_zero_point", inputs=("data",), props=frozenset({QUANT}),
-               attrs=(Attr("dtype", EIGHT_BIT_OUT, "uint8"),),
-               type_rel=_dynamic_rel("int32"), kernel="DynamicParams",
-               semantics=lambda x, *, dtype: np.array(dynamic_params(x, dtype)[1], np.int32),
-               flops=lambda ins, out, a: 2.0 * ins[0].size,
-               doc="the zero point going with qnn.dynamic_scale: round(-min / scale) for "
-                   "uint8, 0 for int8"))
+for _name, _dtype, _part, _doc in (
+        ("qnn.dynamic_scale", "float32", 0,
+         "the scale that quantizes this tensor's finite range to dtype, computed at run time: "
+         "(max - min) / 255 over a range covering 0 for uint8, max|x| / 127 for int8"),
+        ("qnn.dynamic_zero_point", "int32", 1,
+         "the zero point going with qnn.dynamic_scale: round(-min / scale) for uint8, 0 for "
+         "int8")):
+    register(OpDef(_name, inputs=("data",), props=frozenset({QUANT}),
+                   attrs=(Attr("dtype", EIGHT_BIT_OUT, "uint8"),),
+                   type_rel=_dynamic_rel(_dtype), kernel="DynamicParams",
+                   semantics=lambda x, *, dtype, _part=_part, _dtype=_dtype: np.array(
+                       dynamic_params(x, dtype)[_part], _dtype),
+                   flops=lambda ins, out, a: 2.0 * ins[0].size, doc=_doc))
 
 
 # -- quantize / dequantize / requantize -------------------------------------------------------
