@@ -37,6 +37,9 @@ from .ast import (TERMS, AttrLit, AttrVar, PCall, PLit, PMap, PProj, PTuple, PVa
 
 EXACT_RTOL = 1e-5
 GIVE_UP = 40        # searches of a variant that found no instance at all, before it stops
+DRAWS = 3000        # draws of one op's free choices (attributes, operands) before a search
+SAME_REASON = 64    # stops, or fewer: this many in a row refused for one reason is a reason
+                    # no draw changes (an operand fixed below the op, of a dtype it refuses)
 
 
 @dataclass
@@ -155,6 +158,9 @@ class _Instance:
         self.sizes: dict[str, int] = {}           # ... and as the guards find it
         self.tuple_like: TensorType | None = None  # the previous field of a tuple being built
         self.tuple_rests: dict[str, list[Var]] = {}  # (?a, ..?rest): the fields ?rest drew
+        # the ranks and dtypes the ops' free operands took, hints for the next instances once
+        # this one is whole (an op's operands that suit it alone may suit no op above it)
+        self.learned: list[tuple[tuple[str, int], TensorType]] = []
         for g in rule.guards:
             g.constrain(self)
         self.attr_eq.update(fixed or {})
@@ -219,7 +225,8 @@ class _Instance:
         kids = [self.vars.get(k.name, k) if isinstance(k, PVar) else k for k in kids]
         free = [i for i, k in enumerate(kids) if isinstance(k, PVar)]
         given = p.attr_map
-        for attempt in range(3000):
+        reason, streak = "", 0
+        for attempt in range(DRAWS):
             attrs: dict[str, Any] = {}
             for spec in op.attrs:
                 v = given.get(spec.name)
@@ -280,12 +287,14 @@ class _Instance:
                 canon = op.canonical_attrs(attrs)
                 node = Call(op=op, args=tuple(args), attrs=freeze_attrs(canon))
                 t = self.types.node(node)  # the operands are typed already
-            except (OpTypeError, EqquantError, ValueError, TypeError):
+            except (OpTypeError, EqquantError, ValueError, TypeError) as e:
+                why = str(getattr(e, "message", e))
+                streak, reason = (streak + 1 if why == reason else 1), why
+                if streak >= SAME_REASON:
+                    break
                 continue
             self.types.remember(node, t)
-            for i in free:
-                _RANK_HINTS.setdefault((op.name, i), set()).add(len(args[i].type.shape))
-                _DTYPE_HINTS.setdefault((op.name, i), set()).add(args[i].type.dtype)
+            self.learned += [((op.name, i), args[i].type) for i in free]
             self.vars.update(trial)
             for k, v in given.items():
                 if isinstance(v, AttrVar):
@@ -293,7 +302,8 @@ class _Instance:
             if p.rest:          # (never the kernel: as the compiled rule, ``compile.py``)
                 self.rests[p.rest] = {k: v for k, v in canon.items() if k != KERNEL}
             return node
-        raise _NoInstance(f"no well-typed instance found for {op.name} in {self.rule.name}")
+        raise _NoInstance(f"no well-typed instance found for {op.name} in {self.rule.name}"
+                          + (f" (last refused: {reason})" if reason else ""))
 
     def fixed_shape(self, name: str, neighbour) -> tuple[int, ...]:
         """The shape a guard fixes for ``name``. A pattern's free sizes (``_``, ``..``) are
@@ -477,7 +487,7 @@ def _compare(a, b, rule: Rule, unit: float = 1.0, each: bool = False
         return False, math.inf
     if not fin.any():
         return True, 0.0
-    diff = np.abs(a - b)[fin]
+    diff = np.abs(a[fin] - b[fin])
     scale = float(np.max(np.abs(b[fin]))) or 1.0
     if rule.approx is None:
         if each:
@@ -544,7 +554,7 @@ def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
                    seed: int, fixed: dict[str, Any] | None = None) -> RuleCheck:
     rng = random.Random(seed)
     data_rng = np.random.default_rng(seed)
-    done, worst, separated = 0, 0.0, False
+    done, worst, separated, refused = 0, 0.0, False, ""
     for t in range(trials * 20):
         if done >= trials and separated:
             break
@@ -556,7 +566,11 @@ def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
             if not _guards_hold(inst, rule):
                 raise _NoInstance("a guard does not hold")
             rhs = inst.rhs(rule.rhs, rule.where)
-        except _NoInstance:
+            for at, drawn in inst.learned:
+                _RANK_HINTS.setdefault(at, set()).add(drawn.rank)
+                _DTYPE_HINTS.setdefault(at, set()).add(drawn.dtype)
+        except _NoInstance as e:
+            refused = str(e)
             if done == 0 and t + 1 >= GIVE_UP:
                 break               # (no instance in GIVE_UP searches: none is likely)
             continue
@@ -608,7 +622,7 @@ def _check_variant(rule: Rule, ops: dict[str, OpDef], variant: str, trials: int,
         done += 1
     if done == 0:
         return RuleCheck(rule, variant, False, "no well-typed instance of the left side was "
-                         "found (are its guards satisfiable?)")
+                         f"found (are its guards satisfiable?); the last search: {refused}")
     return RuleCheck(rule, variant, True, "", done, worst)
 
 
