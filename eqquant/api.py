@@ -211,59 +211,13 @@ def load(source: Any, params: str | Path | Mapping | None = None,
                        f"not {type(source).__name__}")
 
 
-def calibration_samples(data: Any, model: Model) -> list[dict[str, np.ndarray]]:
-    """Calibration data as a list of input dicts: an ``.npz`` path or a dict of arrays
-    (stacked on a leading sample axis, keyed by input name; arrays of the inputs' own ranks
-    are one sample), or an iterable of input arrays or of dicts."""
-    if isinstance(data, (str, Path)):
-        from .ir.params import load_params
-        try:
-            return _samples(load_params(data), model)
-        except EqquantError as e:
-            raise EqquantError(f"{data}: {e.message}") from None
-    return _samples(data, model)
-
-
-def _samples(data: Any, model: Model) -> list[dict[str, np.ndarray]]:
-    names = list(model.inputs)
-    if isinstance(data, Mapping):
-        data = model.named(data)
-        missing = [n for n in names if n not in data]
-        extra = [k for k in data if k not in names]
-        if extra:
-            raise EqquantError(f"calibration data names {', '.join(map(str, extra))}, which "
-                               f"the model does not take (its inputs: {', '.join(names)})")
-        if missing:
-            raise EqquantError(f"calibration data has no array for {', '.join(missing)}")
-        shapes = model.inputs
-        if all(np.ndim(data[n]) == len(shapes[n][0]) for n in names):
-            # each array of the input's own rank: one sample (as `eqquant run -x` takes it)
-            return [{n: np.asarray(data[n]) for n in names}]
-        for n in names:
-            if np.ndim(data[n]) != len(shapes[n][0]) + 1:
-                raise EqquantError(
-                    f"calibration array {n!r} has shape {np.shape(data[n])}: the input's own "
-                    f"shape {shapes[n][0]} (one sample), or that shape stacked on a leading "
-                    f"sample axis")
-        counts = {len(data[n]) for n in names}
-        if len(counts) != 1:
-            raise EqquantError(f"the calibration arrays have different numbers of samples: "
-                               f"{sorted(counts)}")
-        return [{n: np.asarray(data[n][i]) for n in names} for i in range(counts.pop())]
-    if isinstance(data, np.ndarray):
-        raise EqquantError("calibration data as one array is ambiguous: give a list of input "
-                           "arrays, or a dict of arrays stacked on a leading sample axis")
-    samples = []
-    for item in data:
-        if isinstance(item, Mapping):
-            samples.append({k: np.asarray(v) for k, v in model.named(item).items()})
-        elif len(names) == 1:
-            samples.append({names[0]: np.asarray(item)})
-        else:
-            raise EqquantError(f"the model has {len(names)} inputs: give each sample as a dict")
-    if not samples:
-        raise EqquantError("the calibration data is empty")
-    return samples
+def calibration_samples(data: Any, model: Model):
+    """Calibration data as a stream of input dicts, one sample each
+    (:class:`eqquant.datasets.Samples`): a dict of arrays, an array, an iterable of them (a
+    generator, a DataLoader), an ``.npz``/``.npy`` path or a folder of them; each array one
+    sample, a stack of samples, or a batch of them on the input's leading axis."""
+    from .datasets import Samples
+    return Samples(data, model.inputs, model.aliases)
 
 
 def quantize(model: Any, calibration_data: Any, mode: str = "kl_divergence",
@@ -289,12 +243,11 @@ def quantize(model: Any, calibration_data: Any, mode: str = "kl_divergence",
     import sys
 
     import click
-    bar = click.progressbar(length=len(samples), label="calibrating", file=sys.stderr) \
-        if progress else contextlib.nullcontext()
-    with bar as b:
-        result = run_flow(m.module, m.params, samples, mode, weight_scale, per_channel,
+    bar = click.progressbar(iter(samples), length=samples.total, label="calibrating",
+                            file=sys.stderr) if progress else contextlib.nullcontext(samples)
+    with bar as stream:
+        result = run_flow(m.module, m.params, stream, mode, weight_scale, per_channel,
                           dtype=activations, skip=list(skip), cost=cost,
-                          progress=(lambda n: b.update(1)) if progress else None,
                           min_sqnr=min_sqnr, budget_ms=budget_ms, keep_fp32=list(keep_fp32),
                           metric=metric, max_drop=max_drop)
     # what runs and is saved: the program with its layouts chosen for the CPU kernels

@@ -75,13 +75,14 @@ def test_quantize_from_every_kind_of_calibration_data(tmp_path, seed_model):
     assert "QuantizeLinear" in kinds
     with pytest.raises(EqquantError, match="extra, which the model does not take"):
         eqquant.quantize(model, {"data": stacked, "extra": stacked})
-    with pytest.raises(EqquantError, match="ambiguous"):
-        eqquant.quantize(model, stacked)
+    # one array: its shape says how it holds samples (here a stack of them)
+    np.testing.assert_array_equal(eqquant.quantize(model, stacked, mode="minmax",
+                                                   per_channel=True).run(x), outs[0])
     # arrays of the input's own rank (an `eqquant run -x` input, the zoo's sample): one
     # sample, the same calibration as that sample in a list
     from eqquant.api import calibration_samples
     np.savez(tmp_path / "one.npz", data=stacked[2])
-    one = calibration_samples(tmp_path / "one.npz", model)
+    one = list(calibration_samples(tmp_path / "one.npz", model))
     assert len(one) == 1 and one[0]["data"].shape == (1, 3, 32, 32)
     np.testing.assert_array_equal(
         eqquant.quantize(model, tmp_path / "one.npz", mode="minmax").run(x),

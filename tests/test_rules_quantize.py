@@ -82,7 +82,7 @@ def test_calibration_table_and_npz_samples(tmp_path, flow):
     table.save(tmp_path / "t.json")
     assert CalibrationTable.load(tmp_path / "t.json") == table
     np.savez(tmp_path / "calib.npz", data=rng.normal(size=(3, 1, 3, SIZE, SIZE)).astype("f4"))
-    samples = calibration_samples(tmp_path / "calib.npz", load(fp.module))
+    samples = list(calibration_samples(tmp_path / "calib.npz", load(fp.module)))
     assert len(samples) == 3 and samples[0]["data"].shape == (1, 3, SIZE, SIZE)
     t2 = calibrate(fp.module, None, samples, "minmax", skip=["%1"])
     assert "%1" not in t2.ranges and t2.ranges["%data"].hi > 0

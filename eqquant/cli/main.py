@@ -461,9 +461,11 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--params", "-p", type=click.Path(dir_okay=False, path_type=Path),
               help="Weights (.npz) of a text-IR MODEL; default: the .npz beside it, if any.")
-@click.option("--calib", "calib", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Calibration set: .npz of arrays keyed by input name, stacked on a "
-                   "leading sample axis (arrays of the inputs' own ranks: one sample).")
+@click.option("--calib", "calib", required=True, type=click.Path(path_type=Path),
+              help="Calibration set: an .npz of arrays keyed by input name (an .npy for a "
+                   "model of one input), or a folder of them read one file at a time; each "
+                   "array one sample, a stack of samples on a new leading axis, or a batch "
+                   "on the input's own leading axis.")
 @click.option("--mode", type=click.Choice(["kl_divergence", "minmax", "percentile",
                                           "global_scale", "dynamic"]),
               default="kl_divergence", show_default=True,
@@ -526,12 +528,12 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
     m = load(model, params)
     samples = calibration_samples(calib, m)
     with _rules_checked(unchecked_rules) as said, \
-            click.progressbar(length=len(samples), file=sys.stderr, label="calibrating"
-                              if mode != "dynamic" else "quantizing (dynamic: no calibration)"
-                              ) as bar:
-        result = quantize(m.module, m.params, samples, mode, weight_scale, per_channel,
+            click.progressbar(iter(samples), length=samples.total, file=sys.stderr,
+                              label="calibrating" if mode != "dynamic" else
+                              "quantizing (dynamic: no calibration)") as stream:
+        result = quantize(m.module, m.params, stream, mode, weight_scale, per_channel,
                           dtype=activations, skip=list(skip), cost=cost,
-                          progress=lambda n: bar.update(1), layouts=layouts == "cpu",
+                          layouts=layouts == "cpu",
                           min_sqnr=min_sqnr, budget_ms=budget_ms, keep_fp32=list(keep_fp32),
                           pareto=pareto)
     table_path = output.with_suffix(".calib.json")
@@ -553,7 +555,7 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
     click.echo(result.report())
     if explain:
         from ..runtime.execution.measured_cost import cost_table, resolve_cost
-        click.echo(cost_table(result.runnable, resolve_cost(cost), samples[0]))
+        click.echo(cost_table(result.runnable, resolve_cost(cost), next(iter(samples))))
         if result.layouts is not None:
             click.echo(result.layouts.kernel_table)
     click.echo(f"wrote {ir_path}, {npz}, {table_path} and {report_path} "
@@ -565,8 +567,8 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--params", "-p", type=click.Path(dir_okay=False, path_type=Path),
               help="Weights (.npz) of a text-IR MODEL; default: the .npz beside it, if any.")
-@click.option("--calib", type=click.Path(dir_okay=False, path_type=Path),
-              help="Calibration set (.npz, as for quantize); default: 4 random inputs (the "
+@click.option("--calib", type=click.Path(path_type=Path),
+              help="Calibration set (as for quantize); default: 4 random inputs (the "
                    "kernels' times depend on shapes and types, not on values).")
 @click.option("--per-channel", is_flag=True, help="One weight scale per output channel.")
 @click.option("--activations", type=click.Choice(["uint8", "int8"]), default="uint8",

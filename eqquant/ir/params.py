@@ -48,6 +48,7 @@ class NpzParams(abc.Mapping):
                 raise ParamsError(f"{path}: not an .npz file{hint}")
             with zipfile.ZipFile(path) as zf:
                 self._names = {}
+                self._shapes: dict[str, tuple[int, ...]] = {}
                 for info in zf.infolist():
                     if not info.filename.endswith(".npy"):
                         raise ParamsError(f"{path}: entry '{info.filename[:80]}' is not an "
@@ -60,6 +61,7 @@ class NpzParams(abc.Mapping):
                                           f"{size:.3g} bytes (shape {shape}), more than "
                                           f"{MAX_ARRAY_BYTES:.3g}")
                     self._names[info.filename[:-4]] = info.filename
+                    self._shapes[info.filename[:-4]] = shape
         except FileNotFoundError:
             raise ParamsError(f"{path}: no such params file") from None
         except IsADirectoryError:
@@ -81,6 +83,39 @@ class NpzParams(abc.Mapping):
                 raise ParamsError(f"{self.path}: entry '{key}' is not readable ({e})") \
                     from None
         return self._cache[key]
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        """Entry ``key``'s shape, from its header (nothing read)."""
+        return self._shapes[key]
+
+    def rows(self, key: str, step: int):
+        """Entry ``key``'s leading-axis rows, ``step`` at a time, each read from the file as
+        it is asked for: a stack of samples larger than memory streams (an entry stored
+        column-major is read whole)."""
+        from numpy.lib import format as npy
+        shape = self._shapes[key]
+        if not shape:
+            raise ParamsError(f"{self.path}: entry '{key}' is a scalar, not rows")
+        try:
+            with zipfile.ZipFile(self.path) as zf, zf.open(self._names[key]) as f:
+                version = npy.read_magic(f)
+                _, fortran, dtype = (npy.read_array_header_1_0(f) if version == (1, 0) else
+                                     npy.read_array_header_2_0(f))
+                whole = self[key] if fortran else None
+                per = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+                for i in range(0, shape[0], step):
+                    k = min(step, shape[0] - i)
+                    if whole is not None:
+                        yield whole[i:i + k]
+                        continue
+                    data = f.read(per * k)
+                    if len(data) != per * k:
+                        raise ParamsError(f"{self.path}: entry '{key}' ends after "
+                                          f"{i + len(data) // max(per, 1)} of its "
+                                          f"{shape[0]} rows")
+                    yield np.frombuffer(bytearray(data), dtype).reshape((k, *shape[1:]))
+        except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+            raise ParamsError(f"{self.path}: entry '{key}' is not readable ({e})") from None
 
     def close(self) -> None:
         if self._npz is not None:

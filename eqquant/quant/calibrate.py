@@ -1,13 +1,17 @@
 """Calibration: the range of each value over a calibration set, and the scales that follow.
 
-Observers (one per value, fed batch by batch):
+Observers (one per value, fed batch by batch, their memory fixed however many batches come;
+two observers of parts of the data merge into the whole's):
 
 - ``minmax``: the smallest and largest value seen.
-- ``percentile``: the given percentile (default 99.999) of |x|, as a symmetric range.
+- ``percentile``: the given percentile (default 99.999) of |x|, as a symmetric range, from a
+  histogram of the magnitudes (``Magnitudes``: exact counts in bins 1/4096 of the largest
+  magnitude wide at most).
 - ``global_scale``: TVM's fixed range (+-8.0 by default) for every value.
 - ``kl_divergence``: TVM's (and MXNet's) threshold search: an 8001-bin histogram of x over
   [-max|x|, max|x|], then for each candidate threshold the clipped distribution p is compared
   with its 255-level quantization q (both smoothed) and the threshold of least KL(p || q) wins.
+  The 8001 bins are made at the end from a finer histogram (``Magnitudes``, signed).
 
 Weight scales (``weight_scale``): ``max`` (max|w| / 127) or ``power2`` (rounded up to a power of
 two), per tensor or per output channel.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+import math
 from pathlib import Path
 
 import numpy as np
@@ -137,8 +142,141 @@ class Range:
         return self.absmax / qmax if self.absmax else 1.0
 
 
+HIST_BINS = 8192    # bins of a streaming histogram, over [0, R): R/HIST_BINS is at most
+                    # 1/4096 of the largest magnitude seen
+
+
+@njit(cache=True)
+def _largest(x):
+    m = 0.0
+    for v in x:
+        a = abs(np.float64(v))
+        if a > m:
+            m = a
+    return m
+
+
+@njit(cache=True)
+def _count(x, counts, scale):
+    """Count each |x| into bin floor(|x| * scale) (the last bin at most), a negative value
+    into the second row where there is one; the sum of x*x."""
+    energy = 0.0
+    last, signed = counts.shape[1] - 1, counts.shape[0] == 2
+    for v in x:
+        a = abs(np.float64(v))
+        energy += a * a
+        j = min(int(a * scale), last)
+        counts[1 if signed and v < 0 else 0, j] += 1
+    return energy
+
+
+class Magnitudes:
+    """Counts of |x| in HIST_BINS equal bins over [0, R), R the least power of two above
+    every |x| seen; with ``signed``, negative and non-negative values counted apart (two
+    rows). A larger value doubles R, merging the bins in pairs, so the counts are exactly
+    those one pass over all the data at once would give, however it came in batches, and two
+    histograms of parts of the data add up to the whole's (``merge``): memory stays fixed
+    whatever the number of samples."""
+
+    def __init__(self, signed: bool = False) -> None:
+        self.counts = np.zeros((2 if signed else 1, HIST_BINS), np.int64)
+        self.top = 0            # R = 2**top, once a nonzero value was seen (zeros: bin 0)
+        self.seen = False
+        self.max = 0.0          # the largest |x| exactly
+        self.energy = 0.0       # sum of x*x
+
+    def _grow(self, top: int) -> None:
+        while self.top < top:   # (bins in pairs: the counts at R doubled)
+            half = self.counts.reshape(len(self.counts), HIST_BINS // 2, 2).sum(axis=2)
+            self.counts = np.concatenate([half, np.zeros_like(half)], axis=1)
+            self.top += 1
+
+    def add(self, x: np.ndarray) -> None:
+        x = np.ascontiguousarray(x).ravel()
+        if x.dtype not in (np.float32, np.float64):
+            x = x.astype(np.float64)
+        if not x.size:
+            return
+        m = _largest(x)
+        self.max = max(self.max, m)
+        if m > 0:
+            top = math.frexp(m)[1]             # m < 2**top
+            if not self.seen:
+                self.top, self.seen = top, True
+            self._grow(top)
+        # (a power of two: |x| times it is exact, its integer part the bin)
+        self.energy += _count(x, self.counts, HIST_BINS / 2.0 ** self.top)
+
+    def merge(self, other: "Magnitudes") -> None:
+        """Add ``other``'s counts (of other data) to these."""
+        if other.seen:
+            if not self.seen:
+                self.top, self.seen = other.top, True
+            self._grow(other.top)
+            theirs = Magnitudes.__new__(Magnitudes)
+            theirs.counts, theirs.top = other.counts.copy(), other.top
+            theirs._grow(self.top)
+            self.counts += theirs.counts
+        else:
+            self.counts[:, 0] += other.counts[:, 0]
+        self.max = max(self.max, other.max)
+        self.energy += other.energy
+
+    @property
+    def width(self) -> float:
+        return 2.0 ** self.top / HIST_BINS
+
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile of the magnitudes as ``np.quantile`` interpolates it between
+        the two values of ranks around q * (n - 1), each value taken at its place among its
+        bin's (spread evenly over the bin), the largest exactly."""
+        counts = self.counts.sum(axis=0)
+        cum = np.cumsum(counts)
+        n = int(cum[-1])
+        if n == 0:
+            return 0.0
+
+        def value(k: int) -> float:          # the value of rank k (from 0)
+            if k >= n - 1:
+                return self.max
+            j = int(np.searchsorted(cum, k, side="right"))
+            inside = (k - (cum[j - 1] if j else 0) + 0.5) / counts[j]
+            return min((j + inside) * self.width, self.max)
+        at = q * (n - 1)
+        k = int(math.floor(at))
+        return value(k) + (at - k) * (value(k + 1) - value(k))
+
+    def clipped(self, t: float) -> float:
+        """The share of the energy clipping to +-t cuts off (each bin's values at its
+        centre)."""
+        if not self.energy:
+            return 0.0
+        centres = (np.arange(HIST_BINS) + 0.5) * self.width
+        over = np.maximum(centres - t, 0.0)
+        return min(float(self.counts.sum(axis=0) @ (over * over)) / self.energy, 1.0)
+
+    def symmetric(self, num_bins: int) -> tuple[np.ndarray, np.ndarray]:
+        """The histogram of x in ``num_bins`` equal bins over [-max, max] (a signed one's),
+        each fine bin's count spread evenly over its width; and its edges."""
+        edges = np.linspace(-self.max, self.max, num_bins + 1)
+        fine = np.minimum(np.arange(HIST_BINS + 1) * self.width, self.max)
+        pos = np.concatenate([[0], np.cumsum(self.counts[0])]).astype(np.float64)
+        neg = np.concatenate([[0], np.cumsum(self.counts[-1])]).astype(np.float64) \
+            if len(self.counts) == 2 else np.zeros(HIST_BINS + 1)
+        below = np.where(edges < 0, neg[-1] - np.interp(-edges, fine, neg),
+                         neg[-1] + np.interp(edges, fine, pos))
+        return np.diff(below), edges
+
+
 class Observer:
+    """One value's statistics over the calibration set, fed batch by batch in memory that
+    does not grow with the number of batches; ``merge`` adds another observer's (of other
+    batches: calibration's parts run apart) as if it had seen them itself."""
+
     def update(self, x: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def merge(self, other: "Observer") -> None:
         raise NotImplementedError
 
     def range(self) -> Range:
@@ -153,38 +291,52 @@ class MinMax(Observer):
         self.lo = min(self.lo, float(np.min(x)))
         self.hi = max(self.hi, float(np.max(x)))
 
+    def merge(self, other):
+        self.lo, self.hi = min(self.lo, other.lo), max(self.hi, other.hi)
+
     def range(self):
         return Range(self.lo, self.hi)
 
 
 class Percentile(Observer):
+    """The percentile of |x|, from a histogram of the magnitudes (``Magnitudes``): within
+    one of its bins (1/4096 of the largest magnitude at most) of the exact one."""
+
     def __init__(self, percentile: float = 99.999) -> None:
         self.percentile = percentile
-        self.samples: list[np.ndarray] = []
+        self.seen = Magnitudes()
 
     def update(self, x):
-        self.samples.append(np.abs(np.asarray(x, np.float32)).ravel())
+        self.seen.add(x)
+
+    def merge(self, other):
+        self.seen.merge(other.seen)
 
     def range(self):
-        seen = np.concatenate(self.samples)
-        t = float(np.percentile(seen, self.percentile))
-        return Range(-t, t, _cut(seen, t))
+        t = self.seen.quantile(self.percentile / 100)
+        return Range(-t, t, self.seen.clipped(t))
 
 
 class KLDivergence(Observer):
-    """Keeps the samples (TVM keeps every output of the calibration runs too) and searches
-    the threshold once, over all of them."""
+    """TVM's threshold search (``kl_threshold``) on the NUM_BINS-bin histogram of x over
+    [-max|x|, max|x|], made at the end from a finer one kept as the batches come
+    (``Magnitudes``, signed): TVM keeps every sample instead."""
 
     def __init__(self) -> None:
-        self.samples: list[np.ndarray] = []
+        self.seen = Magnitudes(signed=True)
 
     def update(self, x):
-        self.samples.append(np.asarray(x, np.float32).ravel())
+        self.seen.add(x)
+
+    def merge(self, other):
+        self.seen.merge(other.seen)
 
     def range(self):
-        seen = np.concatenate(self.samples)
-        t = find_scale_by_kl(seen)
-        return Range(-t, t, _cut(seen, t))
+        if self.seen.max == 0.0:
+            return Range(0.0, 0.0)
+        hist, edges = self.seen.symmetric(NUM_BINS)
+        t = kl_threshold(hist, edges)
+        return Range(-t, t, self.seen.clipped(t))
 
 
 class GlobalScale(Observer):
@@ -200,15 +352,12 @@ class GlobalScale(Observer):
         self.energy += float(np.sum(x * x))
         self.cut += float(np.sum(np.maximum(x - self.scale, 0.0) ** 2))
 
+    def merge(self, other):
+        self.energy += other.energy
+        self.cut += other.cut
+
     def range(self):
         return Range(-self.scale, self.scale, self.cut / self.energy if self.energy else 0.0)
-
-
-def _cut(seen: np.ndarray, t: float) -> float:
-    """The share of ``seen``'s energy (sum of squares) that clipping to +-t cuts off."""
-    x = np.abs(seen.astype(np.float64))
-    energy = float(np.sum(x * x))
-    return float(np.sum(np.maximum(x - t, 0.0) ** 2)) / energy if energy else 0.0
 
 
 OBSERVERS = {"minmax": MinMax, "percentile": Percentile, "kl_divergence": KLDivergence,

@@ -11,12 +11,14 @@ gives TVM's symmetric int8 (the seed-004 flow). Weights are always symmetric int
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..errors import EqquantError
 from ..core.nodes import Call, Expr, Function, Module, Scalar, post_order, rewrite
 from ..ir.params import bind_params
 from ..ir.printer import value_labels
@@ -29,6 +31,8 @@ from .calibrate import CalibrationTable
 # quantize's mode that calibrates nothing: the compute ops' operands are quantized with
 # parameters computed from each input as it runs (``annotate``'s ``dynamic``)
 DYNAMIC = "dynamic"
+HEAD = 8        # calibration samples kept in memory (the rest stream through): the report's
+                # figures over them when no held-out input is given, the mixed search's too
 FP32_RULES = ("simplify", "bn_fold", "fusion")
 FP32_SCHEDULE = "simplify; bn_fold; simplify; fusion"
 # the marked program: quantize's rules, with simplify's identities beside them (a constant
@@ -232,12 +236,17 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     # a measured model times each kernel with its weights where a program of that precision
     # holds them: in the last-level cache if they fit there (int8: a quarter of the bytes)
     cost = cost.for_weights(constant_bytes(fp), constant_bytes(fp) // 4)
-    samples = [as_inputs(x, fp.main) for x in samples]
+    # the samples stream through calibration; the first few are kept for the report and
+    # the mixed search's sensitivities
+    stream = (as_inputs(x, fp.main) for x in samples)
+    head = list(itertools.islice(stream, HEAD))
+    if not head:
+        raise EqquantError("the calibration set is empty")
     dynamic = mode == DYNAMIC
     if dynamic:     # no ranges: each input's are computed as it runs (the samples: the report)
         table = CalibrationTable(DYNAMIC, {})
     else:
-        table = calibrate(fp, None, samples, mode, skip, progress)
+        table = calibrate(fp, None, itertools.chain(head, stream), mode, skip, progress)
     kept_float: list[str] = [f"{name}: {why}: it has no range to quantize"
                              for name, why in table.unbounded.items()]
     marked = annotate(fp, table, dtype, weight_scale, per_channel, kept_float, dynamic)
@@ -251,7 +260,7 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
         from .mixed import MixedSpace, search
         from .mixed import pareto as pareto_points
         space = MixedSpace(marked, weigh, names=mark_labels(marked, fp))
-        space.measure_sensitivity(samples[:8])
+        space.measure_sensitivity(head)
         mixed = search(space, min_sqnr, None if budget_ms is None else budget_ms / 1e3,
                        keep_fp32, metric=metric, max_drop=max_drop)
         front = pareto_points(space) if pareto else []
@@ -263,8 +272,8 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     if check_input is not None:
         layers, output = evaluate(fp, int8, table, dtype, as_inputs(check_input, fp.main))
     else:   # no held-out input: the output's figures over (up to 8 of) the calibration set
-        layers, output = evaluate(fp, int8, table, dtype, samples[0], samples[1:8])
-        output["samples"] = min(len(samples), 8)
+        layers, output = evaluate(fp, int8, table, dtype, head[0], head[1:])
+        output["samples"] = len(head)
     chosen = compile_layouts(int8, cost, why=why) if layouts else None
     return QuantizeResult(int8, fp, table, result, layers, output, dtype, kept_float,
                           chosen.module if chosen else None, chosen, cost.summary(), mixed,
