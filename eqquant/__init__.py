@@ -43,6 +43,7 @@ load            eqquant.api
 quantize        eqquant.api
 Model           eqquant.api
 open_program    eqquant.deploy.cache
+evaluate        eqquant.evaluation
 load_rules      eqquant.rules.loader
 check_rules     eqquant.rules.check:check_ruleset
 """

@@ -225,7 +225,8 @@ def quantize(model: Any, calibration_data: Any, mode: str = "kl_divergence",
              activations: str = "uint8", skip: Iterable[str] = (),
              progress: bool = False, cost: str = "auto", min_sqnr: float | None = None,
              budget_ms: float | None = None, keep_fp32: Iterable[str] = (),
-             metric=None, max_drop: float | None = None) -> Model:
+             metric=None, max_drop: float | None = None, eval_data: Any = None,
+             engine: str = "local") -> Model:
     """The int8 model of ``model`` (anything :func:`load` takes), calibrated on
     ``calibration_data`` (see :func:`calibration_samples`); ``.report()`` gives its accuracy.
     ``mode``: kl_divergence, minmax, percentile, global_scale, or dynamic (nothing
@@ -234,11 +235,20 @@ def quantize(model: Any, calibration_data: Any, mode: str = "kl_divergence",
 
     Mixed precision: ``min_sqnr`` (dB at the output), ``budget_ms`` (the most accurate program
     within that predicted latency), ``keep_fp32`` (values to leave in float, e.g. ``"%3"``),
-    or ``metric`` (a function of ``run(inputs) -> output``, higher is better) with
-    ``max_drop``: which values are quantized is then chosen by extraction."""
+    or ``metric`` (a function of ``run(inputs) -> output``, higher is better; or, with
+    ``eval_data``, a labelled set as :func:`evaluate` takes, a metric name or a function of
+    (output, label) averaged over it) with ``max_drop``: which values are quantized is then
+    chosen by extraction. ``engine="ray"``: calibration runs on Ray workers (the ``ray``
+    extra), with the table the local run gives."""
     from .quant.flow import quantize as run_flow
     m = load(model)
     samples = calibration_samples(calibration_data, m)
+    if eval_data is not None:
+        if metric is None:
+            raise EqquantError("eval_data is for a metric (metric='top1', ...)")
+        from .metrics import mean_score
+        inputs, chosen = m.inputs, metric
+        metric = (lambda run: mean_score(run, inputs, eval_data, chosen))
     import contextlib
     import sys
 
@@ -247,7 +257,7 @@ def quantize(model: Any, calibration_data: Any, mode: str = "kl_divergence",
                             file=sys.stderr) if progress else contextlib.nullcontext(samples)
     with bar as stream:
         result = run_flow(m.module, m.params, stream, mode, weight_scale, per_channel,
-                          dtype=activations, skip=list(skip), cost=cost,
+                          dtype=activations, skip=list(skip), cost=cost, engine=engine,
                           min_sqnr=min_sqnr, budget_ms=budget_ms, keep_fp32=list(keep_fp32),
                           metric=metric, max_drop=max_drop)
     # what runs and is saved: the program with its layouts chosen for the CPU kernels

@@ -5,7 +5,7 @@ A source is any of:
 - a dict of arrays keyed by input name (an evaluation's label under ``label``);
 - an array (a model of one input);
 - an iterable (a list, a generator, a ``torch.utils.data.DataLoader``) of such dicts or
-  arrays, or of ``(inputs, label)`` pairs;
+  arrays, or of ``(inputs, label)`` pairs; for evaluation, one ``(inputs, labels)`` tuple;
 - an ``.npz`` file (keys as a dict's), an ``.npy`` file (one input), or a folder of them,
   read in name order.
 
@@ -83,6 +83,9 @@ class Samples:
             yield from _file_items(Path(src))
         elif isinstance(src, Mapping) or _is_array(src):
             yield src, None, ""
+        elif self.labelled and isinstance(src, tuple) and len(src) == 2 and \
+                (isinstance(src[0], Mapping) or _is_array(src[0])):
+            yield src[0], src[1], ""          # (inputs, labels): one labelled item
         else:
             for x in src:
                 item, label = _unpair(x)

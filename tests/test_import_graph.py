@@ -10,10 +10,12 @@ import eqquant
 
 LAYERS = [
     ("errors", "resources"),          # errors and bundled files
+    ("parallel",),                    # work on Ray
     ("core",),                        # IR types and nodes
     ("ops",),                         # the op registry and the ops' definitions
     ("ir",),                          # the text IR: parser, printer, type checker, interpreter
-    ("passes", "zoo"),
+    ("passes", "zoo", "datasets"),    # (datasets: input data, streamed)
+    ("metrics",),                     # scores against labels
     ("egraph",),                      # programs in egglog, analyses, saturation
     ("rules",),                       # the rules language, compiled to egglog rewrites
     ("extract",),                     # the serialized e-graph, cost models, extraction
@@ -23,6 +25,7 @@ LAYERS = [
     ("interop", "viz"),               # ONNX import/export, plots
     ("api", "explain"),
     ("deploy",),                      # programs saved ahead of time, run without Numba
+    ("evaluation",),                  # a metric over a labelled set, locally or on Ray
     ("pipeline",),                    # eqquant demo
     ("cli", "__init__"),
 ]

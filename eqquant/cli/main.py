@@ -495,6 +495,12 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
               "whose predicted latency is at most this.")
 @click.option("--keep-fp32", multiple=True, help="A value to leave in float (e.g. %3); "
               "repeatable.")
+@click.option("--metric", help="Mixed precision: the cheapest program whose METRIC over "
+              "--eval-data is within --max-drop of the float program's (top1, top5, "
+              "neg_mse).")
+@click.option("--eval-data", type=click.Path(exists=True, path_type=Path),
+              help="The labelled set --metric is measured on (as `eqquant eval` takes it).")
+@click.option("--max-drop", type=float, help="The largest drop of --metric allowed.")
 @click.option("--int8-only", is_flag=True, help="Every calibrated value quantized (the "
               "default when no accuracy budget is given; with --keep-fp32, all but those).")
 @click.option("--pareto", is_flag=True, help="Also print latency against SQNR for a range of "
@@ -509,8 +515,8 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
               help="The int8 program (.ir); weights go to the .npz and the calibration "
                    "table to the .calib.json beside it.")
 def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activations, skip,
-                 layouts, cost, min_sqnr, budget_ms, keep_fp32, int8_only, pareto, explain,
-                 unchecked_rules, why, output):
+                 layouts, cost, min_sqnr, budget_ms, keep_fp32, metric, eval_data, max_drop,
+                 int8_only, pareto, explain, unchecked_rules, why, output):
     """Quantize MODEL (text IR or .onnx) to int8: calibrate, apply the quantize rules,
     report accuracy."""
     import json
@@ -522,11 +528,19 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
     refuse_overwriting_inputs(output, model, params, calib)
     for extra in (".calib.json", ".report.json", ".pareto.json"):
         refuse_overwriting_inputs(output.with_suffix(extra), model, params, calib)
-    if int8_only and (min_sqnr is not None or budget_ms is not None):
+    if int8_only and (min_sqnr is not None or budget_ms is not None or metric is not None):
         raise EqquantError("--int8-only takes no accuracy or latency budget "
-                           "(--min-sqnr, --budget-ms)")
+                           "(--min-sqnr, --budget-ms, --metric)")
     m = load(model, params)
     samples = calibration_samples(calib, m)
+    scored = None
+    if (metric, eval_data, max_drop).count(None) not in (0, 3):
+        raise EqquantError("--metric, --eval-data and --max-drop go together")
+    if metric is not None:
+        from ..metrics import mean_score, metric_function
+        metric_function(metric)             # (an unknown name: said before calibrating)
+        inputs = m.inputs
+        scored = (lambda run: mean_score(run, inputs, eval_data, metric))
     with _rules_checked(unchecked_rules) as said, \
             click.progressbar(iter(samples), length=samples.total, file=sys.stderr,
                               label="calibrating" if mode != "dynamic" else
@@ -535,7 +549,7 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
                           dtype=activations, skip=list(skip), cost=cost,
                           layouts=layouts == "cpu",
                           min_sqnr=min_sqnr, budget_ms=budget_ms, keep_fp32=list(keep_fp32),
-                          pareto=pareto)
+                          metric=scored, max_drop=max_drop, pareto=pareto)
     table_path = output.with_suffix(".calib.json")
     report_path = output.with_suffix(".report.json")
     report = Report.from_result(result).to_json()
@@ -561,6 +575,34 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
     click.echo(f"wrote {ir_path}, {npz}, {table_path} and {report_path} "
                f"(eqquant plot sqnr {report_path} -o sqnr.png draws it)")
     _answer_why(result, why)
+
+
+@cli.command("eval")
+@click.argument("model", type=click.Path(exists=True, path_type=Path))
+@click.argument("data", type=click.Path(exists=True, path_type=Path))
+@click.option("--metric", default="top1", show_default=True,
+              help="top1, top5 (the label a class index), or neg_mse (the label a reference "
+                   "output).")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True, help="ray: the samples shared among Ray workers (the ray "
+                                      "extra), each opening MODEL once; the same result.")
+@click.option("--workers", type=int, help="Ray workers (default: the cluster's CPUs).")
+def eval_cmd(model, data, metric, engine, workers):
+    """Measure MODEL (text IR, .onnx, or a library folder `eqquant compile` wrote, opened as
+    `eqquant run` opens it) over the labelled set DATA: an .npz (inputs by name and a
+    `label` array, stacked on a leading sample axis) or a folder of them, read one file at a
+    time."""
+    from ..evaluation import evaluate
+    total = [0]
+
+    def progress(n):
+        total[0] = n
+        if n % 64 == 0:
+            click.echo(f"\revaluated {n} samples", nl=False, err=True)
+    result = evaluate(model, data, metric, engine=engine, workers=workers, progress=progress)
+    if total[0] >= 64:
+        click.echo("", err=True)
+    click.echo(str(result))
 
 
 @cli.command("profile")

@@ -73,73 +73,151 @@ def _wanted(fn: Function, skip: set[str], labels: dict[int, str]) -> dict[int, s
     return out
 
 
-def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
-              samples: Iterable[Mapping[str, np.ndarray]], mode: str = "kl_divergence",
-              skip: Iterable[str] = (), progress=None) -> CalibrationTable:
-    """Ranges of the program's float values over ``samples`` (dicts of input arrays, or plain
-    arrays for a program with one input), run on the CPU executor. A value computed infinite
-    or NaN on any sample (an attention mask's -inf) has no range: the table lists it as
-    ``unbounded``, and it stays float."""
-    from ..runtime.execution.executor import Executor
-    if mode not in OBSERVERS:
-        raise EqquantError(f"unknown calibration mode '{mode}' (there are: "
-                           f"{', '.join(OBSERVERS)}; and quantize's dynamic, which "
-                           f"calibrates nothing)")
-    ex = Executor(bind_params(mod, params) if params else mod)
-    fn = ex.module.main
-    labels = value_labels(fn)
-    wanted = _wanted(fn, set(skip), labels)
-    bounded = {id(n) for n in post_order(fn.body)
-               if isinstance(n, Call) and getattr(n.op, "bounds", None) is not None}
-    observers = {label: (MinMax() if mode in GUESSING and key in bounded else OBSERVERS[mode]())
-                 for key, label in wanted.items()}
+class Statistics:
+    """What calibration gathers from the samples it is fed: an observer per float value, the
+    values seen infinite or NaN (with the first sample where), each input's span. Two of
+    parts of the data ``merge`` into the whole's, exactly (counts add, extremes reduce), so
+    calibration runs in parts (``engine="ray"``) and gives the table one pass gives."""
 
-    count = 0
-    unbounded: dict[str, str] = {}       # values seen infinite or NaN: no range, left float
+    def __init__(self, fn: Function, mode: str, skip: Iterable[str]) -> None:
+        if mode not in OBSERVERS:
+            raise EqquantError(f"unknown calibration mode '{mode}' (there are: "
+                               f"{', '.join(OBSERVERS)}; and quantize's dynamic, which "
+                               f"calibrates nothing)")
+        self.fn, self.mode = fn, mode
+        labels = value_labels(fn)
+        self.wanted = _wanted(fn, set(skip), labels)
+        bounded = {id(n) for n in post_order(fn.body)
+                   if isinstance(n, Call) and getattr(n.op, "bounds", None) is not None}
+        self.observers = {label: (MinMax() if mode in GUESSING and key in bounded
+                                  else OBSERVERS[mode]())
+                          for key, label in self.wanted.items()}
+        self.count = 0
+        self.unbounded: dict[str, tuple[int, str]] = {}   # label -> (sample, what was seen)
+        self.spans: dict[str, list[float]] = {}
 
-    def observe(node, value):
-        label = wanted.get(id(node))
-        if label is not None:            # (a copy: the executor reuses its buffers)
-            value = np.array(value)
-            if label in unbounded:
-                return
-            if not np.all(np.isfinite(value)):
-                kinds = sorted({"NaN" if v != v else f"{v:g}"
-                                for v in value[~np.isfinite(value)].reshape(-1)[:64].tolist()})
-                unbounded[label] = f"computes {', '.join(kinds)} on calibration sample {count}"
-                return
-            observers[label].update(value)
+    def __getstate__(self):          # (what crosses processes: no program, no registry ops)
+        return {k: v for k, v in self.__dict__.items() if k not in ("fn", "wanted")}
 
-    spans: dict[str, list[float]] = {}
-    for sample in samples:
+    def feed(self, ex, sample: Mapping[str, np.ndarray], index: int) -> None:
+        """Run ``sample`` (calibration sample ``index``) on the executor ``ex``, observing."""
+        fn, wanted = self.fn, self.wanted
         sample = as_inputs(sample, fn)
         for p in fn.params:
             if p.name not in sample:
-                raise EqquantError(f"calibration sample {count} has no value for input "
+                raise EqquantError(f"calibration sample {index} has no value for input "
                                    f"%{p.name}")
             arr = np.asarray(sample[p.name])
             if arr.dtype.kind in "fc" and not np.all(np.isfinite(arr)):
                 bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
-                raise EqquantError(f"calibration sample {count}, input %{p.name}: {bad} "
+                raise EqquantError(f"calibration sample {index}, input %{p.name}: {bad} "
                                    f"values are NaN or infinite")
             if arr.size:
-                lo, hi = spans.setdefault(p.name, [math.inf, -math.inf])
-                spans[p.name] = [min(lo, float(arr.min())), max(hi, float(arr.max()))]
+                lo, hi = self.spans.setdefault(p.name, [math.inf, -math.inf])
+                self.spans[p.name] = [min(lo, float(arr.min())), max(hi, float(arr.max()))]
             if id(p) in wanted:
-                observers[wanted[id(p)]].update(arr)
+                self.observers[wanted[id(p)]].update(arr)
+
+        def observe(node, value):
+            label = wanted.get(id(node))
+            if label is None or label in self.unbounded:
+                return
+            value = np.array(value)          # (a copy: the executor reuses its buffers)
+            if not np.all(np.isfinite(value)):
+                kinds = sorted({"NaN" if v != v else f"{v:g}"
+                                for v in value[~np.isfinite(value)].reshape(-1)[:64].tolist()})
+                self.unbounded[label] = (index, f"computes {', '.join(kinds)} on "
+                                                f"calibration sample {index}")
+                return
+            self.observers[label].update(value)
         ex.run(sample, observe=observe)
-        count += 1
+        self.count += 1
+
+    def merge(self, other: "Statistics") -> None:
+        for label, obs in other.observers.items():
+            self.observers[label].merge(obs)
+        for label, seen in other.unbounded.items():     # (the first sample's word)
+            if label not in self.unbounded or seen[0] < self.unbounded[label][0]:
+                self.unbounded[label] = seen
+        for name, (lo, hi) in other.spans.items():
+            mine = self.spans.setdefault(name, [math.inf, -math.inf])
+            self.spans[name] = [min(mine[0], lo), max(mine[1], hi)]
+        self.count += other.count
+
+    def table(self) -> CalibrationTable:
+        if self.count == 0:
+            raise EqquantError("the calibration set is empty")
+        for name, (lo, hi) in self.spans.items():
+            if not hi - lo > 1e-30 and self.wanted.get(
+                    id(next(p for p in self.fn.params if p.name == name))):
+                raise EqquantError(f"calibration input %{name} takes one value only ({lo:g}) "
+                                   f"over all {self.count} samples: constant data cannot "
+                                   f"calibrate a program (give representative inputs)")
+        unbounded = {k: why for k, (_, why) in sorted(self.unbounded.items(),
+                                                      key=lambda kv: kv[1][0])}
+        return CalibrationTable(self.mode, {k: o.range() for k, o in self.observers.items()
+                                            if k not in unbounded}, unbounded)
+
+
+class _Part:
+    """A Ray worker's part of a calibration: the program (its text IR and weights) loaded
+    once, its statistics over the samples it is fed."""
+
+    def __init__(self, text: str, weights: bytes, mode: str, skip: tuple) -> None:
+        import io
+
+        from ..ir.parser import parse
+        from ..runtime.execution.executor import Executor
+        arrays = dict(np.load(io.BytesIO(weights), allow_pickle=False)) if weights else {}
+        self.ex = Executor(bind_params(parse(text), arrays) if arrays else parse(text))
+        self.stats = Statistics(self.ex.module.main, mode, skip)
+
+    def feed(self, samples, start: int) -> int:
+        for k, sample in enumerate(samples):
+            self.stats.feed(self.ex, sample, start + k)
+        return len(samples)
+
+    def finish(self) -> Statistics:
+        return self.stats
+
+
+def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
+              samples: Iterable[Mapping[str, np.ndarray]], mode: str = "kl_divergence",
+              skip: Iterable[str] = (), progress=None, engine: str = "local",
+              workers: int | None = None, chunk: int = 16) -> CalibrationTable:
+    """Ranges of the program's float values over ``samples`` (dicts of input arrays, or plain
+    arrays for a program with one input; streamed), run on the CPU executor. A value
+    computed infinite or NaN on any sample (an attention mask's -inf) has no range: the
+    table lists it as ``unbounded``, and it stays float. ``engine="ray"``: the samples go in
+    chunks of ``chunk`` to ``workers`` Ray actors, each with the program loaded once, and
+    their statistics are merged: the table is the local one."""
+    from ..runtime.execution.executor import Executor
+    bound = bind_params(mod, params) if params else mod
+    if engine == "ray":
+        import io
+        from functools import partial
+
+        from ..ir.printer import print_module
+        from ..parallel import on_ray
+        from ..ir.params import constant_params
+        text, arrays = print_module(bound), constant_params(bound)
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        here = Statistics(Executor(bound).module.main, mode, skip)
+        _, parts = on_ray(partial(_Part, text, buf.getvalue() if arrays else b"", mode,
+                                  tuple(skip)), samples, chunk, workers, progress, "finish")
+        for part in parts:
+            here.merge(part)
+        return here.table()
+    if engine != "local":
+        raise EqquantError(f"unknown engine {engine!r} (local or ray)")
+    ex = Executor(bound)
+    stats = Statistics(ex.module.main, mode, skip)
+    for sample in samples:
+        stats.feed(ex, sample, stats.count)
         if progress is not None:
-            progress(count)
-    if count == 0:
-        raise EqquantError("the calibration set is empty")
-    for name, (lo, hi) in spans.items():
-        if not hi - lo > 1e-30 and wanted.get(id(next(p for p in fn.params if p.name == name))):
-            raise EqquantError(f"calibration input %{name} takes one value only ({lo:g}) "
-                               f"over all {count} samples: constant data cannot calibrate a "
-                               f"program (give representative inputs)")
-    return CalibrationTable(mode, {k: o.range() for k, o in observers.items()
-                                   if k not in unbounded}, unbounded)
+            progress(stats.count)
+    return stats.table()
 
 
 def qparams(r: Range, dtype: str) -> tuple[float, int]:

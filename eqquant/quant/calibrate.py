@@ -159,15 +159,12 @@ def _largest(x):
 @njit(cache=True)
 def _count(x, counts, scale):
     """Count each |x| into bin floor(|x| * scale) (the last bin at most), a negative value
-    into the second row where there is one; the sum of x*x."""
-    energy = 0.0
+    into the second row where there is one."""
     last, signed = counts.shape[1] - 1, counts.shape[0] == 2
     for v in x:
         a = abs(np.float64(v))
-        energy += a * a
         j = min(int(a * scale), last)
         counts[1 if signed and v < 0 else 0, j] += 1
-    return energy
 
 
 class Magnitudes:
@@ -183,7 +180,6 @@ class Magnitudes:
         self.top = 0            # R = 2**top, once a nonzero value was seen (zeros: bin 0)
         self.seen = False
         self.max = 0.0          # the largest |x| exactly
-        self.energy = 0.0       # sum of x*x
 
     def _grow(self, top: int) -> None:
         while self.top < top:   # (bins in pairs: the counts at R doubled)
@@ -205,7 +201,7 @@ class Magnitudes:
                 self.top, self.seen = top, True
             self._grow(top)
         # (a power of two: |x| times it is exact, its integer part the bin)
-        self.energy += _count(x, self.counts, HIST_BINS / 2.0 ** self.top)
+        _count(x, self.counts, HIST_BINS / 2.0 ** self.top)
 
     def merge(self, other: "Magnitudes") -> None:
         """Add ``other``'s counts (of other data) to these."""
@@ -220,7 +216,6 @@ class Magnitudes:
         else:
             self.counts[:, 0] += other.counts[:, 0]
         self.max = max(self.max, other.max)
-        self.energy += other.energy
 
     @property
     def width(self) -> float:
@@ -247,13 +242,13 @@ class Magnitudes:
         return value(k) + (at - k) * (value(k + 1) - value(k))
 
     def clipped(self, t: float) -> float:
-        """The share of the energy clipping to +-t cuts off (each bin's values at its
-        centre)."""
-        if not self.energy:
-            return 0.0
+        """The share of the energy (sum of x*x) clipping to +-t cuts off, each bin's values
+        taken at its centre (from the counts alone: parts merged give the whole's)."""
+        counts = self.counts.sum(axis=0).astype(np.float64)
         centres = (np.arange(HIST_BINS) + 0.5) * self.width
+        energy = float(counts @ (centres * centres))
         over = np.maximum(centres - t, 0.0)
-        return min(float(self.counts.sum(axis=0) @ (over * over)) / self.energy, 1.0)
+        return min(float(counts @ (over * over)) / energy, 1.0) if energy else 0.0
 
     def symmetric(self, num_bins: int) -> tuple[np.ndarray, np.ndarray]:
         """The histogram of x in ``num_bins`` equal bins over [-max, max] (a signed one's),
@@ -345,19 +340,16 @@ class GlobalScale(Observer):
 
     def __init__(self, scale: float = 8.0) -> None:
         self.scale = scale
-        self.energy, self.cut = 0.0, 0.0
+        self.seen = Magnitudes()
 
     def update(self, x):
-        x = np.abs(np.asarray(x, np.float64))
-        self.energy += float(np.sum(x * x))
-        self.cut += float(np.sum(np.maximum(x - self.scale, 0.0) ** 2))
+        self.seen.add(x)
 
     def merge(self, other):
-        self.energy += other.energy
-        self.cut += other.cut
+        self.seen.merge(other.seen)
 
     def range(self):
-        return Range(-self.scale, self.scale, self.cut / self.energy if self.energy else 0.0)
+        return Range(-self.scale, self.scale, self.seen.clipped(self.scale))
 
 
 OBSERVERS = {"minmax": MinMax, "percentile": Percentile, "kl_divergence": KLDivergence,

@@ -215,7 +215,7 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
              layouts: bool = True, min_sqnr: float | None = None,
              budget_ms: float | None = None, keep_fp32: Sequence[str] = (),
              metric=None, max_drop: float | None = None, pareto: bool = False,
-             why: bool = True) -> QuantizeResult:
+             why: bool = True, engine: str = "local") -> QuantizeResult:
     """The int8 program of ``mod``. With ``min_sqnr`` (dB), ``budget_ms``, ``keep_fp32``
     (values to leave in float) or ``metric`` and ``max_drop``, a mixed-precision program:
     which values are quantized is chosen by extraction from one saturated e-graph
@@ -223,7 +223,7 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     latency/SQNR points of a range of budgets, from the same saturated e-graph. ``why``: each
     op of the programs carries its ``origin`` (the rules that made it, phase after phase, and
     what each extraction rejected: ``extract.provenance``; a mixed program's int8 phase is
-    the search's, without one)."""
+    the search's, without one). ``engine``: where calibration runs (``calibrate``'s)."""
     from ..runtime.execution.measured_cost import resolve_cost
     cost = resolve_cost(cost)        # the model of every phase that chooses kernels
     # The float phase is structural (batch norms folded, epilogues fused: each rule takes a
@@ -246,7 +246,8 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     if dynamic:     # no ranges: each input's are computed as it runs (the samples: the report)
         table = CalibrationTable(DYNAMIC, {})
     else:
-        table = calibrate(fp, None, itertools.chain(head, stream), mode, skip, progress)
+        table = calibrate(fp, None, itertools.chain(head, stream), mode, skip, progress,
+                          engine)
     kept_float: list[str] = [f"{name}: {why}: it has no range to quantize"
                              for name, why in table.unbounded.items()]
     marked = annotate(fp, table, dtype, weight_scale, per_channel, kept_float, dynamic)
