@@ -48,7 +48,7 @@ def test_evaluation_on_ray_is_the_local_one_bit_for_bit(cluster, tmp_path):
         eqquant.evaluate(q, [(x[:1], 9)], engine="ray", workers=1)
 
 
-@pytest.mark.parametrize("mode", ["percentile", "kl_divergence", "minmax", "global_scale"])
+@pytest.mark.parametrize("mode", ["percentile", "kl_divergence", "minmax"])
 def test_calibration_on_ray_merges_to_the_local_table(cluster, mode):
     from eqquant.quant.annotate import calibrate
     m = eqquant.load(MODEL)
