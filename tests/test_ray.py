@@ -34,7 +34,7 @@ def test_evaluation_on_ray_is_the_local_one_bit_for_bit(cluster, tmp_path):
                            str(q.save(tmp_path / "q")), "-o", str(lib)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    sources = [q, MODEL, lib]
+    sources = [q, lib]          # (in memory: its text travels; a library folder: opened)
     data = [(x[i:i + 4], labels[i:i + 4]) for i in range(0, 48, 4)]
     for model in sources:
         local = eqquant.evaluate(model, data, "top1")

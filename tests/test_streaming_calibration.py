@@ -163,7 +163,7 @@ def test_quantize_from_a_folder_a_loader_and_memory_gives_one_table(tmp_path):
     for i in range(0, 12, 4):
         np.save(folder / f"{i:03d}.npy", x[i:i + 4])
     probe = rng.standard_normal((1, 3, 32, 32)).astype(np.float32) * 3   # (outside the range)
-    for mode in ("percentile", "kl_divergence", "minmax"):
+    for mode in ("percentile", "kl_divergence"):
         runs = [eqquant.quantize(model, data, mode=mode, per_channel=True)
                 for data in (list(x), folder, _Loader(x, np.arange(12), 5))]
         tables = [q.save(tmp_path / f"{mode}{i}").with_suffix(".calib.json").read_text()
@@ -186,7 +186,7 @@ def test_calibration_memory_does_not_grow_with_the_number_of_samples(tmp_path):
             np.save(folder / f"{i:04d}.npy",
                     rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
         samples = Samples(folder, {"data": ((1, 3, 32, 32), "float32")})
-        calibrate(zoo.module, zoo.params, iter(samples), "kl_divergence")   # (compiled)
+        calibrate(zoo.module, zoo.params, list(samples)[:2], "percentile")   # (compiled)
         tracemalloc.start()
         table = calibrate(zoo.module, zoo.params, iter(samples), "percentile")
         peaks[n] = tracemalloc.get_traced_memory()[1]
