@@ -11,6 +11,16 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM: ``ru_maxrss`` would carry a forking
+    parent's peak across exec, which Linux keeps)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def torchvision_models():
     """torchvision's model zoo without its C extension (which does not load with this
     PyTorch): its fake-kernel registrations are skipped while it imports."""

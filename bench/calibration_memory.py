@@ -1,6 +1,6 @@
 """Calibration's memory against the number of samples: a zoo model calibrated on N samples
 streamed from a folder (one .npy file each), for each N, each run in a process of its own
-(peak resident memory, ``ru_maxrss``); and the same samples held in memory as a list, whose
+(peak resident memory, VmHWM); and the same samples held in memory as a list, whose
 table must be the one the folder gave.
 
     python bench/calibration_memory.py --model resnet18 --size 64 --counts 20 2000
@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -18,13 +16,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def child(args) -> None:
@@ -35,15 +26,17 @@ def child(args) -> None:
     shape = (1, 3, args.size, args.size)
     warm = [np.zeros(shape, np.float32) + 0.5, np.ones(shape, np.float32)]
     calibrate(zoo.module, zoo.params, warm, args.mode)          # (kernels compiled)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _common import peak_rss_mb
+    base = peak_rss_mb()
     source = Samples(Path(args.folder), {"data": (shape, "float32")})
     if args.in_memory:
         source = list(source)
     start = time.perf_counter()
     table = calibrate(zoo.module, zoo.params, iter(source), args.mode)
     took = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"peak_kb": peak, "before_kb": base, "seconds": took,
+    peak = peak_rss_mb()
+    print(json.dumps({"peak_mb": peak, "before_mb": base, "seconds": took,
                       "table": {k: [r.lo, r.hi] for k, r in table.ranges.items()}}))
 
 
@@ -58,7 +51,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return child(args)
-    print(f"CPU: {_cpu()}; {args.model} at {args.size}x{args.size}, {args.mode} calibration")
+    from eqquant.runtime.execution.measured_cost import cpu_model
+    print(f"CPU: {cpu_model()}; {args.model} at {args.size}x{args.size}, {args.mode} calibration")
     rng = np.random.default_rng(0)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,12 +72,12 @@ def main() -> None:
             same = runs["folder"]["table"] == runs["list"]["table"]
             rows.append((n, runs, same))
             for how, r in runs.items():
-                print(f"{n:6d} samples, {how:6s}: peak RSS {r['peak_kb'] / 1024:7.1f} MB "
-                      f"(before calibrating {r['before_kb'] / 1024:7.1f} MB), "
+                print(f"{n:6d} samples, {how:6s}: peak RSS {r['peak_mb']:7.1f} MB "
+                      f"(before calibrating {r['before_mb']:7.1f} MB), "
                       f"{r['seconds']:.1f} s")
             print(f"{n:6d} samples: the folder's table {'equals' if same else 'DIFFERS FROM'} "
                   f"the in-memory list's")
-    first, last = rows[0][1]["folder"]["peak_kb"], rows[-1][1]["folder"]["peak_kb"]
+    first, last = rows[0][1]["folder"]["peak_mb"], rows[-1][1]["folder"]["peak_mb"]
     print(f"streamed: peak RSS at {rows[-1][0]} samples / at {rows[0][0]}: {last / first:.3f}")
 
 

@@ -20,7 +20,6 @@ import argparse
 import io
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import ort_quantize_static, ort_session, torch_int8, torchvision_models  # noqa: E402
+from _common import (ort_quantize_static, ort_session, peak_rss_mb, torch_int8,  # noqa: E402
+                     torchvision_models)
 from peers import ENV, SETTLE, THREADS, cpu_model  # noqa: E402
 
 SYSTEMS = ("eqquant int8", "ORT int8", "PyTorch int8", "eqquant fp32", "ORT fp32")
@@ -87,7 +87,7 @@ def worker(system: str, model: str, calib: str) -> None:
     for line in sys.stdin:
         words = line.split()
         if words[0] == "rss":
-            print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss), flush=True)
+            print(json.dumps(peak_rss_mb()), flush=True)
             continue
         b, n = int(words[1]), int(words[2])
         run = runners.setdefault(b, batch_runner(b))
@@ -176,7 +176,8 @@ def main() -> None:
                       f"  eqquant/PyTorch {med['eqquant int8'] / med['PyTorch int8']:.2f}"
                       f"  fp32 eqquant/ORT {med['eqquant fp32'] / med['ORT fp32']:.2f}"
                       "   (throughput ratios: above 1, eqquant is faster)")
-            print("  peak RSS: " + "  ".join(f"{s} {rss[s] / 1024:.0f} MB" for s in SYSTEMS))
+            print("  peak RSS: " + "  ".join(f"{s} {rss[s]:.0f} MB" for s in SYSTEMS))
+            print(f"  peak RSS eqquant int8 / ORT int8: {rss['eqquant int8'] / rss['ORT int8']:.2f}")
 
 
 if __name__ == "__main__":
