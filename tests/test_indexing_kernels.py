@@ -135,3 +135,24 @@ def test_a_library_checks_its_index_inputs_as_the_executor_does(tmp_path):
     for runner in (ex, library):
         with pytest.raises(EvalError, match=r"%ids: 10 is outside \[-10, 9\]"):
             runner.run(x)
+
+
+def test_a_program_with_index_inputs_opens_on_its_library(tmp_path, monkeypatch):
+    """The check a library passes before it is used draws its random input within the index
+    inputs' bounds (an input outside them is refused before any kernel runs, so a check on one
+    would check nothing): a token-ID program opened as `eqquant run` opens it, saved in a
+    cache of its own, runs on its library."""
+    from conftest import own_cache
+    from eqquant.deploy.cache import open_program
+    from eqquant.ir.loader import save_program
+    own_cache(monkeypatch, tmp_path / "cache")
+    table = np.random.default_rng(1).standard_normal((10, 4)).astype(np.float32)
+
+    def build_program(b):
+        ids = b.input("ids", (1, 6), "int64")
+        return b.call("nn.relu", b.call("take_at", b.param("t", table), ids))
+    ir, _ = save_program(tmp_path / "ids.ir", _program(build_program))
+    program = open_program(ir)
+    assert program.engine == "library", program.note
+    x = {"ids": np.array([[1, 9, -1, 0, 3, 4]])}
+    np.testing.assert_array_equal(program.run(x), np.maximum(table[[1, 9, 9, 0, 3, 4]], 0)[None])

@@ -28,10 +28,12 @@ TIMEOUT = 300.0     # seconds the child may take (loading and one run; far more 
 _PACKAGE_PARENT = Path(__file__).resolve().parent.parent.parent
 
 
-def random_inputs(types: dict, seed: int = 0) -> dict:
+def random_inputs(types: dict, seed: int = 0, bounds: dict | None = None) -> dict:
     """A random value for each input (name -> TensorType): floats N(0, 1), booleans, and
-    integers over their whole range."""
+    integers over their whole range, or within the input's ``bounds`` (name -> (lo, hi,
+    why): the indices a take_at reads, ``Executor.bounds``)."""
     rng = np.random.default_rng(seed)
+    bounds = bounds or {}
     inputs = {}
     for name, t in types.items():
         kind = np.dtype(t.dtype).kind
@@ -41,8 +43,9 @@ def random_inputs(types: dict, seed: int = 0) -> dict:
             inputs[name] = rng.integers(0, 2, t.shape).astype(bool)
         else:
             info = np.iinfo(t.dtype)
-            inputs[name] = rng.integers(info.min, info.max, t.shape, dtype=t.dtype,
-                                        endpoint=True)
+            lo, hi = bounds.get(name, (info.min, info.max))[:2]
+            inputs[name] = rng.integers(max(lo, info.min), min(hi, info.max), t.shape,
+                                        dtype=t.dtype, endpoint=True)
     return inputs
 
 
@@ -76,7 +79,7 @@ class Checker:
         failed or hung while the child loaded and ran it, or its output differs from the
         executor's on a random input. None: the same bits."""
         types = {name: t for name, (_, t) in executor.inputs.items()}
-        inputs = random_inputs(types)
+        inputs = random_inputs(types, bounds=executor.bounds)
         try:
             want = executor.run(inputs)
         except EqquantError as e:       # (a program refusing such an input: not checked)
