@@ -79,7 +79,8 @@ def worker(system: str, model: str, inputs: str) -> None:
         # EQQUANT_DEPLOY=0)
         from eqquant.deploy.cache import open_program
         program = open_program(model)
-        engine = program.engine
+        engine = program.engine if program.engine == "library" else \
+            f"executor ({program.note or 'no library'})"
         run = lambda: program.run(x)  # noqa: E731
     else:
         sys.path.insert(0, str(Path(__file__).parent))

@@ -241,6 +241,7 @@ def _latency_ratio(ours: Path, theirs: Path, inputs: Path, rounds: int, precisio
     from peers import Worker
     workers = {"eq": Worker(f"eqquant {precision}", ours, inputs),
                "ort": Worker(f"ORT {precision}", theirs, inputs)}
+    print(f"  ({ours.name}: eqquant runs on its {workers['eq'].engine})", flush=True)
     times: dict[str, list[float]] = {k: [] for k in workers}
     try:
         for _ in range(rounds):

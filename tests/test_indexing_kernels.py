@@ -156,3 +156,43 @@ def test_a_program_with_index_inputs_opens_on_its_library(tmp_path, monkeypatch)
     assert program.engine == "library", program.note
     x = {"ids": np.array([[1, 9, -1, 0, 3, 4]])}
     np.testing.assert_array_equal(program.run(x), np.maximum(table[[1, 9, 9, 0, 3, 4]], 0)[None])
+
+
+@pytest.mark.parametrize("src,dst", [("int64", "float32"), ("bool", "float32"),
+                                     ("int64", "int32"), ("uint8", "int8"), ("int32", "int64"),
+                                     ("float32", "float32"), ("float32", "int32")])
+def test_cast_is_a_launch_where_its_conversion_is_numpys(src, dst):
+    """cast as a launch: integers (rounded to nearest as floats, wrapped as narrower
+    integers) and truth values, with numpy's bits; a float to an integer stays the reference's
+    (numpy's answer for NaN and values out of range is not compiled code's)."""
+    rng = np.random.default_rng(3)
+    if src == "bool":
+        x = rng.integers(0, 2, (2, 3, 5)).astype(bool)
+    elif src.startswith("float"):
+        x = (rng.standard_normal((2, 3, 5)) * 1e3).astype(src)
+    else:
+        info = np.iinfo(src)
+        x = rng.integers(info.min, info.max, (2, 3, 5), dtype=src, endpoint=True)
+        x.flat[:3] = [info.min, info.max, 0]
+    mod = _program(lambda b: b.call("cast", b.input("x", x.shape, src), dtype=dst))
+    ex = Executor(mod)
+    assert _kinds(ex)["cast"] == ("reference" if (src, dst) == ("float32", "int32")
+                                  else "kernel")
+    got = ex.run({"x": x})
+    assert got.dtype == np.dtype(dst)
+    np.testing.assert_array_equal(got, x.astype(dst))
+    np.testing.assert_array_equal(got, run(mod, {"x": x}))
+
+
+@pytest.mark.parametrize("shape,to,dtype", [((1, 1, 1, 6), (1, 2, 6, 6), "float32"),
+                                            ((6,), (3, 6), "bool"), ((2, 1, 3), (2, 4, 3),
+                                                                     "int64")])
+def test_broadcast_to_is_a_launch_with_numpys_bits(shape, to, dtype):
+    """broadcast_to (an attention mask spread over its heads and rows) as a launch."""
+    x = np.random.default_rng(4).standard_normal(shape).astype(dtype)
+    mod = _program(lambda b: b.call("broadcast_to", b.input("x", shape, dtype),
+                                    shape=list(to)))
+    ex = Executor(mod)
+    assert _kinds(ex)["broadcast_to"] == "kernel"
+    np.testing.assert_array_equal(ex.run({"x": x}), np.broadcast_to(x, to))
+    np.testing.assert_array_equal(ex.run({"x": x}), run(mod, {"x": x}))

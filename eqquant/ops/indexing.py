@@ -171,6 +171,7 @@ def _expand_from_onnx(im, attrs, ins):
 
 register(OpDef("broadcast_to", inputs=("data",), props=frozenset({LAYOUT}),
                attrs=(Attr("shape", INTS, REQUIRED),), type_rel=_broadcast_to_rel,
+               kernel="Spread",
                semantics=lambda x, *, shape: np.ascontiguousarray(np.broadcast_to(x, shape)),
                onnx=(OnnxForm("Expand", convert=_expand_from_onnx, export=lambda ex, node, ins:
                               ex.emit("Expand", [ins[0], ex.const(np.asarray(

@@ -302,7 +302,7 @@ def _cast_to_onnx(ex, node, ins):
 
 
 register(OpDef("cast", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
-               attrs=(Attr("dtype", DTYPE_REQUIRED, REQUIRED),),
+               attrs=(Attr("dtype", DTYPE_REQUIRED, REQUIRED),), kernel="Convert",
                onnx=(OnnxForm("Cast", export=_cast_to_onnx, convert=lambda im, attrs, ins:
                               im.call("cast", im.value(ins[0]),
                                       dtype=im.dtype(attrs["to"], "Cast's to"))),),

@@ -1,6 +1,7 @@
 """Numba kernels of look-ups and masks: ``take_at``'s rows of a table (an embedding), the
-comparisons (``equal``, ``less``, ...: bool results) and ``where``; launches like every
-kernel, so that a transformer with token-ID and mask inputs saves in a library."""
+comparisons (``equal``, ``less``, ...: bool results), ``where``, ``cast`` (a mask's
+integers to floats) and ``broadcast_to`` (a mask spread over the heads); launches like every kernel, so that a transformer with token-ID and mask
+inputs saves in a library."""
 from __future__ import annotations
 
 from ..codegen.launch import parallel, share
@@ -59,3 +60,25 @@ def select(thread, threads, args):
         c, a, b, z = cond[i0, i1, i2], x[i0, i1, i2], y[i0, i1, i2], out[i0, i1, i2]
         for j in range(d3):
             z[j] = a[j] if c[j] else b[j]
+
+
+@parallel
+def spread(thread, threads, args):
+    """out = x, a 4-D view of out's shape (stride 0 along the axes it is broadcast on)."""
+    x, out = args
+    d0, d1, d2, d3 = out.shape
+    for r in range(*share(d0 * d1 * d2, thread, threads)):
+        i0, i1, i2 = r // (d1 * d2), (r // d2) % d1, r % d2
+        a, z = x[i0, i1, i2], out[i0, i1, i2]
+        for j in range(d3):
+            z[j] = a[j]
+
+
+@parallel
+def convert(thread, threads, args):
+    """out = x in out's dtype, element by element (both flat): integers and truth values to
+    floats rounded to nearest, integers to narrower ones wrapped, floats widened or
+    narrowed; never floats to integers (``lowering.indexing.Convert``)."""
+    x, out = args
+    for i in range(*share(x.size, thread, threads)):
+        out[i] = x[i]

@@ -1,5 +1,6 @@
 """Kernel bindings of look-ups and masks: ``take_at`` (an embedding's rows at token IDs),
-the comparisons and ``where`` (an attention mask). See ``fp32.py`` for what a binding is."""
+the comparisons, ``where``, ``cast`` and ``broadcast_to`` (an attention mask). See ``fp32.py`` for what a
+binding is."""
 from __future__ import annotations
 
 import numpy as np
@@ -111,3 +112,43 @@ class Select(_Broadcast):
             return None
         c, x, y, o = self._views(ins, out)
         return sized(kx.select, out.size), (c, x, y, o)
+
+
+@binding
+class Spread(_Broadcast):
+    """broadcast_to: the data copied to every place of the output it broadcasts over."""
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return in_types[0].dtype in DTYPES and _shape4(out_type.shape) is not None
+
+    def kernel_call(self, ins, out):
+        if not out.flags.c_contiguous:
+            return None
+        x, o = self._views(ins, out)
+        return sized(kx.spread, out.size), (x, o)
+
+
+@binding
+class Convert(Binding):
+    """cast, where numpy's conversion is defined for every value and the kernel's is the
+    same: integers and truth values to any dtype, floats to floats. A float to an integer is
+    left to the reference (numpy gives NaN and values out of range one answer, compiled code
+    another)."""
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        src, dst = in_types[0].dtype, out_type.dtype
+        return src in DTYPES and dst in DTYPES and not (
+            np.dtype(src).kind == "f" and np.dtype(dst).kind != "f")
+
+    def kernel_call(self, ins, out):
+        if not (ins[0].flags.c_contiguous and out.flags.c_contiguous):
+            return None
+        return sized(kx.convert, out.size), (ins[0].reshape(-1), out.reshape(-1))
+
+    def __call__(self, ins, out):
+        if not self.call_kernel(ins, out):
+            res = np.empty(out.shape, out.dtype)
+            self.call_kernel([np.ascontiguousarray(ins[0])], res)
+            out[...] = res
