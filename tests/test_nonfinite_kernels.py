@@ -30,6 +30,8 @@ CONV = dict(padding=[1, 1, 1, 1])
 # calls of the ops whose inputs or attributes the generic call (every input SHAPE, default
 # attributes) does not give
 CALLS = {
+    "broadcast_to": lambda b, x: b.call("broadcast_to", x, shape=[3, *SHAPE[1:]]),
+    "cast": lambda b, x: b.call("cast", x, dtype="float32"),
     "annotation.cast_hint": lambda b, x: b.call("annotation.cast_hint", x, dtype="float32"),
     "concatenate": lambda b, x: b.call("concatenate", b.tuple(x, x), axis=1),
     "nn.conv2d": lambda b, x: b.call("nn.conv2d", x, b.param("w", _weights((6, 4, 3, 3))),
