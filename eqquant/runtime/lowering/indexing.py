@@ -68,12 +68,27 @@ class TakeAt(Binding):
 
 
 class _Broadcast(Binding):
-    """A kernel on 4-D views of the operands broadcast to the output's shape."""
+    """A kernel (``KERNEL``) on 4-D views of the operands broadcast to the output's shape,
+    the op's ``extra`` arguments between them and the output; the operand ``DATA`` gives
+    the dtype the kernels read."""
 
-    def _views(self, ins, out) -> tuple:
+    KERNEL: str
+    DATA = 0
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return in_types[cls.DATA].dtype in DTYPES and _shape4(out_type.shape) is not None
+
+    def extra(self) -> tuple:
+        return ()
+
+    def kernel_call(self, ins, out):
+        if not out.flags.c_contiguous:
+            return None
         shape4 = _shape4(out.shape)
-        return tuple(broadcast_view(np.asarray(v), shape4) for v in ins) + (
-            out.reshape(shape4),)
+        views = tuple(broadcast_view(np.asarray(v), shape4) for v in ins)
+        return sized(getattr(kx, self.KERNEL), out.size), (
+            *views, *self.extra(), out.reshape(shape4))
 
     def __call__(self, ins, out):
         if not self.call_kernel(ins, out):      # (an output that is not contiguous)
@@ -87,46 +102,29 @@ class Compare(_Broadcast):
     """equal, not_equal, less, less_equal, greater, greater_equal: bool results
     (``kernel_params["code"]``), operands of one dtype broadcast together."""
 
+    KERNEL = "compare"
+
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return "code" in op.kernel_params and in_types[0].dtype == in_types[1].dtype and \
-            in_types[0].dtype in DTYPES and _shape4(out_type.shape) is not None
+            super().supports(op, attrs, in_types, out_type, consts)
 
-    def kernel_call(self, ins, out):
-        if not out.flags.c_contiguous:
-            return None
-        a, b, o = self._views(ins, out)
-        return sized(kx.compare, out.size), (a, b, self.op.kernel_params["code"], o)
+    def extra(self) -> tuple:
+        return (self.op.kernel_params["code"],)
 
 
 @binding
 class Select(_Broadcast):
     """where(condition, x, y), the three broadcast together."""
 
-    @classmethod
-    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        return in_types[1].dtype in DTYPES and _shape4(out_type.shape) is not None
-
-    def kernel_call(self, ins, out):
-        if not out.flags.c_contiguous:
-            return None
-        c, x, y, o = self._views(ins, out)
-        return sized(kx.select, out.size), (c, x, y, o)
+    KERNEL, DATA = "select", 1
 
 
 @binding
 class Spread(_Broadcast):
     """broadcast_to: the data copied to every place of the output it broadcasts over."""
 
-    @classmethod
-    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
-        return in_types[0].dtype in DTYPES and _shape4(out_type.shape) is not None
-
-    def kernel_call(self, ins, out):
-        if not out.flags.c_contiguous:
-            return None
-        x, o = self._views(ins, out)
-        return sized(kx.spread, out.size), (x, o)
+    KERNEL = "spread"
 
 
 @binding
