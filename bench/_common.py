@@ -151,6 +151,16 @@ def ort_quantize_static(fp32_bytes: bytes, samples: Sequence[Mapping[str, np.nda
         return dst.read_bytes()
 
 
+def timed(run: Callable[[], object], n: int) -> list[float]:
+    """Seconds of each of ``n`` calls of ``run`` (a bench worker's timed runs)."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def time_alternating(runners: Mapping[str, Callable[[], object]], runs: int) -> dict[str, float]:
     """Median milliseconds of each runner, the runners taking turns (after one warm-up each)
     so that a change in the machine's load hits them all alike."""

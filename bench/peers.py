@@ -98,12 +98,9 @@ def worker(system: str, model: str, inputs: str) -> None:
     for line in sys.stdin:
         n = int(line.split()[1])
         run()       # wakes this system's threads, untimed
-        times = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            run()
-            times.append((time.perf_counter() - t0) * 1e3)
-        print(json.dumps(times), flush=True)
+        sys.path.insert(0, str(Path(__file__).parent))
+        from _common import timed
+        print(json.dumps([t * 1e3 for t in timed(run, n)]), flush=True)
 
 
 class Worker:

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import (ort_quantize_static, ort_session, peak_rss_mb, torch_int8,  # noqa: E402
-                     torchvision_models)
+from _common import (ort_quantize_static, ort_session, peak_rss_mb, timed,  # noqa: E402
+                     torch_int8, torchvision_models)
 from peers import ENV, SETTLE, THREADS, cpu_model  # noqa: E402
 
 SYSTEMS = ("eqquant int8", "ORT int8", "PyTorch int8", "eqquant fp32", "ORT fp32")
@@ -92,12 +92,7 @@ def worker(system: str, model: str, calib: str) -> None:
         b, n = int(words[1]), int(words[2])
         run = runners.setdefault(b, batch_runner(b))
         run()
-        times = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t0)
-        print(json.dumps(times), flush=True)
+        print(json.dumps(timed(run, n)), flush=True)
 
 
 class Worker:

@@ -246,9 +246,8 @@ def quantize(model: Any, calibration_data: Any, mode: str = "kl_divergence",
     if eval_data is not None:
         if metric is None:
             raise EqquantError("eval_data is for a metric (metric='top1', ...)")
-        from .metrics import mean_score
-        inputs, chosen = m.inputs, metric
-        metric = (lambda run: mean_score(run, inputs, eval_data, chosen))
+        from .metrics import over
+        metric = over(eval_data, m.inputs, metric)
     import contextlib
     import sys
 

@@ -65,3 +65,10 @@ def mean_score(run: Callable, inputs: dict, data: Any, metric: str | Callable) -
     return float(np.mean(np.asarray(scores, np.float64)))
 
 
+
+
+def over(data: Any, inputs: dict, metric: str | Callable) -> Callable[[Callable], float]:
+    """Mixed precision's metric: a program's ``run`` to ``metric`` averaged over the labelled
+    ``data`` (``mean_score``); an unknown metric is an error now, not at the first program."""
+    metric_function(metric)
+    return lambda run: mean_score(run, inputs, data, metric)

@@ -537,10 +537,8 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
     if (metric, eval_data, max_drop).count(None) not in (0, 3):
         raise EqquantError("--metric, --eval-data and --max-drop go together")
     if metric is not None:
-        from ..metrics import mean_score, metric_function
-        metric_function(metric)             # (an unknown name: said before calibrating)
-        inputs = m.inputs
-        scored = (lambda run: mean_score(run, inputs, eval_data, metric))
+        from ..metrics import over
+        scored = over(eval_data, m.inputs, metric)
     with _rules_checked(unchecked_rules) as said, \
             click.progressbar(iter(samples), length=samples.total, file=sys.stderr,
                               label="calibrating" if mode != "dynamic" else

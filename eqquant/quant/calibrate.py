@@ -167,6 +167,14 @@ def _count(x, counts, scale):
         counts[1 if signed and v < 0 else 0, j] += 1
 
 
+def _coarsened(counts: np.ndarray, times: int) -> np.ndarray:
+    """``counts`` with R doubled ``times`` times: bins merged in pairs, each time."""
+    for _ in range(times):
+        half = counts.reshape(len(counts), HIST_BINS // 2, 2).sum(axis=2)
+        counts = np.concatenate([half, np.zeros_like(half)], axis=1)
+    return counts
+
+
 class Magnitudes:
     """Counts of |x| in HIST_BINS equal bins over [0, R), R the least power of two above
     every |x| seen; with ``signed``, negative and non-negative values counted apart (two
@@ -182,10 +190,8 @@ class Magnitudes:
         self.max = 0.0          # the largest |x| exactly
 
     def _grow(self, top: int) -> None:
-        while self.top < top:   # (bins in pairs: the counts at R doubled)
-            half = self.counts.reshape(len(self.counts), HIST_BINS // 2, 2).sum(axis=2)
-            self.counts = np.concatenate([half, np.zeros_like(half)], axis=1)
-            self.top += 1
+        self.counts = _coarsened(self.counts, top - self.top)
+        self.top = max(self.top, top)
 
     def add(self, x: np.ndarray) -> None:
         x = np.ascontiguousarray(x).ravel()
@@ -209,10 +215,7 @@ class Magnitudes:
             if not self.seen:
                 self.top, self.seen = other.top, True
             self._grow(other.top)
-            theirs = Magnitudes.__new__(Magnitudes)
-            theirs.counts, theirs.top = other.counts.copy(), other.top
-            theirs._grow(self.top)
-            self.counts += theirs.counts
+            self.counts += _coarsened(other.counts, self.top - other.top)
         else:
             self.counts[:, 0] += other.counts[:, 0]
         self.max = max(self.max, other.max)
