@@ -102,8 +102,8 @@ class Model:
     def executor(self):
         """The Numba executor of this program with its weights, made once."""
         if self._executor is None:
-            from .runtime.execution.executor import Executor
-            self._executor = Executor(self._bound())
+            from .runtime.execution.sized import executor_for
+            self._executor = executor_for(self._bound())
         return self._executor
 
     def run(self, x: Any):

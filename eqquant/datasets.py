@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import EqquantError
+from .core.types import Dim, TensorType, is_static, match_shape
+from .errors import EqquantError, EvalError
 
 LABEL = "label"          # an evaluation's label in a dict or an .npz file ("labels" too)
 _LABELS = (LABEL, "labels")
@@ -117,7 +118,9 @@ class Samples:
         for name, a in arrays.items():
             have = tuple(np.shape(a))
             want = tuple(self.inputs[name][0])
-            if have == want:
+            if not is_static(TensorType(want, "float32")):
+                out[name] = _open_layout(name, have, want, where, self.what)
+            elif have == want:
                 out[name] = (have[0] if have else 0, False, 1)
             elif len(have) == len(want) + 1 and have[1:] == want:
                 out[name] = (1, True, have[0])
@@ -158,6 +161,24 @@ class Samples:
                 chunk = next(rows) if layout[name][0] else np.asarray(arrays[name])
                 sample[name] = np.asarray(chunk[0] if stacked else chunk)
             yield sample, (label[i] if self.labelled and count > 1 else label)
+
+
+def _open_layout(name, have, want, where, what) -> tuple[int, bool, int]:
+    """An array for an input with sizes known only at run time: one sample at its own sizes,
+    samples stacked on a new axis, or, where the leading size is open (a batch), that many
+    samples of one row each."""
+    for shape, stacked in ((have, False), (have[1:], True)):
+        try:
+            match_shape(name, shape, TensorType(want, "float32"), {})
+        except EvalError:
+            continue
+        if stacked:
+            return (1, True, have[0])
+        if isinstance(want[0], Dim) and len(want[0].names) == 1 and have[0] > 1:
+            return (1, False, have[0])
+        return (have[0], False, 1)
+    raise EqquantError(f"{where}: {what} array {name!r} has shape {have}, which does not fit "
+                       f"the input's shape ({', '.join(map(str, want))})")
 
 
 def _count(layout) -> int:

@@ -19,10 +19,11 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .egraph.engine import EGraphSession, Limits, Phase, SaturationReport, parse_schedule
-from .extract.cost import CostModel, cost_model
+from .extract.cost import CostModel, at_sizes, cost_model
 from .extract.extractors import extract
 from .extract.to_ir import to_module
 from .extract.view import EGraphView
+from .core.types import is_static
 from .core.nodes import Call, Constant, Expr, Module, Scalar, post_order
 from .ir.params import bind_params, constant_params
 from .ir.typecheck import check_module, infer_types
@@ -147,12 +148,17 @@ def optimize(module: Module, params: Mapping[str, np.ndarray] | None = None,
              rules: Sequence[str | Path | RuleSet] = ("simplify", "bn_fold"),
              schedule: str | Sequence[Phase] | None = None, cost: str | CostModel = "cpu",
              extractor: str = "greedy", limits: Limits | None = None,
-             fold: bool = True, why: bool = True) -> OptimizeResult:
+             fold: bool = True, why: bool = True,
+             sizes: Mapping[str, int] | None = None) -> OptimizeResult:
     """``why``: give each call of the result its ``origin`` (the rules that made it and the
-    alternatives extraction rejected: ``extract.provenance``), after those it came in with."""
+    alternatives extraction rejected: ``extract.provenance``), after those it came in with.
+    ``sizes``: where the program has sizes known only at run time (``?n``), the sizes its
+    costs are priced at (a name not given: 1)."""
     seconds: dict[str, float] = {}
     t = time.perf_counter()
     model = cost_model(cost)
+    if not all(is_static(p.type) for p in module.main.params):
+        model = at_sizes(model, sizes)
     mod = bind_params(module, params) if params else module
     rulesets = _rulesets(rules)
     seconds["rules"] = time.perf_counter() - t

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import eqquant
+from eqquant.core.types import Dim
 from conftest import cli_exit
 from eqquant.errors import EqquantError
 from eqquant.zoo import build, write
@@ -19,7 +20,7 @@ ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed
 
 def test_load_every_kind_of_source_and_run(tmp_path, capsys):
     m = eqquant.load(DATA / "tiny_resnet.onnx")
-    assert m.inputs == {"input_1": ((1, 3, 16, 16), "float32")} and m.notes
+    assert m.inputs == {"input_1": ((Dim.named("N"), 3, 16, 16), "float32")}   # the batch open
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
     sess = ort.InferenceSession(str(DATA / "tiny_resnet.onnx"),
                                 providers=["CPUExecutionProvider"])

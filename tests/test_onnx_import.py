@@ -22,6 +22,9 @@ from eqquant.ir.parser import parse  # noqa: E402
 from eqquant.ir.printer import print_module  # noqa: E402
 from eqquant.optimizer import optimize  # noqa: E402
 from eqquant.runtime.execution.executor import Executor  # noqa: E402
+from eqquant.runtime.execution.sized import executor_for  # noqa: E402
+from eqquant.core.types import Dim  # noqa: E402
+from eqquant.errors import EvalError  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 
@@ -66,16 +69,20 @@ def test_tiny_resnet_file(tmp_path):
     path = DATA / "tiny_resnet.onnx"
     model = onnx.load(str(path))
     mod, params, notes = import_onnx(path)
-    assert any("batch dimension 'N' set to 1" in n for n in notes)
+    # the file's symbolic batch 'N' stays open: one program for every batch size
     assert mod.main.params[0].name == "input_1" and mod.main.params[0].type.shape == (
-        1, 3, 16, 16)
-    x = np.random.default_rng(3).standard_normal((1, 3, 16, 16)).astype(np.float32)
+        Dim.named("N"), 3, 16, 16)
+    assert "Tensor[(?N, 3, 16, 16), float32]" in print_module(mod)
+    x = np.random.default_rng(3).standard_normal((3, 3, 16, 16)).astype(np.float32)
+    close(executor_for(bind_params(mod, params)).run({"input_1": x}),
+          ort_run(model, {"input.1": x}))
+    x = x[:1]
     ref = ort_run(model, {"input.1": x})
-    close(Executor(bind_params(mod, params)).run({"input_1": x}), ref)
+    close(executor_for(bind_params(mod, params)).run({"input_1": x}), ref)
     # the command line writes text IR + params that load and run the same
     assert cli_exit(["import", str(path), "-o", str(tmp_path / "out")]) == 0
     mod2, params2 = load_program(tmp_path / "out" / "tiny_resnet.ir")
-    close(Executor(bind_params(mod2, params2)).run({"input_1": x}), ref)
+    close(executor_for(bind_params(mod2, params2)).run({"input_1": x}), ref)
     # --shape fixes the batch
     assert cli_exit(["import", str(path), "-o", str(tmp_path / "b2"), "--shape",
                       "input.1=2,3,16,16"]) == 0
@@ -209,12 +216,18 @@ def test_truncated_file_and_missing_file(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-def test_symbolic_inner_dimension_asks_for_a_shape(tmp_path, capsys):
+def test_symbolic_inner_dimensions_stay_open(tmp_path, capsys):
     g = om.G()
     out = g.node("Relu", ["x"])
     model = g.model([("x", [1, 3, "H", "W"])], [out])
-    with pytest.raises(OnnxImportError, match="dimension 2 is symbolic.*--shape x="):
-        import_onnx(model)
+    mod, _, _ = import_onnx(model)
+    assert "Tensor[(1, 3, ?H, ?W), float32]" in print_module(mod)
+    ex = executor_for(mod)
+    for h, w in ((4, 5), (8, 8)):
+        x = np.random.default_rng(h).standard_normal((1, 3, h, w)).astype(np.float32)
+        assert np.array_equal(ex.run({"x": x}), np.maximum(x, 0))
+    with pytest.raises(EvalError, match="%x expects shape"):
+        ex.run({"x": np.zeros((2, 3, 4, 4), np.float32)})
     mod, _, _ = import_onnx(model, shapes={"x": (1, 3, 8, 8)})
     assert mod.main.params[0].type.shape == (1, 3, 8, 8)
     path = tmp_path / "sym.onnx"

@@ -80,7 +80,9 @@ def build(executor, folder: str | os.PathLike, key: str = "",
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None:
         raise NotBuiltHere("no C compiler (cc) to link the library with")
+    executor, batch = per_sample(executor)
     plan, roots, functions, bound, inputs = _plan(executor)
+    plan["batch"] = batch
     plan["key"] = key
     plan["aliases"] = dict(aliases or {})
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -103,6 +105,30 @@ def build(executor, folder: str | os.PathLike, key: str = "",
         shutil.rmtree(work, ignore_errors=True)
         raise
     return folder
+
+
+def per_sample(executor) -> tuple[object, str | None]:
+    """The executor a library is planned from, and the size it runs over one sample at a
+    time (None: the program's shape is fixed). A program whose sizes are open
+    (``SizedExecutor``) is saved at batch 1 when it runs its batch sample by sample
+    (``passes.sizes.per_sample_problem``): the library then takes any batch, one run per
+    sample, each the batch-1 run's bits. Any other open size: NotDeployable, saying which."""
+    if not hasattr(executor, "for_inputs"):
+        return executor, None
+    from ..ir.typecheck import infer_types
+    from ..passes.sizes import batch_size, per_sample_problem
+    mod = executor.module
+    name = batch_size(mod, infer_types(mod)[id(mod.main.body)])
+    if name is None:
+        raise NotDeployable("the program's sizes " + ", ".join(
+            f"?{n}" for n in executor.sizes) + " are known only at run time and are not "
+            "one batch on the leading axis of its inputs and output: a library holds one "
+            "shape (the executor runs it, made for each size it meets)")
+    problem = per_sample_problem(mod, name)
+    if problem is not None:
+        raise NotDeployable(f"the program does not run its batch ?{name} sample by sample "
+                            f"({problem}): a library holds one shape")
+    return executor.at({name: 1}), name
 
 
 # -- the plan: launches, roots, C functions -----------------------------------------------

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.timing import time_table
-from ..core.types import TensorType, check_bounds, check_input
+from ..core.types import Dim, TensorType, check_bounds, check_input
 from ..errors import EvalError
 
 FORMAT = 3          # plan.json's (``build.py`` writes it; 2: each GEMM table's length;
@@ -195,7 +195,12 @@ class Library:
                                     ctypes.c_void_p]
         self._run_timed.restype = None
         self._arrays = {i["name"]: self._array(i) for i in plan["inputs"]}
-        self.inputs = {i["name"]: TensorType(tuple(i["shape"]), i["dtype"])
+        # a library saved at batch 1 of a program whose batch is open (``build.per_sample``)
+        # takes any batch, one run per sample
+        self.batch = plan.get("batch")
+        lead = (Dim.named(self.batch),) if self.batch else ()
+        self.inputs = {i["name"]: TensorType(lead + tuple(i["shape"][len(lead):]),
+                                             i["dtype"])
                        for i in plan["inputs"]}            # name -> type
         self.bounds = {i["name"]: tuple(i["bounds"]) for i in plan["inputs"]
                        if "bounds" in i}                   # name -> (lo, hi, why)
@@ -242,12 +247,21 @@ class Library:
         return flat.view(dtype).reshape(v["shape"])
 
     def run(self, inputs) -> np.ndarray:
-        """The program's output for ``inputs`` (name -> array, or the one input's array)."""
+        """The program's output for ``inputs`` (name -> array, or the one input's array); a
+        library whose batch is open runs a batch one sample at a time (into one result)."""
         values = self._values(inputs)
+        count = len(next(iter(values.values()))) if self.batch and values else 1
         with self._lock:
-            self._put(values)
-            self._run(ctypes.addressof(self._table), len(self._table), self.threads)
-            return np.array(self.output)
+            if not self.batch or count == 1:
+                self._put(values)
+                self._run(ctypes.addressof(self._table), len(self._table), self.threads)
+                return np.array(self.output)
+            out = np.empty((count,) + self.output.shape[1:], self.output.dtype)
+            for i in range(count):
+                self._put({k: v[i:i + 1] for k, v in values.items()})
+                self._run(ctypes.addressof(self._table), len(self._table), self.threads)
+                out[i:i + 1] = self.output
+            return out
 
     def profile(self, inputs, runs: int = 20) -> str:
         """``runs`` runs of ``inputs`` after as many untimed (a process's first runs are
@@ -279,11 +293,11 @@ class Library:
                                 "by name")
             inputs = {next(iter(self.inputs)): inputs}
         inputs = {self.aliases.get(k, k): v for k, v in inputs.items()}
-        values = {}
+        values, sizes = {}, {}
         for name, t in self.inputs.items():
             if name not in inputs:
                 raise EvalError(f"no value for input %{name}")
-            values[name] = check_input(name, inputs[name], t)
+            values[name] = check_input(name, inputs[name], t, sizes)
             if name in self.bounds:
                 check_bounds(name, values[name], self.bounds[name])
         return values

@@ -31,7 +31,7 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.types import TensorType, TupleType, Type
+from ..core.types import Dim, TensorType, TupleType, Type
 from ..ops.registry import OpTypeError, all_ops
 from .schema import attr_sort, decode_attr, egg_name, egg_string, schema
 
@@ -83,10 +83,23 @@ def parts_facts(texts) -> str:
         if isinstance(t, TensorType):
             lines.append(f"(type-parts {egg_string(text)} {egg_string(dtype_part(text))} "
                          f"{egg_string(shape_part(text))} {egg_string(rank_part(text))})")
-            lines.extend(f"(type-dim {egg_string(text)} {i} {d})\n"
-                         f"(type-dim {egg_string(text)} {i - t.rank} {d})"
+            lines.extend(f"(type-dim {egg_string(text)} {i} {dim_code(d)})\n"
+                         f"(type-dim {egg_string(text)} {i - t.rank} {dim_code(d)})"
                          for i, d in enumerate(t.shape))
     return "\n".join(lines)
+
+
+_DIM_CODES: dict[Dim, int] = {}
+
+
+def dim_code(d) -> int:
+    """A size as a guard's ``type-dim`` fact holds it: an int as itself; a size known only at
+    run time as a negative code of its own, so a shape pattern's size variable matches it
+    only where the same size stands (``?n`` with ``?n``: equal for every size) and a literal
+    size never does (a rule that needs a 1 there does not hold for every size)."""
+    if not isinstance(d, Dim):
+        return int(d)
+    return _DIM_CODES.setdefault(d, -(1 << 40) - len(_DIM_CODES))
 
 
 def _field(text: str, pick) -> str:

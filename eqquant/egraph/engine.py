@@ -34,13 +34,15 @@ from .schema import LEAVES, schema
 # %6 was read three times got %63 for one of them). Names that end in "_" cannot collide that
 # way (a name that is another's plus digits would end in a digit), so every variable and
 # global egglog is given ends in one.
-_NAME = re.compile(r"(?<![A-Za-z0-9_\"])([?$][A-Za-z_][A-Za-z0-9_]*)")
+# (a string literal is passed over whole: a type text holds sizes such as ?n)
+_NAME = re.compile(r'("(?:[^"\\]|\\.)*")|(?<![A-Za-z0-9_])([?$][A-Za-z_][A-Za-z0-9_]*)')
 
 
 def unambiguous_names(text: str) -> str:
-    """``text`` with every ``?variable`` and ``$global`` name ending in "_"."""
-    return _NAME.sub(lambda m: m.group(1) if m.group(1).endswith("_") else m.group(1) + "_",
-                     text)
+    """``text`` with every ``?variable`` and ``$global`` name ending in "_" (string literals
+    as they are)."""
+    return _NAME.sub(lambda m: m.group(1) or (m.group(2) if m.group(2).endswith("_")
+                                              else m.group(2) + "_"), text)
 
 
 LOAD_CHUNK = 200   # lines of a loaded program per egglog call (see EGraphSession._load)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..errors import EqquantError
-from ..core.types import TensorType, TupleType, Type
+from ..core.types import TensorType, TupleType, Type, bind_type, is_static
 from ..ops.registry import OpDef, site_layout
 
 
@@ -217,6 +217,65 @@ class LaidOut(CostModel):
 
     def flush(self) -> None:
         self.model.flush()
+
+
+class AtSizes(CostModel):
+    """``model``'s costs for a program with sizes known only at run time (``?n``), priced at
+    the sizes the user serves (``sizes``: name -> size; a name not there is priced at 1):
+    the same program may extract differently for batch 32 than for batch 1."""
+
+    def __init__(self, model: CostModel, sizes: Mapping[str, int]):
+        self.model, self.sizes = model, dict(sizes)
+        self.name = model.name
+        self._values = _DefaultOne(self.sizes)
+
+    def _bound(self, t):
+        return bind_type(t, self._values)
+
+    def op_cost(self, op, attrs, in_types, out_type) -> float:
+        return self.instance_cost(op, attrs, in_types, out_type)
+
+    def instance_cost(self, op, attrs, in_types, out_type, consts=frozenset()) -> float:
+        return self.model.instance_cost(op, attrs, [self._bound(t) for t in in_types],
+                                        self._bound(out_type), consts)
+
+    def reads_channels_last(self, op, attrs, in_types) -> bool | None:
+        return self.model.reads_channels_last(op, attrs, [self._bound(t) for t in in_types])
+
+    def for_weights(self, weight_bytes: int, int8_bytes: int | None = None) -> CostModel:
+        return AtSizes(self.model.for_weights(weight_bytes, int8_bytes), self.sizes)
+
+    def summary(self) -> str:
+        at = ", ".join(f"?{k}={v}" for k, v in sorted(self.sizes.items())) or "every size 1"
+        return f"{self.model.summary()} (priced at {at})"
+
+    def flush(self) -> None:
+        self.model.flush()
+
+    def __getattr__(self, name):        # (what else the model offers: measured_seconds)
+        if name in ("model", "sizes", "_values"):
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+
+def priced_types(types: dict, cost: CostModel | None) -> dict:
+    """``types`` (node id -> type) at the sizes ``cost`` prices (every open size at 1 where
+    it is not an :class:`AtSizes` model): what a decision made per call site (a kernel)
+    is made on."""
+    if all(map(is_static, types.values())):
+        return types
+    values = cost._values if isinstance(cost, AtSizes) else _DefaultOne()
+    return {k: bind_type(t, values) for k, t in types.items()}
+
+
+class _DefaultOne(dict):
+    def __missing__(self, key):
+        return 1
+
+
+def at_sizes(model: CostModel, sizes: Mapping[str, int] | None) -> CostModel:
+    """``model`` pricing sizes known at run time at ``sizes`` (see :class:`AtSizes`)."""
+    return model if isinstance(model, AtSizes) else AtSizes(model, sizes or {})
 
 
 _UNFUSED: dict[tuple, list] = {}

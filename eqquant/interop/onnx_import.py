@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import EqquantError
 from ..ir.builder import Builder
 from ..core.nodes import Call, Expr, Var
-from ..core.types import DTYPES, TensorType
+from ..core.types import DTYPES, Dim, TensorType
 from ..ops.onnx_conventions import OnnxFormError
 from ..ops.registry import onnx_forms
 
@@ -69,6 +69,8 @@ class Importer:
         self.used: set[str] = set()
         self.notes: list[str] = []
         self.input_names: dict[str, str] = {}         # ONNX input name -> text-IR name
+        self.sizes: dict[str, Dim] = {}               # ONNX dim_param -> the size it names
+        self.anonymous_sizes = 0
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                           1)
         for init in model.graph.initializer:
@@ -85,6 +87,23 @@ class Importer:
             self.consts[init.name] = arr
 
     # -- names and values ---------------------------------------------------------------------
+
+    def size(self, dim_param: str) -> Dim:
+        """The size an input's symbolic dimension names: inputs that give one dim_param share
+        it (``?batch``); a dimension with none is a size of its own (``?``)."""
+        if not dim_param:
+            self.anonymous_sizes += 1
+            return Dim.named(f"_{self.anonymous_sizes}")
+        if dim_param not in self.sizes:
+            name = re.sub(r"\W", "_", dim_param)
+            name = name if re.match(r"[A-Za-z_]", name) else "d" + name
+            taken = {str(d) for d in self.sizes.values()}
+            base, i = name, 1
+            while f"?{name}" in taken:
+                i += 1
+                name = f"{base}_{i}"
+            self.sizes[dim_param] = Dim.named(name)
+        return self.sizes[dim_param]
 
     def fresh_name(self, onnx_name: str) -> str | None:
         name = valid_name(onnx_name)
@@ -189,20 +208,8 @@ class Importer:
                             f"{self.source}: --shape {vi.name}=... gives dimension {i} as "
                             f"{given}; the model fixes it at {d.dim_value}")
             else:
-                shape = []
-                for i, d in enumerate(tt.shape.dim):
-                    if d.HasField("dim_value") and d.dim_value > 0:
-                        shape.append(d.dim_value)
-                    elif i == 0:
-                        shape.append(1)
-                        self.notes.append(f"input '{vi.name}': batch dimension "
-                                          f"'{d.dim_param or '?'}' set to 1")
-                    else:
-                        raise OnnxImportError(
-                            f"{self.source}: input '{vi.name}': dimension {i} is symbolic "
-                            f"('{d.dim_param or '?'}'); give the shape: --shape "
-                            f"{vi.name}=" + ",".join(["N"] * len(tt.shape.dim)))
-                shape = tuple(shape)
+                shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0
+                              else self.size(d.dim_param) for d in tt.shape.dim)
             name = self.fresh_name(vi.name) or f"input{len(self.b.params)}"
             self.values[vi.name] = self.b.input(name, shape, dtype)
             self.input_names[vi.name] = name
@@ -348,7 +355,10 @@ def _check_dtype(dtype, what: str) -> None:
 
 
 def _shape_slice(shape, attrs) -> np.ndarray:
-    arr = np.asarray(shape, np.int64)
+    """A Shape node's value: int64, or an object array where a size is known only at run time
+    (a Dim), which the shape arithmetic after it (Gather, Concat, Mul) carries along."""
+    symbolic = any(isinstance(d, Dim) for d in shape)
+    arr = np.array(list(shape), dtype=object) if symbolic else np.asarray(shape, np.int64)
     start, end = attrs.get("start", 0), attrs.get("end", len(shape))
     return arr[start:end]
 

@@ -93,11 +93,11 @@ def run(mod: Module, inputs: Mapping[str, Any] | None = None,
     """Evaluate ``entry`` with its parameters taken from ``inputs`` then ``params``."""
     fn = mod.functions[entry]
     given = {**(params or {}), **(inputs or {})}
-    args = []
+    args, sizes = [], {}
     for p in fn.params:
         if p.name not in given:
             raise EvalError(f"no value for %{p.name}: give it as an input or in the params",
                             p.loc)
-        args.append(check_input(p.name, given[p.name], p.type))
+        args.append(check_input(p.name, given[p.name], p.type, sizes))
     with np.errstate(all="ignore"):
         return Interpreter(mod, observe).call_function(fn, args, {})

@@ -31,7 +31,7 @@ from ..ops.registry import get_op
 from ..resources import grammar_path
 from ..core.nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
                           TupleGetItem, Var, freeze_attrs)
-from ..core.types import DTYPES, FuncType, TensorType, TupleType, Type
+from ..core.types import DTYPES, FuncType, TensorType, TupleType, Type, dim_of_text
 from .nesting import check_nesting
 
 _SUFFIX_DTYPE = {"f": "float32", "f16": "float16", "f32": "float32", "f64": "float64",
@@ -232,6 +232,7 @@ class _TreeToModule:
         self.by_end: dict[int, Expr] = {}  # end offset of a value's text -> the value
         self.globals: list[GlobalVar] = []
         self._types_read: dict[str, Type] = {}
+        self.anonymous_sizes = 0
         self.ty_by_end = {self._owner_end(tok.start_pos): (tok, start, ty_text)
                           for tok, start, ty_text in self._ty_comments()}
 
@@ -466,11 +467,12 @@ class _TreeToModule:
             inner, dtype = str(tok)[len("Tensor[("):].rsplit(")", 1)
             dtype = dtype.strip(" ,]\t\n")
             col = tok.column + str(tok).index(dtype, len(inner))
-            return TensorType(tuple(int(d) for d in _INTS.findall(inner)),
+            dims = [d.strip() for d in inner.split(",") if d.strip()]
+            return TensorType(tuple(self.dim(d, tok) for d in dims),
                               self.dtype(Token("IDENT", dtype, line=tok.line, column=col)))
         if kind == "tensor_type":
             *dims, dtype_tok = tree.children
-            return TensorType(tuple(int(d) for d in dims if d is not None),
+            return TensorType(tuple(self.dim(str(d), d) for d in dims if d is not None),
                               self.dtype(dtype_tok))
         if kind == "scalar_type":
             return TensorType((), self.dtype(tree.children[0]))
@@ -480,6 +482,18 @@ class _TreeToModule:
             *params, ret = tree.children[1:]
             return FuncType(tuple(self.type(p) for p in params if p is not None), self.type(ret))
         raise ParseError(f"unexpected type {kind}", self.loc(tree))
+
+    def dim(self, text: str, tok: Token):
+        """A size: an int, or a size known at run time (``?n``; each ``?`` a name of its own,
+        numbered in the order the text gives them, so a program parses the same each time)."""
+        try:
+            return dim_of_text(text, self._fresh_size)
+        except ValueError as e:
+            raise ParseError(str(e), self.loc(tok)) from None
+
+    def _fresh_size(self) -> str:
+        self.anonymous_sizes += 1
+        return f"_{self.anonymous_sizes}"
 
     def dtype(self, tok: Token) -> str:
         if str(tok) not in DTYPES:

@@ -13,7 +13,8 @@ from ..errors import TypeCheckError
 from ..ops.registry import OpTypeError, is_scale
 from ..core.nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
                           TupleGetItem, Var, post_order)
-from ..core.types import FuncType, TensorType, TupleType, Type, size_problem
+from ..core.types import (Dim, FuncType, SizeUnknown, TensorType, TupleType, Type, is_static,
+                          size_names, size_problem)
 
 
 class Inferer:
@@ -107,6 +108,16 @@ class Inferer:
         except (OverflowError, ValueError, MemoryError) as e:   # sizes past any real tensor
             raise TypeCheckError(f"{op.name}: its attributes give impossible sizes ({e})",
                                  node.loc) from None
+        except TypeError as e:
+            if is_static(TupleType(tuple(arg_types))):
+                raise
+            # a question about a size known only at run time (SizeUnknown), or a relation
+            # that needs every size: either way it does not hold for every size
+            raise TypeCheckError(f"{op.name}: it does not hold for every size of "
+                                 f"{', '.join(sorted_sizes(arg_types))}"
+                                 + (f" ({e})" if isinstance(e, SizeUnknown) else "")
+                                 + "; fix the size with --shape, or name equal sizes alike "
+                                 "(?n)", node.loc) from None
         problem = size_problem(out)
         if problem:
             raise TypeCheckError(f"{op.name}: {problem}", node.loc)
@@ -142,9 +153,27 @@ def check_module(mod: Module) -> dict[int, Type]:
     types = infer_types(mod)
     for node, ty, loc in mod.annotations:
         got = types.get(id(node))
-        if got is not None and got != ty:
+        if got is not None and not _fits(ty, got):
             raise TypeCheckError(f"the annotation says {ty} but the value has type {got}", loc)
     return types
+
+
+def sorted_sizes(types) -> list[str]:
+    names = sorted(set().union(*(size_names(t) for t in types)))
+    return ["?" if n.startswith("_") else "?" + n for n in names]
+
+
+def _fits(annotated: Type, inferred: Type) -> bool:
+    """An annotation's type against the inferred one; a ``?`` in the annotation (a size of
+    its own, numbered apart from the program's) stands for any size."""
+    if isinstance(annotated, TensorType) and isinstance(inferred, TensorType):
+        return (annotated.dtype == inferred.dtype and annotated.rank == inferred.rank
+                and all(a == b or (isinstance(a, Dim) and str(a) == "?")
+                        for a, b in zip(annotated.shape, inferred.shape)))
+    if isinstance(annotated, TupleType) and isinstance(inferred, TupleType):
+        return len(annotated.fields) == len(inferred.fields) and all(
+            map(_fits, annotated.fields, inferred.fields))
+    return annotated == inferred
 
 
 def _rescale(op, args, data) -> tuple[float, float] | None:

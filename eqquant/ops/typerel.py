@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 
-from ..core.types import TensorType, TupleType, Type, default_compute_dtype, is_float, is_int
+from ..core.types import (Dim, SizeUnknown, TensorType, TupleType, Type, default_compute_dtype,
+                          is_float, is_int)
 from .registry import OpTypeError
 
 
@@ -40,12 +40,24 @@ def float_input(types: Sequence[Type], attrs: Mapping[str, Any]) -> Type:
     return t
 
 
-def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
-    """numpy's broadcast of two shapes, or None where they do not broadcast."""
-    try:
-        return tuple(int(d) for d in np.broadcast_shapes(tuple(a), tuple(b)))
-    except ValueError:
-        return None
+def broadcast_shapes(a: tuple, b: tuple) -> tuple | None:
+    """numpy's broadcast of two shapes, or None where they do not broadcast. A size known only
+    at run time (a Dim) broadcasts with itself and with 1; against another size, whether the
+    shapes broadcast depends on it (SizeUnknown)."""
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        x = a[-i] if i <= len(a) else 1
+        y = b[-i] if i <= len(b) else 1
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        elif isinstance(x, Dim) or isinstance(y, Dim):
+            raise SizeUnknown(f"{x} against {y} broadcast only where they are equal or one "
+                              f"is 1")
+        else:
+            return None
+    return tuple(int(d) if not isinstance(d, Dim) else d for d in reversed(out))
 
 
 def broadcast(types: Sequence[Type], attrs: Mapping[str, Any], numbers: bool = True) -> Type:

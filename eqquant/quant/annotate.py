@@ -27,6 +27,7 @@ Which values are marked, and with what parameters, follows what the integer kern
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, Iterable, Mapping
 
@@ -84,9 +85,10 @@ class Statistics:
             raise EqquantError(f"unknown calibration mode '{mode}' (there are: "
                                f"{', '.join(OBSERVERS)}; and quantize's dynamic, which "
                                f"calibrates nothing)")
-        self.fn, self.mode = fn, mode
+        self.fn, self.mode, self.skip = fn, mode, set(skip)
         labels = value_labels(fn)
-        self.wanted = _wanted(fn, set(skip), labels)
+        self.wanted = _wanted(fn, self.skip, labels)
+        self._other: tuple = (None, {})
         bounded = {id(n) for n in post_order(fn.body)
                    if isinstance(n, Call) and getattr(n.op, "bounds", None) is not None}
         self.observers = {label: (MinMax() if mode in GUESSING and key in bounded
@@ -97,12 +99,27 @@ class Statistics:
         self.spans: dict[str, list[float]] = {}
 
     def __getstate__(self):          # (what crosses processes: no program, no registry ops)
-        return {k: v for k, v in self.__dict__.items() if k not in ("fn", "wanted")}
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("fn", "wanted", "_other")}
+
+    def _wanted_in(self, fn: Function) -> dict[int, str]:
+        """The observed values of ``fn``, the program at other sizes than ``self.fn`` (an
+        executor per size: ``SizedExecutor``), by the labels they share."""
+        if fn is self.fn:
+            return self.wanted
+        if self._other[0] is not fn:
+            wanted = _wanted(fn, self.skip, value_labels(fn))
+            if set(wanted.values()) != set(self.wanted.values()):
+                raise EqquantError("internal: the program at other sizes has other values to "
+                                   "calibrate")
+            self._other = (fn, wanted)
+        return self._other[1]
 
     def feed(self, ex, sample: Mapping[str, np.ndarray], index: int) -> None:
         """Run ``sample`` (calibration sample ``index``) on the executor ``ex``, observing."""
-        fn, wanted = self.fn, self.wanted
-        sample = as_inputs(sample, fn)
+        sample = as_inputs(sample, self.fn)
+        ex = ex.for_inputs(sample) if hasattr(ex, "for_inputs") else ex
+        fn, wanted = self.fn, self._wanted_in(ex.module.main)
         for p in fn.params:
             if p.name not in sample:
                 raise EqquantError(f"calibration sample {index} has no value for input "
@@ -167,13 +184,15 @@ class _Part:
         import io
 
         from ..ir.parser import parse
-        from ..runtime.execution.executor import Executor
+        from ..runtime.execution.sized import executor_for
         arrays = dict(np.load(io.BytesIO(weights), allow_pickle=False)) if weights else {}
-        self.ex = Executor(bind_params(parse(text), arrays) if arrays else parse(text))
-        self.stats = Statistics(self.ex.module.main, mode, skip)
+        self.ex = executor_for(bind_params(parse(text), arrays) if arrays else parse(text))
+        self.mode, self.skip, self.stats = mode, skip, None
 
     def feed(self, samples, start: int) -> int:
         for k, sample in enumerate(samples):
+            if self.stats is None:
+                self.stats = statistics_for(self.ex, sample, self.mode, self.skip)
             self.stats.feed(self.ex, sample, start + k)
         return len(samples)
 
@@ -191,7 +210,7 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
     table lists it as ``unbounded``, and it stays float. ``engine="ray"``: the samples go in
     chunks of ``chunk`` to ``workers`` Ray actors, each with the program loaded once, and
     their statistics are merged: the table is the local one."""
-    from ..runtime.execution.executor import Executor
+    from ..runtime.execution.sized import executor_for
     bound = bind_params(mod, params) if params else mod
     if engine == "ray":
         import io
@@ -203,7 +222,12 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
         text, arrays = print_module(bound), constant_params(bound)
         buf = io.BytesIO()
         np.savez(buf, **arrays)
-        here = Statistics(Executor(bound).module.main, mode, skip)
+        samples = iter(samples)
+        first = next(samples, None)
+        if first is None:
+            raise EqquantError("the calibration set is empty")
+        samples = itertools.chain([first], samples)
+        here = statistics_for(executor_for(bound), first, mode, skip)
         _, parts = on_ray(partial(_Part, text, buf.getvalue() if arrays else b"", mode,
                                   tuple(skip)), samples, chunk, workers, progress, "finish")
         for part in parts:
@@ -211,13 +235,25 @@ def calibrate(mod: Module, params: Mapping[str, np.ndarray] | None,
         return here.table()
     if engine != "local":
         raise EqquantError(f"unknown engine {engine!r} (local or ray)")
-    ex = Executor(bound)
-    stats = Statistics(ex.module.main, mode, skip)
+    ex, stats = executor_for(bound), None
     for sample in samples:
+        if stats is None:
+            stats = statistics_for(ex, sample, mode, skip)
         stats.feed(ex, sample, stats.count)
         if progress is not None:
             progress(stats.count)
+    if stats is None:
+        raise EqquantError("the calibration set is empty")
     return stats.table()
+
+
+def statistics_for(ex, sample, mode: str, skip) -> Statistics:
+    """The statistics of the program ``ex`` runs, made for its values at the first sample's
+    sizes (where the program leaves sizes open, each size it meets runs an executor of its
+    own, whose values share these labels)."""
+    if hasattr(ex, "for_inputs"):
+        ex = ex.for_inputs(as_inputs(sample, ex.module.main))
+    return Statistics(ex.module.main, mode, skip)
 
 
 def qparams(r: Range, dtype: str) -> tuple[float, int]:

@@ -163,8 +163,12 @@ def evaluate(fp32: Module, int8: Module, table: CalibrationTable, dtype: str,
     """SQNR of each quantized value (matched to the calibrated value whose scale it takes)
     on ``inputs``, and of the output over ``inputs`` and ``extra``; both programs run on the
     CPU executor."""
+    from ..passes.sizes import bind_sizes, input_sizes, is_symbolic
     from ..runtime.execution.executor import Executor
-    ex32 = Executor(fp32)
+    from ..runtime.execution.sized import executor_for
+    # (a program with sizes open runs its layers at the sizes of ``inputs``)
+    sizes = input_sizes(fp32.main, inputs) if is_symbolic(fp32) else {}
+    ex32 = Executor(bind_sizes(fp32, sizes))
     labels = value_labels(ex32.module.main)
     fp_values: dict[str, np.ndarray] = {}
 
@@ -193,9 +197,11 @@ def evaluate(fp32: Module, int8: Module, table: CalibrationTable, dtype: str,
                 zero = float(node.args[op.role(OUTPUT_ZERO_POINT)].value)
                 deq = (value.astype(np.float64) - zero) * scale
                 layers[names[0]] = sqnr_db(fp_values[names[0]], deq)
-    ex8 = Executor(int8)
+    ex8 = Executor(bind_sizes(int8, sizes))
     out = ex8.run(inputs, observe=keep_int)
     refs, outs = [_flat(ref)], [_flat(out)]
+    if sizes and extra:
+        ex32, ex8 = executor_for(fp32), executor_for(int8)
     for more in extra:             # the output's figures over every sample given
         refs.append(_flat(ex32.run(more)))
         outs.append(_flat(ex8.run(more)))

@@ -359,9 +359,11 @@ def plan_kernels(mod: Module, target: Target | None = None, cost: Any = None,
     receives each node's id -> the node standing for it in the planned program."""
     from ...ir.printer import value_labels
     from ...ir.typecheck import infer_types
+    from ...extract.cost import priced_types
     target = target or current()
     fn = mod.main
-    types = infer_types(mod)
+    # (a program with sizes open is planned at the sizes its cost model prices: AtSizes)
+    types = priced_types(infer_types(mod), cost)
     labels = value_labels(fn)
     decisions: list[Decision] = []
 
