@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from ..ops.attrs import (Attr, AttrKind, DTypeKind, FloatKind, IntKind, StrKind,
+from ..ops.attrs import (Attr, AttrKind, DTypeKind, FloatKind, IntKind, SizesKind, StrKind,
                          format_value)
 from ..ops.registry import OpDef, all_ops
 
@@ -71,7 +71,18 @@ def decode_attr(attr: Attr, literal: Any) -> Any:
         return literal
     if isinstance(kind, FloatKind):
         return float(literal)
+    if isinstance(kind, SizesKind):
+        return kind.canonical(_sizes(literal))
     return kind.canonical(_literal(literal))
+
+
+def _sizes(text: str) -> list:
+    """A shape's text (``[?n, 4, -1]``) read back: ints and sizes known at run time."""
+    from ..core.types import dim_of_text
+    inner = text.strip()[1:-1].strip()
+    return [int(p) if p.strip().lstrip("-").isdigit() else
+            dim_of_text(p.strip(), lambda: "_")
+            for p in inner.split(",")] if inner else []
 
 
 def _literal(text: str) -> Any:

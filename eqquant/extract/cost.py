@@ -264,7 +264,8 @@ def priced_types(types: dict, cost: CostModel | None) -> dict:
     is made on."""
     if all(map(is_static, types.values())):
         return types
-    values = cost._values if isinstance(cost, AtSizes) else _DefaultOne()
+    at = priced_at(cost)
+    values = at._values if at is not None else _DefaultOne()
     return {k: bind_type(t, values) for k, t in types.items()}
 
 
@@ -273,9 +274,19 @@ class _DefaultOne(dict):
         return 1
 
 
+def priced_at(model: CostModel | None) -> AtSizes | None:
+    """The :class:`AtSizes` inside ``model`` (a LaidOut wraps one), or None."""
+    while model is not None and not isinstance(model, AtSizes):
+        model = getattr(model, "model", None)
+    return model
+
+
 def at_sizes(model: CostModel, sizes: Mapping[str, int] | None) -> CostModel:
-    """``model`` pricing sizes known at run time at ``sizes`` (see :class:`AtSizes`)."""
-    return model if isinstance(model, AtSizes) else AtSizes(model, sizes or {})
+    """``model`` pricing sizes known at run time at ``sizes`` (see :class:`AtSizes`); a model
+    that prices them already, as it does, unless ``sizes`` are given."""
+    if sizes is None and priced_at(model) is not None:
+        return model
+    return AtSizes(model, sizes or {})
 
 
 _UNFUSED: dict[tuple, list] = {}

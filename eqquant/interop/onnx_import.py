@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import EqquantError
 from ..ir.builder import Builder
 from ..core.nodes import Call, Expr, Var
-from ..core.types import DTYPES, Dim, TensorType
+from ..core.types import DTYPES, Dim, SizeUnknown, TensorType
 from ..ops.onnx_conventions import OnnxFormError
 from ..ops.registry import onnx_forms
 
@@ -149,6 +149,26 @@ class Importer:
                              f"{list(v.shape)}")
         return [int(x) for x in v.reshape(-1)]
 
+    def const_sizes(self, name: str, what: str, data_shape) -> list:
+        """A shape given as a constant whose sizes may be known only at run time (computed
+        from a Shape of a value with open sizes): such a size becomes 0 where it is the
+        data's own size at that axis (ONNX's and Relay's "copy"), or -1 (inferred) where it
+        is the only other one; else it stays a size (a Dim: ``reshape(x, newshape=[?b, 4,
+        ?s, 64])``)."""
+        v = np.asarray(self.const(name, what))
+        if v.dtype != object:
+            return self.const_ints(name, what)
+        out: list = []
+        for i, d in enumerate(v.reshape(-1)):
+            if isinstance(d, Dim):
+                out.append(0 if i < len(data_shape) and data_shape[i] == d else d)
+            else:
+                out.append(int(d))
+        open_ = [d for d in out if isinstance(d, Dim)]
+        if len(open_) == 1 and -1 not in out:
+            return [-1 if isinstance(d, Dim) else d for d in out]
+        return out          # (the sizes themselves: reshape's newshape holds them)
+
     def const_scalar(self, name: str, what: str) -> float:
         """A constant that must hold one number."""
         v = np.asarray(self.const(name, what))
@@ -269,6 +289,11 @@ class Importer:
             raise OnnxFormError(f"a constant {node.op_type} is not evaluated at import (only "
                              f"{', '.join(sorted(FOLDABLE))} are)")
         feeds = {n: self.consts[n] for n in ins if n}
+        if any(np.asarray(a).dtype == object for a in feeds.values()):
+            outs = _fold_sizes(node, [self.consts[n] if n else None for n in ins],
+                               self.opset)
+            self.consts.update((n, _settled(a)) for n, a in zip(node.output, outs) if n)
+            return
         bound = _folded_size(node.op_type, [self.consts[n] if n else None for n in ins])
         if bound > MAX_CONST_ELEMENTS:
             raise OnnxFormError(f"the constant it computes would have {bound:.3g} elements, more "
@@ -352,6 +377,100 @@ def _check_dtype(dtype, what: str) -> None:
     if name not in DTYPES:
         raise OnnxImportError(f"{what} has element type {name}, which eqquant cannot hold "
                               f"(it holds {', '.join(DTYPES)})")
+
+
+def _fold_sizes(node, ins: list, opset: int) -> list[np.ndarray]:
+    """A constant node over shapes holding sizes known only at run time (object arrays of
+    ints and Dims: ``_shape_slice``), evaluated on them: the shape arithmetic an exporter
+    writes between a Shape and the Reshape it feeds (Gather, Unsqueeze, Concat, Slice,
+    Mul, Div, ...). Anything else, or a question whose answer depends on a size, is an
+    OnnxFormError naming the op."""
+    from onnx import helper
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    op = node.op_type
+    a = [np.asarray(x, dtype=object) if x is not None else None for x in ins]
+
+    def axes_of(i: int):
+        return [int(v) for v in (attrs["axes"] if "axes" in attrs else
+                                 (np.asarray(ins[i]).reshape(-1) if len(ins) > i and
+                                  ins[i] is not None else []))]
+    try:
+        if op == "Gather":
+            return [np.take(a[0], np.asarray(ins[1], np.int64), axis=attrs.get("axis", 0))]
+        if op == "Unsqueeze":
+            out = a[0]
+            for ax in sorted(x % (out.ndim + len(axes_of(1))) for x in axes_of(1)):
+                out = np.expand_dims(out, ax)
+            return [out]
+        if op == "Squeeze":
+            axes = axes_of(1)
+            return [np.squeeze(a[0], axis=tuple(axes) if axes else None)]
+        if op == "Concat":
+            return [np.concatenate([x for x in a if x is not None], axis=attrs["axis"])]
+        if op == "Slice":
+            if a[0].ndim != 1:
+                raise OnnxFormError("a Slice of sizes known only at run time is read on a "
+                                    "vector only")
+            start, end = (int(np.reshape(ins[k], -1)[0]) for k in (1, 2))
+            step = int(np.reshape(ins[4], -1)[0]) if len(ins) > 4 and ins[4] is not None \
+                else 1
+            return [a[0][slice(start, min(end, len(a[0])) if end >= 0 else end, step)]]
+        if op == "Cast":
+            if np.dtype(helper.tensor_dtype_to_np_dtype(attrs["to"])).kind not in "iu":
+                raise OnnxFormError("a size known only at run time cast to a non-integer")
+            return [a[0]]
+        if op in ("Identity",):
+            return [a[0]]
+        if op == "Reshape" and np.asarray(ins[1]).dtype != object:
+            shape = [d if d != 0 else a[0].shape[i]
+                     for i, d in enumerate(np.asarray(ins[1], np.int64).reshape(-1).tolist())]
+            return [a[0].reshape(shape)]
+        if op in _SIZE_ARITHMETIC:
+            return [np.asarray(np.frompyfunc(_SIZE_ARITHMETIC[op], 2, 1)(a[0], a[1]),
+                               dtype=object)]
+        if op == "Equal":
+            return [np.asarray(np.frompyfunc(_size_equal, 2, 1)(a[0], a[1]), dtype=bool)]
+        if op == "Where":
+            return [np.where(np.asarray(ins[0], bool), a[1], a[2])]
+    except SizeUnknown as e:
+        raise OnnxFormError(f"its value depends on a size known only at run time ({e})") \
+            from None
+    raise OnnxFormError(f"a {op} of sizes known only at run time is not evaluated at import "
+                        f"(fix the sizes with --shape NAME=...)")
+
+
+def _settled(x) -> np.ndarray:
+    """A folded value over sizes: an object array while it holds a Dim, else int64 (or the
+    truth values it is)."""
+    arr = np.asarray(x, dtype=object)
+    if any(isinstance(v, Dim) for v in arr.reshape(-1)):
+        return arr
+    return np.asarray(arr.tolist(), dtype=bool if arr.size and all(
+        isinstance(v, (bool, np.bool_)) for v in arr.reshape(-1)) else np.int64)
+
+
+def _int_div(x, y):
+    if isinstance(x, Dim) or isinstance(y, Dim):
+        return x // y                      # (exact, else SizeUnknown)
+    return int(np.trunc(x / y)) if y else 0
+
+
+_SIZE_ARITHMETIC = {"Add": lambda x, y: x + y, "Sub": lambda x, y: x - y,
+                    "Mul": lambda x, y: x * y, "Div": _int_div,
+                    "Mod": lambda x, y: x % y}
+
+
+def _size_equal(x, y) -> bool:
+    """Whether two sizes are equal for every value, or never (a size is at least 1: never
+    0 or -1); SizeUnknown otherwise."""
+    if isinstance(x, Dim) == isinstance(y, Dim):
+        if isinstance(x, Dim) and x != y:
+            raise SizeUnknown(f"whether {x} == {y} depends on the size")
+        return x == y
+    other = y if isinstance(x, Dim) else x
+    if int(other) < 1:
+        return False
+    raise SizeUnknown(f"whether {x} == {y} depends on the size")
 
 
 def _shape_slice(shape, attrs) -> np.ndarray:

@@ -458,6 +458,14 @@ class _TreeToModule:
             return None
         if kind == "a_list":
             return [self.attr_value(c) for c in tree.children if c is not None]
+        if kind == "a_dim":          # a size known only at run time (a shape's: reshape's)
+            tok = tree.children[0]
+            size = self.dim(str(tok), tok)
+            if any(n.startswith("_") for n in size.names):
+                raise ParseError("a size in an attribute must be named (?n): a ? there "
+                                 "would be a size of its own, unrelated to the input's",
+                                 self.loc(tok))
+            return size
         raise ParseError(f"unexpected attribute value {kind}", self.loc(tree))
 
     def type(self, tree) -> Type:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.types import DTYPES
+from ..core.types import DTYPES, Dim
 
 
 class AttrValueError(ValueError):
@@ -49,6 +49,8 @@ def format_value(v: Any) -> str:
             "\n", "\\n").replace("\t", "\\t") + '"'
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(format_value(x) for x in v) + "]"
+    if isinstance(v, Dim):
+        return str(v)
     raise TypeError(f"cannot print attribute value {v!r}")
 
 
@@ -164,6 +166,20 @@ class IntsKind(AttrKind):
         return "a list of ints"
 
 
+@dataclass(frozen=True)
+class SizesKind(IntsKind):
+    """A shape: a list of ints, where a size may be one known only at run time (a Dim,
+    ``?n``), as Relax's ``R.shape([n, 4, s, 64])``; bound with the program's sizes
+    (``passes.sizes.bind_sizes``)."""
+
+    def canonical(self, v: Any) -> Any:
+        if not isinstance(v, (list, tuple)) or not all(
+                isinstance(x, Dim) or (isinstance(x, int) and not isinstance(x, bool))
+                for x in v):
+            raise AttrValueError("a list of ints and sizes (?n)")
+        return list(v)
+
+
 # IntsKind.expand: how a short list stands for the whole one over n spatial axes: a padding
 # of one size for all sides, or one per axis for both ends (TVM's [before..., after...]);
 # a stride or a window of one size for every axis
@@ -208,6 +224,7 @@ STR = StrKind("string")
 DTYPE = DTypeKind("dtype")
 DTYPE_REQUIRED = DTypeKind("dtype", allow_empty=False)
 INTS = IntsKind("ints")
+SIZES = SizesKind("sizes")
 PADDING2D = IntsKind("padding", lengths=(4,), expand="pad2d", scalar_ok=True)
 PAIR = IntsKind("pair", lengths=(2,), expand="pair", scalar_ok=True)
 PADDING3D = IntsKind("padding", lengths=(6,), expand="pad3d", scalar_ok=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.types import TensorType, TupleType
+from ..core.types import Dim, SizeUnknown, TensorType, TupleType
 from ..errors import EvalError
 from .attrs import INT, INTS, OPT_INTS, REQUIRED, Attr
 from .onnx_conventions import OnnxFormError
@@ -38,7 +38,26 @@ def _slices(shape, begin, end, strides, axes):
 def _strided_slice_rel(types, attrs):
     t = tensor(types, 0, "data")
     cut = _slices(t.shape, attrs["begin"], attrs["end"], attrs["strides"], attrs["axes"])
-    return TensorType(tuple(len(range(*s.indices(d))) for s, d in zip(cut, t.shape)), t.dtype)
+    return TensorType(tuple(_sliced(s, d) for s, d in zip(cut, t.shape)), t.dtype)
+
+
+def _sliced(s: slice, d):
+    """The length of ``range(d)[s]``; for a size known only at run time (a Dim), where it
+    is the same expression for every size: the axis untouched, or cut with step 1 from a
+    start to an end that are both counted from the same side (else SizeUnknown)."""
+    if not isinstance(d, Dim):
+        return len(range(*s.indices(d)))
+    if s == slice(None) or (s.start in (None, 0) and s.step in (None, 1) and
+                            (s.stop is None or s.stop >= INT64_MAX)):
+        return d
+    start, stop, step = s.start or 0, s.stop, s.step or 1
+    if step == 1 and stop is not None and start >= 0 and stop >= 0 and stop < INT64_MAX:
+        return max(min(stop, d) - start, 0)       # (decided where d >= stop holds always)
+    if step == 1 and start < 0 and (stop is None or stop >= INT64_MAX):
+        return min(-start, d)
+    if step == 1 and start >= 0 and stop is not None and stop < 0:
+        return max(d + stop - start, 0)
+    raise SizeUnknown(f"a slice {start}:{stop}:{step} of {d}")
 
 
 def _strided_slice_view(x, *, begin, end, strides, axes):

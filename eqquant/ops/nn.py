@@ -5,7 +5,7 @@ import functools
 
 import numpy as np
 
-from ..core.types import TensorType, default_compute_dtype
+from ..core.types import Dim, TensorType, default_compute_dtype
 from ..errors import EqquantError
 from . import numerics
 from .attrs import (BOOL, DTYPE, FLOAT, INT, OPT_INT, OPT_PAIR, PAD_WIDTH, PADDING2D, PAIR, Attr,
@@ -462,6 +462,8 @@ def _matmul_from_onnx(im, attrs, ins):
         return im.call("nn.dense", a, _t2(im, b))
     flat = im.call("reshape", a, newshape=[-1, at.shape[-1]])
     y = im.call("nn.dense", flat, _t2(im, b))
+    if any(isinstance(d, Dim) for d in at.shape):     # (sizes known only at run time)
+        return im.call("reshape_like", y, a, lhs_begin=0, lhs_end=1, rhs_begin=0, rhs_end=-1)
     return im.call("reshape", y, newshape=list(at.shape[:-1]) + [bt.shape[1]])
 
 

@@ -7,10 +7,11 @@ import warnings
 
 import numpy as np
 
-from ..core.types import TensorType, TupleType
+from ..core.types import Dim, TensorType, TupleType
 from ..errors import EqquantError
 from . import numerics
-from .attrs import BOOL, DTYPE_REQUIRED, FLOAT, FLOAT_F, INT, INTS, OPT_INTS, REQUIRED, STR, Attr
+from .attrs import (BOOL, DTYPE_REQUIRED, FLOAT, FLOAT_F, INT, INTS, OPT_INT, OPT_INTS, REQUIRED,
+                    SIZES, STR, Attr)
 from .onnx_conventions import OnnxFormError, text
 from .onnx_conventions import axes as onnx_axes
 from .registry import (RelaxForm, ANNOTATION, BINARY, ELEMWISE, EPILOGUE, IDENTITY, LAYOUT, LOGIC,
@@ -373,13 +374,14 @@ def _reshape_target(shape, newshape, arg=0):
         else:
             raise OpTypeError(f"newshape value {d} is not supported (use positive, 0 or -1)",
                               arg)
-    total = int(np.prod(shape, dtype=np.int64))
-    known = int(np.prod(out, dtype=np.int64))
+    # (math.prod: a size known only at run time, a Dim, multiplies and divides exactly)
+    total = math.prod(shape)
+    known = math.prod(out)
     if infer is not None:
         if known == 0 or total % known:
             raise OpTypeError(f"cannot reshape {tuple(shape)} to {list(newshape)}", arg)
         out[infer] = total // known
-    if int(np.prod(out, dtype=np.int64)) != total:
+    if math.prod(out) != total:
         raise OpTypeError(f"cannot reshape {tuple(shape)} ({total} elements) to "
                           f"{tuple(out)}", arg)
     return tuple(out)
@@ -393,13 +395,14 @@ def _reshape_rel(types, attrs):
 def _reshape_canonical(types, attrs):
     """0 copies a dimension of the input: write that dimension instead (-1 stays)."""
     shape = types[0].shape
-    return {**attrs, "newshape": [shape[i] if d == 0 else d
+    return {**attrs, "newshape": [shape[i] if d == 0 and not isinstance(shape[i], Dim) else d
                                   for i, d in enumerate(attrs["newshape"])]}
 
 
 def _reshape_from_onnx(im, attrs, ins):
-    shape = im.const_ints(ins[1], "Reshape's shape")
-    if attrs.get("allowzero", 0) and 0 in shape:
+    given = np.asarray(im.const(ins[1], "Reshape's shape")).reshape(-1).tolist()
+    shape = im.const_sizes(ins[1], "Reshape's shape", im.type(im.value(ins[0])).shape)
+    if attrs.get("allowzero", 0) and any(d == 0 and not isinstance(d, Dim) for d in given):
         raise OnnxFormError("allowzero=1 with a 0 in the shape (an empty tensor) is not "
                             "supported")
     return im.call("reshape", im.value(ins[0]), newshape=shape)
@@ -430,10 +433,43 @@ register(OpDef("reshape", inputs=("data",), props=frozenset({LAYOUT}), moves_dat
                relax=RelaxForm(read=_reshape_from_relax, write=_reshape_to_relax),
                onnx=(OnnxForm("Reshape", convert=_reshape_from_onnx, export=_to_onnx_reshape),),
                kernel="View",
-               attrs=(Attr("newshape", INTS, REQUIRED),),
+               attrs=(Attr("newshape", SIZES, REQUIRED),),
                type_rel=_reshape_rel, canonicalize=_reshape_canonical,
                semantics=lambda x, *, newshape: x.reshape(_reshape_target(x.shape, newshape)),
                doc="reshape; 0 copies a dimension, -1 infers one"))
+
+
+def _reshape_like_target(shape, like, attrs, arg=0):
+    """``shape`` with its axes [lhs_begin, lhs_end) replaced by ``like``'s [rhs_begin,
+    rhs_end) (an end of None: the last axis included), the element count kept."""
+    def span(n, begin, end):
+        begin, end = begin % n if n else 0, n if end is None else end % n if end < 0 else end
+        if not 0 <= begin <= end <= n:
+            raise OpTypeError(f"axes [{begin}, {end}) are out of range for rank {n}", arg)
+        return begin, end
+    lb, le = span(len(shape), attrs["lhs_begin"], attrs["lhs_end"])
+    rb, re_ = span(len(like), attrs["rhs_begin"], attrs["rhs_end"])
+    out = tuple(shape[:lb]) + tuple(like[rb:re_]) + tuple(shape[le:])
+    if math.prod(out) != math.prod(shape):
+        raise OpTypeError(f"cannot reshape {tuple(shape)} to {out}", arg)
+    return out
+
+
+def _reshape_like_rel(types, attrs):
+    t = tensor(types, 0, "data")
+    like = tensor(types, 1, "shape_like")
+    return TensorType(_reshape_like_target(t.shape, like.shape, attrs), t.dtype)
+
+
+register(OpDef("reshape_like", inputs=("data", "shape_like"), props=frozenset({LAYOUT}),
+               moves_data=False, kernel="View",
+               attrs=(Attr("lhs_begin", INT, 0), Attr("lhs_end", OPT_INT, None),
+                      Attr("rhs_begin", INT, 0), Attr("rhs_end", OPT_INT, None)),
+               type_rel=_reshape_like_rel,
+               semantics=lambda x, like, **a: x.reshape(_reshape_like_target(x.shape,
+                                                                             like.shape, a)),
+               doc="reshape data's axes [lhs_begin, lhs_end) to shape_like's [rhs_begin, "
+                   "rhs_end), as Relay's: a shape whose sizes are known only at run time"))
 
 
 def _expand_dims_rel(types, attrs):

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..core.nodes import Function, Module, Var, rewrite
-from ..core.types import (Dim, TensorType, TupleType, Type, bind_type, is_static, match_shape,
-                          size_names)
+from ..core.nodes import Call, Function, Module, Var, freeze_attrs, rewrite
+from ..core.types import (Dim, TensorType, TupleType, Type, bind_type, evaluate_dim, is_static,
+                          match_shape, size_names)
 from ..errors import EvalError
 
 
@@ -59,12 +59,34 @@ def bind_sizes(mod: Module, sizes: Mapping[str, int]) -> Module:
             for p in fn.params if not is_static(p.type)}
     if not swap:
         return mod
-    body = rewrite(fn.body, lambda node, children: swap.get(id(node)))
+
+    def visit(node, children):
+        if id(node) in swap:
+            return swap[id(node)]
+        if isinstance(node, Call) and any(_holds_size(v) for v in node.attrs.values()):
+            attrs = freeze_attrs({k: _bound(v, sizes) for k, v in node.attrs.items()})
+            return Call(op=node.op, args=children, attrs=attrs, name=node.name,
+                        loc=node.loc, origin=node.origin)
+        return None
+    body = rewrite(fn.body, visit)
     params = tuple(swap.get(id(p), p) for p in fn.params)
     ret = bind_type(fn.ret_type, sizes) if fn.ret_type is not None else None
     main = Function(params=params, body=body, ret_type=ret, attrs=fn.attrs, name=fn.name,
                     loc=fn.loc)
     return Module({**mod.functions, "main": main}, version=mod.version)
+
+
+def _holds_size(v) -> bool:
+    return isinstance(v, Dim) or (isinstance(v, (list, tuple)) and any(map(_holds_size, v)))
+
+
+def _bound(v, sizes):
+    """An attribute value with its sizes known at run time replaced by their values."""
+    if isinstance(v, Dim):
+        return evaluate_dim(v, sizes)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_bound(x, sizes) for x in v)
+    return v
 
 
 def batch_size(mod: Module, out_type: Type | None = None) -> str | None:

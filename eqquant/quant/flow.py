@@ -23,7 +23,8 @@ from ..core.nodes import Call, Expr, Function, Module, Scalar, post_order, rewri
 from ..ir.params import bind_params
 from ..ir.printer import value_labels
 from ..ops.registry import ANNOTATION, OUTPUT_SCALE, OUTPUT_ZERO_POINT, QUANT
-from ..extract.cost import CostModel, LaidOut, constant_bytes
+from ..extract.cost import CostModel, LaidOut, at_sizes, constant_bytes
+from ..passes.sizes import input_sizes, is_symbolic, open_sizes
 from ..optimizer import OptimizeResult, optimize
 from .annotate import annotate, as_inputs, calibrate, qparams
 from .calibrate import CalibrationTable
@@ -221,7 +222,8 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
              layouts: bool = True, min_sqnr: float | None = None,
              budget_ms: float | None = None, keep_fp32: Sequence[str] = (),
              metric=None, max_drop: float | None = None, pareto: bool = False,
-             why: bool = True, engine: str = "local") -> QuantizeResult:
+             why: bool = True, engine: str = "local",
+             sizes: Mapping[str, int] | None = None) -> QuantizeResult:
     """The int8 program of ``mod``. With ``min_sqnr`` (dB), ``budget_ms``, ``keep_fp32``
     (values to leave in float) or ``metric`` and ``max_drop``, a mixed-precision program:
     which values are quantized is chosen by extraction from one saturated e-graph
@@ -229,7 +231,9 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     latency/SQNR points of a range of budgets, from the same saturated e-graph. ``why``: each
     op of the programs carries its ``origin`` (the rules that made it, phase after phase, and
     what each extraction rejected: ``extract.provenance``; a mixed program's int8 phase is
-    the search's, without one). ``engine``: where calibration runs (``calibrate``'s)."""
+    the search's, without one). ``engine``: where calibration runs (``calibrate``'s).
+    ``sizes``: where the program has sizes known only at run time (``?n``), those its
+    kernels and layouts are chosen for (by default the first calibration sample's)."""
     from ..runtime.execution.measured_cost import resolve_cost
     cost = resolve_cost(cost)        # the model of every phase that chooses kernels
     # The float phase is structural (batch norms folded, epilogues fused: each rule takes a
@@ -248,6 +252,10 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     head = list(itertools.islice(stream, HEAD))
     if not head:
         raise EqquantError("the calibration set is empty")
+    if is_symbolic(fp):
+        # sizes known only at run time are priced at those of the data calibrated on, unless
+        # the user names the ones served (``sizes``: --batch, --size)
+        cost = at_sizes(cost, {**input_sizes(fp.main, head[0]), **(sizes or {})})
     dynamic = mode == DYNAMIC
     if dynamic:     # no ranges: each input's are computed as it runs (the samples: the report)
         table = CalibrationTable(DYNAMIC, {})
@@ -263,6 +271,11 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     weigh = LaidOut(cost) if layouts else cost
     if min_sqnr is not None or budget_ms is not None or keep_fp32 or metric is not None or \
             pareto:
+        if is_symbolic(fp):
+            raise EqquantError("mixed precision (min_sqnr, budget_ms, keep_fp32, metric) "
+                               "runs on a program whose sizes are fixed: this one leaves "
+                               + ", ".join(f"?{n}" for n in open_sizes(fp)) + " open (fix "
+                               "them: --shape NAME=D1,D2,... on import)")
         from .annotate import mark_labels
         from .mixed import MixedSpace, search
         from .mixed import pareto as pareto_points
