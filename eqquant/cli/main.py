@@ -359,6 +359,45 @@ def _answer_why(result, labels) -> None:
             _fail(str(e))
 
 
+def _sizes_options(fn):
+    """--batch and --size: the sizes a program with open sizes (?n) is priced at."""
+    fn = click.option("--size", "size_specs", multiple=True, metavar="NAME=N",
+                      help="Price the open size ?NAME at N (kernels and layouts are chosen "
+                           "for it; the program still takes every size); repeatable.")(fn)
+    return click.option("--batch", type=click.IntRange(min=1),
+                        help="Price the open size on the inputs' leading axis (the batch) "
+                             "at this: extraction chooses for serving that batch.")(fn)
+
+
+def _priced_sizes(mod, batch, specs) -> dict[str, int] | None:
+    """The sizes --batch and --size name, checked against the program's open sizes."""
+    from ..passes.sizes import leading_size, open_sizes
+    if batch is None and not specs:
+        return None
+    names = open_sizes(mod)
+    sizes: dict[str, int] = {}
+    if batch is not None:
+        lead = leading_size(mod)
+        if lead is None:
+            raise EqquantError("--batch: the program's inputs have no open size on their "
+                               "leading axis" + (f" (its open sizes: "
+                                                 f"{', '.join('?' + n for n in names)}; "
+                                                 f"--size NAME=N names one)" if names else
+                                                 " (its shapes are fixed)"))
+        sizes[lead] = batch
+    for spec in specs:
+        name, eq, value = spec.partition("=")
+        name = name.strip().lstrip("?")
+        if not eq or not value.strip().isdigit() or int(value) < 1:
+            raise EqquantError(f"--size {spec}: expected NAME=N with N >= 1 (e.g. "
+                               f"--size seq=128)")
+        if name not in names:
+            raise EqquantError(f"--size {spec}: the program has no open size ?{name} (its "
+                               f"open sizes: {', '.join('?' + n for n in names) or 'none'})")
+        sizes[name] = int(value)
+    return sizes
+
+
 def _opt_options(fn):
     """Options shared by ``opt`` and ``extract``."""
     opts = [
@@ -390,11 +429,11 @@ def _opt_options(fn):
     ]
     for o in reversed(opts):
         fn = o(fn)
-    return fn
+    return _sizes_options(fn)
 
 
 def _optimize(model, params, rules, schedule, cost, extractor, iterations, node_limit,
-              time_limit, replan):
+              time_limit, replan, batch=None, size_specs=()):
     from ..egraph.engine import Limits
     from ..ir.loader import load_program, read_source
     from ..optimizer import optimize
@@ -410,6 +449,13 @@ def _optimize(model, params, rules, schedule, cost, extractor, iterations, node_
     if replan:
         bound = unplanned(bound)
     model = resolve_cost(cost).for_weights(constant_bytes(bound))
+    from ..passes.sizes import is_symbolic
+    if is_symbolic(bound):
+        from ..extract.cost import at_sizes
+        model = at_sizes(model, _priced_sizes(bound, batch, size_specs) or {})
+    elif batch is not None or size_specs:
+        raise EqquantError(f"{model}: --batch and --size price open sizes (?n); this "
+                           "program's shapes are fixed")
     return planned(optimize(bound, None, [load_rules(r) for r in rules], schedule=schedule,
                             cost=model, extractor=extractor,
                             limits=Limits(iterations, node_limit, time_limit)), None, model)
@@ -421,13 +467,13 @@ def _optimize(model, params, rules, schedule, cost, extractor, iterations, node_
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the new program (.ir); its weights go to the .npz beside.")
 def opt(model, params, rules, schedule, cost, extractor, iterations, node_limit, time_limit,
-        replan, unchecked_rules, why, output):
+        replan, unchecked_rules, why, batch, size_specs, output):
     """Optimize MODEL: saturate with rules, extract the cheapest program, fold constants."""
     from ..ir.loader import refuse_overwriting_inputs, save_program
     refuse_overwriting_inputs(output, model, params)
     with _rules_checked(unchecked_rules) as said:
         result = _optimize(model, params, rules, schedule, cost, extractor, iterations,
-                           node_limit, time_limit, replan)
+                           node_limit, time_limit, replan, batch, size_specs)
     ir_path, npz = save_program(output, result.module, note=_unchecked_note(said))
     click.echo(f"wrote {ir_path} and {npz}: cost {result.before.total:.4g} -> "
                f"{result.after.total:.4g} ({result.model})")
@@ -443,12 +489,12 @@ def opt(model, params, rules, schedule, cost, extractor, iterations, node_limit,
 @_opt_options
 @click.option("--explain", is_flag=True, help="Cost table, rules that fired, e-graph size.")
 def extract(model, params, rules, schedule, cost, extractor, iterations, node_limit,
-            time_limit, replan, unchecked_rules, why, explain):
+            time_limit, replan, unchecked_rules, why, batch, size_specs, explain):
     """Print the cheapest program equivalent to MODEL under a cost model."""
     from ..ir.printer import print_module
     with _rules_checked(unchecked_rules) as said:
         result = _optimize(model, params, rules, schedule, cost, extractor, iterations,
-                           node_limit, time_limit, replan)
+                           node_limit, time_limit, replan, batch, size_specs)
     note = _unchecked_note(said)
     click.echo((f"// {note}\n" if note else "") + print_module(result.module), nl=False)
     if explain:
@@ -511,12 +557,13 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
 @_TARGET
 @_UNCHECKED_RULES
 @_WHY
+@_sizes_options
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The int8 program (.ir); weights go to the .npz and the calibration "
                    "table to the .calib.json beside it.")
 def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activations, skip,
                  layouts, cost, min_sqnr, budget_ms, keep_fp32, metric, eval_data, max_drop,
-                 int8_only, pareto, explain, unchecked_rules, why, output):
+                 int8_only, pareto, explain, unchecked_rules, why, batch, size_specs, output):
     """Quantize MODEL (text IR or .onnx) to int8: calibrate, apply the quantize rules,
     report accuracy."""
     import json
@@ -532,6 +579,7 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
         raise EqquantError("--int8-only takes no accuracy or latency budget "
                            "(--min-sqnr, --budget-ms, --metric)")
     m = load(model, params)
+    sizes = _priced_sizes(m.module, batch, size_specs)
     samples = calibration_samples(calib, m)
     scored = None
     if (metric, eval_data, max_drop).count(None) not in (0, 3):
@@ -547,7 +595,7 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
                           dtype=activations, skip=list(skip), cost=cost,
                           layouts=layouts == "cpu",
                           min_sqnr=min_sqnr, budget_ms=budget_ms, keep_fp32=list(keep_fp32),
-                          metric=scored, max_drop=max_drop, pareto=pareto)
+                          metric=scored, max_drop=max_drop, pareto=pareto, sizes=sizes)
     table_path = output.with_suffix(".calib.json")
     report_path = output.with_suffix(".report.json")
     report = Report.from_result(result).to_json()

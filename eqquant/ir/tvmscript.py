@@ -43,7 +43,7 @@ from lark.exceptions import UnexpectedInput
 
 from ..core.nodes import (Call, Constant, Expr, Function, Module, Scalar, Tuple, TupleGetItem,
                           Var, freeze_attrs, post_order)
-from ..core.types import DTYPES, TensorType, TupleType, Type
+from ..core.types import DTYPES, Dim, TensorType, TupleType, Type, dim_of_text
 from ..errors import (ArityError, EqquantError, NameError_, ParseError, SourceLoc,
                       TypeCheckError, UnknownOpError)
 from ..ops.registry import get_op, relax_ops
@@ -350,11 +350,13 @@ class _Reader:
             elif k.data == "string" and shape is not None:
                 dtype = ast.literal_eval(str(k.children[0]))
             elif k.data in ("tuple", "list") and shape is None:
-                dims = [_number(c.children[0]) if c.data == "number" else None
+                dims = [_number(c.children[0]) if c.data == "number" else
+                        _size(c, self.loc(c)) if c.data == "string" else None
                         for c in k.children if c is not None]
-                if any(not isinstance(d, int) or d < 0 for d in dims):
+                if any(not isinstance(d, (int, Dim)) or (isinstance(d, int) and d < 0)
+                       for d in dims):
                     raise ParseError("a tensor's shape is a tuple of non-negative integers "
-                                     "(eqquant needs static shapes)", self.loc(k))
+                                     "and named sizes (\"n\")", self.loc(k))
                 shape = tuple(dims)
             else:
                 raise ParseError("R.Tensor takes a shape and dtype=\"...\" (eqquant needs "
@@ -415,9 +417,31 @@ def py_value(value: Any) -> str:
     return repr(value)
 
 
+def _size(tree, loc):
+    """A size known only at run time, as Relax writes it: a string naming it (``"n"``), or
+    an expression of such names (``"n * 4"``)."""
+    text = ast.literal_eval(str(tree.children[0]))
+    try:
+        return dim_of_text(re.sub(r"[A-Za-z_]\w*", lambda m: "?" + m.group(0),
+                                  text.replace(" ", "")), lambda: "_")
+    except ValueError:
+        raise ParseError(f"{text!r} is not a size (a name such as \"n\", or sums and "
+                         f"products of names and integers)", loc) from None
+
+
+def _size_text(d) -> str:
+    """A size as Relax writes it: an int, or a string of names (a ``?`` of its own is given
+    the name it has inside, ``size_1``)."""
+    if not isinstance(d, Dim):
+        return str(d)
+    named = Dim(tuple((tuple("size" + n if n.startswith("_") else n for n in names), coef)
+                      for names, coef in d.terms))
+    return '"' + str(named).replace("?", "") + '"'
+
+
 def relax_type(t: Type) -> str:
     if isinstance(t, TensorType):
-        dims = ", ".join(map(str, t.shape)) + ("," if len(t.shape) == 1 else "")
+        dims = ", ".join(map(_size_text, t.shape)) + ("," if len(t.shape) == 1 else "")
         return f'R.Tensor(({dims}), dtype="{t.dtype}")'
     if isinstance(t, TupleType):
         return "R.Tuple(" + ", ".join(relax_type(f) for f in t.fields) + ")"

@@ -36,6 +36,15 @@ def open_sizes(mod: Module) -> list[str]:
     return list(seen)
 
 
+def leading_size(mod: Module) -> str | None:
+    """The open size on the leading axis of the entry's inputs (the batch), where one is."""
+    for p in mod.main.params:
+        if isinstance(p.type, TensorType) and p.type.rank and isinstance(p.type.shape[0], Dim) \
+                and len(p.type.shape[0].names) == 1:
+            return p.type.shape[0].names[0]
+    return None
+
+
 def input_sizes(fn: Function, inputs: Mapping[str, Any]) -> dict[str, int]:
     """The value of each open size, read off the shapes of ``inputs`` (by parameter name;
     those not given are skipped): EvalError where two inputs disagree on one size."""
