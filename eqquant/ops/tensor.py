@@ -688,7 +688,7 @@ def _batch_flatten_rel(types, attrs):
     t = tensor(types, 0, "data")
     if t.rank < 1:
         raise OpTypeError("batch_flatten needs rank >= 1", arg=0)
-    return TensorType((t.shape[0], int(np.prod(t.shape[1:], dtype=np.int64))), t.dtype)
+    return TensorType((t.shape[0], math.prod(t.shape[1:])), t.dtype)
 
 
 def _flatten_from_onnx(im, attrs, ins):

@@ -98,6 +98,29 @@ def _bound(v, sizes):
     return v
 
 
+def reopen(mod: Module, like: Module) -> Module | None:
+    """``mod`` (made from ``like`` with its sizes bound: ``bind_sizes``) with ``like``'s
+    inputs' open sizes again, where every type then checks (None where a size was baked
+    into the program: a shape that holds at the bound sizes only)."""
+    from ..errors import TypeCheckError
+    from ..ir.typecheck import infer_types
+    types = {p.name: p.type for p in like.main.params}
+    fn = mod.main
+    swap = {id(p): Var(name=p.name, type=types[p.name], loc=p.loc)
+            for p in fn.params if p.name in types and types[p.name] != p.type}
+    if not swap:
+        return mod
+    body = rewrite(fn.body, lambda node, children: swap.get(id(node)))
+    main = Function(params=tuple(swap.get(id(p), p) for p in fn.params), body=body,
+                    ret_type=None, attrs=fn.attrs, name=fn.name, loc=fn.loc)
+    out = Module({**mod.functions, "main": main}, version=mod.version)
+    try:
+        infer_types(out)
+    except TypeCheckError:
+        return None
+    return out
+
+
 def batch_size(mod: Module, out_type: Type | None = None) -> str | None:
     """The size a program runs its samples over: the one name on the leading axis of every
     input that has open sizes, appearing nowhere else in them, and on the leading axis of

@@ -50,28 +50,30 @@ class Step:
 
 
 class Executor:
-    def __init__(self, module: Module, target=None):
+    def __init__(self, module: Module, target=None, refit: bool = False):
         """``target``: the kernels the program may run on (``target.Target``; default: the
         process's, ``target.current``). Each site with kernels to choose from (convolutions and
         dense layers, int8 and float) runs the kernel its program names, or
         the one the target's plan gives it (``lowering.plan_kernels``), before any binding
-        is made: ``kernel_plan`` shows it."""
+        is made: ``kernel_plan`` shows it. ``refit``: a kernel the program names that does
+        not run its site at this program's sizes is replaced by the target's choice (a
+        program with open sizes run at one: ``SizedExecutor``; ``lowering.plan_kernels``)."""
         from ..target import current, using
         self.target = target or current()   # (a path pinned that this CPU lacks: an error)
         with using(self.target), compiling.session:   # (one executor at a time surveys
                                                       # and shares)
             with compiling.deferring():     # (slot modules imported here load at its end)
-                self._build(module)
+                self._build(module, refit)
                 # what binding the steps compiles, found first, then compiled on several
                 # processes where it can be (compiling.share): most of a first start
                 self.compiled = compiling.share(compiling.survey(self._bind_ahead))
             self._prepare()
 
-    def _build(self, module: Module) -> None:
+    def _build(self, module: Module, refit: bool = False) -> None:
         from ..lowering.plan import plan_kernels
         planned: dict[int, Expr] = {}      # a node of ``module`` -> its planned form
         flat, self.kernel_decisions = plan_kernels(inline_calls(module), self.target,
-                                                   new=planned)
+                                                   new=planned, refit=refit)
         self.module = flat
         types = infer_types(flat)
         body = flat.main.body

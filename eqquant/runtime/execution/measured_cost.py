@@ -269,8 +269,12 @@ def cost_table(module, model: CostModel, inputs, runs: int = 10) -> str:
     import numpy as np
     from ...core.nodes import Constant, Scalar
     from ...ir.typecheck import infer_types
+    from ...passes.sizes import bind_sizes, input_sizes, is_symbolic
     from .executor import Executor
-    ex = Executor(module)
+    symbolic = is_symbolic(module)
+    if symbolic:     # (timed at the sizes of ``inputs``)
+        module = bind_sizes(module, input_sizes(module.main, inputs))
+    ex = Executor(module, refit=symbolic)
     ex.run(inputs)
     for _ in range(runs):
         ex.run(inputs, profile=True)

@@ -31,7 +31,9 @@ class SizedExecutor:
         key = tuple(int(sizes[n]) for n in self.sizes)
         ex = self._made.get(key)
         if ex is None:
-            ex = Executor(bind_sizes(self.module, sizes), self.target)
+            # (its kernels were planned at the sizes it was priced at: a site one cannot run
+            # at these gets the target's choice here, the decision saying so)
+            ex = Executor(bind_sizes(self.module, sizes), self.target, refit=True)
             self._made[key] = ex
             while len(self._made) > self.keep:
                 self._made.popitem(last=False)

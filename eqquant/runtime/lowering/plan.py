@@ -329,12 +329,15 @@ class Decision:
     chosen: Option
     pinned: bool             # the program named the kernel
     options: tuple[Option, ...]
+    refitted: str = ""       # why the program's kernel was replaced at these sizes
 
     def lines(self) -> list[str]:
         """The decision as the kernel plan's table prints it: the kernel and why (the costs of
         the kernels that run the site, what keeps the others out)."""
         how = ("pinned in the program" if self.pinned else
                "fastest measured" if self.chosen.seconds is not None else "cheapest")
+        if self.refitted:
+            how += f"; {self.refitted}"
         out = [f"  {self.label} = {self.site.op} ({self.site.describe()}): "
                f"{self.chosen.kernel} ({how})"]
         runs = [f"{o.kernel} {o.cost:.3g}" + (f" ({o.seconds * 1e6:.1f} us)"
@@ -351,19 +354,28 @@ class Decision:
 
 
 def plan_kernels(mod: Module, target: Target | None = None, cost: Any = None,
-                 new: dict[int, Expr] | None = None) -> tuple[Module, list[Decision]]:
+                 new: dict[int, Expr] | None = None,
+                 refit: bool = False) -> tuple[Module, list[Decision]]:
     """``mod`` with a kernel named at every call site that has one to choose (the cheapest its
     target offers, or with a measured ``cost`` model the fastest of the contenders timed at
     the site; one already named is kept where it runs the site, else a ``KernelError``
     located at the site), and the decisions, in program order. ``new``, where given,
-    receives each node's id -> the node standing for it in the planned program."""
+    receives each node's id -> the node standing for it in the planned program. ``refit``:
+    a named kernel that does not run its site is replaced by the target's choice, the
+    decision saying so (a program whose sizes are open, planned at the sizes it was priced
+    at, run at others: ``SizedExecutor``), instead of a ``KernelError``."""
     from ...ir.printer import value_labels
     from ...ir.typecheck import infer_types
     from ...extract.cost import priced_types
     target = target or current()
     fn = mod.main
     # (a program with sizes open is planned at the sizes its cost model prices: AtSizes)
-    types = priced_types(infer_types(mod), cost)
+    from ...extract.cost import priced_at
+    open_types = infer_types(mod)
+    types = priced_types(open_types, cost)
+    # (a program whose sizes are open, planned with no sizes to price: the kernels it names
+    # were chosen at the sizes it was priced at, and are checked where it runs, per size)
+    unpriced = types is not open_types and priced_at(cost) is None
     labels = value_labels(fn)
     decisions: list[Decision] = []
 
@@ -380,18 +392,31 @@ def plan_kernels(mod: Module, target: Target | None = None, cost: Any = None,
         pinned = node.attrs[KERNEL]
         label = labels.get(id(node), node.op.name)
         opts = options(site, target)
+
         measured = getattr(cost, "measured_seconds", None)
         if measured is not None and not pinned:
             in_types = [types[id(a)] for a in node.args]
             opts = timed(opts, {o.kernel: measured(
                 node.op, {**node.attrs, KERNEL: o.kernel}, in_types, types[id(node)],
                 frozenset(consts)) for o in contenders(opts)})
+        refitted = ""
         try:
             chosen = choose(site, target, pinned, opts)
         except KernelError as e:
-            raise KernelError(f"{label} = {e.message} (a plan made for another CPU or "
-                              "target: --replan plans it again here)", node.loc) from None
-        decisions.append(Decision(label, site, chosen, bool(pinned), tuple(opts)))
+            if unpriced and not refit:
+                decisions.append(Decision(label, site, next(o for o in opts
+                                                            if o.kernel == pinned),
+                                          True, tuple(opts), "checked per size as it runs"))
+                return None
+            if not refit:
+                raise KernelError(f"{label} = {e.message} (a plan made for another CPU or "
+                                  "target: --replan plans it again here)", node.loc) from None
+            # (a program whose sizes are open, run at sizes its plan was not made for)
+            refitted = next(o.why for o in opts if o.kernel == pinned)
+            chosen, pinned = choose(site, target, "", opts), ""
+        decisions.append(Decision(label, site, chosen, bool(pinned), tuple(opts),
+                                  f"{node.attrs[KERNEL]}, the program's, does not run it at "
+                                  f"these sizes ({refitted})" if refitted else ""))
         if pinned:
             return None
         attrs = freeze_attrs({**node.attrs, KERNEL: chosen.kernel})
