@@ -11,8 +11,10 @@ x86 int8 (FX, fbgemm/oneDNN) on the same torchvision model; eqquant fp32 (the ex
 system gets 2 threads; the rounds alternate between the systems, each after one untimed
 batch, and each figure is the median images/s over the rounds with its p10 and p90.
 
-eqquant's programs have fixed shapes today: its import sets a symbolic batch to 1, so it runs
-a batch of N as N runs of the batch-1 program (from its library, as ``eqquant run`` does).
+eqquant imports the export with its batch open (``?N``) and quantizes it once: one program,
+and one library (as ``eqquant run`` opens it), takes every batch. The library runs a batch
+sample by sample, each the batch-1 run's bits (its kernels split each image across the
+threads; batched kernels, N folded into the GEMMs' rows, are not written yet).
 """
 from __future__ import annotations
 
@@ -73,8 +75,8 @@ def worker(system: str, model: str, calib: str) -> None:
         program = open_program(model)
 
         def batch_runner(b):
-            xs = [rng.standard_normal((1, 3, 224, 224)).astype(np.float32) for _ in range(b)]
-            return lambda: [program.run(x) for x in xs]     # (one image at a time)
+            x = rng.standard_normal((b, 3, 224, 224)).astype(np.float32)
+            return lambda: program.run(x)       # (one program, its batch open)
     else:
         sess = ort_session(model, threads=int(THREADS), spinning=True)
         name = sess.get_inputs()[0].name
