@@ -319,3 +319,31 @@ def test_the_command_line_prices_and_serves_an_open_batch(tmp_path, capsys):
                      str(tmp_path / "calib.npy"), "--size", "seq=4", "-o",
                      str(tmp_path / "r.ir")]) == 2
     assert "no open size ?seq" in capsys.readouterr().err
+
+
+def test_the_sizes_served_choose_the_kernels_named_in_the_program():
+    from eqquant.runtime.lowering.plan import choose, site_of
+    from eqquant.runtime.target import current
+    from eqquant.core.nodes import Call, Constant, Scalar, post_order
+    m = eqquant.load(DATA / "tiny_resnet.onnx")
+    calib = np.random.default_rng(7).standard_normal((3, 3, 16, 16)).astype(np.float32)
+    named = {}
+    for n in (1, 8):
+        q = eqquant.quantize(m, calib, mode="minmax", cost="cpu", sizes={"N": n})
+        dense = next(c for c in post_order(q.module.main.body)
+                     if isinstance(c, Call) and c.op_name == "qnn.dense")
+        at_n = bind_sizes(q.module, {"N": n})
+        types = infer_types(at_n)
+        bound = next(c for c in post_order(at_n.main.body)
+                     if isinstance(c, Call) and c.op_name == "qnn.dense")
+        consts = {i: (a.data if isinstance(a, Constant) else a.value)
+                  for i, a in enumerate(bound.args) if isinstance(a, (Constant, Scalar))}
+        site = site_of(bound.op, bound.attrs, [types[id(a)] for a in bound.args],
+                       types[id(bound)], consts)
+        assert site.rows == n
+        # the kernel the program names is the target's choice for a site of n rows
+        assert dense.attrs["kernel"] == choose(site, current()).kernel
+        named[n] = dense.attrs["kernel"]
+        x = np.random.default_rng(n).standard_normal((2, 3, 16, 16)).astype(np.float32)
+        y = q.run(x)        # every batch runs, whatever kernel the program names
+        np.testing.assert_array_equal(y[1:], q.run(x[1:]))
