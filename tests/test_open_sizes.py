@@ -299,6 +299,19 @@ def test_an_encoder_with_open_batch_and_length_runs_every_length():
                          mode="minmax", min_sqnr=20)
 
 
+def test_the_command_line_runs_an_open_length_on_the_executor_and_says_why(tmp_path, capsys):
+    pytest.importorskip("onnx", reason="the onnx extra is not installed")
+    x = np.random.default_rng(8).standard_normal((1, 12, 32)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert cli_exit(["run", str(DATA / "tiny_encoder.onnx"), "-x", str(tmp_path / "x.npy"),
+                     "-o", str(tmp_path / "y.npy"), "-v"]) == 0
+    err = capsys.readouterr().err
+    assert "?batch, ?seq are known only at run time" in err and "?batch=1, ?seq=12" in err
+    assert "nn.dense" in err or "qnn.dense" in err or "fused.dense" in err   # the plan
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"),
+                               eqquant.load(DATA / "tiny_encoder.onnx").run(x), atol=1e-5)
+
+
 def test_the_command_line_prices_and_serves_an_open_batch(tmp_path, capsys):
     pytest.importorskip("onnx", reason="the onnx extra is not installed")
     rng = np.random.default_rng(6)

@@ -171,6 +171,8 @@ def run(file: Path, params: Path | None, input_path: Path, output: Path | None,
             out = interpret(mod, inputs, values)
         else:
             ex = m.executor()
+            if hasattr(ex, "for_inputs"):     # (sizes open: the executor of these inputs')
+                ex = ex.for_inputs(inputs)
             if verbose:
                 _say(file, f"runs on the executor (--engine executor){_said(said)}",
                      ex.kernel_plan())
@@ -244,20 +246,32 @@ def _run_library(file: Path, params: Path | None, input_path: Path, engine: str,
         said = (f"runs on its library ({library.folder})" if library
                 else f"runs on the executor: {program.note or 'no library'}")
         said += _said(program.said)
-    if verbose:
-        _say(file, said, library.plan.get("ops") if library
-             else model.executor().kernel_plan())
     runner = library or model
     inputs = load_inputs(input_path, list(runner.inputs))
+    ex = None
+    if model is not None:
+        ex = model.executor()
+        if hasattr(ex, "for_inputs"):           # (sizes open: the executor of these inputs')
+            ex = ex.for_inputs(model.named(inputs))
+            said += f" ({ex_sizes(model.module, model.named(inputs))})"
+    if verbose:
+        _say(file, said, library.plan.get("ops") if library else ex.kernel_plan())
     out = runner.run(inputs)
     if profile and library:                     # each launch timed in C
         click.echo(library.profile(inputs), err=True)
     elif profile:                               # each of the executor's steps timed
         named = model.named(inputs)
         for _ in range(5):
-            model.executor().run(named, profile=True)
-        click.echo(model.executor().profile_table(), err=True)
+            ex.run(named, profile=True)
+        click.echo(ex.profile_table(), err=True)
     return out
+
+
+def ex_sizes(mod, inputs) -> str:
+    """The open sizes of ``mod`` at ``inputs``, as ``run -v`` says them."""
+    from ..passes.sizes import input_sizes
+    return "made for " + ", ".join(f"?{k}={v}" for k, v in
+                                   input_sizes(mod.main, inputs).items())
 
 
 def _output_leaves(out) -> list[np.ndarray]:

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from typing import Any, Mapping
 
 from ...core.nodes import Module
+from ...errors import EvalError
 from ...passes.sizes import bind_sizes, input_sizes, is_symbolic, open_sizes
 
 
@@ -60,6 +61,18 @@ class SizedExecutor:
     @property
     def compiled(self):
         return next(reversed(self._made.values())).compiled if self._made else None
+
+    def _last(self):
+        if not self._made:
+            raise EvalError("the program has not run yet: its kernels are planned per size")
+        return next(reversed(self._made.values()))
+
+    def kernel_plan(self, *args):
+        """The kernel plan of the executor of the sizes last run (``Executor.kernel_plan``)."""
+        return self._last().kernel_plan(*args)
+
+    def profile_table(self) -> str:
+        return self._last().profile_table()
 
     def describe_sizes(self) -> str:
         made = ", ".join("(" + ", ".join(f"?{n}={v}" for n, v in zip(self.sizes, k)) + ")"
