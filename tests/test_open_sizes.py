@@ -360,3 +360,19 @@ def test_the_sizes_served_choose_the_kernels_named_in_the_program():
         x = np.random.default_rng(n).standard_normal((2, 3, 16, 16)).astype(np.float32)
         y = q.run(x)        # every batch runs, whatever kernel the program names
         np.testing.assert_array_equal(y[1:], q.run(x[1:]))
+
+
+def test_onnx_export_keeps_an_open_batch(tmp_path):
+    ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+    from eqquant.interop.onnx_export import to_onnx
+    import onnx
+    m = eqquant.load(DATA / "tiny_resnet.onnx")
+    from eqquant.ir.params import bind_params
+    model = to_onnx(bind_params(m.module, m.params))
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param == "N" and [d.dim_value for d in dims[1:]] == [3, 16, 16]
+    onnx.save(model, str(tmp_path / "out.onnx"))
+    sess = ort.InferenceSession(str(tmp_path / "out.onnx"), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(9).standard_normal((3, 3, 16, 16)).astype(np.float32)
+    np.testing.assert_allclose(sess.run(None, {sess.get_inputs()[0].name: x})[0], m.run(x),
+                               rtol=1e-4, atol=1e-5)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.types import Dim
 from ..errors import EqquantError
 from ..core.nodes import (Call, Constant, Expr, Module, Scalar, Tuple, TupleGetItem, Var,
                           post_order)
@@ -88,7 +89,8 @@ class Exporter:
             if isinstance(node, Var):
                 t = node.type
                 self.inputs.append(helper.make_tensor_value_info(
-                    node.name, helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), t.shape))
+                    node.name, helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)),
+                    onnx_shape(t.shape)))
                 self.names[id(node)] = node.name
             elif isinstance(node, Constant):
                 if node.data is None:
@@ -121,7 +123,8 @@ class Exporter:
                 raise EqquantError(f"ONNX export: the program's output is {t.dtype}; "
                                    "exported programs return float32 (dequantize it)")
             outputs.append(helper.make_tensor_value_info(self.name_of(o),
-                                                         TensorProto.FLOAT, t.shape))
+                                                         TensorProto.FLOAT,
+                                                         onnx_shape(t.shape)))
         graph = helper.make_graph(self.nodes, name, self.inputs, outputs,
                                   initializer=self.inits)
         opsets = [helper.make_opsetid("", OPSET)]
@@ -163,7 +166,18 @@ class Exporter:
             raise EqquantError(f"ONNX export: {node.op.name}: {e}", node.loc) from None
 
     def reshape(self, x: str, shape) -> str:
+        if any(isinstance(d, Dim) for d in shape):
+            raise EqquantError("ONNX export: a reshape to sizes known only at run time "
+                               f"({', '.join(map(str, shape))}) is not exported (fix the "
+                               "sizes on import: --shape)")
         return self.emit("Reshape", [x, self.const(np.asarray(shape, np.int64))])
+
+
+def onnx_shape(shape) -> list:
+    """A shape as ONNX's value infos take it: a size known only at run time as its name
+    (``dim_param``: ``?batch`` is "batch", ``4*?n`` is "4*n")."""
+    return [str(d).replace("?", "") or "unk" if isinstance(d, Dim) else int(d)
+            for d in shape]
 
 
 def to_onnx(mod: Module, name: str = "eqquant", activation_dtype: str = "uint8"):

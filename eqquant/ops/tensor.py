@@ -409,8 +409,15 @@ def _reshape_from_onnx(im, attrs, ins):
 
 
 def _to_onnx_reshape(ex, node, ins):
-    """Any op that only reshapes: ONNX Reshape to the result's static shape."""
-    return ex.reshape(ins[0], ex.type(node).shape)
+    """Any op that only reshapes: ONNX Reshape to the result's shape; a size known only at
+    run time as ONNX's 0 where it is the input's at that axis, or -1 where it is the only
+    other one."""
+    out, src = list(ex.type(node).shape), ex.type(node.args[0]).shape
+    out = [0 if isinstance(d, Dim) and i < len(src) and src[i] == d else d
+           for i, d in enumerate(out)]
+    if sum(isinstance(d, Dim) for d in out) == 1 and -1 not in out:
+        out = [-1 if isinstance(d, Dim) else d for d in out]
+    return ex.reshape(ins[0], out)
 
 
 def _reshape_from_relax(rx, args, kwargs):
