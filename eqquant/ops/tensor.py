@@ -10,7 +10,7 @@ import numpy as np
 from ..core.types import Dim, TensorType, TupleType
 from ..errors import EqquantError
 from . import numerics
-from .attrs import (BOOL, DTYPE_REQUIRED, FLOAT, FLOAT_F, INT, INTS, OPT_INT, OPT_INTS, REQUIRED,
+from .attrs import (BOOL, DTYPE_REQUIRED, FLOAT, FLOAT_F, INT, OPT_INT, OPT_INTS, REQUIRED,
                     SIZES, STR, Attr)
 from .onnx_conventions import OnnxFormError, text
 from .onnx_conventions import axes as onnx_axes
