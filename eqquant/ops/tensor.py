@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 
-from ..core.types import Dim, TensorType, TupleType
+from ..core.types import Dim, SizeUnknown, TensorType, TupleType
 from ..errors import EqquantError
 from . import numerics
 from .attrs import (BOOL, DTYPE_REQUIRED, FLOAT, FLOAT_F, INT, OPT_INT, OPT_INTS, REQUIRED,
@@ -554,6 +554,10 @@ register(OpDef("expand_dims", inputs=("data",), props=frozenset({LAYOUT}), moves
 
 def _squeeze_axes(shape, axis):
     if axis is None:
+        open_ = [d for d in shape if isinstance(d, Dim)]
+        if open_:       # (which axes go depends on whether the size is 1)
+            raise SizeUnknown(f"squeezing every axis of size 1 of a shape with {open_[0]}: "
+                              f"name the axes")
         return [i for i, d in enumerate(shape) if d == 1]
     axes = [norm_axis(a, len(shape)) for a in axis]
     for a in axes:
