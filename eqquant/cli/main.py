@@ -740,7 +740,7 @@ def import_cmd(model, out_dir, shapes, params):
     refuse_overwriting_inputs(out_dir / (model.stem + ".ir"), model, params)
     if is_tvmscript(model):
         if shapes:
-            _fail("--shape is for ONNX models (a TVMScript module has static shapes)")
+            _fail("--shape is for ONNX models (a TVMScript module gives its shapes)")
         mod, _ = load_program(model, params)
         params, notes = constant_params(mod), []
     else:

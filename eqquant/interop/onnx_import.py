@@ -8,11 +8,14 @@ it is made. Initializers become params (named as in the file); value names are k
 for the text IR where they are not (``input.1`` -> ``input_1``; purely numeric names are left
 to the printer's numbering). A node whose inputs are all known constants (PyTorch's
 ``Shape -> Gather -> Concat`` chains feeding a Reshape, for example) is evaluated at import
-with ONNX's own reference evaluator; ``Shape`` of a value is known from its static type.
+with ONNX's own reference evaluator; ``Shape`` of a value is known from its type. A dimension
+the file leaves symbolic stays open (``dim_param`` "batch" is the size ``?batch``, shared by
+the inputs that name it); the shape arithmetic over such sizes is folded over them
+(``_fold_sizes``), so a Reshape to them reads as ``reshape(x, newshape=[?batch, 4, ?seq, 64])``.
 
 Every failure is an :class:`OnnxImportError` naming the file, the node (index, name, op) and
-what was expected: an op without a converter, an attribute value eqquant cannot express, a
-dimension left symbolic, a malformed file.
+what was expected: an op without a converter, an attribute value eqquant cannot express, shape
+arithmetic that holds at some sizes only, a malformed file.
 """
 from __future__ import annotations
 
@@ -550,8 +553,7 @@ def read_onnx(path: str | Path):
 def import_onnx(model, shapes: Mapping[str, tuple[int, ...]] | None = None,
                 source: str | None = None):
     """An ONNX model (a path or a ModelProto) as ``(module, params, notes)``; ``shapes``
-    fixes input shapes the file leaves symbolic (a leading symbolic dimension defaults to 1,
-    which ``notes`` says)."""
+    fixes input shapes the file leaves symbolic (else they stay open: ``?batch``)."""
     mod, params, im = run_importer(model, shapes, source)
     return mod, params, im.notes
 

@@ -345,7 +345,8 @@ class _Reader:
                 key, v = k.children
                 if str(key) != "dtype" or v.data != "string":
                     raise ParseError(f"R.Tensor takes a shape and dtype=\"...\" (eqquant "
-                                     f"needs static shapes), not {key}=", self.loc(k))
+                                     f"needs each axis: a size or a named one), not {key}=",
+                                     self.loc(k))
                 dtype = ast.literal_eval(str(v.children[0]))
             elif k.data == "string" and shape is not None:
                 dtype = ast.literal_eval(str(k.children[0]))
@@ -360,10 +361,10 @@ class _Reader:
                 shape = tuple(dims)
             else:
                 raise ParseError("R.Tensor takes a shape and dtype=\"...\" (eqquant needs "
-                                 "static shapes)", self.loc(k))
+                                 "each axis: a size or a named one)", self.loc(k))
         if shape is None or dtype is None:
-            raise ParseError("R.Tensor needs its shape and its dtype (eqquant needs static "
-                             "shapes)", self.loc(tree))
+            raise ParseError("R.Tensor needs its shape and its dtype (eqquant needs each "
+                             "axis: a size or a named one)", self.loc(tree))
         if dtype not in DTYPES:
             raise TypeCheckError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})",
                                  self.loc(tree))
