@@ -804,7 +804,9 @@ def compile_cmd(model, params, out_dir, no_opt):
     size = sum(f.stat().st_size for f in out_dir.iterdir())
     click.echo(f"wrote {out_dir}: {len(library.plan['launches'])} launches of "
                f"{len(library.plan['functions'])} C functions, {size / 1e6:.1f} MB, "
-               f"{library.threads} threads")
+               f"{library.threads} threads"
+               + (f"; its batch ?{library.batch} open: any batch runs, one sample at a time"
+                  if library.batch else ""))
 
 
 @cli.group()
