@@ -86,7 +86,8 @@ class Model:
 
     @property
     def inputs(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        """Input name -> (shape, dtype), for the inputs the params do not give."""
+        """Input name -> (shape, dtype), for the inputs the params do not give; a size known
+        only at run time is a ``Dim`` (``?batch``: ``run`` takes any)."""
         return {p.name: (p.type.shape, p.type.dtype) for p in self.module.main.params
                 if p.name not in self.params}
 
@@ -185,7 +186,9 @@ class Model:
 def load(source: Any, params: str | Path | Mapping | None = None,
          shapes: Mapping[str, tuple[int, ...]] | None = None) -> Model:
     """A Model from an ONNX file, a text-IR file (params from ``params`` or the ``.npz``
-    beside it), a Module (with ``params``), a ``(module, params)`` pair, or a Model."""
+    beside it), a Module (with ``params``), a ``(module, params)`` pair, or a Model. An ONNX
+    file's symbolic dimensions stay open (``?batch``) unless ``shapes`` (input name -> shape)
+    fixes them."""
     if isinstance(source, Model):
         return source
     if isinstance(source, tuple) and len(source) == 2 and isinstance(source[0], Module):
