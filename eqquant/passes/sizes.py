@@ -56,9 +56,11 @@ def input_sizes(fn: Function, inputs: Mapping[str, Any]) -> dict[str, int]:
     return sizes
 
 
-def bind_sizes(mod: Module, sizes: Mapping[str, int]) -> Module:
+def bind_sizes(mod: Module, sizes: Mapping[str, int], new: dict | None = None) -> Module:
     """``mod`` with its entry's open sizes fixed (each named in ``sizes``): its inputs'
-    types bound, every other type follows by inference. EvalError naming a size not given."""
+    types and the shapes its attributes name bound, every other type follows by inference.
+    EvalError naming a size not given. ``new``, where given, receives each node's id -> the
+    node standing for it (``core.nodes.rewrite``'s)."""
     missing = [n for n in open_sizes(mod) if n not in sizes]
     if missing:
         raise EvalError("no value for the size" + ("s " if len(missing) > 1 else " ")
@@ -77,7 +79,7 @@ def bind_sizes(mod: Module, sizes: Mapping[str, int]) -> Module:
             return Call(op=node.op, args=children, attrs=attrs, name=node.name,
                         loc=node.loc, origin=node.origin)
         return None
-    body = rewrite(fn.body, visit)
+    body = rewrite(fn.body, visit, new)
     params = tuple(swap.get(id(p), p) for p in fn.params)
     ret = bind_type(fn.ret_type, sizes) if fn.ret_type is not None else None
     main = Function(params=params, body=body, ret_type=ret, attrs=fn.attrs, name=fn.name,
@@ -96,29 +98,6 @@ def _bound(v, sizes):
     if isinstance(v, (list, tuple)):
         return type(v)(_bound(x, sizes) for x in v)
     return v
-
-
-def reopen(mod: Module, like: Module) -> Module | None:
-    """``mod`` (made from ``like`` with its sizes bound: ``bind_sizes``) with ``like``'s
-    inputs' open sizes again, where every type then checks (None where a size was baked
-    into the program: a shape that holds at the bound sizes only)."""
-    from ..errors import TypeCheckError
-    from ..ir.typecheck import infer_types
-    types = {p.name: p.type for p in like.main.params}
-    fn = mod.main
-    swap = {id(p): Var(name=p.name, type=types[p.name], loc=p.loc)
-            for p in fn.params if p.name in types and types[p.name] != p.type}
-    if not swap:
-        return mod
-    body = rewrite(fn.body, lambda node, children: swap.get(id(node)))
-    main = Function(params=tuple(swap.get(id(p), p) for p in fn.params), body=body,
-                    ret_type=None, attrs=fn.attrs, name=fn.name, loc=fn.loc)
-    out = Module({**mod.functions, "main": main}, version=mod.version)
-    try:
-        infer_types(out)
-    except TypeCheckError:
-        return None
-    return out
 
 
 def batch_size(mod: Module, out_type: Type | None = None) -> str | None:

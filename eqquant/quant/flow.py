@@ -11,7 +11,6 @@ gives TVM's symmetric int8 (the seed-004 flow). Weights are always symmetric int
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from ..ir.params import bind_params
 from ..ir.printer import value_labels
 from ..ops.registry import ANNOTATION, OUTPUT_SCALE, OUTPUT_ZERO_POINT, QUANT
 from ..extract.cost import CostModel, LaidOut, at_sizes, constant_bytes
-from ..passes.sizes import bind_sizes, input_sizes, is_symbolic, open_sizes, reopen
+from ..passes.sizes import input_sizes, is_symbolic
 from ..optimizer import OptimizeResult, optimize
 from .annotate import annotate, as_inputs, calibrate, qparams
 from .calibrate import CalibrationTable
@@ -275,25 +274,13 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
         from .annotate import mark_labels
         from .mixed import MixedSpace, search
         from .mixed import pareto as pareto_points
-        # (the search measures each mark's noise on the executor, on one shape: a program
-        # with open sizes is searched at the first sample's, and opened again after)
-        searched = bind_sizes(marked, input_sizes(fp.main, head[0])) if is_symbolic(fp) \
-            else marked
-        space = MixedSpace(searched, weigh, names=mark_labels(searched, fp))
+        space = MixedSpace(marked, weigh, names=mark_labels(marked, fp))
         space.measure_sensitivity(head)
         mixed = search(space, min_sqnr, None if budget_ms is None else budget_ms / 1e3,
                        keep_fp32, metric=metric, max_drop=max_drop)
         front = pareto_points(space) if pareto else []
-        result = _mixed_as_optimized(space, mixed.program, searched, weigh)
+        result = _mixed_as_optimized(space, mixed.program, marked, weigh)
         int8 = mixed.program
-        if searched is not marked:
-            int8 = reopen(int8, marked)
-            if int8 is None:
-                raise EqquantError("mixed precision: the program chosen at the calibration "
-                                   "data's sizes holds at those sizes only (fix the sizes: "
-                                   "--shape NAME=D1,D2,... on import): "
-                                   + ", ".join(f"?{n}" for n in open_sizes(fp)))
-            result = dataclasses.replace(result, module=int8)
     else:
         result = optimize(marked, None, INT8_RULES, cost=weigh, extractor="best", why=why)
         int8 = expand_calibration(result.module)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -43,6 +43,7 @@ from ..errors import EqquantError
 from ..extract.cost import CostModel
 from ..ir.printer import value_labels
 from ..ir.typecheck import infer_types
+from ..passes.sizes import bind_sizes, input_sizes, is_symbolic
 from .annotate import is_mark as _is_mark
 
 MAX_INPUTS = 4     # a region reading more marks than this has two variants: all kept, or none
@@ -250,6 +251,15 @@ class MixedSpace:
         weight marks of the regions ``weights_of``: the rest dropped."""
         return self._dropping(keep, weights_of)[0]
 
+    def sizes_of(self, samples) -> dict[str, int]:
+        """The open sizes of the marked program at the first of ``samples`` (none where its
+        sizes are fixed): each mark's noise is measured at them (all samples must share
+        them: the executor is made once)."""
+        if not is_symbolic(self.marked) or not samples:
+            return {}
+        from .annotate import as_inputs
+        return input_sizes(self.marked.main, as_inputs(samples[0], self.marked.main))
+
     def _dropping(self, keep: Iterable[str] = (), weights_of: Iterable[str] = ()
                   ) -> tuple[Module, dict[int, tuple[Expr, int]]]:
         """``only``'s program, and where each dropped mark went: by the mark's id, the node
@@ -297,7 +307,13 @@ class MixedSpace:
         from ..runtime.execution.executor import Executor
         from .flow import _flat
         program, where = self._dropping()
-        ex = Executor(program)
+        samples = list(samples)
+        sizes = self.sizes_of(samples)
+        if sizes:       # (a program with open sizes: measured at the samples')
+            moved: dict[int, Any] = {}
+            program = bind_sizes(program, sizes, moved)
+            where = {k: (moved.get(id(node), node), at) for k, (node, at) in where.items()}
+        ex = Executor(program, refit=bool(sizes))
         operands: dict[int, list] = {}      # each mark's scale and zero point, evaluated once
 
         def apply(mark: Call, value):
@@ -520,9 +536,9 @@ class MixedResult:
 def measured_sqnr(space: MixedSpace, program: Module) -> float:
     """The output SQNR of ``program`` against the unmarked program, on the sensitivity
     samples."""
-    from ..runtime.execution.executor import Executor
+    from ..runtime.execution.sized import executor_for
     from .flow import _flat
-    ex = Executor(program)
+    ex = executor_for(program)
     noise = sum(float(np.sum((_flat(ex.run(x)) - r) ** 2))
                 for x, r in zip(space.samples, space.refs))
     return space.sqnr_of(noise)
@@ -541,20 +557,20 @@ def search(space: MixedSpace, min_sqnr: float | None = None, budget: float | Non
       program's: the SQNR floor rises 3 dB a round from the all-int8 program's until it holds;
     - ``budget`` (seconds, the cost model's): the least noisy program within it;
     - ``keep_fp32``, ``int8_only``: pins, with any of the above."""
-    from ..runtime.execution.executor import Executor
+    from ..runtime.execution.sized import executor_for
     out: list[Round] = []
     pins = dict(keep_fp32=keep_fp32, int8_only=int8_only)
     evaluations = 0
     if metric is not None:
         if max_drop is None:
             raise EqquantError("a metric needs max_drop (the largest drop allowed)")
-        base = metric(Executor(space.only()).run)
+        base = metric(executor_for(space.only()).run)
         evaluations += 1
         choice = space.solve(**pins)
         floor = choice.sqnr
         for _ in range(rounds * 3):
             program = space.program(choice)
-            score = metric(Executor(program).run)
+            score = metric(executor_for(program).run)
             evaluations += 1
             out.append(Round(f"SQNR >= {floor:.1f} dB", len(choice.floats), choice.cost,
                              choice.sqnr, score))
