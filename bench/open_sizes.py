@@ -17,7 +17,6 @@ Prints the CPU, the kernel paths, and each check's figure; exits 1 if one fails.
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 import tempfile
 import time
@@ -27,21 +26,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import torchvision_models  # noqa: E402
 from peers import cpu_model  # noqa: E402
-
-
-def resnet18_dynamic() -> bytes:
-    import torch
-    torch.manual_seed(0)
-    net = getattr(torchvision_models(), "resnet18")(weights=None).eval()
-    buf = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(net, (torch.zeros(1, 3, 224, 224),), buf, dynamo=False,
-                          opset_version=17, input_names=["data"], output_names=["logits"],
-                          dynamic_axes={"data": {0: "N"}, "logits": {0: "N"}})
-    return buf.getvalue()
+from throughput import export  # noqa: E402
 
 
 def encoder_dynamic(path: Path) -> None:
@@ -64,7 +50,7 @@ def check_batches(d: Path, batches: list[int]) -> bool:
     from eqquant.deploy.check import Checker
     from eqquant.deploy.loader import Library
     from eqquant.ir.loader import save_program
-    (d / "resnet18.onnx").write_bytes(resnet18_dynamic())
+    (d / "resnet18.onnx").write_bytes(export("resnet18"))     # (its batch open: dynamic_axes)
     m = eqquant.load(d / "resnet18.onnx")
     print(f"resnet18 imported: input {m.inputs}")
     rng = np.random.default_rng(0)

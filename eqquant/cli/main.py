@@ -253,7 +253,7 @@ def _run_library(file: Path, params: Path | None, input_path: Path, engine: str,
         ex = model.executor()
         if hasattr(ex, "for_inputs"):           # (sizes open: the executor of these inputs')
             ex = ex.for_inputs(model.named(inputs))
-            said += f" ({ex_sizes(model.module, model.named(inputs))})"
+            said += f" ({_made_for(model.module, model.named(inputs))})"
     if verbose:
         _say(file, said, library.plan.get("ops") if library else ex.kernel_plan())
     out = runner.run(inputs)
@@ -267,10 +267,11 @@ def _run_library(file: Path, params: Path | None, input_path: Path, engine: str,
     return out
 
 
-def ex_sizes(mod, inputs) -> str:
+def _made_for(mod, inputs) -> str:
     """The open sizes of ``mod`` at ``inputs``, as ``run -v`` says them."""
+    from ..core.types import size_label
     from ..passes.sizes import input_sizes
-    return "made for " + ", ".join(f"?{k}={v}" for k, v in
+    return "made for " + ", ".join(f"{size_label(k)}={v}" for k, v in
                                    input_sizes(mod.main, inputs).items())
 
 

@@ -120,6 +120,12 @@ class Dim:
     def names(self) -> tuple[str, ...]:
         return tuple(sorted({n for k, _ in self.terms for n in k}))
 
+    @property
+    def name(self) -> str | None:
+        """The name, where the size is one name alone (``?n``; not ``2*?n`` or ``?n*?s``)."""
+        (names, coef), *rest = self.terms
+        return names[0] if not rest and coef == 1 and len(names) == 1 else None
+
     def __add__(self, other):
         if not isinstance(other, (Dim, int, np.integer)):
             return NotImplemented
@@ -214,7 +220,7 @@ class Dim:
     def __str__(self):
         parts = []
         for names, coef in sorted(self.terms, key=lambda t: (-len(t[0]), t[0])):
-            body = "*".join(("?" if n.startswith("_") else "?" + n) for n in names)
+            body = "*".join(map(size_label, names))
             if not names:
                 body = str(abs(coef))
             elif abs(coef) != 1:
@@ -222,6 +228,17 @@ class Dim:
             sign = "-" if coef < 0 else "+"
             parts.append(body if not parts and coef > 0 else f"{sign}{body}")
         return "".join(parts)
+
+
+def is_anonymous(name: str) -> bool:
+    """Whether a size's name stands for a ``?`` (a size of its own, numbered by the reader:
+    ``_1``, ``_2``)."""
+    return name.startswith("_")
+
+
+def size_label(name: str) -> str:
+    """A size's name as the text IR writes it: ``?n``, or ``?`` for a size of its own."""
+    return "?" if is_anonymous(name) else "?" + name
 
 
 class SizeUnknown(TypeError):
@@ -321,9 +338,8 @@ def match_shape(name: str, shape: tuple, ty: "TensorType", sizes: dict[str, int]
     if len(shape) != ty.rank:
         raise EvalError(f"%{name} expects shape {_shape_text(ty.shape)}, got {tuple(shape)}")
     for axis, (want, got) in enumerate(zip(ty.shape, shape)):
-        if isinstance(want, Dim) and len(want.terms) == 1 and want.terms[0][1] == 1 \
-                and len(want.terms[0][0]) == 1:
-            n = want.terms[0][0][0]
+        if isinstance(want, Dim) and want.name is not None:
+            n = want.name
             if got < 1:
                 raise EvalError(f"%{name}: axis {axis} is {_label(want)}, a size of at least "
                                 f"1, got {got}")

@@ -31,7 +31,8 @@ from ..ops.registry import get_op
 from ..resources import grammar_path
 from ..core.nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
                           TupleGetItem, Var, freeze_attrs)
-from ..core.types import DTYPES, FuncType, TensorType, TupleType, Type, dim_of_text
+from ..core.types import (DTYPES, FuncType, TensorType, TupleType, Type, dim_of_text,
+                          is_anonymous)
 from .nesting import check_nesting
 
 _SUFFIX_DTYPE = {"f": "float32", "f16": "float16", "f32": "float32", "f64": "float64",
@@ -461,7 +462,7 @@ class _TreeToModule:
         if kind == "a_dim":          # a size known only at run time (a shape's: reshape's)
             tok = tree.children[0]
             size = self.dim(str(tok), tok)
-            if any(n.startswith("_") for n in size.names):
+            if any(map(is_anonymous, size.names)):
                 raise ParseError("a size in an attribute must be named (?n): a ? there "
                                  "would be a size of its own, unrelated to the input's",
                                  self.loc(tok))

@@ -43,7 +43,7 @@ from lark.exceptions import UnexpectedInput
 
 from ..core.nodes import (Call, Constant, Expr, Function, Module, Scalar, Tuple, TupleGetItem,
                           Var, freeze_attrs, post_order)
-from ..core.types import DTYPES, Dim, TensorType, TupleType, Type, dim_of_text
+from ..core.types import DTYPES, Dim, TensorType, TupleType, Type, dim_of_text, is_anonymous
 from ..errors import (ArityError, EqquantError, NameError_, ParseError, SourceLoc,
                       TypeCheckError, UnknownOpError)
 from ..ops.registry import get_op, relax_ops
@@ -435,7 +435,7 @@ def _size_text(d) -> str:
     the name it has inside, ``size_1``)."""
     if not isinstance(d, Dim):
         return str(d)
-    named = Dim(tuple((tuple("size" + n if n.startswith("_") else n for n in names), coef)
+    named = Dim(tuple((tuple("size" + n if is_anonymous(n) else n for n in names), coef)
                       for names, coef in d.terms))
     return '"' + str(named).replace("?", "") + '"'
 

@@ -14,7 +14,7 @@ from ..ops.registry import OpTypeError, is_scale
 from ..core.nodes import (Call, Constant, Expr, Function, GlobalVar, Module, Scalar, Tuple,
                           TupleGetItem, Var, post_order)
 from ..core.types import (Dim, FuncType, SizeUnknown, TensorType, TupleType, Type, is_static,
-                          size_names, size_problem)
+                          size_label, size_names, size_problem)
 
 
 class Inferer:
@@ -159,8 +159,7 @@ def check_module(mod: Module) -> dict[int, Type]:
 
 
 def sorted_sizes(types) -> list[str]:
-    names = sorted(set().union(*(size_names(t) for t in types)))
-    return ["?" if n.startswith("_") else "?" + n for n in names]
+    return [size_label(n) for n in sorted(set().union(*(size_names(t) for t in types)))]
 
 
 def _fits(annotated: Type, inferred: Type) -> bool:

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from ..core.nodes import Call, Function, Module, Var, freeze_attrs, rewrite
 from ..core.types import (Dim, TensorType, TupleType, Type, bind_type, evaluate_dim, is_static,
-                          match_shape, size_names)
+                          match_shape, size_label, size_names)
 from ..errors import EvalError
 
 
@@ -38,11 +38,23 @@ def open_sizes(mod: Module) -> list[str]:
 
 def leading_size(mod: Module) -> str | None:
     """The open size on the leading axis of the entry's inputs (the batch), where one is."""
-    for p in mod.main.params:
-        if isinstance(p.type, TensorType) and p.type.rank and isinstance(p.type.shape[0], Dim) \
-                and len(p.type.shape[0].names) == 1:
-            return p.type.shape[0].names[0]
-    return None
+    return next((name for name in map(_lead, mod.main.params) if name is not None), None)
+
+
+def _lead(p: Var) -> str | None:
+    """The name of the size on ``p``'s leading axis, where it is one name alone."""
+    t = p.type
+    return t.shape[0].name if isinstance(t, TensorType) and t.rank and \
+        isinstance(t.shape[0], Dim) else None
+
+
+def _leads(t, name: str) -> bool:
+    """Whether ``t`` (or each field of a tuple) carries the size ``name`` on its leading axis
+    alone, or not at all."""
+    fields = t.fields if isinstance(t, TupleType) else (t,)
+    return all(name not in size_names(f) or (
+        isinstance(f, TensorType) and f.rank and f.shape[0] == Dim.named(name)
+        and not size_names(TensorType(f.shape[1:], f.dtype))) for f in fields)
 
 
 def input_sizes(fn: Function, inputs: Mapping[str, Any]) -> dict[str, int]:
@@ -64,7 +76,7 @@ def bind_sizes(mod: Module, sizes: Mapping[str, int], new: dict | None = None) -
     missing = [n for n in open_sizes(mod) if n not in sizes]
     if missing:
         raise EvalError("no value for the size" + ("s " if len(missing) > 1 else " ")
-                        + ", ".join(_label(n) for n in missing))
+                        + ", ".join(map(size_label, missing)))
     fn = mod.main
     swap = {id(p): Var(name=p.name, type=bind_type(p.type, sizes), loc=p.loc)
             for p in fn.params if not is_static(p.type)}
@@ -104,31 +116,17 @@ def batch_size(mod: Module, out_type: Type | None = None) -> str | None:
     """The size a program runs its samples over: the one name on the leading axis of every
     input that has open sizes, appearing nowhere else in them, and on the leading axis of
     every output (``out_type``: the entry's inferred result type). None where there is none."""
-    names: set[str] = set()
-    for p in mod.main.params:
-        if isinstance(p.type, TensorType) and not is_static(p.type):
-            lead = p.type.shape[0] if p.type.rank else None
-            if not (isinstance(lead, Dim) and len(lead.names) == 1 and lead == Dim.named(
-                    lead.names[0])):
-                return None
-            if any(isinstance(d, Dim) for d in p.type.shape[1:]):
-                return None
-            names.add(lead.names[0])
-    if len(names) != 1:
+    opened = [p for p in mod.main.params if not is_static(p.type)]
+    names = {_lead(p) for p in opened}
+    if len(names) != 1 or None in names:
         return None
     name = names.pop()
     outs = out_type.fields if isinstance(out_type, TupleType) else (out_type,)
-    for t in outs:
-        if t is None:
-            continue
-        if not (isinstance(t, TensorType) and t.rank and t.shape[0] == Dim.named(name)
-                and size_names(TensorType(t.shape[1:], t.dtype)) == set()):
-            return None
+    if not all(_leads(p.type, name) for p in opened) or not all(
+            isinstance(t, TensorType) and t.rank and t.shape[0] == Dim.named(name) and
+            _leads(t, name) for t in outs if t is not None):
+        return None
     return name
-
-
-def _label(name: str) -> str:
-    return "?" if name.startswith("_") else "?" + name
 
 
 def per_sample_problem(mod: Module, name: str) -> str | None:
@@ -143,17 +141,8 @@ def per_sample_problem(mod: Module, name: str) -> str | None:
     from ..ir.printer import value_labels
     types = infer_types(mod)
     labels = value_labels(mod.main)
-    batch = Dim.named(name)
-
     def carries(t) -> bool:
         return name in size_names(t)
-
-    def leading(t) -> bool:
-        fields = t.fields if isinstance(t, TupleType) else (t,)
-        return all(not carries(f) or (isinstance(f, TensorType) and f.rank and
-                                      f.shape[0] == batch and
-                                      not size_names(TensorType(f.shape[1:], f.dtype)))
-                   for f in fields)
 
     for node in post_order(mod.main.body):
         if not isinstance(node, Call) or isinstance(node.op, Expr):
@@ -163,7 +152,7 @@ def per_sample_problem(mod: Module, name: str) -> str | None:
             continue
         where = f"{labels.get(id(node), node.op.name)} = {node.op.name}"
         out = types[id(node)]
-        if not all(map(leading, ins)) or not leading(out):
+        if not all(_leads(t, name) for t in ins) or not _leads(out, name):
             return f"{where} moves ?{name} off the leading axis ({out})"
         if not carries(out):
             return f"{where} computes over the whole batch ({out} from {ins[0]})"

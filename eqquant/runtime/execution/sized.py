@@ -13,6 +13,7 @@ from collections import OrderedDict
 from typing import Any, Mapping
 
 from ...core.nodes import Module
+from ...core.types import size_label
 from ...errors import EvalError
 from ...passes.sizes import bind_sizes, input_sizes, is_symbolic, open_sizes
 
@@ -60,7 +61,7 @@ class SizedExecutor:
 
     @property
     def compiled(self):
-        return next(reversed(self._made.values())).compiled if self._made else None
+        return self._last().compiled if self._made else None
 
     def _last(self):
         if not self._made:
@@ -75,9 +76,9 @@ class SizedExecutor:
         return self._last().profile_table()
 
     def describe_sizes(self) -> str:
-        made = ", ".join("(" + ", ".join(f"?{n}={v}" for n, v in zip(self.sizes, k)) + ")"
-                         for k in self._made)
-        return f"sizes known at run time: {', '.join('?' + n for n in self.sizes)}; " \
+        made = ", ".join("(" + ", ".join(f"{size_label(n)}={v}" for n, v in zip(self.sizes, k))
+                         + ")" for k in self._made)
+        return f"sizes known at run time: {', '.join(map(size_label, self.sizes))}; " \
                f"made for {made or 'none yet'}"
 
 
