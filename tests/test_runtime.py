@@ -130,34 +130,37 @@ def _same_bits_either_layout(weight, bias, image, act):
 @settings(max_examples=30, deadline=None)
 @given(c=st.integers(1, 40), k=st.sampled_from([1, 3, 5]), stride=st.integers(1, 2),
        pad=st.integers(0, 2), dil=st.integers(1, 2), hw=st.integers(3, 12),
-       seed=st.integers(0, 999))
-def test_channel_last_depthwise_sums_its_taps_in_order(c, k, stride, pad, dil, hw, seed):
+       n=st.integers(1, 3), seed=st.integers(0, 999))
+def test_channel_last_depthwise_sums_its_taps_in_order(c, k, stride, pad, dil, hw, n, seed):
     """The channel-last depthwise kernel (the SIMD sweep inside the image, 16 channels at a
-    time and a tail, and the border loop around it) gives the bits of the bias plus each
-    inside tap's product in turn, kernel row by row, each product and sum rounded to
-    float32, then the clamp: what NumPy computes below, bit for bit."""
+    time and a tail, and the border loop around it), on a batch of ``n`` images in one
+    launch, gives the bits of the bias plus each inside tap's product in turn, kernel row by
+    row, each product and sum rounded to float32, then the clamp: what NumPy computes below
+    image by image, bit for bit."""
     from eqquant.runtime.kernels.depthwise import entry
     from eqquant.runtime.kernels.fp32 import depthwise_channels_last
     rng = np.random.default_rng(seed)
     if hw + 2 * pad < dil * (k - 1) + 1:
         return
-    x = rng.normal(size=(hw, hw, c)).astype(np.float32)
+    x = rng.normal(size=(n, hw, hw, c)).astype(np.float32)
     w = rng.normal(size=(k, k, c)).astype(np.float32)
     bias = rng.normal(size=c).astype(np.float32)
     oh = (hw + 2 * pad - dil * (k - 1) - 1) // stride + 1
-    out = np.empty((oh, oh, c), np.float32)
+    out = np.empty((n, oh, oh, c), np.float32)
     depthwise_channels_last(x, w, bias, stride, stride, pad, pad, dil, dil, -0.5, 0.7, out,
                             entry("float"))
     want = np.empty_like(out)
-    for y in range(oh):
-        for xo in range(oh):
-            acc = bias.copy()
-            for i in range(k):
-                for j in range(k):
-                    iy, ix = y * stride - pad + i * dil, xo * stride - pad + j * dil
-                    if 0 <= iy < hw and 0 <= ix < hw:
-                        acc = acc + x[iy, ix] * w[i, j]
-            want[y, xo] = np.minimum(np.maximum(acc, np.float32(-0.5)), np.float32(0.7))
+    for b in range(n):
+        for y in range(oh):
+            for xo in range(oh):
+                acc = bias.copy()
+                for i in range(k):
+                    for j in range(k):
+                        iy, ix = y * stride - pad + i * dil, xo * stride - pad + j * dil
+                        if 0 <= iy < hw and 0 <= ix < hw:
+                            acc = acc + x[b, iy, ix] * w[i, j]
+                want[b, y, xo] = np.minimum(np.maximum(acc, np.float32(-0.5)),
+                                            np.float32(0.7))
     assert out.tobytes() == want.tobytes()
 
 

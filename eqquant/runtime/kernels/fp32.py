@@ -103,33 +103,37 @@ def interior(ow, sw, pl, dw, kw, wd):
 
 @parallel
 def depthwise_channels_last(thread, threads, args):
-    """x: (H, W, C), w: (kh, kw, C), out: (oh, ow, C); one filter per channel; all three
-    C-contiguous. One output row per work item: the pixels all of whose taps lie inside the
+    """x: (N, H, W, C), w: (kh, kw, C), out: (N, oh, ow, C); one filter per channel; all
+    three C-contiguous. One output row of one image per work item, the batch's in one launch,
+    each thread a run of them (the first images' on the first thread, as the GEMM drivers'
+    items give them): the pixels all of whose taps lie inside the
     row go to the SIMD sweep (``sweep``: ``depthwise_simd.entry("float")``, 16 channels at a
     time, the sums in registers across the taps, then the clamp to [lo, hi]); the few at the
     borders are summed here over their inside taps, in the same order (kernel row, then
     column)."""
     x, w, bias, sh, sw, pt, pl, dh, dw, lo, hi, out, sweep = args
-    h, wd, c_n = x.shape
+    n, h, wd, c_n = x.shape
     kh, kw, _ = w.shape
-    oh, ow, _ = out.shape
+    _, oh, ow, _ = out.shape
     lo32 = np.float32(lo)
     hi32 = np.float32(hi)
     first, last = interior(ow, sw, pl, dw, kw, wd)
-    for y in range(*share(oh, thread, threads)):
+    for item in range(*share(n * oh, thread, threads)):
+        b, y = item // oh, item % oh
         i0, i1 = kernel_rows(y, sh, pt, dh, kh, h)
         if i1 > i0 and last > first:
-            call_sweep(sweep, x[y * sh - pt + i0 * dh].ctypes.data, w[i0].ctypes.data,
-                       bias.ctypes.data, out[y].ctypes.data, 0, 0, first, last, c_n, i1 - i0,
-                       dh * wd * c_n, kw, sw, dw, -pl, lo32, hi32, 0, 0, 0, first, last, wd)
+            call_sweep(sweep, x[b, y * sh - pt + i0 * dh].ctypes.data, w[i0].ctypes.data,
+                       bias.ctypes.data, out[b, y].ctypes.data, 0, 0, first, last, c_n,
+                       i1 - i0, dh * wd * c_n, kw, sw, dw, -pl, lo32, hi32, 0, 0, 0, first,
+                       last, wd)
         for xo in range(ow):
             if first <= xo < last and i1 > i0:
                 continue
-            a = out[y, xo]      # summed in place (float32, as a buffer would be), no buffer
+            a = out[b, y, xo]   # summed in place (float32, as a buffer would be), no buffer
             for c in range(c_n):
                 a[c] = bias[c]
             for i in range(i0, i1):
-                src = x[y * sh - pt + i * dh]
+                src = x[b, y * sh - pt + i * dh]
                 for j in range(kw):
                     ix = xo * sw - pl + j * dw
                     if ix >= 0 and ix < wd:
@@ -275,7 +279,8 @@ maxpool_row = None   # bound in each twin of _max_pool_rows to its element type'
 
 
 def _max_pool_rows(thread, threads, args):
-    """x (H, W, C) -> out (oh, ow, C), both C-contiguous: one output row per work item, each
+    """x (N, H, W, C) -> out (N, oh, ow, C), both C-contiguous: one output row of one image
+    per work item (the batch's in one launch, each thread a run of them), each
     computed by ``pool_simd``'s row ``maxpool_row`` (its channels in vectors, their running
     maxima in registers across the taps; taps outside the image skipped: padding is the
     dtype's least value, never a maximum). Compiled once per element type, as
@@ -283,13 +288,14 @@ def _max_pool_rows(thread, threads, args):
     program compiles the one it uses (the four in one kernel took more than twice as long
     to compile as one)."""
     x, kh, kw, sh, sw, pt, pl, dh, dw, out = args
-    h, w, c_n = x.shape
-    oh, ow, _ = out.shape
+    n, h, w, c_n = x.shape
+    _, oh, ow, _ = out.shape
     size = x.itemsize
-    for y in range(*share(oh, thread, threads)):
+    for item in range(*share(n * oh, thread, threads)):
+        b, y = item // oh, item % oh
         i0, i1 = kernel_rows(y, sh, pt, dh, kh, h)
-        src = x.ctypes.data + max(0, y * sh - pt + i0 * dh) * w * c_n * size
-        dst = out.ctypes.data + y * ow * c_n * size
+        src = x.ctypes.data + ((b * h + max(0, y * sh - pt + i0 * dh)) * w * c_n) * size
+        dst = out.ctypes.data + ((b * oh + y) * ow * c_n) * size
         maxpool_row(src, dst, i1 - i0, dh * w * c_n, c_n, w, ow, kw, sw, dw, -pl)
 
 
@@ -339,13 +345,16 @@ def avg_pool(thread, threads, args):
 
 @parallel
 def avg_pool_channels_last(thread, threads, args):
-    """``avg_pool`` on one channel-last image x (H, W, C) -> out (oh, ow, C): each channel's
-    window summed in the same order of taps, the same bits. A unit of work an output row."""
+    """``avg_pool`` on a channel-last batch x (N, H, W, C) -> out (N, oh, ow, C): each
+    channel's window summed in the same order of taps, the same bits. A unit of work an
+    output row of one image (the batch's in one launch)."""
     x, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, out = args
-    acc = np.empty(x.shape[2], np.float64)
-    for y in range(*share(out.shape[0], thread, threads)):
-        _average(x, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, out, y, y + 1, 0,
-                 x.shape[2], acc)
+    acc = np.empty(x.shape[3], np.float64)
+    oh = out.shape[1]
+    for item in range(*share(x.shape[0] * oh, thread, threads)):
+        b, y = item // oh, item % oh
+        _average(x[b], kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, include_pad, out[b], y, y + 1,
+                 0, x.shape[3], acc)
 
 
 @parallel

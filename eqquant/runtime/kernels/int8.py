@@ -618,9 +618,12 @@ def _taps_along(acc, row, tap, ox0, ox1, sw, offset, zx, mult):
 
 @parallel
 def depthwise_channels_last(thread, threads, args):
-    """fused.qconv2d with groups = input channels on channel-last data: x (H, W, C) 8-bit,
-    wt (kh, kw, O) int32 (weight minus its zero point), out (oh*ow, O), all C-contiguous.
-    One output row per work item: with one output channel per input channel, the SIMD sweep
+    """fused.qconv2d with groups = input channels on a channel-last batch: x (N, H, W, C)
+    8-bit, wt (kh, kw, O) int32 (weight minus its zero point), out (N, oh*ow, O), all
+    C-contiguous. One output row of one image per work item, the batch's rows image by image
+    in one launch, each thread a run of them (the first images' on the first thread, as the
+    GEMM drivers' items give them: a thread reads rows its own core wrote); with one output
+    channel per input channel, the SIMD sweep
     (``depthwise_simd``: 16 channels at a time, the sums in registers across the taps and
     through the epilogue) sums and requantizes the whole row, its border pixels reading a
     pixel of zx (x - zx = 0) for a tap outside the image; with a channel multiplier, the
@@ -630,29 +633,31 @@ def depthwise_channels_last(thread, threads, args):
     table; ``inits``: ``epilogue_table.depthwise_inits``'s; ``sweep``: the sweep of x's type
     (``depthwise_simd.entry``: "u8" or "i8"), called where mult is 1 only."""
     x, zx, wt, mult, sh, sw, pt, pl, dh, dw, oh, ow, params, inits, lo, hi, out, sweep = args
-    h, w = x.shape[0], x.shape[1]
+    h, w = x.shape[1], x.shape[2]
     kh, kw, o_n = wt.shape
     first, last = interior(ow, sw, pl, dw, kw, w)
     zrow = np.empty(o_n if mult == 1 else 0, x.dtype)     # a padding pixel, for the sweep
     zrow[:] = zx
-    for oy in range(*share(oh, thread, threads)):
+    for item in range(*share(x.shape[0] * oh, thread, threads)):
+        b, oy = item // oh, item % oh
         i0, i1 = kernel_rows(oy, sh, pt, dh, kh, h)
         if mult == 1 and i1 > i0:   # the whole row summed and requantized straight into out
-            call_sweep(sweep, x[oy * sh - pt + i0 * dh].ctypes.data, wt[i0].ctypes.data,
-                       inits[i0, i1].ctypes.data, out[oy * ow].ctypes.data, params.ctypes.data,
+            call_sweep(sweep, x[b, oy * sh - pt + i0 * dh].ctypes.data, wt[i0].ctypes.data,
+                       inits[i0, i1].ctypes.data, out[b, oy * ow].ctypes.data,
+                       params.ctypes.data,
                        zrow.ctypes.data, first, last, o_n, i1 - i0, dh * w * o_n, kw, sw, dw,
                        -pl, np.float32(0.0), np.float32(0.0), params.shape[1], lo, hi, 0, ow,
                        w)
             continue
         acc = np.zeros((ow, o_n), np.int32)
         for i in range(i0, i1):
-            row = x[oy * sh - pt + i * dh]
+            row = x[b, oy * sh - pt + i * dh]
             for j in range(kw):
                 offset = j * dw - pl
                 f, l_ = inside(ow, sw, offset, w)
                 _taps_along(acc, row, wt[i, j], f, l_, sw, offset, zx, mult)
         # (np.intp: a literal 0 would compile requantize_rows again, for Literal[int](0))
-        requantize_rows(acc, params, np.intp(0), o_n, lo, hi, out, oy * ow, np.intp(0))
+        requantize_rows(acc, params, np.intp(0), o_n, lo, hi, out[b], oy * ow, np.intp(0))
 
 
 @njit(inline="always")

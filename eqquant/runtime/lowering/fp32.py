@@ -316,10 +316,10 @@ class Conv2D(_Spatial):
             return False
         return _is_f32(*in_types[:2], out_type) and 1 in consts
 
-    def _depthwise_call(self, hwc, res):
-        """(the channel-last depthwise kernel, its arguments) on one image into res (oh, ow,
-        C)."""
-        return k.depthwise_channels_last, (hwc, self.taps, self.bias_vec, self.sh, self.sw,
+    def _depthwise_call(self, nhwc, res):
+        """(the channel-last depthwise kernel, its arguments) on a batch into res (N, oh, ow,
+        C): one launch."""
+        return k.depthwise_channels_last, (nhwc, self.taps, self.bias_vec, self.sh, self.sw,
                                            self.pt, self.pl, self.dh, self.dw, self.lo,
                                            self.hi, res, sweep_entry("float"))
 
@@ -337,11 +337,10 @@ class Conv2D(_Spatial):
 
     def prepare(self, ins, out):
         """The kernel's entry point bound to this site's arrays, where it reads them as they
-        are (channel-last, contiguous; depthwise: one launch per image)."""
+        are (channel-last, contiguous)."""
         if self.nhwc and ins[0].flags.c_contiguous:
             if self.taps is not None and out.flags.c_contiguous:
-                return in_order([bound(*self._depthwise_call(ins[0][i], out[i]))
-                                 for i in range(out.shape[0])])
+                return bound(*self._depthwise_call(ins[0], out))
             if self.taps is None and self.fma is not None:
                 return bound(*self._fma_call(ins[0], out))
         if not self.nhwc and self.taps is None and self.fma is not None:
@@ -367,9 +366,8 @@ class Conv2D(_Spatial):
 
     def __call__(self, ins, out):
         if self.taps is not None:       # depthwise, channel-last as its kernel reads
-            for b in range(out.shape[0]):
-                kernel, args = self._depthwise_call(ins[0][b], out[b])
-                kernel(*args)
+            kernel, args = self._depthwise_call(ins[0], out)
+            kernel(*args)
             return
         if self.fma is None or not self.nhwc:
             return super().__call__(ins, out)
@@ -578,7 +576,8 @@ def _same_dtype(in_types, out_type, dtypes=("float32", "int8", "uint8", "int32")
 
 
 class _PerImage(_Spatial):
-    """A pool whose kernels take one image a call: bound as one launch per image."""
+    """A pool bound as the launches ``image_calls`` gives: one per image (NCHW), or one for
+    the batch (its channel-last kernels)."""
 
     def image_calls(self, x, out) -> list | None:
         """(kernel, its arguments) per image, as the binding's own call runs them; None
@@ -611,8 +610,7 @@ class MaxPool2D(_PerImage):
         dtype = out.dtype
         if self.nhwc:
             kernel = k.max_pool_channels_last[KIND_OF[dtype.name]]
-            return [(kernel, (x[b], kh, kw, sh, sw, pt, pl, dh, dw, out[b]))
-                    for b in range(x.shape[0])]
+            return [(kernel, (x, kh, kw, sh, sw, pt, pl, dh, dw, out))]     # (the batch)
         lowest = dtype.type(-np.inf) if dtype.kind == "f" else np.iinfo(dtype).min
         return [(k.max_pool, (x[b], kh, kw, sh, sw, pt, pl, dh, dw, dtype.type(lowest),
                               out[b])) for b in range(x.shape[0])]
@@ -636,11 +634,13 @@ class AvgPool2D(_Averaging):
     def image_calls(self, x, out) -> list:
         """Per image: NCHW each channel's plane, channel-last each output pixel's channels
         at once (the same sums in the same order)."""
-        kernel = k.avg_pool_channels_last if self.nhwc else k.avg_pool
         kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = self.geometry()
-        view = (lambda a: a) if self.nhwc else (lambda a: a.transpose(1, 2, 0))
-        return [(kernel, (view(x[b]), kh, kw, sh, sw, pt, pl, pb, pr, dh, dw,
-                          bool(self.attrs["count_include_pad"]), view(out[b])))
+        include_pad = bool(self.attrs["count_include_pad"])
+        if self.nhwc:       # (the batch in one launch)
+            return [(k.avg_pool_channels_last, (x, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw,
+                                                include_pad, out))]
+        return [(k.avg_pool, (x[b].transpose(1, 2, 0), kh, kw, sh, sw, pt, pl, pb, pr, dh,
+                              dw, include_pad, out[b].transpose(1, 2, 0)))
                 for b in range(x.shape[0])]
 
 

@@ -752,14 +752,15 @@ class FusedQConv2D(Binding):
             extra = (residual.reshape(flat.shape), self.residual_params)
         return self.conv.conv_kernel, (nhwc, *self.fixed_args, flat, threads(), *extra)
 
-    def _depthwise_call(self, hwc, res):
-        """(the depthwise kernel, its arguments) on one channel-last image into res (oh, ow,
-        O)."""
-        sweep = (sweep_entry("i8" if hwc.dtype == np.int8 else "u8") if self.conv.mult == 1
+    def _depthwise_call(self, nhwc, res):
+        """(the depthwise kernel, its arguments) on a channel-last batch into res (N, oh, ow,
+        O): one launch."""
+        sweep = (sweep_entry("i8" if nhwc.dtype == np.int8 else "u8") if self.conv.mult == 1
                  else 0)     # (with a channel multiplier the kernel never calls the sweep)
+        n, oh, ow, o = res.shape
         return self.k8.depthwise_channels_last, (
-            hwc, *self.fixed_args, *res.shape[:2], self.params, self.inits, self.lo, self.hi,
-            res.reshape(-1, res.shape[2]), sweep)
+            nhwc, *self.fixed_args, oh, ow, self.params, self.inits, self.lo, self.hi,
+            res.reshape(n, oh * ow, o), sweep)
 
     def prepare(self, ins, out):
         """The kernel call itself, bound to this site's arrays, where the image is read as it
@@ -771,21 +772,17 @@ class FusedQConv2D(Binding):
             image, calls = c.unsigned_calls(ins[0])
             return in_order([bound(*call) for call in [*calls, self._simd_call(image, out)]])
         if self.channels_last and c.depthwise and ins[0].flags.c_contiguous:
-            return in_order([bound(*call) for call in self._depthwise_calls(ins[0], out)])
+            return bound(*self._depthwise_call(ins[0], out))
         if c.simd is None and not (self.channels_last and c.depthwise) and \
                 ins[0].flags.c_contiguous and out.flags.c_contiguous:
             return in_order([bound(*call) for call in self._portable_calls(ins[0], out)])
         if not self.channels_last and (c.simd is not None or c.depthwise):   # (moves too)
             calls = nchw_calls(self, ins[0], out, self._simd_call if c.simd is not None else
-                               self._depthwise_calls,
+                               self._depthwise_call,
                                self._unsigned_moves if getattr(c, "shift", 0) else None)
             if calls is not None:
                 return calls
         return super().prepare(ins, out)
-
-    def _depthwise_calls(self, nhwc, res) -> list:
-        """``_depthwise_call`` per image of a channel-last batch."""
-        return [self._depthwise_call(nhwc[b], res[b]) for b in range(res.shape[0])]
 
     def _portable_calls(self, x, out) -> list:
         """The portable path's calls (``__call__``'s): at a channel-last site the image moved
@@ -835,9 +832,8 @@ class FusedQConv2D(Binding):
             x = ins[0] if last else moved(ins[0], out=self.scratch(
                 "image", (n, *ins[0].shape[2:], ins[0].shape[1]), ins[0].dtype))
             res = out if last else self.scratch("result", (n, *out.shape[2:], o), out.dtype)
-            for b in range(n):
-                kernel, args = self._depthwise_call(x[b], res[b])
-                kernel(*args)
+            kernel, args = self._depthwise_call(x, res)
+            kernel(*args)
             if not last:
                 move_into(res, out, to_last=False)
             return
