@@ -145,7 +145,14 @@ PLAN_EDITS = {
     "a word that is not an integer": lambda p: p["launches"][0]["words"].__setitem__(0, 1.5),
     "the launches a number": _set(("launches",), 7),
     "a launch count of -1": _set(("launches", 0, "count"), -1),
-    "the format of another version": _set(("format",), 2),
+    "the format of another version": _set(("format",), 3),
+    "a batched table of inputs other than the plan's": lambda p: p.__setitem__("batched", {
+        "inputs": [{**p["inputs"][0], "shape": [1, 3]}], "output": p["output"],
+        "launches": p["launches"]}),
+    "a batched table naming function 999": lambda p: p.__setitem__("batched", {
+        "inputs": p["inputs"], "output": p["output"],
+        "launches": [{**p["launches"][0], "function": 999}]}),
+    "a batched table that is a list": _set(("batched",), []),
     "the plan emptied": lambda p: p.clear(),
 }
 # plan edits of damage only: a plan eqquant could write, caught by its digest

@@ -243,6 +243,7 @@ def _library_or_skip(ex, folder):
 
 
 def test_one_library_serves_every_batch_with_the_batch_one_bits(tmp_path):
+    from eqquant.deploy.build import BATCHED
     from eqquant.deploy.loader import Library
     m = eqquant.load(DATA / "tiny_resnet.onnx")
     rng = np.random.default_rng(4)
@@ -251,12 +252,20 @@ def test_one_library_serves_every_batch_with_the_batch_one_bits(tmp_path):
     assert _library_or_skip(q.executor(), tmp_path / "lib") is None
     lib = Library(tmp_path / "lib")
     assert lib.batch == "N" and lib.inputs["input_1"].shape[0] == Dim.named("N")
-    x = rng.standard_normal((8, 3, 16, 16)).astype(np.float32)
-    ones = np.concatenate([lib.run(x[i:i + 1]) for i in range(8)])
-    for b in (1, 3, 8):
+    # two tables of launches: batch 1 and BATCHED (a batch of 11: one run of 8, three of 1)
+    assert lib.batched is not None and lib.batched[0] == BATCHED == 8
+    x = rng.standard_normal((19, 3, 16, 16)).astype(np.float32)
+    ones = np.concatenate([lib.run(x[i:i + 1]) for i in range(19)])
+    for b in (1, 3, 8, 11, 19):
         got = lib.run(x[:b])
         np.testing.assert_array_equal(got, ones[:b])
         np.testing.assert_array_equal(got, q.run(x[:b]))      # the executor at batch b
+    # the weights both tables read are stored once
+    plan = lib.plan
+    stored = [(r["at"], r["bytes"]) for r in plan["roots"] if r["at"] is not None]
+    assert len(set(stored)) < len(stored)
+    assert (tmp_path / "lib" / "data.bin").stat().st_size <= sum(
+        n for _, n in set(stored)) + 64 * len(stored)
     with pytest.raises(EvalError, match="expects shape"):
         lib.run(np.zeros((2, 3, 15, 16), np.float32))
 

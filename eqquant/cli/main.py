@@ -806,8 +806,10 @@ def compile_cmd(model, params, out_dir, no_opt):
     click.echo(f"wrote {out_dir}: {len(library.plan['launches'])} launches of "
                f"{len(library.plan['functions'])} C functions, {size / 1e6:.1f} MB, "
                f"{library.threads} threads"
-               + (f"; its batch ?{library.batch} open: any batch runs, one sample at a time"
-                  if library.batch else ""))
+               + (f"; its batch ?{library.batch} open: any batch runs, in runs of "
+                  f"{library.batched[0]} samples (a table of launches of its own) and of one"
+                  if library.batched else f"; its batch ?{library.batch} open: any batch "
+                  "runs, one sample at a time" if library.batch else ""))
 
 
 @cli.group()

@@ -80,8 +80,11 @@ def build(executor, folder: str | os.PathLike, key: str = "",
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None:
         raise NotBuiltHere("no C compiler (cc) to link the library with")
-    executor, batch = per_sample(executor)
-    plan, roots, functions, bound, inputs = _plan(executor)
+    single, batch = per_sample(executor)
+    tables = [single]
+    if batch is not None and BATCHED > 1:
+        tables.append(executor.at({batch: BATCHED}))
+    plan, roots, functions, runs = _plan(tables)
     plan["batch"] = batch
     plan["key"] = key
     plan["aliases"] = dict(aliases or {})
@@ -89,7 +92,7 @@ def build(executor, folder: str | os.PathLike, key: str = "",
     work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         _link(functions, plan, work, cc)
-        roots.state = _written(roots, bound, inputs)
+        roots.state = _written(roots, runs)
         _write_data(roots, plan, work / "data.bin")
         (work / "plan.json").write_text(json.dumps(plan))
         (work / "sums.json").write_text(json.dumps(     # (what loader.verify checks)
@@ -107,12 +110,19 @@ def build(executor, folder: str | os.PathLike, key: str = "",
     return folder
 
 
+# A library of a program whose batch is open holds its launches at batch 1 and at BATCHED:
+# a batch of n runs as n // BATCHED runs of BATCHED samples, then the rest one by one.
+BATCHED = 8
+
+
 def per_sample(executor) -> tuple[object, str | None]:
     """The executor a library is planned from, and the size it runs over one sample at a
     time (None: the program's shape is fixed). A program whose sizes are open
     (``SizedExecutor``) is saved at batch 1 when it runs its batch sample by sample
-    (``passes.sizes.per_sample_problem``): the library then takes any batch, one run per
-    sample, each the batch-1 run's bits. Any other open size: NotDeployable, saying which."""
+    (``passes.sizes.per_sample_problem``): the library then takes any batch, in runs of
+    BATCHED samples (a second table of launches, made at that batch, ``build``) and of one,
+    each run the executor's bits at its batch. Any other open size: NotDeployable, saying
+    which."""
     if not hasattr(executor, "for_inputs"):
         return executor, None
     from ..ir.typecheck import infer_types
@@ -228,18 +238,12 @@ def not_launches(executor) -> list[str]:
     return why
 
 
-def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
-    """The plan (launches, slots, inputs, output; roots filled in by ``_write_data``), the
-    roots, the C functions, the steps bound, the inputs' arrays."""
+def _plan(executors: list) -> tuple[dict, _Roots, list, list]:
+    """The plan (the first executor's launches, inputs and output; each other one's as a
+    table of its own under "batched", made at its batch; slots; roots filled in by
+    ``_write_data``), the roots, the C functions, and each table's (steps bound, inputs'
+    arrays) for ``_written``."""
     roots = _Roots()
-    for name, (_, t) in executor.inputs.items():
-        if not isinstance(t, TensorType):
-            raise NotDeployable(f"input %{name} is not a tensor")
-    inputs = executor.stand_ins()
-    bound = executor.bind_steps(inputs)
-    for a in list(executor.blocks) + list(inputs.values()):
-        roots.fresh.add(roots.place(a, "buffers")[0])
-
     made = compiling.made()
     functions: list = []                 # CFuncs, in the library's order
     function_index: dict[int, int] = {}
@@ -251,6 +255,61 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
         return function_index[id(c)]
 
     named: set[str] = set()              # slots whose cells blocks hold
+    tables, runs = [], []
+    for executor in executors:
+        table, bound, inputs = _table(executor, roots, made, function, named)
+        tables.append(table)
+        runs.append((bound, inputs))
+
+    # the slots the functions use (named in their blocks, or read by their code), and the
+    # C functions that fill them, until none is new: only those go into the library (a
+    # process may have loaded other paths' GEMMs)
+    used: dict[str, tuple | None] = {name: None for name in named}
+    done = 0
+    while done < len(functions):
+        for name in _slots_read(functions[done]):
+            used.setdefault(name, None)
+        done += 1
+        for name in list(used):
+            if used[name] is None and name in llvm_loops.FILLED:
+                source, index = llvm_loops.FILLED[name]
+                used[name] = (function(source), index)
+    slot_sources = []
+    lengths: dict[int, int] = {}         # a table's function -> the addresses it writes
+    for name in llvm_loops.slot_names():    # (every cell defined: a module may name it)
+        source, index = used.get(name) or (None, None)
+        slot_sources.append({"name": name, "function": source, "index": index})
+        if index is not None:
+            lengths[source] = llvm_loops.table_length(functions[source])
+    plan = {
+        "format": FORMAT,
+        "phase": PHASE,
+        "threads": pool_threads(),
+        "cpu": cpu_digest(),            # (the CPU its code is compiled for)
+        "tiles": _tiles(),             # (the kernels may use AMX: ask Linux at load)
+        **tables[0],
+        **({"batched": tables[1]} if len(tables) > 1 else {}),
+        "slots": slot_sources,
+        # (all of a table's addresses, however few the program uses: the loader gives the
+        # table room for each, or it writes past its buffer)
+        "tables": [{"function": f, "length": n} for f, n in sorted(lengths.items())],
+        "functions": [c._wrapper_name for c in functions],
+        "ops": executors[0].kernel_plan(runs[0][0]),     # (what runs each op: run -v)
+    }
+    return plan, roots, functions, runs
+
+
+def _table(executor, roots: _Roots, made: dict, function, named: set) -> tuple:
+    """One executor's launches, inputs and output, as the plan holds them (its arrays placed
+    in ``roots``, its C functions numbered by ``function``, the slots its blocks name added
+    to ``named``); its steps bound; its inputs' arrays."""
+    for name, (_, t) in executor.inputs.items():
+        if not isinstance(t, TensorType):
+            raise NotDeployable(f"input %{name} is not a tensor")
+    inputs = executor.stand_ins()
+    bound = executor.bind_steps(inputs)
+    for a in list(executor.blocks) + list(inputs.values()):
+        roots.fresh.add(roots.place(a, "buffers")[0])
     launches = []
     for i, (st, prepared) in enumerate(zip(executor.steps, bound)):
         where = f"step {i} ({st.label})"
@@ -289,27 +348,6 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
             launches.append({"step": i, "op": st.label, "function": function(entry),
                              "count": count, "words": words, "refs": refs})
 
-    # the slots the functions use (named in their blocks, or read by their code), and the
-    # C functions that fill them, until none is new: only those go into the library (a
-    # process may have loaded other paths' GEMMs)
-    used: dict[str, tuple | None] = {name: None for name in named}
-    done = 0
-    while done < len(functions):
-        for name in _slots_read(functions[done]):
-            used.setdefault(name, None)
-        done += 1
-        for name in list(used):
-            if used[name] is None and name in llvm_loops.FILLED:
-                source, index = llvm_loops.FILLED[name]
-                used[name] = (function(source), index)
-    slot_sources = []
-    tables: dict[int, int] = {}          # a table's function -> the addresses it writes
-    for name in llvm_loops.slot_names():    # (every cell defined: a module may name it)
-        source, index = used.get(name) or (None, None)
-        slot_sources.append({"name": name, "function": source, "index": index})
-        if index is not None:
-            tables[source] = llvm_loops.table_length(functions[source])
-
     def value_of(array, what):
         r, offset = roots.place(array, what)
         return {"root": r, "offset": offset, "shape": list(array.shape),
@@ -318,12 +356,7 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
     if out_step is None or bound[out_step] is None or \
             not isinstance(bound[out_step][1], np.ndarray):
         raise NotDeployable("the program's output is not an array a step computes")
-    plan = {
-        "format": FORMAT,
-        "phase": PHASE,
-        "threads": pool_threads(),
-        "cpu": cpu_digest(),            # (the CPU its code is compiled for)
-        "tiles": _tiles(),             # (the kernels may use AMX: ask Linux at load)
+    table = {
         "inputs": [{"name": name, **value_of(inputs[slot], f"input %{name}"),
                     # (values its kernels need: checked as it enters, ``check_bounds``)
                     **({"bounds": list(executor.bounds[name])} if name in executor.bounds
@@ -331,27 +364,22 @@ def _plan(executor) -> tuple[dict, _Roots, list, list, dict]:
                    for name, (slot, _) in executor.inputs.items()],
         "output": value_of(bound[out_step][1], "the output"),
         "launches": launches,
-        "slots": slot_sources,
-        # (all of a table's addresses, however few the program uses: the loader gives the
-        # table room for each, or it writes past its buffer)
-        "tables": [{"function": f, "length": n} for f, n in sorted(tables.items())],
-        "functions": [c._wrapper_name for c in functions],
-        "ops": executor.kernel_plan(bound),     # (what runs each op: eqquant run -v)
     }
-    return plan, roots, functions, bound, inputs
+    return table, bound, inputs
 
 
-def _written(roots: _Roots, bound: list, inputs: dict) -> set[int]:
+def _written(roots: _Roots, runs: list) -> set[int]:
     """The stored roots a run writes (scratch, work counters): their bytes compared before
-    and after one run of the bound steps, on zero inputs. (They are left as that run left
-    them, as a run leaves them for the next.)"""
-    for a in inputs.values():
-        a[...] = 0
+    and after one run of each table's bound steps (``runs``: (bound, inputs) each), on zero
+    inputs. (They are left as that run left them, as a run leaves them for the next.)"""
     before = {r: np.array(_bytes(a)) for r, a in enumerate(roots.arrays)
               if r not in roots.fresh}
-    for prepared in bound:
-        if prepared is not None:
-            prepared[0]()
+    for bound, inputs in runs:
+        for a in inputs.values():
+            a[...] = 0
+        for prepared in bound:
+            if prepared is not None:
+                prepared[0]()
     return {r for r, b in before.items() if not np.array_equal(b, _bytes(roots.arrays[r]))}
 
 
@@ -378,6 +406,7 @@ def _write_data(roots: _Roots, plan: dict, path: Path) -> None:
     """The roots' bytes, each at an offset with its address's remainder modulo PHASE (the
     empty ones: their size and remainder only), and whether a run writes them."""
     entries = []
+    stored: dict[tuple, int] = {}       # (phase, size, digest) of a root only read -> at
     with open(path, "wb") as f:
         at = 0
         for r, a in enumerate(roots.arrays):
@@ -385,11 +414,20 @@ def _write_data(roots: _Roots, plan: dict, path: Path) -> None:
             if r in roots.fresh:
                 entries.append({"bytes": a.nbytes, "phase": phase, "at": None})
                 continue
+            state = r in roots.state
+            # (weights each table packed alike are stored once: a run only reads them)
+            same = None if state else \
+                (phase, a.nbytes, hashlib.sha256(_bytes(a).data).hexdigest())
+            if same in stored:
+                entries.append({"bytes": a.nbytes, "phase": phase, "at": stored[same],
+                                "state": False})
+                continue
             at += (phase - at) % PHASE
             f.seek(at)
             f.write(_bytes(a).data)
-            entries.append({"bytes": a.nbytes, "phase": phase, "at": at,
-                            "state": r in roots.state})
+            if same is not None:
+                stored[same] = at
+            entries.append({"bytes": a.nbytes, "phase": phase, "at": at, "state": state})
             at += a.nbytes
     plan["roots"] = entries
 

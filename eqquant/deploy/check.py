@@ -79,16 +79,19 @@ class Checker:
         failed or hung while the child loaded and ran it, or its output differs from the
         executor's on a random input. None: the same bits."""
         from ..core.types import bind_type
-        from .build import per_sample
+        from .build import BATCHED, per_sample
         _, batch = per_sample(executor)
-        # (a library whose batch is open: checked on a batch of 2, against the executor's
-        # runs of each sample, which is what it promises)
-        types = {name: bind_type(t, {batch: 2}) if batch else t
+        # (a library whose batch is open: checked on a batch of BATCHED + 1, one run of its
+        # batched table and one of a sample, against the executor's runs at those batches,
+        # which is what it promises)
+        runs = [BATCHED, 1] if batch and BATCHED > 1 else [1, 1] if batch else []
+        types = {name: bind_type(t, {batch: sum(runs)}) if batch else t
                  for name, (_, t) in executor.inputs.items()}
         inputs = random_inputs(types, bounds=executor.bounds)
         try:
-            want = executor.run(inputs) if not batch else np.concatenate(
-                [executor.run({k: v[i:i + 1] for k, v in inputs.items()}) for i in range(2)])
+            want = executor.run(inputs) if not batch else np.concatenate([executor.run(
+                {k: v[sum(runs[:j]):sum(runs[:j + 1])] for k, v in inputs.items()})
+                for j in range(len(runs))])
         except EqquantError as e:       # (a program refusing such an input: not checked)
             self.close()
             return f"the saved library could not be checked on a random input ({e.message})"

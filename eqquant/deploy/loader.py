@@ -27,8 +27,8 @@ from ..core.timing import time_table
 from ..core.types import Dim, TensorType, check_bounds, check_input
 from ..errors import EvalError
 
-FORMAT = 3          # plan.json's (``build.py`` writes it; 2: each GEMM table's length;
-                    # 3: sums.json, the digest of each file)
+FORMAT = 4          # plan.json's (``build.py`` writes it; 2: each GEMM table's length;
+                    # 3: sums.json, the digest of each file; 4: a batched table of launches)
 FILES = ("plan.json", "data.bin", "program.so")     # a library's, each in sums.json
 
 
@@ -171,9 +171,41 @@ class Library:
             if s["function"] is not None:   # a C function's, or the index-th of a table's
                 cell.value = (functions[s["function"]] if s["index"] is None
                               else tables[s["function"]][s["index"]])
-        self.blocks = []
-        table = (_Launch * len(plan["launches"]))()
-        for j, launch in enumerate(plan["launches"]):
+        self.blocks = []        # (each launch's argument block, kept alive)
+        self._table = self._launches(plan["launches"], functions, cells)
+        self._lock = threading.Lock()   # (one run at a time: they share the buffers)
+        self._run = lib.eqq_run
+        self._run.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+        self._run.restype = None
+        self._run_timed = lib.eqq_run_timed
+        self._run_timed.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                    ctypes.c_void_p]
+        self._run_timed.restype = None
+        self._arrays = {i["name"]: self._array(i) for i in plan["inputs"]}
+        # a library saved at batch 1 of a program whose batch is open (``build.per_sample``)
+        # takes any batch: in runs of ``batched``'s size (its table of launches, made at
+        # that batch), then of one sample
+        self.batch = plan.get("batch")
+        batched = plan.get("batched")
+        self.batched = None if batched is None else (
+            batched["inputs"][0]["shape"][0] if batched["inputs"] else 1,
+            self._launches(batched["launches"], functions, cells),
+            {i["name"]: self._array(i) for i in batched["inputs"]},
+            self._array(batched["output"]))
+        lead = (Dim.named(self.batch),) if self.batch else ()
+        self.inputs = {i["name"]: TensorType(lead + tuple(i["shape"][len(lead):]),
+                                             i["dtype"])
+                       for i in plan["inputs"]}            # name -> type
+        self.bounds = {i["name"]: tuple(i["bounds"]) for i in plan["inputs"]
+                       if "bounds" in i}                   # name -> (lo, hi, why)
+        self.aliases = plan.get("aliases", {})             # another name -> name
+        self.output = self._array(plan["output"])
+
+    def _launches(self, launches: list, functions: list, cells: dict):
+        """A table of launches for ``eqq_run``: each launch's argument block written with
+        this process's addresses (kept in ``blocks``)."""
+        table = (_Launch * len(launches))()
+        for j, launch in enumerate(launches):
             words = np.array(launch["words"], np.int64)
             for at, kind, what, *offset in launch["refs"]:
                 if kind == "root":
@@ -185,27 +217,7 @@ class Library:
             self.blocks.append(words)
             table[j] = _Launch(functions[launch["function"]], words.ctypes.data,
                                launch["count"])
-        self._table = table
-        self._lock = threading.Lock()   # (one run at a time: they share the buffers)
-        self._run = lib.eqq_run
-        self._run.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-        self._run.restype = None
-        self._run_timed = lib.eqq_run_timed
-        self._run_timed.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                    ctypes.c_void_p]
-        self._run_timed.restype = None
-        self._arrays = {i["name"]: self._array(i) for i in plan["inputs"]}
-        # a library saved at batch 1 of a program whose batch is open (``build.per_sample``)
-        # takes any batch, one run per sample
-        self.batch = plan.get("batch")
-        lead = (Dim.named(self.batch),) if self.batch else ()
-        self.inputs = {i["name"]: TensorType(lead + tuple(i["shape"][len(lead):]),
-                                             i["dtype"])
-                       for i in plan["inputs"]}            # name -> type
-        self.bounds = {i["name"]: tuple(i["bounds"]) for i in plan["inputs"]
-                       if "bounds" in i}                   # name -> (lo, hi, why)
-        self.aliases = plan.get("aliases", {})             # another name -> name
-        self.output = self._array(plan["output"])
+        return table
 
     @staticmethod
     def _roots(path: Path, entries: list, phase: int) -> list[np.ndarray]:
@@ -248,7 +260,8 @@ class Library:
 
     def run(self, inputs) -> np.ndarray:
         """The program's output for ``inputs`` (name -> array, or the one input's array); a
-        library whose batch is open runs a batch one sample at a time (into one result)."""
+        library whose batch is open runs a batch in runs of its batched table's size, then
+        one sample at a time (into one result)."""
         values = self._values(inputs)
         count = len(next(iter(values.values()))) if self.batch and values else 1
         with self._lock:
@@ -257,7 +270,16 @@ class Library:
                 self._run(ctypes.addressof(self._table), len(self._table), self.threads)
                 return np.array(self.output)
             out = np.empty((count,) + self.output.shape[1:], self.output.dtype)
-            for i in range(count):
+            i = 0
+            if self.batched is not None:
+                size, table, arrays, output = self.batched
+                while count - i >= size:
+                    for name, value in values.items():
+                        arrays[name][...] = value[i:i + size]
+                    self._run(ctypes.addressof(table), len(table), self.threads)
+                    out[i:i + size] = output
+                    i += size
+            for i in range(i, count):
                 self._put({k: v[i:i + 1] for k, v in values.items()})
                 self._run(ctypes.addressof(self._table), len(self._table), self.threads)
                 out[i:i + 1] = self.output

@@ -76,19 +76,6 @@ def check(plan, data_bytes: int, format_: int) -> None:
         if not isinstance(name, str) or not _NAME.match(name):
             raise PlanError(f"functions[{j}] is {name!r}, not a C function's name")
 
-    names = set()
-    for j, v in enumerate(_of(plan.get("inputs"), list, "inputs")):
-        _value(v, f"inputs[{j}]", sizes)
-        names.add(_of(v.get("name"), str, f"inputs[{j}].name"))
-        if "bounds" in v:       # (lowest, highest, why): what the input's values must be
-            b = _of(v["bounds"], list, f"inputs[{j}].bounds")
-            if len(b) != 3 or not all(isinstance(x, int) and not isinstance(x, bool)
-                                      for x in b[:2]) or not isinstance(b[2], str):
-                raise PlanError(f"inputs[{j}].bounds is {b!r}, not [lowest, highest, why]")
-    if len(names) != len(plan["inputs"]):
-        raise PlanError("inputs name one input twice")
-    _value(plan.get("output"), "output", sizes)
-
     for j, t in enumerate(_of(plan.get("tables"), list, "tables")):
         _of(t, dict, f"tables[{j}]")
         _index(t.get("function"), f"tables[{j}].function", len(functions))
@@ -106,10 +93,39 @@ def check(plan, data_bytes: int, format_: int) -> None:
         if s.get("index") is not None:
             _int(s["index"], f"{where}.index", 0, 1 << 16)   # (in its table: the loader)
 
-    for j, launch in enumerate(_of(plan.get("launches"), list, "launches")):
-        where = f"launches[{j}]"
+    _launch_table(plan, "", sizes, len(functions), slots)
+    if "batched" in plan:       # (a second table of launches, at a batch of its own)
+        batched = _of(plan["batched"], dict, "batched")
+        _launch_table(batched, "batched.", sizes, len(functions), slots)
+        want = [[v["name"], v["dtype"], v["shape"][1:]] for v in plan["inputs"]]
+        if [[v["name"], v["dtype"], v["shape"][1:]] for v in batched["inputs"]] != want or \
+                len({tuple(v["shape"][:1]) for v in batched["inputs"]}) != 1 or \
+                not all(v["shape"] for v in batched["inputs"]):
+            raise PlanError("batched.inputs are not the plan's inputs at one batch size")
+
+
+def _launch_table(table: dict, prefix: str, sizes: list[int], functions: int,
+                  slots: set) -> None:
+    """A table of launches (the plan's own, or its batched one, ``prefix`` "batched."): its
+    inputs, output and launches, within the plan's roots, functions and slots."""
+    names = set()
+    for j, v in enumerate(_of(table.get("inputs"), list, f"{prefix}inputs")):
+        where = f"{prefix}inputs[{j}]"
+        _value(v, where, sizes)
+        names.add(_of(v.get("name"), str, f"{where}.name"))
+        if "bounds" in v:       # (lowest, highest, why): what the input's values must be
+            b = _of(v["bounds"], list, f"{where}.bounds")
+            if len(b) != 3 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                      for x in b[:2]) or not isinstance(b[2], str):
+                raise PlanError(f"{where}.bounds is {b!r}, not [lowest, highest, why]")
+    if len(names) != len(table["inputs"]):
+        raise PlanError(f"{prefix}inputs name one input twice")
+    _value(table.get("output"), f"{prefix}output", sizes)
+
+    for j, launch in enumerate(_of(table.get("launches"), list, f"{prefix}launches")):
+        where = f"{prefix}launches[{j}]"
         _of(launch, dict, where)
-        _index(launch.get("function"), f"{where}.function", len(functions))
+        _index(launch.get("function"), f"{where}.function", functions)
         _int(launch.get("count"), f"{where}.count", 0, MAX_COUNT)
         _of(launch.get("op"), str, f"{where}.op")
         _of(launch.get("step"), int, f"{where}.step")
@@ -126,7 +142,7 @@ def check(plan, data_bytes: int, format_: int) -> None:
                 r = _index(what, f"{at}[2]", len(sizes))
                 _int(ref[3], f"{at}[3]", 0, sizes[r])
             elif kind == "function" and len(ref) == 3:
-                _index(what, f"{at}[2]", len(functions))
+                _index(what, f"{at}[2]", functions)
             elif kind == "slot" and len(ref) == 3:
                 if what not in slots:
                     raise PlanError(f"{at} names slot {what!r}, which the plan lacks")
