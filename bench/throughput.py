@@ -12,9 +12,9 @@ system gets 2 threads; the rounds alternate between the systems, each after one 
 batch, and each figure is the median images/s over the rounds with its p10 and p90.
 
 eqquant imports the export with its batch open (``?N``) and quantizes it once: one program,
-and one library (as ``eqquant run`` opens it), takes every batch. The library runs a batch
-sample by sample, each the batch-1 run's bits (its kernels split each image across the
-threads; batched kernels, N folded into the GEMMs' rows, are not written yet).
+and one library (as ``eqquant run`` opens it), takes every batch. The library holds its
+launches at batch 1 and at batch 8 (``deploy/build.py: BATCHED``): a batch of 8 or 32 runs
+as runs of 8, each sample's output the batch-1 run's bits.
 """
 from __future__ import annotations
 
