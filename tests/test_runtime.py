@@ -271,9 +271,9 @@ def test_float_max_pools_store_no_choice(name):
         pytest.skip("this CPU has no AVX: no vmaskmovps to look for")
     kernel = getattr(kernels_fp32, name)
     fresh = njit((kernel if name == "max_pool" else kernel["f32"]).py_func)   # thread 0 of 1
-    shape = (8, 9, 9) if name == "max_pool" else (9, 9, 8)
+    shape = (8, 9, 9) if name == "max_pool" else (2, 9, 9, 8)     # (channel-last: a batch)
     x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
-    out = np.empty((8, 5, 5) if name == "max_pool" else (5, 5, 8), np.float32)
+    out = np.empty((8, 5, 5) if name == "max_pool" else (2, 5, 5, 8), np.float32)
     fresh(0, 1, (x, 3, 3, 2, 2, 1, 1, 1, 1, *[np.float32(-np.inf)] * (name == "max_pool"), out))
     asm = fresh.inspect_asm(fresh.signatures[0])
     assert "ymm" in asm                                   # the maxima vectorised
