@@ -348,7 +348,7 @@ def test_the_command_line_prices_and_serves_an_open_batch(tmp_path, capsys):
     # why: never for its open batch)
     assert code == 0 or "known only at run time" not in said.err
     if code == 0:
-        assert "its batch ?N open: any batch runs" in said.out
+        assert "its batch ?N open: any batch runs, in runs of 8 samples" in said.out
         assert cli_exit(["run", str(tmp_path / "lib"), "-x", str(tmp_path / "x.npy"), "-o",
                          str(tmp_path / "ylib.npy")]) == 0
         np.testing.assert_array_equal(np.load(tmp_path / "ylib.npy"), y)
