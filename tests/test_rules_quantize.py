@@ -645,3 +645,37 @@ def test_a_bert_encoder_quantizes_with_integer_attention():
     for _ in range(3):
         s = sample()
         np.testing.assert_array_equal(q.run(s), run(module, s))
+
+
+def test_a_feed_forward_layers_bias_and_gelu_are_one_table_at_rank_three():
+    """A transformer's feed-forward layer as PyTorch exports it, on a (batch, tokens, d)
+    value: the rows flattened for the dense layer, its output reshaped back, the bias added
+    after (bias + x), GELU written out. The bias (a table per channel) and the GELU (one
+    table) become one table per channel (``table_of_per_channel_lookup_is_one_lookup``, at
+    any rank); the executor computes the reference's bits."""
+    from eqquant.ir.builder import Builder
+    import eqquant
+    rng = np.random.default_rng(12)
+    t, d, f = 8, 16, 32
+    b = Builder()
+    x = b.input("x", (1, t, d))
+    out = b.call("nn.dense", b.call("reshape", x, newshape=[-1, d]),
+                 b.param("w1", rng.normal(size=(f, d)).astype("float32")))
+    y = b.call("add", b.param("b1", rng.normal(size=f).astype("float32")),
+               b.call("reshape", out, newshape=[1, t, f]))
+    erf = b.call("erf", b.call("divide", y, b.scalar(np.float32(np.sqrt(2)))))
+    y = b.call("multiply", b.call("multiply", y, b.call("add", erf, b.scalar(1.0))),
+               b.scalar(0.5))
+    y = b.call("nn.dense", b.call("reshape", y, newshape=[-1, f]),
+               b.param("w2", rng.normal(size=(d, f)).astype("float32")))
+    mod, params = b.finish(y)
+    samples = [rng.normal(size=(1, t, d)).astype("float32") for _ in range(4)]
+    q = eqquant.quantize(eqquant.load(mod, params), samples, mode="minmax", per_channel=True)
+    module = q.quantized.module
+    luts = [n for n in post_order(module.main.body) if isinstance(n, Call)
+            and n.op_name == "qnn.lut"]
+    assert len(luts) == 1, [n.op_name for n in post_order(module.main.body)
+                            if isinstance(n, Call)]
+    assert luts[0].args[0].op_name != "qnn.lut"
+    x0 = samples[0]
+    np.testing.assert_array_equal(q.run(x0), run(module, {"x": x0}))
