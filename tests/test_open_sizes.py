@@ -352,6 +352,16 @@ def test_the_command_line_prices_and_serves_an_open_batch(tmp_path, capsys):
         assert cli_exit(["run", str(tmp_path / "lib"), "-x", str(tmp_path / "x.npy"), "-o",
                          str(tmp_path / "ylib.npy")]) == 0
         np.testing.assert_array_equal(np.load(tmp_path / "ylib.npy"), y)
+        # a batched table of 2: the batch of 5 runs as two runs of 2 and one of 1
+        assert cli_exit(["compile", str(out), "-o", str(tmp_path / "lib2"),
+                         "--batched", "2"]) == 0
+        assert "in runs of 2 samples" in capsys.readouterr().out
+        assert cli_exit(["run", str(tmp_path / "lib2"), "-x", str(tmp_path / "x.npy"), "-o",
+                         str(tmp_path / "ylib2.npy")]) == 0
+        np.testing.assert_array_equal(np.load(tmp_path / "ylib2.npy"), y)
+        assert cli_exit(["compile", str(out), "-o", str(tmp_path / "lib1"),
+                         "--batched", "1"]) == 0
+        assert "one sample at a time" in capsys.readouterr().out
     assert cli_exit(["quantize", str(DATA / "tiny_resnet.onnx"), "--calib",
                      str(tmp_path / "calib.npy"), "--size", "seq=4", "-o",
                      str(tmp_path / "r.ir")]) == 2

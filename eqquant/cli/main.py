@@ -781,14 +781,19 @@ def export_cmd(model, params, output):
 @_TARGET
 @click.option("--no-opt", is_flag=True, help="Compile MODEL as it is (by default it is "
               "optimized for the CPU first, as `eqquant run` runs it).")
-def compile_cmd(model, params, out_dir, no_opt):
+@click.option("--batched", type=click.IntRange(min=1), metavar="N",
+              help="A program whose batch is open: its launches made at batch N too, a second "
+              "table (a batch of n runs as n // N runs of N, then one sample at a time); 1: "
+              "none; default: 8 (deploy/build.py's BATCHED).")
+def compile_cmd(model, params, out_dir, no_opt, batched):
     """Compile MODEL ahead of time: its kernels linked into one library with its weights,
     which `eqquant run OUT -x ...` runs without Numba (on this machine's CPU, with as many
     threads as now)."""
-    from ..deploy.build import build, keeping_objects
+    from ..deploy.build import BATCHED, build, keeping_objects
     from ..deploy.cache import prepare
     from ..deploy.check import Checker
     from ..deploy.loader import Library
+    batched = BATCHED if batched is None else batched
     if not model.exists():
         raise EqquantError(f"{model}: no such file")
     m, said, _ = prepare(model, params, optimize=not no_opt)
@@ -797,7 +802,7 @@ def compile_cmd(model, params, out_dir, no_opt):
     with keeping_objects():
         ex = m.executor()
     with Checker() as checker:              # (in a child process: a crash is its only)
-        build(ex, out_dir, aliases=m.aliases)
+        build(ex, out_dir, aliases=m.aliases, batched=batched)
         reason = checker.check(ex, out_dir)
     if reason is not None:
         raise EqquantError(f"{out_dir}: {reason} (the library is kept for a bug report)")

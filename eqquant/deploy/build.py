@@ -53,6 +53,10 @@ from .loader import FILES, FORMAT, cpu_digest
 
 PHASE = memory.ALIGN          # a root keeps its address modulo this
 ALIASES = ("view", "tuple", "getitem")   # steps that name their operands' arrays: no launch
+# A library of a program whose batch is open holds its launches at batch 1 and, by default,
+# at BATCHED (``build``'s ``batched``, ``eqquant compile --batched``): a batch of n runs as
+# n // BATCHED runs of BATCHED samples, then the rest one by one.
+BATCHED = 8
 _C_SOURCE = Path(__file__).with_name("library.c")
 
 
@@ -66,12 +70,14 @@ class NotBuiltHere(NotDeployable):
 
 
 def build(executor, folder: str | os.PathLike, key: str = "",
-          aliases: dict | None = None) -> Path:
+          aliases: dict | None = None, batched: int = BATCHED) -> Path:
     """Save ``executor``'s program into ``folder`` (made, or an earlier library there
     replaced whole: written beside it first, so a failure leaves what was there; any other
     folder that is not empty is refused); ``key``: what it was made from
     (``cache.key``), kept in its plan; ``aliases``: other names its inputs answer to (an
-    imported model's, ``api.Model.aliases``). Raises NotDeployable with the reason."""
+    imported model's, ``api.Model.aliases``); ``batched``: the batch of the second table of
+    launches of a program whose batch is open (``per_sample``; 1: none). Raises
+    NotDeployable with the reason."""
     folder = Path(folder).absolute()    # (the compiler runs inside the work folder)
     if folder.exists() and not (folder / "plan.json").is_file() and \
             (not folder.is_dir() or any(folder.iterdir())):
@@ -82,8 +88,10 @@ def build(executor, folder: str | os.PathLike, key: str = "",
         raise NotBuiltHere("no C compiler (cc) to link the library with")
     single, batch = per_sample(executor)
     tables = [single]
-    if batch is not None and BATCHED > 1:
-        tables.append(executor.at({batch: BATCHED}))
+    if batched < 1:
+        raise EqquantError(f"a batched table of {batched} samples: give 1 (none) or more")
+    if batch is not None and batched > 1:
+        tables.append(executor.at({batch: batched}))
     plan, roots, functions, runs = _plan(tables)
     plan["batch"] = batch
     plan["key"] = key
@@ -110,17 +118,13 @@ def build(executor, folder: str | os.PathLike, key: str = "",
     return folder
 
 
-# A library of a program whose batch is open holds its launches at batch 1 and at BATCHED:
-# a batch of n runs as n // BATCHED runs of BATCHED samples, then the rest one by one.
-BATCHED = 8
-
-
 def per_sample(executor) -> tuple[object, str | None]:
     """The executor a library is planned from, and the size it runs over one sample at a
     time (None: the program's shape is fixed). A program whose sizes are open
     (``SizedExecutor``) is saved at batch 1 when it runs its batch sample by sample
     (``passes.sizes.per_sample_problem``): the library then takes any batch, in runs of
-    BATCHED samples (a second table of launches, made at that batch, ``build``) and of one,
+    BATCHED samples (a second table of launches, made at that batch: ``build``'s
+    ``batched``) and of one,
     each run the executor's bits at its batch. Any other open size: NotDeployable, saying
     which."""
     if not hasattr(executor, "for_inputs"):

@@ -79,12 +79,12 @@ class Checker:
         failed or hung while the child loaded and ran it, or its output differs from the
         executor's on a random input. None: the same bits."""
         from ..core.types import bind_type
-        from .build import BATCHED, per_sample
+        from .build import per_sample
         _, batch = per_sample(executor)
-        # (a library whose batch is open: checked on a batch of BATCHED + 1, one run of its
-        # batched table and one of a sample, against the executor's runs at those batches,
-        # which is what it promises)
-        runs = [BATCHED, 1] if batch and BATCHED > 1 else [1, 1] if batch else []
+        # (a library whose batch is open: checked on one run of its batched table and one of
+        # a sample, against the executor's runs at those batches, which is what it promises)
+        size = _batched_size(Path(folder)) if batch else None
+        runs = [size, 1] if size else [1, 1] if batch else []
         types = {name: bind_type(t, {batch: sum(runs)}) if batch else t
                  for name, (_, t) in executor.inputs.items()}
         inputs = random_inputs(types, bounds=executor.bounds)
@@ -118,6 +118,16 @@ class Checker:
                 np.array_equal(want, got, equal_nan=True):
             return None
         return "the saved library's output differed from the executor's on a random input"
+
+
+def _batched_size(folder: Path) -> int | None:
+    """The batch of the batched table of launches the library in ``folder`` holds (None:
+    none, or a plan that cannot be read: the child's load then says what is wrong)."""
+    try:
+        table = json.loads((folder / "plan.json").read_text()).get("batched")
+        return int(table["inputs"][0]["shape"][0]) if table else None
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return None
 
 
 def _signal_name(number: int) -> str:
