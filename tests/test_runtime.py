@@ -231,15 +231,17 @@ def test_float_programs_keep_blas_threads_out(monkeypatch):
 
 
 pool_cases = st.fixed_dictionaries({
-    "op": st.sampled_from(["nn.max_pool2d", "nn.avg_pool2d"]), "k": st.integers(1, 3),
-    "stride": st.integers(1, 3), "pad": st.integers(0, 1), "dil": st.integers(1, 2),
-    "include": st.booleans(), "hw": st.integers(5, 9), "seed": st.integers(0, 999),
-    "nhwc": st.booleans()})
+    "op": st.sampled_from(["nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d"]),
+    "k": st.integers(1, 3), "stride": st.integers(1, 3), "pad": st.integers(0, 1),
+    "dil": st.integers(1, 2), "include": st.booleans(), "hw": st.integers(5, 9),
+    "seed": st.integers(0, 999), "nhwc": st.booleans(), "n": st.integers(1, 3)})
 
 
 @settings(max_examples=40, deadline=None)
 @given(pool_cases)
 def test_pool_kernels(case):
+    """The pools' kernels on a batch of 1-3 images (channel-last: the batch in one launch)
+    against the reference."""
     rng = np.random.default_rng(case["seed"])
     k = case["k"]
     b = Builder()
@@ -247,10 +249,12 @@ def test_pool_kernels(case):
                  padding=[min(case["pad"], k - 1)] * 4, dilation=[case["dil"]] * 2)
     if case["op"] == "nn.avg_pool2d":
         attrs["count_include_pad"] = case["include"]
+    if case["op"] == "nn.global_avg_pool2d":
+        attrs = {}
     hw = max(case["hw"], case["dil"] * (k - 1) + 1)
-    shape = (1, 3, hw, hw)
-    if case["nhwc"] and case["op"] == "nn.max_pool2d":     # (the channel-last kernel's)
-        attrs["layout"], shape = "NHWC", (1, hw, hw, 3)
+    shape = (case["n"], 3, hw, hw)
+    if case["nhwc"]:                        # (the channel-last kernels')
+        attrs["layout"], shape = "NHWC", (case["n"], hw, hw, 3)
     y = b.call(case["op"], b.input("x", shape), **attrs)
     mod, params = b.finish(y)
     _check(mod, params, {"x": rng.normal(size=shape).astype("float32")}, [case["op"]])

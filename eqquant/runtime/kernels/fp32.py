@@ -372,17 +372,18 @@ def global_avg_pool(thread, threads, args):
 
 @parallel
 def global_avg_pool_channels_last(thread, threads, args):
-    """x: (H*W, C) -> out: (C,): each channel's pixels added in the pixels' order, in
-    float64, as ``global_avg_pool`` adds each channel's plane: the same sums. A thread's
-    share is a run of channels (a strided walk down the rows: a few thousand values, read
-    once, at the end of a network)."""
+    """x: (N, H*W, C) -> out: (N, C): each image's channel's pixels added in the pixels'
+    order, in float64, as ``global_avg_pool`` adds each channel's plane: the same sums. A
+    thread's share is a run of the (image, channel) pairs (a strided walk down the rows: a
+    few thousand values an image, read once, at the end of a network)."""
     x, out = args
-    p_n = x.shape[0]
-    for c in range(*share(x.shape[1], thread, threads)):
+    p_n, c_n = x.shape[1], x.shape[2]
+    for item in range(*share(x.shape[0] * c_n, thread, threads)):
+        b, c = item // c_n, item % c_n
         s = 0.0
         for p in range(p_n):
-            s += x[p, c]
-        out[c] = s / p_n
+            s += x[b, p, c]
+        out[b, c] = s / p_n
 
 
 @parallel

@@ -651,9 +651,9 @@ class GlobalAvgPool2D(_Averaging):
         a row (the same sums, in the same order)."""
         if not self.nhwc:
             return [(k.global_avg_pool, (x[b], out[b].reshape(-1))) for b in range(x.shape[0])]
-        return [(sized(k.global_avg_pool_channels_last, x[b].size),
-                 (x[b].reshape(-1, x.shape[3]), out[b].reshape(-1)))
-                for b in range(x.shape[0])]
+        n = x.shape[0]      # (the batch in one launch)
+        return [(sized(k.global_avg_pool_channels_last, x.size),
+                 (x.reshape(n, -1, x.shape[3]), out.reshape(n, -1)))]
 
 
 @binding
