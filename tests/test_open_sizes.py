@@ -375,20 +375,23 @@ def test_the_sizes_served_choose_the_kernels_named_in_the_program():
     m = eqquant.load(DATA / "tiny_resnet.onnx")
     calib = np.random.default_rng(7).standard_normal((3, 3, 16, 16)).astype(np.float32)
     named = {}
+    def classifier(c) -> bool:
+        """the dense layer: as it is, or as a 1x1 convolution over its rows (layout.rules)"""
+        return isinstance(c, Call) and (c.op_name == "qnn.dense" or (
+            c.op_name == "fused.qconv2d" and c.args[0].op_name == "expand_dims"))
     for n in (1, 8):
         q = eqquant.quantize(m, calib, mode="minmax", cost="cpu", sizes={"N": n})
-        dense = next(c for c in post_order(q.module.main.body)
-                     if isinstance(c, Call) and c.op_name == "qnn.dense")
+        dense = next(c for c in post_order(q.module.main.body) if classifier(c))
         at_n = bind_sizes(q.module, {"N": n})
         types = infer_types(at_n)
-        bound = next(c for c in post_order(at_n.main.body)
-                     if isinstance(c, Call) and c.op_name == "qnn.dense")
+        bound = next(c for c in post_order(at_n.main.body) if classifier(c))
         consts = {i: (a.data if isinstance(a, Constant) else a.value)
                   for i, a in enumerate(bound.args) if isinstance(a, (Constant, Scalar))}
         site = site_of(bound.op, bound.attrs, [types[id(a)] for a in bound.args],
                        types[id(bound)], consts)
-        assert site.rows == n
-        # the kernel the program names is the target's choice for a site of n rows
+        # (a dense site's kernel is chosen by its rows; a convolution's by its shape)
+        assert site.rows == (n if bound.op_name == "qnn.dense" else None)
+        # the kernel the program names is the target's choice for the site at n rows
         assert dense.attrs["kernel"] == choose(site, current()).kernel
         named[n] = dense.attrs["kernel"]
         x = np.random.default_rng(n).standard_normal((2, 3, 16, 16)).astype(np.float32)

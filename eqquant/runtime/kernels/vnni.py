@@ -431,8 +431,18 @@ def _conv_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, kernel
     goes through an int32 tile and ``_finish``. ``params``: the layer's
     ``requantize_params``. With a residual ``res`` (shaped as out; (0, 0, 0): none), each
     item's tile is then summed with it in place (``add_tile``, ``add``: its parameters), in
-    cache: fused.qconv2d_add."""
+    cache: fused.qconv2d_add. A pointwise convolution of a batch is cut as one image of the
+    batch's pixels (its rows one GEMM's, a late layer's weights read once per chunk of
+    rows, not once per image)."""
     kp = packed.shape[1] * 4
+    n, h, w, c = nhwc.shape
+    if n > 1 and kh == kw == sh == sw == 1 and pt == pl == 0 and (oh, ow) == (h, w) and \
+            nhwc.flags.c_contiguous and out.flags.c_contiguous:
+        # a pointwise convolution of a batch: its images' pixels are one image's rows (each
+        # row's sums its own: the same bits), cut into work items as one image's are
+        nhwc, out = nhwc.reshape(1, 1, n * h * w, c), out.reshape(1, n * oh * ow, -1)
+        res = res.reshape(1, n * oh * ow, -1) if res.shape[0] else res
+        oh, ow = 1, n * h * w
     work, shared, counters, fill = plan_shares(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow,
                                                oh * ow, packed.shape[0], threads, kp)
     items = (_conv_items, (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, kernel,
