@@ -347,21 +347,19 @@ def test_the_command_line_prices_and_serves_an_open_batch(tmp_path, capsys):
     # (a CPU kind whose kernels for this program are not all launches refuses it, and says
     # why: never for its open batch)
     assert code == 0 or "known only at run time" not in said.err
+    def runs_as_the_executor(lib: str) -> None:
+        assert cli_exit(["run", str(tmp_path / lib), "-x", str(tmp_path / "x.npy"), "-o",
+                         str(tmp_path / f"{lib}.npy")]) == 0
+        np.testing.assert_array_equal(np.load(tmp_path / f"{lib}.npy"), y)
     if code == 0:
         assert "its batch ?N open: any batch runs, in runs of 8 samples" in said.out
-        assert cli_exit(["run", str(tmp_path / "lib"), "-x", str(tmp_path / "x.npy"), "-o",
-                         str(tmp_path / "ylib.npy")]) == 0
-        np.testing.assert_array_equal(np.load(tmp_path / "ylib.npy"), y)
-        # a batched table of 2: the batch of 5 runs as two runs of 2 and one of 1
-        assert cli_exit(["compile", str(out), "-o", str(tmp_path / "lib2"),
-                         "--batched", "2"]) == 0
-        assert "in runs of 2 samples" in capsys.readouterr().out
-        assert cli_exit(["run", str(tmp_path / "lib2"), "-x", str(tmp_path / "x.npy"), "-o",
-                         str(tmp_path / "ylib2.npy")]) == 0
-        np.testing.assert_array_equal(np.load(tmp_path / "ylib2.npy"), y)
-        assert cli_exit(["compile", str(out), "-o", str(tmp_path / "lib1"),
-                         "--batched", "1"]) == 0
-        assert "one sample at a time" in capsys.readouterr().out
+        runs_as_the_executor("lib")
+        # a batched table of 2: the batch of 5 runs as two runs of 2 and one of 1; of 1: none
+        for n, says in (("2", "in runs of 2 samples"), ("1", "one sample at a time")):
+            assert cli_exit(["compile", str(out), "-o", str(tmp_path / f"lib{n}"),
+                             "--batched", n]) == 0
+            assert says in capsys.readouterr().out
+            runs_as_the_executor(f"lib{n}")
     assert cli_exit(["quantize", str(DATA / "tiny_resnet.onnx"), "--calib",
                      str(tmp_path / "calib.npy"), "--size", "seq=4", "-o",
                      str(tmp_path / "r.ir")]) == 2
