@@ -185,7 +185,8 @@ _LAYERS = {"fused.qconv2d": ("conv", True), "qnn.conv2d": ("conv", True),
 
 def _layer_times(mod, model):
     """(conv or dense, is it integer, its kernel's time under ``model``) for each layer of
-    ``mod``, in program order."""
+    ``mod``, in program order. A convolution of 1 x 1 images is a dense layer (layout.rules
+    writes an int8 dense layer and its requantize so, to requantize in the GEMM)."""
     from eqquant.core.nodes import Call, Constant, Scalar, post_order
     from eqquant.ir.typecheck import infer_types
     types = infer_types(mod)
@@ -194,7 +195,12 @@ def _layer_times(mod, model):
         if isinstance(n, Call) and n.op_name in _LAYERS:
             consts = frozenset(i for i, a in enumerate(n.args)
                                if isinstance(a, (Constant, Scalar)))
-            out.append((*_LAYERS[n.op_name], model.instance_cost(
+            kind, integer = _LAYERS[n.op_name]
+            if kind == "conv":
+                shape = types[id(n.args[0])].shape
+                hw = shape[1:3] if n.attrs.get("data_layout") == "NHWC" else shape[2:4]
+                kind = "dense" if tuple(hw) == (1, 1) else kind
+            out.append((kind, integer, model.instance_cost(
                 n.op, n.attrs, [types[id(a)] for a in n.args], types[id(n)], consts)))
     return out
 
