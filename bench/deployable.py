@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from zoo import MODELS, build, export  # noqa: E402
+from zoo import MODELS, build, example, export  # noqa: E402
 
 
 # the input size below which PyTorch's export refuses the model (an adaptive pool to 7 x 7 or
@@ -58,7 +58,7 @@ def one(name: str, size: int, d: Path) -> tuple[str, str]:
     size = max(size, MIN_SIZE.get(name, 0))
     shape = (1, 3, size, size)
     path = d / f"{name}.onnx"
-    path.write_bytes(export(build(name), size))
+    path.write_bytes(export(build(name), example(name, np.random.default_rng(0), size, 0)))
     fp32, _, _ = prepare(path, None, optimize=True)
     with keeping_objects():
         fp = _saved(fp32.executor(), d / f"{name}.fp32", shape)
