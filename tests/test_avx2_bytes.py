@@ -3,6 +3,8 @@ their high bits listed by ``split_high`` and added back, must give the exact int
 whatever the bytes: no saturation at the extremes (255 x -128, 127 x 127), the listing
 right at row and group edges, a chunk with too many high bits handed to the 16-bit kernel,
 and a whole convolution bit for bit against the reference where the byte path runs."""
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
@@ -15,8 +17,8 @@ from eqquant.runtime.execution.executor import Executor
 from eqquant.runtime.target import Target
 from kernel_paths import forced_int8_path
 
-# the byte driver is an executor's kernel (x86.avx2.bytes), offered by such a target
-BYTES = Target.named("avx2:executor")
+# the byte driver (x86.avx2.bytes) and the 16-bit one (x86.avx2): an AVX2 CPU's kernels
+BYTES = Target.named("avx2")
 
 avx2 = pytest.importorskip("eqquant.runtime.kernels.avx2")
 if not avx2.available():
@@ -69,56 +71,6 @@ def test_the_high_bits_are_listed_by_quad_and_row(n, quads, high, seed):
     guarded = np.full((rooms + 2 * quads, 2), -5, np.int32)
     assert (avx2.split_high(rows, low, starts, guarded[:rooms]) >= 0) == _fits(rows)
     assert (guarded[rooms:] == -5).all()                 # nothing written past the room
-
-
-@settings(max_examples=60, deadline=None)
-@given(h=st.integers(1, 9), w=st.integers(1, 9), quads=st.integers(1, 5),
-       k=st.tuples(st.integers(1, 3), st.integers(1, 3)), stride=st.integers(1, 2),
-       pad=st.integers(0, 2), dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)),
-       high=st.sampled_from([0.0, 0.03, 0.3, 1.0]), seed=st.integers(0, 2 ** 32 - 1))
-@example(h=5, w=6, quads=2, k=(3, 3), stride=1, pad=1, dilation=(1, 1), high=0.3, seed=1)
-@example(h=7, w=7, quads=1, k=(3, 2), stride=2, pad=2, dilation=(2, 2), high=0.3, seed=2)
-def test_the_windows_lists_are_made_from_the_images(h, w, quads, k, stride, pad, dilation,
-                                                     high, seed):
-    """``window_lists`` from ``image_lists``: the windows' high bits as ``split_high`` lists
-    them on the gathered windows (each row's entries, in any order), with the room's
-    give-up, for kernels inside and across the image's edges, strides and dilations."""
-    from eqquant.runtime.kernels.gather import _rows
-    rng = np.random.default_rng(seed)
-    (kh, kw), (dh, dw), c = k, dilation, 4 * quads
-    oh = (h + 2 * pad - dh * (kh - 1) - 1) // stride + 1
-    ow = (w + 2 * pad - dw * (kw - 1) - 1) // stride + 1
-    if oh < 1 or ow < 1:
-        return
-    img = _bytes(rng, (1, h, w, c), high)
-    low, img_starts, img_high, fits = avx2.image_lists(img)
-    share = len(_listed(img.reshape(h * w, c))[1]) / (h * w * quads)
-    assert fits == (len(_listed(img.reshape(h * w, c))[1]) <= (h * w * quads) //
-                    avx2.TRY_BELOW), share
-    if not fits:
-        return
-    np.testing.assert_array_equal(low, img & 0x7F)
-    kp = kh * kw * c
-    rows = _rows(img[0], kh, kw, stride, stride, pad, pad, dh, dw, 7, ow, 0, oh * ow, kp)
-    want_starts, want = _listed(np.ascontiguousarray(rows))
-    for p0, n in ((0, oh * ow), (oh * ow // 2, oh * ow - oh * ow // 2)):
-        # room for them all, then for one less (where they are any)
-        for room in {len(want) + 3, max(want_starts[p0 + n] - want_starts[p0] - 1, 0)}:
-            starts = np.full(n + 1, -9, np.int32)
-            guard = np.full((room + avx2.SLACK + 6, 2), -5, np.int32)
-            got = avx2.window_lists(img_starts[0], img_high[0], c, kh, kw, stride, stride, pad,
-                                    pad, dh, dw, h, w, ow, p0, n, starts,
-                                    guard[:room + avx2.SLACK])
-            if room < want_starts[p0 + n] - want_starts[p0]:
-                assert got == -1
-                continue
-            assert got == want_starts[p0 + n] - want_starts[p0]
-            assert (starts - starts[0]).tolist() == [v - want_starts[p0] for v in
-                                                     want_starts[p0:p0 + n + 1]]
-            for r in range(n):
-                mine = sorted(map(tuple, guard[starts[r]:starts[r + 1]].tolist()))
-                assert mine == sorted(want[want_starts[p0 + r]:want_starts[p0 + r + 1]])
-            assert (guard[room + avx2.SLACK:] == -5).all()   # nothing past the entries' rows
 
 
 def test_the_listing_gives_up_past_its_room_and_the_16_bit_kernel_takes_the_chunk():
@@ -230,8 +182,9 @@ def test_convolutions_on_the_byte_kernel_are_bit_exact(c, o, k, stride, size, ba
                                                        seed):
     """fused.qconv2d(_add) on activations most of whose bytes are below 128 (the byte
     kernel's case: a ReLU's output) and with their weights' extremes, channel-last, on the
-    AVX2 path, against the integer reference: the windows' lists made from the image's
-    where the channels are a multiple of 4, each chunk's windows split where not."""
+    AVX2 path, against the integer reference; then on an image high in every byte (each
+    chunk widened for the 16-bit kernel), exact too. The plan gives the site the byte
+    driver, and a library saved ahead of time holds it (its launches)."""
     rng = np.random.default_rng(seed)
     c = c if k == 3 else 9 * c           # rows of 256 bytes or more (``BYTES_FROM``)
     bound, oh = _conv(rng, c, o, k, stride, size, batch, residual)
@@ -250,36 +203,33 @@ def test_convolutions_on_the_byte_kernel_are_bit_exact(c, o, k, stride, size, ba
         ex = Executor(bound, target=BYTES)
         convs = [s.fn.conv for s in ex.steps if "qconv2d" in s.label]
         assert [c.conv_kernel for c in convs] == [avx2.conv_requantize_bytes]
-        record = convs[0].more_args[1]
-        sparse = run(bound, xs)
-        np.testing.assert_array_equal(ex.run(xs), sparse)
-        assert record[0] == 1 and record[1] < 0       # one call; its chunks took bytes
-        # an image high in every byte: the 16-bit kernel's, then its own driver's, exact
+        np.testing.assert_array_equal(ex.run(xs), run(bound, xs))
         dense = {**xs, "x": xs["x"] | 0x80}
-        want = run(bound, dense)
-        for call in range(2, avx2.RETRY + 2):
-            np.testing.assert_array_equal(ex.run(dense), want)
-            assert record[0] == call and record[1] > 0
-        for call in range(avx2.RETRY + 2, 2 * avx2.RETRY + 1):   # then the bytes again
-            np.testing.assert_array_equal(ex.run(xs), sparse)
-            assert (record[1] > 0) == (call < 2 * avx2.RETRY)
+        np.testing.assert_array_equal(ex.run(dense), run(bound, dense))
+        np.testing.assert_array_equal(ex.run(xs), run(bound, xs))
 
 
-def test_windows_whose_lists_outgrow_their_room_take_the_16_bit_kernel():
-    """An image whose high quads are few (under 1/TRY_BELOW: its lists are made) but packed in
-    one corner, so that the windows there outgrow their chunk's room: those chunks are
-    gathered again and take the 16-bit kernel, the others the byte kernel, all exact."""
+def test_chunks_whose_lists_outgrow_their_room_take_the_16_bit_kernel():
+    """An image whose high quads are few but packed in one corner, so that the chunks there
+    outgrow their room: those take the 16-bit kernel, the others the byte kernel, all exact
+    (as the executor runs them, and as a library saved ahead of time does)."""
     rng = np.random.default_rng(5)
     bound, oh = _conv(rng, 32, 40, 3, 1, 20, 1, False)
     x = _bytes(rng, (1, 20, 20, 32), 0.0)
     x[0, :6, :6, :] |= 0x80                             # 36 of 400 pixels: 9% of the quads
-    assert avx2.image_lists(x)[3]
     with forced_int8_path("avx2"):
         ex = Executor(bound, target=BYTES)
         (conv,) = [s.fn.conv for s in ex.steps if "qconv2d" in s.label]
+        assert conv.conv_kernel is avx2.conv_requantize_bytes
         np.testing.assert_array_equal(ex.run({"x": x}), run(bound, {"x": x}))
-    from eqquant.runtime.lowering.fp32 import threads
-    from eqquant.runtime.kernels.gather import work_split
-    chunks, groups, _ = work_split(1, oh * oh, 3, threads())
-    # some chunks took the 16-bit kernel, not all: the count of those less the others
-    assert -chunks * groups < conv.more_args[1][1] < chunks * groups
+        if sys.platform.startswith("linux"):
+            import tempfile
+            from pathlib import Path
+            from eqquant.deploy.build import build as save
+            from eqquant.deploy.loader import Library
+            with tempfile.TemporaryDirectory() as d:
+                save(ex, Path(d) / "lib")
+                got = Library(Path(d) / "lib").run({"x": x})
+            np.testing.assert_array_equal(got, run(bound, {"x": x}))
+
+

@@ -18,7 +18,8 @@ from eqquant.ir.printer import print_module
 from eqquant.runtime.execution.executor import Executor
 from eqquant.runtime.lowering.plan import (Site, choose, contenders, options, plan_kernels,
                                           timed, unplanned)
-from eqquant.runtime.target import INT8_PATHS, KINDS, Target, current, gemm_kernel, int8_paths
+from eqquant.runtime.target import (INT8_PATHS, KINDS, Target, current, gemm_kernel, gemm_path,
+                                    int8_paths)
 
 # a 3x3 convolution of 32 channels, a depthwise one and a dense layer of one row
 PROGRAM = """
@@ -70,7 +71,7 @@ def test_the_plan_names_every_sites_kernel_and_the_executor_runs_it():
     # kernel, the one-row dense layer the dot products (no GEMM tile fills with one row)
     assert named[1:] == ["depthwise", "portable"]
     offered = current().int8      # (the host's, less what EQQUANT_INT8_KERNEL pins away)
-    gemms = [gemm_kernel(p) for p in offered if p != "amx"]
+    gemms = [k for k in current().int8_kernels() if gemm_path(k) not in (None, "amx")]
     assert named[0] in gemms if gemms else named[0] == "portable"
     from eqquant.runtime.lowering.plan import speed
     narrow = [gemm_kernel(p) for p in offered if p in ("vnni16", "avxvnni")]
@@ -165,31 +166,27 @@ def test_the_cheapest_kernel_follows_the_tables_costs():
     assert choose(Site("qnn.conv2d", 64, 9, 64, False, True), every).kernel == "depthwise"
 
 
-def test_the_avx2_byte_driver_is_planned_only_for_an_executor(tmp_path):
-    """x86.avx2.bytes (the byte driver: not launches, so no library holds it) is offered by
-    a target ``NAME:executor`` only, on rows of BYTES_FROM bytes or more; a pin of it where
-    the target does not offer it is refused; a target name the CLI does not know is a usage
-    error (exit 2), nothing run."""
+def test_the_avx2_byte_driver_is_planned_where_its_rows_are_long(tmp_path):
+    """x86.avx2.bytes (the byte driver, launches like the 16-bit one: a library holds either)
+    is offered wherever the avx2 path is, and planned on a convolution's rows of BYTES_FROM
+    bytes or more; a pin of it where the target does not offer it is refused; a target
+    name the CLI does not know is a usage error (exit 2), nothing run."""
     from eqquant.runtime.kernels import avx2
-    site = Site("fused.qconv2d", 32, 288, 1, False, False)
-    library, executor = Target("t", ("avx2",), ("blas",)), Target("t", ("avx2",), ("blas",),
-                                                                  True)
-    assert not library.offers("x86.avx2.bytes") and executor.offers("x86.avx2.bytes")
-    assert choose(site, library).kernel == "x86.avx2"
-    assert choose(site, executor).kernel == "x86.avx2.bytes"
-    short = {o.kernel: o for o in options(Site("fused.qconv2d", 32, 64, 1, False, False),
-                                          executor)}["x86.avx2.bytes"]
+    site = Site("fused.qconv2d", 32, 288, 1, False, False, eight_bit=True)
+    cpu, none = Target("t", ("avx2",), ("blas",)), Target("t", (), ("blas",))
+    assert cpu.offers("x86.avx2.bytes") and not none.offers("x86.avx2.bytes")
+    assert choose(site, cpu).kernel == "x86.avx2.bytes"
+    short = {o.kernel: o for o in options(Site("fused.qconv2d", 32, 64, 1, False, False,
+                                               eight_bit=True), cpu)}["x86.avx2.bytes"]
     assert short.cost is None and str(avx2.BYTES_FROM) in short.why
     dense = Site("qnn.dense", 32, 2048, 1, False, False, 64)
-    assert choose(dense, executor).kernel == "x86.avx2"
-    assert Target.named("avx2:executor") == Target.named("avx2").for_executor()
-    assert Target.from_json(executor.to_json()) == executor
+    assert choose(dense, cpu).kernel == "x86.avx2"
+    assert Target.from_json(cpu.to_json()) == cpu
     with pytest.raises(KernelError, match="does not offer it"):
-        Executor(_program(k0="x86.avx2.bytes")[0], Target.named("avx2"))
+        Executor(_program(k0="x86.avx2.bytes")[0], Target.named("portable"))
     mod, _ = _program(k0="x86.avx2.bytes")
     x = _x(5)
-    np.testing.assert_array_equal(Executor(mod, Target.named("avx2:executor")).run(x),
-                                  run(mod, x))
+    np.testing.assert_array_equal(Executor(mod, Target.named("avx2")).run(x), run(mod, x))
     save_program(tmp_path / "p.ir", mod)
     assert cli_exit(["extract", str(tmp_path / "p.ir"), "--target", "avx9000"]) == 2
 

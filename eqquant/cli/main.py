@@ -28,22 +28,19 @@ def _use_target(ctx, param, value):
     """``--target``: the process's target (``runtime.target``), checked against this CPU."""
     if value is not None:
         from ..runtime.target import NAMES, use
-        kind = value[:-len(":executor")] if value.endswith(":executor") else value
-        if kind not in NAMES:
-            raise click.BadParameter(f"{value!r} is none of {', '.join(NAMES)} (each "
-                                     "optionally with ':executor')")
+        if value not in NAMES:
+            raise click.BadParameter(f"{value!r} is none of {', '.join(NAMES)}")
         use(value)
     return value
 
 
 # the kernels a command may plan and run: the host's, or a kind of CPU as this one runs it
 _TARGET = click.option(
-    "--target", metavar="NAME[:executor]", default=None, expose_value=False, is_eager=True,
+    "--target", metavar="NAME", default=None, expose_value=False, is_eager=True,
     callback=_use_target,
     help="The kernels to plan and run: host (every kernel this CPU runs; default) or a kind "
     "of CPU as this one runs it: avx512 (VNNI, no AMX), avxvnni, avx2 (no VNNI), portable. "
-    "A kind whose kernels this CPU lacks is an error. ':executor' offers the kernels only "
-    "the executor runs too (x86.avx2.bytes): a library saved ahead of time cannot hold them.")
+    "A kind whose kernels this CPU lacks is an error.")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

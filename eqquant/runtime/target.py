@@ -50,16 +50,15 @@ def gemm_kernel(path: str) -> str:
     return f"x86.{path}"
 
 
-# int8 kernels that are not launches of C entries: an executor runs them, a library saved
-# ahead of time cannot hold them; a target offers them only when it plans for the executor
-EXECUTOR_ONLY = {"x86.avx2.bytes": "avx2"}    # kernel -> the SIMD GEMM path it runs on
+# int8 kernels of a SIMD GEMM path besides the path's own (x86.PATH): kernel -> its path
+VARIANTS = {"x86.avx2.bytes": "avx2"}
 
 
 def gemm_path(kernel: str) -> str | None:
     """The SIMD GEMM path of a kernel name ("x86.vnni" -> "vnni", "x86.avx2.bytes" ->
     "avx2"), None for the others."""
-    if kernel in EXECUTOR_ONLY:
-        return EXECUTOR_ONLY[kernel]
+    if kernel in VARIANTS:
+        return VARIANTS[kernel]
     path = kernel[4:] if kernel.startswith("x86.") else None
     return path if path in INT8_PATHS else None
 
@@ -92,7 +91,6 @@ class Target:
     name: str
     int8: tuple[str, ...]     # SIMD GEMM paths offered, fastest first (none: portable only)
     fp32: tuple[str, ...]     # float convolution paths offered, fastest first
-    executor: bool = False    # also offer the kernels only an executor runs (EXECUTOR_ONLY)
     cpu: str = "generic"      # the CPU the kernels run on (LLVM's name): the plan's costs
 
     @property
@@ -106,9 +104,8 @@ class Target:
 
     def int8_kernels(self) -> tuple[str, ...]:
         """The int8 kernel names offered, fastest first."""
-        extra = tuple(k for k, p in EXECUTOR_ONLY.items() if p in self.int8) \
-            if self.executor else ()
-        return tuple(gemm_kernel(p) for p in self.int8) + extra + ALWAYS
+        variants = tuple(k for k, p in VARIANTS.items() if p in self.int8)
+        return tuple(gemm_kernel(p) for p in self.int8) + variants + ALWAYS
 
     def fp32_kernels(self) -> tuple[str, ...]:
         """The float convolution kernel names offered, fastest first."""
@@ -117,18 +114,13 @@ class Target:
     def offers(self, kernel: str) -> bool:
         return kernel in self.int8_kernels() or kernel in self.fp32_kernels()
 
-    def for_executor(self) -> "Target":
-        """This target offering the executor-only kernels too (``--target NAME:executor``)."""
-        return Target(self.name if self.executor else f"{self.name}:executor", self.int8,
-                      self.fp32, True, self.cpu)
-
     def describe(self) -> str:
         return (f"target {self.name} on {self.cpu}: int8 {', '.join(self.int8_kernels())}; "
                 f"fp32 {', '.join(self.fp32)}")
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "int8": list(self.int8), "fp32": list(self.fp32),
-                "executor": self.executor, "cpu": self.cpu}
+                "cpu": self.cpu}
 
     @classmethod
     def from_json(cls, data: Any) -> "Target":
@@ -136,8 +128,7 @@ class Target:
         error, as ``named``'s)."""
         try:
             t = cls(str(data["name"]), tuple(map(str, data["int8"])),
-                    tuple(map(str, data["fp32"])), bool(data.get("executor", False)),
-                    str(data.get("cpu", host_cpu())))
+                    tuple(map(str, data["fp32"])), str(data.get("cpu", host_cpu())))
         except (KeyError, TypeError) as e:
             raise EqquantError(f"not a target: {data!r} ({e})") from None
         _check(t.name, t.int8, int8_paths(), "int8")
@@ -176,15 +167,11 @@ class Target:
 
     @classmethod
     def named(cls, name: str) -> "Target":
-        """``host`` or a kind of CPU (``KINDS``) as this CPU runs it; ``NAME:executor`` that
-        target offering the executor-only kernels too (``EXECUTOR_ONLY``)."""
-        if name.endswith(":executor"):
-            return cls.named(name[:-len(":executor")]).for_executor()
+        """``host`` or a kind of CPU (``KINDS``) as this CPU runs it."""
         if name == "host":
             return cls.host()
         if name not in KINDS:
-            raise EqquantError(f"no target {name!r} (one of {', '.join(NAMES)}, each "
-                               "optionally with ':executor')")
+            raise EqquantError(f"no target {name!r} (one of {', '.join(NAMES)})")
         int8, fp32 = KINDS[name]
         _check(name, int8, int8_paths(), "int8")
         _check(name, fp32, fp32_paths(), "float")

@@ -20,45 +20,25 @@ lies within +-32,512 and cannot saturate. The high bits, rare after a ReLU (0.1-
 bytes ResNet's int8 convolutions read, 2-12% of their quads of 4 bytes), are listed quad by
 quad, and each listed quad's 4 high bits, as bytes of 0 or 1, are multiplied with the same
 ``vpmaddubsw`` by that quad's weights (just read by the sums, so in cache) and by 128 with
-``vpmaddwd``, into the row's sums before the epilogue. Measured on an AMD EPYC (Zen 3), on
-one core in cache, the products alone: 90-95 GMAC/s against 73-76 for the 16-bit kernel; a
-chunk of 96 pixels of 576 bytes by 64 channels, requantized: 1.12-1.23x faster with 0-5% of
-its quads high, level at 10%.
+``vpmaddwd``, into the row's sums before the epilogue. (Its speed against the 16-bit kernel's,
+measured: docs/runtime.md.)
 
 Where listing does not pay, the 16-bit kernel (``gemm_block``, ``gemm_requantize``) takes
 the rows, widened to int16 a chunk at a time (each pixel's pair (a_k, a_k+1) one broadcast
-32-bit load). Which kernel runs is decided at three levels; none changes a bit of the sums:
+32-bit load). Which kernel runs is decided at two levels; neither changes a bit of the sums:
 
 - per layer, by the kernel plan (``lowering``): the byte driver is its own kernel,
-  ``x86.avx2.bytes``, which an executor runs (its choices below are made per call, in
-  Python, so a library saved ahead of time holds ``x86.avx2``, the 16-bit driver's
-  launches); rows of fewer than BYTES_FROM bytes always take the 16-bit kernel and its
-  driver (``conv_requantize``). Measured layer by layer on an AMD EPYC (Zen
-  3), the byte kernel lost on them: resnet18's 7 x 7 stem (148 bytes) 7-11%, its 1x1
-  stride-2 layers (64-256 bytes) 4-5%, resnet50's 1x1 layers of 64 bytes 0-7%;
-- per image: where its channels are a multiple of 4 and the padding byte has no high bit
-  (a ReLU's output, zero point 0), the image is split once (``image_lists``) and each
-  window's list made from its pixels' (``window_lists``): split window by window, each byte
-  was split once for each of the 9 windows of a 3x3 kernel that read it. An image whose
-  quads are high in 1/TRY_BELOW or more takes the 16-bit kernel whole;
-- per chunk of pixels: a chunk whose list outgrows its room (1/HIGH_SHARE of its quads)
-  is widened; where the image is not split, a chunk whose sampled quads
-  (``high_quad_share``) are high in 1/TRY_BELOW or more is widened without listing
-  (``split_or_widen``);
-- per call (``conv_requantize_bytes``): a layer whose last try sent most of its chunks to
-  the 16-bit kernel runs ``conv_requantize`` itself, trying the bytes again every RETRY
-  calls. MobileNet-v2's layers read 45-99% of high quads (its linear bottlenecks' zero
-  points near 128, its ReLU6 outputs spread up to 255); sampled chunk by chunk they took
-  4-5% longer than on the 16-bit driver.
-
-Measured whole (the same process, runs alternating between the byte driver and the 16-bit
-one on the same layers, AMD EPYC Zen 3, 2 threads): resnet18 0.93-0.94x the time, resnet50
-0.91-0.92x, MobileNet-v2 level; with the lists made from the image's, against each
-chunk's windows split: resnet18 0.96x, resnet50 0.98x, MobileNet-v2 level. Layer by layer
-(split chunk by chunk), resnet50's 1x1 and 3x3 layers of 256-4608 bytes ran 0.79-0.89x,
-resnet18's 3x3 layers 0.80-0.98x where 1-13% of their quads were high, but two of 56 x 56
-pixels, 8% and 12% high, 1.05x and 1.23x (the second's record then sends it to the 16-bit
-driver).
+  ``x86.avx2.bytes`` (``conv_requantize_bytes``), the 16-bit one ``x86.avx2``
+  (``conv_requantize``); both are launches, so a library saved ahead of time holds either.
+  Rows of fewer than BYTES_FROM bytes take the 16-bit kernel (the byte kernel lost on
+  resnet18's 7 x 7 stem and its 1x1 stride-2 layers, and on resnet50's 1x1 layers of 64
+  bytes);
+- per chunk of pixels, in the work items (``split_or_widen``): a chunk whose sampled quads
+  (``high_quad_share``) are high in 1/TRY_BELOW or more is widened without listing, and
+  one whose list outgrows its room (1/HIGH_SHARE of its quads) is widened after trying.
+  MobileNet-v2's layers read 45-99% of high quads (its linear bottlenecks' zero points
+  near 128, its ReLU6 outputs spread up to 255), so its chunks mostly take the 16-bit
+  kernel, at the cost of the sampling.
 
 The byte kernel reads its own packing of the weights (``pack_quads``: [Kp/4][16][4] int8 per
 block of 16 output channels, 4 k-values for 8 channels in 32 bytes), beside the 16-bit kernel's
@@ -72,10 +52,8 @@ few input channels 2.5-3x: the epilogue, not the products, was their cost).
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..codegen import memory
 from ..codegen.launch import Driver, parallel, share
@@ -84,8 +62,7 @@ from ..codegen.llvm_loops import (carried_loop, counted_loop, cpu_has, declare, 
                          gemm_intrinsic, load_gemms, load_vectors, panel_gemm, splat,
                          while_loop)
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
-from .gather import (LINE, _rows, load_entry, next_share, plan_shares, release, share_rows,
-                     split_work, windows)
+from .gather import load_entry, next_share, plan_shares, release, share_rows, windows
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
 from .vnni import requantize_params  # noqa: F401
 from .int8 import add_residual
@@ -101,8 +78,6 @@ HIGH_SHARE = 8   # a chunk's high bits listed for the byte kernel: in up to 1/8 
 BYTES_FROM = 256  # the byte kernel for rows of this many bytes or more
 TRY_BELOW = 10   # a chunk whose sampled quads are high in 1/10 or more: the 16-bit kernel
 SAMPLES = 64     # words of a chunk's rows sampled for their share of quads with a high bit
-RETRY = 16       # a layer whose last try mostly took the 16-bit kernel tries again after this
-RECORD = 2       # a layer's record (calls, chunks of its last try that took the 16-bit kernel)
 
 
 def available() -> bool:
@@ -229,7 +204,7 @@ def conv_kernel(w: np.ndarray, kp: int, name: str = "x86.avx2") -> tuple:
     bytes or more: ``lowering``'s guard), else ``conv_requantize`` alone, the 16-bit
     kernel's launches."""
     if name == "x86.avx2.bytes" and kp >= BYTES_FROM:
-        return conv_requantize_bytes, (pack_quads(w), np.zeros(RECORD, np.int64))
+        return conv_requantize_bytes, (pack_quads(w),)
     return conv_requantize, ()
 
 
@@ -250,8 +225,8 @@ if available():
 def _define_split(mod):
     """Define (once per LLVM module) ``i64 eqquant_avx2_split_high(rows, low, n, kp, starts,
     high, cap, whole)``, ``split_high``'s work on the n rows as one run of bytes (each quad
-    numbered from its row's start, or with ``whole`` nonzero from the first row's:
-    ``image_lists``): each 32-byte group (then 4-byte ones, at the end) is one load, its
+    numbered from its row's start, or with ``whole`` nonzero from the first row's):
+    each 32-byte group (then 4-byte ones, at the end) is one load, its
     low 7 bits one masked store, its high bits one ``vpmovmskb``, a mask walked quad by
     quad, the row of each quad found by counting rows up as the quads come. (A loop of
     Numba's over 4-byte words took 5x as long as widening the rows, more than the byte
@@ -369,85 +344,6 @@ def split_high(rows, low, starts, high):
         return 0
     return _split(rows.ctypes.data, low.ctypes.data, n, kp, starts.ctypes.data,
                   high.ctypes.data, high.shape[0], 0)
-
-
-SLACK = 4   # entries ``window_lists`` copies for every run, however many it has
-
-
-@njit(cache=True)
-def image_lists(nhwc):
-    """Each image's low 7 bits and the list of its high bits, pixel by pixel, for
-    ``window_lists`` to give each window's (``split_high`` on the pixels, each quad numbered
-    in the whole image): (low (N, H, W, C), starts (N, H * W + 1), entries (N, room + SLACK,
-    2), whether every image's list fits its room, 1/TRY_BELOW of its quads: an image with
-    more takes the 16-bit kernel). C a multiple of 4: a quad of the image is then a quad of
-    every window that reads it. Split once here, an image's bytes are split once, not once
-    for each of the kh x kw windows that read them (several times less work than splitting
-    the windows' rows chunk by chunk)."""
-    images, h, w, c = nhwc.shape
-    low = np.empty_like(nhwc)
-    starts = np.empty((images, h * w + 1), np.int32)
-    room = (h * w * c // 4) // TRY_BELOW
-    high = np.zeros((images, room + SLACK, 2), np.int32)
-    for b in range(images):
-        if _split(nhwc[b].ctypes.data, low[b].ctypes.data, h * w, c, starts[b].ctypes.data,
-                  high[b].ctypes.data, room, 1) < 0:
-            return low, starts, high, False
-    return low, starts, high, True
-
-
-@njit(inline="always")
-def _move_entries(to, at, src, e0, e1, move):
-    """Entries src[e0:e1] into to[at:], each quad number moved by ``move`` (entries as int64:
-    the quad the low half, little-endian; the sum stays in [0, 2^31), so the high bits'
-    half is kept); the first SLACK whatever their count, the rest after. (A 56 x 56 x 64
-    image's windows on one core: a loop on the count alone, mispredicted for counts of 0,
-    1 or 2, was the slowest; SLACK at a time tap by tap faster; run by run, about three
-    times as fast as the first.)"""
-    for t in range(SLACK):
-        to[at + t] = src[e0 + t] + move
-    for t in range(SLACK, e1 - e0):
-        to[at + t] = src[e0 + t] + move
-    return at + e1 - e0
-
-
-@njit(cache=True)
-def window_lists(img_starts, img_high, c, kh, kw, sh, sw, pt, pl, dh, dw, h, w, ow, p0, n,
-                 starts, high):
-    """The list of the high bits of windows p0..p0+n (``split_high``'s starts and entries,
-    each quad numbered in its row) from the image's (``image_lists``'s, numbered in the
-    image): a window's quad (i * kw + j) * C/4 + q is the image's (iy * W + ix) * C/4 + q, the
-    taps of a kernel row inside the image one run of the image's entries. Returns the number
-    of entries, or -1 where they outgrow ``high``'s room (its rows less SLACK)."""
-    qp = c // 4
-    src = img_high.reshape(img_high.size).view(np.int64)
-    to = high.reshape(high.size).view(np.int64)
-    room = high.shape[0] - SLACK
-    y = p0 // ow
-    xo = p0 - y * ow
-    m = 0
-    starts[0] = 0
-    for r in range(n):
-        ix0 = xo * sw - pl
-        for i in range(kh):
-            iy = y * sh - pt + i * dh
-            if iy < 0 or iy >= h:
-                continue
-            for j in range(kw if dw != 1 else 1):     # with dw 1, the kernel row in one run
-                a = ix0 + j * dw if dw != 1 else max(ix0, 0)
-                e = a + 1 if dw != 1 else min(ix0 + kw, w)
-                if a < 0 or a >= w or e <= a:
-                    continue
-                e0, e1 = np.intp(img_starts[iy * w + a]), np.intp(img_starts[iy * w + e])
-                if m + e1 - e0 > room:
-                    return -1
-                m = _move_entries(to, m, src, e0, e1, (i * kw + j - iy * w - ix0 - j * dw) * qp)
-        starts[r + 1] = m
-        xo += 1
-        if xo == ow:
-            xo = 0
-            y += 1
-    return m
 
 
 @njit(cache=True)
@@ -696,131 +592,71 @@ def _conv_items(thread, threads, args):
 conv_requantize = Driver(_conv_plan, (windows, widen_rows, _conv_items))
 
 
-class _BytesDriver:
-    """``conv_requantize_bytes(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed,
-    quads, record, params, lo, hi, out, threads, res, add)``: ``conv_requantize`` with the
-    byte kernel (``quads``: ``pack_quads``'s weights) for each chunk whose high bits can be
-    listed, the 16-bit one for the others (``_bytes_region``). The lists are made from the
-    image's (``image_lists``, ``window_lists``) where its channels are a multiple of 4 and
-    the padding byte has no high bit; else each chunk's windows are split
-    (``split_or_widen``). An image whose quads are high in 1/TRY_BELOW or more takes the
-    16-bit kernel whole. A layer where the last try sent most chunks to the 16-bit kernel
-    (MobileNet-v2's, whose inputs are 45-99% high) runs ``conv_requantize`` itself, trying
-    again every RETRY calls: each chunk's sampling and the byte driver's set-up made those
-    layers 4-5% slower. ``record`` (int64, RECORD): the calls so far, and how many of the
-    last try's chunks took the 16-bit kernel less how many took the byte kernel. Either way
-    the sums are exact: the record only chooses the speed.
-
-    A plain-Python driver of the two drivers, which ``bind`` binds (the byte driver's
-    compiled entry point, the 16-bit ``launch.Driver``'s launches; as ``bindings.bound``
-    binds a kernel): written as a Numba function calling both,
-    it was compiled with both linked into it, again, on every cold start (the two drivers'
-    code optimised and emitted a fifth time, after their own compiles and their parallel
-    regions' three wrappers); through Python it costs a dictionary look-up and a call."""
-
-    def __call__(self, nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads,
-                 record, params, lo, hi, out, threads, res, add):
-        head = (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed)
-        tail = (params, lo, hi, out, threads, res, add)
-        _drive(functools.partial(_bytes_region, *head, quads, *tail),
-               functools.partial(conv_requantize, *head, *tail), record)
-
-    def bind(self, args: tuple, entry_point):
-        """``self(*args)`` as a call with no arguments: the byte driver's compiled entry
-        point for these arguments' types (``entry_point(kernel, args)``) and the 16-bit
-        driver bound (``launch.Driver.bind``)."""
-        head, quads, record, tail = args[:13], args[13], args[14], args[15:]
-        region = (*head, quads, *tail)
-        return functools.partial(
-            _drive, functools.partial(entry_point(_bytes_region, region), *region),
-            conv_requantize.bind((*head, *tail), entry_point), record)
+def _bytes_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads, params, lo,
+                hi, out, threads, res, add):
+    """``conv_requantize_bytes``'s plan (``launch.Driver``): ``conv_requantize``'s, on the byte
+    kernel (``quads``: ``pack_quads``'s weights) wherever a chunk's high bits can be listed
+    and on the 16-bit kernel where they cannot (``split_or_widen``: rows whose sampled quads
+    are high in 1/TRY_BELOW or more, or whose list outgrows its room), chunk by chunk, in
+    the work items (``_bytes_items``). A lone image's rows, gathered once, are split once
+    (``split_rows``) before the items. Either way the sums are exact: the choice is speed."""
+    kp = packed.shape[1] * 2
+    work, shared, counters, fill = plan_shares(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow,
+                                               oh * ow, packed.shape[0], threads, kp)
+    n = shared.shape[0] if work[0] != 0 else 0
+    lone = (memory.empty((n, kp), np.uint8), memory.empty((n + 1,), np.int32),
+            memory.empty((n * (kp // (4 * HIGH_SHARE)) + 1, 2), np.int32),
+            memory.empty((n, kp), np.int16), memory.empty((1,), np.int64))
+    launches = [] if fill is None else [(*fill, None)]
+    if n:
+        launches.append((split_rows.serial, (shared, *lone), None))
+    launches.append((_bytes_items, (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed,
+                                    quads, params, lo, hi, out, res, add, work, shared,
+                                    counters, *lone), threads))
+    return launches
 
 
-def _drive(region, plain, record):
-    """``conv_requantize_bytes``'s choice: ``region()`` (``_bytes_region`` on the call's
-    arguments), unless the record sends the layer to ``plain()`` (``conv_requantize``), or
-    region could not list the image's high bits."""
-    record[0] += 1
-    if record[1] <= 0 or record[0] % RETRY == 0:
-        listed, record[1] = region()
-        if listed:
-            return
-    plain()
-
-
-conv_requantize_bytes = _BytesDriver()
-
-
-@njit(cache=True)
-def _operands(hwc, img_starts, img_high, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, rows,
-              none):
-    """The byte or the 16-bit kernel's operands (``split_or_widen``'s) for windows p0..
-    whose rows are ``rows``, gathered from the image's low bits where ``img_starts`` holds
-    the image's lists (``image_lists``), else from ``hwc``: their lists made from the
-    image's (``window_lists``), or, where those outgrow their room, the windows of ``hwc``
-    gathered again and widened; without the image's lists, ``split_or_widen``'s choice."""
-    if img_starts.shape[0] == 0:
-        return split_or_widen(rows, none)
-    n, kp = rows.shape
-    h, w, c = hwc.shape
-    starts = np.empty(n + 1, np.int32)
-    high = np.empty((n * (kp // (4 * HIGH_SHARE)) + SLACK, 2), np.int32)
-    if window_lists(img_starts, img_high, c, kh, kw, sh, sw, pt, pl, dh, dw, h, w, ow, p0, n,
-                    starts, high) >= 0:
-        return rows, starts, high, none[3]
-    return widened(_rows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, n, kp), none)
-
-
-@njit(parallel=True, cache=True)
-def _bytes_region(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads, params,
-                  lo, hi, out, threads, res, add):
-    """``conv_requantize_bytes``'s convolution, the image's high bits listed
-    (``image_lists``) where it can: (False, 1) and nothing computed where its lists do not
-    fit, else (True, how many of its chunks took the 16-bit kernel less how many took the
-    byte kernel). Its work split and gather are ``conv_requantize``'s, written again rather
-    than shared: a layer on the 16-bit kernel runs that driver as it was (through this one,
-    with each chunk's choice and the operands' tuple, MobileNet-v2's layers took 4-5%
-    longer)."""
-    if nhwc.shape[3] % 4 == 0 and pad < 128:
-        low, img_starts, img_high, fits = image_lists(nhwc)
-        if not fits:
-            return False, 1
+@parallel
+def split_rows(thread, threads, args):
+    """A lone image's rows for the byte kernel, split once (their low bits, starts and high
+    list; ``taken[0]`` 1), or, where the list outgrows its room or a sample of their quads
+    is high in 1/TRY_BELOW or more, widened for the 16-bit kernel (``taken[0]`` 0)."""
+    rows, low, starts, high, wide, taken = args
+    taken[0] = 0
+    if high_quad_share(rows) * TRY_BELOW < 1 and split_high(rows, low, starts, high) >= 0:
+        taken[0] = 1
     else:
-        low, img_starts = nhwc, np.empty((nhwc.shape[0], 0), np.int32)
-        img_high = np.empty((nhwc.shape[0], 0, 2), np.int32)
-    p_n, o_n = oh * ow, out.shape[2]
-    oblocks, kp = packed.shape[0], packed.shape[1] * 2
-    none = empties(kp)
-    work, shared, counters = split_work(low, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p_n,
-                                        oblocks, threads, kp)
+        _widen(rows, wide)
+
+
+@parallel
+def _bytes_items(thread, threads, args):
+    """The work items of ``conv_requantize_bytes`` one thread takes (``gather.next_share``),
+    each on the byte kernel or the 16-bit one (``split_or_widen``, or ``split_rows``'s
+    choice for a lone image)."""
+    (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads, params, lo, hi, out,
+     res, add, work, shared, counters, low1, starts1, high1, wide1, taken) = args
+    o_n, kp = out.shape[2], packed.shape[1] * 2
     lone = work[0] != 0
-    # each thread's count (a sum across the parallel loop's inner loop: Numba's reduction
-    # of ``wide`` there gave 0)
-    wides = np.zeros((threads, LINE), np.int64)
-    low_1, starts_1, high_1, rows16_1 = none      # a lone image's operands, made once
-    if lone:
-        low_1, starts_1, high_1, rows16_1 = _operands(nhwc[0], img_starts[0], img_high[0], kh,
-                                                      kw, sh, sw, pt, pl, dh, dw, pad, ow,
-                                                      np.intp(0), shared, none)
-        wides[0, 0] = 1 if rows16_1.shape[0] else -1
-    for thread in prange(threads):
-        while True:
-            b, ob0, ob1, p0, p1 = next_share(counters, thread, work)
-            if b < 0:
-                break
-            n = p1 - p0
-            if lone:
-                low_b, starts, high = low_1[p0:p1], starts_1[p0:p1 + 1], high_1
-                rows16 = rows16_1[p0:p1]
-            else:
-                rows = share_rows(low[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1, kp,
-                                  shared)
-                low_b, starts, high, rows16 = _operands(nhwc[b], img_starts[b], img_high[b], kh,
-                                                        kw, sh, sw, pt, pl, dh, dw, pad, ow, p0,
-                                                        rows, none)
-                wides[thread, 0] += 1 if rows16.shape[0] else -1
-            _tile_bytes(low_b, starts, high, rows16, packed, quads, ob0, ob1, o_n, params, lo,
+    none = empties(kp)
+    while True:
+        b, ob0, ob1, p0, p1 = next_share(counters, thread, work)
+        if b < 0:
+            break
+        if lone and taken[0]:
+            _tile_bytes(low1[p0:p1], starts1[p0:p1 + 1], high1, none[3], packed, quads, ob0,
+                        ob1, o_n, params, lo, hi, p0, out[b])
+        elif lone:
+            _tile(wide1[p0:p1], packed, ob0, ob1, o_n, params, lo, hi, p0, out[b])
+        else:
+            rows = share_rows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1, kp,
+                              shared)
+            low, starts, high, rows16 = split_or_widen(rows, none)
+            _tile_bytes(low, starts, high, rows16, packed, quads, ob0, ob1, o_n, params, lo,
                         hi, p0, out[b])
-            add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
-    wide = wides[:, 0].sum()
-    return True, wide
+        add_residual(out, res, b, p0, p1 - p0, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo,
+                     hi)
+    release(counters)
+
+
+conv_requantize_bytes = Driver(_bytes_plan, (windows, split_rows, _bytes_items))

@@ -43,8 +43,7 @@ def bound(kernel, args: tuple):
     dispatcher, a call first types each argument and looks the overload up, at every run.
     The arrays are bound, so their types cannot change under the entry point. A kernel that
     is not a Numba function binds itself (its ``bind``): a ``launch.parallel`` kernel writes
-    its argument block once, a ``launch.Driver`` makes its plan once,
-    ``avx2.conv_requantize_bytes`` binds its two drivers."""
+    its argument block once, a ``launch.Driver`` makes its plan once."""
     if isinstance(kernel, Dispatcher):
         return functools.partial(entry_point(kernel, args), *args)
     return kernel.bind(args, entry_point)

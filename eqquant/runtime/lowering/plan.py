@@ -24,9 +24,9 @@ x86.vnni16      as x86.vnni                                    1.15 times the pa
 x86.avxvnni     as x86.vnni, grouped where a set's outputs     2 times the padding to 16 (1 on
                 fill whole vectors of 8                        an AMD Zen 4: ``SPEED_ON_CPU``)
 x86.avx2        as x86.amx                                     4 times the padding to 16
-x86.avx2.bytes  as x86.amx, rows of BYTES_FROM bytes or more;  3.7 times the padding to 16
-                an executor's only (not launches: offered by
-                a target NAME:executor)
+x86.avx2.bytes  as x86.amx, a convolution's rows of BYTES_FROM  3.7 times the padding to 16
+                bytes or more (chunk by chunk, the 16-bit
+                kernel's where a chunk's high bits are many)
 depthwise       a depthwise convolution (one input channel     1
                 per group) whose taps fit 16 bits
 portable        every site                                     1000: the last resort
@@ -58,8 +58,8 @@ layer without padding either way ran 1.04-1.16x slower on vnni16 than on vnni, 9
 (padded to 128) 0.84x and 144 (to 192) 0.9x; on an AMD EPYC with AVX512-VNNI, 16 and 24
 channels ran 1.3-1.5x faster on avxvnni than padded to 64, 96-160 channels 1.2-1.35x slower;
 the tiles' sums pass through memory, which pays only on deep layers (``amx.suits``); the
-AVX2 byte driver ran ResNets 0.91-0.94x the time of the 16-bit one on an AMD EPYC (Zen 3),
-MobileNet-v2 level (``avx2.py``), a speed a saved library matches with the 16-bit kernel. A site
+AVX2 byte driver ran ResNets 0.91-0.98x the time of the 16-bit one on an AMD EPYC (Zen 3),
+MobileNet-v2 level (``avx2.py``). A site
 takes the cheapest kernel its target offers (``target.py``); a kernel named in the program (a
 plan made earlier, or a user's pin) is kept, or refused with the site's location and the
 reason (``KernelError``).
@@ -230,8 +230,10 @@ def _gemm_option(kernel: str, site: Site, target: Target) -> Option:
                                     f"{simd.BLOCK}")
     padding = -(-site.channels // simd.BLOCK) * simd.BLOCK / site.channels
     per_mac = speed(kernel, target)
-    if kernel == "x86.avx2.bytes" and site.rows is not None:
-        return Option(kernel, None, "a convolution's driver (a dense layer here)")
+    if kernel == "x86.avx2.bytes" and (site.rows is not None or not site.eight_bit):
+        return Option(kernel, None, "a fused convolution's driver (its sums requantized to "
+                                    "8 bits); " + ("a dense layer here" if site.rows is not None
+                                                   else "int32 sums here"))
     if kernel == "x86.avx2.bytes" and -(-site.depth // 4) * 4 < simd.BYTES_FROM:
         return Option(kernel, None, f"rows of {site.depth} bytes: the byte kernel pays from "
                                     f"{simd.BYTES_FROM}")
