@@ -198,7 +198,7 @@ def test_mobilenet_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8,
         ex, label = Executor(q.compiled), ("fused.qconv2d", "fused.qconv2d_add")
         kernels = (kernels_int8.depthwise_channels_last, amx.conv_requantize,
                    vnni.conv_requantize, vnni16.conv_requantize, avxvnni.conv_requantize,
-                   avx2.conv_requantize, avx2._bytes_region,
+                   avx2.conv_requantize, avx2.conv_requantize_bytes,
                    # the portable path's launches: windows, products, requantization, the
                    # moves between layouts
                    kernels_int8.im2col_i8, kernels_int8.gemm_i8,
@@ -212,8 +212,7 @@ def test_mobilenet_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8,
         kernels = (kernels_fp32.depthwise_channels_last,) + \
             ((fma.conv,) if fp32_path() != "blas" else ())
     convs = [(step, p) for step, p in zip(ex.steps, ex._prepared) if step.label in label]
-    # (bound to the compiled entry points themselves, not their dispatchers; AVX2's byte
-    # driver to both of its drivers')
+    # (bound to the compiled entry points themselves, not their dispatchers)
     # (a ``launch.parallel`` kernel: to its C entry, through the launcher; a
     # ``launch.Driver``: to its parts', in order)
     parts = [p for k in kernels for p in (k.parts if isinstance(k, Driver) else (k,))]
@@ -227,9 +226,6 @@ def test_mobilenet_prepared_steps_give_the_bits_of_gathered_ones(mobilenet_int8,
             return all(map(to_entries, call.calls))
         if isinstance(call, _BoundLaunch):
             return call.address in entries
-        if getattr(call, "func", None) is avx2._drive:
-            region, plain = call.args[:2]
-            return region.func in entries and to_entries(plain)
         return getattr(call, "func", None) in entries
     bound = [p is not None and to_entries(p[0]) for _, p in convs]
     depthwise = [step.fn.depthwise if precision == "fp32" else step.fn.conv.depthwise
