@@ -401,8 +401,8 @@ def ilp(view: EGraphView, root: str, model: CostModel, time_limit: float = 60.0,
 # (a value reached by an integer and a float path at once is paid once at half weight, and
 # the halves compound along a chain of marks), so HiGHS finds the optimum at its first node
 # and then spends minutes raising its bound: mobilenet_v2's 578 nodes, optimal at the root,
-# took 14,642 nodes to prove it. The budget keeps the first nodes' search, and a program
-# that is the same on every machine.
+# took 14,642 nodes to prove it. The budget keeps the first nodes' search; it is a budget of
+# work, not of time, so a slower machine does not stop earlier.
 BEST_NODES = 32
 
 
