@@ -41,18 +41,33 @@ def cache_write(path: Path, data: str | bytes) -> bool:
 
 
 def source_digest(package: Path | None = None) -> str:
-    """A digest of eqquant's source as installed (every .py, .c and .lark file of the package,
-    ``package`` where given, and of grammar/: its path, size and modification time, which
-    any edit changes): what a verdict or a compiled program made by this eqquant depends on."""
+    """A digest of eqquant's source (every .py, .c and .lark file of the package, ``package``
+    where given, and of grammar/: its path within its folder and its bytes): what a verdict
+    or a compiled program made by this eqquant depends on. Where it is installed does not
+    enter it, so a source checkout and the package installed from it share their verdicts
+    and programs (a test's own process and the command it runs). This process's own
+    source is read once (what it runs does not change while it runs)."""
+    return _own_source_digest() if package is None else _source_digest(package)
+
+
+@lru_cache(maxsize=None)
+def _own_source_digest() -> str:
+    return _source_digest(_PKG)
+
+
+def _source_digest(package: Path) -> str:
     import hashlib
     h = hashlib.sha256()
-    for folder in (package or _PKG, data_dir("grammar")):
+    for label, folder in (("eqquant", package), ("grammar", data_dir("grammar"))):
         for top, dirs, names in os.walk(folder):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "_data"))
             for name in sorted(names):
                 if name.endswith((".py", ".c", ".lark")):
-                    st = os.stat(os.path.join(top, name))
-                    h.update(f"{top}/{name} {st.st_size} {st.st_mtime_ns}\n".encode())
+                    path = os.path.join(top, name)
+                    with open(path, "rb") as f:
+                        data = f.read()
+                    rel = os.path.relpath(path, folder).replace(os.sep, "/")
+                    h.update(f"{label}/{rel} {len(data)}\n".encode() + data)
     return h.hexdigest()
 
 
