@@ -248,7 +248,6 @@ def _plan(executors: list) -> tuple[dict, _Roots, list, list]:
     ``_write_data``), the roots, the C functions, and each table's (steps bound, inputs'
     arrays) for ``_written``."""
     roots = _Roots()
-    made = compiling.made()
     functions: list = []                 # CFuncs, in the library's order
     function_index: dict[int, int] = {}
 
@@ -261,7 +260,7 @@ def _plan(executors: list) -> tuple[dict, _Roots, list, list]:
     named: set[str] = set()              # slots whose cells blocks hold
     tables, runs = [], []
     for executor in executors:
-        table, bound, inputs = _table(executor, roots, made, function, named)
+        table, bound, inputs = _table(executor, roots, function, named)
         tables.append(table)
         runs.append((bound, inputs))
 
@@ -303,7 +302,7 @@ def _plan(executors: list) -> tuple[dict, _Roots, list, list]:
     return plan, roots, functions, runs
 
 
-def _table(executor, roots: _Roots, made: dict, function, named: set) -> tuple:
+def _table(executor, roots: _Roots, function, named: set) -> tuple:
     """One executor's launches, inputs and output, as the plan holds them (its arrays placed
     in ``roots``, its C functions numbered by ``function``, the slots its blocks name added
     to ``named``); its steps bound; its inputs' arrays."""
@@ -312,6 +311,9 @@ def _table(executor, roots: _Roots, made: dict, function, named: set) -> tuple:
             raise NotDeployable(f"input %{name} is not a tensor")
     inputs = executor.stand_ins()
     bound = executor.bind_steps(inputs)
+    # (the C functions as they are once bound: a binding compiles what no helper compiled
+    # before it, where another process was compiling the same kernels into the cache)
+    made = compiling.made()
     for a in list(executor.blocks) + list(inputs.values()):
         roots.fresh.add(roots.place(a, "buffers")[0])
     launches = []
