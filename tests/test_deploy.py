@@ -1106,8 +1106,8 @@ def test_a_kernel_calling_what_a_library_lacks_is_refused_by_name(tmp_path):
 
 
 def test_a_grouped_int8_convolution_on_a_gemm_is_saved(tmp_path):
-    """A grouped fused.qconv2d (RegNet's groups of 8, channel-last) on the VNNI GEMMs, where
-    this CPU has one: its set-major move and its sets' GEMMs are launches, saved in the
+    """A grouped fused.qconv2d (RegNet's groups of 8, channel-last) on the VNNI or AVX2 GEMMs,
+    where this CPU has one: its set-major move and its sets' GEMMs are launches, saved in the
     library, with the reference's bits (elsewhere the portable loops are, and are saved)."""
     from eqquant.ir.builder import Builder
     from eqquant.runtime.execution.executor import Executor
@@ -1130,7 +1130,7 @@ def test_a_grouped_int8_convolution_on_a_gemm_is_saved(tmp_path):
     mod = bind_params(*b.finish(y))
     ex = Executor(mod)
     (step,) = ex.steps
-    gemm = {"x86.vnni", "x86.vnni16", "x86.avxvnni"} & set(ex.target.int8_kernels())
+    gemm = {"x86.vnni", "x86.vnni16", "x86.avxvnni", "x86.avx2"} & set(ex.target.int8_kernels())
     assert (step.fn.conv.slots is not None) == bool(gemm)
     build(ex, tmp_path / "lib")
     xs = {"x": rng.integers(0, 256, (2, 10, 10, c)).astype(np.uint8)}

@@ -650,8 +650,9 @@ def test_grouped_int8_convolutions_are_bit_exact_on_every_path(
     """A grouped fused.qconv2d (and fused.qconv2d_add) runs on the VNNI GEMMs as sets of
     groups, each set a GEMM of block-diagonal weights requantized in registers and stored at
     its channels (``vnni.grouped_requantize``), with the reference's bits on every path this
-    CPU has; the 256-bit kernel takes the sets whose outputs fill whole vectors of 8, the
-    other paths run the portable loops."""
+    CPU has; the 256-bit kernels (AVX-VNNI's, AVX2's 16-bit one: ``avx2.grouped_requantize``)
+    take the sets whose outputs fill whole vectors of 8, the other paths run the portable
+    loops."""
     groups, cg, og = shape
     c, o = groups * cg, groups * og
     rng = np.random.default_rng(seed)
@@ -683,7 +684,7 @@ def test_grouped_int8_convolutions_are_bit_exact_on_every_path(
             ex = Executor(bound)
             np.testing.assert_array_equal(ex.run(xs), want)
             (step,) = [s for s in ex.steps if s.label == op]
-            on_gemm = path in MASKED_PATHS or (path == "avxvnni" and span % 8 == 0)
+            on_gemm = path in MASKED_PATHS or (path in ("avxvnni", "avx2") and span % 8 == 0)
             assert (step.fn.conv.slots is not None) == on_gemm, (path, step.fn.path)
 
 

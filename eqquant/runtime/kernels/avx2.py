@@ -59,14 +59,16 @@ from ..codegen import memory
 from ..codegen.launch import Driver, parallel, share
 
 from ..codegen.llvm_loops import (carried_loop, counted_loop, cpu_has, declare, gemm_definition,
-                         gemm_intrinsic, load_gemms, load_vectors, panel_gemm, splat,
-                         while_loop)
+                         gemm_intrinsic, load_gemms, load_vectors, panel_gemm, slot_cell,
+                         splat, while_loop)
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
 from .gather import load_entry, next_share, plan_shares, release, share_rows, windows
+from .gather import widen
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
 from .vnni import requantize_params  # noqa: F401
 from .int8 import add_residual
-from .vnni import _finish, pack_panels, requantize_finish
+from .vnni import _finish, grouped_requantize, pack_panels, requantize_finish
+from .vnni import group_span as vnni_group_span
 
 load_entry("uint8")   # the gather of this module's kernels, on bytes
 
@@ -220,6 +222,10 @@ bytes_requantize = gemm_intrinsic(_define_bytes(True), "i8", EPILOGUE + HIGH)
 if available():
     load_gemms("avx2", [g.define for g in (gemm_block, gemm_requantize, bytes_block,
                                            bytes_requantize)])
+# the 16-bit GEMMs as a kernel of the VNNI module's drivers (``vnni.gemm_kernel``'s tuple:
+# their slots, block, panel, lanes, no byte mask, 16-bit rows): its grouped driver runs them
+KERNEL = (*((slot_cell(gemm_block.define.symbol), slot_cell(gemm_requantize.define.symbol))
+            if available() else (0, 0)), BLOCK, PANEL, 8, 0, 1)
 
 
 def _define_split(mod):
@@ -347,27 +353,11 @@ def split_high(rows, low, starts, high):
 
 
 @njit(cache=True)
-def _widen(rows_u8, rows16):
-    """uint8 pixel rows -> the int16 rows the GEMM reads: one loop over both when they are
-    contiguous (a pointwise convolution's rows of 16 channels, taken row by row, ran at a
-    quarter of the speed: a short loop's set-up for every 16 bytes)."""
-    n, kp = rows_u8.shape
-    if rows_u8.flags.c_contiguous and rows16.flags.c_contiguous:
-        flat, flat16 = rows_u8.reshape(n * kp), rows16.reshape(n * kp)
-        for i in range(n * kp):
-            flat16[i] = flat[i]
-        return
-    for r in range(n):
-        for c in range(kp):
-            rows16[r, c] = rows_u8[r, c]
-
-
-@njit(cache=True)
 def gemm(a_u8, packed, out):
     """out = a_u8 @ B (a_u8: (P, Kp) uint8, out: (P, O') int32, O' the padded width), on the
     16-bit kernel."""
     a16 = np.empty(a_u8.shape, np.int16)
-    _widen(a_u8, a16)
+    widen(a_u8, a16)
     gemm_block(a16.ctypes.data, a16.shape[1], packed.ctypes.data, out.ctypes.data,
                out.shape[1], 0, a16.shape[0], packed.shape[1], packed.shape[0])
 
@@ -400,12 +390,12 @@ def gemm_parallel(thread, threads, args):
         for t in range(*share((p + 95) // 96, thread, threads)):
             p0, p1 = t * 96, min(p, t * 96 + 96)
             a16 = np.empty((p1 - p0, kp), np.int16)
-            _widen(a_u8[p0:p1], a16)
+            widen(a_u8[p0:p1], a16)
             gemm_block(a16.ctypes.data, kp, packed.ctypes.data, out.ctypes.data + p0 *
                        out.shape[1] * 4, out.shape[1], 0, p1 - p0, kq, oblocks)
     else:
         a16 = np.empty((p, kp), np.int16)
-        _widen(a_u8, a16)
+        widen(a_u8, a16)
         for ob in range(*share(oblocks, thread, threads)):
             gemm_block(a16.ctypes.data, kp, packed.ctypes.data + ob * kq * PANEL,
                        out.ctypes.data + ob * BLOCK * 4, out.shape[1], 0, p, kq, 1)
@@ -524,7 +514,7 @@ def listed(rows, none):
 def widened(rows, none):
     """``split_or_widen``'s operands of the 16-bit kernel: the rows widened to int16."""
     rows16 = np.empty(rows.shape, np.int16)
-    _widen(rows, rows16)
+    widen(rows, rows16)
     return none[0], none[1], none[2], rows16
 
 
@@ -559,10 +549,10 @@ def _conv_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, params
 
 @parallel
 def widen_rows(thread, threads, args):
-    """``_widen`` of rows (n, kp) uint8 into int16 rows, the rows shared out."""
+    """``gather.widen`` of rows (n, kp) uint8 into int16 rows, the rows shared out."""
     rows_u8, rows16 = args
     lo, hi = share(rows_u8.shape[0], thread, threads)
-    _widen(rows_u8[lo:hi], rows16[lo:hi])
+    widen(rows_u8[lo:hi], rows16[lo:hi])
 
 
 @parallel
@@ -582,7 +572,7 @@ def _conv_items(thread, threads, args):
             rows = share_rows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1, kp,
                               shared)
             rows16 = np.empty((rows.shape[0], kp), np.int16)
-            _widen(rows, rows16)
+            widen(rows, rows16)
         n = rows16.shape[0]
         _tile(rows16, packed, ob0, ob1, o_n, params, lo, hi, p0, out[b])
         add_residual(out, res, b, p0, n, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo, hi)
@@ -590,6 +580,33 @@ def _conv_items(thread, threads, args):
 
 
 conv_requantize = Driver(_conv_plan, (windows, widen_rows, _conv_items))
+
+
+# -- grouped convolutions: each set of groups one block-diagonal GEMM (``vnni``'s driver) -----
+
+GROUPED = True    # runs grouped convolutions on the 16-bit GEMM, a set of groups a GEMM
+
+
+def group_span(groups: int, per_group: int) -> int:
+    """The groups one GEMM takes together (``vnni.group_span``, on blocks of 16)."""
+    return vnni_group_span(groups, per_group, BLOCK)
+
+
+def stores_set(span_o: int) -> bool:
+    """Whether a set of ``span_o`` outputs is stored from registers: in whole vectors of 8
+    (AVX2 has no byte mask)."""
+    return span_o % 8 == 0
+
+
+def grouped_kernel(sets: int, span_o: int) -> tuple:
+    """(``vnni.grouped_requantize``, its arguments besides ``pack``'s), as ``conv_kernel``:
+    the drivers' one grouped driver, on this module's 16-bit GEMMs (``KERNEL``)."""
+    if not KERNEL[1]:
+        raise RuntimeError("eqquant: this CPU does not run AVX2 (the target offers only the "
+                           "kernels it runs)")
+    return grouped_requantize, (KERNEL, sets, span_o)
+
+
 
 
 def _bytes_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads, params, lo,
@@ -626,7 +643,7 @@ def split_rows(thread, threads, args):
     if high_quad_share(rows) * TRY_BELOW < 1 and split_high(rows, low, starts, high) >= 0:
         taken[0] = 1
     else:
-        _widen(rows, wide)
+        widen(rows, wide)
 
 
 @parallel

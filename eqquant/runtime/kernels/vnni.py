@@ -40,7 +40,7 @@ from ..codegen.llvm_loops import (cpu_has, declare, gemm_at, gemm_definition, lo
                          panel_gemm, slot_cell, splat)
 
 from .gather import CHUNK, SMALL, windows  # noqa: F401
-from .gather import (_rows, chunk_bounds, item_runs, load_entry, next_item, next_share,
+from .gather import (_rows, chunk_bounds, item_runs, load_entry, next_item, next_share, widen,
                      plan_shares, release, share_rows)
 from .fp32 import copy_strided, strided_call
 from ..codegen.launch import Driver, parallel, share
@@ -227,7 +227,7 @@ REQUANTIZING = ("ptr", "i64", "i64", "i64", "i64")   # the requantizing GEMM's e
 def gemm_kernel(owner: str, define, load: bool, block: int, panel: int, lanes: int,
                 masked: bool) -> tuple:
     """A kernel of the drivers below: (the slot of the GEMM that ``define(False)`` defines,
-    that of ``define(True)``'s requantizing one, block, panel, lanes, masked), the GEMMs
+    that of ``define(True)``'s requantizing one, block, panel, lanes, masked, 0), the GEMMs
     compiled as C functions under ``owner``'s name where ``load`` (the CPU runs them; else
     both slots are 0, and no layer may take the kernel). A slot is the address of the cell
     that holds its GEMM's address (``llvm_loops.slot_cell``), known before the GEMMs load:
@@ -237,7 +237,9 @@ def gemm_kernel(owner: str, define, load: bool, block: int, panel: int, lanes: i
     - its requantizing one (..., params, params stride, lo, hi, valid): the same, requantized
       to 8 bits (``requantize_finish``);
     - ``block`` output channels a block, ``panel`` bytes of packed weights a k-quad and
-      block, ``lanes`` sums a vector, ``masked`` as MASKED.
+      block, ``lanes`` sums a vector, ``masked`` as MASKED;
+    - last, 1 where the GEMMs read the rows as int16 (AVX2's 16-bit ones, ``avx2.KERNEL``,
+      whose panels are k-pairs: the grouped driver widens its rows for them), else 0.
 
     The drivers take it as an argument, so that they are compiled once for every kernel of
     this interface (AMX's, the 256-bit and blocks-of-16 ones), where each had its twin."""
@@ -245,7 +247,7 @@ def gemm_kernel(owner: str, define, load: bool, block: int, panel: int, lanes: i
     if load:
         load_gemms(owner, [plain, requantizing])
     cells = (slot_cell(plain.symbol), slot_cell(requantizing.symbol)) if load else (0, 0)
-    return (*cells, block, panel, lanes, int(masked))
+    return (*cells, block, panel, lanes, int(masked), 0)
 
 
 def bound_gemms(kernel: tuple) -> tuple:
@@ -512,17 +514,38 @@ def _grouped_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, ker
     panels (``packed``: the sets' blocks one after another, ``params`` likewise, ``span_o``
     outputs a set) and its requantization in registers, stored at the set's channels. A
     residual (``res``) is not summed here (fused.qconv2d_add's binding adds it after)."""
+    by_set, move, chunks, counters = set_major(nhwc, sets, oh * ow, threads, res)
+    return [move, (_grouped_items, (by_set, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed,
+                                    kernel, span_o, params, lo, hi, out, chunks, counters),
+                   threads)]
+
+
+@njit(cache=True)
+def next_set_item(counters, thread, sets, chunks, p_n):
+    """A grouped driver's next work item for ``thread`` (``next_item``): (image, set, its
+    chunk's pixels p0, p1) of ``chunks`` chunks of ``p_n`` pixels; image -1 when none is
+    left."""
+    item = next_item(counters, thread)
+    if item < 0:
+        return -1, 0, 0, 0
+    p0, p1 = chunk_bounds(p_n, chunks, item % chunks)
+    return item // (sets * chunks), (item // chunks) % sets, p0, p1
+
+
+def set_major(nhwc, sets, p_n, threads, res) -> tuple:
+    """A grouped driver's first launch and its work items' counters (``vnni`` and ``avx2``):
+    (the batch nhwc (N, H, W, C) moved set-major into a new (N, sets, H, W, C / sets), the
+    launch moving it, chunks of an image's ``p_n`` output pixels, ``item_runs`` of the
+    items (image, set, chunk)). No driver of sets sums a residual ``res``."""
     if res.shape[0]:
-        raise ValueError("grouped_requantize sums no residual")
+        raise ValueError("a grouped convolution's driver sums no residual")
     n, h, w, c = nhwc.shape
     span_i = c // sets
     by_set = memory.empty((n, sets, h, w, span_i), np.uint8)
     src = nhwc.reshape(n, h * w, sets, span_i).transpose(0, 2, 1, 3)
-    chunks = max(1, -(-oh * ow // CHUNK))
-    counters = item_runs(n * sets * chunks, threads)
-    return [(*strided_call(src, by_set), None),
-            (_grouped_items, (by_set, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed,
-                              kernel, span_o, params, lo, hi, out, chunks, counters), threads)]
+    chunks = max(1, -(-p_n // CHUNK))
+    return by_set, (*strided_call(src, by_set), None), chunks, item_runs(n * sets * chunks,
+                                                                         threads)
 
 
 @parallel
@@ -530,27 +553,34 @@ def _grouped_items(thread, threads, args):
     """The work items of ``grouped_requantize`` one thread takes (``gather.next_item``)."""
     (by_set, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, kernel, span_o, params, lo,
      hi, out, chunks, counters) = args
-    block, panel = kernel[2], kernel[3]
     sets = by_set.shape[1]
-    per_set = packed.shape[0] // sets
-    kq = packed.shape[1]
-    kp = kq * 4
-    o_n = out.shape[2]
-    p_n = oh * ow
+    kp = packed.shape[1] * (2 if kernel[6] else 4)
     while True:
-        item = next_item(counters, thread)
-        if item < 0:
+        b, s, p0, p1 = next_set_item(counters, thread, sets, chunks, oh * ow)
+        if b < 0:
             break
-        b, s = item // (sets * chunks), (item // chunks) % sets
-        p0, p1 = chunk_bounds(p_n, chunks, item % chunks)
         rows = _rows(by_set[b, s], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1 - p0, kp)
-        _requantize_at(kernel[1], (rows.ctypes.data, kp,
-                                   packed.ctypes.data + s * per_set * kq * panel,
-                                   out[b].ctypes.data + p0 * o_n + s * span_o, o_n, 0,
-                                   p1 - p0, kq, per_set,
-                                   params.ctypes.data + s * per_set * block * 8,
-                                   params.shape[1], lo, hi, span_o))
+        if kernel[6]:        # (a 16-bit GEMM: the rows widened)
+            wide = np.empty((p1 - p0, kp), np.int16)
+            widen(rows, wide)
+            _set_requantize(kernel, wide, packed, s, sets, span_o, params, lo, hi, out[b], p0)
+        else:
+            _set_requantize(kernel, rows, packed, s, sets, span_o, params, lo, hi, out[b], p0)
     release(counters)
+
+
+@njit(inline="always")
+def _set_requantize(kernel, rows, packed, s, sets, span_o, params, lo, hi, out, p0):
+    """out[p0:p0 + n, set s's span_o channels] = the rows (n, kp) times set s's panels,
+    requantized in registers (``kernel``'s requantizing GEMM)."""
+    block, panel = kernel[2], kernel[3]
+    per_set, kq = packed.shape[0] // sets, packed.shape[1]
+    o_n = out.shape[1]
+    _requantize_at(kernel[1], (rows.ctypes.data, rows.shape[1],
+                               packed.ctypes.data + s * per_set * kq * panel,
+                               out.ctypes.data + p0 * o_n + s * span_o, o_n, 0, rows.shape[0],
+                               kq, per_set, params.ctypes.data + s * per_set * block * 8,
+                               params.shape[1], lo, hi, span_o))
 
 
 grouped_requantize = Driver(_grouped_plan, (copy_strided, _grouped_items))

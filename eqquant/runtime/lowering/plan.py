@@ -23,7 +23,7 @@ x86.vnni        as x86.amx, and grouped fused convolutions     1 times the paddi
 x86.vnni16      as x86.vnni                                    1.15 times the padding to 16
 x86.avxvnni     as x86.vnni, grouped where a set's outputs     2 times the padding to 16 (1 on
                 fill whole vectors of 8                        an AMD Zen 4: ``SPEED_ON_CPU``)
-x86.avx2        as x86.amx                                     4 times the padding to 16
+x86.avx2        as x86.avxvnni                                 4 times the padding to 16
 x86.avx2.bytes  as x86.amx, a convolution's rows of BYTES_FROM  3.7 times the padding to 16
                 bytes or more (chunk by chunk, the 16-bit
                 kernel's where a chunk's high bits are many)
@@ -250,6 +250,8 @@ def _grouped_option(kernel: str, site: Site, target: Target, simd) -> Option:
     if not getattr(simd, "GROUPED", False):
         return Option(kernel, None, f"this path's GEMM runs groups 1 ({site.groups} groups "
                                     "here)")
+    if kernel == "x86.avx2.bytes":
+        return Option(kernel, None, "the byte driver runs groups 1 (x86.avx2 runs the sets)")
     if not site.eight_bit:
         return Option(kernel, None, "a grouped GEMM requantizes its sets in registers: "
                                     "a fused convolution's, not int32 sums")
