@@ -694,6 +694,8 @@ def test_grouped_int8_convolutions_are_bit_exact_on_every_path(
        st.integers(0, 2 ** 16))
 @example([2, 9, 10, 5], "uint8", "int8", True, 3, 1)    # tables along the last axis (NHWC):
 @example([1, 3, 70, 24], "int8", "uint8", True, 3, 2)   # rows of channels, in shares of 64
+@example([1, 7, 43, 200], "int8", "uint8", True, 3, 2)   # strips of 64 channels (the last of
+                                                         # 8), down runs of 128 rows
 def test_lookup_table_kernel_is_bit_exact(shape, in_dtype, out_dtype, per_channel, axis, seed):
     """qnn.lut's kernel (one table, or one per channel along any axis, negative too) reads
     the reference's table entry for every element, int8 and uint8 in and out."""
