@@ -421,6 +421,34 @@ def test_an_integer_layer_inside_a_float_chain_stays_channel_last():
                                atol=1e-4)
 
 
+def test_a_channel_last_block_written_with_transposes_runs_its_convolution_channel_last():
+    """ConvNeXt's block as exported: a channel-last value transposed to NCHW for a depthwise
+    int8 convolution and back. The transposes are the layout changes (layout.rules), so the
+    convolution runs channel-last with neither of them left, and the same bits."""
+    from eqquant.quant.flow import compile_layouts
+    rng = np.random.default_rng(3)
+    c = 32
+    b = Builder()
+    x = b.input("x", (1, 9, 9, c), "uint8")
+    y = b.call("transpose", x, axes=[0, 3, 1, 2])
+    p = {name: b.param(name, v) for name, v in [
+        ("w", rng.integers(-128, 128, (c, 1, 7, 7)).astype("i1")),
+        ("bias", rng.integers(-900, 900, (c, 1, 1)).astype("i4")),
+        ("zx", np.array(7, "i4")), ("zw", np.array(0, "i4")), ("sx", np.array(0.05, "f4")),
+        ("sw", rng.uniform(0.01, 0.02, c).astype("f4")),
+        ("s1", (0.05 * rng.uniform(0.01, 0.02, c)).astype("f4")), ("z1", np.array(0, "i4")),
+        ("s2", np.array(0.1, "f4")), ("z2", np.array(5, "i4"))]}
+    y = b.call("fused.qconv2d", y, *p.values(), padding=[3, 3, 3, 3], groups=c,
+               activation="none", out_dtype="uint8", axis=1)
+    mod = bind_params(*b.finish(b.call("transpose", y, axes=[0, 2, 3, 1])))
+    result = compile_layouts(mod, "cpu").module
+    calls = [n for n in post_order(result.main.body) if isinstance(n, Call)]
+    assert [n.op_name for n in calls] == ["fused.qconv2d"], [n.op_name for n in calls]
+    assert calls[0].attrs["data_layout"] == "NHWC"
+    xv = {"x": rng.integers(0, 256, (1, 9, 9, c)).astype(np.uint8)}
+    np.testing.assert_array_equal(Executor(result).run(xv), run(mod, xv))
+
+
 def test_a_cost_model_as_laid_out_takes_off_the_transposes_the_layout_phase_removes():
     """LaidOut (extraction's view before the layout phase): an NCHW call site of an op whose
     kernels read channel-last data costs the model's price of the channel-last call the
