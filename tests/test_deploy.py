@@ -907,9 +907,9 @@ def test_an_nchw_int8_program_is_launches_too(tmp_path):
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_grouped_convolutions_and_reductions_are_launches(layout, tmp_path):
-    """A grouped convolution (RegNet's, ResNeXt's: 8 channels a group) runs on the direct
-    kernel at either layout (between two moves at a channel-last site), a batch of two, and
-    depthwise ones one launch per image; a mean over the image (ShuffleNet's global pool)
+    """A grouped convolution (two groups of 16 outputs) runs on the FMA GEMM in sets where
+    the CPU has it (``fma.grouped``; the direct kernel elsewhere, between two moves at a
+    channel-last site), a batch of two, and depthwise ones one launch per image; a mean over the image (ShuffleNet's global pool)
     and sums, maxima and minima over runs of adjacent axes are one launch each, the rest
     (axes apart) the reference. Saved, the executor's bits; those the reference's within
     rounding, NaN included."""
@@ -933,6 +933,9 @@ def test_grouped_convolutions_and_reductions_are_launches(layout, tmp_path):
 """), {"w": rng.standard_normal(wshape).astype(np.float32),
        "d": rng.standard_normal(dshape).astype(np.float32)})
     ex = Executor(mod)
+    from eqquant.runtime.target import fp32_paths
+    gemm = {"fma", "avx512"} & set(fp32_paths())
+    assert (ex.steps[0].fn.sets is not None) == bool(gemm), ex.steps[0].fn.kernel
     labels = [s.label for s in ex.steps]
     assert labels.count("mean (reference)") == 1           # axes 1 and 3: not adjacent
     assert not [a for a in labels if "reference" in a and not a.startswith("mean")]

@@ -83,6 +83,68 @@ def test_conv2d_kernel(case):
                                                          else "nn.conv2d"]))
 
 
+# (groups, input channels a group, outputs a group): RegNet's groups of 8, ResNeXt's of 4
+# (sets of 4 groups) and 16, groups that no set size but 1 divides (13), a group of 32, and
+# sets whose outputs end inside a vector (groups of 6: the direct kernel's)
+FLOAT_GROUPED = [(6, 8, 8), (32, 4, 4), (4, 16, 16), (13, 8, 8), (3, 32, 32), (8, 6, 6)]
+
+
+@settings(max_examples=15, deadline=None)
+@given(shape=st.sampled_from(FLOAT_GROUPED), k=st.sampled_from([1, 3]),
+       stride=st.integers(1, 2), size=st.integers(3, 15), nhwc=st.booleans(),
+       residual=st.booleans(), act=st.sampled_from(["none", "relu"]), batch=st.integers(1, 2),
+       seed=st.integers(0, 999))
+@example(shape=(6, 8, 8), k=3, stride=1, size=14, nhwc=True, residual=False, act="relu",
+         batch=1, seed=1)
+@example(shape=(32, 4, 4), k=3, stride=2, size=15, nhwc=True, residual=True, act="relu",
+         batch=2, seed=2)
+@example(shape=(13, 8, 8), k=3, stride=1, size=7, nhwc=False, residual=False, act="none",
+         batch=1, seed=3)
+def test_grouped_float_convolutions_run_on_the_fma_gemm_in_sets(shape, k, stride, size, nhwc,
+                                                                residual, act, batch, seed):
+    """A grouped float convolution (fused.conv2d, and fused.conv2d_add) runs on the FMA GEMMs
+    as sets of groups, each set a GEMM of block-diagonal weights finished in registers at its
+    channels (``fma.grouped``), where the sets' outputs fill whole vectors; else on the
+    direct kernel. The reference's numbers to float32 rounding, on every float path."""
+    from eqquant.runtime.kernels.gather import group_span
+    groups, cg, og = shape
+    c, o = groups * cg, groups * og
+    rng = np.random.default_rng(seed)
+    oh = (size + 2 - k) // stride + 1 if k == 3 else (size - 1) // stride + 1
+    pad = 1 if k == 3 else 0
+    b = Builder()
+    x = b.input("x", (batch, size, size, c) if nhwc else (batch, c, size, size))
+    weight = rng.normal(size=(o, cg, k, k)).astype("float32")
+    w = b.param("w", np.ascontiguousarray(weight.transpose(2, 3, 1, 0)) if nhwc else weight)
+    bias = b.param("b", rng.normal(size=(o,) if nhwc else (o, 1, 1)).astype("float32"))
+    attrs = dict(strides=[stride] * 2, padding=[pad] * 4, groups=groups, activation=act)
+    if nhwc:
+        attrs.update(data_layout="NHWC", kernel_layout="HWIO")
+    out_shape = (batch, oh, oh, o) if nhwc else (batch, o, oh, oh)
+    args = [x, w, bias]
+    if residual:
+        args.append(b.input("r", out_shape))
+    op = "fused.conv2d_add" if residual else "fused.conv2d"
+    mod, params = b.finish(b.call(op, *args, **attrs))
+    xs = {"x": rng.normal(size=x.type.shape).astype("float32")}
+    if residual:
+        xs["r"] = rng.normal(size=out_shape).astype("float32")
+
+    def check():
+        from eqquant.runtime.lowering.fp32 import fp32_path
+        bound = bind_params(mod, params)
+        ex = Executor(bound)
+        np.testing.assert_allclose(ex.run(xs), run(bound, xs), rtol=RTOL, atol=1e-4)
+        (step,) = [s for s in ex.steps if s.label == op]
+        path = fp32_path()
+        vector = {"fma": 8, "avx512": 16}.get(path)
+        block = 2 * vector if vector else 0
+        on_gemm = vector is not None and group_span(groups, og, block) * og % vector == 0
+        assert (step.fn.sets is not None) == on_gemm, (path, step.fn.kernel)
+        assert step.fn.kernel == (f"x86.{path}" if on_gemm else "direct")
+    _on_every_fp32_path(check)
+
+
 @settings(max_examples=10, deadline=None)
 @given(c=st.integers(2, 20), o=st.integers(1, 100), k=st.sampled_from([1, 3]),
        act=st.sampled_from(["none", "relu", "clip"]), seed=st.integers(0, 999))

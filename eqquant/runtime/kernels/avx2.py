@@ -63,12 +63,11 @@ from ..codegen.llvm_loops import (carried_loop, counted_loop, cpu_has, declare, 
                          splat, while_loop)
 # the gather, set-up and epilogue it shares with the VNNI kernel (windows: re-exported)
 from .gather import load_entry, next_share, plan_shares, release, share_rows, windows
-from .gather import widen
+from .gather import group_span as gather_group_span, widen
 # requantize_params: re-exported, the bindings derive each layer's epilogue table with it
 from .vnni import requantize_params  # noqa: F401
 from .int8 import add_residual
 from .vnni import _finish, grouped_requantize, pack_panels, requantize_finish
-from .vnni import group_span as vnni_group_span
 
 load_entry("uint8")   # the gather of this module's kernels, on bytes
 
@@ -588,8 +587,8 @@ GROUPED = True    # runs grouped convolutions on the 16-bit GEMM, a set of group
 
 
 def group_span(groups: int, per_group: int) -> int:
-    """The groups one GEMM takes together (``vnni.group_span``, on blocks of 16)."""
-    return vnni_group_span(groups, per_group, BLOCK)
+    """The groups one GEMM takes together (``gather.group_span``, on blocks of 16)."""
+    return gather_group_span(groups, per_group, BLOCK)
 
 
 def stores_set(span_o: int) -> bool:

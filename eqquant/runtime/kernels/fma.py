@@ -28,8 +28,9 @@ from numba import njit
 from .fp32 import clamp
 from ..codegen.llvm_loops import (cpu_has, declare, gemm_definition, gemm_intrinsic, load_gemms,
                          panel_gemm, splat)
-from .gather import (chunk_bounds, copy_windows, load_entry, next_work, own_rows,
-                     plan_chunks, release, windows)
+from .gather import (chunk_bounds, copy_windows, load_entry, next_set_item, next_work,
+                     own_rows, plan_chunks, release, set_major, windows)
+from .fp32 import copy_strided
 from ..codegen.launch import Driver, parallel
 from ..codegen import memory
 
@@ -302,3 +303,63 @@ def _conv_items(thread, threads, args):
 
 
 conv = Driver(_conv_plan, (windows, _conv_items))
+
+
+# -- grouped convolutions: each set of groups one block-diagonal GEMM (as the int8 ones) -------
+
+def grouped_conv_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, sets, span_o,
+                      bias, lo, hi, out, threads, res):
+    """``grouped``'s plan: a float convolution of ``sets`` sets of groups
+    (``vnni.group_span`` on this GEMM's blocks), nhwc (N, H, W, C) float32 -> out (N, oh*ow,
+    O), in two launches, as the int8 grouped driver (``vnni.grouped_requantize``): the
+    batch moved set-major (``gather.set_major``), then the work items (image, set, chunk of
+    pixels: ``_grouped_items``), each a gather of the set's windows and the set's GEMM on
+    its panels (``packed``: the sets' blocks one after another, ``bias`` likewise, ``span_o``
+    outputs a set) finished in registers at the set's channels; a residual ``res`` (shaped
+    as out) summed into the finished tile before the clamp to [lo, hi]."""
+    by_set, move, chunks, counters = set_major(nhwc, sets, oh * ow, threads)
+    return [move, (_grouped_items, (by_set, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed,
+                                    span_o, bias, lo, hi, out, res, chunks, counters),
+                   threads)]
+
+
+@parallel
+def _grouped_items(thread, threads, args):
+    """The work items of ``grouped`` one thread takes (``gather.next_set_item``)."""
+    (by_set, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, span_o, bias, lo, hi, out, res,
+     chunks, counters) = args
+    sets = by_set.shape[1]
+    per_set, k, block = packed.shape[0] // sets, packed.shape[1], packed.shape[2]
+    o_n = out.shape[2]
+    residual = res.shape[0] > 0
+    f_lo = np.float32(-np.inf) if residual else lo     # (the clamp after the residual's sum)
+    f_hi = np.float32(np.inf) if residual else hi
+    while True:
+        b, s, p0, p1 = next_set_item(counters, thread, sets, chunks, oh * ow)
+        if b < 0:
+            break
+        n = p1 - p0
+        rows = np.empty((n, k), np.float32)
+        copy_windows(by_set[b, s], kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p0,
+                     rows)
+        at = packed.ctypes.data + s * per_set * k * block * 4
+        c = out[b, p0:].ctypes.data + s * span_o * 4
+        bias_at = bias.ctypes.data + s * per_set * block * 4
+        if block == 32:
+            sgemm512_finish(rows.ctypes.data, k, at, c, o_n, 0, n, k, per_set, bias_at, f_lo,
+                            f_hi, span_o)
+        else:
+            sgemm256_finish(rows.ctypes.data, k, at, c, o_n, 0, n, k, per_set, bias_at, f_lo,
+                            f_hi, span_o)
+        if residual:
+            _add_tile(out[b], res[b], p0, n, s * span_o, (s + 1) * span_o, lo, hi)
+    release(counters)
+
+
+grouped = Driver(grouped_conv_plan, (copy_strided, _grouped_items))
+
+
+def stores_set(span_o: int, path: str) -> bool:
+    """Whether the ``path`` GEMM stores a set of ``span_o`` outputs from registers: in whole
+    vectors (no mask)."""
+    return span_o % WIDTHS[path][0] == 0

@@ -13,6 +13,7 @@ from ..codegen import memory
 from ..codegen.launch import parallel, share
 from ..codegen.llvm_loops import call_slot, copy_runs_intrinsic, fetch_add_intrinsic, fill_slot, slot
 from ..codegen.serial import twin
+from .fp32 import strided_call
 
 _copy_runs = copy_runs_intrinsic()
 _fetch_add = fetch_add_intrinsic()
@@ -59,6 +60,46 @@ def widen(rows_u8, rows16):
     for r in range(n):
         for c in range(kp):
             rows16[r, c] = rows_u8[r, c]
+
+
+def group_span(groups: int, per_group: int, block: int) -> int:
+    """The groups a grouped convolution's GEMM takes together (a set): the most that divide
+    ``groups`` and whose ``per_group`` outputs each fill at most one block of ``block``
+    channels (1 where a group fills a block or more). A set is one GEMM whose weights are
+    block-diagonal (each output reads its own group's inputs, zeros elsewhere): its products
+    are ceil(set outputs / block) * block / per_group times the convolution's, the same for
+    every set size that fits a block; a larger set makes fewer, longer GEMMs."""
+    best = 1
+    for g in range(1, groups + 1):
+        if groups % g == 0 and g * per_group <= max(block, per_group):
+            best = g
+    return best
+
+
+@njit(cache=True)
+def next_set_item(counters, thread, sets, chunks, p_n):
+    """A grouped driver's next work item for ``thread`` (``next_item``): (image, set, its
+    chunk's pixels p0, p1) of ``chunks`` chunks of ``p_n`` pixels; image -1 when none is
+    left."""
+    item = next_item(counters, thread)
+    if item < 0:
+        return -1, 0, 0, 0
+    p0, p1 = chunk_bounds(p_n, chunks, item % chunks)
+    return item // (sets * chunks), (item // chunks) % sets, p0, p1
+
+
+def set_major(nhwc, sets, p_n, threads) -> tuple:
+    """A grouped driver's first launch and its work items' counters (the int8 one of ``vnni.py``,
+    the float one of ``fma.py``): (the batch nhwc (N, H, W, C) moved set-major into a new (N,
+    sets, H, W, C / sets), the launch moving it, chunks of an image's ``p_n`` output pixels,
+    ``item_runs`` of the items (image, set, chunk))."""
+    n, h, w, c = nhwc.shape
+    span_i = c // sets
+    by_set = memory.empty((n, sets, h, w, span_i), nhwc.dtype)
+    src = nhwc.reshape(n, h * w, sets, span_i).transpose(0, 2, 1, 3)
+    chunks = max(1, -(-p_n // CHUNK))
+    return by_set, (*strided_call(src, by_set), None), chunks, item_runs(n * sets * chunks,
+                                                                         threads)
 
 
 ITEMS = 4     # work items wanted per thread where the pixels are too few to cut by them alone

@@ -40,9 +40,9 @@ from ..codegen.llvm_loops import (cpu_has, declare, gemm_at, gemm_definition, lo
                          panel_gemm, slot_cell, splat)
 
 from .gather import CHUNK, SMALL, windows  # noqa: F401
-from .gather import (_rows, chunk_bounds, item_runs, load_entry, next_item, next_share, widen,
-                     plan_shares, release, share_rows)
-from .fp32 import copy_strided, strided_call
+from .gather import (_rows, group_span, load_entry, next_set_item, next_share, plan_shares,
+                     release, set_major, share_rows, widen)
+from .fp32 import copy_strided
 from ..codegen.launch import Driver, parallel, share
 from .int8 import add_residual, requantize_rows
 # each layer's epilogue table (re-exported: the bindings take it from the path's module)
@@ -490,62 +490,23 @@ conv_requantize = Driver(_conv_plan, (windows, _conv_items))
 
 # -- grouped convolutions: each set of groups one block-diagonal GEMM --------------------------
 
-def group_span(groups: int, per_group: int, block: int) -> int:
-    """The groups a grouped convolution's GEMM takes together (a set): the most that divide
-    ``groups`` and whose ``per_group`` outputs each fill at most one block of ``block``
-    channels (1 where a group fills a block or more). A set is one GEMM whose weights are
-    block-diagonal (each output reads its own group's inputs, zeros elsewhere): its products
-    are ceil(set outputs / block) * block / per_group times the convolution's, the same for
-    every set size that fits a block; a larger set makes fewer, longer GEMMs."""
-    best = 1
-    for g in range(1, groups + 1):
-        if groups % g == 0 and g * per_group <= max(block, per_group):
-            best = g
-    return best
-
-
 def _grouped_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, kernel, sets,
                   span_o, params, lo, hi, out, threads, res, add):
     """``grouped_requantize``'s plan: a fused int8 convolution of ``sets`` sets of groups
     (``group_span``), nhwc (N, H, W, C) uint8 -> out (N, oh*ow, O) 8-bit, in two launches:
-    the image moved set-major ((N, sets, H, W, C / sets), ``kernels.fp32.strided_call``), so
+    the image moved set-major ((N, sets, H, W, C / sets), ``gather.set_major``), so
     that a set's windows are gathered as a whole image's (``gather``), then the work items
     (image, set, chunk of pixels: ``_grouped_items``), each a gather, the set's GEMM on its
     panels (``packed``: the sets' blocks one after another, ``params`` likewise, ``span_o``
     outputs a set) and its requantization in registers, stored at the set's channels. A
     residual (``res``) is not summed here (fused.qconv2d_add's binding adds it after)."""
-    by_set, move, chunks, counters = set_major(nhwc, sets, oh * ow, threads, res)
+    if res.shape[0]:
+        raise ValueError("the int8 grouped driver sums no residual (fused.qconv2d_add's "
+                         "binding adds it after)")
+    by_set, move, chunks, counters = set_major(nhwc, sets, oh * ow, threads)
     return [move, (_grouped_items, (by_set, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed,
                                     kernel, span_o, params, lo, hi, out, chunks, counters),
                    threads)]
-
-
-@njit(cache=True)
-def next_set_item(counters, thread, sets, chunks, p_n):
-    """A grouped driver's next work item for ``thread`` (``next_item``): (image, set, its
-    chunk's pixels p0, p1) of ``chunks`` chunks of ``p_n`` pixels; image -1 when none is
-    left."""
-    item = next_item(counters, thread)
-    if item < 0:
-        return -1, 0, 0, 0
-    p0, p1 = chunk_bounds(p_n, chunks, item % chunks)
-    return item // (sets * chunks), (item // chunks) % sets, p0, p1
-
-
-def set_major(nhwc, sets, p_n, threads, res) -> tuple:
-    """A grouped driver's first launch and its work items' counters (``vnni`` and ``avx2``):
-    (the batch nhwc (N, H, W, C) moved set-major into a new (N, sets, H, W, C / sets), the
-    launch moving it, chunks of an image's ``p_n`` output pixels, ``item_runs`` of the
-    items (image, set, chunk)). No driver of sets sums a residual ``res``."""
-    if res.shape[0]:
-        raise ValueError("a grouped convolution's driver sums no residual")
-    n, h, w, c = nhwc.shape
-    span_i = c // sets
-    by_set = memory.empty((n, sets, h, w, span_i), np.uint8)
-    src = nhwc.reshape(n, h * w, sets, span_i).transpose(0, 2, 1, 3)
-    chunks = max(1, -(-p_n // CHUNK))
-    return by_set, (*strided_call(src, by_set), None), chunks, item_runs(n * sets * chunks,
-                                                                         threads)
 
 
 @parallel

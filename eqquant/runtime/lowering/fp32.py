@@ -179,6 +179,27 @@ def nchw_calls(site: Binding, x: np.ndarray, out: np.ndarray, kernel, moves_in=N
     return in_order([bound(*call) for call in calls])
 
 
+def group_sets(w: np.ndarray, groups: int, together: int, block: int) -> tuple:
+    """A grouped convolution's weights w (O, cg, kh, kw) for a GEMM of sets of ``together``
+    groups (``gather.group_span``) on blocks of ``block`` channels: (each set's
+    block-diagonal weights (sets, span_o, K) in (tap, channel) order, each output reading its
+    own group's inputs, zeros elsewhere; the epilogue's slots: per set, its blocks'
+    channels, a slot past the set's outputs repeating its last (never stored); sets;
+    outputs a set). The int8 and float grouped drivers' (``vnni.grouped_requantize``,
+    ``fma.grouped``)."""
+    o, cg, kh, kw = w.shape
+    og = o // groups
+    sets, span_o = groups // together, together * og
+    taps = w.transpose(0, 2, 3, 1).reshape(sets, together, og, kh * kw, cg)
+    dense = np.zeros((sets, together, og, kh * kw, together, cg), w.dtype)
+    for j in range(together):
+        dense[:, j, :, :, j, :] = taps[:, j]
+    width = -(-span_o // block) * block
+    local = np.minimum(np.arange(width), span_o - 1)
+    slots = (np.arange(sets)[:, None] * span_o + local).reshape(-1)
+    return dense.reshape(sets, span_o, -1), slots, sets, span_o
+
+
 def _moved_shape(shape: tuple, to_last: bool) -> tuple:
     """An image's shape moved channel-last (N, C, H, W) -> (N, H, W, C), or back."""
     n, a, b, c = shape
@@ -288,11 +309,24 @@ class Conv2D(_Spatial):
         self.direct = self.kernel == "direct"     # (one channel in and out: a GEMM's too)
         self.depthwise = self.depthwise and self.direct
         self.fma = None
+        self.sets = None        # (a grouped convolution's on the FMA GEMM: sets, outputs a set)
         if self.kernel in ("x86.avx512", "x86.fma"):
             from ..kernels import fma
             self.fma = fma
-            self.packed = fma.pack(np.ascontiguousarray(   # (tap, channel): as rows gather
-                w.transpose(0, 2, 3, 1).reshape(o, -1), dtype=np.float32), self.kernel[4:])
+            path = self.kernel[4:]
+            if self.groups > 1:       # sets of groups, each a GEMM of block-diagonal weights
+                from ..kernels.gather import group_span
+                block = fma.block_of(path)
+                parts, slots, sets, span_o = group_sets(
+                    np.asarray(w, np.float32), self.groups,
+                    group_span(self.groups, o // self.groups, block), block)
+                self.packed = memory.aligned(np.concatenate([fma.pack(part, path)
+                                                             for part in parts]))
+                self.sets = (sets, span_o)
+                self.bias_vec = np.ascontiguousarray(self.bias_vec[slots])
+            else:
+                self.packed = fma.pack(np.ascontiguousarray(   # (tap, channel): as rows gather
+                    w.transpose(0, 2, 3, 1).reshape(o, -1), dtype=np.float32), path)
         self.fp32_path = self.kernel[4:] if self.fma is not None else None if self.direct \
             else "blas"
         # the weights as the NCHW kernels read them, where those run (the FMA kernel reads
@@ -330,6 +364,11 @@ class Conv2D(_Spatial):
         flat = out.reshape(n, oh * ow, o)
         res = _NO_RESIDUAL if residual is None else residual.reshape(flat.shape)
         lo, hi = (self.lo, self.hi) if bounds is None else bounds
+        if self.sets is not None:
+            return self.fma.grouped, (nhwc, self.kh, self.kw, self.sh, self.sw, self.pt,
+                                      self.pl, self.dh, self.dw, oh, ow, self.packed,
+                                      *self.sets, self.bias_vec, np.float32(lo), np.float32(hi),
+                                      flat, threads(), res)
         return self.fma.conv, (nhwc, self.kh, self.kw, self.sh, self.sw, self.pt, self.pl,
                                self.dh, self.dw, oh, ow, self.packed, self.bias_vec,
                                np.float32(lo), np.float32(hi), flat, threads(), res)
@@ -379,10 +418,8 @@ class Conv2D(_Spatial):
             n, o, oh, ow = out.shape
             res = self.scratch("result", (n, oh, ow, o), np.float32)
             x = moved(x, out=self.scratch("image", (n, *x.shape[2:], x.shape[1]), x.dtype))
-            self.fma.conv(x, self.kh, self.kw,
-                          self.sh, self.sw, self.pt, self.pl, self.dh, self.dw, oh, ow,
-                          self.packed, self.bias_vec, np.float32(self.lo), np.float32(self.hi),
-                          res.reshape(n, oh * ow, o), threads(), _NO_RESIDUAL)
+            kernel, args = self._fma_call(x, res)
+            kernel(*args)
             move_into(res, out, to_last=False)
             return
         w = self.w if self.w is not None else self._pack(ins[1])

@@ -22,7 +22,7 @@ from . import binding
 from ..codegen import epilogue_table
 from ..codegen import memory
 from ..kernels.depthwise import TAP_MAX, entry as sweep_entry
-from .fp32 import (Binding, _per_channel, _per_channel_last, bound, broadcast_view,
+from .fp32 import (Binding, _per_channel, _per_channel_last, bound, broadcast_view, group_sets,
                        move_into, moved, nchw_calls, threads)
 from ..codegen.launch import in_order, launches_of
 from ..codegen.serial import sized
@@ -180,18 +180,9 @@ class QConv2D(_Launches):
         (each set's weights (set outputs, K) in (tap, channel) order, the epilogue's slots
         (per set, its blocks' channels: a slot past the set's outputs repeats its last,
         never stored), sets, outputs a set)."""
-        o, cg, kh, kw = w.shape
-        og = o // self.groups
-        together = self.simd.group_span(self.groups, og)
-        sets, span_o = self.groups // together, together * og
-        taps = w.transpose(0, 2, 3, 1).reshape(sets, together, og, kh * kw, cg)
-        dense = np.zeros((sets, together, og, kh * kw, together, cg), np.int8)
-        for j in range(together):
-            dense[:, j, :, :, j, :] = taps[:, j]
-        width = -(-span_o // self.simd.BLOCK) * self.simd.BLOCK
-        local = np.minimum(np.arange(width), span_o - 1)
-        slots = (np.arange(sets)[:, None] * span_o + local).reshape(-1)
-        return dense.reshape(sets, span_o, -1), slots, sets, span_o
+        og = w.shape[0] // self.groups
+        return group_sets(w, self.groups, self.simd.group_span(self.groups, og),
+                          self.simd.BLOCK)
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:

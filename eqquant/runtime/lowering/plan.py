@@ -37,12 +37,14 @@ The float convolutions' and dense layers' kernels:
 ==============  =============================================  ==================================
 kernel          applies to                                     relative cost
 ==============  =============================================  ==================================
-x86.avx512      groups 1, the bias constant and one per        1 times the padding to 32 channels
-                channel (or none)
-x86.fma         as x86.avx512                                  1.3 times the padding to 16
+x86.avx512      the bias constant and one per channel (or      1 times the padding to 32 channels
+                none); grouped convolutions in sets of groups  (grouped: the set's blocks'
+                whose outputs fill vectors of 16 (``fma.       channels over a group's outputs)
+                grouped``), not depthwise ones
+x86.fma         as x86.avx512, sets filling vectors of 8       1.3 times the padding to 16
 blas            groups 1 (im2col and numpy's BLAS: not         100: the last resort where a GEMM
                 launches, so a library cannot hold it)         runs the site
-direct          grouped and depthwise convolutions             1
+direct          grouped and depthwise convolutions             1 depthwise, else 10
 ==============  =============================================  ==================================
 
 With a measured cost model (``--cost measured``, or ``auto`` once this CPU has times for the
@@ -94,7 +96,10 @@ DEPTHWISE = 1.0
 PORTABLE = 1000.0
 FP32_SPEED = {"avx512": 1.0, "fma": 1.3}    # the float GEMMs, per multiply-add
 BLAS = 100.0      # (numpy's BLAS is not launches: no library saved ahead of time holds it)
-DIRECT = 1.0
+DIRECT = 1.0            # the direct kernel at a depthwise convolution
+GROUPED_DIRECT = 10.0   # at another grouped one: it multiplies a pixel's few channels a group
+                        # at a time (RegNet's groups of 8, 2.6 on the FMA GEMM here, took
+                        # 3.7-7.6 times its time on an AMD EPYC Zen 3)
 
 
 @dataclass(frozen=True)
@@ -190,19 +195,31 @@ def _float_site(op: OpDef, attrs, in_types, out_type, consts) -> Site | None:
 
 def _float_option(kernel: str, site: Site, target: Target) -> Option:
     if kernel == "direct":
-        return Option(kernel, DIRECT) if site.groups > 1 else Option(
-            kernel, None, "the direct kernel runs grouped convolutions (groups 1 here)"
-            if site.rows is None else "a dense layer")
-    if site.groups > 1:
-        return Option(kernel, None, f"a GEMM runs groups 1 ({site.groups} groups here)")
+        if site.groups == 1:
+            return Option(kernel, None, "the direct kernel runs grouped convolutions (groups "
+                                        "1 here)" if site.rows is None else "a dense layer")
+        return Option(kernel, DIRECT if site.depthwise else GROUPED_DIRECT)
     if kernel == "blas":
-        return Option(kernel, BLAS)
+        return Option(kernel, BLAS) if site.groups == 1 else Option(
+            kernel, None, f"im2col and BLAS run groups 1 ({site.groups} groups here)")
     if not site.bias:
         return Option(kernel, None, "the FMA GEMM's epilogue adds one constant bias per "
                                     "channel")
-    from ..kernels.fma import block_of
+    from ..kernels.fma import block_of, stores_set
     path = kernel[4:]
     block = block_of(path)
+    if site.depthwise:
+        return Option(kernel, None, "a depthwise convolution (the direct kernel's)")
+    if site.groups > 1:
+        # a set of groups a GEMM of block-diagonal weights (``fma.grouped``): the products
+        # its blocks compute over the useful ones
+        from ..kernels.gather import group_span
+        per_group = site.channels // site.groups
+        span = group_span(site.groups, per_group, block) * per_group
+        if not stores_set(span, path):
+            return Option(kernel, None, f"sets of {span} outputs end inside a vector this "
+                                        "kernel stores whole")
+        return Option(kernel, FP32_SPEED[path] * -(-span // block) * block / per_group)
     padding = -(-site.channels // block) * block / site.channels
     return Option(kernel, FP32_SPEED[path] * padding)
 
