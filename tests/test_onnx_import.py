@@ -270,6 +270,35 @@ def test_run_command_takes_onnx(tmp_path, capsys):
     close(np.load(tmp_path / "y.npy"), ref)
 
 
+@pytest.mark.parametrize("sigmoid_first", [False, True])
+def test_silu_as_pytorch_exports_it_becomes_one_op_with_the_bits_of_its_two_steps(
+        sigmoid_first):
+    """EfficientNet's SiLU as PyTorch writes it (Mul of x and Sigmoid(x), either way round):
+    the simplify rules make it one nn.silu, whose kernel (one pass) gives the bits of the
+    sigmoid's and the product's kernels, and which exports back as Mul(x, Sigmoid(x)),
+    matching ONNX Runtime."""
+    from eqquant.interop.onnx_export import to_onnx
+    mul = ["s", "x"] if sigmoid_first else ["x", "s"]
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", mul, ["y"])]
+    graph = helper.make_graph(nodes, "silu", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [2, 8, 30, 31])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [2, 8, 30, 31])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    mod, params, _ = import_onnx(model)
+    x = {"x": np.random.default_rng(1).normal(size=(2, 8, 30, 31)).astype("float32") * 6}
+    x["x"][0, 0, 0, :4] = [np.inf, -np.inf, np.nan, -100.0]
+    opt = optimize(mod, None, ["simplify"], cost="nodes").module
+    ops = [n.op_name for n in post_order(opt.main.body) if isinstance(n, Call)]
+    assert ops == ["nn.silu"], ops
+    two_steps = Executor(mod).run(x)
+    np.testing.assert_array_equal(Executor(opt).run(x), two_steps)
+    np.testing.assert_allclose(run(opt, x), two_steps, rtol=1e-6, atol=1e-7)
+    exported = to_onnx(opt)
+    assert sorted(n.op_type for n in exported.graph.node) == ["Mul", "Sigmoid"]
+    np.testing.assert_allclose(ort_run(exported, x), ort_run(model, x), rtol=1e-6, atol=1e-7)
+
+
 def test_gelu_as_pytorch_opset17_writes_it_imports_with_literal_scalars_and_becomes_gelu():
     """PyTorch's opset-17 GELU (Div, Erf, Add, Mul, Mul with rank-0 initializers): the
     rank-0 constants import as inline literals (as Relay's frontend writes them), so the

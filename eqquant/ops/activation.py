@@ -1,5 +1,5 @@
 """Smooth and piecewise activations of mobile and transformer networks: hardswish,
-hardsigmoid, erf, gelu, elu, selu, softplus, softsign, prelu. Each is one entry: reference
+hardsigmoid, silu, erf, gelu, elu, selu, softplus, softsign, prelu. Each is one entry: reference
 semantics, type relation, its fp32 kernel (by name, in ``eqquant/runtime/kernels/fp32.py``)
 where it has one, and its ONNX forms."""
 from __future__ import annotations
@@ -44,6 +44,24 @@ register(OpDef("nn.hardsigmoid", inputs=("data",), props=frozenset({ELEMWISE, UN
                                               ("beta", "beta", 0.5))),),
                doc="max(0, min(1, alpha * x + beta)); ONNX's defaults (PyTorch exports "
                    "alpha = 1/6)"))
+
+def _silu(x):
+    """x * sigmoid(x), the two steps as the reference computes them (``tensor._sigmoid``, then
+    the product in the input's float type): the same numbers as multiply(x, sigmoid(x))."""
+    from .tensor import _sigmoid
+    return (x * _sigmoid(x)).astype(x.dtype)
+
+
+def _silu_to_onnx(ex, node, ins):
+    """ONNX (opset 17) has no SiLU: x * Sigmoid(x), as PyTorch exports it."""
+    return ex.emit("Mul", [ins[0], ex.emit("Sigmoid", [ins[0]])])
+
+
+register(OpDef("nn.silu", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
+               type_rel=float_input, semantics=_silu,
+               kernel=_KERNEL, kernel_params={"fn": "silu"},
+               onnx=(OnnxForm("Mul", reads=False, export=_silu_to_onnx),),
+               doc="x * sigmoid(x) (SiLU, swish: EfficientNet's activation), in one pass"))
 
 _erf_objects = np.frompyfunc(math.erf, 1, 1)
 

@@ -841,6 +841,22 @@ def hardswish(thread, threads, args):
         out[i] = v * min(max(alpha * v + beta, np.float32(0)), np.float32(1))
 
 
+@parallel(error_model="numpy")
+def silu(thread, threads, args):
+    """x * sigmoid(x) in one pass over the values (EfficientNet's activation: read and
+    written once, where the sigmoid and the product each read and wrote them), the sigmoid
+    as ``unary``'s (``_sigmoid_block``), then the product: the bits of the two kernels."""
+    x, out = args
+    i0, i1 = share((x.size + SIGMOID_BLOCK - 1) // SIGMOID_BLOCK, thread, threads)
+    for blk in range(np.intp(i0), np.intp(i1)):
+        lo = blk * SIGMOID_BLOCK
+        hi = min(x.size, lo + SIGMOID_BLOCK)
+        a, o = x[lo:hi], out[lo:hi]
+        _sigmoid_block(a, o)
+        for i in range(hi - lo):
+            o[i] = a[i] * o[i]
+
+
 @parallel
 def hardsigmoid(thread, threads, args):
     """max(0, min(1, alpha * x + beta))."""
