@@ -708,3 +708,26 @@ def test_the_float_sigmoid_is_within_a_few_ulps_of_the_reference_everywhere():
                   want[ok].view(np.int32).astype(np.int64))
     assert ulps.max() <= 8, x[ok][np.argmax(ulps)]
     assert out[x == np.inf][0] == 1.0 and out[x == -np.inf][0] == 0.0
+
+
+@pytest.mark.parametrize("op", ["add", "subtract", "multiply", "divide", "maximum", "minimum"])
+@pytest.mark.parametrize("per", [(40,), (1, 1, 1, 40)])
+def test_a_value_per_channel_along_the_last_axis_runs_as_rows(op, per):
+    """A channel-last image and a value per channel (a batch norm's scale and shift after
+    DenseNet's joins, moved channel-last): the rows kernel (``binary_rows``), with numpy's
+    bits (a division by zero, NaN and infinities included)."""
+    from eqquant.runtime.kernels import fp32 as kf
+    rng = np.random.default_rng(len(per))
+    b = Builder()
+    x = b.input("x", (2, 3, 5, 40))
+    mod, params = b.finish(b.call(op, x, b.param("c", rng.normal(size=per).astype("f4"))))
+    bound = bind_params(mod, params)
+    ex = Executor(bound)
+    (step,) = ex.steps
+    assert step.fn.kernel_call([np.zeros((2, 3, 5, 40), "f4"), np.zeros(per, "f4")],
+                               np.zeros((2, 3, 5, 40), "f4"))[0] in (kf.binary_rows,
+                                                                    kf.binary_rows.serial)
+    xs = {"x": rng.normal(size=(2, 3, 5, 40)).astype("f4")}
+    xs["x"][0, 0, 0, :3] = [np.nan, np.inf, 0.0]
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(ex.run(xs), run(bound, xs))

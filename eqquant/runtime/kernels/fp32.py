@@ -476,6 +476,33 @@ def binary_channel(thread, threads, args):
 
 
 @parallel(error_model="numpy")
+def binary_rows(thread, threads, args):
+    """a, out: (R, C); b: (C,): out[r] = a[r] op b, the codes of ``binary_same`` (a
+    channel-last image and a value per channel: a batch norm's scale and shift after a
+    join, NHWC). Contiguous rows: each row's loop vectorises, where ``binary_broadcast``'s
+    views of unknown strides kept it scalar."""
+    a, b, op, out = args
+    rows, cols = a.shape
+    for r in range(*share(rows, thread, threads)):
+        x, z = a[r], out[r]
+        if op == 0:
+            for j in range(cols):
+                z[j] = x[j] + b[j]
+        elif op == 1:
+            for j in range(cols):
+                z[j] = x[j] - b[j]
+        elif op == 2:
+            for j in range(cols):
+                z[j] = x[j] * b[j]
+        elif op == 3:
+            for j in range(cols):
+                z[j] = x[j] / b[j]
+        else:
+            for j in range(cols):
+                z[j] = _other(x[j], b[j], op)
+
+
+@parallel(error_model="numpy")
 def binary_broadcast(thread, threads, args):
     """4-D operands of the output's shape (broadcast views: strides of 0 along the axes
     they do not vary on): out = a op b, the codes of ``binary_same``; one output row of the

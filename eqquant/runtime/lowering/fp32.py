@@ -785,6 +785,12 @@ class Binary(Binding):
             self.channel = self.swap = False
         rank = len(out_type.shape)
         self.shape4 = (1,) * (4 - rank) + tuple(out_type.shape) if rank <= 4 else None
+        # the second operand a value per channel along the last axis of the first (a
+        # channel-last image's scale or shift): rows of the channels (``binary_rows``)
+        last = out_type.shape[-1] if rank else 0
+        self.rows = (not self.same and not self.channel and rank >= 2 and
+                     a.shape == out_type.shape and last > 1 and
+                     tuple(b.shape) in ((last,), (1,) * (rank - 1) + (last,)))
 
     def kernel_call(self, ins, out):
         """Operands of one shape, or a per-channel one with one value per channel (a
@@ -796,6 +802,11 @@ class Binary(Binding):
         if flat and a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous:
             return sized(k.binary_same, out.size), (a.reshape(-1), b.reshape(-1), self.code, 0,
                                                     out.reshape(-1))
+        if self.rows and a.flags.c_contiguous and b.flags.c_contiguous and \
+                out.flags.c_contiguous:
+            last = out.shape[-1]
+            return sized(k.binary_rows, out.size), (a.reshape(-1, last), b.reshape(-1),
+                                                    self.code, out.reshape(-1, last))
         if not self.channel and self.shape4 is not None and out.flags.c_contiguous:
             return sized(k.binary_broadcast, out.size), (
                 broadcast_view(a, self.shape4), broadcast_view(b, self.shape4), self.code,
