@@ -475,6 +475,28 @@ def binary_channel(thread, threads, args):
                 out[c, p] = _other(x, y, op)
 
 
+@njit(inline="always", error_model="numpy")
+def _row(x, y, z, op):
+    """z = x op y along one row (the codes of ``binary_same``); Numba compiles it for each
+    kind of row it is given: contiguous ones vectorise."""
+    n = z.shape[0]
+    if op == 0:
+        for j in range(n):
+            z[j] = x[j] + y[j]
+    elif op == 1:
+        for j in range(n):
+            z[j] = x[j] - y[j]
+    elif op == 2:
+        for j in range(n):
+            z[j] = x[j] * y[j]
+    elif op == 3:
+        for j in range(n):
+            z[j] = x[j] / y[j]
+    else:
+        for j in range(n):
+            z[j] = _other(x[j], y[j], op)
+
+
 @parallel(error_model="numpy")
 def binary_rows(thread, threads, args):
     """a, out: (R, C); b: (C,): out[r] = a[r] op b, the codes of ``binary_same`` (a
@@ -482,24 +504,8 @@ def binary_rows(thread, threads, args):
     join, NHWC). Contiguous rows: each row's loop vectorises, where ``binary_broadcast``'s
     views of unknown strides kept it scalar."""
     a, b, op, out = args
-    rows, cols = a.shape
-    for r in range(*share(rows, thread, threads)):
-        x, z = a[r], out[r]
-        if op == 0:
-            for j in range(cols):
-                z[j] = x[j] + b[j]
-        elif op == 1:
-            for j in range(cols):
-                z[j] = x[j] - b[j]
-        elif op == 2:
-            for j in range(cols):
-                z[j] = x[j] * b[j]
-        elif op == 3:
-            for j in range(cols):
-                z[j] = x[j] / b[j]
-        else:
-            for j in range(cols):
-                z[j] = _other(x[j], b[j], op)
+    for r in range(*share(a.shape[0], thread, threads)):
+        _row(a[r], b, out[r], op)
 
 
 @parallel(error_model="numpy")
@@ -511,22 +517,7 @@ def binary_broadcast(thread, threads, args):
     d0, d1, d2, d3 = out.shape
     for r in range(*share(d0 * d1 * d2, thread, threads)):
         i0, i1, i2 = r // (d1 * d2), (r // d2) % d1, r % d2
-        x, y, z = a[i0, i1, i2], b[i0, i1, i2], out[i0, i1, i2]
-        if op == 0:
-            for j in range(d3):
-                z[j] = x[j] + y[j]
-        elif op == 1:
-            for j in range(d3):
-                z[j] = x[j] - y[j]
-        elif op == 2:
-            for j in range(d3):
-                z[j] = x[j] * y[j]
-        elif op == 3:
-            for j in range(d3):
-                z[j] = x[j] / y[j]
-        else:
-            for j in range(d3):
-                z[j] = _other(x[j], y[j], op)
+        _row(a[i0, i1, i2], b[i0, i1, i2], out[i0, i1, i2], op)
 
 
 @parallel
