@@ -449,6 +449,34 @@ def test_a_channel_last_block_written_with_transposes_runs_its_convolution_chann
     np.testing.assert_array_equal(Executor(result).run(xv), run(mod, xv))
 
 
+def test_an_average_pool_of_a_join_runs_channel_last_with_its_convolutions():
+    """Inception's block: two convolutions joined along the channels, the join average-pooled
+    and convolved. The pool takes the channel-last moves up to the join (layout.rules), so
+    everything runs channel-last with one change in and one out, computing what the NCHW
+    program computes."""
+    from eqquant.quant.flow import compile_layouts
+    rng = np.random.default_rng(4)
+    b = Builder()
+    x = b.input("x", (1, 8, 12, 12))
+
+    def conv(y, i, cin, cout):
+        return b.call("fused.conv2d", y, b.param(f"w{i}", rng.normal(
+            size=(cout, cin, 3, 3)).astype("f4")), b.param(f"b{i}", rng.normal(
+                size=(cout, 1, 1)).astype("f4")), padding=[1, 1], activation="relu")
+    join = b.call("concatenate", b.tuple(conv(x, 0, 8, 16), conv(x, 1, 8, 8)), axis=1)
+    pool = b.call("nn.avg_pool2d", join, pool_size=[3, 3], padding=[1, 1, 1, 1],
+                  count_include_pad=True)
+    mod = bind_params(*b.finish(conv(pool, 2, 24, 8)))
+    result = compile_layouts(mod, "cpu").module
+    calls = [n for n in post_order(result.main.body) if isinstance(n, Call)]
+    assert [c.attrs["layout"] for c in calls if c.op_name == "nn.avg_pool2d"] == ["NHWC"]
+    assert [c.attrs["data_layout"] for c in calls if "conv2d" in c.op_name] == ["NHWC"] * 3
+    assert sum(c.op_name == "layout_transform" for c in calls) == 2
+    xv = {"x": rng.normal(size=(1, 8, 12, 12)).astype("f4")}
+    np.testing.assert_allclose(Executor(result).run(xv), Executor(mod).run(xv), rtol=1e-5,
+                               atol=1e-4)
+
+
 def test_a_cost_model_as_laid_out_takes_off_the_transposes_the_layout_phase_removes():
     """LaidOut (extraction's view before the layout phase): an NCHW call site of an op whose
     kernels read channel-last data costs the model's price of the channel-last call the
