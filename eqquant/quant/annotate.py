@@ -27,6 +27,7 @@ Which values are marked, and with what parameters, follows what the integer kern
 """
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 from typing import Any, Iterable, Mapping
@@ -47,6 +48,11 @@ from ..ops.registry import (ANNOTATION, BIAS, COMPUTE, EPILOGUE, QUANT, SELECTS,
                             get_op)
 from ..passes.inline import inline_calls
 from .calibrate import GUESSING, OBSERVERS, CalibrationTable, MinMax, Range
+
+# A streamed calibration collects the cyclic garbage its loaders leave every COLLECT_EVERY
+# samples (numpy's .npy header parse leaves reference cycles, which Python's collector may
+# keep for many samples): its memory then stays that of a few samples, however many pass.
+COLLECT_EVERY = 32
 
 
 def as_inputs(sample: Any, fn: Function) -> Mapping[str, np.ndarray]:
@@ -149,6 +155,8 @@ class Statistics:
             self.observers[label].update(value)
         ex.run(sample, observe=observe)
         self.count += 1
+        if self.count % COLLECT_EVERY == 0:
+            gc.collect()
 
     def merge(self, other: "Statistics") -> None:
         for label, obs in other.observers.items():
