@@ -592,9 +592,9 @@ def group_span(groups: int, per_group: int) -> int:
 
 
 def stores_set(span_o: int) -> bool:
-    """Whether a set of ``span_o`` outputs is stored from registers: in whole vectors of 8
-    (AVX2 has no byte mask)."""
-    return span_o % 8 == 0
+    """Whether a set of ``span_o`` outputs is stored from registers: in whole vectors
+    (``KERNEL``'s lanes; AVX2 has no byte mask)."""
+    return span_o % KERNEL[4] == 0
 
 
 def grouped_kernel(sets: int, span_o: int) -> tuple:
@@ -604,8 +604,6 @@ def grouped_kernel(sets: int, span_o: int) -> tuple:
         raise RuntimeError("eqquant: this CPU does not run AVX2 (the target offers only the "
                            "kernels it runs)")
     return grouped_requantize, (KERNEL, sets, span_o)
-
-
 
 
 def _bytes_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads, params, lo,
