@@ -138,6 +138,44 @@ def test_the_shipped_rules_pass_and_their_verdicts_are_kept(tmp_path, monkeypatc
     assert set((tmp_path / "cache" / "checked").iterdir()) == before   # (no pass kept)
 
 
+def test_rules_check_reports_a_kept_pass_as_kept_and_checks_it_again_when_asked(
+        tmp_path, monkeypatch):
+    """`rules check` at the usual draw reports a pass this eqquant kept (with its variants)
+    marked [kept], checking nothing; --again, another seed or a damaged entry checks again;
+    a failure is never kept."""
+    from click.testing import CliRunner
+    from eqquant.cli.main import cli
+    monkeypatch.setenv("EQQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    mine = tmp_path / "mine.rules"
+    mine.write_text("ruleset mine\n# Relu of relu is relu.\n"
+                    "rule relu_twice: nn.relu(nn.relu(?x)) => nn.relu(?x)\n"
+                    "# Not an identity.\nrule relu_gone: nn.relu(?x) => ?x\n")
+    asked = []
+    real = trust.check_rules
+
+    def counting(rules, *how):
+        asked.append(sorted(r.name for r in rules))
+        return real(rules, *how)
+    monkeypatch.setattr(trust, "check_rules", counting)
+
+    def check(*extra):
+        done = CliRunner().invoke(cli, ["rules", "check", str(mine), *extra])
+        return done.exit_code, done.output
+    code, out = check()
+    assert code == 1 and "[kept]" not in out and asked.pop() == ["relu_gone", "relu_twice"]
+    code, out = check()
+    assert code == 1 and asked.pop() == ["relu_gone"]             # (a failure is not kept)
+    assert "PASS  relu_twice  (" in out and out.count("[kept]") == 2, out
+    assert "1 passed, 1 failed (1 [kept]" in out
+    for extra in (["--again"], ["--seed", "3"]):
+        code, out = check(*extra)
+        assert asked.pop() == ["relu_gone", "relu_twice"] and "[kept]" not in out
+    for entry in (tmp_path / "cache" / "checked").iterdir():
+        entry.write_text(trust.PASSED + "[not json\n")             # (not what trust wrote)
+    code, out = check()
+    assert asked.pop() == ["relu_gone", "relu_twice"] and "[kept]" not in out
+
+
 def test_helpers_check_rules_without_running_the_callers_script_again(tmp_path):
     """Rules are shared among helper processes; each is a new interpreter (python -m), so a
     user's script that calls eqquant at its top level runs once."""

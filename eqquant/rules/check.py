@@ -50,10 +50,12 @@ class RuleCheck:
     message: str = ""
     trials: int = 0
     max_error: float = 0.0
+    kept: bool = False      # a pass kept in the cache by this eqquant, not checked again
 
     def format(self) -> str:
         verdict = "PASS" if self.ok else "FAIL"
-        head = f"{verdict}  {self.rule.name}{self.variant}  ({self.rule.loc})"
+        head = f"{verdict}  {self.rule.name}{self.variant}  ({self.rule.loc})" + \
+            ("  [kept]" if self.kept else "")
         return head + (f"\n      {self.message}" if self.message else "")
 
 
@@ -68,7 +70,10 @@ class CheckReport:
     def format(self) -> str:
         lines = [r.format() for r in self.results]
         failed = sum(not r.ok for r in self.results)
-        lines.append(f"{len(self.results) - failed} passed, {failed} failed")
+        kept = sum(r.kept for r in self.results)
+        lines.append(f"{len(self.results) - failed} passed, {failed} failed" + (
+            f" ({kept} [kept]: passes this eqquant kept, checked before with the same "
+            f"draw; --again checks them again)" if kept else ""))
         return "\n".join(lines)
 
 

@@ -57,12 +57,62 @@ def _entry(rule: Rule, source: str) -> Path:
 
 
 def _passed(entry: Path) -> bool:
+    return kept_variants(entry) is not None
+
+
+def kept_variants(entry: Path) -> list[str] | None:
+    """The variants of the rule whose pass ``entry`` keeps (an empty list: a pass kept
+    without them); None where it keeps no pass this module wrote."""
     try:
-        return not entry.is_symlink() and entry.read_text() == PASSED
+        if entry.is_symlink():
+            return None
+        head, _, rest = entry.read_text().partition("\n")
     except (OSError, UnicodeDecodeError):
-        return False
+        return None
+    if head + "\n" != PASSED:
+        return None
+    if not rest:
+        return []
+    try:
+        variants = json.loads(rest)
+    except ValueError:
+        return None
+    ok = isinstance(variants, list) and all(isinstance(v, str) for v in variants)
+    return variants if ok else None
 
 
+def _keep_pass(entry: Path, results: list) -> None:
+    """Keep the pass of a rule whose ``results`` (``_check_one``'s) all passed."""
+    cache_write(entry, PASSED + json.dumps([v for v, _, _ in results]) + "\n")
+    # (unwritable: checked every time)
+
+
+TRIALS, SEED = 5, 0     # the checker's draw for a rule before use; a kept pass is of it
+
+
+def checked(rules: list[Rule], trials: int = TRIALS, seed: int = SEED,
+            again: bool = False) -> list[tuple[list, bool]]:
+    """(``_check_one``'s results, whether they are a kept pass) for each of ``rules``, as
+    ``rules check`` reports them: at the draw a rule is checked with before use, a pass
+    this eqquant kept with its variants is reported as it was found (the checker draws the
+    same instances for the same rule text and source), unless ``again``; the others are
+    checked, and their passes kept."""
+    source = source_digest()
+    entries = [_entry(r, source) for r in rules]
+    usual = (trials, seed) == (TRIALS, SEED) and not again
+    kept = [kept_variants(e) if usual else None for e in entries]
+    todo = [r for r, k in zip(rules, kept) if not k]
+    fresh = iter(check_rules(todo, trials, seed))
+    out = []
+    for rule, entry, k in zip(rules, entries, kept):
+        if k:
+            out.append(([(v, True, "") for v in k], True))
+            continue
+        results = next(fresh)
+        if (trials, seed) == (TRIALS, SEED) and all(ok for _, ok, _ in results):
+            _keep_pass(entry, results)
+        out.append((results, False))
+    return out
 
 
 def verify(rulesets: list[RuleSet]) -> None:
@@ -82,7 +132,7 @@ def verify(rulesets: list[RuleSet]) -> None:
         if failed:
             rejected.append((rule, *failed[0]))
         else:
-            cache_write(entries[id(rule)], PASSED)   # (unwritable: checked every time)
+            _keep_pass(entries[id(rule)], results)
     if rejected:
         rule, variant, message = rejected[0]
         more = f" ({len(rejected) - 1} more rejected)" if len(rejected) > 1 else ""
@@ -91,7 +141,7 @@ def verify(rulesets: list[RuleSet]) -> None:
                         f"uses it anyway and marks the output):\n      {message}", rule.loc)
 
 
-def _check_one(rule: Rule, trials: int = 5, seed: int = 0) -> list[tuple[str, bool, str]]:
+def _check_one(rule: Rule, trials: int = TRIALS, seed: int = SEED) -> list[tuple[str, bool, str]]:
     """(variant, passed, the checker's message) of each of ``rule``'s variants."""
     from .check import check_rule_on_samples
     return [(c.variant, c.ok, c.message) for c in check_rule_on_samples(rule, trials, seed)]
@@ -110,7 +160,7 @@ def _check_in_file(where: list) -> list | None:
     return _check_one(found[0], trials, seed)
 
 
-def check_rules(rules: list[Rule], trials: int = 5, seed: int = 0) -> list[list]:
+def check_rules(rules: list[Rule], trials: int = TRIALS, seed: int = SEED) -> list[list]:
     """``_check_one`` of each rule, shared among helper processes where there are several
     CPUs and rules enough (the checker is pure Python: one process checks one rule at a
     time). A helper is a new interpreter running this module (``python -m``), never a copy
