@@ -15,7 +15,8 @@ quantize and the outputs' dequantize; the pairs around ops that stay float by de
 LayerNorm, counted apart: FLOAT_BY_DESIGN), and the share of outputs of eqquant's QDQ export that
 ONNX Runtime computes within one output step; with --latency also the int8 latency ratio
 eqquant / ONNX Runtime (each system in its own process, rounds alternating, 2 threads, medians;
-bench/peers.py's workers), or without --int8 the fp32 one: the exported file run as `eqquant
+bench/peers.py's workers; ``--weight-bits 7``: eqquant's weights within +-63, ONNX Runtime's as
+they are), or without --int8 the fp32 one: the exported file run as `eqquant
 run model.onnx` runs it (optimized once and cached, on its library) against ONNX Runtime.
 """
 from __future__ import annotations
@@ -190,7 +191,7 @@ def one(name: str, args) -> str:
         samples = [example(name, rng, size, args.seq) for _ in range(args.calib)]
         try:
             q = eqquant.quantize(model, samples, mode="dynamic" if args.dynamic else
-                                 "minmax", per_channel=True)
+                                 "minmax", per_channel=True, weight_bits=args.weight_bits)
         except EqquantError as e:
             return row + f"; no int8: {str(e).splitlines()[0][:90]}"
         eq8 = sqnr_db(ref, q.run(check))
@@ -263,6 +264,9 @@ def main() -> None:
                     help="with --int8: dynamic quantization for both (eqquant --mode dynamic, "
                          "ONNX Runtime's quantize_dynamic), the samples only checking")
     ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--weight-bits", type=int, default=8, choices=[8, 7],
+                    help="eqquant's weights: 7 runs every convolution on the AVX2 byte kernel "
+                         "on a CPU without VNNI (ONNX Runtime stays at its defaults)")
     ap.add_argument("--latency", action="store_true",
                     help="time eqquant's and ONNX Runtime's programs: int8 with --int8, else "
                          "fp32 (`eqquant run model.onnx` against ONNX Runtime on the file)")

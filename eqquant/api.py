@@ -229,7 +229,8 @@ def quantize(model: Any, calibration_data: Any, mode: str = "kl_divergence",
              progress: bool = False, cost: str = "auto", min_sqnr: float | None = None,
              budget_ms: float | None = None, keep_fp32: Iterable[str] = (),
              metric=None, max_drop: float | None = None, eval_data: Any = None,
-             engine: str = "local", sizes: Mapping[str, int] | None = None) -> Model:
+             engine: str = "local", sizes: Mapping[str, int] | None = None,
+             weight_bits: int = 8) -> Model:
     """The int8 model of ``model`` (anything :func:`load` takes), calibrated on
     ``calibration_data`` (see :func:`calibration_samples`); ``.report()`` gives its accuracy.
     ``mode``: kl_divergence, minmax, percentile, global_scale, or dynamic (nothing
@@ -244,7 +245,9 @@ def quantize(model: Any, calibration_data: Any, mode: str = "kl_divergence",
     chosen by extraction. ``engine="ray"``: calibration runs on Ray workers (the ``ray``
     extra), with the table the local run gives. ``sizes``: for a model with sizes known only
     at run time (``?batch``), the sizes its kernels and layouts are chosen for (name -> size;
-    by default the first calibration sample's); the program still takes every size."""
+    by default the first calibration sample's); the program still takes every size.
+    ``weight_bits=7``: weights within +-63, so that on a CPU without VNNI every convolution
+    runs on the AVX2 byte kernel (as ONNX Runtime's ``reduce_range``), for some accuracy."""
     from .quant.flow import quantize as run_flow
     m = load(model)
     samples = calibration_samples(calibration_data, m)
@@ -263,7 +266,8 @@ def quantize(model: Any, calibration_data: Any, mode: str = "kl_divergence",
         result = run_flow(m.module, m.params, stream, mode, weight_scale, per_channel,
                           dtype=activations, skip=list(skip), cost=cost, engine=engine,
                           min_sqnr=min_sqnr, budget_ms=budget_ms, keep_fp32=list(keep_fp32),
-                          metric=metric, max_drop=max_drop, sizes=sizes)
+                          metric=metric, max_drop=max_drop, sizes=sizes,
+                          weight_bits=weight_bits)
     # what runs and is saved: the program with its layouts chosen for the CPU kernels
     return Model(result.runnable, {}, f"{m.name}.int8", list(m.notes), dict(m.aliases),
                  quantized=result)

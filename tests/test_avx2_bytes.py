@@ -138,13 +138,18 @@ def test_a_row_of_high_bytes_at_the_weights_extremes_is_summed_exactly():
     np.testing.assert_array_equal(out[:, :40], a.astype(np.int64) @ w.T.astype(np.int64))
 
 
-def _conv(rng, c, o, k, stride, size, batch, residual):
-    """fused.qconv2d(_add) with ReLU, channel-last, its weights' extremes in channel 0 (input
-    zero point 3: the padding byte has no high bit): (the program, its output's size)."""
+def _conv(rng, c, o, k, stride, size, batch, residual, wmax=128, edge=None, pin=""):
+    """fused.qconv2d(_add) with ReLU, channel-last, its weights' extremes in channel 0 (and
+    with ``wmax`` 64, 7-bit weights: -64 in channel 0, 64 in channel 1) (input zero point 3:
+    the padding byte has no high bit): (the program, its output's size)."""
     b = Builder()
     x = b.input("x", (batch, size, size, c), "uint8")
-    w = rng.integers(-128, 128, (k, k, c, o)).astype("i1")
-    w[..., 0] = -128
+    w = rng.integers(-wmax, wmax, (k, k, c, o)).astype("i1")
+    w[..., 0] = -wmax
+    if wmax < 128 and o > 1:
+        w[..., 1] = wmax
+    if edge is not None:
+        w[0, 0, 3, 0] = edge
     qargs = [b.param("w", w), b.param("b", rng.integers(-900, 900, o).astype("i4")),
              b.param("zx", np.array(3, np.int32)), b.param("zw", np.array(0, np.int32)),
              b.param("sx", np.array(0.05, np.float32)),
@@ -152,7 +157,8 @@ def _conv(rng, c, o, k, stride, size, batch, residual):
              b.param("s1", (0.05 * rng.uniform(0.01, 0.02, o)).astype(np.float32)),
              b.param("z1", np.array(0, np.int32)), b.param("s2", np.array(0.1, np.float32))]
     out = dict(strides=[stride] * 2, padding=[k // 2] * 4, activation="relu",
-               out_dtype="uint8", axis=3, data_layout="NHWC", kernel_layout="HWIO")
+               out_dtype="uint8", axis=3, data_layout="NHWC", kernel_layout="HWIO",
+               **({"kernel": pin} if pin else {}))
     oh = (size + 2 * (k // 2) - k) // stride + 1
     if residual:
         r = b.input("r", (batch, oh, oh, o), "uint8")
@@ -233,3 +239,61 @@ def test_chunks_whose_lists_outgrow_their_room_take_the_16_bit_kernel():
             np.testing.assert_array_equal(got, run(bound, {"x": x}))
 
 
+
+
+@settings(max_examples=20, deadline=None)
+@given(c=st.integers(1, 45), o=st.integers(1, 70), k=st.sampled_from([1, 3]),
+       stride=st.integers(1, 2), size=st.integers(3, 20), batch=st.integers(1, 2),
+       residual=st.booleans(), seed=st.integers(0, 999))
+@example(c=32, o=48, k=3, stride=1, size=7, batch=1, residual=True, seed=1)   # a lone image
+@example(c=3, o=16, k=3, stride=2, size=20, batch=2, residual=False, seed=2)  # rows of 28 bytes
+def test_7_bit_weights_run_every_byte_on_the_byte_kernel_exactly(c, o, k, stride, size, batch,
+                                                                 residual, seed):
+    """Weights within +-64 (quantize's weight_bits=7): the plan gives the site x86.avx2.w7,
+    the byte kernel on whole bytes, nothing split or listed; its sums are exact for any
+    bytes, images of 255s at the weights' extremes (pairs of products of 32,640, next to
+    vpmaddubsw's saturation) and random ones, as the executor runs it and as a library
+    saved ahead of time does."""
+    rng = np.random.default_rng(seed)
+    bound, oh = _conv(rng, c, o, k, stride, size, batch, residual, wmax=64)
+    images = [rng.integers(0, 256, (batch, size, size, c)).astype("uint8"),
+              np.full((batch, size, size, c), 255, np.uint8)]
+    with forced_int8_path("avx2"):
+        ex = Executor(bound, target=BYTES)
+        (conv,) = [s.fn.conv for s in ex.steps if "qconv2d" in s.label]
+        assert conv.conv_kernel is avx2.conv_requantize_narrow
+        assert [d.chosen.kernel for d in ex.kernel_decisions] == ["x86.avx2.w7"]
+        for x in images:
+            xs = {"x": x}
+            if residual:
+                xs["r"] = rng.integers(0, 256, (batch, oh, oh, o)).astype("uint8")
+            np.testing.assert_array_equal(ex.run(xs), run(bound, xs))
+        if sys.platform.startswith("linux"):
+            import tempfile
+            from pathlib import Path
+            from eqquant.deploy.build import build as save
+            from eqquant.deploy.loader import Library
+            with tempfile.TemporaryDirectory() as d:
+                save(ex, Path(d) / "lib")
+                got = Library(Path(d) / "lib").run(xs)
+            np.testing.assert_array_equal(got, run(bound, xs))
+
+
+def test_weights_past_7_bits_keep_the_narrow_kernel_out_and_a_pin_of_it_is_refused():
+    """One weight of 65 (or -65): pairs of products of bytes reach 33,150, past int16, so the
+    plan says why x86.avx2.w7 does not run the site, and a program naming it is refused."""
+    from eqquant.errors import KernelError
+    from eqquant.runtime.lowering.plan import plan_kernels
+    for edge in (64, -64, 65, -65):
+        bound, _ = _conv(np.random.default_rng(0), 32, 16, 3, 1, 8, 1, False, 64, edge)
+        (d,) = Executor(bound, target=BYTES).kernel_decisions
+        opt = {o.kernel: o for o in d.options}["x86.avx2.w7"]
+        narrow = abs(edge) <= 64
+        assert (d.chosen.kernel == "x86.avx2.w7") == narrow
+        assert ("7-bit weights" in d.site.describe()) == narrow
+        if not narrow:
+            assert opt.cost is None and "+-64" in opt.why
+            pinned, _ = _conv(np.random.default_rng(0), 32, 16, 3, 1, 8, 1, False, 64, edge,
+                              pin="x86.avx2.w7")
+            with pytest.raises(KernelError, match="x86.avx2.w7.*cannot run this site"):
+                plan_kernels(pinned, BYTES)

@@ -1031,8 +1031,10 @@ def test_unfused_int8_convolutions_and_batched_dense_layers_are_launches(layout,
     if not nhwc:
         programs.append(((32, 40), "int8", (24, 40), """qnn.dense(%x, %w, 5, 0, 0.1f, 0.02f,
             units=24, out_dtype="int32"{pin})"""))
-    # (the byte driver runs fused convolutions' rows of 256 bytes or more: test_avx2_bytes)
-    offered = [k for k in current().int8_kernels() if k not in ("depthwise", "x86.avx2.bytes")]
+    # (the byte drivers run fused convolutions: rows of 256 bytes or more, or 7-bit weights:
+    # test_avx2_bytes)
+    offered = [k for k in current().int8_kernels()
+               if k not in ("depthwise", "x86.avx2.bytes", "x86.avx2.w7")]
     assert "portable" in offered
     for kernel in offered:
         for i, (xs, dtype, ws, call) in enumerate(programs):

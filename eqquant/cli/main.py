@@ -534,6 +534,10 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
 @click.option("--weight-scale", type=click.Choice(["max", "power2"]), default="max",
               show_default=True)
 @click.option("--per-channel", is_flag=True, help="One weight scale per output channel.")
+@click.option("--weight-bits", type=click.Choice(["8", "7"]), default="8", show_default=True,
+              help="7: weights within +-63, so that on a CPU without VNNI every convolution "
+                   "runs on the AVX2 byte kernel (x86.avx2.w7; ONNX Runtime's reduce_range), "
+                   "for some accuracy.")
 @click.option("--activations", type=click.Choice(["uint8", "int8"]), default="uint8",
               show_default=True, help="uint8 (asymmetric, as ONNX Runtime) or int8 "
                                       "(symmetric, as TVM's realize).")
@@ -573,7 +577,8 @@ def extract(model, params, rules, schedule, cost, extractor, iterations, node_li
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The int8 program (.ir); weights go to the .npz and the calibration "
                    "table to the .calib.json beside it.")
-def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activations, skip,
+def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, weight_bits,
+                 activations, skip,
                  layouts, cost, min_sqnr, budget_ms, keep_fp32, metric, eval_data, max_drop,
                  int8_only, pareto, explain, unchecked_rules, why, batch, size_specs, output):
     """Quantize MODEL (text IR or .onnx) to int8: calibrate, apply the quantize rules,
@@ -607,7 +612,8 @@ def quantize_cmd(model, params, calib, mode, weight_scale, per_channel, activati
                           dtype=activations, skip=list(skip), cost=cost,
                           layouts=layouts == "cpu",
                           min_sqnr=min_sqnr, budget_ms=budget_ms, keep_fp32=list(keep_fp32),
-                          metric=scored, max_drop=max_drop, pareto=pareto, sizes=sizes)
+                          metric=scored, max_drop=max_drop, pareto=pareto, sizes=sizes,
+                          weight_bits=int(weight_bits))
     table_path = output.with_suffix(".calib.json")
     report_path = output.with_suffix(".report.json")
     report = Report.from_result(result).to_json()

@@ -468,7 +468,7 @@ QINPUTS = ("data", "weight", "input_zero_point", "kernel_zero_point", "input_sca
 # or, at the latest, loaded. Every kernel gives the same bits: the attribute says how, never
 # what (the reference semantics never see it).
 INT8_KERNELS = ("x86.amx", "x86.vnni", "x86.vnni16", "x86.avxvnni", "x86.avx2", "x86.avx2.bytes",
-                "depthwise", "portable")
+                "x86.avx2.w7", "depthwise", "portable")
 KERNEL_ATTR = Attr(KERNEL, StrKind("kernel", ("",) + INT8_KERNELS), "")
 def _qconv_channels_last(attrs, in_types) -> bool:
     """The integer convolution kernels read and write channel-last images: the SIMD GEMMs

@@ -273,23 +273,24 @@ def qparams(r: Range, dtype: str) -> tuple[float, int]:
     return range_params(float(r.lo), float(r.hi), dtype == "int8")
 
 
-def _weight_scale(w: Constant, mode: str, per_channel: bool, counter: list[int]
-                  ) -> tuple[Expr, int]:
+def _weight_scale(w: Constant, mode: str, per_channel: bool, counter: list[int],
+                  qmax: int = 127) -> tuple[Expr, int]:
     """The weight's int8 scale: for ``max`` an IR expression over the weight, folded at
-    compile time (max|w| / 127, per output channel when asked); for ``power2`` computed here
-    (max|w| rounded up to a power of two). Returns (scale, axis)."""
+    compile time (max|w| / qmax, per output channel when asked: qmax 127, or 63 for 7-bit
+    weights); for ``power2`` computed here (max|w| rounded up to a power of two). Returns
+    (scale, axis)."""
     if mode == "power2":
         from .calibrate import weight_scale
-        s = weight_scale(w.data, "power2", per_channel).astype(np.float32)
+        s = weight_scale(w.data, "power2", per_channel, qmax).astype(np.float32)
         if not per_channel:
             return Scalar(value=float(s[0]), dtype="float32"), 0
         counter[0] += 1
         return Constant(index=counter[0] - 1, type=TensorType(s.shape, "float32"), data=s), 0
     absmax = np.abs(w.data).reshape(w.data.shape[0], -1).max(axis=1) if per_channel else \
         np.abs(w.data).max(keepdims=True)
-    if np.any(absmax == 0):  # an all-zero weight (channel): scale 1/127, as weight_scale gives
+    if np.any(absmax == 0):  # an all-zero weight (channel): scale 1/qmax, as weight_scale gives
         from .calibrate import weight_scale
-        s = weight_scale(w.data, "max", per_channel).astype(np.float32)
+        s = weight_scale(w.data, "max", per_channel, qmax).astype(np.float32)
         if not per_channel:
             return Scalar(value=float(s[0]), dtype="float32"), 0
         counter[0] += 1
@@ -297,13 +298,29 @@ def _weight_scale(w: Constant, mode: str, per_channel: bool, counter: list[int]
     axes = list(range(1, w.type.rank)) if per_channel else None
     absmax = Call(op=get_op("max"), args=(Call(op=get_op("abs"), args=(w,)),),
                   attrs=freeze_attrs(get_op("max").canonical_attrs({"axis": axes})))
-    scale = Call(op=get_op("divide"), args=(absmax, Scalar(value=127.0, dtype="float32")))
+    scale = Call(op=get_op("divide"), args=(absmax, Scalar(value=float(qmax),
+                                                           dtype="float32")))
     return scale, 0
+
+
+WEIGHT_BITS = (8, 7)
+
+
+def weight_qmax(bits: int) -> int:
+    """The largest weight magnitude of ``bits``-bit symmetric weights: 127, or 63 for 7 bits
+    (every weight within +-64: on a CPU without VNNI, each pair of products of bytes fits
+    ``vpmaddubsw``'s int16, so every convolution runs on the AVX2 byte kernel, as ONNX
+    Runtime's ``reduce_range`` does for its kernels)."""
+    if bits not in WEIGHT_BITS:
+        raise EqquantError(f"weight bits must be one of {', '.join(map(str, WEIGHT_BITS))}, "
+                           f"not {bits}")
+    return 2 ** (bits - 1) - 1
 
 
 def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
              weight_scale: str = "max", per_channel: bool = False,
-             kept_float: list[str] | None = None, dynamic: bool = False) -> Module:
+             kept_float: list[str] | None = None, dynamic: bool = False,
+             weight_bits: int = 8) -> Module:
     """Mark every value the table names with its scale and zero point, and every constant
     weight of a conv2d or dense with its weight scale, unless that layer's int32 accumulator
     could overflow (see :func:`accumulator_overflow`): its weight stays float, so the layer
@@ -315,7 +332,8 @@ def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
     (``qnn.dynamic_scale``, ``qnn.dynamic_zero_point``), and nothing else is. A fused op's
     bias is then added in float, after the integer product (its op unfused, as ONNX Runtime
     adds it): a scale computed at run time has no lower bound, so a bias in accumulator
-    steps could pass the int32 range."""
+    steps could pass the int32 range. ``weight_bits``: 8, or 7 (``weight_qmax``)."""
+    qmax = weight_qmax(weight_bits)
     flat = inline_calls(mod)
     fn = flat.main
     labels = value_labels(fn)
@@ -342,7 +360,7 @@ def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
             raise EqquantError(f"meta[relay.Constant][{w.index}] (a weight) holds NaN or "
                                f"infinite values: it cannot be quantized", w.loc)
         if id(w) not in marked_weights:
-            scale, axis = _weight_scale(w, weight_scale, per_channel, counter)
+            scale, axis = _weight_scale(w, weight_scale, per_channel, counter, qmax)
             marked_weights[id(w)] = Call(op=op, args=(w, scale, Scalar(value=0, dtype="int32")),
                                          attrs=freeze_attrs({"dtype": "int8", "axis": axis}))
         return marked_weights[id(w)]
@@ -381,7 +399,7 @@ def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
             children = tuple(c if k in fixed else mark_dynamic(o, c)
                              for k, (o, c) in enumerate(zip(node.children(), children)))
         if i is not None and (computes or not dynamic):
-            why = accumulator_overflow(node, children, weight_scale, per_channel)
+            why = accumulator_overflow(node, children, weight_scale, per_channel, qmax)
             if why is None:
                 children = children[:i] + (mark_weight(children[i]),) + children[i + 1:]
             elif kept_float is not None:
@@ -459,8 +477,8 @@ def _share_selected_params(body: Expr, mark_op) -> Expr:
 INT32_MAX = 2 ** 31 - 1
 
 
-def accumulator_overflow(node: Call, children, weight_scale: str, per_channel: bool
-                         ) -> str | None:
+def accumulator_overflow(node: Call, children, weight_scale: str, per_channel: bool,
+                         qmax: int = 127) -> str | None:
     """Why the int32 accumulator of ``node`` (a conv2d or dense with a constant weight, its
     data marked for quantization) could overflow, or None when it cannot. The bound is exact
     for the known weights: max|x - zx| * sum over each output channel of |w_q|, plus that
@@ -477,8 +495,8 @@ def accumulator_overflow(node: Call, children, weight_scale: str, per_channel: b
     xmax = max(abs(lo - int(zx.value)), abs(hi - int(zx.value))) if isinstance(zx, Scalar) \
         else hi - lo
     wd = w.data.astype(np.float64)
-    sw = numeric_weight_scale(w.data, weight_scale, per_channel).astype(np.float64)
-    wq = np.clip(np.rint(wd.reshape(wd.shape[0], -1) / sw.reshape(-1, 1)), -127, 127)
+    sw = numeric_weight_scale(w.data, weight_scale, per_channel, qmax).astype(np.float64)
+    wq = np.clip(np.rint(wd.reshape(wd.shape[0], -1) / sw.reshape(-1, 1)), -qmax, qmax)
     bound = xmax * np.abs(wq).sum(axis=1)
     if node.op.role(BIAS) is not None and isinstance(sx, Scalar):
         b = children[node.op.role(BIAS)]
@@ -490,5 +508,5 @@ def accumulator_overflow(node: Call, children, weight_scale: str, per_channel: b
         return None
     k = wq.shape[1]
     return (f"its int32 accumulator could overflow: up to {worst:.4g} > 2**31 - 1 "
-            f"({k} products of |x - zx| <= {xmax} and |w| <= 127, plus the bias); "
+            f"({k} products of |x - zx| <= {xmax} and |w| <= {qmax}, plus the bias); "
             f"the layer stays in float")

@@ -88,6 +88,7 @@ class QuantizeResult:
     cost_summary: str = ""         # the cost model, and where its costs came from
     mixed: object = None           # quant.mixed.MixedResult, for a mixed-precision program
     pareto: list = field(default_factory=list)   # quant.mixed.Round per budget (--pareto)
+    weight_bits: int = 8           # the weights' bits (7: ``annotate.weight_qmax``)
 
     @property
     def runnable(self) -> Module:
@@ -100,7 +101,8 @@ class QuantizeResult:
         calls = [n for n in post_order(self.module.main.body) if isinstance(n, Call)]
         integer = sum(1 for c in calls if getattr(types[id(c)], "dtype", "").startswith(
             ("int", "uint")))
-        lines = [f"calibration {self.table.mode}; {len(self.table.ranges)} values calibrated",
+        lines = [f"calibration {self.table.mode}; {len(self.table.ranges)} values calibrated"
+                 + (f"; {self.weight_bits}-bit weights" if self.weight_bits != 8 else ""),
                  f"extracted program: {integer} of {len(calls)} ops compute integers "
                  f"(the cost model chose, {self.optimized.extractor} extraction; cost "
                  f"{self.optimized.before.total * 1e3:.3f} -> "
@@ -223,7 +225,8 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
              budget_ms: float | None = None, keep_fp32: Sequence[str] = (),
              metric=None, max_drop: float | None = None, pareto: bool = False,
              why: bool = True, engine: str = "local",
-             sizes: Mapping[str, int] | None = None) -> QuantizeResult:
+             sizes: Mapping[str, int] | None = None,
+             weight_bits: int = 8) -> QuantizeResult:
     """The int8 program of ``mod``. With ``min_sqnr`` (dB), ``budget_ms``, ``keep_fp32``
     (values to leave in float) or ``metric`` and ``max_drop``, a mixed-precision program:
     which values are quantized is chosen by extraction from one saturated e-graph
@@ -233,8 +236,12 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     what each extraction rejected: ``extract.provenance``; a mixed program's int8 phase is
     the search's, without one). ``engine``: where calibration runs (``calibrate``'s).
     ``sizes``: where the program has sizes known only at run time (``?n``), those its
-    kernels and layouts are chosen for (by default the first calibration sample's)."""
+    kernels and layouts are chosen for (by default the first calibration sample's).
+    ``weight_bits``: 8, or 7 (weights within +-63: on a CPU without VNNI every convolution
+    then runs on the AVX2 byte kernel, ``x86.avx2.w7``, at some cost in accuracy)."""
     from ..runtime.execution.measured_cost import resolve_cost
+    from .annotate import weight_qmax
+    weight_qmax(weight_bits)            # (a bad value refused before calibrating)
     cost = resolve_cost(cost)        # the model of every phase that chooses kernels
     # The float phase is structural (batch norms folded, epilogues fused: each rule takes a
     # pass over memory away), so the roofline model, whose byte counts never tie a fused op
@@ -264,7 +271,8 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
                           engine)
     kept_float: list[str] = [f"{name}: {why}: it has no range to quantize"
                              for name, why in table.unbounded.items()]
-    marked = annotate(fp, table, dtype, weight_scale, per_channel, kept_float, dynamic)
+    marked = annotate(fp, table, dtype, weight_scale, per_channel, kept_float, dynamic,
+                      weight_bits)
     mixed = None
     front = []
     # float or integer, each op costed as the layout phase will lay it out (LaidOut)
@@ -292,7 +300,7 @@ def quantize(mod: Module, params: Mapping[str, np.ndarray] | None,
     chosen = compile_layouts(int8, cost, why=why) if layouts else None
     return QuantizeResult(int8, fp, table, result, layers, output, dtype, kept_float,
                           chosen.module if chosen else None, chosen, cost.summary(), mixed,
-                          front)
+                          front, weight_bits)
 
 
 def cpu_program(mod: Module, cost: str | CostModel = "auto", target=None) -> OptimizeResult:

@@ -51,7 +51,7 @@ def gemm_kernel(path: str) -> str:
 
 
 # int8 kernels of a SIMD GEMM path besides the path's own (x86.PATH): kernel -> its path
-VARIANTS = {"x86.avx2.bytes": "avx2"}
+VARIANTS = {"x86.avx2.bytes": "avx2", "x86.avx2.w7": "avx2"}
 
 
 def gemm_path(kernel: str) -> str | None:

@@ -77,6 +77,8 @@ BYTE_ROWS = 4   # the byte kernel's pixels a step: 4 x 2 accumulators, 2 weights
 PANEL = 64   # bytes of packed weights per k-step and block (16 channels x 2 int16 or 4 int8)
 HIGH_SHARE = 8   # a chunk's high bits listed for the byte kernel: in up to 1/8 of its quads
 BYTES_FROM = 256  # the byte kernel for rows of this many bytes or more
+NARROW = 64      # weights within +-64: a pair of products of bytes within +-32,640, no
+                 # saturation in vpmaddubsw's int16 (7-bit weights: quantize's weight_bits)
 TRY_BELOW = 10   # a chunk whose sampled quads are high in 1/10 or more: the 16-bit kernel
 SAMPLES = 64     # words of a chunk's rows sampled for their share of quads with a high bit
 
@@ -198,14 +200,26 @@ def pack_quads(w: np.ndarray) -> np.ndarray:
     return pack_panels(w, BLOCK, 4, np.int8)[0]
 
 
+def narrow(w: np.ndarray) -> bool:
+    """Whether int8 weights are within +-NARROW, so that ``vpmaddubsw`` adds each pair of a
+    row's products exactly, whatever the bytes they multiply: the byte kernel then reads
+    whole bytes, nothing split or listed ("x86.avx2.w7", ``conv_requantize_narrow``)."""
+    return int(np.abs(np.asarray(w, np.int64)).max(initial=0)) <= NARROW
+
+
 def conv_kernel(w: np.ndarray, kp: int, name: str = "x86.avx2") -> tuple:
     """(the fused convolution, its arguments besides ``pack``'s) for weights (O, K) whose
     rows are padded to kp bytes, on the kernel the plan named: ``conv_requantize_bytes``
-    with the byte quads and a record of its calls for "x86.avx2.bytes" (rows of BYTES_FROM
-    bytes or more: ``lowering``'s guard), else ``conv_requantize`` alone, the 16-bit
-    kernel's launches."""
+    with the byte quads for "x86.avx2.bytes" (rows of BYTES_FROM bytes or more:
+    ``lowering``'s guard), ``conv_requantize_narrow`` with them for "x86.avx2.w7" (weights
+    within +-NARROW: ``narrow``, the plan's guard, checked again here), else
+    ``conv_requantize`` alone, the 16-bit kernel's launches."""
     if name == "x86.avx2.bytes" and kp >= BYTES_FROM:
         return conv_requantize_bytes, (pack_quads(w),)
+    if name == "x86.avx2.w7":
+        if not narrow(w):
+            raise ValueError(f"eqquant: x86.avx2.w7 takes weights within +-{NARROW}")
+        return conv_requantize_narrow, (pack_quads(w),)
     return conv_requantize, ()
 
 
@@ -674,3 +688,47 @@ def _bytes_items(thread, threads, args):
 
 
 conv_requantize_bytes = Driver(_bytes_plan, (windows, split_rows, _bytes_items))
+
+
+def _narrow_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads, params, lo,
+                 hi, out, threads, res, add):
+    """``conv_requantize_narrow``'s plan (``launch.Driver``): ``conv_requantize``'s, on the
+    byte kernel over whole bytes for weights within +-NARROW (``narrow``): every pair of
+    products fits ``vpmaddubsw``'s int16, so no chunk is split, listed or widened, and
+    the sums are exact. A lone image's rows are gathered once, before the items."""
+    kp = packed.shape[1] * 2
+    work, shared, counters, fill = plan_shares(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow,
+                                               oh * ow, packed.shape[0], threads, kp)
+    launches = [] if fill is None else [(*fill, None)]
+    launches.append((_narrow_items, (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed,
+                                     quads, params, lo, hi, out, res, add, work, shared,
+                                     counters), threads))
+    return launches
+
+
+@parallel
+def _narrow_items(thread, threads, args):
+    """The work items of ``conv_requantize_narrow`` one thread takes (``gather.next_share``):
+    each chunk's rows, as gathered, on the byte kernel with no high bits listed."""
+    (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads, params, lo, hi, out,
+     res, add, work, shared, counters) = args
+    o_n, kp = out.shape[2], packed.shape[1] * 2
+    lone = work[0] != 0
+    none = empties(kp)
+    while True:
+        b, ob0, ob1, p0, p1 = next_share(counters, thread, work)
+        if b < 0:
+            break
+        if lone:
+            rows = shared[p0:p1]
+        else:
+            rows = share_rows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1, kp,
+                              shared)
+        _tile_bytes(rows, np.zeros(p1 - p0 + 1, np.int32), none[2], none[3], packed, quads,
+                    ob0, ob1, o_n, params, lo, hi, p0, out[b])
+        add_residual(out, res, b, p0, p1 - p0, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo,
+                     hi)
+    release(counters)
+
+
+conv_requantize_narrow = Driver(_narrow_plan, (windows, _narrow_items))

@@ -27,6 +27,10 @@ x86.avx2        as x86.avxvnni                                 4 times the paddi
 x86.avx2.bytes  as x86.amx, a convolution's rows of BYTES_FROM  3.7 times the padding to 16
                 bytes or more (chunk by chunk, the 16-bit
                 kernel's where a chunk's high bits are many)
+x86.avx2.w7     as x86.amx, a convolution whose weights are    2.5 times the padding to 16
+                within +-64 (7-bit weights: ``quantize``'s
+                ``weight_bits=7``; every byte on the byte
+                kernel, nothing split)
 depthwise       a depthwise convolution (one input channel     1
                 per group) whose taps fit 16 bits
 portable        every site                                     1000: the last resort
@@ -82,7 +86,7 @@ from ...ops.registry import KERNEL, OpDef
 from ..target import Target, current, gemm_path
 
 SPEED = {"amx": 0.1, "vnni": 1.0, "vnni16": 1.15, "avxvnni": 2.0, "avx2": 4.0,
-         "x86.avx2.bytes": 3.7}
+         "x86.avx2.bytes": 3.7, "x86.avx2.w7": 2.5}
 # where a CPU ranks them otherwise (by the target's CPU, LLVM's name for it): an AMD Zen 4
 # runs AVX-512 on 256-bit units, so the 256-bit VNNI kernel does as many multiply-adds a
 # cycle as the 512-bit one (MobileNet-v2's layers of 192 to 1280 channels within 1.5% of
@@ -116,6 +120,7 @@ class Site:
     float: bool = False      # a float convolution (``FP32_KERNELS``), else an int8 site
     bias: bool = True        # (float) the bias constant and per channel, or none
     eight_bit: bool = False  # (int8) its result requantized to 8 bits (a fused convolution)
+    narrow: bool = False     # (int8) its weights within +-64 (``avx2.narrow``: 7 bits)
 
     def describe(self) -> str:
         shape = f"{self.channels} outputs x K {self.depth}"
@@ -128,6 +133,8 @@ class Site:
             shape += ", depthwise"
         elif self.groups > 1:
             shape += f", {self.groups} groups"
+        if self.narrow and not self.float and self.rows is None:
+            shape += ", 7-bit weights"
         return shape + (", weight zero points" if self.zero_points else "")
 
 
@@ -166,8 +173,9 @@ def site_of(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_t
     if depthwise:
         taps = w.astype(np.int64).reshape(o, -1) - np.broadcast_to(zw, (o,)).reshape(o, 1)
         depthwise = int(np.abs(taps).max(initial=0)) <= TAP_MAX
+    from ..kernels.avx2 import narrow
     return Site(op.name, o, cg * kh * kw, groups, bool(zw.any()), depthwise,
-                eight_bit=out_type.dtype in ("int8", "uint8"))
+                eight_bit=out_type.dtype in ("int8", "uint8"), narrow=narrow(w))
 
 
 def _float_site(op: OpDef, attrs, in_types, out_type, consts) -> Site | None:
@@ -247,7 +255,11 @@ def _gemm_option(kernel: str, site: Site, target: Target) -> Option:
                                     f"{simd.BLOCK}")
     padding = -(-site.channels // simd.BLOCK) * simd.BLOCK / site.channels
     per_mac = speed(kernel, target)
-    if kernel == "x86.avx2.bytes" and (site.rows is not None or not site.eight_bit):
+    if kernel == "x86.avx2.w7" and not site.narrow:
+        return Option(kernel, None, "weights beyond +-64 (7-bit weights: quantize's "
+                                    "weight_bits=7)")
+    if kernel in ("x86.avx2.bytes", "x86.avx2.w7") and (site.rows is not None or
+                                                         not site.eight_bit):
         return Option(kernel, None, "a fused convolution's driver (its sums requantized to "
                                     "8 bits); " + ("a dense layer here" if site.rows is not None
                                                    else "int32 sums here"))
@@ -267,7 +279,7 @@ def _grouped_option(kernel: str, site: Site, target: Target, simd) -> Option:
     if not getattr(simd, "GROUPED", False):
         return Option(kernel, None, f"this path's GEMM runs groups 1 ({site.groups} groups "
                                     "here)")
-    if kernel == "x86.avx2.bytes":
+    if kernel in ("x86.avx2.bytes", "x86.avx2.w7"):
         return Option(kernel, None, "the byte driver runs groups 1 (x86.avx2 runs the sets)")
     if not site.eight_bit:
         return Option(kernel, None, "a grouped GEMM requantizes its sets in registers: "
