@@ -20,7 +20,10 @@ On a CPU without VNNI, ONNX Runtime's int8 convolutions add pairs of uint8 x int
 int16 with saturation (``vpmaddubsw``), so their sums are not exact (``ort_exactness.py``
 shows by how much), while eqquant's kernels are bit-exact. There ONNX Runtime also runs
 with ``session.x64quantprecision`` set ("ORT int8 exact", its own exact mode), and the
-ratio eqquant / ORT-exact compares like with like.
+ratio eqquant / ORT-exact compares like with like. There eqquant also runs with 7-bit weights
+("eqquant int8-w7": ``weight_bits=7``, every convolution on the AVX2 byte kernel, exact, for
+some accuracy); each int8 program's output SQNR against the fp32 one on the timed input is
+printed beside its times.
 
 eqquant runs each program as ``eqquant run`` does: on its library saved ahead of time
 (``eqquant.deploy``, made by the worker's first start), or on the Numba executor where the
@@ -50,6 +53,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": THREADS, "NUMBA_NUM_THREADS": THREADS,
 
 
 EXACT = "ORT int8 exact"   # ONNX Runtime with exact int8 sums (CPUs without VNNI only)
+SEVEN = "eqquant int8-w7"  # eqquant with 7-bit weights, on the AVX2 byte kernel (likewise)
 
 
 # -- a worker: one system, one model, timed on request ------------------------------------------
@@ -135,31 +139,49 @@ def cpu_model() -> str:
     return model()
 
 
-def prepare(name: str, calib: int, d: Path) -> dict[str, Path]:
+def prepare(name: str, calib: int, d: Path, seven: bool = False
+            ) -> tuple[dict[str, Path], dict[str, float]]:
+    """Every system's files for model ``name``, and the int8 programs' output SQNR (dB)
+    against the fp32 program on the timed input (eqquant's, ONNX Runtime's; with ``seven``,
+    eqquant's with 7-bit weights too)."""
     sys.path.insert(0, str(Path(__file__).parent))
-    from _common import ort_quantize_static
+    from _common import ort_quantize_static, ort_session
     from eqquant.interop.onnx_export import to_onnx
     from eqquant.ir.loader import save_program
-    from eqquant.quant.flow import compile_layouts, quantize
+    from eqquant.quant.flow import compile_layouts, quantize, sqnr_db
+    from eqquant.runtime.execution.executor import Executor
     from eqquant.zoo import build
     m = build(name)
     rng = np.random.default_rng(0)
     shape = m.module.main.params[0].type.shape
     samples = [{"data": rng.normal(size=shape).astype("float32")} for _ in range(calib)]
+    x = {"data": rng.normal(size=shape).astype("float32")}
     q = quantize(m.module, m.params, samples, "minmax", per_channel=True)
     files = {"inputs": d / f"{name}.input.npz"}
-    np.savez(files["inputs"], data=rng.normal(size=shape).astype("float32"))
+    np.savez(files["inputs"], **x)
     np.savez(d / f"{name}.input.calib.npz", *[s["data"] for s in samples])
     save_program(d / f"{name}.int8.ir", q.runnable)   # its layouts chosen for the kernels
     save_program(d / f"{name}.fp32.ir", compile_layouts(q.fp32).module)   # likewise
     fp32_onnx = to_onnx(q.fp32).SerializeToString()
     (d / f"{name}.fp32.onnx").write_bytes(fp32_onnx)
-    (d / f"{name}.int8.onnx").write_bytes(ort_quantize_static(fp32_onnx, samples))
+    ort8 = ort_quantize_static(fp32_onnx, samples)
+    (d / f"{name}.int8.onnx").write_bytes(ort8)
     files.update({"eqquant int8": d / f"{name}.int8.ir", "eqquant fp32": d / f"{name}.fp32.ir",
                   "ORT int8": d / f"{name}.int8.onnx", EXACT: d / f"{name}.int8.onnx",
                   "ORT fp32": d / f"{name}.fp32.onnx",
                   "PyTorch int8": name})   # torchvision's model of that name
-    return files
+    def ort_run(model: bytes) -> np.ndarray:
+        sess = ort_session(model)
+        return sess.run(None, {sess.get_inputs()[0].name: x["data"]})[0]
+    ref = ort_run(fp32_onnx)
+    sqnr = {"eqquant int8": sqnr_db(ref, Executor(q.runnable).run(x)),
+            "ORT int8": sqnr_db(ref, ort_run(ort8))}
+    if seven:
+        q7 = quantize(m.module, m.params, samples, "minmax", per_channel=True, weight_bits=7)
+        save_program(d / f"{name}.int8w7.ir", q7.runnable)
+        files[SEVEN] = d / f"{name}.int8w7.ir"
+        sqnr[SEVEN] = sqnr_db(ref, Executor(q7.runnable).run(x))
+    return files, sqnr
 
 
 SPREAD = 1.3        # eqquant's p90/p50 above this: its runs are not stable (flagged)
@@ -184,6 +206,7 @@ def main() -> None:
         # ONNX Runtime's default int8 is then not exact (bench/ort_exactness.py): its exact
         # mode too, for a comparison of like with like
         systems.insert(2, EXACT)
+        systems.insert(1, SEVEN)
     try:
         import torch
         torch_note = (f"PyTorch {torch.__version__}: FX int8 with the x86 qconfig on "
@@ -197,7 +220,7 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            files = prepare(name, args.calib, Path(tmp))
+            files, sqnr = prepare(name, args.calib, Path(tmp), SEVEN in systems)
             workers = {s: Worker(s, files[s], files["inputs"]) for s in systems}
             print(f"{name}: eqquant runs on its " + ", ".join(
                 f"{w.engine} ({s.split()[1]})" for s, w in workers.items()
@@ -211,6 +234,8 @@ def main() -> None:
             results[name] = {s: statistics.median(v) for s, v in times.items()}
             row = "  ".join(f"{s} {results[name][s]:7.2f} ms" for s in systems)
             print(f"{name:13s} {row}", flush=True)
+            print(f"{'':13s} output SQNR against fp32 (dB): " + ", ".join(
+                f"{s} {db:.1f}" for s, db in sqnr.items()), flush=True)
             for s, v in times.items():
                 p10, p50, p90 = np.percentile(v, [10, 50, 90])
                 flag = "  (unstable: above 1.3)" if s.startswith("eqquant") and \
@@ -223,6 +248,8 @@ def main() -> None:
                        if "PyTorch int8" in r else "")
         exact_ratio = (f"int8 eqquant/ORT-exact {r['eqquant int8'] / r[EXACT]:5.2f}   "
                        if EXACT in r else "")
+        exact_ratio += (f"int8-w7 eqquant/ORT {r[SEVEN] / r['ORT int8']:5.2f}   "
+                        if SEVEN in r else "")
         print(f"{name:13s} int8 eqquant/ORT {r['eqquant int8'] / r['ORT int8']:5.2f}   "
               f"{exact_ratio}{torch_ratio}"
               f"fp32 eqquant/ORT {r['eqquant fp32'] / r['ORT fp32']:5.2f}   "
