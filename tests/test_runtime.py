@@ -731,3 +731,32 @@ def test_a_value_per_channel_along_the_last_axis_runs_as_rows(op, per):
     xs["x"][0, 0, 0, :3] = [np.nan, np.inf, 0.0]
     with np.errstate(all="ignore"):
         np.testing.assert_array_equal(ex.run(xs), run(bound, xs))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_softmax_kernels_exponentials_hold_across_magnitudes():
+    """softmax_rows takes its exponentials by its own polynomial (vectorised): rows of every
+    spread from 1 to 1e30 (exponents of every size down to the floor where a value is 0
+    however divided), with an attention mask's -inf, a NaN, +inf, rows all -inf and of the
+    largest floats: the reference's NaNs, and every other value within 2 float32 ulps."""
+    from eqquant.ops.tensor import _softmax
+    from eqquant.runtime.kernels.fp32 import softmax_rows
+    rng = np.random.default_rng(0)
+    for scale in (1, 10, 100, 1e4, 1e30):
+        x = (rng.normal(size=(64, 131)) * scale).astype(np.float32)
+        x[0, :5] = -np.inf
+        x[1, 3] = np.nan
+        x[2, :] = -np.inf
+        x[3, 7] = np.inf
+        x[4] = 0
+        x[5, :] = np.float32(3e38)
+        x[6, 0] = -3e38
+        x[7] = -np.arange(131, dtype=np.float32)      # exp(0) to exp(-130), past the floor
+        out = np.empty_like(x)
+        softmax_rows(x, out)
+        want = _softmax(x, axis=-1)
+        nan = np.isnan(want)
+        np.testing.assert_array_equal(np.isnan(out), nan)
+        spacing = np.abs(np.spacing(np.where(nan, 1, want)))
+        assert (np.abs(np.where(nan, 0, out) - np.where(nan, 0, want)) <= 2 * spacing).all()
+        assert (out[7, :104] > 0).all() and out[7, 110:].max() == 0
