@@ -470,6 +470,10 @@ QINPUTS = ("data", "weight", "input_zero_point", "kernel_zero_point", "input_sca
 INT8_KERNELS = ("x86.amx", "x86.vnni", "x86.vnni16", "x86.avxvnni", "x86.avx2", "x86.avx2.bytes",
                 "x86.avx2.w7", "depthwise", "portable")
 KERNEL_ATTR = Attr(KERNEL, StrKind("kernel", ("",) + INT8_KERNELS), "")
+# attention's products of two computed operands: the 16-bit GEMM takes both less their zero
+# points (the byte and VNNI GEMMs multiply bytes by constant weights), or the portable loops
+PAIR_KERNELS = ("x86.avx2", "portable")
+PAIR_KERNEL_ATTR = Attr(KERNEL, StrKind("kernel", ("",) + PAIR_KERNELS), "")
 def _qconv_channels_last(attrs, in_types) -> bool:
     """The integer convolution kernels read and write channel-last images: the SIMD GEMMs
     (groups 1, and grouped ones in sets of groups on the VNNI paths) and the direct depthwise
@@ -549,7 +553,7 @@ register(OpDef(
     props=frozenset({COMPUTE, QUANT}), kernel="QBatchMatmul",
     onnx=(OnnxForm("MatMul", reads=False, qdq=_qbatch_matmul_qdq),),
     attrs=(Attr("transpose_a", BOOL, False), Attr("transpose_b", BOOL, True),
-           Attr("out_dtype", DTYPE_REQUIRED, "int32")),
+           Attr("out_dtype", DTYPE_REQUIRED, "int32"), PAIR_KERNEL_ATTR),
     type_rel=_qbatch_matmul_rel, semantics=_qbatch_matmul,
     flops=lambda ins, out, a: 2.0 * out.size * (
         ins[0].shape[-2] if a["transpose_a"] else ins[0].shape[-1]),

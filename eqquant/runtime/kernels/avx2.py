@@ -595,6 +595,68 @@ def _conv_items(thread, threads, args):
 conv_requantize = Driver(_conv_plan, (windows, widen_rows, _conv_items))
 
 
+# -- attention's products: two computed operands on the 16-bit GEMM (qnn.batch_matmul) --------
+
+PAIR_ROWS = 48   # rows of a product a work item (8 steps of ROWS)
+
+
+@parallel
+def pair_pack(thread, threads, args):
+    """qnn.batch_matmul's b less its zero point as the 16-bit GEMM's panels (``pack``'s
+    layout, [B][ceil(N/16)][Kp/2][16][2] int16, zeros past N and K), a block of 16 columns a
+    unit: b is (B, N, K) where ``dot`` (q @ k^T, its rows dotted with a's), else (B, K, N).
+    Exact: an 8-bit value less a zero point of 15 bits or fewer fits int16 (the plan's
+    guard)."""
+    b, zeros_b, dot, panels = args
+    zb = np.int32(zeros_b[0])
+    nb, blocks = panels.shape[0], panels.shape[1]
+    n = b.shape[1] if dot else b.shape[2]
+    k = b.shape[2] if dot else b.shape[1]
+    for t in range(*share(nb * blocks, thread, threads)):
+        bi, ob = t // blocks, t % blocks
+        panel = panels[bi, ob]
+        panel[:] = 0
+        for j in range(min(BLOCK, n - ob * BLOCK)):
+            col = ob * BLOCK + j
+            for kx in range(k):
+                v = b[bi, col, kx] if dot else b[bi, kx, col]
+                panel[kx >> 1, j, kx & 1] = np.int32(v) - zb
+
+
+@parallel
+def pair_products(thread, threads, args):
+    """qnn.batch_matmul on the 16-bit GEMM: out[bi, i, j] = sum over k of (a[bi, i, k] -
+    za) * (b - zb), b as ``pair_pack`` made its panels; a work item PAIR_ROWS rows of one
+    product, its rows less their zero point widened to int16 (zeros past K), their sums
+    (vpmaddwd: exact, an int32 pair of products of 16-bit numbers) into the output's rows,
+    through a tile where the output's width is no multiple of 16. a is (B, M, K), any
+    strides (a transposed operand's view)."""
+    a, zeros_a, panels, out = args
+    za = np.int32(zeros_a[0])
+    nb, m, n = out.shape
+    k = a.shape[2]
+    blocks, kq = panels.shape[1], panels.shape[2]
+    chunks = (m + PAIR_ROWS - 1) // PAIR_ROWS
+    rows16 = np.zeros((PAIR_ROWS, 2 * kq), np.int16)
+    tile = np.empty((PAIR_ROWS if n % BLOCK else 0, blocks * BLOCK), np.int32)
+    for t in range(*share(nb * chunks, thread, threads)):
+        bi, c = t // chunks, t % chunks
+        p0 = c * PAIR_ROWS
+        rows = min(m, p0 + PAIR_ROWS) - p0
+        for p in range(rows):
+            for kx in range(k):
+                rows16[p, kx] = np.int32(a[bi, p0 + p, kx]) - za
+        if n % BLOCK == 0:
+            gemm_block(rows16.ctypes.data, 2 * kq, panels[bi].ctypes.data,
+                       out[bi, p0:].ctypes.data, n, 0, rows, kq, blocks)
+        else:
+            gemm_block(rows16.ctypes.data, 2 * kq, panels[bi].ctypes.data, tile.ctypes.data,
+                       blocks * BLOCK, 0, rows, kq, blocks)
+            for p in range(rows):
+                for j in range(n):
+                    out[bi, p0 + p, j] = tile[p, j]
+
+
 # -- grouped convolutions: each set of groups one block-diagonal GEMM (``vnni``'s driver) -----
 
 GROUPED = True    # runs grouped convolutions on the 16-bit GEMM, a set of groups a GEMM

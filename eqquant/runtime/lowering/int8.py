@@ -998,7 +998,10 @@ class GlobalAverage(Binding):
 
 @binding
 class QBatchMatmul(Binding):
-    """qnn.batch_matmul (attention's products of two 8-bit activations): one launch of
+    """qnn.batch_matmul (attention's products of two 8-bit activations), on the kernel the
+    plan names (``plan.kernels_of``): "x86.avx2", two launches, b less its zero point packed
+    as the 16-bit GEMM's panels (``avx2.pair_pack``), then the rows of a less its zero point
+    times them (``avx2.pair_products``); or "portable", one launch of
     ``kernels.int8.qbatch_matmul`` over the output's rows, on views of the operands (a's
     rows; b's rows where it is transposed, the dot form, else its columns a row at a time),
     their stacks of matrices of one shape."""
@@ -1007,6 +1010,8 @@ class QBatchMatmul(Binding):
         super().__init__(op, attrs, in_types, out_type, consts)
         from ..kernels import int8 as k8
         self.k8 = k8
+        from .plan import resolve
+        self.kernel = resolve(op, attrs, in_types, out_type, consts) or "portable"
         # the zero points: constants, or computed at run time (dynamic quantization)
         self.za = _param(consts, in_types, 2, np.int32)
         self.zb = _param(consts, in_types, 3, np.int32)
@@ -1021,7 +1026,12 @@ class QBatchMatmul(Binding):
         return all(_param(consts, in_types, i, np.int32) is not False for i in (2, 3)) and \
             out_type.dtype == "int32" and len(a) == len(b) >= 2 and a[:-2] == b[:-2]
 
-    def kernel_call(self, ins, out):
+    @property
+    def path(self) -> str:
+        return "avx2" if self.kernel == "x86.avx2" else "portable"
+
+    def calls(self, ins, out) -> list | None:
+        """The site's launches on these arrays (None where one is not C-contiguous)."""
         a, b = ins[0], ins[1]
         if not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
             return None
@@ -1032,12 +1042,31 @@ class QBatchMatmul(Binding):
         # b as (B, N, K) in the dot form (transpose_b), (B, K, N) in the other
         out3 = out.reshape((-1,) + out.shape[-2:])
         depth = a3.shape[2]
-        return sized(self.k8.qbatch_matmul, out.size * depth), (
-            a3, b3, _at_run(self.za, ins, 2), _at_run(self.zb, ins, 3),
-            bool(self.attrs["transpose_b"]), self.like, out3)
+        za, zb = _at_run(self.za, ins, 2), _at_run(self.zb, ins, 3)
+        dot = bool(self.attrs["transpose_b"])
+        if self.kernel == "x86.avx2":
+            from ..kernels import avx2
+            nb, _, n = out3.shape
+            panels = self.scratch("panels", (nb, -(-n // avx2.BLOCK), -(-depth // 4) * 2,
+                                             avx2.BLOCK, 2), np.int16)
+            return [(sized(avx2.pair_pack, panels.size), (b3, zb, dot, panels)),
+                    (sized(avx2.pair_products, out.size * depth), (a3, za, panels, out3))]
+        return [(sized(self.k8.qbatch_matmul, out.size * depth),
+                 (a3, b3, za, zb, dot, self.like, out3))]
+
+    def prepare(self, ins, out):
+        calls = self.calls(ins, out)
+        if calls is None:
+            return super().prepare(ins, out)
+        return in_order([bound(*call) for call in calls])
 
     def __call__(self, ins, out):
-        self.call_contiguous([*ins[:2], *(np.asarray(v) for v in ins[2:])], out)
+        res = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+        for kernel, args in self.calls([np.ascontiguousarray(v) for v in ins[:2]] +
+                                       [np.asarray(v) for v in ins[2:]], res):
+            kernel(*args)
+        if res is not out:
+            out[...] = res
 
 
 @binding

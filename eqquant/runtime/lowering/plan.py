@@ -36,6 +36,11 @@ depthwise       a depthwise convolution (one input channel     1
 portable        every site                                     1000: the last resort
 ==============  =============================================  ==================================
 
+Attention's products of two computed operands (``qnn.batch_matmul``: ``ops.qnn.PAIR_KERNELS``):
+``x86.avx2``, both operands less their zero points in int16 (zero points within
+``PAIR_ZERO_POINT``), b packed as the 16-bit GEMM's panels at run time (``avx2.pair_pack``),
+at the 16-bit GEMM's cost times the padding of N to 16; else ``portable`` (1000).
+
 The float convolutions' and dense layers' kernels:
 
 ==============  =============================================  ==================================
@@ -80,8 +85,6 @@ import numpy as np
 from ...core.nodes import Call, Constant, Expr, Function, Module, Scalar, freeze_attrs, rewrite
 from ...core.types import Type
 from ...errors import KernelError
-from ...ops.nn import FP32_KERNELS
-from ...ops.qnn import INT8_KERNELS
 from ...ops.registry import KERNEL, OpDef
 from ..target import Target, current, gemm_path
 
@@ -121,6 +124,7 @@ class Site:
     bias: bool = True        # (float) the bias constant and per channel, or none
     eight_bit: bool = False  # (int8) its result requantized to 8 bits (a fused convolution)
     narrow: bool = False     # (int8) its weights within +-64 (``avx2.narrow``: 7 bits)
+    pair: bool = False       # (int8) two computed operands (attention's products)
 
     def describe(self) -> str:
         shape = f"{self.channels} outputs x K {self.depth}"
@@ -135,6 +139,9 @@ class Site:
             shape += f", {self.groups} groups"
         if self.narrow and not self.float and self.rows is None:
             shape += ", 7-bit weights"
+        if self.pair:
+            return "two computed operands, " + shape + (
+                f", zero points beyond {PAIR_ZERO_POINT}" if self.zero_points else "")
         return shape + (", weight zero points" if self.zero_points else "")
 
 
@@ -153,6 +160,8 @@ def site_of(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_t
     points are not constants: it runs on its reference semantics)."""
     if KERNEL not in op.attr_map:
         return None
+    if "tensor_b" in op.inputs:
+        return _pair_site(op, attrs, in_types, out_type, consts)
     if "kernel_zero_point" not in op.inputs:
         return _float_site(op, attrs, in_types, out_type, consts)
     wi, zi = op.inputs.index("weight"), op.inputs.index("kernel_zero_point")
@@ -176,6 +185,35 @@ def site_of(op: OpDef, attrs: Mapping[str, Any], in_types: Sequence[Type], out_t
     from ..kernels.avx2 import narrow
     return Site(op.name, o, cg * kh * kw, groups, bool(zw.any()), depthwise,
                 eight_bit=out_type.dtype in ("int8", "uint8"), narrow=narrow(w))
+
+
+PAIR_ZERO_POINT = 32000   # an operand less a zero point of this size or less fits int16
+
+
+def _pair_site(op: OpDef, attrs, in_types, out_type, consts) -> Site:
+    """qnn.batch_matmul's site: B x M rows of products, N outputs a row, K deep; its zero
+    points (constants, or 8-bit ones computed at run time) beyond PAIR_ZERO_POINT noted as
+    ``zero_points``."""
+    a, out = in_types[0].shape, out_type.shape
+    depth = a[-2] if attrs["transpose_a"] else a[-1]
+    wide = any(abs(int(np.asarray(consts[i]).reshape(-1)[0])) > PAIR_ZERO_POINT
+               for i in (2, 3) if i in consts)
+    return Site(op.name, out[-1], depth, 1, wide, False,
+                int(np.prod(out[:-1], dtype=np.int64)), pair=True)
+
+
+def _pair_option(kernel: str, site: Site, target: Target) -> Option:
+    """A kernel at attention's products: the 16-bit GEMM, both operands less their zero
+    points in int16 (b packed at run time: ``avx2.pair_pack``), or the portable loops."""
+    if kernel == "portable":
+        return Option(kernel, PORTABLE)
+    if site.zero_points:
+        return Option(kernel, None, f"zero points beyond {PAIR_ZERO_POINT}: an operand less "
+                                    "its zero point leaves int16")
+    from ..kernels import simd_module
+    simd = simd_module(gemm_path(kernel))
+    padding = -(-site.channels // simd.BLOCK) * simd.BLOCK / site.channels
+    return Option(kernel, speed(kernel, target) * padding)
 
 
 def _float_site(op: OpDef, attrs, in_types, out_type, consts) -> Site | None:
@@ -293,13 +331,23 @@ def _grouped_option(kernel: str, site: Site, target: Target, simd) -> Option:
     return Option(kernel, speed(kernel, target) * padding)
 
 
+def kernels_of(op_name: str) -> tuple[str, ...]:
+    """The kernels an op's call sites may name: its ``kernel`` attribute's choices (the int8
+    convolutions' and dense layers' ``INT8_KERNELS``, the float ones' ``FP32_KERNELS``,
+    attention's products' ``PAIR_KERNELS``)."""
+    from ...ops.registry import get_op
+    return tuple(k for k in get_op(op_name).attr_map[KERNEL].kind.choices if k)
+
+
 def options(site: Site, target: Target) -> list[Option]:
     """Every kernel of the site's op, in the table's order: its cost, or why it does not run
     the site."""
     out = []
-    for kernel in FP32_KERNELS if site.float else INT8_KERNELS:
+    for kernel in kernels_of(site.op):
         if not target.offers(kernel):
             out.append(Option(kernel, None, f"target {target.name} does not offer it"))
+        elif site.pair:
+            out.append(_pair_option(kernel, site, target))
         elif site.float:
             out.append(_float_option(kernel, site, target))
         elif gemm_path(kernel):
