@@ -28,7 +28,7 @@ def _space(text, params, shape, dtype, per_channel, seed):
     rng = np.random.default_rng(seed)
     samples = [{"x": rng.uniform(0, 1, shape).astype(np.float32)} for _ in range(3)]
     r = quantize(parse(text), params, samples, "minmax", dtype=dtype, per_channel=per_channel,
-                 cost="cpu")
+                 cost="cpu", layouts=False)     # (its fp32 program and table are what is read)
     marked = annotate(r.fp32, r.table, dtype, "max", per_channel)
     space = MixedSpace(marked, CpuLatency(), names=mark_labels(marked, r.fp32))
     space.measure_sensitivity(samples)
@@ -104,7 +104,7 @@ def test_each_marks_noise_is_that_of_the_program_with_it_alone(dtype, per_channe
     rng = np.random.default_rng(1)
     calib = [{"data": rng.normal(size=(1, 3, 32, 32)).astype(np.float32)} for _ in range(2)]
     r = quantize(m.module, m.params, calib, "minmax", dtype=dtype, per_channel=per_channel,
-                 cost="cpu")
+                 cost="cpu", layouts=False)     # (its fp32 program and table are what is read)
     marked = annotate(r.fp32, r.table, dtype, "max", per_channel)
     space = MixedSpace(marked, CpuLatency(), names=mark_labels(marked, r.fp32))
     samples = calib[:1] + [{"data": (10 * rng.normal(size=(1, 3, 32, 32))).astype(np.float32)}]
