@@ -760,3 +760,30 @@ def test_the_softmax_kernels_exponentials_hold_across_magnitudes():
         spacing = np.abs(np.spacing(np.where(nan, 1, want)))
         assert (np.abs(np.where(nan, 0, out) - np.where(nan, 0, want)) <= 2 * spacing).all()
         assert (out[7, :104] > 0).all() and out[7, 110:].max() == 0
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_gelu_kernel_holds_to_two_ulps_across_its_range():
+    """The GELU kernel takes erfc by its own polynomial and exponential (vectorised): on values
+    from -30 to 30, step by step (the far negative tail, where 1 + erf would cancel, values
+    underflowing to -0.0) and the specials, every value within 2 float32 ulps of the
+    reference's float64 math.erfc, the signs of zeros and the NaNs and infinities the
+    reference has."""
+    from eqquant.ops.activation import _gelu
+    from eqquant.runtime.kernels.fp32 import gelu
+    x = np.concatenate([np.linspace(-30, 30, 120001),
+                        np.random.default_rng(0).normal(size=20000) * 3,
+                        [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-30, 3e38, -3e38,
+                         1e-45, -1e-45]]).astype(np.float32)
+    out = np.empty_like(x)
+    gelu(x, out, 0.0)
+    want = _gelu(x, approximate="none")
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    inf = np.isinf(want)
+    np.testing.assert_array_equal(out[inf], want[inf])
+    fin = np.isfinite(want)
+    spacing = np.abs(np.spacing(want[fin]))
+    assert (np.abs(out[fin].astype(np.float64) - want[fin]) <= 2 * spacing).all()
+    zero = fin & (want == 0)
+    np.testing.assert_array_equal(np.signbit(out[zero]), np.signbit(want[zero]))
+    assert zero.sum() > 1000 and (want[(x < -20) & np.isfinite(x)] == 0).all()   # (-0.0)

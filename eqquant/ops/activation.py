@@ -75,6 +75,14 @@ def _erf(x):
     return _erf64(x).astype(x.dtype)
 
 
+_erfc_objects = np.frompyfunc(math.erfc, 1, 1)
+
+
+def _erfc64(v: np.ndarray) -> np.ndarray:
+    """math.erfc elementwise, as a float64 array: 1 - erf without the cancellation."""
+    return np.asarray(_erfc_objects(np.asarray(v, np.float64)), np.float64)
+
+
 register(OpDef("erf", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
                type_rel=float_input, semantics=_erf,
                kernel=_KERNEL, kernel_params={"fn": "erf"},
@@ -88,7 +96,9 @@ def _gelu(x, *, approximate):
     if approximate == "tanh":
         out = 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
     else:
-        out = 0.5 * v * (1 + _erf64(v / math.sqrt(2)))
+        # Phi(x) = erfc(-x / sqrt 2) / 2: as 1 + erf(x / sqrt 2), without its cancellation
+        # where x is far below 0 (there 1 + erf keeps a few digits, even in float64)
+        out = 0.5 * v * _erfc64(-v / math.sqrt(2))
     return out.astype(x.dtype)
 
 
@@ -114,7 +124,8 @@ register(OpDef("nn.gelu", inputs=("data",), props=frozenset({ELEMWISE, UNARY}),
                    "params": lambda a: (1.0 if a["approximate"] == "tanh" else 0.0,)},
                onnx=(OnnxForm("Gelu", (("approximate", "approximate", "none"),),
                               export=_gelu_to_onnx),),
-               doc="x * Phi(x) (erf form), or its tanh approximation; computed in float64"))
+               doc="x * Phi(x) (Phi(x) = erfc(-x / sqrt 2) / 2), or its tanh approximation; "
+                   "computed in float64"))
 
 
 # Exponential and smooth activations of ONNX (Elu, Selu, Softplus, Softsign): each computed
