@@ -679,7 +679,7 @@ def _exps_below_zero(t, e, bits):
         e[i] = t[i] if t[i] != t[i] else e[i] * scale[i]
 
 
-@parallel(error_model="numpy")     # (no division check: the loops vectorise)
+@parallel(error_model="numpy", fastmath={"contract"})   # (loops vectorised, FMAs)
 def softmax_rows(thread, threads, args):
     """Softmax over the last axis of a (R, N) array, in float64 and rounded once, as the
     op's semantics computes it: each exponential taken once (``_exps_below_zero``, of x less
@@ -1001,7 +1001,7 @@ def sqrt(thread, threads, args):
         out[i] = np.sqrt(x[i])
 
 
-@parallel(error_model="numpy")     # (no division check: the loops vectorise)
+@parallel(error_model="numpy", fastmath={"contract"})   # (loops vectorised, FMAs)
 def gelu(thread, threads, args):
     """0.5 x erfc(-x / sqrt 2) (the op's semantics), or with tanh_form != 0 the tanh
     approximation 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))); in float64, then rounded.
