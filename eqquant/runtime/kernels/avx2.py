@@ -702,7 +702,7 @@ def _bytes_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads
         launches.append((split_rows.serial, (shared, *lone), None))
     launches.append((_bytes_items, (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed,
                                     quads, params, lo, hi, out, res, add, work, shared,
-                                    counters, *lone), threads))
+                                    counters, *lone, np.zeros(1, np.int64)), threads))
     return launches
 
 
@@ -725,7 +725,7 @@ def _bytes_items(thread, threads, args):
     each on the byte kernel or the 16-bit one (``split_or_widen``, or ``split_rows``'s
     choice for a lone image)."""
     (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads, params, lo, hi, out,
-     res, add, work, shared, counters, low1, starts1, high1, wide1, taken) = args
+     res, add, work, shared, counters, low1, starts1, high1, wide1, taken, narrow) = args
     o_n, kp = out.shape[2], packed.shape[1] * 2
     lone = work[0] != 0
     none = empties(kp)
@@ -741,7 +741,11 @@ def _bytes_items(thread, threads, args):
         else:
             rows = share_rows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1, kp,
                               shared)
-            low, starts, high, rows16 = split_or_widen(rows, none)
+            if narrow[0]:       # (7-bit weights: whole bytes, no high bit listed)
+                low, starts, high, rows16 = rows, np.zeros(p1 - p0 + 1, np.int32), none[2], \
+                    none[3]
+            else:
+                low, starts, high, rows16 = split_or_widen(rows, none)
             _tile_bytes(low, starts, high, rows16, packed, quads, ob0, ob1, o_n, params, lo,
                         hi, p0, out[b])
         add_residual(out, res, b, p0, p1 - p0, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo,
@@ -754,43 +758,23 @@ conv_requantize_bytes = Driver(_bytes_plan, (windows, split_rows, _bytes_items))
 
 def _narrow_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads, params, lo,
                  hi, out, threads, res, add):
-    """``conv_requantize_narrow``'s plan (``launch.Driver``): ``conv_requantize``'s, on the
-    byte kernel over whole bytes for weights within +-NARROW (``narrow``): every pair of
-    products fits ``vpmaddubsw``'s int16, so no chunk is split, listed or widened, and
-    the sums are exact. A lone image's rows are gathered once, before the items."""
+    """``conv_requantize_narrow``'s plan (``launch.Driver``): ``conv_requantize_bytes``'s work
+    items on the byte kernel over whole bytes, for weights within +-NARROW (``narrow``):
+    every pair of products fits ``vpmaddubsw``'s int16, so no chunk is split, listed or
+    widened, and the sums are exact. A lone image's rows, gathered once before the items,
+    are read as they are (no high bit listed: its starts all 0)."""
     kp = packed.shape[1] * 2
     work, shared, counters, fill = plan_shares(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, ow,
                                                oh * ow, packed.shape[0], threads, kp)
+    n = shared.shape[0] if work[0] != 0 else 0
+    lone = (shared if n else memory.empty((0, kp), np.uint8), np.zeros(n + 1, np.int32),
+            memory.empty((1, 2), np.int32), memory.empty((0, kp), np.int16),
+            np.ones(1, np.int64))
     launches = [] if fill is None else [(*fill, None)]
-    launches.append((_narrow_items, (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed,
-                                     quads, params, lo, hi, out, res, add, work, shared,
-                                     counters), threads))
+    launches.append((_bytes_items, (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed,
+                                    quads, params, lo, hi, out, res, add, work, shared,
+                                    counters, *lone, np.ones(1, np.int64)), threads))
     return launches
 
 
-@parallel
-def _narrow_items(thread, threads, args):
-    """The work items of ``conv_requantize_narrow`` one thread takes (``gather.next_share``):
-    each chunk's rows, as gathered, on the byte kernel with no high bits listed."""
-    (nhwc, kh, kw, sh, sw, pt, pl, dh, dw, pad, oh, ow, packed, quads, params, lo, hi, out,
-     res, add, work, shared, counters) = args
-    o_n, kp = out.shape[2], packed.shape[1] * 2
-    lone = work[0] != 0
-    none = empties(kp)
-    while True:
-        b, ob0, ob1, p0, p1 = next_share(counters, thread, work)
-        if b < 0:
-            break
-        if lone:
-            rows = shared[p0:p1]
-        else:
-            rows = share_rows(nhwc[b], kh, kw, sh, sw, pt, pl, dh, dw, pad, ow, p0, p1, kp,
-                              shared)
-        _tile_bytes(rows, np.zeros(p1 - p0 + 1, np.int32), none[2], none[3], packed, quads,
-                    ob0, ob1, o_n, params, lo, hi, p0, out[b])
-        add_residual(out, res, b, p0, p1 - p0, ob0 * BLOCK, min(ob1 * BLOCK, o_n), add, lo,
-                     hi)
-    release(counters)
-
-
-conv_requantize_narrow = Driver(_narrow_plan, (windows, _narrow_items))
+conv_requantize_narrow = Driver(_narrow_plan, (windows, _bytes_items))
