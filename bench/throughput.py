@@ -116,7 +116,7 @@ class Worker:
         self.proc.wait()
 
 
-def prepare(name: str, calib: int, d: Path) -> dict[str, str]:
+def prepare(name: str, calib: int, d: Path, weight_bits: int = 8) -> dict[str, str]:
     import eqquant
     from eqquant.ir.loader import save_program
     fp32 = export(name)
@@ -126,7 +126,8 @@ def prepare(name: str, calib: int, d: Path) -> dict[str, str]:
     np.savez(d / "calib.npz", **{f"s{i:03d}": s for i, s in enumerate(samples)})
     (d / f"{name}.int8.onnx").write_bytes(
         ort_quantize_static(fp32, [{"data": s} for s in samples], pre_process=True))
-    q = eqquant.quantize(d / f"{name}.onnx", samples, mode="minmax", per_channel=True)
+    q = eqquant.quantize(d / f"{name}.onnx", samples, mode="minmax", per_channel=True,
+                         weight_bits=weight_bits)
     save_program(d / f"{name}.int8.ir", q.module)
     # each program's library compiled and cached in a process of its own first: the timed
     # processes load it as a server would (no compiler, no Numba, in their memory)
@@ -146,6 +147,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calib", type=int, default=8)
+    ap.add_argument("--weight-bits", type=int, default=8, choices=[8, 7],
+                    help="eqquant's weights: 7 runs every convolution on the AVX2 byte kernel "
+                         "on a CPU without VNNI (ONNX Runtime and PyTorch as they are)")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -156,7 +160,7 @@ def main() -> None:
           f"eqquant kernel paths: int8 {int8_path()}, fp32 {fp32_path()}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            files = prepare(name, args.calib, Path(tmp))
+            files = prepare(name, args.calib, Path(tmp), args.weight_bits)
             workers = {s: Worker(s, files[s], Path(tmp) / "calib.npz") for s in SYSTEMS}
             rates: dict[tuple[str, int], list[float]] = {}
             for b in args.batches:
