@@ -205,6 +205,25 @@ def _layer_times(mod, model):
     return out
 
 
+def _three_programs(m) -> tuple[dict, MeasuredCost]:
+    """Zoo model ``m`` (64 x 64 inputs) quantized three ways from one saturation's e-graph, as
+    extracted (no layouts): "mixed" by the measured model, "int8" all integer, "marked" all
+    float with its marks; and the measured model placed as the extraction priced the
+    kernels, timed where this program's weights sit (priced cold, the mixed program's choice
+    was no longer the cheapest in a loaded run)."""
+    from eqquant.extract.cost import constant_bytes
+    from eqquant.quant.flow import quantize
+    rng = np.random.default_rng(0)
+    samples = [{"data": rng.normal(size=(1, 3, 64, 64)).astype("float32")} for _ in range(2)]
+    measured = MeasuredCost()
+    results = {name: quantize(m.module, m.params, samples, "minmax", per_channel=True,
+                              cost=cost, layouts=False)
+               for name, cost in (("mixed", measured), ("int8", "cpu"),
+                                  ("marked", _FloatOnly(measured)))}
+    fp = results["int8"].fp32
+    return results, measured.for_weights(constant_bytes(fp), constant_bytes(fp) // 4)
+
+
 def test_with_slow_integer_kernels_the_measured_model_keeps_layers_in_float(cache, monkeypatch):
     """EQQUANT_INT8_KERNEL=portable (integer convolutions on plain loops): the measured model
     keeps convolutions in float where their integer kernels, timed, are the slower, and the
@@ -212,24 +231,12 @@ def test_with_slow_integer_kernels_the_measured_model_keeps_layers_in_float(cach
     the all-float program of the same marks. (On the machines measured so far every portable
     integer convolution was the slower; the stem's may stay int8, its input quantized
     anyway. Greedy extraction missed this: an integer chain pays only as a whole.)"""
-    from eqquant.extract.cost import constant_bytes
     from eqquant.optimizer import program_costs
-    from eqquant.quant.flow import quantize
     from eqquant.zoo import build
     monkeypatch.setenv("EQQUANT_INT8_KERNEL", "portable")
-    m = build("resnet18_stem", image_size=64)
-    rng = np.random.default_rng(0)
-    samples = [{"data": rng.normal(size=(1, 3, 64, 64)).astype("float32")} for _ in range(2)]
-    measured = MeasuredCost()
-    results = {name: quantize(m.module, m.params, samples, "minmax", per_channel=True,
-                              cost=cost, layouts=False)
-               for name, cost in (("mixed", measured), ("int8", "cpu"),
-                                  ("float", _FloatOnly(measured)))}
+    results, measured = _three_programs(build("resnet18_stem", image_size=64))
+    results["float"] = results.pop("marked")
     programs = {name: r.module for name, r in results.items()}
-    # priced as the extraction priced them: kernels timed where this program's weights sit
-    # (priced cold, the mixed program's choice was no longer the cheapest in a loaded run)
-    fp = results["int8"].fp32
-    measured = measured.for_weights(constant_bytes(fp), constant_bytes(fp) // 4)
 
     def convs(mod):
         """(is it integer, its measured time) for each convolution, in program order"""
@@ -262,22 +269,12 @@ def test_with_slow_integer_convolutions_the_extracted_program_is_a_mix_no_dearer
     with two test workers on two cores and every time inflated about 3x, a convolution timed
     2.7x its float kernel once stayed integer, and the mix once lost to the fp32 program by
     5%.)"""
-    from eqquant.extract.cost import constant_bytes
     from eqquant.optimizer import program_costs
-    from eqquant.quant.flow import quantize
     from eqquant.zoo import build
     monkeypatch.setenv("EQQUANT_INT8_KERNEL", "portable")
-    m = build("vgg_small")
-    rng = np.random.default_rng(0)
-    samples = [{"data": rng.normal(size=(1, 3, 64, 64)).astype("float32")} for _ in range(2)]
-    measured = MeasuredCost()
-    results = {name: quantize(m.module, m.params, samples, "minmax", per_channel=True,
-                              cost=cost, layouts=False)
-               for name, cost in (("mixed", measured), ("int8", "cpu"),
-                                  ("marked", _FloatOnly(measured)))}
+    results, placed = _three_programs(build("vgg_small"))
     programs = {name: r.module for name, r in results.items()}
     fp = results["int8"].fp32
-    placed = measured.for_weights(constant_bytes(fp), constant_bytes(fp) // 4)
     got = {k: _layer_times(p, placed) for k, p in programs.items()}
     got["fp32"] = _layer_times(fp, placed)
     assert [k for k, _, _ in got["mixed"]] == ["conv"] * 3 + ["dense"] * 3

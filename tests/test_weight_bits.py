@@ -14,6 +14,7 @@ from eqquant.ir.interp import run
 from eqquant.runtime.execution.executor import Executor
 from eqquant.runtime.target import Target
 from eqquant.zoo import build
+from kernel_paths import forced_int8_path
 
 
 def _quantized(bits: int):
@@ -37,7 +38,7 @@ def both():
 
 
 def test_7_bit_weights_reach_63_and_no_further_and_cost_some_accuracy(both):
-    (q8, _), (q7, samples) = both[8], both[7]
+    (q8, _), (q7, _) = both[8], both[7]
     w8, w7 = _conv_weights(q8.module), _conv_weights(q7.module)
     assert len(w7) == len(w8) >= 3
     for w in w7:            # per output channel: the largest magnitude is the grid's end
@@ -50,24 +51,26 @@ def test_7_bit_weights_reach_63_and_no_further_and_cost_some_accuracy(both):
     assert "calibration minmax" in str(q8.report())
 
 
-def test_on_an_avx2_target_every_convolution_takes_the_narrow_byte_kernel(both):
+def test_on_an_avx2_target_every_convolution_takes_the_narrow_byte_kernel():
     avx2 = pytest.importorskip("eqquant.runtime.kernels.avx2")
     if not avx2.available():
         pytest.skip("this CPU has no AVX2: the byte kernels cannot run here")
-    q7, samples = both[7]
-    q8, _ = both[8]
-    mod7, mod8 = q7.quantized.runnable, q8.quantized.runnable
-    target = Target.named("avx2")
-    ex7 = Executor(mod7, target)
-    kernels = {d.chosen.kernel for d in ex7.kernel_decisions if d.site.op.startswith(
-        "fused.qconv2d") and d.site.groups == 1}
-    assert kernels == {"x86.avx2.w7"}, kernels
-    assert "x86.avx2.w7" not in {d.chosen.kernel for d in Executor(mod8, target)
-                                 .kernel_decisions}
-    for x in samples:
-        np.testing.assert_array_equal(ex7.run(x), run(mod7, x))
-    far = {"data": 40 * samples[0]["data"]}        # far outside the calibrated range
-    np.testing.assert_array_equal(ex7.run(far), run(mod7, far))
+    # (quantized and planned on the AVX2 path, whatever path the environment pins: a program
+    # names its kernels when it is extracted)
+    with forced_int8_path("avx2"):
+        (q7, samples), (q8, _) = _quantized(7), _quantized(8)
+        mod7, mod8 = q7.quantized.runnable, q8.quantized.runnable
+        target = Target.named("avx2")
+        ex7 = Executor(mod7, target)
+        kernels = {d.chosen.kernel for d in ex7.kernel_decisions if d.site.op.startswith(
+            "fused.qconv2d") and d.site.groups == 1}
+        assert kernels == {"x86.avx2.w7"}, kernels
+        assert "x86.avx2.w7" not in {d.chosen.kernel for d in Executor(mod8, target)
+                                     .kernel_decisions}
+        for x in samples:
+            np.testing.assert_array_equal(ex7.run(x), run(mod7, x))
+        far = {"data": 40 * samples[0]["data"]}        # far outside the calibrated range
+        np.testing.assert_array_equal(ex7.run(far), run(mod7, far))
 
 
 def test_weight_bits_other_than_8_or_7_are_refused():

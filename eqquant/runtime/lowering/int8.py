@@ -1010,14 +1010,15 @@ class QBatchMatmul(Binding):
         super().__init__(op, attrs, in_types, out_type, consts)
         from ..kernels import int8 as k8
         self.k8 = k8
-        from .plan import resolve
+        from .plan import PAIR_ZERO_POINT, resolve
         self.kernel = resolve(op, attrs, in_types, out_type, consts) or "portable"
         # the zero points: constants, or computed at run time (dynamic quantization)
         self.za = _param(consts, in_types, 2, np.int32)
         self.zb = _param(consts, in_types, 3, np.int32)
         # the operands less their zero points in 16 bits where they fit (a zero point
         # computed at run time is an 8-bit one)
-        wide = any(z is not None and abs(int(z[0])) > 32000 for z in (self.za, self.zb))
+        wide = any(z is not None and abs(int(z[0])) > PAIR_ZERO_POINT
+                   for z in (self.za, self.zb))
         self.like = np.empty(0, np.int32 if wide else np.int16)
 
     @classmethod
