@@ -279,6 +279,85 @@ def test_shape_patterns_print_back_compile_to_size_lookups_and_match_in_the_egra
                   (multiply(%x, %k), multiply(%x, %j), add(%x, %b)) }""") == set()
 
 
+NAMED = """
+rule bias_before_reshape: add(reshape(?y, newshape=?s) as ?r, ?b) => reshape(add(?y, ?b), newshape=?s)
+    if shape(?y) == [.., ?n], shape(?r) == [.., ?n], shape(?b) == [?n]
+"""
+
+
+def test_a_named_call_prints_back_compiles_to_a_fact_and_guards_what_it_matched():
+    """`f(...) as ?r` names what a call matches: its guards read the call's own type (here:
+    the reshape keeps the last axis), in egglog a fact binding ?r, in the e-graph only
+    where the sizes agree."""
+    from eqquant.ir.parser import parse
+    from eqquant.optimizer import optimize
+    rs = parse_rules(NAMED, "n.rules")
+    text = format_rule(rs.rules[0])
+    assert "add(reshape(?y, newshape=?s) as ?r, ?b)" in text
+    again = parse_rules(text, "n2.rules")
+    assert format_rule(again.rules[0]) == text
+    egg = compile_ruleset(rs).text
+    assert "(= ?__root (@add ?r ?b)) (= ?r (@reshape ?y ?s))" in egg
+    assert "(type-of ?r)" in egg
+
+    def fired(src):
+        mod = parse(src)
+        report = optimize(mod, None, [rs], cost="nodes").report
+        return {k for k, v in report.matches().items() if v}
+    keeps = """def @main(%y: Tensor[(6, 4), float32], %b: Tensor[(4), float32]) {
+               add(reshape(%y, newshape=[2, 3, 4]), %b) }"""
+    moves = """def @main(%y: Tensor[(6, 4), float32], %b: Tensor[(4), float32]) {
+               add(reshape(%y, newshape=[1, 3, 2, 1, 4]), %b) }"""
+    breaks = """def @main(%y: Tensor[(6, 4), float32], %b: Tensor[(4), float32]) {
+                add(reshape(%y, newshape=[3, 2, 4, 1]), reshape(%b, newshape=[1, 4, 1])) }"""
+    assert fired(keeps) == {"bias_before_reshape"}
+    assert fired(moves) == {"bias_before_reshape"}
+    assert fired(breaks) == set()
+    # a reshape that moves the last axis: (6, 4) -> (3, 8) takes a bias of 8, not of 4
+    assert fired("""def @main(%y: Tensor[(4, 6), float32], %b: Tensor[(8), float32]) {
+                    add(reshape(%y, newshape=[3, 8]), %b) }""") == set()
+
+
+def test_the_checker_needs_the_named_calls_guard():
+    """Without the guard on ?r the rule is wrong, and the checker says so."""
+    from eqquant.rules.check import check_ruleset
+    assert check_ruleset(parse_rules(NAMED, "n.rules")).ok
+    loose = NAMED.replace("shape(?r) == [.., ?n], ", "")
+    report = check_ruleset(parse_rules(loose, "loose.rules"))
+    assert not report.ok and "different types" in report.format()
+
+
+@pytest.mark.parametrize("src,word", [
+    ("rule r: add(nn.relu(?x) as ?x, ?b) => ?b\n", "names two"),
+    ("rule r: add(nn.relu(?x) as ?r, nn.relu(?b) as ?r) => ?b\n", "names two"),
+    ("rule r: nn.relu(?x) as ?r => ?x\n", "whole left side"),
+    ("rule r: nn.relu(?x) => nn.relu(?x) as ?r\n", "right side"),
+    ("rule r: add(nn.relu(?x) as ?r, ?b) <=> add(?b, nn.relu(?x) as ?r)\n", "<=>"),
+])
+def test_named_call_errors(src, word):
+    with pytest.raises(RuleError) as info:
+        parse_rules(src, "bad.rules")
+    assert word in info.value.message and info.value.loc is not None
+
+
+def test_the_explainer_binds_a_named_call(tmp_path):
+    """`rules explain`'s matcher binds ?r as egglog does: it finds the rule where the
+    reshape keeps the last axis, and says which guard fails where it does not."""
+    from eqquant.explain import explain_rules
+    from eqquant.ir.parser import parse
+    path = tmp_path / "n.rules"
+    path.write_text("ruleset named\n" + NAMED)
+    mod = parse("""def @main(%y: Tensor[(6, 4), float32], %b: Tensor[(4), float32],
+                   %c: Tensor[(8), float32]) {
+                   (add(reshape(%y, newshape=[2, 3, 4]), %b),
+                    add(reshape(%y, newshape=[3, 8]), %c)) }""")
+    report = explain_rules(mod, str(path), {})
+    (answer,) = report.answers
+    assert len(answer.hits) == 1
+    text = report.text()
+    assert "guard shape(?r) == [.., ?n] failed: ?r is [3, 8]" in text, text
+
+
 def test_an_attribute_on_the_right_may_be_the_dtype_a_guard_fixes():
     """dtype(?q) as an attribute: written in per dtype variant, so one rule covers int8 and
     uint8 lookup tables (qnn.codes of the input's dtype)."""

@@ -230,6 +230,13 @@ class Matcher:
             held = sorted({n.label for n in nodes if n.kind in ("op", "Input", "Const")})
             self._miss(st, f"{self.name_of(cls)} is not {p.op.label}: it is "
                            f"{', '.join(held) or 'something else'}", cls)
+        if p.name:                     # (``f(...) as ?r``: ?r is this class)
+            bound = st.classes.get(p.name)
+            if bound is not None and bound != cls:
+                self._miss(st, f"{p.name} is {self.name_of(bound)} in one place and "
+                               f"{self.name_of(cls)} in another", cls)
+                return
+            st = replace(st, classes={**st.classes, p.name: cls})
         for n in calls:
             s = self._attrs(p, n, cls, replace(
                 st, depth=st.depth + 1, nodes=st.nodes + (n.node_id,),

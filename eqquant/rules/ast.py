@@ -81,6 +81,7 @@ class PCall:
     attrs: tuple[tuple[str, AttrPat], ...] = ()
     rest: str | None = None
     loc: SourceLoc | None = None
+    name: str | None = None     # ``f(...) as ?r`` (left sides): what the call matches, named
 
     @property
     def attr_map(self) -> dict[str, AttrPat]:
@@ -175,8 +176,13 @@ def pattern_vars(p: Pattern) -> list[str]:
     """Expression variables of a pattern, in order of first appearance (a map's own element
     variable is not one: it is bound by the map)."""
     mapped = {q.var for q in walk(p) if isinstance(q, PMap)}
-    return list(dict.fromkeys(q.name for q in walk(p) if isinstance(q, PVar)
-                              and q.name not in mapped))
+    return list(dict.fromkeys(q.name for q in walk(p) if isinstance(q, (PVar, PCall))
+                              and q.name and q.name not in mapped))
+
+
+def named_calls(p: Pattern) -> dict[str, "PCall"]:
+    """The calls a pattern names (``f(...) as ?r``), by name."""
+    return {q.name: q for q in walk(p) if isinstance(q, PCall) and q.name}
 
 
 def tuple_rests(p: Pattern) -> list[str]:
@@ -233,7 +239,7 @@ def format_pattern(p: Pattern) -> str:
         parts.append(f"{k}={format_attr(v)}")
     if p.rest:
         parts.append(f"..{p.rest}")
-    return f"{p.op.label}({', '.join(parts)})"
+    return f"{p.op.label}({', '.join(parts)})" + (f" as {p.name}" if p.name else "")
 
 
 def format_attr(v: AttrPat) -> str:

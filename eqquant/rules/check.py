@@ -145,6 +145,7 @@ class _Instance:
                     if isinstance(q, PCall))
         self.pool = _DTYPES + ("bool",) * 3 if logic else _DTYPES
         self.vars: dict[str, Var] = {}
+        self.named: dict[str, Expr] = {}          # ``f(...) as ?r``: the node it built
         self.attrs: dict[str, Any] = {}          # attribute variables
         self.rests: dict[str, dict[str, Any]] = {}
         self.types = Inferer(None)
@@ -172,6 +173,13 @@ class _Instance:
 
     def op_of(self, p: PCall) -> OpDef:
         return self.ops[p.op.label] if p.op.is_set else p.op.ops[0]
+
+    def type_of(self, name: str):
+        """The type of a variable, or of the call a name stands for (None: not built)."""
+        if name in self.vars:
+            return self.vars[name].type
+        node = self.named.get(name)
+        return None if node is None else self.types.expr(node)
 
     def new_var(self, name: str, shape: tuple[int, ...], hint: set[str] | None = None,
                 trial: dict[str, Var] | None = None) -> Var:
@@ -306,6 +314,8 @@ class _Instance:
                     self.attrs.setdefault(v.name, canon[k])
             if p.rest:          # (never the kernel: as the compiled rule, ``compile.py``)
                 self.rests[p.rest] = {k: v for k, v in canon.items() if k != KERNEL}
+            if p.name:
+                self.named[p.name] = node
             return node
         raise _NoInstance(f"no well-typed instance found for {op.name} in {self.rule.name}"
                           + (f" (last refused: {reason})" if reason else ""))
@@ -348,7 +358,7 @@ class _Instance:
         if isinstance(p, PVar):
             if p.name in where:
                 return self.rhs(where[p.name], where)
-            return self.vars[p.name]
+            return self.named[p.name] if p.name in self.named else self.vars[p.name]
         if isinstance(p, PLit):
             if p.var is not None:
                 return _Weak(self.attrs[p.var])

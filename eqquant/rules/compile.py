@@ -84,6 +84,7 @@ class _Side:
         self.attr_sorts: dict[str, str] = {}          # attribute variable -> egglog sort
         self.attr_specs: dict[str, tuple] = {}        # attribute variable -> (op, attr)
         self.rests: dict[str, dict[str, tuple[str, str]]] = {}  # ..?r -> {attr: (term, sort)}
+        self.named: list[str] = []     # ``f(...) as ?r``: (= ?r (f ...)), one fact each
 
     def op_of(self, p: PCall) -> OpDef:
         return self.ops[p.op.label] if p.op.is_set else p.op.ops[0]
@@ -126,7 +127,11 @@ class _Side:
             attrs.append(term)
         if p.rest:
             self.rests[p.rest] = rest
-        return f"({egg_name(op)} {' '.join(args + attrs)})"
+        term = f"({egg_name(op)} {' '.join(args + attrs)})"
+        if p.name:
+            self.named.append(f"(= {p.name} {term})")
+            return p.name
+        return term
 
 
 def _tail(p: PTuple) -> str:
@@ -229,6 +234,7 @@ def _compile_one(rule: Rule, lhs: Pattern, rhs: Pattern, where: dict[str, Patter
                  ops: dict[str, OpDef], name: str, ruleset: str) -> CompiledRule:
     side = _Side(rule, ops)
     facts = [f"(= ?__root {side.query(lhs)})"]
+    facts += side.named
     for g in rule.guards:
         facts += g.compile(side)
     right = _RightSide(side, where, name, ruleset)

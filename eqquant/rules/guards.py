@@ -93,10 +93,10 @@ def _compare(side, fn: str, var: str, op: str, other: str) -> list[str]:
 
 
 def _type_of(inst, fn: str, var: str):
-    v = inst.vars.get(var)
-    if v is None:
+    t = inst.type_of(var)
+    if getattr(t, "shape", None) is None:
         return None
-    return {"dtype": v.type.dtype, "rank": len(v.type.shape), "shape": list(v.type.shape)}[fn]
+    return {"dtype": t.dtype, "rank": len(t.shape), "shape": list(t.shape)}[fn]
 
 
 @dataclass(frozen=True)

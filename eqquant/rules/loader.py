@@ -227,6 +227,9 @@ class _TreeToRules:
             return PProj(self.pattern(t.children[0]), int(str(t.children[1])), self.loc(t))
         if kind == "call":
             return self.call(t)
+        if kind == "named_call":
+            *call, name = t.children
+            return replace(self.call(Tree("call", call, t.meta)), name=str(name))
         raise self.error(f"unexpected {kind}", t)
 
     def opref(self, t: Tree) -> OpRef:
@@ -340,8 +343,7 @@ def _weaken_attr_vars(p: Pattern, avars: set[str]) -> Pattern:
     if isinstance(p, PVar) and p.name in avars:
         return PLit(None, None, p.loc, var=p.name)
     if isinstance(p, PCall):
-        return PCall(p.op, tuple(_weaken_attr_vars(a, avars) for a in p.args), p.attrs, p.rest,
-                     p.loc)
+        return replace(p, args=tuple(_weaken_attr_vars(a, avars) for a in p.args))
     if isinstance(p, PTuple):
         return PTuple(tuple(_weaken_attr_vars(f, avars) for f in p.fields), p.loc, p.rest)
     if isinstance(p, PProj):
@@ -383,6 +385,7 @@ def check_rule_form(rule: Rule, b: _TreeToRules) -> None:
                       getattr(lhs, "loc", None) or rule.loc)
     evars = set(pattern_vars(lhs))
     avars = attr_vars(lhs)
+    _check_names(rule, b)
     both = evars & set(avars)
     if both:
         raise b.error(f"{sorted(both)[0]} is used both as a value and as an attribute",
@@ -444,6 +447,26 @@ def check_rule_form(rule: Rule, b: _TreeToRules) -> None:
     for pat in rule.where.values():
         _static_dtype(pat, known, b)
     _static_dtype(rule.rhs, known, b)
+
+
+def _check_names(rule: Rule, b: _TreeToRules) -> None:
+    """``f(...) as ?r``: on the left side only, each name once, and not a variable too."""
+    lhs_vars = [q.name for q in walk(rule.lhs) if isinstance(q, PVar)]
+    names: set[str] = set()
+    for q in walk(rule.lhs):
+        if isinstance(q, PCall) and q.name:
+            if q.name in names or q.name in lhs_vars:
+                raise b.error(f"{q.name} names two things on the left side", q.loc)
+            if q is rule.lhs:
+                raise b.error(f"{q.name} names the whole left side: name a call inside it",
+                              q.loc)
+            names.add(q.name)
+    for side in [rule.rhs, *rule.where.values()]:
+        for q in walk(side):
+            if isinstance(q, PCall) and q.name:
+                what = "the left side" if rule.bidirectional else "the right side or a where"
+                raise b.error(f"'as {q.name}' names a match; it cannot stand on {what}"
+                              + (" of a <=> rule" if rule.bidirectional else ""), q.loc)
 
 
 def _check_uses(p: Pattern, bound: set[str], avars: dict, sets: dict[str, OpRef],
