@@ -687,7 +687,7 @@ def test_a_strided_copy_merges_axes_and_copies_any_view(shape, dtype, data):
 
 
 def test_the_float_sigmoid_is_within_a_few_ulps_of_the_reference_everywhere():
-    """The sigmoid kernel (float32 in vectors: its own exp, ``kernels.fp32._sigmoid_block``)
+    """The sigmoid kernel (float32 in vectors: its own exp, ``kernels.fp32._sigmoid32``)
     against the reference's numpy on every magnitude: within 8 float32 ulps (4 measured),
     0 and 1 where the reference's exp under- or overflows, NaN where it is NaN, and the
     infinities' limits."""
@@ -731,6 +731,30 @@ def test_a_value_per_channel_along_the_last_axis_runs_as_rows(op, per):
     xs["x"][0, 0, 0, :3] = [np.nan, np.inf, 0.0]
     with np.errstate(all="ignore"):
         np.testing.assert_array_equal(ex.run(xs), run(bound, xs))
+
+
+@pytest.mark.parametrize("op", ["add", "multiply"])
+def test_a_value_per_channel_first_runs_as_rows_too(op):
+    """A sum or a product with the value per channel first (a channel-last squeeze-
+    excitation's scales times the image, as EfficientNet's export writes it): the rows
+    kernel, the operands taken the other way round, with numpy's bits."""
+    from eqquant.runtime.kernels import fp32 as kf
+    rng = np.random.default_rng(3)
+    b = Builder()
+    x = b.input("x", (2, 3, 5, 40))
+    s = b.input("s", (1, 1, 1, 40))
+    mod = b.finish(b.call(op, s, x))[0]
+    ex = Executor(mod)
+    (step,) = ex.steps
+    assert step.fn.kernel_call([np.zeros((1, 1, 1, 40), "f4"), np.zeros((2, 3, 5, 40), "f4")],
+                               np.zeros((2, 3, 5, 40), "f4"))[0] in (kf.binary_rows,
+                                                                    kf.binary_rows.serial)
+    xs = {"x": rng.normal(size=(2, 3, 5, 40)).astype("f4"),
+          "s": rng.normal(size=(1, 1, 1, 40)).astype("f4")}
+    xs["x"][0, 0, 0, :3] = [np.nan, np.inf, 0.0]
+    xs["s"][0, 0, 0, 5] = np.inf
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(ex.run(xs), run(mod, xs))
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -370,20 +370,35 @@ def global_avg_pool(thread, threads, args):
         out[c] = s / (h * w)
 
 
+POOL_BLOCK = 16     # channels a work item of the channel-last global pool: a line of floats
+
+
 @parallel
 def global_avg_pool_channels_last(thread, threads, args):
     """x: (N, H*W, C) -> out: (N, C): each image's channel's pixels added in the pixels'
     order, in float64, as ``global_avg_pool`` adds each channel's plane: the same sums. A
-    thread's share is a run of the (image, channel) pairs (a strided walk down the rows: a
-    few thousand values an image, read once, at the end of a network)."""
+    thread's share is a run of the (image, block of POOL_BLOCK channels) pairs, each taken
+    in one pass down the rows into a row of sums (a walk down each channel alone, one
+    dependent addition after another, took four times ONNX Runtime's time on
+    EfficientNet's squeeze-excitation pools)."""
     x, out = args
-    p_n, c_n = x.shape[1], x.shape[2]
-    for item in range(*share(x.shape[0] * c_n, thread, threads)):
-        b, c = item // c_n, item % c_n
-        s = 0.0
-        for p in range(p_n):
-            s += x[b, p, c]
-        out[b, c] = s / p_n
+    n, p_n, c_n = x.shape
+    blocks = (c_n + POOL_BLOCK - 1) // POOL_BLOCK
+    acc = np.empty(POOL_BLOCK, np.float64)
+    for item in range(*share(n * blocks, thread, threads)):
+        b = item // blocks
+        c0 = (item % blocks) * POOL_BLOCK
+        width = min(c0 + POOL_BLOCK, c_n) - c0
+        first = x[b, 0, c0:c0 + width]
+        for j in range(width):
+            acc[j] = first[j]
+        for p in range(1, p_n):
+            row = x[b, p, c0:c0 + width]
+            for j in range(width):
+                acc[j] += row[j]
+        dst = out[b, c0:c0 + width]
+        for j in range(width):
+            dst[j] = acc[j] / p_n
 
 
 @parallel
@@ -554,12 +569,9 @@ def unary(thread, threads, args):
     relu keeps the dtype (int32 accumulators too): a value below zero becomes 0 of it, -0.0
     and NaN stay (the reference's ``tensor._relu``; v - v had made -inf NaN)."""
     a, act, lo, hi, out = args
-    if act == 4 and a.itemsize == 4:        # float32: in vectors (``_sigmoid_block``)
-        i0, i1 = share((a.size + SIGMOID_BLOCK - 1) // SIGMOID_BLOCK, thread, threads)
-        for blk in range(np.intp(i0), np.intp(i1)):
-            lo_i = blk * SIGMOID_BLOCK
-            _sigmoid_block(a[lo_i:min(a.size, lo_i + SIGMOID_BLOCK)],
-                           out[lo_i:min(a.size, lo_i + SIGMOID_BLOCK)])
+    if act == 4 and a.itemsize == 4:        # float32: in vectors (``_sigmoid32``)
+        for i in range(*share(a.size, thread, threads)):
+            out[i] = _sigmoid32(a[i])
         return
     zero = np.zeros(1, a.dtype)[0]
     for i in range(*share(a.size, thread, threads)):
@@ -577,7 +589,6 @@ def unary(thread, threads, args):
         out[i] = v
 
 
-SIGMOID_BLOCK = 1024   # float32 values a step of the sigmoid (its scratch stays in L1)
 _LOG2E, _LN2_HI, _LN2_LO = np.float32(1.44269504), np.float32(0.693359375), \
     np.float32(-2.12194440e-4)
 _EXP_MAX = np.float32(88.72283935546875)    # e^t overflows float32 above it
@@ -585,44 +596,37 @@ _EXP_MIN = np.float32(-103.97207641601562)  # and is 0 below it
 
 
 @njit(inline="always")
-def _sigmoid_block(a, out):
-    """out = 1 / (1 + exp(-a)) for float32 values, in loops LLVM vectorises (a call of libm's
-    ``expf`` a value took half of EfficientNet-b0's float run): exp(t) = 2^k * p(r), k the
-    nearest integer to t / ln 2, r = t - k ln 2 in two parts (Cody and Waite), p Cephes'
-    degree-7 polynomial for ``expf`` (about 1 ulp), 2^k as two powers of two made from
-    their bits, so that k may reach 2^-150 and 2^128; t above the largest float's log gives
-    inf (the sigmoid 0), below the least denormal's 0 (the sigmoid 1); NaN stays NaN.
-    Within a few float32 ulps of the reference's numpy (``tensor._sigmoid``)."""
-    n = a.size
-    p = np.empty(n, np.float32)
-    half = np.empty(n, np.int32)
-    rest = np.empty(n, np.int32)
-    for i in range(n):
-        tc = -a[i]                  # (plain selects, no branches: LLVM vectorises the loop)
-        tc = _EXP_MAX if tc > _EXP_MAX else tc
-        tc = _EXP_MIN if tc < _EXP_MIN else tc
-        tc = tc if tc == tc else np.float32(0.0)
-        k = np.float32(np.floor(tc * _LOG2E + np.float32(0.5)))
-        r = tc - k * _LN2_HI - k * _LN2_LO
-        q = np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)
-        q = q * r + np.float32(8.3334519073e-3)
-        q = q * r + np.float32(4.1665795894e-2)
-        q = q * r + np.float32(1.6666665459e-1)
-        q = q * r + np.float32(5.0000001201e-1)
-        p[i] = q * r * r + r + np.float32(1.0)
-        ki = np.int32(k)
-        h = ki >> 1                 # (floor(k / 2), negative k too)
-        half[i] = (h + 127) << 23
-        rest[i] = (ki - h + 127) << 23
-    s1 = half.view(np.float32)
-    s2 = rest.view(np.float32)
-    for i in range(n):
-        t = -a[i]
-        e = p[i] * s1[i] * s2[i]
-        e = np.float32(np.inf) if t > _EXP_MAX else e
-        e = np.float32(0.0) if t < _EXP_MIN else e
-        e = t if t != t else e
-        out[i] = np.float32(1.0) / (np.float32(1.0) + e)
+def _sigmoid32(v):
+    """1 / (1 + exp(-v)) for a float32 v, in operations LLVM vectorises across a loop's values
+    (a call of libm's ``expf`` a value took half of EfficientNet-b0's float run): exp(t) =
+    2^k * p(r), k the nearest integer to t / ln 2, r = t - k ln 2 in two parts (Cody and
+    Waite), p Cephes' degree-7 polynomial for ``expf`` (about 1 ulp), 2^k as two powers of
+    two made from their bits, so that k may reach 2^-150 and 2^128; t above the largest
+    float's log gives inf (the sigmoid 0), below the least denormal's 0 (the sigmoid 1); NaN
+    stays NaN. Plain selects, no branches. Within a few float32 ulps of the reference's
+    numpy (``tensor._sigmoid``)."""
+    tc = -v
+    tc = _EXP_MAX if tc > _EXP_MAX else tc
+    tc = _EXP_MIN if tc < _EXP_MIN else tc
+    tc = tc if tc == tc else np.float32(0.0)
+    k = np.float32(np.floor(tc * _LOG2E + np.float32(0.5)))
+    r = tc - k * _LN2_HI - k * _LN2_LO
+    q = np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)
+    q = q * r + np.float32(8.3334519073e-3)
+    q = q * r + np.float32(4.1665795894e-2)
+    q = q * r + np.float32(1.6666665459e-1)
+    q = q * r + np.float32(5.0000001201e-1)
+    p = q * r * r + r + np.float32(1.0)
+    ki = np.int32(k)
+    h = ki >> 1                 # (floor(k / 2), negative k too)
+    s1 = np.int32((h + 127) << 23).view(np.float32)
+    s2 = np.int32((ki - h + 127) << 23).view(np.float32)
+    t = -v
+    e = p * s1 * s2
+    e = np.float32(np.inf) if t > _EXP_MAX else e
+    e = np.float32(0.0) if t < _EXP_MIN else e
+    e = t if t != t else e
+    return np.float32(1.0) / (np.float32(1.0) + e)
 
 
 @njit(inline="always")
@@ -918,16 +922,11 @@ def hardswish(thread, threads, args):
 def silu(thread, threads, args):
     """x * sigmoid(x) in one pass over the values (EfficientNet's activation: read and
     written once, where the sigmoid and the product each read and wrote them), the sigmoid
-    as ``unary``'s (``_sigmoid_block``), then the product: the bits of the two kernels."""
+    as ``unary``'s (``_sigmoid32``), then the product: the bits of the two kernels."""
     x, out = args
-    i0, i1 = share((x.size + SIGMOID_BLOCK - 1) // SIGMOID_BLOCK, thread, threads)
-    for blk in range(np.intp(i0), np.intp(i1)):
-        lo = blk * SIGMOID_BLOCK
-        hi = min(x.size, lo + SIGMOID_BLOCK)
-        a, o = x[lo:hi], out[lo:hi]
-        _sigmoid_block(a, o)
-        for i in range(hi - lo):
-            o[i] = a[i] * o[i]
+    for i in range(*share(x.size, thread, threads)):
+        v = x[i]
+        out[i] = v * _sigmoid32(v)
 
 
 @parallel

@@ -788,9 +788,14 @@ class Binary(Binding):
         # the second operand a value per channel along the last axis of the first (a
         # channel-last image's scale or shift): rows of the channels (``binary_rows``)
         last = out_type.shape[-1] if rank else 0
-        self.rows = (not self.same and not self.channel and rank >= 2 and
-                     a.shape == out_type.shape and last > 1 and
-                     tuple(b.shape) in ((last,), (1,) * (rank - 1) + (last,)))
+        def along_last(full, other):
+            return (full.shape == out_type.shape and last > 1 and
+                    tuple(other.shape) in ((last,), (1,) * (rank - 1) + (last,)))
+        self.rows = not self.same and not self.channel and rank >= 2 and along_last(a, b)
+        # (a sum or a product the other way round: a channel-last squeeze-excitation's
+        # scales times the image)
+        self.rows_swap = (not self.same and not self.channel and not self.rows and rank >= 2
+                          and self.code in (0, 2) and along_last(b, a))
 
     def kernel_call(self, ins, out):
         """Operands of one shape, or a per-channel one with one value per channel (a
@@ -802,10 +807,11 @@ class Binary(Binding):
         if flat and a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous:
             return sized(k.binary_same, out.size), (a.reshape(-1), b.reshape(-1), self.code, 0,
                                                     out.reshape(-1))
-        if self.rows and a.flags.c_contiguous and b.flags.c_contiguous and \
-                out.flags.c_contiguous:
+        if (self.rows or self.rows_swap) and a.flags.c_contiguous and b.flags.c_contiguous \
+                and out.flags.c_contiguous:
             last = out.shape[-1]
-            return sized(k.binary_rows, out.size), (a.reshape(-1, last), b.reshape(-1),
+            full, vec = (b, a) if self.rows_swap else (a, b)
+            return sized(k.binary_rows, out.size), (full.reshape(-1, last), vec.reshape(-1),
                                                     self.code, out.reshape(-1, last))
         if not self.channel and self.shape4 is not None and out.flags.c_contiguous:
             return sized(k.binary_broadcast, out.size), (
