@@ -27,7 +27,7 @@ ULPS = {"sigmoid": 4, "nn.softmax": 8, "nn.log_softmax": 8,
 # in order (numpy's are pairwise): finite values close, NaNs and infinities where the
 # reference has them
 SUMS = {"nn.conv2d", "fused.conv2d", "fused.conv2d_add", "nn.dense", "fused.dense",
-        "nn.layer_norm"}
+        "nn.layer_norm", "nn.batch_matmul"}
 CONV = dict(padding=[1, 1, 1, 1])
 # calls of the ops whose inputs or attributes the generic call (every input SHAPE, default
 # attributes) does not give

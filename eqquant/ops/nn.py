@@ -760,7 +760,7 @@ def _batch_matmul_to_onnx(ex, node, ins):
 register(OpDef("nn.batch_matmul", inputs=("tensor_a", "tensor_b"), props=frozenset({COMPUTE}),
                attrs=(Attr("transpose_a", BOOL, False), Attr("transpose_b", BOOL, True),
                       Attr("out_dtype", DTYPE, "")),
-               type_rel=_batch_matmul_rel, semantics=_batch_matmul,
+               type_rel=_batch_matmul_rel, semantics=_batch_matmul, kernel="BatchMatmul",
                flops=lambda ins, out, a: 2.0 * out.size * (
                    ins[0].shape[-2] if a["transpose_a"] else ins[0].shape[-1]),
                onnx=(OnnxForm("MatMul", reads=False, export=_batch_matmul_to_onnx),),

@@ -535,6 +535,48 @@ def binary_broadcast(thread, threads, args):
         _row(a[i0, i1, i2], b[i0, i1, i2], out[i0, i1, i2], op)
 
 
+MATMUL_ROWS = 4     # rows of a a work item of ``batch_matmul_rows``: each row of b read once
+
+
+@parallel(error_model="numpy", fastmath={"contract"})   # (FMAs)
+def batch_matmul_rows(thread, threads, args):
+    """a: (B, M, K), b: (B, K, N), out: (B, M, N): out[i] = a[i] @ b[i] for each matrix of
+    the stacks. A work item is MATMUL_ROWS rows of one matrix: its output rows are sums
+    grown in place, one row of b at a time (k in order), each sum a run of FMAs along the
+    row (it vectorises). float32 sums: close to the reference's float64 ones, as the GEMMs'."""
+    a, b, out = args
+    nb, m, depth = a.shape
+    n = b.shape[2]
+    blocks = (m + MATMUL_ROWS - 1) // MATMUL_ROWS
+    for item in range(*share(nb * blocks, thread, threads)):
+        bt = item // blocks
+        i0 = (item % blocks) * MATMUL_ROWS
+        i1 = min(i0 + MATMUL_ROWS, m)
+        for i in range(i0, i1):
+            row = out[bt, i]
+            for j in range(n):
+                row[j] = np.float32(0.0)
+        for kk in range(depth):
+            brow = b[bt, kk]
+            for i in range(i0, i1):
+                av = a[bt, i, kk]
+                row = out[bt, i]
+                for j in range(n):
+                    row[j] += av * brow[j]
+
+
+@parallel
+def transpose_last_two(thread, threads, args):
+    """x: (B, R, C) -> out: (B, C, R), a run of out's rows a thread."""
+    x, out = args
+    nb, r_n, c_n = x.shape
+    for item in range(*share(nb * c_n, thread, threads)):
+        bt, c = item // c_n, item % c_n
+        dst = out[bt, c]
+        for r in range(r_n):
+            dst[r] = x[bt, r, c]
+
+
 @parallel
 def layer_norm_rows(thread, threads, args):
     """x, out: (R, C); each row normalized as ``nn.layer_norm`` defines it, in float64:

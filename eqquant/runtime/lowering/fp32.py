@@ -726,6 +726,50 @@ class Reduce(Binding):
 
 
 @binding
+class BatchMatmul(Binding):
+    """nn.batch_matmul of float32 stacks of one shape (attention's products in float):
+    ``kernels_fp32.batch_matmul_rows`` on a's matrices and b's as (K, N); b transposed into
+    the site's scratch first where the op reads it transposed (``transpose_last_two``), a
+    read through a transposed view where it does."""
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        a, b = in_types
+        return _is_f32(a, b, out_type) and len(a.shape) == len(b.shape) >= 2 and \
+            tuple(a.shape[:-2]) == tuple(b.shape[:-2]) and out_type.size > 0
+
+    def calls(self, ins, out) -> list | None:
+        a, b = ins
+        if not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
+            return None
+        a3 = a.reshape((-1,) + a.shape[-2:])
+        b3 = b.reshape((-1,) + b.shape[-2:])
+        if self.attrs["transpose_a"]:
+            a3 = a3.transpose(0, 2, 1)
+        out3 = out.reshape((-1,) + out.shape[-2:])
+        depth = a3.shape[2]
+        calls = []
+        if self.attrs["transpose_b"]:        # (B, N, K): its rows of N made once
+            kn = self.scratch("b", (b3.shape[0], b3.shape[2], b3.shape[1]), np.float32)
+            calls.append((sized(k.transpose_last_two, b3.size), (b3, kn)))
+            b3 = kn
+        return calls + [(sized(k.batch_matmul_rows, out.size * depth), (a3, b3, out3))]
+
+    def prepare(self, ins, out):
+        calls = self.calls(ins, out)
+        if calls is None:
+            return super().prepare(ins, out)
+        return in_order([bound(*call) for call in calls])
+
+    def __call__(self, ins, out):
+        res = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+        for kernel, args in self.calls([np.ascontiguousarray(v) for v in ins], res):
+            kernel(*args)
+        if res is not out:
+            out[...] = res
+
+
+@binding
 class LayerNorm(Binding):
     """nn.layer_norm over the last axis of a float32 tensor (ViT's, ConvNeXt's): each row
     one work item of ``kernels_fp32.layer_norm_rows``."""
