@@ -87,6 +87,9 @@ CONV2D_ATTRS = (Attr("strides", PAIR, [1, 1]), Attr("padding", PADDING2D, [0, 0,
 # FMA GEMMs sum in another order than BLAS: the kernels agree to float32 rounding.
 FP32_KERNELS = ("x86.avx512", "x86.fma", "blas", "direct")
 FP32_KERNEL_ATTR = Attr(KERNEL, StrKind("kernel", ("",) + FP32_KERNELS), "")
+# float products of two computed operands (attention's, in float): the FMA GEMMs on b packed
+# at run time, or the portable rows (``runtime/lowering/plan.py``)
+FLOAT_PAIR_KERNELS = ("x86.avx512", "x86.fma", "portable")
 
 
 def conv2d_flops(ins, out, attrs) -> float:
@@ -759,7 +762,8 @@ def _batch_matmul_to_onnx(ex, node, ins):
 
 register(OpDef("nn.batch_matmul", inputs=("tensor_a", "tensor_b"), props=frozenset({COMPUTE}),
                attrs=(Attr("transpose_a", BOOL, False), Attr("transpose_b", BOOL, True),
-                      Attr("out_dtype", DTYPE, "")),
+                      Attr("out_dtype", DTYPE, ""),
+                      Attr(KERNEL, StrKind("kernel", ("",) + FLOAT_PAIR_KERNELS), "")),
                type_rel=_batch_matmul_rel, semantics=_batch_matmul, kernel="BatchMatmul",
                flops=lambda ins, out, a: 2.0 * out.size * (
                    ins[0].shape[-2] if a["transpose_a"] else ins[0].shape[-1]),

@@ -31,7 +31,7 @@ from ..codegen.llvm_loops import (cpu_has, declare, gemm_definition, gemm_intrin
 from .gather import (chunk_bounds, copy_windows, load_entry, next_set_item, next_work,
                      own_rows, plan_chunks, release, set_major, windows)
 from .fp32 import copy_strided
-from ..codegen.launch import Driver, parallel
+from ..codegen.launch import Driver, parallel, share
 from ..codegen import memory
 
 load_entry("float32")   # the gather of this module's kernels, on floats
@@ -303,6 +303,67 @@ def _conv_items(thread, threads, args):
 
 
 conv = Driver(_conv_plan, (windows, _conv_items))
+
+
+# -- products of two computed operands (attention's, in float) --------------------------------
+
+STACK_ROWS = 48     # rows of a a work item of ``stack_items``: 8 of the GEMM's 6-row steps
+
+
+@parallel
+def pack_stack(thread, threads, args):
+    """b's matrices as the GEMM's panels, at run time: b (B, N, K) where ``dot`` (a @ b^T), else
+    (B, K, N); panels (B, ceil(N / block), K, block), the columns past N zero. A work item
+    is one block of one matrix."""
+    b, dot, panels = args
+    nb, blocks, depth, block = panels.shape
+    n = b.shape[1] if dot else b.shape[2]
+    for item in range(*share(nb * blocks, thread, threads)):
+        bt, ob = item // blocks, item % blocks
+        o0 = ob * block
+        width = min(block, n - o0)
+        dst = panels[bt, ob]
+        for kk in range(depth):
+            row = dst[kk]
+            if dot:
+                for j in range(width):
+                    row[j] = b[bt, o0 + j, kk]
+            else:
+                src = b[bt, kk, o0:o0 + width]
+                for j in range(width):
+                    row[j] = src[j]
+            for j in range(width, block):
+                row[j] = np.float32(0.0)
+
+
+@parallel
+def stack_items(thread, threads, args):
+    """out[i] = a[i] @ b[i] for each matrix of the stacks, b's as ``pack_stack``'s panels:
+    a (B, M, K) C-contiguous, out (B, M, N); zeros: a zero bias of the panels' width. A work
+    item is STACK_ROWS rows of one matrix, finished in registers (``_sgemm_finish``, no
+    bias, no clamp) where whole vectors cover N, the last block through a tile otherwise."""
+    a, panels, zeros, out = args
+    nb, m, depth = a.shape
+    n = out.shape[2]
+    blocks, block = panels.shape[1], panels.shape[3]
+    chunks = (m + STACK_ROWS - 1) // STACK_ROWS
+    lo, hi = np.float32(-np.inf), np.float32(np.inf)
+    for item in range(*share(nb * chunks, thread, threads)):
+        bt = item // chunks
+        p0 = (item % chunks) * STACK_ROWS
+        rows = min(STACK_ROWS, m - p0)
+        mats = panels[bt]
+        whole = blocks if n % (block // 2) == 0 else min(blocks, n // block)
+        if whole > 0:
+            _sgemm_finish(a[bt, p0:].ctypes.data, depth, mats, 0, whole,
+                          out[bt, p0:].ctypes.data, n, rows, zeros, lo, hi)
+        if whole < blocks:
+            width = (blocks - whole) * block
+            acc = np.empty((rows, width), np.float32)
+            _sgemm(a[bt, p0:].ctypes.data, depth, mats, whole, blocks, acc.ctypes.data, width,
+                   rows)
+            o0 = whole * block
+            _finish(acc, zeros, lo, hi, o0, n - o0, p0, out[bt])
 
 
 # -- grouped convolutions: each set of groups one block-diagonal GEMM (as the int8 ones) -------

@@ -727,10 +727,21 @@ class Reduce(Binding):
 
 @binding
 class BatchMatmul(Binding):
-    """nn.batch_matmul of float32 stacks of one shape (attention's products in float):
-    ``kernels_fp32.batch_matmul_rows`` on a's matrices and b's as (K, N); b transposed into
-    the site's scratch first where the op reads it transposed (``transpose_last_two``), a
-    read through a transposed view where it does."""
+    """nn.batch_matmul of float32 stacks of one shape (attention's products in float), on
+    the kernel the plan names (``plan.kernels_of``): "x86.fma" or "x86.avx512", b packed as
+    that GEMM's panels at run time (``fma.pack_stack``), then its rows of a times them
+    (``fma.stack_items``); or "portable", ``kernels_fp32.batch_matmul_rows`` on b's matrices
+    as (K, N) (b transposed into the site's scratch first where the op reads it transposed,
+    ``transpose_last_two``). a is read transposed likewise where the op reads it so."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from .plan import resolve
+        self.kernel = resolve(op, attrs, in_types, out_type, consts) or "portable"
+
+    @property
+    def path(self) -> str:
+        return self.kernel[4:] if self.kernel.startswith("x86.") else "portable"
 
     @classmethod
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
@@ -744,12 +755,28 @@ class BatchMatmul(Binding):
             return None
         a3 = a.reshape((-1,) + a.shape[-2:])
         b3 = b.reshape((-1,) + b.shape[-2:])
+        out3 = out.reshape((-1,) + out.shape[-2:])
+        depth = a3.shape[1] if self.attrs["transpose_a"] else a3.shape[2]
+        dot = bool(self.attrs["transpose_b"])
+        calls = []
+        if self.path != "portable":
+            from ..kernels import fma
+            if self.attrs["transpose_a"]:      # (the GEMM reads a's rows whole)
+                rows = self.scratch("a", (a3.shape[0], a3.shape[2], a3.shape[1]), np.float32)
+                calls.append((sized(k.transpose_last_two, a3.size), (a3, rows)))
+                a3 = rows
+            block = fma.block_of(self.path)
+            n = out3.shape[2]
+            panels = self.scratch("panels", (b3.shape[0], -(-n // block), depth, block),
+                                  np.float32)
+            zeros = self.scratch("zeros", (panels.shape[1] * block,), np.float32)
+            zeros[...] = 0.0
+            return calls + [(sized(fma.pack_stack, panels.size), (b3, dot, panels)),
+                            (sized(fma.stack_items, out.size * depth),
+                             (a3, panels, zeros, out3))]
         if self.attrs["transpose_a"]:
             a3 = a3.transpose(0, 2, 1)
-        out3 = out.reshape((-1,) + out.shape[-2:])
-        depth = a3.shape[2]
-        calls = []
-        if self.attrs["transpose_b"]:        # (B, N, K): its rows of N made once
+        if dot:                             # (B, N, K): its rows of N made once
             kn = self.scratch("b", (b3.shape[0], b3.shape[2], b3.shape[1]), np.float32)
             calls.append((sized(k.transpose_last_two, b3.size), (b3, kn)))
             b3 = kn

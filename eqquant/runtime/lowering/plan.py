@@ -39,7 +39,10 @@ portable        every site                                     1000: the last re
 Attention's products of two computed operands (``qnn.batch_matmul``: ``ops.qnn.PAIR_KERNELS``):
 ``x86.avx2``, both operands less their zero points in int16 (zero points within
 ``PAIR_ZERO_POINT``), b packed as the 16-bit GEMM's panels at run time (``avx2.pair_pack``),
-at the 16-bit GEMM's cost times the padding of N to 16; else ``portable`` (1000).
+at the 16-bit GEMM's cost times the padding of N to 16; else ``portable`` (1000). In float
+(``nn.batch_matmul``: ``ops.nn.FLOAT_PAIR_KERNELS``), ``x86.avx512`` and ``x86.fma``, b
+packed as the FMA GEMM's panels at run time (``fma.pack_stack``), at the float GEMMs' costs
+below times the padding of N; else ``portable`` (1000: rows of FMAs, ``batch_matmul_rows``).
 
 The float convolutions' and dense layers' kernels:
 
@@ -124,7 +127,7 @@ class Site:
     bias: bool = True        # (float) the bias constant and per channel, or none
     eight_bit: bool = False  # (int8) its result requantized to 8 bits (a fused convolution)
     narrow: bool = False     # (int8) its weights within +-64 (``avx2.narrow``: 7 bits)
-    pair: bool = False       # (int8) two computed operands (attention's products)
+    pair: bool = False       # two computed operands (attention's products)
 
     def describe(self) -> str:
         shape = f"{self.channels} outputs x K {self.depth}"
@@ -199,7 +202,8 @@ def _pair_site(op: OpDef, attrs, in_types, out_type, consts) -> Site:
     wide = any(abs(int(np.asarray(consts[i]).reshape(-1)[0])) > PAIR_ZERO_POINT
                for i in (2, 3) if i in consts)
     return Site(op.name, out[-1], depth, 1, wide, False,
-                int(np.prod(out[:-1], dtype=np.int64)), pair=True)
+                int(np.prod(out[:-1], dtype=np.int64)), pair=True,
+                float=str(out_type.dtype).startswith("float"))
 
 
 def _pair_option(kernel: str, site: Site, target: Target) -> Option:
@@ -207,6 +211,11 @@ def _pair_option(kernel: str, site: Site, target: Target) -> Option:
     points in int16 (b packed at run time: ``avx2.pair_pack``), or the portable loops."""
     if kernel == "portable":
         return Option(kernel, PORTABLE)
+    if site.float:                 # the FMA GEMMs, b packed as their panels at run time
+        from ..kernels.fma import block_of
+        block = block_of(kernel[4:])
+        return Option(kernel, FP32_SPEED[kernel[4:]] * -(-site.channels // block) * block /
+                      site.channels)
     if site.zero_points:
         return Option(kernel, None, f"zero points beyond {PAIR_ZERO_POINT}: an operand less "
                                     "its zero point leaves int16")
