@@ -35,8 +35,8 @@ FLOATS = hnp.arrays(np.float32, (4, 6), elements=st.floats(
     -1e6, 1e6, allow_nan=False, allow_infinity=False, width=32))
 
 
-def _special(kind: str, rng) -> np.ndarray:
-    x = rng.normal(0, 2, (4, 6)).astype(np.float32)
+def _special(kind: str, rng, shape=(4, 6)) -> np.ndarray:
+    x = rng.normal(0, 2, shape).astype(np.float32)
     if kind == "nonfinite":
         x[0, :3] = [np.inf, -np.inf, np.nan]
     elif kind == "zeros":
@@ -52,20 +52,25 @@ def _special(kind: str, rng) -> np.ndarray:
     return x
 
 
+@pytest.mark.parametrize("shape", [(4, 6), (300, 257)])
 @pytest.mark.parametrize("dtype", ["uint8", "int8"])
 @pytest.mark.parametrize("kind", ["normal", "nonfinite", "zeros", "one value", "denormal",
-                                  "all nan", "positive"])
-def test_the_dynamic_parameters_run_as_kernels_with_the_references_bits(dtype, kind):
+                                  "all nan", "positive", "extremes late"])
+def test_the_dynamic_parameters_run_as_kernels_with_the_references_bits(dtype, kind, shape):
     """qnn.dynamic_scale and qnn.dynamic_zero_point, and the quantize and dequantize that read
     them at run time, are kernels (launches) on this CPU, and give the reference's bits on
     ordinary tensors and on the awkward ones: infinities and NaN (they take no part in the
-    range), all zeros, one value, denormals, no finite value at all."""
-    mod = parse(PARAMS.replace("DT", dtype))
+    range), all zeros, one value, denormals, no finite value at all; on few values (one
+    thread) and on many (the range in shares, a thread each, the extremes in the last
+    share's remainder too)."""
+    mod = parse(PARAMS.replace("DT", dtype).replace("(4, 6)", str(shape)))
     ex = Executor(mod)
     kinds = {st.node.op_name: st.kind for st in ex.steps if st.node is not None}
     assert kinds == {"qnn.dynamic_scale": "kernel", "qnn.dynamic_zero_point": "kernel",
                      "qnn.quantize": "kernel", "qnn.dequantize": "kernel"}, kinds
-    x = _special(kind, np.random.default_rng(7))
+    x = _special(kind, np.random.default_rng(7), shape)
+    if kind == "extremes late":
+        x.reshape(-1)[-1], x.reshape(-1)[-2] = 40.0, -30.0
     got, want = ex.run({"x": x}), run(mod, {"x": x})
     np.testing.assert_array_equal(got, want)
     scale, zero = dynamic_params(x, dtype)

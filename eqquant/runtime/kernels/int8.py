@@ -305,34 +305,51 @@ def offset_correction(thread, threads, args):
 
 
 _range_params = njit(cache=True)(range_params)     # (the reference's function, compiled)
-LANES = 16          # dynamic_params' running minima and maxima
+LANES = 16          # range_parts' running minima and maxima
 
 
 @parallel
-def dynamic_params(thread, threads, args):
-    """scale[0], zero[0]: the parameters of the flat float32 ``x``'s finite range
-    (``numerics.range_params``, compiled: the reference's function), on one thread."""
-    x, symmetric, scale, zero = args
+def range_parts(thread, threads, args):
+    """The finite range of the flat float32 ``x``, a share of it a thread: parts[t] = (least,
+    greatest) finite value of thread t's share ((inf, -inf) where it has none; the rows of
+    threads that do not run, too). ``params_of_parts`` finishes it."""
+    x, parts = args
+    workers = min(threads, parts.shape[0])     # (a row of parts each)
+    if thread >= workers:
+        return
+    if thread == 0:
+        for t in range(workers, parts.shape[0]):
+            parts[t, 0] = np.float32(np.inf)
+            parts[t, 1] = np.float32(-np.inf)
+    # LANES running minima and maxima (independent: the loop vectorises), each a select that
+    # a NaN or an infinity never wins; min and max are exact in any order
+    inf = np.float32(np.inf)
+    los = np.full(LANES, inf, np.float32)
+    his = np.full(LANES, -inf, np.float32)
+    i0, i1 = share(x.size, thread, workers)
+    whole = i1 - (i1 - i0) % LANES
+    for i in range(i0, whole, LANES):
+        for j in range(LANES):
+            v = x[i + j]
+            finite = abs(v) < inf
+            los[j] = v if finite and v < los[j] else los[j]
+            his[j] = v if finite and v > his[j] else his[j]
+    for i in range(whole, i1):
+        v = x[i]
+        if abs(v) < inf:
+            los[0] = min(los[0], v)
+            his[0] = max(his[0], v)
+    parts[thread, 0] = los.min()
+    parts[thread, 1] = his.max()
+
+
+@parallel
+def params_of_parts(thread, threads, args):
+    """scale[0], zero[0]: the parameters (``numerics.range_params``, compiled: the
+    reference's function) of the range ``range_parts`` found, on one thread."""
+    parts, symmetric, scale, zero = args
     for _ in range(*share(1, thread, threads)):
-        # LANES running minima and maxima (independent: the loop vectorises), each a select
-        # that a NaN or an infinity never wins; min and max are exact in any order
-        inf = np.float32(np.inf)
-        los = np.full(LANES, inf, np.float32)
-        his = np.full(LANES, -inf, np.float32)
-        n = x.size
-        whole = n - n % LANES
-        for i in range(0, whole, LANES):
-            for j in range(LANES):
-                v = x[i + j]
-                finite = abs(v) < inf
-                los[j] = v if finite and v < los[j] else los[j]
-                his[j] = v if finite and v > his[j] else his[j]
-        for i in range(whole, n):
-            v = x[i]
-            if abs(v) < inf:
-                los[0] = min(los[0], v)
-                his[0] = max(his[0], v)
-        lo, hi = np.float64(los.min()), np.float64(his.max())
+        lo, hi = np.float64(parts[:, 0].min()), np.float64(parts[:, 1].max())
         if lo > hi:                 # (no finite value)
             lo, hi = 0.0, 0.0
         s, z = _range_params(lo, hi, symmetric)

@@ -1073,8 +1073,9 @@ class QBatchMatmul(Binding):
 @binding
 class DynamicParams(Binding):
     """qnn.dynamic_scale and qnn.dynamic_zero_point: the parameters of the operand's finite
-    range, computed at each run (``kernels.int8.dynamic_params``; the site's scratch holds
-    the one it does not give)."""
+    range, computed at each run: the range in shares, one a thread
+    (``kernels.int8.range_parts``), then its parameters (``params_of_parts``; the site's
+    scratch holds the one it does not give)."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
@@ -1087,13 +1088,21 @@ class DynamicParams(Binding):
     def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
         return in_types[0].dtype == "float32" and out_type.shape == ()
 
-    def kernel_call(self, ins, out):
+    def calls(self, ins, out) -> list | None:
         if not ins[0].flags.c_contiguous:
             return None
         scale = out.reshape(1) if self.gives_scale else self.scratch("scale", (1,), np.float32)
         zero = self.scratch("zero", (1,), np.int32) if self.gives_scale else out.reshape(1)
-        return sized(self.k8.dynamic_params, 1), (ins[0].reshape(-1), self.symmetric, scale,
-                                                  zero)
+        parts = self.scratch("parts", (max(threads(), 1), 2), np.float32)
+        return [(sized(self.k8.range_parts, ins[0].size), (ins[0].reshape(-1), parts)),
+                (sized(self.k8.params_of_parts, 1), (parts, self.symmetric, scale, zero))]
+
+    def prepare(self, ins, out):
+        calls = self.calls(ins, out)
+        if calls is None:
+            return super().prepare(ins, out)
+        return in_order([bound(*call) for call in calls])
 
     def __call__(self, ins, out):
-        self.call_contiguous(ins, out)
+        for kernel, args in self.calls([np.ascontiguousarray(ins[0])], out):
+            kernel(*args)
