@@ -690,39 +690,37 @@ _ROUNDER = 6755399441055744.0   # 1.5 * 2^52: added to a float64 of magnitude < 
 
 
 @njit(inline="always")
-def _exps_below_zero(t, e, bits):
-    """e[i] = exp(t[i]) for float64 t <= 0 (NaN stays NaN), in loops LLVM vectorises (libm's
-    ``exp`` a value at a time was an attention block's softmax): t clamped at _EXP64_FLOOR,
-    exp(t) = 2^k e^r, k the nearest integer to t / ln 2 (rounded by adding 1.5 * 2^52, whose
-    low bits then hold it: AVX2 converts no float64 to int64) and r = t - k ln 2 in two parts
-    (Cody and Waite), e^r by its Taylor polynomial of degree 10 (relative error under 1e-12
-    on |r| <= ln 2 / 2: far below a float32 ulp), 2^k from its exponent bits (k >= -159, a
-    normal float64). ``bits``: scratch of t's size, float64."""
-    n = t.size
-    for i in range(n):
+def _exp64_below_zero(v):
+    """exp(v) for a float64 v <= 0 that is not NaN, in operations LLVM vectorises across a
+    loop's values (libm's ``exp`` a value at a time was an attention block's softmax): v
+    clamped at _EXP64_FLOOR, exp(v) = 2^k e^r, k the nearest integer to v / ln 2 (rounded by
+    adding 1.5 * 2^52, whose low bits then hold it: AVX2 converts no float64 to int64) and r
+    = v - k ln 2 in two parts (Cody and Waite), e^r by its Taylor polynomial of degree 10
+    (relative error under 1e-12 on |r| <= ln 2 / 2: far below a float32 ulp), 2^k from its
+    exponent bits (k >= -159, a normal float64; k's bits above the 12 kept leave the word)."""
+    v = _EXP64_FLOOR if v < _EXP64_FLOOR else v
+    big = v * 1.4426950408889634 + _ROUNDER
+    kf = big - _ROUNDER
+    r = v - kf * _LN2_HI64 - kf * _LN2_LO64
+    q = 2.505210838544172e-08 * r + 2.755731922398589e-07
+    q = q * r + 2.7557319223985893e-06
+    q = q * r + 2.48015873015873e-05
+    q = q * r + 1.984126984126984e-04
+    q = q * r + 1.388888888888889e-03
+    q = q * r + 8.333333333333333e-03
+    q = q * r + 4.1666666666666664e-02
+    q = q * r + 1.6666666666666666e-01
+    q = q * r + 0.5
+    q = (q * r + 1.0) * r + 1.0
+    return q * np.int64((np.float64(big).view(np.int64) + 1023) << 52).view(np.float64)
+
+
+@njit(inline="always")
+def _exps_below_zero(t, e):
+    """e[i] = exp(t[i]) for float64 t <= 0 (``_exp64_below_zero``); NaN stays NaN."""
+    for i in range(t.size):
         v = t[i]
-        v = _EXP64_FLOOR if v < _EXP64_FLOOR else v
-        v = v if v == v else 0.0          # (NaN: put back below)
-        big = v * 1.4426950408889634 + _ROUNDER
-        kf = big - _ROUNDER
-        r = v - kf * _LN2_HI64 - kf * _LN2_LO64
-        q = 2.505210838544172e-08 * r + 2.755731922398589e-07
-        q = q * r + 2.7557319223985893e-06
-        q = q * r + 2.48015873015873e-05
-        q = q * r + 1.984126984126984e-04
-        q = q * r + 1.388888888888889e-03
-        q = q * r + 8.333333333333333e-03
-        q = q * r + 4.1666666666666664e-02
-        q = q * r + 1.6666666666666666e-01
-        q = q * r + 0.5
-        e[i] = (q * r + 1.0) * r + 1.0
-        bits[i] = big
-    k = bits.view(np.int64)
-    for i in range(n):
-        k[i] = (k[i] + 1023) << 52        # (k's bits above the 12 kept leave the word)
-    scale = k.view(np.float64)
-    for i in range(n):
-        e[i] = t[i] if t[i] != t[i] else e[i] * scale[i]
+        e[i] = v if v != v else _exp64_below_zero(v)
 
 
 @parallel(error_model="numpy", fastmath={"contract"})   # (loops vectorised, FMAs)
@@ -736,7 +734,6 @@ def softmax_rows(thread, threads, args):
     rows, n = x.shape
     t = np.empty(n, np.float64)
     e = np.empty(n, np.float64)
-    bits = np.empty(n, np.float64)
     for r in range(*share(rows, thread, threads)):
         row = x[r]
         m = -np.inf
@@ -744,7 +741,7 @@ def softmax_rows(thread, threads, args):
             m = max(m, np.float64(row[i]))
         for i in range(n):
             t[i] = np.float64(row[i]) - m
-        _exps_below_zero(t, e, bits)
+        _exps_below_zero(t, e)
         s0 = s1 = s2 = s3 = 0.0
         i = 0
         while i + 4 <= n:
@@ -1061,8 +1058,8 @@ def gelu(thread, threads, args):
     The erfc form in one vectorised pass (libm's erf a value at a time was a quarter of
     ConvNeXt's float run): for a = |x|, E = erfc(a / sqrt 2) = exp(-a^2 / 2) erfcx(a / sqrt 2),
     erfcx by its polynomial (``_GELU_NEAR``, or ``_GELU_FAR`` in t = 1 / (1 + a / 2): lanes
-    choose their coefficients by selects, no branches), the exponential by Cody and Waite's
-    reduction, its Taylor polynomial of degree 7 and 2^k from the exponent bits; GELU is
+    choose their coefficients by selects, no branches), the exponential softmax's
+    (``_exp64_below_zero``); GELU is
     0.5 x E below 0 and x (1 - E / 2) above, so neither side cancels. Within a float32 ulp of
     the reference; beyond |x| = 15, E is 0 (x, or -0.0); NaN and -inf give NaN, +inf inf."""
     x, out, tanh_form = args
@@ -1091,18 +1088,9 @@ def gelu(thread, threads, args):
         s = s * u + (_GELU_NEAR[1] if near else _GELU_FAR[1])
         s = s * u + (_GELU_NEAR[0] if near else _GELU_FAR[0])
         s = s if near else s * t
-        m = -0.5 * a * a                            # (>= -112.5)
-        big = m * 1.4426950408889634 + _ROUNDER
-        kf = big - _ROUNDER
-        r = m - kf * _LN2_HI64 - kf * _LN2_LO64
-        q = 1.984126984126984e-04 * r + 1.388888888888889e-03
-        q = q * r + 8.333333333333333e-03
-        q = q * r + 4.1666666666666664e-02
-        q = q * r + 1.6666666666666666e-01
-        q = q * r + 0.5
-        q = (q * r + 1.0) * r + 1.0
-        scale = np.int64((np.float64(big).view(np.int64) + 1023) << 52).view(np.float64)
-        e = q * scale * s
+        m = -0.5 * a * a        # (>= -112.5: its clamp at -110 changes no float32 GELU)
+        q = _exp64_below_zero(m)
+        e = q * s
         e = e if within else 0.0
         g = v * (1.0 - 0.5 * e) if v > 0 else 0.5 * v * e
         out[i] = g if v == v else v

@@ -114,6 +114,28 @@ class Binding:
         return buf
 
 
+class Launches(Binding):
+    """A binding whose work is launches in order, ``calls(ins, out)``'s (kernel, arguments),
+    made on C-contiguous operands (None where they are not): bound once where the operands
+    are the same arrays at every run, else made on contiguous copies at each call."""
+
+    def calls(self, ins, out) -> list | None:
+        raise NotImplementedError
+
+    def prepare(self, ins, out):
+        calls = self.calls(ins, out)
+        if calls is None:
+            return super().prepare(ins, out)
+        return in_order([bound(*call) for call in calls])
+
+    def __call__(self, ins, out):
+        res = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+        for kernel, args in self.calls([np.ascontiguousarray(v) for v in ins], res):
+            kernel(*args)
+        if res is not out:
+            out[...] = res
+
+
 def _per_channel(bias_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
     """A bias that only varies along axis 1 of the output (and does not widen it)."""
     rank = len(out_shape)
@@ -726,7 +748,7 @@ class Reduce(Binding):
 
 
 @binding
-class BatchMatmul(Binding):
+class BatchMatmul(Launches):
     """nn.batch_matmul of float32 stacks of one shape (attention's products in float), on
     the kernel the plan names (``plan.kernels_of``): "x86.fma" or "x86.avx512", b packed as
     that GEMM's panels at run time (``fma.pack_stack``), then its rows of a times them
@@ -781,19 +803,6 @@ class BatchMatmul(Binding):
             calls.append((sized(k.transpose_last_two, b3.size), (b3, kn)))
             b3 = kn
         return calls + [(sized(k.batch_matmul_rows, out.size * depth), (a3, b3, out3))]
-
-    def prepare(self, ins, out):
-        calls = self.calls(ins, out)
-        if calls is None:
-            return super().prepare(ins, out)
-        return in_order([bound(*call) for call in calls])
-
-    def __call__(self, ins, out):
-        res = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
-        for kernel, args in self.calls([np.ascontiguousarray(v) for v in ins], res):
-            kernel(*args)
-        if res is not out:
-            out[...] = res
 
 
 @binding

@@ -22,8 +22,8 @@ from . import binding
 from ..codegen import epilogue_table
 from ..codegen import memory
 from ..kernels.depthwise import TAP_MAX, entry as sweep_entry
-from .fp32 import (Binding, _per_channel, _per_channel_last, bound, broadcast_view, group_sets,
-                       move_into, moved, nchw_calls, threads)
+from .fp32 import (Binding, Launches, _per_channel, _per_channel_last, bound, broadcast_view,
+                   group_sets, move_into, moved, nchw_calls, threads)
 from ..codegen.launch import in_order, launches_of
 from ..codegen.serial import sized
 from ..kernels import simd_module
@@ -997,7 +997,7 @@ class GlobalAverage(Binding):
 
 
 @binding
-class QBatchMatmul(Binding):
+class QBatchMatmul(Launches):
     """qnn.batch_matmul (attention's products of two 8-bit activations), on the kernel the
     plan names (``plan.kernels_of``): "x86.avx2", two launches, b less its zero point packed
     as the 16-bit GEMM's panels (``avx2.pair_pack``), then the rows of a less its zero point
@@ -1055,23 +1055,9 @@ class QBatchMatmul(Binding):
         return [(sized(self.k8.qbatch_matmul, out.size * depth),
                  (a3, b3, za, zb, dot, self.like, out3))]
 
-    def prepare(self, ins, out):
-        calls = self.calls(ins, out)
-        if calls is None:
-            return super().prepare(ins, out)
-        return in_order([bound(*call) for call in calls])
-
-    def __call__(self, ins, out):
-        res = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
-        for kernel, args in self.calls([np.ascontiguousarray(v) for v in ins[:2]] +
-                                       [np.asarray(v) for v in ins[2:]], res):
-            kernel(*args)
-        if res is not out:
-            out[...] = res
-
 
 @binding
-class DynamicParams(Binding):
+class DynamicParams(Launches):
     """qnn.dynamic_scale and qnn.dynamic_zero_point: the parameters of the operand's finite
     range, computed at each run: the range in shares, one a thread
     (``kernels.int8.range_parts``), then its parameters (``params_of_parts``; the site's
@@ -1097,12 +1083,3 @@ class DynamicParams(Binding):
         return [(sized(self.k8.range_parts, ins[0].size), (ins[0].reshape(-1), parts)),
                 (sized(self.k8.params_of_parts, 1), (parts, self.symmetric, scale, zero))]
 
-    def prepare(self, ins, out):
-        calls = self.calls(ins, out)
-        if calls is None:
-            return super().prepare(ins, out)
-        return in_order([bound(*call) for call in calls])
-
-    def __call__(self, ins, out):
-        for kernel, args in self.calls([np.ascontiguousarray(ins[0])], out):
-            kernel(*args)
