@@ -21,7 +21,7 @@ from ...ops.registry import get_op
 from . import binding
 from ..codegen import epilogue_table
 from ..codegen import memory
-from ..kernels.depthwise import TAP_MAX, entry as sweep_entry
+from ..kernels.depthwise import entry as sweep_entry
 from .fp32 import (Binding, Launches, _per_channel, _per_channel_last, bound, broadcast_view,
                    group_sets, move_into, moved, nchw_calls, threads)
 from ..codegen.launch import in_order, launches_of
