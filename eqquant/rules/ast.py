@@ -180,10 +180,6 @@ def pattern_vars(p: Pattern) -> list[str]:
                               and q.name and q.name not in mapped))
 
 
-def named_calls(p: Pattern) -> dict[str, "PCall"]:
-    """The calls a pattern names (``f(...) as ?r``), by name."""
-    return {q.name: q for q in walk(p) if isinstance(q, PCall) and q.name}
-
 
 def tuple_rests(p: Pattern) -> list[str]:
     """The ``..?rest`` names of the tuples in a pattern, in order."""

@@ -236,6 +236,27 @@ def _add_tile(out, res, p0, n, c0, c1, lo, hi):
             o[j] = clamp(o[j] + q[j], lo, hi)
 
 
+@njit(inline="always")
+def _gemm_finished(a, k, packed, ob0, ob1, out, p0, n, bias, lo, hi):
+    """out[p0:p0 + n] (P, O) at the channels of blocks ob0..ob1 = clamp(a[:n] @ those blocks
+    + bias, lo, hi), a's rows K apart: the blocks finished in registers straight into out
+    (all of them when the channels fill whole vectors), the last one through a tile
+    (``_finish``) where they do not. (``a`` is the array, its address taken at each use: a
+    rows buffer whose last use is its address is freed before the GEMM reads it.)"""
+    o_n, block = out.shape[1], packed.shape[2]
+    whole = ob1 if o_n % (block // 2) == 0 else min(ob1, o_n // block)
+    if whole > ob0:
+        _sgemm_finish(a.ctypes.data, k, packed, ob0, whole,
+                      out[p0:].ctypes.data + ob0 * block * 4, o_n, n, bias, lo, hi)
+    rest = max(ob0, whole)      # the blocks finished through memory
+    if rest < ob1:
+        width = (ob1 - rest) * block
+        acc = np.empty((n, width), np.float32)
+        _sgemm(a.ctypes.data, k, packed, rest, ob1, acc.ctypes.data, width, n)
+        o0 = rest * block
+        _finish(acc, bias, lo, hi, o0, min(width, o_n - o0), p0, out)
+
+
 def _conv_plan(nhwc, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, packed, bias, lo, hi, out,
                threads, res):
     """``conv``'s plan (``launch.Driver``): a float convolution of a batch in one launch of
@@ -284,19 +305,7 @@ def _conv_items(thread, threads, args):
         else:
             rows = np.empty((n, k), np.float32)
             copy_windows(hwc, kh, kw, sh, sw, pt, pl, dh, dw, np.float32(0.0), ow, p0, rows)
-        # blocks finished in registers, straight into out (all of them when the channels
-        # fill whole vectors)
-        whole = ob1 if o_n % (block // 2) == 0 else min(ob1, o_n // block)
-        if whole > ob0:
-            _sgemm_finish(rows.ctypes.data, k, packed, ob0, whole,
-                          out[b, p0:].ctypes.data + ob0 * block * 4, o_n, n, bias, f_lo, f_hi)
-        rest = max(ob0, whole)      # the blocks finished through memory
-        if rest < ob1:
-            width = (ob1 - rest) * block
-            acc = np.empty((n, width), np.float32)
-            _sgemm(rows.ctypes.data, k, packed, rest, ob1, acc.ctypes.data, width, n)
-            o0 = rest * block
-            _finish(acc, bias, f_lo, f_hi, o0, min(width, o_n - o0), p0, out[b])
+        _gemm_finished(rows, k, packed, ob0, ob1, out[b], p0, n, bias, f_lo, f_hi)
         if residual:
             _add_tile(out[b], res[b], p0, n, ob0 * block, min(ob1 * block, o_n), lo, hi)
     release(counters)
@@ -340,30 +349,16 @@ def pack_stack(thread, threads, args):
 def stack_items(thread, threads, args):
     """out[i] = a[i] @ b[i] for each matrix of the stacks, b's as ``pack_stack``'s panels:
     a (B, M, K) C-contiguous, out (B, M, N); zeros: a zero bias of the panels' width. A work
-    item is STACK_ROWS rows of one matrix, finished in registers (``_sgemm_finish``, no
-    bias, no clamp) where whole vectors cover N, the last block through a tile otherwise."""
+    item is STACK_ROWS rows of one matrix (``_gemm_finished``: no bias, no clamp)."""
     a, panels, zeros, out = args
     nb, m, depth = a.shape
-    n = out.shape[2]
-    blocks, block = panels.shape[1], panels.shape[3]
     chunks = (m + STACK_ROWS - 1) // STACK_ROWS
     lo, hi = np.float32(-np.inf), np.float32(np.inf)
     for item in range(*share(nb * chunks, thread, threads)):
         bt = item // chunks
         p0 = (item % chunks) * STACK_ROWS
-        rows = min(STACK_ROWS, m - p0)
-        mats = panels[bt]
-        whole = blocks if n % (block // 2) == 0 else min(blocks, n // block)
-        if whole > 0:
-            _sgemm_finish(a[bt, p0:].ctypes.data, depth, mats, 0, whole,
-                          out[bt, p0:].ctypes.data, n, rows, zeros, lo, hi)
-        if whole < blocks:
-            width = (blocks - whole) * block
-            acc = np.empty((rows, width), np.float32)
-            _sgemm(a[bt, p0:].ctypes.data, depth, mats, whole, blocks, acc.ctypes.data, width,
-                   rows)
-            o0 = whole * block
-            _finish(acc, zeros, lo, hi, o0, n - o0, p0, out[bt])
+        _gemm_finished(a[bt, p0:], depth, panels[bt], 0, panels.shape[1],
+                       out[bt], p0, min(STACK_ROWS, m - p0), zeros, lo, hi)
 
 
 # -- grouped convolutions: each set of groups one block-diagonal GEMM (as the int8 ones) -------

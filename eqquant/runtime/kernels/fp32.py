@@ -370,35 +370,7 @@ def global_avg_pool(thread, threads, args):
         out[c] = s / (h * w)
 
 
-POOL_BLOCK = 16     # channels a work item of the channel-last global pool: a line of floats
-
-
-@parallel
-def global_avg_pool_channels_last(thread, threads, args):
-    """x: (N, H*W, C) -> out: (N, C): each image's channel's pixels added in the pixels'
-    order, in float64, as ``global_avg_pool`` adds each channel's plane: the same sums. A
-    thread's share is a run of the (image, block of POOL_BLOCK channels) pairs, each taken
-    in one pass down the rows into a row of sums (a walk down each channel alone, one
-    dependent addition after another, took four times ONNX Runtime's time on
-    EfficientNet's squeeze-excitation pools)."""
-    x, out = args
-    n, p_n, c_n = x.shape
-    blocks = (c_n + POOL_BLOCK - 1) // POOL_BLOCK
-    acc = np.empty(POOL_BLOCK, np.float64)
-    for item in range(*share(n * blocks, thread, threads)):
-        b = item // blocks
-        c0 = (item % blocks) * POOL_BLOCK
-        width = min(c0 + POOL_BLOCK, c_n) - c0
-        first = x[b, 0, c0:c0 + width]
-        for j in range(width):
-            acc[j] = first[j]
-        for p in range(1, p_n):
-            row = x[b, p, c0:c0 + width]
-            for j in range(width):
-                acc[j] += row[j]
-        dst = out[b, c0:c0 + width]
-        for j in range(width):
-            dst[j] = acc[j] / p_n
+REDUCE_BLOCK = 256
 
 
 @parallel
@@ -409,7 +381,9 @@ def reduce_middle(thread, threads, args):
     added into a row of sums, so the inner loop runs along contiguous memory."""
     x, code, out = args
     a_n, r_n, b_n = x.shape
-    block = 256
+    # blocks of up to 256 columns, narrower (down to a line of 16 floats) where fewer would
+    # leave a thread idle: a channel-last global pool of one image, 32 channels, is two
+    block = min(REDUCE_BLOCK, max(16, -(-b_n // (threads * 16)) * 16))
     blocks = (b_n + block - 1) // block
     acc = np.empty(block, np.float64)
     for item in range(*share(a_n * blocks, thread, threads)):
@@ -563,18 +537,6 @@ def batch_matmul_rows(thread, threads, args):
                 row = out[bt, i]
                 for j in range(n):
                     row[j] += av * brow[j]
-
-
-@parallel
-def transpose_last_two(thread, threads, args):
-    """x: (B, R, C) -> out: (B, C, R), a run of out's rows a thread."""
-    x, out = args
-    nb, r_n, c_n = x.shape
-    for item in range(*share(nb * c_n, thread, threads)):
-        bt, c = item // c_n, item % c_n
-        dst = out[bt, c]
-        for r in range(r_n):
-            dst[r] = x[bt, r, c]
 
 
 @parallel

@@ -709,9 +709,10 @@ class GlobalAvgPool2D(_Averaging):
         a row (the same sums, in the same order)."""
         if not self.nhwc:
             return [(k.global_avg_pool, (x[b], out[b].reshape(-1))) for b in range(x.shape[0])]
-        n = x.shape[0]      # (the batch in one launch)
-        return [(sized(k.global_avg_pool_channels_last, x.size),
-                 (x.reshape(n, -1, x.shape[3]), out.reshape(n, -1)))]
+        n = x.shape[0]      # (the batch in one launch: a mean down each image's rows)
+        return [(sized(k.reduce_middle, x.size),
+                 (x.reshape(n, -1, x.shape[3]), get_op("mean").kernel_params["code"],
+                  out.reshape(n, -1)))]
 
 
 @binding
@@ -754,7 +755,8 @@ class BatchMatmul(Launches):
     that GEMM's panels at run time (``fma.pack_stack``), then its rows of a times them
     (``fma.stack_items``); or "portable", ``kernels_fp32.batch_matmul_rows`` on b's matrices
     as (K, N) (b transposed into the site's scratch first where the op reads it transposed,
-    ``transpose_last_two``). a is read transposed likewise where the op reads it so."""
+    by the strided copy). The GEMMs read a's rows whole: a read transposed is copied so too;
+    the portable rows read it through a transposed view."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
@@ -784,9 +786,7 @@ class BatchMatmul(Launches):
         if self.path != "portable":
             from ..kernels import fma
             if self.attrs["transpose_a"]:      # (the GEMM reads a's rows whole)
-                rows = self.scratch("a", (a3.shape[0], a3.shape[2], a3.shape[1]), np.float32)
-                calls.append((sized(k.transpose_last_two, a3.size), (a3, rows)))
-                a3 = rows
+                a3 = self._copied("a", a3.transpose(0, 2, 1), calls)
             block = fma.block_of(self.path)
             n = out3.shape[2]
             panels = self.scratch("panels", (b3.shape[0], -(-n // block), depth, block),
@@ -799,10 +799,15 @@ class BatchMatmul(Launches):
         if self.attrs["transpose_a"]:
             a3 = a3.transpose(0, 2, 1)
         if dot:                             # (B, N, K): its rows of N made once
-            kn = self.scratch("b", (b3.shape[0], b3.shape[2], b3.shape[1]), np.float32)
-            calls.append((sized(k.transpose_last_two, b3.size), (b3, kn)))
-            b3 = kn
+            b3 = self._copied("b", b3.transpose(0, 2, 1), calls)
         return calls + [(sized(k.batch_matmul_rows, out.size * depth), (a3, b3, out3))]
+
+    def _copied(self, name: str, view, calls: list):
+        """``view`` copied into the site's scratch by the strided copy (``_strided``), that
+        copy appended to ``calls``; the scratch."""
+        dst = self.scratch(name, view.shape, np.float32)
+        calls.append(_strided(view, dst))
+        return dst
 
 
 @binding

@@ -211,11 +211,8 @@ def _pair_option(kernel: str, site: Site, target: Target) -> Option:
     points in int16 (b packed at run time: ``avx2.pair_pack``), or the portable loops."""
     if kernel == "portable":
         return Option(kernel, PORTABLE)
-    if site.float:                 # the FMA GEMMs, b packed as their panels at run time
-        from ..kernels.fma import block_of
-        block = block_of(kernel[4:])
-        return Option(kernel, FP32_SPEED[kernel[4:]] * -(-site.channels // block) * block /
-                      site.channels)
+    if site.float:                 # the FMA GEMMs (b packed as their panels at run time)
+        return _float_option(kernel, site, target)
     if site.zero_points:
         return Option(kernel, None, f"zero points beyond {PAIR_ZERO_POINT}: an operand less "
                                     "its zero point leaves int16")
