@@ -51,28 +51,36 @@ def _smooth(p, eps, out):
 
 @njit(cache=True)
 def _kl(p, q):
-    """KL(p || q) of the normalised distributions, over the bins where both are positive."""
+    """KL(p || q) of the normalised distributions, over the bins where both are positive
+    (a bin equal to the one before it in p and q adds the same term: computed once a run,
+    as in a histogram's empty stretches)."""
     sp, sq = p.sum(), q.sum()
     total = 0.0
+    last_p, last_q, term = np.nan, np.nan, 0.0
     for k in range(p.size):
-        a, b = p[k] / sp, q[k] / sq
-        if a > 0 and b > 0:
-            total += a * np.log(a / b)
+        if p[k] != last_p or q[k] != last_q:
+            last_p, last_q = p[k], q[k]
+            a, b = p[k] / sp, q[k] / sq
+            term = a * np.log(a / b) if a > 0 and b > 0 else 0.0
+        total += term
     return total
 
 
 @njit(cache=True, parallel=True)
 def _kl_sweep(hist, num_quantized_bins):
     """The end (an index into the edges) of the window of least KL divergence (the first such
-    window, as a sequential sweep finds it; the windows are scored in parallel)."""
+    window, as a sequential sweep finds it; the windows are scored in parallel, a small one
+    and a large one in turn, so that each thread's equal share of them is as much work)."""
     num_bins = hist.size
     zero = num_bins // 2
     first = num_quantized_bins // 2
     cumulative = np.zeros(num_bins + 1)
     for k in range(num_bins):
         cumulative[k + 1] = cumulative[k] + hist[k]
-    divs = np.full(zero + 1 - first, np.inf)
-    for t in prange(zero + 1 - first):
+    windows = zero + 1 - first
+    divs = np.full(windows, np.inf)
+    for u in prange(windows):
+        t = u // 2 if u % 2 == 0 else windows - 1 - u // 2
         i = first + t
         start, stop = zero - i, zero + i + 1
         n = stop - start
