@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import base64
 import pickle
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.types import Dim, TensorType, TupleType, Type
 from ..ops.registry import OpTypeError, all_ops
-from .schema import attr_sort, decode_attr, egg_name, egg_string, schema
+from .schema import OP_PREFIX, attr_sort, decode_attr, egg_name, egg_string, schema
 
 WEAK = TensorType((), "weak")   # a weak scalar: takes the dtype of the operand beside it
 ILL_TYPED = "?"                 # the type text of a node whose type relation fails
@@ -220,7 +221,10 @@ def _key(kind: str, *parts: str) -> str:
 
 
 def declarations() -> str:
-    """The analyses' functions and rules; run after the schema's datatypes."""
+    """The analyses' functions and their rules for the leaves, lists and tuples; run after
+    the schema's datatypes. Each op's own rules come with ``op_declarations``, given for the
+    ops an e-graph meets (egglog plans a rule as it is declared: a few hundred of them,
+    one pair per op of the registry, took longer than loading most programs)."""
     lines = [
         f"(let $typer {pyobject(type_key)})",
         # (a merge cannot call Python inside a run: egglog 13 deadlocks, so the agreement of
@@ -276,7 +280,19 @@ def declarations() -> str:
         "(rule ((= ?e (GetItem ?t ?i)) (is-const ?t)) ((is-const ?e)) :ruleset analysis "
         ":name \"const:GetItem\")",
     ]
-    for op in schema().ops.values():
+    return "\n".join(lines) + "\n"
+
+
+OP_CALLED = re.compile(r"\((" + re.escape(OP_PREFIX) + r"[^\s()]+)")  # an op's constructor, called
+
+
+def op_declarations(names) -> str:
+    """The type and constness rules of the ops whose egglog constructors are ``names``
+    (``OP_CALLED``'s finds; a name that is no op's is passed over), for an e-graph holding ``declarations()``: declared before the
+    first e-node of the op is (a rule declared later sees the e-nodes already there too)."""
+    lines = []
+    ops = schema().ops
+    for op in (ops[n] for n in sorted(names) if n in ops):
         name = egg_name(op)
         args = [f"?a{i}" for i in range(len(op.inputs))]
         attrs = [f"?t{i}" for i in range(len(op.attrs))]

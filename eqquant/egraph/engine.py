@@ -147,8 +147,9 @@ class EGraphSession:
                           if isinstance(n, Constant)}
         self.typer = analysis.Typer(self.input_types,
                                     {i: c.type for i, c in self.constants.items()})
-        self._run(schema().declarations())
-        self._run(analysis.declarations())
+        self._egglog(schema().declarations())
+        self._egglog(analysis.declarations())
+        self._ops_ruled: set[str] = set()   # ops whose analysis rules the e-graph has
         self._pairs_seen: set[tuple[str, str]] = set()   # type-conflict rows looked at
         self._parts_written: set[str] = set()     # type texts whose parts the e-graph has
         self._load(self.encoded.program)
@@ -168,6 +169,14 @@ class EGraphSession:
             self._run("\n".join(lines[i:i + chunk]))
 
     def _run(self, text: str):
+        """Run egglog ``text``, the analysis rules of each op it calls declared first."""
+        new = set(analysis.OP_CALLED.findall(text)) - self._ops_ruled
+        if new:
+            self._ops_ruled |= new
+            self._egglog(analysis.op_declarations(new))
+        return self._egglog(text)
+
+    def _egglog(self, text: str):
         analysis.ACTIVE.append(self.typer)   # (the typer egglog's type rules call)
         try:
             return self.eg.run_program(*self.eg.parse_program(unambiguous_names(text)))
