@@ -90,9 +90,14 @@ class ArityError(EqquantError):
 
 
 class TypeCheckError(EqquantError):
-    """Shapes or dtypes do not fit an op's type relation, or a ``/* ty= */`` annotation."""
+    """Shapes or dtypes do not fit an op's type relation, or a ``/* ty= */`` annotation;
+    ``arg``: the index of the operand the relation refused, where it names one."""
 
     kind = "type error"
+
+    def __init__(self, message: str, loc: SourceLoc | None = None, arg: int | None = None):
+        super().__init__(message, loc)
+        self.arg = arg
 
 
 class UnknownOpError(EqquantError):

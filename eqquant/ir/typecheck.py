@@ -104,7 +104,7 @@ class Inferer:
         try:
             out = op.type_rel(arg_types, node.attrs)
         except OpTypeError as e:
-            raise TypeCheckError(f"{op.name}: {e.message}", node.loc) from None
+            raise TypeCheckError(f"{op.name}: {e.message}", node.loc, e.arg) from None
         except (OverflowError, ValueError, MemoryError) as e:   # sizes past any real tensor
             raise TypeCheckError(f"{op.name}: its attributes give impossible sizes ({e})",
                                  node.loc) from None

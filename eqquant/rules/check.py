@@ -182,16 +182,18 @@ class _Instance:
         return None if node is None else self.types.expr(node)
 
     def new_var(self, name: str, shape: tuple[int, ...], hint: set[str] | None = None,
-                trial: dict[str, Var] | None = None) -> Var:
+                trial: dict[str, Var] | None = None, required: bool = False) -> Var:
         """A variable of ``shape``: its dtype the guards' (its own, or a partner's bound
-        before it, in this op's ``trial`` too), else one of ``hint``'s."""
+        before it, in this op's ``trial`` too), else one of ``hint``'s (most often; always
+        where ``required``: the only dtypes its op takes there)."""
         dtype = self.dtype.get(name)
         partner_name = self.same_dtype.get(name, "")
         partner = self.vars.get(partner_name) or (trial or {}).get(partner_name)
         if dtype is None and partner is not None:
             dtype = partner.type.dtype
         if dtype is None:
-            dtype = (self.rng.choice(sorted(hint)) if hint and self.rng.random() < 0.9
+            dtype = (self.rng.choice(sorted(hint)) if hint and (required or
+                                                                self.rng.random() < 0.9)
                      else self.rng.choice(self.pool))
         return Var(name=name.lstrip("?"), type=TensorType(shape, dtype))
 
@@ -238,7 +240,7 @@ class _Instance:
         kids = [self.vars.get(k.name, k) if isinstance(k, PVar) else k for k in kids]
         free = [i for i, k in enumerate(kids) if isinstance(k, PVar)]
         given = p.attr_map
-        reason, streak = "", 0
+        reason, streak, blamed = "", 0, 0
         for attempt in range(DRAWS):
             attrs: dict[str, Any] = {}
             for spec in op.attrs:
@@ -263,14 +265,15 @@ class _Instance:
                     continue
                 neighbour = self.types.types.get(id(args[i - 1])) if i > 0 else None
                 partner = self.vars.get(self.same_shape.get(name, ""))
-                dtypes = _DTYPE_HINTS.get((op.name, i)) or _role_dtypes(op.inputs[i])
+                role = _role_dtypes(op.inputs[i])    # (a QNN parameter's: required)
+                dtypes = role or _DTYPE_HINTS.get((op.name, i))
                 if name in self.shape:
                     shape = self.fixed_shape(name, neighbour)
                 elif partner is not None:
                     shape = partner.type.shape
                 elif self.rng.random() < 0.4 and isinstance(neighbour, TensorType):
                     # like its neighbour (batch-norm statistics): shape and dtype
-                    shape, dtypes = neighbour.shape, {neighbour.dtype}
+                    shape, dtypes = neighbour.shape, role or {neighbour.dtype}
                 elif i == 0 and isinstance(self.tuple_like, TensorType) and \
                         self.rng.random() < 0.6:
                     shape = self.tuple_like.shape     # like the tuple's previous field
@@ -283,7 +286,8 @@ class _Instance:
                 else:
                     shape = _shape_pool(self.rng, self.rank.get(name),
                                         _RANK_HINTS.get((op.name, i)))
-                trial[name] = args[i] = self.new_var(name, shape, dtypes, trial)
+                trial[name] = args[i] = self.new_var(name, shape, dtypes, trial,
+                                                     required=role is not None)
                 self.types.remember(args[i], args[i].type)
             for k, v in given.items():  # shape(?x) == ?s: the attribute is ?x's shape
                 if isinstance(v, AttrVar) and v.name in self.shape_attr:
@@ -303,7 +307,11 @@ class _Instance:
             except (OpTypeError, EqquantError, ValueError, TypeError) as e:
                 why = str(getattr(e, "message", e))
                 streak, reason = (streak + 1 if why == reason else 1), why
-                if streak >= SAME_REASON:
+                # (an operand built below this op refused: drawn again only with the
+                # whole instance, as it is after SAME_REASON such refusals)
+                arg = getattr(e, "arg", None)
+                blamed += arg is not None and arg < len(kids) and arg not in free
+                if streak >= SAME_REASON or blamed >= SAME_REASON:
                     break
                 continue
             self.types.remember(node, t)
