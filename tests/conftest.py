@@ -80,7 +80,7 @@ def _shipped_rules_checked() -> None:
 
 def seeded_cache(path: str | os.PathLike) -> str:
     """``path`` made a cache holding the shipped rules' verdicts (a test's own cache would
-    otherwise check them again, some 20 s each time); ``str(path)``."""
+    otherwise check them all again); ``str(path)``."""
     if (_checked() / "checked").is_dir() and not (Path(path) / "checked").exists():
         Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)   # (as eqquant makes it)
         shutil.copytree(_checked() / "checked", Path(path) / "checked")
