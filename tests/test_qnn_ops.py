@@ -98,6 +98,20 @@ def test_qnn_type_errors(src, word):
         check_module(parse(text))
 
 
+@pytest.mark.parametrize("src", ['annotation.calibrated(%f, 0.1f, 0, dtype="int32")',
+                                 'qnn.dynamic_scale(%f, dtype="int32")'])
+def test_an_eight_bit_mark_refuses_another_dtype_where_it_is_written(src):
+    """The calibration mark and the dynamic parameters quantize to int8 or uint8: their
+    attribute says so, so another dtype is refused as the text is read, at the attribute
+    (and the rule checker draws only those two for them)."""
+    from eqquant.errors import EqquantError
+    text = "def @main(%f: Tensor[(4), float32]) {\n  " + src + "\n}\n"
+    with pytest.raises(EqquantError) as e:
+        parse(text, "mark.ir")
+    assert e.value.loc is not None and e.value.loc.line == 2, e.value.format()
+    assert "(int8, uint8)" in e.value.message and "int32" in e.value.message
+
+
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 

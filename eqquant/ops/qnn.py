@@ -28,6 +28,7 @@ from .typerel import broadcast_shapes, tensor
 
 QDTYPE = DTypeKind("dtype", allow_empty=False, choices=("int8", "uint8", "int32"))
 EIGHT_BIT_OUT = DTypeKind("out_dtype", allow_empty=False, choices=("int8", "uint8"))
+EIGHT_BIT = DTypeKind("dtype", allow_empty=False, choices=("int8", "uint8"))
 ROUNDING = StrKind("rounding", ("UPWARD", "TONEAREST"))
 
 
@@ -103,7 +104,7 @@ def _calibrated_unfuse(args, attrs):
 # with its quantized round trip, and no range-dependent fact leaks between them.
 register(OpDef("annotation.calibrated", inputs=("data", "scale", "zero_point"),
                props=frozenset({ANNOTATION, QUANT}),
-               attrs=(Attr("dtype", QDTYPE, "int8"), Attr("axis", INT, -1)),
+               attrs=(Attr("dtype", EIGHT_BIT, "int8"), Attr("axis", INT, -1)),
                type_rel=_calibrated_rel, semantics=_fake_quantize, unfuse=_calibrated_unfuse,
                flops=lambda ins, out, a: 4.0 * out.size,
                doc="fake quantization: dequantize(quantize(x, scale, zero_point, dtype), scale, "
@@ -153,7 +154,7 @@ for _name, _dtype, _part, _doc in (
          "the zero point going with qnn.dynamic_scale: round(-min / scale) for uint8, 0 for "
          "int8")):
     register(OpDef(_name, inputs=("data",), props=frozenset({QUANT}),
-                   attrs=(Attr("dtype", EIGHT_BIT_OUT, "uint8"),),
+                   attrs=(Attr("dtype", EIGHT_BIT, "uint8"),),
                    type_rel=_dynamic_rel(_dtype), kernel="DynamicParams",
                    semantics=lambda x, *, dtype, _part=_part, _dtype=_dtype: np.array(
                        dynamic_params(x, dtype)[_part], _dtype),
