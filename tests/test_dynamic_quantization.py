@@ -1,7 +1,7 @@
 """Dynamic quantization (``quantize --mode dynamic``, as ONNX Runtime's quantize_dynamic): the
 operands of the compute ops marked with parameters computed from each input as it runs
-(``qnn.dynamic_scale``, ``qnn.dynamic_zero_point``), the same rules moving the work into
-integers, the kernels giving the reference's bits."""
+(``qnn.dynamic_scale`` and ``qnn.dynamic_zero_point`` of one ``qnn.dynamic_range``), the same
+rules moving the work into integers, the kernels giving the reference's bits."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,8 +24,9 @@ from conftest import bert_sample, cli_exit
 from soundness_programs import dense_program
 
 PARAMS = """def @main(%x: Tensor[(4, 6), float32]) {
-  %0 = qnn.dynamic_scale(%x, dtype="DT");
-  %1 = qnn.dynamic_zero_point(%x, dtype="DT");
+  %r = qnn.dynamic_range(%x);
+  %0 = qnn.dynamic_scale(%r, dtype="DT");
+  %1 = qnn.dynamic_zero_point(%r, dtype="DT");
   %2 = qnn.quantize(%x, %0, %1, out_dtype="DT");
   qnn.dequantize(%2, %0, %1)
 }
@@ -66,8 +67,9 @@ def test_the_dynamic_parameters_run_as_kernels_with_the_references_bits(dtype, k
     mod = parse(PARAMS.replace("DT", dtype).replace("(4, 6)", str(shape)))
     ex = Executor(mod)
     kinds = {st.node.op_name: st.kind for st in ex.steps if st.node is not None}
-    assert kinds == {"qnn.dynamic_scale": "kernel", "qnn.dynamic_zero_point": "kernel",
-                     "qnn.quantize": "kernel", "qnn.dequantize": "kernel"}, kinds
+    assert kinds == {"qnn.dynamic_range": "kernel", "qnn.dynamic_scale": "kernel",
+                     "qnn.dynamic_zero_point": "kernel", "qnn.quantize": "kernel",
+                     "qnn.dequantize": "kernel"}, kinds
     x = _special(kind, np.random.default_rng(7), shape)
     if kind == "extremes late":
         x.reshape(-1)[-1], x.reshape(-1)[-2] = 40.0, -30.0
@@ -137,15 +139,17 @@ def test_a_bert_encoder_quantizes_dynamically_in_integers(tmp_path):
     names = [n.op_name for n in post_order(module.main.body) if isinstance(n, Call)]
     assert names.count("qnn.batch_matmul") == 4 and "nn.batch_matmul" not in names
     assert names.count("qnn.dense") == 13 and "nn.dense" not in names
-    # each quantized operand's parameters computed once, however many layers read it
-    assert names.count("qnn.dynamic_scale") == names.count("qnn.quantize") == 17
+    # each quantized operand's range and parameters computed once, however many layers
+    # read it
+    assert names.count("qnn.dynamic_range") == names.count("qnn.dynamic_scale") == \
+        names.count("qnn.dynamic_zero_point") == names.count("qnn.quantize") == 17
     assert q.quantized.table.mode == "dynamic" and not q.quantized.table.ranges
     assert "calibration dynamic" in q.report().text
     assert q.report().output["sqnr"] >= static.report().output["sqnr"]
     ex = Executor(q.quantized.runnable)
     kinds = {st.node.op_name: st.kind for st in ex.steps if st.node is not None}
-    for op in ("qnn.dynamic_scale", "qnn.dynamic_zero_point", "qnn.quantize",
-               "qnn.dequantize", "qnn.dense", "qnn.batch_matmul"):
+    for op in ("qnn.dynamic_range", "qnn.dynamic_scale", "qnn.dynamic_zero_point",
+               "qnn.quantize", "qnn.dequantize", "qnn.dense", "qnn.batch_matmul"):
         assert kinds[op] == "kernel", (op, kinds[op])
     for _ in range(3):
         s = sample()

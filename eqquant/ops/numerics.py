@@ -139,8 +139,8 @@ def range_params(lo: float, hi: float, symmetric: bool) -> tuple[float, int]:
     point 0), or asymmetric uint8 covering zero ((hi - lo) / 255, the zero point rounding
     -lo / scale half to even); the scale is a float32 value, computed in float64 and rounded
     once. Calibration's parameters (``quant.annotate.qparams``) and dynamic quantization's,
-    computed at run time (``qnn.dynamic_scale``; its kernel compiles this function), are
-    this one function."""
+    computed at run time from ``qnn.dynamic_range`` (``qnn.dynamic_scale``; its kernel
+    compiles this function), are this one function."""
     if symmetric:
         m = max(abs(lo), abs(hi))
         if m == 0.0:

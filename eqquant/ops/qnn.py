@@ -113,52 +113,76 @@ register(OpDef("annotation.calibrated", inputs=("data", "scale", "zero_point"),
 
 # -- dynamic quantization: a value's parameters computed from the value, at run time --------
 
+def _range_rel(types, attrs):
+    x = tensor(types, 0, "data")
+    if x.dtype != "float32":
+        raise OpTypeError(f"takes a float32 tensor, got {x.dtype}", 0)
+    return TensorType((2,), "float32")
+
+
 def _dynamic_rel(out_dtype: str):
     def rel(types, attrs):
-        x = tensor(types, 0, "data")
-        if x.dtype != "float32":
-            raise OpTypeError(f"takes a float32 tensor, got {x.dtype}", 0)
-        if attrs["dtype"] not in ("int8", "uint8"):
-            raise OpTypeError(f"quantizes to int8 or uint8, got {attrs['dtype']}")
+        r = tensor(types, 0, "range")
+        if r.dtype != "float32" or r.shape != (2,):
+            raise OpTypeError(f"takes a range (qnn.dynamic_range's Tensor[(2), float32]), "
+                              f"got {r}", 0)
         return TensorType((), out_dtype)
     return rel
 
 
-def dynamic_params(x, dtype: str) -> tuple[float, int]:
-    """(scale, zero point) of ``x``'s finite values, as calibration would give them for a
-    range of this one tensor (``numerics.range_params``): ONNX's DynamicQuantizeLinear for
-    uint8, TVM's symmetric int8 for int8. Infinities and NaN take no part (they saturate
-    when quantized); a tensor with no finite value gets the scale 1.0."""
+def dynamic_range(x) -> np.ndarray:
+    """[least, greatest] of ``x``'s finite values, float32 ([0, 0] where it has none):
+    infinities and NaN take no part (they saturate when quantized)."""
     v = np.asarray(x, np.float32).reshape(-1)
     v = v[np.isfinite(v)]
-    lo, hi = (float(v.min()), float(v.max())) if v.size else (0.0, 0.0)
-    return numerics.range_params(lo, hi, dtype == "int8")
+    return np.array([v.min(), v.max()] if v.size else [0.0, 0.0], np.float32)
+
+
+def range_params_of(r, dtype: str) -> tuple[float, int]:
+    """(scale, zero point) of the range ``r`` (``dynamic_range``'s), as calibration would
+    give them for it (``numerics.range_params``): ONNX's DynamicQuantizeLinear for uint8,
+    TVM's symmetric int8 for int8; an empty range ([0, 0]) gets the scale 1.0."""
+    return numerics.range_params(float(r[0]), float(r[1]), dtype == "int8")
+
+
+def dynamic_params(x, dtype: str) -> tuple[float, int]:
+    """(scale, zero point) of ``x``'s finite range: what dynamic quantization computes at
+    run time."""
+    return range_params_of(dynamic_range(x), dtype)
 
 
 def dynamic_mark(x, dtype: str):
     """``x`` marked for dynamic quantization: the calibration mark with its parameters
-    computed from ``x`` at run time."""
-    return _call("annotation.calibrated", x, _call("qnn.dynamic_scale", x, dtype=dtype),
-                 _call("qnn.dynamic_zero_point", x, dtype=dtype), dtype=dtype, axis=-1)
+    computed at run time from ``x``'s range (one node, read by both)."""
+    r = _call("qnn.dynamic_range", x)
+    return _call("annotation.calibrated", x, _call("qnn.dynamic_scale", r, dtype=dtype),
+                 _call("qnn.dynamic_zero_point", r, dtype=dtype), dtype=dtype, axis=-1)
 
 
 # Dynamic quantization (``quantize --mode dynamic``, as ONNX Runtime's quantize_dynamic) marks
-# a value annotation.calibrated(x, qnn.dynamic_scale(x), qnn.dynamic_zero_point(x)): the same
-# mark, its parameters computed from each input instead of a calibration set, so the same
-# rules move the work into integers.
+# a value annotation.calibrated(x, qnn.dynamic_scale(r), qnn.dynamic_zero_point(r)), with
+# r = qnn.dynamic_range(x): the same mark, its parameters computed from each input instead of
+# a calibration set, so the same rules move the work into integers. The range is one op of
+# its own, so that the scale and the zero point read the operand once between them.
+register(OpDef("qnn.dynamic_range", inputs=("data",), props=frozenset({QUANT}),
+               type_rel=_range_rel, kernel="DynamicRange", semantics=dynamic_range,
+               flops=lambda ins, out, a: 2.0 * ins[0].size,
+               doc="[least, greatest] finite value of a float32 tensor, computed at run time "
+                   "([0, 0] where there is none): what qnn.dynamic_scale and "
+                   "qnn.dynamic_zero_point read"))
 for _name, _dtype, _part, _doc in (
         ("qnn.dynamic_scale", "float32", 0,
-         "the scale that quantizes this tensor's finite range to dtype, computed at run time: "
-         "(max - min) / 255 over a range covering 0 for uint8, max|x| / 127 for int8"),
+         "the scale that quantizes a range (qnn.dynamic_range's) to dtype: (max - min) / 255 "
+         "over a range covering 0 for uint8, max|x| / 127 for int8"),
         ("qnn.dynamic_zero_point", "int32", 1,
          "the zero point going with qnn.dynamic_scale: round(-min / scale) for uint8, 0 for "
          "int8")):
-    register(OpDef(_name, inputs=("data",), props=frozenset({QUANT}),
+    register(OpDef(_name, inputs=("range",), props=frozenset({QUANT}),
                    attrs=(Attr("dtype", EIGHT_BIT, "uint8"),),
                    type_rel=_dynamic_rel(_dtype), kernel="DynamicParams",
-                   semantics=lambda x, *, dtype, _part=_part, _dtype=_dtype: np.array(
-                       dynamic_params(x, dtype)[_part], _dtype),
-                   flops=lambda ins, out, a: 2.0 * ins[0].size, doc=_doc))
+                   semantics=lambda r, *, dtype, _part=_part, _dtype=_dtype: np.array(
+                       range_params_of(r, dtype)[_part], _dtype),
+                   flops=lambda ins, out, a: 2.0, doc=_doc))
 
 
 # -- quantize / dequantize / requantize -------------------------------------------------------

@@ -329,7 +329,8 @@ def annotate(mod: Module, table: CalibrationTable, dtype: str = "int8",
     ``dynamic`` (dynamic quantization, as ONNX Runtime's quantize_dynamic; the table is
     empty): the computed operands of the compute ops (convolutions, dense layers, attention's
     products) are marked with parameters computed from each input at run time
-    (``qnn.dynamic_scale``, ``qnn.dynamic_zero_point``), and nothing else is. A fused op's
+    (``qnn.dynamic_scale``, ``qnn.dynamic_zero_point`` of its ``qnn.dynamic_range``), and
+    nothing else is. A fused op's
     bias is then added in float, after the integer product (its op unfused, as ONNX Runtime
     adds it): a scale computed at run time has no lower bound, so a bias in accumulator
     steps could pass the int32 range. ``weight_bits``: 8, or 7 (``weight_qmax``)."""

@@ -312,7 +312,7 @@ LANES = 16          # range_parts' running minima and maxima
 def range_parts(thread, threads, args):
     """The finite range of the flat float32 ``x``, a share of it a thread: parts[t] = (least,
     greatest) finite value of thread t's share ((inf, -inf) where it has none; the rows of
-    threads that do not run, too). ``params_of_parts`` finishes it."""
+    threads that do not run, too). ``range_of_parts`` finishes it."""
     x, parts = args
     workers = min(threads, parts.shape[0])     # (a row of parts each)
     if thread >= workers:
@@ -344,15 +344,25 @@ def range_parts(thread, threads, args):
 
 
 @parallel
-def params_of_parts(thread, threads, args):
-    """scale[0], zero[0]: the parameters (``numerics.range_params``, compiled: the
-    reference's function) of the range ``range_parts`` found, on one thread."""
-    parts, symmetric, scale, zero = args
+def range_of_parts(thread, threads, args):
+    """out = [least, greatest]: the range ``range_parts`` found in shares, put together on
+    one thread ([0, 0] where no share had a finite value)."""
+    parts, out = args
     for _ in range(*share(1, thread, threads)):
-        lo, hi = np.float64(parts[:, 0].min()), np.float64(parts[:, 1].max())
+        lo, hi = parts[:, 0].min(), parts[:, 1].max()
         if lo > hi:                 # (no finite value)
-            lo, hi = 0.0, 0.0
-        s, z = _range_params(lo, hi, symmetric)
+            lo, hi = np.float32(0.0), np.float32(0.0)
+        out[0] = lo
+        out[1] = hi
+
+
+@parallel
+def params_of_range(thread, threads, args):
+    """scale[0], zero[0]: the parameters (``numerics.range_params``, compiled: the
+    reference's function) of the range [r[0], r[1]] (``range_of_parts``'), on one thread."""
+    r, symmetric, scale, zero = args
+    for _ in range(*share(1, thread, threads)):
+        s, z = _range_params(np.float64(r[0]), np.float64(r[1]), symmetric)
         scale[0] = s
         zero[0] = z
 

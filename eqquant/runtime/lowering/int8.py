@@ -1057,11 +1057,32 @@ class QBatchMatmul(Launches):
 
 
 @binding
+class DynamicRange(Launches):
+    """qnn.dynamic_range: the operand's finite range, computed at each run: in shares, one a
+    thread (``kernels.int8.range_parts``), then put together (``range_of_parts``)."""
+
+    def __init__(self, op, attrs, in_types, out_type, consts):
+        super().__init__(op, attrs, in_types, out_type, consts)
+        from ..kernels import int8 as k8
+        self.k8 = k8
+
+    @classmethod
+    def supports(cls, op, attrs, in_types, out_type, consts) -> bool:
+        return in_types[0].dtype == "float32"
+
+    def calls(self, ins, out) -> list | None:
+        if not ins[0].flags.c_contiguous:
+            return None
+        parts = self.scratch("parts", (max(threads(), 1), 2), np.float32)
+        return [(sized(self.k8.range_parts, ins[0].size), (ins[0].reshape(-1), parts)),
+                (sized(self.k8.range_of_parts, 1), (parts, out))]
+
+
+@binding
 class DynamicParams(Launches):
-    """qnn.dynamic_scale and qnn.dynamic_zero_point: the parameters of the operand's finite
-    range, computed at each run: the range in shares, one a thread
-    (``kernels.int8.range_parts``), then its parameters (``params_of_parts``; the site's
-    scratch holds the one it does not give)."""
+    """qnn.dynamic_scale and qnn.dynamic_zero_point: the parameters of a range
+    (qnn.dynamic_range's), computed at each run on one thread
+    (``kernels.int8.params_of_range``; the site's scratch holds the one it does not give)."""
 
     def __init__(self, op, attrs, in_types, out_type, consts):
         super().__init__(op, attrs, in_types, out_type, consts)
@@ -1075,11 +1096,6 @@ class DynamicParams(Launches):
         return in_types[0].dtype == "float32" and out_type.shape == ()
 
     def calls(self, ins, out) -> list | None:
-        if not ins[0].flags.c_contiguous:
-            return None
         scale = out.reshape(1) if self.gives_scale else self.scratch("scale", (1,), np.float32)
         zero = self.scratch("zero", (1,), np.int32) if self.gives_scale else out.reshape(1)
-        parts = self.scratch("parts", (max(threads(), 1), 2), np.float32)
-        return [(sized(self.k8.range_parts, ins[0].size), (ins[0].reshape(-1), parts)),
-                (sized(self.k8.params_of_parts, 1), (parts, self.symmetric, scale, zero))]
-
+        return [(sized(self.k8.params_of_range, 1), (ins[0], self.symmetric, scale, zero))]
