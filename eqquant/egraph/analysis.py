@@ -283,13 +283,15 @@ def declarations() -> str:
     return "\n".join(lines) + "\n"
 
 
-OP_CALLED = re.compile(r"\((" + re.escape(OP_PREFIX) + r"[^\s()]+)")  # an op's constructor, called
+# an op's egglog constructor where egglog text calls it
+OP_CALLED = re.compile(r"\((" + re.escape(OP_PREFIX) + r"[^\s()]+)")
 
 
 def op_declarations(names) -> str:
     """The type and constness rules of the ops whose egglog constructors are ``names``
-    (``OP_CALLED``'s finds; a name that is no op's is passed over), for an e-graph holding ``declarations()``: declared before the
-    first e-node of the op is (a rule declared later sees the e-nodes already there too)."""
+    (``OP_CALLED``'s finds; a name that is no op's is passed over), for an e-graph holding
+    ``declarations()``: declared before the first e-node of the op is (a rule declared
+    later sees the e-nodes already there too)."""
     lines = []
     ops = schema().ops
     for op in (ops[n] for n in sorted(names) if n in ops):

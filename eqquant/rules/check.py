@@ -272,7 +272,8 @@ class _Instance:
                 elif partner is not None:
                     shape = partner.type.shape
                 elif self.rng.random() < 0.4 and isinstance(neighbour, TensorType):
-                    # like its neighbour (batch-norm statistics): shape and dtype
+                    # like its neighbour (batch-norm statistics): shape and dtype (a
+                    # QNN parameter keeps its own)
                     shape, dtypes = neighbour.shape, role or {neighbour.dtype}
                 elif i == 0 and isinstance(self.tuple_like, TensorType) and \
                         self.rng.random() < 0.6:
