@@ -36,10 +36,10 @@ def seed_file(prefix: str) -> Path:
 
 
 # The tests never read or write the user's kernel-time cache
-# (runtime/execution/measured_cost.py): with one, the default cost model would be the
-# measured one, and extractions would depend on what this machine timed before. Each pytest process (pytest-xdist's workers too) makes its
-# own, and removes it at the end; a script that imports this file as a module (a test's
-# subprocess) makes none.
+# (runtime/execution/measured_cost.py): with one, the default cost model would be the measured
+# one, and extractions would depend on what this machine timed before. Each pytest process
+# (pytest-xdist's workers too) makes its own, and removes it at the end; a script that imports
+# this file as a module (a test's subprocess) makes none.
 import os  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
